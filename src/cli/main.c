@@ -1,0 +1,80 @@
+/* lockstep — entry point: dispatches to a subcommand. */
+#include "cli/cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* Weak so that a subcommand still being built does not break the program. */
+#define WEAK __attribute__((weak))
+WEAK int lk_cmd_run(int, char **);
+WEAK int lk_cmd_info(int, char **);
+WEAK int lk_cmd_quantize(int, char **);
+WEAK int lk_cmd_gen_model(int, char **);
+WEAK int lk_cmd_tokenize(int, char **);
+WEAK int lk_cmd_chat(int, char **);
+WEAK int lk_cmd_bench(int, char **);
+WEAK int lk_cmd_worker(int, char **);
+WEAK int lk_cmd_keygen(int, char **);
+WEAK int lk_cmd_netbench(int, char **);
+WEAK int lk_cmd_serve(int, char **);
+WEAK int lk_cmd_plan(int, char **);
+WEAK int lk_cmd_doctor(int, char **);
+
+static const struct {
+    const char *name;
+    const char *what;
+} cmds[] = {
+    {"run", "generate text from a prompt (one node, or a cluster with --workers/--local)"},
+    {"info", "print a GGUF model's architecture, shapes, tensor types and metadata"},
+    {"tokenize", "print the tokens of a text"},
+    {"chat", "interactive chat using the model's chat template"},
+    {"bench", "prefill/decode speed against the memory-bandwidth bound"},
+    {"quantize", "convert a GGUF model to q8_0 or q4_0"},
+    {"gen-model", "write a random-weight GGUF of a real model's shape"},
+    {"worker", "serve a head as one rank of a cluster"},
+    {"keygen", "print a new cluster key"},
+    {"netbench", "measure latency, bandwidth and all-reduce time between ranks"},
+    {"serve", "OpenAI-compatible HTTP server"},
+    {"plan", "predict tok/s per layout for a model and a network"},
+    {"doctor", "measure every node and link of a cluster"},
+};
+
+static int (*lookup(const char *name))(int, char **) {
+    if (!strcmp(name, "run")) return lk_cmd_run;
+    if (!strcmp(name, "info")) return lk_cmd_info;
+    if (!strcmp(name, "tokenize")) return lk_cmd_tokenize;
+    if (!strcmp(name, "chat")) return lk_cmd_chat;
+    if (!strcmp(name, "bench")) return lk_cmd_bench;
+    if (!strcmp(name, "quantize")) return lk_cmd_quantize;
+    if (!strcmp(name, "gen-model")) return lk_cmd_gen_model;
+    if (!strcmp(name, "worker")) return lk_cmd_worker;
+    if (!strcmp(name, "keygen")) return lk_cmd_keygen;
+    if (!strcmp(name, "netbench")) return lk_cmd_netbench;
+    if (!strcmp(name, "serve")) return lk_cmd_serve;
+    if (!strcmp(name, "plan")) return lk_cmd_plan;
+    if (!strcmp(name, "doctor")) return lk_cmd_doctor;
+    return NULL;
+}
+
+static void usage(FILE *f) {
+    fprintf(f, "lockstep — run one language model across several machines, faster than one.\n\n"
+               "usage: lockstep COMMAND [options]   (lockstep COMMAND --help for each)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+        if (lookup(cmds[i].name)) fprintf(f, "  %-10s %s\n", cmds[i].name, cmds[i].what);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    int (*fn)(int, char **) = lookup(argv[1]);
+    if (!fn) {
+        bool known = false;
+        for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) known |= !strcmp(cmds[i].name, argv[1]);
+        if (known) fprintf(stderr, "lockstep: command '%s' is not available in this build\n", argv[1]);
+        else fprintf(stderr, "lockstep: unknown command '%s' (see 'lockstep --help')\n", argv[1]);
+        return 2;
+    }
+    return fn(argc - 2, argv + 2);
+}

@@ -1,0 +1,137 @@
+#include "common/lk_common.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+const char *lk_status_to_string(lk_status s) {
+    switch (s) {
+    case LK_OK: return "ok";
+    case LK_ERR_ARG: return "bad argument";
+    case LK_ERR_IO: return "i/o error";
+    case LK_ERR_FORMAT: return "malformed input";
+    case LK_ERR_UNSUPPORTED: return "unsupported";
+    case LK_ERR_NOMEM: return "out of memory";
+    case LK_ERR_NET: return "network error";
+    case LK_ERR_AUTH: return "authentication failed";
+    case LK_ERR_MISMATCH: return "mismatch";
+    case LK_ERR_TIMEOUT: return "timeout";
+    case LK_ERR_PEER: return "peer error";
+    }
+    return "unknown status";
+}
+
+lk_status lk_fail(char *err, size_t errlen, lk_status st, const char *fmt, ...) {
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return st;
+}
+
+void lk_assert_fail(const char *expr, const char *file, int line) {
+    fprintf(stderr, "lockstep: internal error: assertion '%s' failed at %s:%d\n", expr, file, line);
+    abort();
+}
+
+static int g_log_level = LK_LOG_INFO;
+void lk_log_set_level(int level) { g_log_level = level; }
+int lk_log_level(void) { return g_log_level; }
+
+void lk_log(int level, const char *fmt, ...) {
+    if (level > g_log_level) return;
+    static const char *names[] = {"error", "warn", "info", "debug"};
+    char buf[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    /* one fprintf so lines from several threads/processes do not interleave */
+    fprintf(stderr, "lockstep %s: %s\n", names[level < 0 ? 0 : level > 3 ? 3 : level], buf);
+}
+
+uint64_t lk_time_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+double lk_time_s(void) { return (double)lk_time_ns() * 1e-9; }
+
+static _Noreturn void oom(size_t n) {
+    fprintf(stderr, "lockstep: out of memory allocating %zu bytes\n", n);
+    abort();
+}
+void *lk_xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) oom(n);
+    return p;
+}
+void *lk_xcalloc(size_t n, size_t sz) {
+    void *p = calloc(n ? n : 1, sz ? sz : 1);
+    if (!p) oom(n * sz);
+    return p;
+}
+void *lk_xrealloc(void *p, size_t n) {
+    void *q = realloc(p, n ? n : 1);
+    if (!q) oom(n);
+    return q;
+}
+char *lk_xstrdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *p = lk_xmalloc(n);
+    memcpy(p, s, n);
+    return p;
+}
+void *lk_xmalloc_aligned(size_t n) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, n ? (n + 63) & ~(size_t)63 : 64) != 0) oom(n);
+    return p;
+}
+
+/* IEEE half conversion, round to nearest even (matches F16C / ggml). */
+float lk_fp16_to_fp32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
+    if (exp == 0) {
+        if (man == 0) u = sign;
+        else { /* subnormal: normalise */
+            int e = -1;
+            do { e++; man <<= 1; } while (!(man & 0x400));
+            u = sign | (uint32_t)(127 - 15 - e) << 23 | (man & 0x3ff) << 13;
+        }
+    } else if (exp == 31) u = sign | 0x7f800000u | man << 13;
+    else u = sign | (exp + 112) << 23 | man << 13;
+    union { uint32_t u; float f; } v = { .u = u };
+    return v.f;
+}
+
+uint16_t lk_fp32_to_fp16(float f) {
+    union { float f; uint32_t u; } v = { .f = f };
+    uint32_t x = v.u, sign = (x >> 16) & 0x8000;
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) /* inf or nan */
+        return (uint16_t)(sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 : 0));
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00); /* overflow -> inf */
+    if (ax < 0x38800000u) { /* subnormal or zero in half */
+        if (ax < 0x33000000u) return (uint16_t)sign;
+        uint32_t m = (ax & 0x7fffff) | 0x800000;
+        int shift = 126 - (int)(ax >> 23);  /* 14..24 */
+        uint32_t r = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (r & 1))) r++;
+        return (uint16_t)(sign | r);
+    }
+    uint32_t r = ((ax >> 13) - (112u << 10));
+    uint32_t rem = ax & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (r & 1))) r++;
+    return (uint16_t)(sign | r);
+}
+
+uint16_t lk_fp32_to_bf16(float f) {
+    union { float f; uint32_t u; } v = { .f = f };
+    if ((v.u & 0x7fffffff) > 0x7f800000) return (uint16_t)((v.u >> 16) | 64); /* quiet nan */
+    return (uint16_t)((v.u + (0x7fff + ((v.u >> 16) & 1))) >> 16);
+}

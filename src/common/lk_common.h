@@ -1,0 +1,84 @@
+/* lk_common — what every part shares: status codes, error messages, logging,
+ * clocks and checked arithmetic.
+ *
+ * Two kinds of failure (STYLE.md):
+ *   - a bug (broken invariant) -> LK_ASSERT, which aborts with file and line;
+ *   - anything from outside (file, peer, client, flag) -> a status returned to
+ *     the caller plus a one-line message written into the caller's
+ *     `char *err, size_t errlen` buffer naming what was wrong.
+ * Process-wide singletons only: the log level. Everything is thread-safe. */
+#ifndef LK_COMMON_H
+#define LK_COMMON_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    LK_OK = 0,
+    LK_ERR_ARG,         /* bad flag or argument */
+    LK_ERR_IO,          /* open/read/write/mmap failed */
+    LK_ERR_FORMAT,      /* malformed input (file, frame, body) */
+    LK_ERR_UNSUPPORTED, /* well-formed but not implemented (arch, type) */
+    LK_ERR_NOMEM,
+    LK_ERR_NET,         /* connect/send/recv failed, peer closed */
+    LK_ERR_AUTH,        /* handshake refused */
+    LK_ERR_MISMATCH,    /* version / model / config disagreement */
+    LK_ERR_TIMEOUT,     /* a deadline passed */
+    LK_ERR_PEER,        /* the peer reported an error */
+} lk_status;
+
+const char *lk_status_to_string(lk_status s);
+
+#define LK_ERRLEN 512
+
+/* Writes a formatted message into err (if non-NULL) and returns `st`, so a
+ * caller can write `return lk_fail(err, errlen, LK_ERR_IO, "open %s: %s", ...)`. */
+lk_status lk_fail(char *err, size_t errlen, lk_status st, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Bugs only. Never for input validation. */
+#define LK_ASSERT(c) \
+    do { if (!(c)) lk_assert_fail(#c, __FILE__, __LINE__); } while (0)
+_Noreturn void lk_assert_fail(const char *expr, const char *file, int line);
+
+/* Logging to stderr. Level: 0 error, 1 warn, 2 info (default), 3 debug. */
+enum { LK_LOG_ERROR = 0, LK_LOG_WARN = 1, LK_LOG_INFO = 2, LK_LOG_DEBUG = 3 };
+void lk_log_set_level(int level);
+int  lk_log_level(void);
+void lk_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Monotonic clock. */
+double   lk_time_s(void);
+uint64_t lk_time_ns(void);
+
+/* malloc that aborts on failure — only for sizes the program itself decided
+ * (never a size read from input: validate first, then allocate). */
+void *lk_xmalloc(size_t n);
+void *lk_xcalloc(size_t n, size_t sz);
+void *lk_xrealloc(void *p, size_t n);
+char *lk_xstrdup(const char *s);
+/* 64-byte aligned allocation (SIMD rows, no false sharing); free with free(). */
+void *lk_xmalloc_aligned(size_t n);
+
+/* Overflow-checked arithmetic for sizes read from outside. */
+static inline bool lk_mul_ok(uint64_t a, uint64_t b, uint64_t *out) {
+    return !__builtin_mul_overflow(a, b, out);
+}
+static inline bool lk_add_ok(uint64_t a, uint64_t b, uint64_t *out) {
+    return !__builtin_add_overflow(a, b, out);
+}
+
+/* fp16 / bf16 <-> fp32 (IEEE, round-to-nearest-even like ggml). */
+float    lk_fp16_to_fp32(uint16_t h);
+uint16_t lk_fp32_to_fp16(float f);
+static inline float lk_bf16_to_fp32(uint16_t h) {
+    union { uint32_t u; float f; } v = { .u = (uint32_t)h << 16 };
+    return v.f;
+}
+uint16_t lk_fp32_to_bf16(float f);
+
+#define LK_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define LK_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+#endif

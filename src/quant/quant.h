@@ -1,0 +1,76 @@
+/* quant — block formats of weights and activations, and the dot products
+ * between them.
+ *
+ * Owns: the GGML type ids and their block layouts (facts of the GGUF format),
+ * dequantisation, quantisation (activations, and `lockstep quantize`), and the
+ * row-block matrix kernels that every matmul in lockstep ends in. SIMD variants
+ * (AVX-512 VNNI/BF16, AVX2+FMA, scalar) are chosen once at run time from CPU
+ * features (lk_quant_init, called implicitly); LK_SIMD=scalar|avx2|avx512 in
+ * the environment forces a level (for tests and benchmarks).
+ *
+ * Activations: a weight of type T is multiplied with activations quantised to
+ * lk_type_vec_dot(T) exactly as ggml does (Q8_0 for Q4_0/Q8_0, Q8_K for the
+ * K-quants, F16 for F16, BF16 for BF16, F32 for F32), so results track
+ * llama.cpp's to rounding noise.
+ *
+ * Callers: kernels (matmul splits rows across threads and calls
+ * lk_quant_matmul on row ranges), model (embedding lookup via dequantize),
+ * cli quantize. Pure functions, no state beyond the dispatch table: thread-safe. */
+#ifndef LK_QUANT_H
+#define LK_QUANT_H
+
+#include "common/lk_common.h"
+
+/* GGML type ids as stored in GGUF tensor infos. */
+typedef enum {
+    LK_TYPE_F32 = 0, LK_TYPE_F16 = 1, LK_TYPE_Q4_0 = 2, LK_TYPE_Q4_1 = 3,
+    LK_TYPE_Q5_0 = 6, LK_TYPE_Q5_1 = 7, LK_TYPE_Q8_0 = 8, LK_TYPE_Q8_1 = 9,
+    LK_TYPE_Q2_K = 10, LK_TYPE_Q3_K = 11, LK_TYPE_Q4_K = 12, LK_TYPE_Q5_K = 13,
+    LK_TYPE_Q6_K = 14, LK_TYPE_Q8_K = 15,
+    LK_TYPE_IQ2_XXS = 16, LK_TYPE_IQ2_XS = 17, LK_TYPE_IQ3_XXS = 18,
+    LK_TYPE_IQ1_S = 19, LK_TYPE_IQ4_NL = 20, LK_TYPE_IQ3_S = 21, LK_TYPE_IQ2_S = 22,
+    LK_TYPE_IQ4_XS = 23, LK_TYPE_I8 = 24, LK_TYPE_I16 = 25, LK_TYPE_I32 = 26,
+    LK_TYPE_I64 = 27, LK_TYPE_F64 = 28, LK_TYPE_IQ1_M = 29, LK_TYPE_BF16 = 30,
+    LK_TYPE_TQ1_0 = 34, LK_TYPE_TQ2_0 = 35, LK_TYPE_MXFP4 = 39,
+    LK_TYPE_COUNT = 40
+} lk_type;
+
+/* Layout facts, known for every id above (so the gguf part can size tensors
+ * of types we cannot compute with). block_size 0 = unknown id. */
+const char *lk_type_name(uint32_t t);          /* "q4_0", or "type#N" for unknown ids */
+int64_t     lk_type_block_size(uint32_t t);    /* elements per block; 0 if unknown */
+size_t      lk_type_block_bytes(uint32_t t);   /* bytes per block; 0 if unknown */
+/* bytes of a row of n elements; false if n is not a whole number of blocks
+ * or the type is unknown. */
+bool        lk_type_row_bytes(uint32_t t, int64_t n, size_t *out);
+/* Can lockstep compute with it (dequantize + matmul)? */
+bool        lk_type_supported(uint32_t t);
+/* Parse "q8_0", "Q4_K", "f16"... -> id; false if unknown. */
+bool        lk_type_from_name(const char *name, lk_type *out);
+
+/* The activation type that matmul with weights of type t expects. */
+lk_type lk_type_vec_dot(lk_type t);
+
+/* Row conversions. n must be a whole number of blocks of the type. */
+void lk_dequantize_row(lk_type t, const void *src, float *dst, int64_t n);
+/* Supported targets: F32, F16, BF16, Q8_0, Q4_0, Q8_K (activations and
+ * `lockstep quantize`); others LK_ASSERT. Bit-exact with ggml's reference
+ * quantisers. */
+void lk_quantize_row(lk_type t, const float *src, void *dst, int64_t n);
+bool lk_quantize_supported(lk_type t);
+
+/* The matrix kernel. W has `nrows` rows of `n` elements of type wt, row r at
+ * (char*)w + r*w_stride. A holds `ntok` activation rows of n elements of type
+ * lk_type_vec_dot(wt), row t at (char*)a + t*a_stride. Writes
+ *   y[t*y_stride + r] = dot(W row r, A row t)   for r < nrows, t < ntok.
+ * ntok == 1 is the decode (matrix-vector) case. Single-threaded: the kernels
+ * part splits rows across threads. */
+void lk_quant_matmul(lk_type wt, int64_t n, int64_t nrows, const void *w, size_t w_stride,
+                     int64_t ntok, const void *a, size_t a_stride,
+                     float *y, size_t y_stride);
+
+/* Which SIMD level is active: "avx512", "avx2" or "scalar". */
+const char *lk_quant_simd_name(void);
+void        lk_quant_init(void);
+
+#endif

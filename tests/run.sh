@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Runs every test program (plain build, then the ASan+UBSan build) and every
+# tests/test_*.sh integration script, counts PASS/FAIL lines, and ends with
+# "N passed, N failed". ONLY=substring runs just the matching programs;
+# B=folder picks the build folder (default build). A program that crashes or exits non-zero without a
+# FAIL line counts as one failure.
+set -u
+cd "$(dirname "$0")/.."
+pass=0; fail=0
+B=${B:-build}
+export LOCKSTEP=${LOCKSTEP:-$B/lockstep}
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+run_one() { # label, command...
+    local label=$1; shift
+    if [ -n "${ONLY:-}" ] && [[ "$label" != *"$ONLY"* ]]; then return; fi
+    local out rc
+    local t0=$(date +%s.%N)
+    out=$("$@" 2>&1); rc=$?
+    local p f
+    p=$(grep -c '^PASS ' <<<"$out"); f=$(grep -c '^FAIL ' <<<"$out")
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; echo "FAIL $label (exit $rc)"; fi
+    pass=$((pass + p)); fail=$((fail + f))
+    printf '== %-40s %3d passed %3d failed  (%.1fs)\n' "$label" "$p" "$f" "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{print b-a}')"
+    if [ "$f" -ne 0 ] || [ -n "${VERBOSE:-}" ]; then sed 's/^/   | /' <<<"$out" | tail -n 60; fi
+}
+for t in $B/tests/test_*; do
+    [ -x "$t" ] && run_one "$(basename "$t")" "$t"
+done
+for t in $B/asan/tests/test_*; do
+    [ -x "$t" ] && LOCKSTEP=$B/asan/lockstep run_one "asan/$(basename "$t")" "$t"
+done
+for t in tests/test_*.sh; do
+    [ -f "$t" ] && run_one "$(basename "$t")" bash "$t"
+done
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
