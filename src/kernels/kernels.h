@@ -1,0 +1,54 @@
+/* kernels — the compute building blocks of a forward pass: a persistent
+ * thread pool, matmul over quantised weights (lk_mat), rmsnorm, rope,
+ * softmax, silu, attention.
+ *
+ * Threading: lk_pool runs one function on all its threads (the caller is
+ * thread 0) and returns when all are done. Workers spin briefly, then sleep
+ * on a futex, so a pool never burns a core while its rank waits on the
+ * network. No allocation after creation. */
+#ifndef LK_KERNELS_H
+#define LK_KERNELS_H
+
+#include "common/lk_common.h"
+#include "quant/quant.h"
+
+/* ---- thread pool ---- */
+typedef struct lk_pool lk_pool;
+typedef void (*lk_pool_fn)(void *arg, int ith, int nth);
+lk_pool *lk_pool_create(int n_threads); /* n_threads <= 0: number of online cores */
+void     lk_pool_free(lk_pool *p);
+int      lk_pool_size(const lk_pool *p);
+void     lk_pool_run(lk_pool *p, lk_pool_fn fn, void *arg);
+/* Splits [0, n) into nth contiguous chunks whose boundaries are multiples of
+ * `align`; returns this thread's [*a, *b). */
+void lk_split_range(int64_t n, int64_t align, int ith, int nth, int64_t *a, int64_t *b);
+
+/* ---- weight matrices ---- */
+/* A view of `rows` rows of `cols` elements of a (maybe quantised) matrix,
+ * row r at (char*)data + r*row_stride. Column slices (tensor parallelism)
+ * start on a block boundary. */
+typedef struct {
+    lk_type     type;
+    int64_t     cols;       /* input length */
+    int64_t     rows;       /* output length */
+    const void *data;
+    size_t      row_stride; /* bytes */
+} lk_mat;
+
+/* Scratch for matmul's activation quantisation: enough bytes for ntok rows
+ * of `cols` in any activation type (F32 is the largest). */
+size_t lk_matmul_scratch_bytes(int64_t cols, int64_t ntok);
+
+/* y[t][r] = W row r . x[t] for t < ntok, r < W.rows; x is [ntok][W.cols]
+ * (rows x_stride floats apart), y is [ntok][y_stride]. Quantises x to the
+ * weight's activation type into `scratch`, then splits rows over the pool. */
+void lk_matmul(lk_pool *p, const lk_mat *W, const float *x, int64_t x_stride, int64_t ntok,
+               float *y, int64_t y_stride, void *scratch);
+
+/* ---- elementwise ---- */
+void lk_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
+void lk_softmax(float *x, int64_t n);
+/* In place out[i] = silu(gate[i]) * up[i]. */
+void lk_swiglu(float *gate, const float *up, int64_t n);
+
+#endif

@@ -1,0 +1,90 @@
+/* model — architectures (llama, qwen2, qwen3; mistral and TinyLlama are
+ * llama) as one forward pass over *this rank's slice* of every weight, and
+ * the KV cache for the slice's KV heads.
+ *
+ * The same code runs one node (slice = everything, no hooks) and every rank
+ * of a tensor/pipeline-parallel cluster: the slice (parallel/parallel.h) says
+ * which layers, query heads, KV heads, FFN rows and vocabulary rows this rank
+ * owns, and the TP hook all-reduces the hidden vector after the attention
+ * output projection and after the FFN down projection (2 per layer).
+ *
+ * Weights are views (lk_mat) into the GGUF mapping, or into a buffer holding
+ * only this rank's slices (a worker that received them over the network).
+ * All scratch is sized at load; the forward pass allocates nothing.
+ *
+ * Threading: one thread drives an lk_model (calls forward); it fans work out
+ * to its own thread pool. */
+#ifndef LK_MODEL_H
+#define LK_MODEL_H
+
+#include "common/lk_common.h"
+#include "gguf/gguf.h"
+#include "parallel/parallel.h"
+#include "kernels/kernels.h"
+
+typedef enum { LK_ARCH_LLAMA, LK_ARCH_QWEN2, LK_ARCH_QWEN3 } lk_arch;
+
+typedef struct {
+    lk_arch arch;
+    char    arch_name[32];
+    int     n_embd, n_layer, n_head, n_head_kv, head_dim; /* head_dim = key/value length */
+    int64_t n_ff, n_vocab;
+    int     n_ctx_train;
+    float   rms_eps;
+    float   rope_base;
+    int     rope_dim;         /* dimensions rotated per head */
+    bool    rope_neox;        /* NeoX halves (qwen2/3) vs adjacent pairs (llama) */
+    bool    has_rope_freqs;   /* llama3 rope_freqs.weight factors */
+    bool    tied_output;      /* output = token_embd */
+    bool    has_qkv_bias;     /* qwen2 */
+    bool    has_qk_norm;      /* qwen3 */
+} lk_model_config;
+
+/* Reads the configuration from metadata and checks every tensor exists with
+ * the expected shape and a supported type (clear error naming the tensor). */
+lk_status lk_model_config_read(const lk_gguf *g, lk_model_config *cfg, char *err, size_t errlen);
+/* Plan dimensions (with block alignments from the weight types). */
+void lk_model_plan_dims(const lk_gguf *g, const lk_model_config *cfg, lk_plan_dims *d);
+
+typedef struct {
+    int     n_ctx;        /* KV cache positions (0: model's, capped at 4096) */
+    int     n_batch;      /* most tokens per forward call (0: 512) */
+    bool    kv_f16;       /* F16 KV cache (default F32) */
+    int     n_threads;    /* 0: all cores */
+    lk_pool *pool;        /* optional shared pool (then n_threads is ignored) */
+} lk_model_params;
+
+typedef struct lk_model lk_model;
+
+/* Builds the model for one slice (NULL = everything) over weights in the
+ * GGUF `g`, which must outlive the model. */
+lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_params *p,
+                        lk_model **out, char *err, size_t errlen);
+void lk_model_free(lk_model *m);
+
+const lk_model_config *lk_model_cfg(const lk_model *m);
+const lk_slice        *lk_model_slice(const lk_model *m);
+int  lk_model_n_ctx(const lk_model *m);
+int  lk_model_n_batch(const lk_model *m);
+void lk_model_set_hooks(lk_model *m, const lk_tp_hooks *h);
+/* Bytes of weights this rank reads per decoded token. */
+uint64_t lk_model_weight_bytes(const lk_model *m);
+
+/* The forward pass, in three steps so pipeline stages can run parts of it.
+ * x is a [n][n_embd] F32 buffer (lk_model_hidden gives one sized n_batch).
+ *  - embed: token ids -> x (first stage);
+ *  - layers: runs this slice's layers [layer0, layer1) on x for positions
+ *    pos0 .. pos0+n-1 of the (single) sequence, writing the KV cache;
+ *  - logits: final norm + this rank's vocabulary rows for the last `n_out`
+ *    rows of x; logits is [n_out][vocab1 - vocab0].
+ * A failing hook (peer died) returns its status; the message is the hook's. */
+lk_status lk_model_embed(lk_model *m, const int32_t *tokens, int n, float *x);
+lk_status lk_model_layers(lk_model *m, float *x, int n, int pos0);
+lk_status lk_model_logits(lk_model *m, const float *x, int n, int n_out, float *logits);
+float *lk_model_hidden(lk_model *m);  /* scratch [n_batch][n_embd] owned by the model */
+
+/* One node convenience: embed + layers + logits for the last n_out tokens. */
+lk_status lk_model_forward(lk_model *m, const int32_t *tokens, int n, int pos0,
+                           int n_out, float *logits);
+
+#endif
