@@ -1,0 +1,90 @@
+/* Elementwise kernels and the matmul driver. */
+#include "kernels/kernels.h"
+
+#include <math.h>
+#include <string.h>
+
+void lk_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
+    /* sum of squares in double like ggml (ggml_float), then scale in float */
+    double ss = 0;
+    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    const float scale = 1.0f / sqrtf((float)(ss / (double)n) + eps);
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
+}
+
+void lk_softmax(float *x, int64_t n) {
+    float max = -INFINITY;
+    for (int64_t i = 0; i < n; i++) max = x[i] > max ? x[i] : max;
+    double sum = 0;
+    for (int64_t i = 0; i < n; i++) { x[i] = expf(x[i] - max); sum += x[i]; }
+    const float inv = (float)(1.0 / sum);
+    for (int64_t i = 0; i < n; i++) x[i] *= inv;
+}
+
+void lk_swiglu(float *gate, const float *up, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i];
+        gate[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+/* ---- matmul ---- */
+
+size_t lk_matmul_scratch_bytes(int64_t cols, int64_t ntok) {
+    /* F32 activations are the widest (4 bytes per element); every quantised
+     * activation format is smaller per element. */
+    return (size_t)cols * 4 * (size_t)ntok + 64;
+}
+
+typedef struct {
+    const lk_mat *W;
+    const float *x;
+    int64_t x_stride, ntok;
+    const void *a;      /* quantised activations */
+    size_t a_stride;
+    float *y;
+    int64_t y_stride;
+    lk_type at;
+    void *scratch;
+} matmul_job;
+
+/* Rows are handed out in multiples of 16 so SIMD kernels that work on row
+ * tiles never see a ragged split except at the matrix end, and threads never
+ * write the same cache line of y (16 floats = 64 bytes). */
+#define ROW_ALIGN 16
+
+static void quantize_job(void *arg, int ith, int nth) {
+    matmul_job *j = arg;
+    int64_t t0, t1;
+    lk_split_range(j->ntok, 1, ith, nth, &t0, &t1);
+    for (int64_t t = t0; t < t1; t++)
+        lk_quantize_row(j->at, j->x + t * j->x_stride, (char *)j->scratch + t * j->a_stride, j->W->cols);
+}
+
+static void matmul_job_fn(void *arg, int ith, int nth) {
+    matmul_job *j = arg;
+    int64_t r0, r1;
+    lk_split_range(j->W->rows, ROW_ALIGN, ith, nth, &r0, &r1);
+    if (r1 <= r0) return;
+    lk_quant_matmul(j->W->type, j->W->cols, r1 - r0, (const char *)j->W->data + (size_t)r0 * j->W->row_stride,
+                    j->W->row_stride, j->ntok, j->a, j->a_stride, j->y + r0, (size_t)j->y_stride);
+}
+
+void lk_matmul(lk_pool *p, const lk_mat *W, const float *x, int64_t x_stride, int64_t ntok,
+               float *y, int64_t y_stride, void *scratch) {
+    matmul_job j = { .W = W, .x = x, .x_stride = x_stride, .ntok = ntok, .y = y, .y_stride = y_stride,
+                     .at = lk_type_vec_dot(W->type), .scratch = scratch };
+    if (j.at == LK_TYPE_F32) {
+        /* F32 weights take the activations as they are: no copy */
+        j.a = x;
+        j.a_stride = (size_t)x_stride * sizeof(float);
+    } else {
+        size_t rb = 0;
+        LK_ASSERT(lk_type_row_bytes(j.at, W->cols, &rb));
+        j.a = scratch;
+        j.a_stride = rb;
+        if (ntok >= 4 && lk_pool_size(p) > 1) lk_pool_run(p, quantize_job, &j);
+        else quantize_job(&j, 0, 1);
+    }
+    lk_pool_run(p, matmul_job_fn, &j);
+}

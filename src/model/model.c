@@ -1,0 +1,575 @@
+/* The forward pass over one rank's slice.
+ *
+ * Shapes (per rank; H = heads here, KV = KV heads here, hd = head_dim,
+ * F = FFN rows here, B = n_batch, d = n_embd):
+ *   Wq [H*hd, d]  Wk, Wv [KV*hd, d]  Wo [d, H*hd] (a column slice)
+ *   W1, W3 [F, d] W2 [d, F] (a column slice)   Wout [vocab1-vocab0, d]
+ * A slice of output rows is a pointer offset; a slice of input columns keeps
+ * the full row stride and starts at a block boundary (the plan guarantees
+ * block alignment), so single node and every rank use the same views into
+ * the file mapping and nothing is copied. */
+#include "model/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const float *attn_norm, *ffn_norm;     /* (d) */
+    const float *q_norm, *k_norm;          /* (hd) qwen3 */
+    const float *bq, *bk, *bv;             /* (H*hd), (KV*hd) qwen2, already offset to the slice */
+    lk_mat wq, wk, wv, wo, w1, w2, w3;
+} layer_w;
+
+struct lk_model {
+    lk_model_config cfg;
+    lk_slice sl;
+    int n_ctx, n_batch;
+    int nh, nkv;            /* local heads, local kv heads */
+    int64_t nff, nvoc;      /* local FFN rows, local vocab rows */
+    const lk_gguf *g;
+    const lk_gguf_tensor *tok_embd;
+    const float *out_norm;
+    lk_mat wout;
+    layer_w *layers;        /* (layer1 - layer0) */
+    float *rope_cos, *rope_sin; /* (n_ctx, rope_dim/2) */
+    /* KV cache: (layers here, KV, n_ctx, hd), F32 or F16 */
+    bool kv_f16;
+    void *kcache, *vcache;
+    /* scratch, sized at load */
+    float *x, *xb, *q, *k, *v, *att, *o, *hg, *hu;
+    float *scores;          /* (threads, n_ctx) */
+    void *act;              /* activation quantisation */
+    lk_pool *pool;
+    bool own_pool;
+    lk_tp_hooks hooks;
+    uint64_t weight_bytes;
+};
+
+/* ---------------------------------------------------------------- config */
+
+static bool meta_i64(const lk_gguf *g, const char *arch, const char *suffix, int64_t *out) {
+    char key[160];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    return lk_gguf_get_i64(g, key, out);
+}
+static bool meta_f64(const lk_gguf *g, const char *arch, const char *suffix, double *out) {
+    char key[160];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    return lk_gguf_get_f64(g, key, out);
+}
+
+static lk_status need_i64(const lk_gguf *g, const char *arch, const char *suffix, int64_t lo, int64_t hi,
+                          int64_t *out, char *err, size_t errlen) {
+    if (!meta_i64(g, arch, suffix, out))
+        return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: missing metadata key %s.%s", lk_gguf_path(g), arch, suffix);
+    if (*out < lo || *out > hi)
+        return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: metadata %s.%s = %lld is out of range [%lld, %lld]",
+                       lk_gguf_path(g), arch, suffix, (long long)*out, (long long)lo, (long long)hi);
+    return LK_OK;
+}
+
+/* Checks a tensor exists with shape [ne0, ne1] (ne1 = 0 for 1-D) and a type we compute with. */
+static lk_status check_tensor(const lk_gguf *g, const char *name, int64_t ne0, int64_t ne1, bool f32_only,
+                              const lk_gguf_tensor **out, char *err, size_t errlen) {
+    const lk_gguf_tensor *t = lk_gguf_find_tensor(g, name);
+    if (out) *out = t;
+    if (!t) return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: missing tensor '%s'", lk_gguf_path(g), name);
+    int want_dims = ne1 ? 2 : 1;
+    bool ok = (int64_t)t->ne[0] == ne0 && (ne1 ? (int64_t)t->ne[1] == ne1 && t->n_dims <= 2 : t->n_dims == 1);
+    if (!ok)
+        return lk_fail(err, errlen, LK_ERR_FORMAT,
+                       "%s: tensor '%s' has shape [%llu, %llu] (%d dims), expected [%lld%s%lld] (%d dims)",
+                       lk_gguf_path(g), name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], t->n_dims,
+                       (long long)ne0, ne1 ? ", " : "", ne1 ? (long long)ne1 : 0LL, want_dims);
+    if (f32_only && t->type != LK_TYPE_F32)
+        return lk_fail(err, errlen, LK_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s; lockstep expects f32 here",
+                       lk_gguf_path(g), name, lk_type_name(t->type));
+    if (!lk_type_supported(t->type))
+        return lk_fail(err, errlen, LK_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s, which lockstep cannot compute with yet",
+                       lk_gguf_path(g), name, lk_type_name(t->type));
+    return LK_OK;
+}
+
+lk_status lk_model_config_read(const lk_gguf *g, lk_model_config *c, char *err, size_t errlen) {
+    memset(c, 0, sizeof *c);
+    const char *arch;
+    size_t alen;
+    if (!lk_gguf_get_str(g, "general.architecture", &arch, &alen))
+        return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: missing metadata key general.architecture", lk_gguf_path(g));
+    if (alen >= sizeof c->arch_name) alen = sizeof c->arch_name - 1;
+    memcpy(c->arch_name, arch, alen);
+    c->arch_name[alen] = 0;
+    if (!strcmp(c->arch_name, "llama") || !strcmp(c->arch_name, "mistral")) c->arch = LK_ARCH_LLAMA;
+    else if (!strcmp(c->arch_name, "qwen2")) c->arch = LK_ARCH_QWEN2;
+    else if (!strcmp(c->arch_name, "qwen3")) c->arch = LK_ARCH_QWEN3;
+    else return lk_fail(err, errlen, LK_ERR_UNSUPPORTED,
+                        "%s: architecture '%s' is not supported (supported: llama, mistral, qwen2, qwen3)",
+                        lk_gguf_path(g), c->arch_name);
+    const char *a = c->arch_name;
+    int64_t v;
+    lk_status st;
+    if ((st = need_i64(g, a, "embedding_length", 1, 1 << 20, &v, err, errlen))) return st;
+    c->n_embd = (int)v;
+    if ((st = need_i64(g, a, "block_count", 1, 4096, &v, err, errlen))) return st;
+    c->n_layer = (int)v;
+    if ((st = need_i64(g, a, "attention.head_count", 1, 4096, &v, err, errlen))) return st;
+    c->n_head = (int)v;
+    if (meta_i64(g, a, "attention.head_count_kv", &v)) {
+        if (v < 1 || v > c->n_head || c->n_head % v)
+            return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: %s.attention.head_count_kv = %lld does not divide head_count %d",
+                           lk_gguf_path(g), a, (long long)v, c->n_head);
+        c->n_head_kv = (int)v;
+    } else c->n_head_kv = c->n_head;
+    if ((st = need_i64(g, a, "feed_forward_length", 1, 1 << 24, &v, err, errlen))) return st;
+    c->n_ff = v;
+    c->head_dim = c->n_embd / c->n_head;
+    if (meta_i64(g, a, "attention.key_length", &v)) {
+        int64_t vl = v;
+        if (v < 1 || v > 4096) return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: %s.attention.key_length = %lld out of range", lk_gguf_path(g), a, (long long)v);
+        if (meta_i64(g, a, "attention.value_length", &vl) && vl != v)
+            return lk_fail(err, errlen, LK_ERR_UNSUPPORTED, "%s: key_length %lld != value_length %lld is not supported", lk_gguf_path(g), (long long)v, (long long)vl);
+        c->head_dim = (int)v;
+    }
+    if (c->head_dim < 2 || c->head_dim % 2)
+        return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: head dimension %d must be even", lk_gguf_path(g), c->head_dim);
+    c->n_ctx_train = meta_i64(g, a, "context_length", &v) && v > 0 && v < (1 << 24) ? (int)v : 2048;
+    double f;
+    c->rms_eps = meta_f64(g, a, "attention.layer_norm_rms_epsilon", &f) ? (float)f : 1e-5f;
+    if (!(c->rms_eps > 0 && c->rms_eps < 1))
+        return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: rms epsilon %g out of range", lk_gguf_path(g), (double)c->rms_eps);
+    c->rope_base = meta_f64(g, a, "rope.freq_base", &f) ? (float)f : 10000.0f;
+    if (!(c->rope_base > 1)) return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: rope.freq_base %g out of range", lk_gguf_path(g), (double)c->rope_base);
+    c->rope_dim = meta_i64(g, a, "rope.dimension_count", &v) ? (int)v : c->head_dim;
+    if (c->rope_dim < 2 || c->rope_dim > c->head_dim || c->rope_dim % 2)
+        return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: rope.dimension_count %d must be even and <= head dim %d", lk_gguf_path(g), c->rope_dim, c->head_dim);
+    const char *rs;
+    size_t rslen;
+    char key[160];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+    if (lk_gguf_get_str(g, key, &rs, &rslen) && !(rslen == 4 && !memcmp(rs, "none", 4)) &&
+        !(rslen == 6 && !memcmp(rs, "linear", 6)))
+        return lk_fail(err, errlen, LK_ERR_UNSUPPORTED, "%s: rope scaling type '%.*s' is not supported (none, linear)",
+                       lk_gguf_path(g), (int)rslen, rs);
+    snprintf(key, sizeof key, "%s.rope.scaling.factor", a);
+    if (lk_gguf_get_f64(g, key, &f) && f != 1.0 && f != 0.0)
+        return lk_fail(err, errlen, LK_ERR_UNSUPPORTED, "%s: rope scaling factor %g is not supported yet", lk_gguf_path(g), f);
+    c->rope_neox = c->arch != LK_ARCH_LLAMA;
+    c->has_qkv_bias = c->arch == LK_ARCH_QWEN2;
+    c->has_qk_norm = c->arch == LK_ARCH_QWEN3;
+
+    /* tensors */
+    const lk_gguf_tensor *emb = lk_gguf_find_tensor(g, "token_embd.weight");
+    if (!emb) return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: missing tensor 'token_embd.weight'", lk_gguf_path(g));
+    c->n_vocab = (int64_t)emb->ne[1];
+    if ((st = check_tensor(g, "token_embd.weight", c->n_embd, c->n_vocab, false, NULL, err, errlen))) return st;
+    if ((st = check_tensor(g, "output_norm.weight", c->n_embd, 0, true, NULL, err, errlen))) return st;
+    c->tied_output = lk_gguf_find_tensor(g, "output.weight") == NULL;
+    if (!c->tied_output && (st = check_tensor(g, "output.weight", c->n_embd, c->n_vocab, false, NULL, err, errlen))) return st;
+    c->has_rope_freqs = lk_gguf_find_tensor(g, "rope_freqs.weight") != NULL;
+    if (c->has_rope_freqs && (st = check_tensor(g, "rope_freqs.weight", c->rope_dim / 2, 0, true, NULL, err, errlen))) return st;
+    const int64_t d = c->n_embd, hd = c->head_dim, qd = (int64_t)c->n_head * hd, kvd = (int64_t)c->n_head_kv * hd;
+    for (int l = 0; l < c->n_layer; l++) {
+        char n[96];
+#define T(name, ne0, ne1, f32) \
+        do { snprintf(n, sizeof n, "blk.%d.%s", l, name); \
+             if ((st = check_tensor(g, n, ne0, ne1, f32, NULL, err, errlen))) return st; } while (0)
+        T("attn_norm.weight", d, 0, true);
+        T("attn_q.weight", d, qd, false);
+        T("attn_k.weight", d, kvd, false);
+        T("attn_v.weight", d, kvd, false);
+        T("attn_output.weight", qd, d, false);
+        T("ffn_norm.weight", d, 0, true);
+        T("ffn_gate.weight", d, c->n_ff, false);
+        T("ffn_up.weight", d, c->n_ff, false);
+        T("ffn_down.weight", c->n_ff, d, false);
+        if (c->has_qkv_bias) {
+            T("attn_q.bias", qd, 0, true);
+            T("attn_k.bias", kvd, 0, true);
+            T("attn_v.bias", kvd, 0, true);
+        }
+        if (c->has_qk_norm) {
+            T("attn_q_norm.weight", hd, 0, true);
+            T("attn_k_norm.weight", hd, 0, true);
+        }
+#undef T
+    }
+    return LK_OK;
+}
+
+static int64_t block_of(const lk_gguf *g, const char *name) {
+    const lk_gguf_tensor *t = lk_gguf_find_tensor(g, name);
+    return t ? lk_type_block_size(t->type) : 1;
+}
+
+static int64_t lcm64(int64_t a, int64_t b) {
+    int64_t x = a, y = b;
+    while (y) { int64_t t = x % y; x = y; y = t; }
+    return a / x * b;
+}
+
+void lk_model_plan_dims(const lk_gguf *g, const lk_model_config *c, lk_plan_dims *d) {
+    memset(d, 0, sizeof *d);
+    d->n_layer = c->n_layer;
+    d->n_head = c->n_head;
+    d->n_head_kv = c->n_head_kv;
+    d->n_ff = c->n_ff;
+    d->n_vocab = c->n_vocab;
+    /* Wo and W2 are cut along their input columns: a cut must fall on a
+     * quantisation block, so heads go in groups of block/head_dim and FFN
+     * rows in multiples of the block. Output rows need no alignment. */
+    int64_t wo_blk = 1, w2_blk = 1;
+    for (int l = 0; l < c->n_layer; l++) {
+        char n[96];
+        snprintf(n, sizeof n, "blk.%d.attn_output.weight", l);
+        wo_blk = lcm64(wo_blk, block_of(g, n));
+        snprintf(n, sizeof n, "blk.%d.ffn_down.weight", l);
+        w2_blk = lcm64(w2_blk, block_of(g, n));
+    }
+    int64_t ha = 1;
+    while ((ha * c->head_dim) % wo_blk) ha++;
+    d->head_align = (int)ha;
+    d->ff_align = w2_blk;
+    d->vocab_align = 1;
+}
+
+/* ---------------------------------------------------------------- load */
+
+static lk_mat mat_rows(const lk_gguf_tensor *t, int64_t r0, int64_t r1) {
+    size_t rb = 0;
+    LK_ASSERT(lk_type_row_bytes(t->type, (int64_t)t->ne[0], &rb));
+    return (lk_mat){ .type = (lk_type)t->type, .cols = (int64_t)t->ne[0], .rows = r1 - r0,
+                     .data = (const char *)t->data + (size_t)r0 * rb, .row_stride = rb };
+}
+
+static lk_mat mat_cols(const lk_gguf_tensor *t, int64_t c0, int64_t c1) {
+    size_t rb = 0, off = 0;
+    LK_ASSERT(lk_type_row_bytes(t->type, (int64_t)t->ne[0], &rb));
+    LK_ASSERT(c0 % lk_type_block_size(t->type) == 0);
+    LK_ASSERT(c0 == 0 || lk_type_row_bytes(t->type, c0, &off));
+    return (lk_mat){ .type = (lk_type)t->type, .cols = c1 - c0, .rows = (int64_t)t->ne[1],
+                     .data = (const char *)t->data + off, .row_stride = rb };
+}
+
+static uint64_t mat_bytes(const lk_mat *m) {
+    size_t rb = 0;
+    lk_type_row_bytes(m->type, m->cols, &rb);
+    return (uint64_t)rb * (uint64_t)m->rows;
+}
+
+static const lk_gguf_tensor *tensor(const lk_gguf *g, int l, const char *name) {
+    char n[96];
+    if (l >= 0) snprintf(n, sizeof n, "blk.%d.%s", l, name);
+    else snprintf(n, sizeof n, "%s", name);
+    const lk_gguf_tensor *t = lk_gguf_find_tensor(g, n);
+    LK_ASSERT(t); /* checked by lk_model_config_read */
+    return t;
+}
+
+void lk_model_free(lk_model *m) {
+    if (!m) return;
+    if (m->own_pool) lk_pool_free(m->pool);
+    free(m->layers);
+    free(m->rope_cos); free(m->rope_sin);
+    free(m->kcache); free(m->vcache);
+    free(m->x); free(m->xb); free(m->q); free(m->k); free(m->v); free(m->att); free(m->o);
+    free(m->hg); free(m->hu); free(m->scores); free(m->act);
+    free(m);
+}
+
+static lk_status check_slice(const lk_model_config *c, const lk_slice *s, char *err, size_t errlen) {
+    int group = c->n_head / c->n_head_kv;
+    bool ok = s->layer0 >= 0 && s->layer0 < s->layer1 && s->layer1 <= c->n_layer &&
+              s->head0 >= 0 && s->head0 < s->head1 && s->head1 <= c->n_head &&
+              s->kv_head0 >= 0 && s->kv_head0 < s->kv_head1 && s->kv_head1 <= c->n_head_kv &&
+              s->kv_head0 <= s->head0 / group && s->kv_head1 > (s->head1 - 1) / group &&
+              s->ff0 >= 0 && s->ff0 < s->ff1 && s->ff1 <= c->n_ff &&
+              s->vocab0 >= 0 && s->vocab0 < s->vocab1 && s->vocab1 <= c->n_vocab;
+    if (!ok)
+        return lk_fail(err, errlen, LK_ERR_ARG,
+                       "slice does not fit the model: layers [%d,%d) heads [%d,%d) kv [%d,%d) ff [%lld,%lld) vocab [%lld,%lld)",
+                       s->layer0, s->layer1, s->head0, s->head1, s->kv_head0, s->kv_head1,
+                       (long long)s->ff0, (long long)s->ff1, (long long)s->vocab0, (long long)s->vocab1);
+    return LK_OK;
+}
+
+lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_params *p,
+                        lk_model **out, char *err, size_t errlen) {
+    *out = NULL;
+    lk_model_config cfg;
+    lk_status st = lk_model_config_read(g, &cfg, err, errlen);
+    if (st) return st;
+    lk_plan_dims dims;
+    lk_model_plan_dims(g, &cfg, &dims);
+    lk_slice sl;
+    if (slice) sl = *slice;
+    else lk_slice_full(&dims, &sl);
+    if ((st = check_slice(&cfg, &sl, err, errlen))) return st;
+    /* column cuts must be on block boundaries */
+    for (int l = sl.layer0; l < sl.layer1; l++) {
+        int64_t bo = lk_type_block_size(tensor(g, l, "attn_output.weight")->type);
+        int64_t bd = lk_type_block_size(tensor(g, l, "ffn_down.weight")->type);
+        if (((int64_t)sl.head0 * cfg.head_dim) % bo || (((int64_t)sl.head1 * cfg.head_dim) % bo && sl.head1 != cfg.n_head))
+            return lk_fail(err, errlen, LK_ERR_ARG, "heads [%d,%d) cut blk.%d.attn_output.weight inside a %lld-element block",
+                           sl.head0, sl.head1, l, (long long)bo);
+        if (sl.ff0 % bd || (sl.ff1 % bd && sl.ff1 != cfg.n_ff))
+            return lk_fail(err, errlen, LK_ERR_ARG, "FFN rows [%lld,%lld) cut blk.%d.ffn_down.weight inside a %lld-element block",
+                           (long long)sl.ff0, (long long)sl.ff1, l, (long long)bd);
+    }
+
+    lk_model *m = lk_xcalloc(1, sizeof *m);
+    m->cfg = cfg;
+    m->sl = sl;
+    m->g = g;
+    m->nh = sl.head1 - sl.head0;
+    m->nkv = sl.kv_head1 - sl.kv_head0;
+    m->nff = sl.ff1 - sl.ff0;
+    m->nvoc = sl.vocab1 - sl.vocab0;
+    m->n_ctx = p && p->n_ctx > 0 ? p->n_ctx : LK_MIN(cfg.n_ctx_train, 4096);
+    m->n_batch = p && p->n_batch > 0 ? p->n_batch : 512;
+    if (m->n_batch > m->n_ctx) m->n_batch = m->n_ctx;
+    m->kv_f16 = p && p->kv_f16;
+    if (p && p->pool) m->pool = p->pool;
+    else { m->pool = lk_pool_create(p ? p->n_threads : 0); m->own_pool = true; }
+
+    const int64_t d = cfg.n_embd, hd = cfg.head_dim;
+    m->tok_embd = tensor(g, -1, "token_embd.weight");
+    m->out_norm = tensor(g, -1, "output_norm.weight")->data;
+    const lk_gguf_tensor *wout = cfg.tied_output ? m->tok_embd : tensor(g, -1, "output.weight");
+    m->wout = mat_rows(wout, sl.vocab0, sl.vocab1);
+    m->weight_bytes = sl.pp_rank == sl.pp_size - 1 ? mat_bytes(&m->wout) : 0;
+    int nl = sl.layer1 - sl.layer0;
+    m->layers = lk_xcalloc((size_t)nl, sizeof(layer_w));
+    for (int i = 0; i < nl; i++) {
+        int l = sl.layer0 + i;
+        layer_w *w = &m->layers[i];
+        w->attn_norm = tensor(g, l, "attn_norm.weight")->data;
+        w->ffn_norm = tensor(g, l, "ffn_norm.weight")->data;
+        w->wq = mat_rows(tensor(g, l, "attn_q.weight"), sl.head0 * hd, sl.head1 * hd);
+        w->wk = mat_rows(tensor(g, l, "attn_k.weight"), sl.kv_head0 * hd, sl.kv_head1 * hd);
+        w->wv = mat_rows(tensor(g, l, "attn_v.weight"), sl.kv_head0 * hd, sl.kv_head1 * hd);
+        w->wo = mat_cols(tensor(g, l, "attn_output.weight"), sl.head0 * hd, sl.head1 * hd);
+        w->w1 = mat_rows(tensor(g, l, "ffn_gate.weight"), sl.ff0, sl.ff1);
+        w->w3 = mat_rows(tensor(g, l, "ffn_up.weight"), sl.ff0, sl.ff1);
+        w->w2 = mat_cols(tensor(g, l, "ffn_down.weight"), sl.ff0, sl.ff1);
+        if (cfg.has_qkv_bias) {
+            w->bq = (const float *)tensor(g, l, "attn_q.bias")->data + sl.head0 * hd;
+            w->bk = (const float *)tensor(g, l, "attn_k.bias")->data + sl.kv_head0 * hd;
+            w->bv = (const float *)tensor(g, l, "attn_v.bias")->data + sl.kv_head0 * hd;
+        }
+        if (cfg.has_qk_norm) {
+            w->q_norm = tensor(g, l, "attn_q_norm.weight")->data;
+            w->k_norm = tensor(g, l, "attn_k_norm.weight")->data;
+        }
+        m->weight_bytes += mat_bytes(&w->wq) + mat_bytes(&w->wk) + mat_bytes(&w->wv) + mat_bytes(&w->wo) +
+                           mat_bytes(&w->w1) + mat_bytes(&w->w2) + mat_bytes(&w->w3);
+    }
+
+    /* RoPE table, computed like ggml: theta_i = pos * base^(-2i/rope_dim)
+     * by repeated multiplication in float, divided by the llama3 factor. */
+    const int half = cfg.rope_dim / 2;
+    m->rope_cos = lk_xmalloc(sizeof(float) * (size_t)m->n_ctx * half);
+    m->rope_sin = lk_xmalloc(sizeof(float) * (size_t)m->n_ctx * half);
+    const float *ff = cfg.has_rope_freqs ? tensor(g, -1, "rope_freqs.weight")->data : NULL;
+    const float theta_scale = powf(cfg.rope_base, -2.0f / (float)cfg.rope_dim);
+    for (int pos = 0; pos < m->n_ctx; pos++) {
+        float theta = (float)pos;
+        for (int i = 0; i < half; i++) {
+            float t = ff ? theta / ff[i] : theta;
+            m->rope_cos[(size_t)pos * half + i] = cosf(t);
+            m->rope_sin[(size_t)pos * half + i] = sinf(t);
+            theta *= theta_scale;
+        }
+    }
+
+    size_t kv_elems = (size_t)nl * m->nkv * m->n_ctx * hd;
+    size_t esz = m->kv_f16 ? 2 : 4;
+    m->kcache = lk_xcalloc(kv_elems, esz);
+    m->vcache = lk_xcalloc(kv_elems, esz);
+
+    const size_t B = (size_t)m->n_batch;
+    m->x = lk_xmalloc_aligned(sizeof(float) * B * d);
+    m->xb = lk_xmalloc_aligned(sizeof(float) * B * LK_MAX(d, m->nh * hd));
+    m->q = lk_xmalloc_aligned(sizeof(float) * B * m->nh * hd);
+    m->k = lk_xmalloc_aligned(sizeof(float) * B * m->nkv * hd);
+    m->v = lk_xmalloc_aligned(sizeof(float) * B * m->nkv * hd);
+    m->att = lk_xmalloc_aligned(sizeof(float) * B * m->nh * hd);
+    m->o = lk_xmalloc_aligned(sizeof(float) * B * d);
+    m->hg = lk_xmalloc_aligned(sizeof(float) * B * m->nff);
+    m->hu = lk_xmalloc_aligned(sizeof(float) * B * m->nff);
+    m->scores = lk_xmalloc_aligned(sizeof(float) * (size_t)lk_pool_size(m->pool) * m->n_ctx);
+    int64_t maxcols = LK_MAX(LK_MAX(d, m->nff), (int64_t)m->nh * hd);
+    m->act = lk_xmalloc_aligned(lk_matmul_scratch_bytes(maxcols, (int64_t)B));
+    *out = m;
+    return LK_OK;
+}
+
+const lk_model_config *lk_model_cfg(const lk_model *m) { return &m->cfg; }
+const lk_slice *lk_model_slice(const lk_model *m) { return &m->sl; }
+int lk_model_n_ctx(const lk_model *m) { return m->n_ctx; }
+int lk_model_n_batch(const lk_model *m) { return m->n_batch; }
+void lk_model_set_hooks(lk_model *m, const lk_tp_hooks *h) { if (h) m->hooks = *h; else memset(&m->hooks, 0, sizeof m->hooks); }
+uint64_t lk_model_weight_bytes(const lk_model *m) { return m->weight_bytes; }
+float *lk_model_hidden(lk_model *m) { return m->x; }
+
+/* ---------------------------------------------------------------- forward */
+
+lk_status lk_model_embed(lk_model *m, const int32_t *tokens, int n, float *x) {
+    LK_ASSERT(n >= 0 && n <= m->n_batch);
+    const lk_gguf_tensor *e = m->tok_embd;
+    size_t rb = 0;
+    LK_ASSERT(lk_type_row_bytes(e->type, (int64_t)e->ne[0], &rb));
+    for (int t = 0; t < n; t++) {
+        LK_ASSERT(tokens[t] >= 0 && tokens[t] < m->cfg.n_vocab); /* callers validate ids */
+        lk_dequantize_row((lk_type)e->type, (const char *)e->data + (size_t)tokens[t] * rb, x + (size_t)t * m->cfg.n_embd, m->cfg.n_embd);
+    }
+    return LK_OK;
+}
+
+static void rope(const lk_model *m, float *v, int pos) {
+    const int half = m->cfg.rope_dim / 2;
+    const float *c = m->rope_cos + (size_t)pos * half, *s = m->rope_sin + (size_t)pos * half;
+    if (m->cfg.rope_neox) {
+        for (int i = 0; i < half; i++) {
+            float a = v[i], b = v[i + half];
+            v[i] = a * c[i] - b * s[i];
+            v[i + half] = a * s[i] + b * c[i];
+        }
+    } else {
+        for (int i = 0; i < half; i++) {
+            float a = v[2 * i], b = v[2 * i + 1];
+            v[2 * i] = a * c[i] - b * s[i];
+            v[2 * i + 1] = a * s[i] + b * c[i];
+        }
+    }
+}
+
+typedef struct {
+    lk_model *m;
+    int li, n, pos0;
+} attn_job;
+
+static inline float kv_get(const lk_model *m, const void *base, size_t i) {
+    return m->kv_f16 ? lk_fp16_to_fp32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
+}
+
+/* Causal attention for n new tokens over this rank's heads; tasks are
+ * (token, head) pairs split across threads, each with its own score row. */
+static void attn_fn(void *arg, int ith, int nth) {
+    attn_job *j = arg;
+    lk_model *m = j->m;
+    const int hd = m->cfg.head_dim, group = m->cfg.n_head / m->cfg.n_head_kv;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *sc = m->scores + (size_t)ith * m->n_ctx;
+    int64_t a, b;
+    lk_split_range((int64_t)j->n * m->nh, 1, ith, nth, &a, &b);
+    const size_t layer_off = (size_t)j->li * m->nkv * m->n_ctx * hd;
+    for (int64_t task = a; task < b; task++) {
+        int t = (int)(task / m->nh), h = (int)(task % m->nh);
+        int kvh = (m->sl.head0 + h) / group - m->sl.kv_head0;
+        int npos = j->pos0 + t + 1;
+        const float *q = m->q + ((size_t)t * m->nh + h) * hd;
+        size_t base = layer_off + (size_t)kvh * m->n_ctx * hd;
+        for (int p = 0; p < npos; p++) {
+            float s = 0;
+            if (m->kv_f16) {
+                const uint16_t *k = (const uint16_t *)m->kcache + base + (size_t)p * hd;
+                for (int i = 0; i < hd; i++) s += q[i] * lk_fp16_to_fp32(k[i]);
+            } else {
+                const float *k = (const float *)m->kcache + base + (size_t)p * hd;
+                for (int i = 0; i < hd; i++) s += q[i] * k[i];
+            }
+            sc[p] = s * scale;
+        }
+        lk_softmax(sc, npos);
+        float *out = m->att + ((size_t)t * m->nh + h) * hd;
+        memset(out, 0, sizeof(float) * hd);
+        for (int p = 0; p < npos; p++) {
+            const float w = sc[p];
+            if (m->kv_f16) {
+                const uint16_t *v = (const uint16_t *)m->vcache + base + (size_t)p * hd;
+                for (int i = 0; i < hd; i++) out[i] += w * lk_fp16_to_fp32(v[i]);
+            } else {
+                const float *v = (const float *)m->vcache + base + (size_t)p * hd;
+                for (int i = 0; i < hd; i++) out[i] += w * v[i];
+            }
+        }
+    }
+}
+
+static lk_status allreduce(lk_model *m, float *x, int64_t n, int layer, const char *what) {
+    if (!m->hooks.allreduce_sum) return LK_OK;
+    return m->hooks.allreduce_sum(m->hooks.ctx, x, n, layer, what);
+}
+
+lk_status lk_model_layers(lk_model *m, float *x, int n, int pos0) {
+    LK_ASSERT(n > 0 && n <= m->n_batch);
+    LK_ASSERT(pos0 >= 0 && pos0 + n <= m->n_ctx); /* callers check the context */
+    const lk_model_config *c = &m->cfg;
+    const int64_t d = c->n_embd, hd = c->head_dim;
+    const int64_t qd = (int64_t)m->nh * hd, kvd = (int64_t)m->nkv * hd;
+    lk_status st;
+    for (int li = 0; li < m->sl.layer1 - m->sl.layer0; li++) {
+        const layer_w *w = &m->layers[li];
+        const int layer = m->sl.layer0 + li;
+        for (int t = 0; t < n; t++) lk_rmsnorm(m->xb + t * d, x + t * d, w->attn_norm, d, c->rms_eps);
+        lk_matmul(m->pool, &w->wq, m->xb, d, n, m->q, qd, m->act);
+        lk_matmul(m->pool, &w->wk, m->xb, d, n, m->k, kvd, m->act);
+        lk_matmul(m->pool, &w->wv, m->xb, d, n, m->v, kvd, m->act);
+        const size_t layer_off = (size_t)li * m->nkv * m->n_ctx * hd;
+        for (int t = 0; t < n; t++) {
+            float *q = m->q + t * qd, *k = m->k + t * kvd, *v = m->v + t * kvd;
+            if (w->bq) {
+                for (int64_t i = 0; i < qd; i++) q[i] += w->bq[i];
+                for (int64_t i = 0; i < kvd; i++) { k[i] += w->bk[i]; v[i] += w->bv[i]; }
+            }
+            for (int h = 0; h < m->nh; h++) {
+                if (w->q_norm) lk_rmsnorm(q + h * hd, q + h * hd, w->q_norm, hd, c->rms_eps);
+                rope(m, q + h * hd, pos0 + t);
+            }
+            for (int h = 0; h < m->nkv; h++) {
+                if (w->k_norm) lk_rmsnorm(k + h * hd, k + h * hd, w->k_norm, hd, c->rms_eps);
+                rope(m, k + h * hd, pos0 + t);
+                size_t at = layer_off + ((size_t)h * m->n_ctx + pos0 + t) * hd;
+                if (m->kv_f16) {
+                    uint16_t *kc = (uint16_t *)m->kcache + at, *vc = (uint16_t *)m->vcache + at;
+                    for (int i = 0; i < hd; i++) { kc[i] = lk_fp32_to_fp16(k[h * hd + i]); vc[i] = lk_fp32_to_fp16(v[h * hd + i]); }
+                } else {
+                    memcpy((float *)m->kcache + at, k + h * hd, sizeof(float) * hd);
+                    memcpy((float *)m->vcache + at, v + h * hd, sizeof(float) * hd);
+                }
+            }
+        }
+        attn_job aj = { m, li, n, pos0 };
+        lk_pool_run(m->pool, attn_fn, &aj);
+        lk_matmul(m->pool, &w->wo, m->att, qd, n, m->o, d, m->act);
+        if ((st = allreduce(m, m->o, (int64_t)n * d, layer, "attention output all-reduce"))) return st;
+        for (int64_t i = 0; i < (int64_t)n * d; i++) x[i] += m->o[i];
+
+        for (int t = 0; t < n; t++) lk_rmsnorm(m->xb + t * d, x + t * d, w->ffn_norm, d, c->rms_eps);
+        lk_matmul(m->pool, &w->w1, m->xb, d, n, m->hg, m->nff, m->act);
+        lk_matmul(m->pool, &w->w3, m->xb, d, n, m->hu, m->nff, m->act);
+        lk_swiglu(m->hg, m->hu, (int64_t)n * m->nff);
+        lk_matmul(m->pool, &w->w2, m->hg, m->nff, n, m->o, d, m->act);
+        if ((st = allreduce(m, m->o, (int64_t)n * d, layer, "FFN output all-reduce"))) return st;
+        for (int64_t i = 0; i < (int64_t)n * d; i++) x[i] += m->o[i];
+    }
+    return LK_OK;
+}
+
+lk_status lk_model_logits(lk_model *m, const float *x, int n, int n_out, float *logits) {
+    LK_ASSERT(n_out >= 0 && n_out <= n && n <= m->n_batch);
+    const int64_t d = m->cfg.n_embd;
+    const float *xs = x + (size_t)(n - n_out) * d;
+    for (int t = 0; t < n_out; t++) lk_rmsnorm(m->xb + t * d, xs + t * d, m->out_norm, d, m->cfg.rms_eps);
+    lk_matmul(m->pool, &m->wout, m->xb, d, n_out, logits, m->nvoc, m->act);
+    return LK_OK;
+}
+
+lk_status lk_model_forward(lk_model *m, const int32_t *tokens, int n, int pos0, int n_out, float *logits) {
+    lk_status st;
+    if ((st = lk_model_embed(m, tokens, n, m->x))) return st;
+    if ((st = lk_model_layers(m, m->x, n, pos0))) return st;
+    return lk_model_logits(m, m->x, n, n_out, logits);
+}

@@ -1,0 +1,207 @@
+/* The forward pass against llama.cpp's reference outputs
+ * (../shared/testdata/reference and ../shared/testdata/synth): logits at every
+ * prompt position from one batched prompt pass, then greedy decoding one token
+ * at a time. Tolerances follow the READMEs next to the references. */
+#include "lk_test.h"
+
+#include <jansson.h>
+#include <math.h>
+
+#include "gguf/gguf.h"
+#include "model/model.h"
+
+typedef struct {
+    const char *gguf, *json;
+    double max_tol;     /* max |dlogit| */
+    double median_tol;  /* median |dlogit| (0: not checked) */
+    int min_gen;        /* at least this many greedy tokens must be compared */
+} ref_case;
+
+static int cmp_f(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Runs one reference file; returns the number of greedy tokens matched in
+ * total (for the report line). */
+static void check_reference(const ref_case *rc, int n_threads, bool kv_f16) {
+    char err[LK_ERRLEN];
+    lk_gguf *g = NULL;
+    lk_status st = lk_gguf_open(lk_td(rc->gguf), &g, err, sizeof err);
+    CHECKF(st == LK_OK, "%s", err);
+    if (st) return;
+    json_error_t jerr;
+    json_t *ref = json_load_file(lk_td(rc->json), 0, &jerr);
+    CHECKF(ref, "%s: %s", rc->json, jerr.text);
+    if (!ref) { lk_gguf_close(g); return; }
+    lk_model_params mp = { .n_ctx = 512, .n_threads = n_threads, .kv_f16 = kv_f16 };
+    lk_model *m = NULL;
+    st = lk_model_load(g, NULL, &mp, &m, err, sizeof err);
+    CHECKF(st == LK_OK, "%s", err);
+    if (st) { json_decref(ref); lk_gguf_close(g); return; }
+    const int64_t nv = lk_model_cfg(m)->n_vocab;
+    json_t *cases = json_object_get(ref, "cases");
+    size_t ci;
+    json_t *c;
+    double worst = 0, worst_median = 0;
+    int matched_total = 0, compared_total = 0;
+    json_array_foreach(cases, ci, c) {
+        json_t *jids = json_object_get(c, "prompt_token_ids");
+        int n = (int)json_array_size(jids);
+        int32_t toks[512];
+        for (int i = 0; i < n; i++) toks[i] = (int32_t)json_integer_value(json_array_get(jids, i));
+        float *logits = malloc(sizeof(float) * nv * n);
+        st = lk_model_forward(m, toks, n, 0, n, logits);
+        CHECK(st == LK_OK);
+        /* logits at every prompt position */
+        json_t *rows = json_object_get(c, "prompt_logits_all_positions");
+        CHECK((int)json_array_size(rows) == n);
+        float *diffs = malloc(sizeof(float) * nv * n);
+        size_t nd = 0;
+        double mx = 0;
+        for (int i = 0; i < n && i < (int)json_array_size(rows); i++) {
+            json_t *row = json_array_get(rows, i);
+            for (int64_t j = 0; j < nv; j++) {
+                double d = fabs(logits[i * nv + j] - json_number_value(json_array_get(row, j)));
+                diffs[nd++] = (float)d;
+                if (d > mx) mx = d;
+            }
+        }
+        qsort(diffs, nd, sizeof(float), cmp_f);
+        double median = nd ? diffs[nd / 2] : 0;
+        free(diffs);
+        if (mx > worst) worst = mx;
+        if (median > worst_median) worst_median = median;
+        CHECKF(mx <= rc->max_tol, "%s case %zu: max |dlogit| %.3g > %.3g", rc->json, ci, mx, rc->max_tol);
+        if (rc->median_tol > 0)
+            CHECKF(median <= rc->median_tol, "%s case %zu: median |dlogit| %.3g > %.3g", rc->json, ci, median, rc->median_tol);
+        /* greedy generation, one token at a time; compared up to the first
+         * reference step whose top-1 margin is within 2x the logit tolerance
+         * (after a near-tie a correct engine may take the other branch) */
+        json_t *gen = json_object_get(c, "generated_token_ids");
+        json_t *margins = json_object_get(c, "generated_top1_margin");
+        int ngen = (int)json_array_size(gen), pos = n, matched = 0, comparable = ngen;
+        for (int k = 0; k < ngen; k++)
+            if (json_number_value(json_array_get(margins, k)) < 2 * rc->max_tol) { comparable = k + 1; break; }
+        const float *last = logits + (size_t)(n - 1) * nv;
+        for (int k = 0; k < comparable; k++) {
+            int32_t best = 0;
+            for (int64_t j = 1; j < nv; j++) if (last[j] > last[best]) best = (int32_t)j;
+            int32_t want = (int32_t)json_integer_value(json_array_get(gen, k));
+            if (best != want) {
+                CHECKF(k == comparable - 1 && comparable < ngen, "%s case %zu: generated token %d is %d, want %d",
+                       rc->json, ci, k, best, want);
+                break;
+            }
+            matched++;
+            if (k + 1 == ngen) break;
+            st = lk_model_forward(m, &want, 1, pos++, 1, logits);
+            CHECK(st == LK_OK);
+            last = logits;
+        }
+        CHECKF(matched >= LK_MIN(rc->min_gen, comparable), "%s case %zu: only %d greedy tokens matched", rc->json, ci, matched);
+        matched_total += matched;
+        compared_total += ngen;
+        free(logits);
+    }
+    printf("  %-34s threads=%d kv=%s max|d|=%.2e median|d|=%.2e greedy %d/%d\n", rc->gguf, n_threads,
+           kv_f16 ? "f16" : "f32", worst, worst_median, matched_total, compared_total);
+    lk_model_free(m);
+    json_decref(ref);
+    lk_gguf_close(g);
+}
+
+static const ref_case stories[] = {
+    { "models/stories260K.gguf", "reference/stories260K.json", 1e-3, 0, 64 },
+    { "models/stories260K-q8_0.gguf", "reference/stories260K-q8_0.json", 0.05, 5e-3, 64 },
+    { "models/stories260K-q4_0.gguf", "reference/stories260K-q4_0.json", 0.05, 5e-3, 64 },
+};
+/* synth tolerances: synth/README.md "Suggested tolerances" (F32 1e-4; F16 with
+ * F16 activations 1e-2; BF16 5e-2; quantised with ggml-exact activation
+ * quantisation median 5e-3, max 0.4). */
+static const ref_case synth[] = {
+    { "synth/synth-llama-f32.gguf", "synth/synth-llama-f32.json", 1e-4, 0, 16 },
+    { "synth/synth-llama3rope-f32.gguf", "synth/synth-llama3rope-f32.json", 1e-4, 0, 16 },
+    { "synth/synth-qwen2-f32.gguf", "synth/synth-qwen2-f32.json", 1e-4, 0, 16 },
+    { "synth/synth-qwen3-f32.gguf", "synth/synth-qwen3-f32.json", 1e-4, 0, 16 },
+    { "synth/synth-llama-f16.gguf", "synth/synth-llama-f16.json", 1e-2, 0, 16 },
+    { "synth/synth-llama-tied-f16.gguf", "synth/synth-llama-tied-f16.json", 1e-2, 0, 16 },
+    { "synth/synth-llama-bf16.gguf", "synth/synth-llama-bf16.json", 5e-2, 0, 16 },
+    { "synth/synth-llama-q8_0.gguf", "synth/synth-llama-q8_0.json", 0.4, 5e-3, 8 },
+    { "synth/synth-llama-q4_0.gguf", "synth/synth-llama-q4_0.json", 0.4, 5e-3, 8 },
+    { "synth/synth-qwen3-q8_0.gguf", "synth/synth-qwen3-q8_0.json", 0.4, 5e-3, 8 },
+    { "synth/synth-llama-q4_k_m.gguf", "synth/synth-llama-q4_k_m.json", 0.4, 5e-3, 8 },
+    { "synth/synth-llama-q5_k_m.gguf", "synth/synth-llama-q5_k_m.json", 0.4, 5e-3, 8 },
+    { "synth/synth-llama-q6_k.gguf", "synth/synth-llama-q6_k.json", 0.4, 5e-3, 8 },
+    { "synth/synth-qwen2-q4_k_m.gguf", "synth/synth-qwen2-q4_k_m.json", 0.4, 5e-3, 8 },
+};
+
+TEST(stories260k_f32_reference) { check_reference(&stories[0], 1, false); }
+TEST(stories260k_f32_two_threads) { check_reference(&stories[0], 2, false); }
+TEST(stories260k_q8_0_reference) { check_reference(&stories[1], 1, false); }
+TEST(stories260k_q4_0_reference) { check_reference(&stories[2], 1, false); }
+TEST(synth_dense_references) {
+    for (size_t i = 0; i < sizeof synth / sizeof synth[0]; i++) check_reference(&synth[i], 2, false);
+}
+TEST(stories260k_f16_kv_cache) {
+    /* F16 KV cache: llama.cpp's own f16-KV run moved logits by up to 0.011 */
+    ref_case rc = stories[0];
+    rc.max_tol = 2e-2;
+    check_reference(&rc, 1, true);
+}
+
+/* No allocation in the per-token path: after loading, decoding tokens must
+ * not call malloc/calloc/realloc at all (counted through the linker's --wrap). */
+TEST(no_allocation_per_token) {
+    char err[LK_ERRLEN];
+    lk_gguf *g = NULL;
+    CHECKF(lk_gguf_open(lk_td("models/stories260K.gguf"), &g, err, sizeof err) == LK_OK, "%s", err);
+    if (!g) return;
+    lk_model_params mp = { .n_ctx = 128, .n_threads = 2 };
+    lk_model *m = NULL;
+    CHECKF(lk_model_load(g, NULL, &mp, &m, err, sizeof err) == LK_OK, "%s", err);
+    if (!m) { lk_gguf_close(g); return; }
+    static float logits[512 * 8];
+    int32_t prompt[8] = { 1, 403, 407, 261, 378, 1, 2, 3 };
+    long before = lk_test_allocs();
+    CHECK(lk_model_forward(m, prompt, 8, 0, 8, logits) == LK_OK);
+    for (int pos = 8; pos < 100; pos++) {
+        int32_t t = pos % 500;
+        CHECK(lk_model_forward(m, &t, 1, pos, 1, logits) == LK_OK);
+    }
+    long after = lk_test_allocs();
+    CHECKF(after == before, "%ld allocations during prefill and 92 decode steps", after - before);
+    lk_model_free(m);
+    lk_gguf_close(g);
+}
+
+TEST(bad_models_rejected) {
+    char err[LK_ERRLEN];
+    /* a tokenizer-only GGUF has no tensors: a clear error naming what is missing */
+    lk_gguf *g = NULL;
+    CHECKF(lk_gguf_open(lk_td("vocab/ggml-vocab-llama-spm.gguf"), &g, err, sizeof err) == LK_OK, "%s", err);
+    if (!g) return;
+    lk_model *m = NULL;
+    lk_status st = lk_model_load(g, NULL, NULL, &m, err, sizeof err);
+    CHECK(st != LK_OK && m == NULL);
+    CHECKF(strstr(err, "tensor") || strstr(err, "metadata"), "message: %s", err);
+    lk_gguf_close(g);
+    /* an architecture we do not support is named */
+    CHECKF(lk_gguf_open(lk_td("vocab/ggml-vocab-bert-bge.gguf"), &g, err, sizeof err) == LK_OK, "%s", err);
+    if (!g) return;
+    st = lk_model_load(g, NULL, NULL, &m, err, sizeof err);
+    CHECKF(st == LK_ERR_UNSUPPORTED && strstr(err, "bert"), "status %d message: %s", st, err);
+    lk_gguf_close(g);
+}
+
+int main(void) {
+    RUN(stories260k_f32_reference);
+    RUN(stories260k_f32_two_threads);
+    RUN(stories260k_q8_0_reference);
+    RUN(stories260k_q4_0_reference);
+    RUN(stories260k_f16_kv_cache);
+    RUN(synth_dense_references);
+    RUN(no_allocation_per_token);
+    RUN(bad_models_rejected);
+    return lk_test_end();
+}
