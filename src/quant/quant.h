@@ -72,5 +72,8 @@ void lk_quant_matmul(lk_type wt, int64_t n, int64_t nrows, const void *w, size_t
 /* Which SIMD level is active: "avx512", "avx2" or "scalar". */
 const char *lk_quant_simd_name(void);
 void        lk_quant_init(void);
+/* Switches the active level ("scalar", "avx2", "avx512") for the whole process
+ * (tests and benchmarks compare levels); false if unknown or not on this CPU. */
+bool        lk_quant_set_simd(const char *level);
 
 #endif

@@ -1,0 +1,555 @@
+/* quant.c — type traits, the scalar reference kernels, and run-time dispatch.
+ *
+ * The scalar code is the definition every SIMD variant is tested against: it
+ * is written for clarity, block by block, doing what ggml's reference code
+ * does (integer dot product per block, then one float scale per block). */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "quant/quant_impl.h"
+
+/* ===================================================================== */
+/* Type traits                                                             */
+/* ===================================================================== */
+
+typedef struct {
+    const char *name;
+    int64_t     block_size; /* elements per block; 0 = unknown id */
+    size_t      block_bytes;
+} lk_type_traits;
+
+/* Sizes are facts of the GGUF format (ggml's block structs). Ids 4, 5, 31-33
+ * and 36-38 were removed from ggml and stay unknown. */
+static const lk_type_traits k_traits[LK_TYPE_COUNT] = {
+    [LK_TYPE_F32]     = {"f32", 1, 4},
+    [LK_TYPE_F16]     = {"f16", 1, 2},
+    [LK_TYPE_Q4_0]    = {"q4_0", 32, 18},
+    [LK_TYPE_Q4_1]    = {"q4_1", 32, 20},
+    [LK_TYPE_Q5_0]    = {"q5_0", 32, 22},
+    [LK_TYPE_Q5_1]    = {"q5_1", 32, 24},
+    [LK_TYPE_Q8_0]    = {"q8_0", 32, 34},
+    [LK_TYPE_Q8_1]    = {"q8_1", 32, 36},
+    [LK_TYPE_Q2_K]    = {"q2_k", 256, 84},
+    [LK_TYPE_Q3_K]    = {"q3_k", 256, 110},
+    [LK_TYPE_Q4_K]    = {"q4_k", 256, 144},
+    [LK_TYPE_Q5_K]    = {"q5_k", 256, 176},
+    [LK_TYPE_Q6_K]    = {"q6_k", 256, 210},
+    [LK_TYPE_Q8_K]    = {"q8_k", 256, 292},
+    [LK_TYPE_IQ2_XXS] = {"iq2_xxs", 256, 66},
+    [LK_TYPE_IQ2_XS]  = {"iq2_xs", 256, 74},
+    [LK_TYPE_IQ3_XXS] = {"iq3_xxs", 256, 98},
+    [LK_TYPE_IQ1_S]   = {"iq1_s", 256, 50},
+    [LK_TYPE_IQ4_NL]  = {"iq4_nl", 32, 18},
+    [LK_TYPE_IQ3_S]   = {"iq3_s", 256, 110},
+    [LK_TYPE_IQ2_S]   = {"iq2_s", 256, 82},
+    [LK_TYPE_IQ4_XS]  = {"iq4_xs", 256, 136},
+    [LK_TYPE_I8]      = {"i8", 1, 1},
+    [LK_TYPE_I16]     = {"i16", 1, 2},
+    [LK_TYPE_I32]     = {"i32", 1, 4},
+    [LK_TYPE_I64]     = {"i64", 1, 8},
+    [LK_TYPE_F64]     = {"f64", 1, 8},
+    [LK_TYPE_IQ1_M]   = {"iq1_m", 256, 56},
+    [LK_TYPE_BF16]    = {"bf16", 1, 2},
+    [LK_TYPE_TQ1_0]   = {"tq1_0", 256, 54},
+    [LK_TYPE_TQ2_0]   = {"tq2_0", 256, 66},
+    [LK_TYPE_MXFP4]   = {"mxfp4", 32, 17},
+};
+
+const char *lk_type_name(uint32_t t) {
+    if (t < LK_TYPE_COUNT && k_traits[t].block_size) return k_traits[t].name;
+    /* Unknown ids get a name too (for messages); a small ring of buffers keeps
+     * this thread-safe enough for diagnostics without allocation. */
+    static _Thread_local char buf[4][24];
+    static _Thread_local int k;
+    char *b = buf[k++ & 3];
+    snprintf(b, sizeof buf[0], "type#%u", (unsigned)t);
+    return b;
+}
+
+int64_t lk_type_block_size(uint32_t t) {
+    return t < LK_TYPE_COUNT ? k_traits[t].block_size : 0;
+}
+
+size_t lk_type_block_bytes(uint32_t t) {
+    return t < LK_TYPE_COUNT ? k_traits[t].block_bytes : 0;
+}
+
+bool lk_type_row_bytes(uint32_t t, int64_t n, size_t *out) {
+    int64_t bs = lk_type_block_size(t);
+    if (bs <= 0 || n < 0 || n % bs) return false;
+    uint64_t b;
+    if (!lk_mul_ok((uint64_t)(n / bs), lk_type_block_bytes(t), &b) || b > SIZE_MAX) return false;
+    *out = (size_t)b;
+    return true;
+}
+
+bool lk_type_supported(uint32_t t) {
+    switch (t) {
+    case LK_TYPE_F32: case LK_TYPE_F16: case LK_TYPE_BF16: case LK_TYPE_Q8_0:
+    case LK_TYPE_Q4_0: case LK_TYPE_Q4_K: case LK_TYPE_Q5_K: case LK_TYPE_Q6_K:
+        return true;
+    default:
+        return false;
+    }
+}
+
+bool lk_type_from_name(const char *name, lk_type *out) {
+    if (!name) return false;
+    for (int t = 0; t < LK_TYPE_COUNT; t++) {
+        if (!k_traits[t].block_size) continue;
+        const char *a = k_traits[t].name, *b = name;
+        while (*a && *b && *a == (*b >= 'A' && *b <= 'Z' ? *b - 'A' + 'a' : *b)) a++, b++;
+        if (!*a && !*b) { *out = (lk_type)t; return true; }
+    }
+    return false;
+}
+
+lk_type lk_type_vec_dot(lk_type t) {
+    switch (t) {
+    case LK_TYPE_Q4_0: case LK_TYPE_Q8_0: return LK_TYPE_Q8_0;
+    case LK_TYPE_Q4_K: case LK_TYPE_Q5_K: case LK_TYPE_Q6_K: return LK_TYPE_Q8_K;
+    case LK_TYPE_F16: return LK_TYPE_F16;
+    case LK_TYPE_BF16: return LK_TYPE_BF16;
+    case LK_TYPE_F32: return LK_TYPE_F32;
+    default: LK_ASSERT(!"lk_type_vec_dot: unsupported weight type"); return LK_TYPE_F32;
+    }
+}
+
+/* ===================================================================== */
+/* Dequantisation                                                          */
+/* ===================================================================== */
+
+static void deq_q4_0(const uint8_t *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, b += LK_Q40_BYTES, y += LK_QK) {
+        float d = lk_ld_h(b);
+        const uint8_t *qs = b + 2;
+        for (int j = 0; j < 16; j++) {
+            y[j]      = d * (float)((qs[j] & 0xF) - 8);
+            y[j + 16] = d * (float)((qs[j] >> 4) - 8);
+        }
+    }
+}
+
+static void deq_q8_0(const uint8_t *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, b += LK_Q80_BYTES, y += LK_QK) {
+        float d = lk_ld_h(b);
+        const int8_t *qs = (const int8_t *)(b + 2);
+        for (int j = 0; j < 32; j++) y[j] = d * (float)qs[j];
+    }
+}
+
+static void deq_q4_k(const uint8_t *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, b += LK_Q4K_BYTES) {
+        float d = lk_ld_h(b), dmin = lk_ld_h(b + 2);
+        const uint8_t *sc = b + LK_Q4K_SC, *q = b + LK_Q4K_QS;
+        /* 4 chunks of 64 elements: low nibbles of 32 bytes, then high nibbles. */
+        for (int c = 0; c < 4; c++, q += 32) {
+            uint8_t s0, m0, s1, m1;
+            lk_k_scale_min(2 * c, sc, &s0, &m0);
+            lk_k_scale_min(2 * c + 1, sc, &s1, &m1);
+            float d0 = d * s0, mm0 = dmin * m0, d1 = d * s1, mm1 = dmin * m1;
+            for (int l = 0; l < 32; l++) *y++ = d0 * (float)(q[l] & 0xF) - mm0;
+            for (int l = 0; l < 32; l++) *y++ = d1 * (float)(q[l] >> 4) - mm1;
+        }
+    }
+}
+
+static void deq_q5_k(const uint8_t *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, b += LK_Q5K_BYTES) {
+        float d = lk_ld_h(b), dmin = lk_ld_h(b + 2);
+        const uint8_t *sc = b + LK_Q5K_SC, *qh = b + LK_Q5K_QH, *q = b + LK_Q5K_QS;
+        /* Like Q4_K; the fifth bit of element l of sub-block j is bit j of qh[l]. */
+        for (int c = 0; c < 4; c++, q += 32) {
+            uint8_t s0, m0, s1, m1;
+            lk_k_scale_min(2 * c, sc, &s0, &m0);
+            lk_k_scale_min(2 * c + 1, sc, &s1, &m1);
+            float d0 = d * s0, mm0 = dmin * m0, d1 = d * s1, mm1 = dmin * m1;
+            uint8_t u0 = (uint8_t)(1u << (2 * c)), u1 = (uint8_t)(2u << (2 * c));
+            for (int l = 0; l < 32; l++)
+                *y++ = d0 * (float)((q[l] & 0xF) + (qh[l] & u0 ? 16 : 0)) - mm0;
+            for (int l = 0; l < 32; l++)
+                *y++ = d1 * (float)((q[l] >> 4) + (qh[l] & u1 ? 16 : 0)) - mm1;
+        }
+    }
+}
+
+/* Q6_K element e (0..255) of a super-block as a signed 6-bit value; its
+ * scale is scales[e/16]. Within each half of 128 elements (h), element
+ * 32*k + l (k = 0..3, l < 32) takes its low 4 bits from ql[64h + l + 32*(k&1)]
+ * (low nibble for k < 2, high nibble otherwise) and its top 2 bits from bits
+ * 2k..2k+1 of qh[32h + l]. */
+static inline int q6k_val(const uint8_t *ql, const uint8_t *qh, int e) {
+    int h = e >> 7, k = (e >> 5) & 3, l = e & 31;
+    int lo = ql[64 * h + l + 32 * (k & 1)];
+    lo = k < 2 ? lo & 0xF : lo >> 4;
+    int hi = (qh[32 * h + l] >> (2 * k)) & 3;
+    return (lo | hi << 4) - 32;
+}
+
+static void deq_q6_k(const uint8_t *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, b += LK_Q6K_BYTES, y += LK_QK_K) {
+        float d = lk_ld_h(b + LK_Q6K_D);
+        const int8_t *sc = (const int8_t *)(b + LK_Q6K_SC);
+        for (int e = 0; e < LK_QK_K; e++)
+            y[e] = d * (float)sc[e / 16] * (float)q6k_val(b + LK_Q6K_QL, b + LK_Q6K_QH, e);
+    }
+}
+
+static void deq_q8_k(const uint8_t *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, b += LK_Q8K_BYTES, y += LK_QK_K) {
+        float d = lk_ld_f32(b);
+        const int8_t *qs = (const int8_t *)(b + LK_Q8K_QS);
+        for (int j = 0; j < LK_QK_K; j++) y[j] = d * (float)qs[j];
+    }
+}
+
+void lk_dequantize_row(lk_type t, const void *src, float *dst, int64_t n) {
+    int64_t bs = lk_type_block_size(t);
+    LK_ASSERT(bs > 0 && n >= 0 && n % bs == 0);
+    const uint8_t *s = src;
+    int64_t nb = n / bs;
+    switch (t) {
+    case LK_TYPE_F32: memcpy(dst, src, (size_t)n * 4); break;
+    case LK_TYPE_F16: for (int64_t i = 0; i < n; i++) dst[i] = lk_ld_h(s + 2 * i); break;
+    case LK_TYPE_BF16: for (int64_t i = 0; i < n; i++) dst[i] = lk_bf16_to_fp32(lk_ld_u16(s + 2 * i)); break;
+    case LK_TYPE_Q4_0: deq_q4_0(s, dst, nb); break;
+    case LK_TYPE_Q8_0: deq_q8_0(s, dst, nb); break;
+    case LK_TYPE_Q4_K: deq_q4_k(s, dst, nb); break;
+    case LK_TYPE_Q5_K: deq_q5_k(s, dst, nb); break;
+    case LK_TYPE_Q6_K: deq_q6_k(s, dst, nb); break;
+    case LK_TYPE_Q8_K: deq_q8_k(s, dst, nb); break;
+    default: LK_ASSERT(!"lk_dequantize_row: unsupported type");
+    }
+}
+
+/* ===================================================================== */
+/* Quantisation (scalar references, bit-exact with ggml's *_ref)           */
+/* ===================================================================== */
+
+static void quant_f32(const float *x, void *dst, int64_t n) { memcpy(dst, x, (size_t)n * 4); }
+
+static void quant_f16(const float *x, void *dst, int64_t n) {
+    uint8_t *d = dst;
+    for (int64_t i = 0; i < n; i++) { uint16_t h = lk_fp32_to_fp16(x[i]); memcpy(d + 2 * i, &h, 2); }
+}
+
+static void quant_bf16(const float *x, void *dst, int64_t n) {
+    uint8_t *d = dst;
+    for (int64_t i = 0; i < n; i++) { uint16_t h = lk_fp32_to_bf16(x[i]); memcpy(d + 2 * i, &h, 2); }
+}
+
+/* Q8_0: d = max|x|/127, q = round-half-away(x/d) (roundf, as ggml). */
+static void quant_q8_0(const float *x, void *dst, int64_t n) {
+    uint8_t *b = dst;
+    for (int64_t i = 0; i < n / LK_QK; i++, x += LK_QK, b += LK_Q80_BYTES) {
+        float amax = 0;
+        for (int j = 0; j < LK_QK; j++) amax = fmaxf(amax, fabsf(x[j]));
+        float d = amax / 127.f, id = d != 0 ? 1.0f / d : 0.0f;
+        uint16_t h = lk_fp32_to_fp16(d);
+        memcpy(b, &h, 2);
+        for (int j = 0; j < LK_QK; j++) b[2 + j] = (uint8_t)(int8_t)roundf(x[j] * id);
+    }
+}
+
+/* Q4_0: the element of largest magnitude (signed) maps to -8, so
+ * d = max/-8; q = min(15, trunc(x/d + 8.5)). */
+static void quant_q4_0(const float *x, void *dst, int64_t n) {
+    uint8_t *b = dst;
+    for (int64_t i = 0; i < n / LK_QK; i++, x += LK_QK, b += LK_Q40_BYTES) {
+        float amax = 0, max = 0;
+        for (int j = 0; j < LK_QK; j++)
+            if (amax < fabsf(x[j])) { amax = fabsf(x[j]); max = x[j]; }
+        float d = max / -8, id = d != 0 ? 1.0f / d : 0.0f;
+        uint16_t h = lk_fp32_to_fp16(d);
+        memcpy(b, &h, 2);
+        for (int j = 0; j < 16; j++) {
+            int q0 = (int)(int8_t)(x[j] * id + 8.5f), q1 = (int)(int8_t)(x[j + 16] * id + 8.5f);
+            q0 = q0 < 15 ? q0 : 15;
+            q1 = q1 < 15 ? q1 : 15;
+            b[2 + j] = (uint8_t)(q0 | q1 << 4);
+        }
+    }
+}
+
+/* Q8_K: iscale = -127/max (max = the signed element of largest magnitude),
+ * q = min(127, round-half-even(iscale*x)), d = 1/iscale, bsums over 16. */
+static void quant_q8_k(const float *x, void *dst, int64_t n) {
+    uint8_t *b = dst;
+    for (int64_t i = 0; i < n / LK_QK_K; i++, x += LK_QK_K, b += LK_Q8K_BYTES) {
+        float amax = 0, max = 0;
+        for (int j = 0; j < LK_QK_K; j++)
+            if (fabsf(x[j]) > amax) { amax = fabsf(x[j]); max = x[j]; }
+        int8_t *qs = (int8_t *)(b + LK_Q8K_QS);
+        if (amax == 0) {
+            /* ggml leaves bsums unset here; zero is what they must sum to. */
+            memset(b, 0, LK_Q8K_BYTES);
+            continue;
+        }
+        float iscale = -127.f / max;
+        for (int j = 0; j < LK_QK_K; j++) {
+            int v = (int)nearbyintf(iscale * x[j]);
+            qs[j] = (int8_t)(v < 127 ? v : 127);
+        }
+        for (int g = 0; g < 16; g++) {
+            int s = 0;
+            for (int j = 0; j < 16; j++) s += qs[16 * g + j];
+            int16_t s16 = (int16_t)s;
+            memcpy(b + LK_Q8K_BS + 2 * g, &s16, 2);
+        }
+        float d = 1 / iscale;
+        memcpy(b, &d, 4);
+    }
+}
+
+/* ===================================================================== */
+/* Scalar dot products: one weight row . one activation row               */
+/* ===================================================================== */
+
+static float dot_f32(int64_t n, const uint8_t *w, const uint8_t *a) {
+    float s = 0;
+    for (int64_t i = 0; i < n; i++) s += lk_ld_f32(w + 4 * i) * lk_ld_f32(a + 4 * i);
+    return s;
+}
+
+static float dot_f16(int64_t n, const uint8_t *w, const uint8_t *a) {
+    float s = 0;
+    for (int64_t i = 0; i < n; i++) s += lk_ld_h(w + 2 * i) * lk_ld_h(a + 2 * i);
+    return s;
+}
+
+static float dot_bf16(int64_t n, const uint8_t *w, const uint8_t *a) {
+    float s = 0;
+    for (int64_t i = 0; i < n; i++)
+        s += lk_bf16_to_fp32(lk_ld_u16(w + 2 * i)) * lk_bf16_to_fp32(lk_ld_u16(a + 2 * i));
+    return s;
+}
+
+static float dot_q4_0(int64_t n, const uint8_t *w, const uint8_t *a) {
+    float s = 0;
+    for (int64_t i = 0; i < n / LK_QK; i++, w += LK_Q40_BYTES, a += LK_Q80_BYTES) {
+        const int8_t *q8 = (const int8_t *)(a + 2);
+        int sumi = 0;
+        for (int j = 0; j < 16; j++)
+            sumi += ((w[2 + j] & 0xF) - 8) * q8[j] + ((w[2 + j] >> 4) - 8) * q8[j + 16];
+        s += (float)sumi * (lk_ld_h(w) * lk_ld_h(a));
+    }
+    return s;
+}
+
+static float dot_q8_0(int64_t n, const uint8_t *w, const uint8_t *a) {
+    float s = 0;
+    for (int64_t i = 0; i < n / LK_QK; i++, w += LK_Q80_BYTES, a += LK_Q80_BYTES) {
+        const int8_t *qw = (const int8_t *)(w + 2), *q8 = (const int8_t *)(a + 2);
+        int sumi = 0;
+        for (int j = 0; j < 32; j++) sumi += qw[j] * q8[j];
+        s += (float)sumi * (lk_ld_h(w) * lk_ld_h(a));
+    }
+    return s;
+}
+
+/* Sum over the 16-element group g of a Q8_K block (its precomputed bsum). */
+static inline int q8k_bsum(const uint8_t *a, int g) { return lk_ld_i16(a + LK_Q8K_BS + 2 * g); }
+
+/* Q4_K/Q5_K: x = d*sc_j*q - dmin*m_j per sub-block j of 32, so
+ *   dot = d*da * sum_j sc_j * (q . q8)_j  -  dmin*da * sum_j m_j * sum(q8)_j
+ * where sum(q8)_j is two bsums: the min term costs no per-element work. */
+static float dot_q4_k(int64_t n, const uint8_t *w, const uint8_t *a) {
+    float s = 0;
+    for (int64_t i = 0; i < n / LK_QK_K; i++, w += LK_Q4K_BYTES, a += LK_Q8K_BYTES) {
+        const uint8_t *q = w + LK_Q4K_QS;
+        const int8_t *q8 = (const int8_t *)(a + LK_Q8K_QS);
+        int sumi = 0, summ = 0;
+        for (int j = 0; j < 8; j++) {
+            uint8_t sc, m;
+            lk_k_scale_min(j, w + LK_Q4K_SC, &sc, &m);
+            const uint8_t *qq = q + 32 * (j / 2);
+            int shift = 4 * (j & 1), si = 0;
+            for (int l = 0; l < 32; l++) si += ((qq[l] >> shift) & 0xF) * q8[32 * j + l];
+            sumi += sc * si;
+            summ += m * (q8k_bsum(a, 2 * j) + q8k_bsum(a, 2 * j + 1));
+        }
+        float da = lk_ld_f32(a);
+        s += lk_ld_h(w) * da * (float)sumi - lk_ld_h(w + 2) * da * (float)summ;
+    }
+    return s;
+}
+
+static float dot_q5_k(int64_t n, const uint8_t *w, const uint8_t *a) {
+    float s = 0;
+    for (int64_t i = 0; i < n / LK_QK_K; i++, w += LK_Q5K_BYTES, a += LK_Q8K_BYTES) {
+        const uint8_t *q = w + LK_Q5K_QS, *qh = w + LK_Q5K_QH;
+        const int8_t *q8 = (const int8_t *)(a + LK_Q8K_QS);
+        int sumi = 0, summ = 0;
+        for (int j = 0; j < 8; j++) {
+            uint8_t sc, m;
+            lk_k_scale_min(j, w + LK_Q5K_SC, &sc, &m);
+            const uint8_t *qq = q + 32 * (j / 2);
+            int shift = 4 * (j & 1), si = 0;
+            for (int l = 0; l < 32; l++)
+                si += (((qq[l] >> shift) & 0xF) | (((qh[l] >> j) & 1) << 4)) * q8[32 * j + l];
+            sumi += sc * si;
+            summ += m * (q8k_bsum(a, 2 * j) + q8k_bsum(a, 2 * j + 1));
+        }
+        float da = lk_ld_f32(a);
+        s += lk_ld_h(w) * da * (float)sumi - lk_ld_h(w + 2) * da * (float)summ;
+    }
+    return s;
+}
+
+static float dot_q6_k(int64_t n, const uint8_t *w, const uint8_t *a) {
+    float s = 0;
+    for (int64_t i = 0; i < n / LK_QK_K; i++, w += LK_Q6K_BYTES, a += LK_Q8K_BYTES) {
+        const int8_t *sc = (const int8_t *)(w + LK_Q6K_SC);
+        const int8_t *q8 = (const int8_t *)(a + LK_Q8K_QS);
+        int sumi = 0;
+        for (int g = 0; g < 16; g++) {
+            int si = 0;
+            for (int l = 0; l < 16; l++) si += q6k_val(w + LK_Q6K_QL, w + LK_Q6K_QH, 16 * g + l) * q8[16 * g + l];
+            sumi += sc[g] * si;
+        }
+        s += lk_ld_h(w + LK_Q6K_D) * lk_ld_f32(a) * (float)sumi;
+    }
+    return s;
+}
+
+typedef float (*lk_dot_fn)(int64_t n, const uint8_t *w, const uint8_t *a);
+
+static void mm_generic(lk_dot_fn dot, int64_t n, int64_t nrows, const void *w, size_t w_stride,
+                       int64_t ntok, const void *a, size_t a_stride, float *y, size_t y_stride) {
+    for (int64_t t = 0; t < ntok; t++) {
+        const uint8_t *at = (const uint8_t *)a + (size_t)t * a_stride;
+        for (int64_t r = 0; r < nrows; r++)
+            y[(size_t)t * y_stride + (size_t)r] = dot(n, (const uint8_t *)w + (size_t)r * w_stride, at);
+    }
+}
+
+#define LK_SCALAR_MM(T)                                                                        \
+    static void mm_##T(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, \
+                       const void *a, size_t a_stride, float *y, size_t y_stride) {            \
+        mm_generic(dot_##T, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);           \
+    }
+LK_SCALAR_MM(f32)
+LK_SCALAR_MM(f16)
+LK_SCALAR_MM(bf16)
+LK_SCALAR_MM(q4_0)
+LK_SCALAR_MM(q8_0)
+LK_SCALAR_MM(q4_k)
+LK_SCALAR_MM(q5_k)
+LK_SCALAR_MM(q6_k)
+
+void lk_quant_fill_scalar(lk_quant_ops *ops) {
+    memset(ops, 0, sizeof *ops);
+    ops->name = "scalar";
+    ops->mm[LK_TYPE_F32] = mm_f32;
+    ops->mm[LK_TYPE_F16] = mm_f16;
+    ops->mm[LK_TYPE_BF16] = mm_bf16;
+    ops->mm[LK_TYPE_Q4_0] = mm_q4_0;
+    ops->mm[LK_TYPE_Q8_0] = mm_q8_0;
+    ops->mm[LK_TYPE_Q4_K] = mm_q4_k;
+    ops->mm[LK_TYPE_Q5_K] = mm_q5_k;
+    ops->mm[LK_TYPE_Q6_K] = mm_q6_k;
+    ops->quant[LK_TYPE_F32] = quant_f32;
+    ops->quant[LK_TYPE_F16] = quant_f16;
+    ops->quant[LK_TYPE_BF16] = quant_bf16;
+    ops->quant[LK_TYPE_Q8_0] = quant_q8_0;
+    ops->quant[LK_TYPE_Q4_0] = quant_q4_0;
+    ops->quant[LK_TYPE_Q8_K] = quant_q8_k;
+}
+
+/* ===================================================================== */
+/* Dispatch                                                                */
+/* ===================================================================== */
+
+/* The process-wide singleton of this part (CPU features): one table per level,
+ * built once; `g_active` points at one of them. Switching levels
+ * (lk_quant_set_simd, tests and benchmarks) swaps a pointer to a table that
+ * never changes, so a concurrent caller sees either the old or the new one. */
+static lk_quant_ops g_levels[3];
+static const lk_quant_ops *_Atomic g_active;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+static bool level_available(int lvl) {
+    __builtin_cpu_init();
+    if (lvl == 0) return true;
+    if (lvl == 1)
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("f16c");
+    return level_available(1) && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512dq");
+}
+
+static int level_from_name(const char *s) {
+    if (!s) return -1;
+    if (!strcmp(s, "scalar")) return 0;
+    if (!strcmp(s, "avx2")) return 1;
+    if (!strcmp(s, "avx512")) return 2;
+    return -1;
+}
+
+static void init_once(void) {
+    lk_quant_fill_scalar(&g_levels[0]);
+    g_levels[1] = g_levels[0];
+    lk_quant_fill_avx2(&g_levels[1]);
+    g_levels[2] = g_levels[1];
+    lk_quant_fill_avx512(&g_levels[2]);
+    int best = level_available(2) ? 2 : level_available(1) ? 1 : 0;
+    const char *env = getenv("LK_SIMD");
+    if (env && *env) {
+        int want = level_from_name(env);
+        if (want < 0)
+            lk_log(LK_LOG_WARN, "LK_SIMD=%s: unknown level (scalar|avx2|avx512); using %s", env,
+                   g_levels[best].name);
+        else if (!level_available(want))
+            lk_log(LK_LOG_WARN, "LK_SIMD=%s: this CPU lacks it; using %s", env, g_levels[best].name);
+        else best = want;
+    }
+    g_active = &g_levels[best];
+}
+
+void lk_quant_init(void) { pthread_once(&g_once, init_once); }
+
+static inline const lk_quant_ops *ops_get(void) {
+    const lk_quant_ops *o = g_active;
+    if (__builtin_expect(o == NULL, 0)) { lk_quant_init(); o = g_active; }
+    return o;
+}
+
+const char *lk_quant_simd_name(void) { return ops_get()->name; }
+
+bool lk_quant_set_simd(const char *level) {
+    lk_quant_init();
+    int l = level_from_name(level);
+    if (l < 0 || !level_available(l)) return false;
+    g_active = &g_levels[l];
+    return true;
+}
+
+bool lk_quantize_supported(lk_type t) {
+    lk_quant_init();
+    return t < LK_TYPE_COUNT && g_levels[0].quant[t] != NULL;
+}
+
+void lk_quantize_row(lk_type t, const float *src, void *dst, int64_t n) {
+    const lk_quant_ops *o = ops_get();
+    LK_ASSERT(t < LK_TYPE_COUNT && o->quant[t] != NULL);
+    int64_t bs = lk_type_block_size(t);
+    LK_ASSERT(n >= 0 && n % bs == 0);
+    o->quant[t](src, dst, n);
+}
+
+void lk_quant_matmul(lk_type wt, int64_t n, int64_t nrows, const void *w, size_t w_stride,
+                     int64_t ntok, const void *a, size_t a_stride, float *y, size_t y_stride) {
+    const lk_quant_ops *o = ops_get();
+    LK_ASSERT(wt < LK_TYPE_COUNT && o->mm[wt] != NULL);
+    LK_ASSERT(n >= 0 && n % lk_type_block_size(wt) == 0 && nrows >= 0 && ntok >= 0);
+    if (n == 0) {
+        for (int64_t t = 0; t < ntok; t++)
+            for (int64_t r = 0; r < nrows; r++) y[(size_t)t * y_stride + (size_t)r] = 0;
+        return;
+    }
+    o->mm[wt](n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
+}

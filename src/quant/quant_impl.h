@@ -1,0 +1,72 @@
+/* quant_impl — private to src/quant/: block layouts as byte offsets, the
+ * dispatch table that the scalar, AVX2 and AVX-512 files fill, and small
+ * helpers. Nobody outside src/quant/ includes this.
+ *
+ * Blocks are addressed as bytes, never through structs: rows of a GGUF tensor
+ * start wherever the file puts them and callers may hand us odd addresses, so
+ * every multi-byte field is read with memcpy (one plain load after -O2). */
+#ifndef LK_QUANT_IMPL_H
+#define LK_QUANT_IMPL_H
+
+#include <string.h>
+
+#include "quant/quant.h"
+
+#define LK_QK   32   /* elements per Q4_0 / Q8_0 block */
+#define LK_QK_K 256  /* elements per K-quant super-block */
+
+/* Byte layouts (GGML):
+ *   Q4_0 (18 B):  fp16 d | u8 qs[16]          x[j] = d*((qs[j]&15)-8), x[j+16] = d*((qs[j]>>4)-8)
+ *   Q8_0 (34 B):  fp16 d | i8 qs[32]          x[j] = d*qs[j]
+ *   Q4_K (144 B): fp16 d | fp16 dmin | u8 scales[12] | u8 qs[128]
+ *   Q5_K (176 B): fp16 d | fp16 dmin | u8 scales[12] | u8 qh[32] | u8 qs[128]
+ *   Q6_K (210 B): u8 ql[128] | u8 qh[64] | i8 scales[16] | fp16 d
+ *   Q8_K (292 B): f32 d | i8 qs[256] | i16 bsums[16]   (bsums: sums of 16 qs) */
+enum {
+    LK_Q40_BYTES = 18, LK_Q80_BYTES = 34,
+    LK_Q4K_BYTES = 144, LK_Q5K_BYTES = 176, LK_Q6K_BYTES = 210, LK_Q8K_BYTES = 292,
+    LK_Q4K_SC = 4, LK_Q4K_QS = 16,
+    LK_Q5K_SC = 4, LK_Q5K_QH = 16, LK_Q5K_QS = 48,
+    LK_Q6K_QL = 0, LK_Q6K_QH = 128, LK_Q6K_SC = 192, LK_Q6K_D = 208,
+    LK_Q8K_QS = 4, LK_Q8K_BS = 260,
+};
+
+static inline uint16_t lk_ld_u16(const void *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+static inline int16_t  lk_ld_i16(const void *p) { int16_t v; memcpy(&v, p, 2); return v; }
+static inline float    lk_ld_f32(const void *p) { float v; memcpy(&v, p, 4); return v; }
+static inline float    lk_ld_h(const void *p) { return lk_fp16_to_fp32(lk_ld_u16(p)); }
+
+/* The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K super-block,
+ * packed in 12 bytes: j < 4 in the low 6 bits of bytes j (scale) and j+4
+ * (min); j >= 4 in the nibbles of bytes j+4 plus the top 2 bits of bytes j-4
+ * (scale) and j (min). */
+static inline void lk_k_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m  = q[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *m  = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+/* One matrix kernel: the contract of lk_quant_matmul for one weight type. */
+typedef void (*lk_qmm_fn)(int64_t n, int64_t nrows, const void *w, size_t w_stride,
+                          int64_t ntok, const void *a, size_t a_stride,
+                          float *y, size_t y_stride);
+/* One row quantiser (activations): n is a whole number of blocks. */
+typedef void (*lk_qrow_fn)(const float *src, void *dst, int64_t n);
+
+typedef struct {
+    const char *name;
+    lk_qmm_fn   mm[LK_TYPE_COUNT];    /* by weight type; NULL = not provided */
+    lk_qrow_fn  quant[LK_TYPE_COUNT]; /* by target type; NULL = not provided */
+} lk_quant_ops;
+
+/* Each SIMD file fills the entries it accelerates over a copy of the scalar
+ * table, so a level with a missing kernel falls back to the scalar one. */
+void lk_quant_fill_scalar(lk_quant_ops *ops);
+void lk_quant_fill_avx2(lk_quant_ops *ops);
+void lk_quant_fill_avx512(lk_quant_ops *ops);
+
+#endif
