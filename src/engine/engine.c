@@ -1,0 +1,95 @@
+/* The engine on one node. (The cluster implementation plugs in behind the
+ * same functions: see cluster/.) */
+#include "engine/engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct lk_engine {
+    lk_gguf *g;
+    lk_model *m;
+    float *logits;          /* (vocab) last-position logits of this rank's slice */
+    int32_t *cand_ids;
+    float *cand_vals;
+    double t_compute, t_comm;
+};
+
+lk_status lk_engine_open(const lk_engine_opts *o, lk_engine **out, char *err, size_t errlen) {
+    *out = NULL;
+    if (o->workers || o->local > 1 || o->tp > 1 || o->pp > 1)
+        return lk_fail(err, errlen, LK_ERR_UNSUPPORTED, "cluster layouts are not available in this build yet");
+    lk_engine *e = lk_xcalloc(1, sizeof *e);
+    lk_status st = lk_gguf_open(o->model_path, &e->g, err, errlen);
+    if (st) { free(e); return st; }
+    lk_model_params mp = { .n_ctx = o->n_ctx, .n_batch = o->n_batch, .kv_f16 = o->kv_f16, .n_threads = o->n_threads };
+    if ((st = lk_model_load(e->g, NULL, &mp, &e->m, err, errlen))) { lk_engine_close(e); return st; }
+    const lk_slice *sl = lk_model_slice(e->m);
+    int64_t nv = sl->vocab1 - sl->vocab0;
+    e->logits = lk_xmalloc(sizeof(float) * (size_t)nv);
+    e->cand_ids = lk_xmalloc(sizeof(int32_t) * 1024);
+    e->cand_vals = lk_xmalloc(sizeof(float) * 1024);
+    *out = e;
+    return LK_OK;
+}
+
+void lk_engine_close(lk_engine *e) {
+    if (!e) return;
+    lk_model_free(e->m);
+    lk_gguf_close(e->g);
+    free(e->logits);
+    free(e->cand_ids);
+    free(e->cand_vals);
+    free(e);
+}
+
+const lk_gguf *lk_engine_gguf(const lk_engine *e) { return e->g; }
+const lk_model_config *lk_engine_cfg(const lk_engine *e) { return lk_model_cfg(e->m); }
+int lk_engine_n_ctx(const lk_engine *e) { return lk_model_n_ctx(e->m); }
+int lk_engine_n_ranks(const lk_engine *e) { (void)e; return 1; }
+uint64_t lk_engine_weight_bytes(const lk_engine *e) { return lk_model_weight_bytes(e->m); }
+void lk_engine_last_timing(const lk_engine *e, double *c, double *m) { *c = e->t_compute; *m = e->t_comm; }
+
+static lk_status check_tokens(const lk_engine *e, const int32_t *tokens, int n, int pos0, char *err, size_t errlen) {
+    const int64_t nv = lk_model_cfg(e->m)->n_vocab;
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= nv)
+            return lk_fail(err, errlen, LK_ERR_ARG, "token id %d at position %d is outside the vocabulary (%lld)",
+                           tokens[i], pos0 + i, (long long)nv);
+    if (pos0 < 0 || pos0 + n > lk_model_n_ctx(e->m))
+        return lk_fail(err, errlen, LK_ERR_ARG, "context full: positions %d..%d do not fit in --ctx %d",
+                       pos0, pos0 + n - 1, lk_model_n_ctx(e->m));
+    return LK_OK;
+}
+
+lk_status lk_engine_step(lk_engine *e, const int32_t *tokens, int n, int pos0, lk_sampler *s,
+                         int32_t *next, char *err, size_t errlen) {
+    lk_status st = check_tokens(e, tokens, n, pos0, err, errlen);
+    if (st) return st;
+    if (n <= 0) return lk_fail(err, errlen, LK_ERR_ARG, "no tokens to feed");
+    double t0 = lk_time_s();
+    const int B = lk_model_n_batch(e->m);
+    for (int i = 0; i < n; i += B) {
+        int nb = LK_MIN(B, n - i);
+        bool last = i + nb == n;
+        st = lk_model_forward(e->m, tokens + i, nb, pos0 + i, last ? 1 : 0, e->logits);
+        if (st) return lk_fail(err, errlen, st, "forward pass failed at position %d", pos0 + i);
+    }
+    const lk_slice *sl = lk_model_slice(e->m);
+    int64_t nv = sl->vocab1 - sl->vocab0;
+    lk_sampler_penalize(s, e->logits, sl->vocab0, nv);
+    int k = lk_sampler_n_candidates(s);
+    int m = lk_sampler_top(e->logits, sl->vocab0, nv, e->cand_ids, e->cand_vals, k);
+    *next = lk_sampler_pick(s, e->cand_ids, e->cand_vals, m);
+    e->t_compute = lk_time_s() - t0;
+    e->t_comm = 0;
+    return LK_OK;
+}
+
+lk_status lk_engine_logits(lk_engine *e, const int32_t *tokens, int n, int pos0, int n_out,
+                           float *logits, char *err, size_t errlen) {
+    lk_status st = check_tokens(e, tokens, n, pos0, err, errlen);
+    if (st) return st;
+    if (n > lk_model_n_batch(e->m) || n_out > n || n_out < 0)
+        return lk_fail(err, errlen, LK_ERR_ARG, "lk_engine_logits: %d tokens exceed the batch of %d", n, lk_model_n_batch(e->m));
+    return lk_model_forward(e->m, tokens, n, pos0, n_out, logits);
+}
