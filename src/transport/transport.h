@@ -1,0 +1,158 @@
+/* transport — moving bytes between ranks. Knows nothing of layers, models or
+ * messages: a *link* carries exact byte counts to and from one peer, a *mesh*
+ * is N ranks where every rank holds a link to every other.
+ *
+ * A link is a table of functions (lk_link_ops, one file per transport, chosen
+ * at run time like Redis' connection types):
+ *   - tcp.c: non-blocking socket with TCP_NODELAY. Built in, always there; it
+ *     also carries the handshake and stays open for control when a faster
+ *     transport takes over the data.
+ *   - shm.c: two single-producer/single-consumer rings in a shm_open'd segment
+ *     per pair of processes on one host (set up over the TCP link, unlinked as
+ *     soon as both sides mapped it, so nothing is left behind on a crash).
+ *
+ * Waiting: every wait has an absolute deadline (lk_time_ns() clock). A waiter
+ * first *spins* (retrying the non-blocking call) for the link's spin budget,
+ * because on these machines a wake-up from sleep costs 20-25 us — more than a
+ * whole small message. After that it blocks (poll() for TCP, a futex for
+ * shm). Spinning is turned off (spin_ns = 0) when ranks outnumber cores:
+ * spinners then steal the core the peer needs and latency collapses to
+ * scheduler ticks.
+ *
+ * Progress: collectives send to several peers while receiving from several
+ * others; doing that one blocking call at a time deadlocks once messages
+ * outgrow socket buffers or rings. lk_xfer_run() drives a set of transfers
+ * together and returns when all completed, one failed, or the deadline
+ * passed; its error names the peer (rank, address), the direction and how
+ * many bytes of how many moved.
+ *
+ * Threading: a link is used by one thread at a time. Nothing here allocates
+ * after setup. */
+#ifndef LK_TRANSPORT_H
+#define LK_TRANSPORT_H
+
+#include "common/lk_common.h"
+
+#include <sys/types.h>
+
+typedef struct lk_link lk_link;
+
+typedef struct {
+    const char *name; /* "tcp", "shm" */
+    /* Non-blocking: move as many of the n bytes as possible now. Returns the
+     * bytes moved (0 if none could be), or -1 with a message in err when the
+     * link failed (peer closed, reset). */
+    ssize_t (*send_some)(lk_link *l, const void *buf, size_t n, char *err, size_t errlen);
+    ssize_t (*recv_some)(lk_link *l, void *buf, size_t n, char *err, size_t errlen);
+    /* The fd a blocked sender/receiver can poll(), or -1 if the transport has
+     * none (then wait() is used). */
+    int (*poll_fd)(lk_link *l);
+    /* Blocks until the link may have become ready for sending (for_send) or
+     * receiving, or timeout_ns passed. Spurious returns are fine. Returns -1
+     * with a message when the link is known to be dead. NULL for transports
+     * with a poll_fd. */
+    int (*wait)(lk_link *l, bool for_send, uint64_t timeout_ns, char *err, size_t errlen);
+    void (*close)(lk_link *l);
+} lk_link_ops;
+
+struct lk_link {
+    const lk_link_ops *ops;
+    int     peer_rank;       /* -1 if not part of a mesh (yet) */
+    char    peer_addr[64];   /* "host:port" of the peer, for messages */
+    int64_t spin_ns;         /* spin budget before blocking; 0 = never spin */
+    uint64_t bytes_sent, bytes_recv;
+};
+
+/* --- blocking helpers over any link ------------------------------------- */
+
+/* One pending transfer. done counts bytes moved so far. */
+typedef struct {
+    lk_link *link;
+    bool     is_send;
+    void    *buf;
+    size_t   n, done;
+} lk_xfer;
+
+/* Drives all transfers until every one completed. On failure or timeout
+ * returns LK_ERR_NET / LK_ERR_TIMEOUT with a message like
+ * "rank 2 (10.0.0.3:7070): timeout after 2000 ms receiving 4096 bytes (got 0)". */
+lk_status lk_xfer_run(lk_xfer *x, int nx, uint64_t deadline_ns, char *err, size_t errlen);
+
+lk_status lk_link_send(lk_link *l, const void *buf, size_t n, uint64_t deadline_ns, char *err, size_t errlen);
+lk_status lk_link_recv(lk_link *l, void *buf, size_t n, uint64_t deadline_ns, char *err, size_t errlen);
+void      lk_link_close(lk_link *l);  /* NULL ok */
+/* "rank 2 (10.0.0.3:7070)" or "10.0.0.3:7070" — for messages. */
+const char *lk_link_name(const lk_link *l, char *buf, size_t len);
+
+/* Deadline helper: now + ms. */
+static inline uint64_t lk_deadline_ms(int64_t ms) { return lk_time_ns() + (uint64_t)ms * 1000000ull; }
+
+/* --- TCP ---------------------------------------------------------------- */
+
+/* "host:port" -> connected, non-blocking, TCP_NODELAY link. Retries refused
+ * connections until the deadline (the peer may still be starting). */
+lk_status lk_tcp_connect(const char *addr, uint64_t deadline_ns, lk_link **out, char *err, size_t errlen);
+/* Listening socket on "host:port" (port 0: any free port; host "" or "*"
+ * = all interfaces). Returns the fd; *port_out gets the bound port. */
+lk_status lk_tcp_listen(const char *addr, int *fd_out, int *port_out, char *err, size_t errlen);
+/* Accepts one connection, waiting until the deadline. */
+lk_status lk_tcp_accept(int listen_fd, uint64_t deadline_ns, lk_link **out, char *err, size_t errlen);
+/* Wraps a connected socket (made non-blocking, TCP_NODELAY). Takes the fd. */
+lk_link *lk_tcp_wrap(int fd, const char *peer_addr);
+/* The socket of a TCP link (-1 if l is not TCP). */
+int lk_tcp_fd(const lk_link *l);
+/* Splits "host:port" (host may be "[v6]"); false if malformed. */
+bool lk_addr_split(const char *addr, char *host, size_t hostlen, int *port);
+
+/* --- shared memory ------------------------------------------------------ */
+
+/* Replaces nothing: builds an shm link *next to* the TCP link `ctl` to a
+ * peer on the same host. Both sides call it at the same point; the side with
+ * creator=true makes the segment and sends its name over ctl, the other maps
+ * it and confirms; then the name is unlinked. ctl stays open and is watched
+ * so a dead peer is noticed while waiting on the ring. ring_bytes: capacity
+ * per direction (power of two; 0 = 1 MiB). */
+lk_status lk_shm_pair(lk_link *ctl, bool creator, size_t ring_bytes, uint64_t deadline_ns,
+                      lk_link **out, char *err, size_t errlen);
+
+/* --- mesh --------------------------------------------------------------- */
+
+typedef struct lk_mesh lk_mesh;
+
+/* Called on every new TCP connection of a mesh before anything else (the
+ * cluster part's authenticated handshake). Non-OK refuses the peer. */
+typedef lk_status (*lk_link_auth_fn)(void *ctx, lk_link *l, bool initiator, uint64_t deadline_ns,
+                                     char *err, size_t errlen);
+
+typedef enum { LK_MESH_SHM_AUTO = 0, LK_MESH_SHM_OFF, LK_MESH_SHM_FORCE } lk_mesh_shm;
+
+typedef struct {
+    int rank, n;
+    const char *const *addrs; /* n "host:port": where each rank listens */
+    int listen_fd;            /* already listening socket for addrs[rank], or -1 to bind it */
+    lk_mesh_shm shm;          /* AUTO: shm to peers on the same host (boot id + hostname) */
+    int64_t spin_ns;          /* <0: automatic (see lk_spin_default) */
+    uint64_t timeout_ms;      /* to build the mesh (0: 10 s) */
+    lk_link_auth_fn auth;     /* NULL: no authentication (tests, netbench on loopback) */
+    void *auth_ctx;
+} lk_mesh_params;
+
+/* Rank r connects to every lower rank and accepts every higher one; each
+ * connection starts with auth, then a hello (mesh size, both ranks, host
+ * identity) that is checked. */
+lk_status lk_mesh_create(const lk_mesh_params *p, lk_mesh **out, char *err, size_t errlen);
+/* A mesh from links the caller already holds (links[rank] is NULL); takes
+ * ownership of the links. */
+lk_mesh *lk_mesh_from_links(int rank, int n, lk_link **links);
+void     lk_mesh_free(lk_mesh *m);
+int      lk_mesh_rank(const lk_mesh *m);
+int      lk_mesh_size(const lk_mesh *m);
+lk_link *lk_mesh_link(lk_mesh *m, int peer); /* data link (shm if upgraded); NULL for self */
+lk_link *lk_mesh_ctl(lk_mesh *m, int peer);  /* the TCP link, even when data goes by shm */
+void     lk_mesh_set_spin(lk_mesh *m, int64_t spin_ns);
+
+/* Spin budget for `ranks_here` busy ranks on this host: 50 us while they fit
+ * the cores, 0 once they outnumber them. */
+int64_t lk_spin_default(int ranks_here);
+
+#endif
