@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "lk_test.h"
+#include "gguf/gguf.h"
 #include "quant/quant.h"
 
 /* ---- deterministic random numbers (xorshift64*) ---- */
@@ -293,10 +294,140 @@ TEST(matmul_vs_double_scalar) {
     }
 }
 
+/* ===================================================================== */
+/* Real files: llama-quantize's output vs the F32 master                  */
+
+/* Requantising the master with our Q8_0 / Q4_0 quantisers must reproduce
+ * llama-quantize's bytes exactly (it uses ggml's *_ref quantisers when no
+ * importance matrix is given). */
+static void check_requant_file(const char *file, lk_type t, int *n_checked) {
+    char err[LK_ERRLEN];
+    lk_gguf *m = NULL, *q = NULL;
+    CHECKF(lk_gguf_open(lk_td("synth/synth-llama-f32.gguf"), &m, err, sizeof err) == LK_OK, "%s", err);
+    CHECKF(lk_gguf_open(lk_td(file), &q, err, sizeof err) == LK_OK, "%s", err);
+    if (!m || !q) { lk_gguf_close(m); lk_gguf_close(q); return; }
+    for (int64_t i = 0; i < lk_gguf_n_tensors(q); i++) {
+        const lk_gguf_tensor *tq = lk_gguf_tensor_at(q, i);
+        if (tq->type != (uint32_t)t) continue;
+        const lk_gguf_tensor *tm = lk_gguf_find_tensor(m, tq->name);
+        CHECKF(tm && tm->type == LK_TYPE_F32 && tm->n_elements == tq->n_elements, "%s", tq->name);
+        if (!tm) continue;
+        uint8_t *buf = malloc(tq->nbytes);
+        int64_t row = (int64_t)tq->ne[0], nrows = (int64_t)(tq->n_elements / tq->ne[0]);
+        size_t rb;
+        LK_ASSERT(lk_type_row_bytes(t, row, &rb));
+        for (int64_t r = 0; r < nrows; r++)
+            lk_quantize_row(t, (const float *)tm->data + r * row, buf + r * rb, row);
+        CHECKF(!memcmp(buf, tq->data, tq->nbytes), "%s %s differs from llama-quantize", file, tq->name);
+        free(buf);
+        (*n_checked)++;
+    }
+    lk_gguf_close(m);
+    lk_gguf_close(q);
+}
+
+TEST(requantize_matches_llama_quantize) {
+    const char *levels[] = {"scalar", "avx2", "avx512"};
+    for (int l = 0; l < 3; l++) {
+        if (!lk_quant_set_simd(levels[l])) continue;
+        int n8 = 0, n4 = 0;
+        check_requant_file("synth/synth-llama-q8_0.gguf", LK_TYPE_Q8_0, &n8);
+        check_requant_file("synth/synth-llama-q4_0.gguf", LK_TYPE_Q4_0, &n4);
+        CHECKF(n8 == 16 && n4 == 15, "%s: %d q8_0 and %d q4_0 tensors", levels[l], n8, n4);
+    }
+    lk_quant_set_simd("scalar");
+}
+
+/* Dequantising each file must give the master back within the type's
+ * quantisation error. Bounds, per block of the master (amax = max |x| over
+ * the block, 32 or 256 elements), from how ggml quantises:
+ *   F16: relative 2^-11; BF16: relative 2^-8;
+ *   Q8_0: step amax/127, error <= step/2 (+ fp16 scale rounding);
+ *   Q4_0: step amax/8, error <= one step (clamping at +7);
+ *   Q6_K: 16-element sub-blocks with int8-quantised 6-bit steps <= amax/32,
+ *         error <= about one step -> amax/24;
+ *   Q5_K: 32-element sub-blocks with min, step <= 2 amax/31 -> amax/10;
+ *   Q4_K: step <= 2 amax/15 -> amax/5.
+ * and the relative RMS error per tensor must be in the range such a
+ * quantiser reaches on Gaussian data (measured: q8_0 0.0053, q6_k 0.0177,
+ * q5_k 0.036, q4_k 0.071, q4_0 0.086; bounds +-25%; a layout error gives
+ * ~100% or more). */
+static void check_dequant_file(const char *file, int *n_checked) {
+    char err[LK_ERRLEN];
+    lk_gguf *m = NULL, *q = NULL;
+    CHECKF(lk_gguf_open(lk_td("synth/synth-llama-f32.gguf"), &m, err, sizeof err) == LK_OK, "%s", err);
+    CHECKF(lk_gguf_open(lk_td(file), &q, err, sizeof err) == LK_OK, "%s", err);
+    if (!m || !q) { lk_gguf_close(m); lk_gguf_close(q); return; }
+    for (int64_t i = 0; i < lk_gguf_n_tensors(q); i++) {
+        const lk_gguf_tensor *tq = lk_gguf_tensor_at(q, i);
+        const lk_gguf_tensor *tm = lk_gguf_find_tensor(m, tq->name);
+        CHECKF(tm && tm->n_elements == tq->n_elements, "%s", tq->name);
+        if (!tm || tq->type == LK_TYPE_F32) continue;
+        CHECKF(lk_type_supported(tq->type), "%s: %s", tq->name, lk_type_name(tq->type));
+        int64_t n = (int64_t)tq->n_elements, row = (int64_t)tq->ne[0];
+        float *y = malloc((size_t)n * 4);
+        size_t rb;
+        LK_ASSERT(lk_type_row_bytes(tq->type, row, &rb));
+        for (int64_t r = 0; r < n / row; r++)
+            lk_dequantize_row(tq->type, (const uint8_t *)tq->data + r * rb, y + r * row, row);
+        const float *x = tm->data;
+        int64_t bs = tq->type == LK_TYPE_F16 || tq->type == LK_TYPE_BF16 ? 32 : lk_type_block_size(tq->type);
+        double step;
+        double rms_lo, rms_hi; /* relative RMS error expected */
+        switch (tq->type) {
+        case LK_TYPE_F16: step = 0; rms_lo = 0; rms_hi = 0x1p-11; break;
+        case LK_TYPE_BF16: step = 0; rms_lo = 0; rms_hi = 0x1p-8; break;
+        case LK_TYPE_Q8_0: step = 0.57 / 127; rms_lo = 0.004; rms_hi = 0.007; break;
+        case LK_TYPE_Q4_0: step = 1.01 / 8; rms_lo = 0.07; rms_hi = 0.10; break;
+        case LK_TYPE_Q6_K: step = 1.0 / 24; rms_lo = 0.014; rms_hi = 0.022; break;
+        case LK_TYPE_Q5_K: step = 1.0 / 10; rms_lo = 0.028; rms_hi = 0.045; break;
+        case LK_TYPE_Q4_K: step = 1.0 / 5; rms_lo = 0.055; rms_hi = 0.09; break;
+        default: step = 0; rms_lo = 0; rms_hi = 0; break;
+        }
+        double se = 0, sx = 0, worst = 0;
+        for (int64_t b = 0; b < n / bs; b++) {
+            double amax = 0;
+            for (int64_t j = 0; j < bs; j++) amax = fmax(amax, fabs(x[b * bs + j]));
+            for (int64_t j = 0; j < bs; j++) {
+                double e = fabs((double)y[b * bs + j] - x[b * bs + j]);
+                se += e * e;
+                sx += (double)x[b * bs + j] * x[b * bs + j];
+                /* float types: relative bound, plus half the smallest f16 subnormal */
+                double lim = step ? step * amax : fabs(x[b * bs + j]) * rms_hi + 0x1p-25;
+                if (e > lim && worst < e / (lim + 1e-30)) worst = e / (lim + 1e-30);
+            }
+        }
+        double rel = sqrt(se / sx);
+        CHECKF(worst == 0, "%s %s: error %.3gx over its bound", file, tq->name, worst);
+        CHECKF(rel >= rms_lo && rel <= rms_hi, "%s %s (%s): relative RMS error %.4g not in [%g, %g]",
+               file, tq->name, lk_type_name(tq->type), rel, rms_lo, rms_hi);
+        if (getenv("LK_QUANT_VERBOSE"))
+            printf("  %s %-28s %-5s rel rms %.5f\n", file, tq->name, lk_type_name(tq->type), rel);
+        free(y);
+        (*n_checked)++;
+    }
+    lk_gguf_close(m);
+    lk_gguf_close(q);
+}
+
+TEST(dequantize_real_files_vs_master) {
+    const char *files[] = {"synth/synth-llama-f16.gguf", "synth/synth-llama-bf16.gguf",
+                           "synth/synth-llama-q8_0.gguf", "synth/synth-llama-q4_0.gguf",
+                           "synth/synth-llama-q4_k_m.gguf", "synth/synth-llama-q5_k_m.gguf",
+                           "synth/synth-llama-q6_k.gguf"};
+    for (size_t f = 0; f < sizeof files / sizeof files[0]; f++) {
+        int n = 0;
+        check_dequant_file(files[f], &n);
+        CHECKF(n == 16, "%s: %d tensors checked", files[f], n);
+    }
+}
+
 int main(void) {
     RUN(traits);
     RUN(quantize_known_vectors);
     RUN(quantize_roundtrip_bounds);
     RUN(matmul_vs_double_scalar);
+    RUN(requantize_matches_llama_quantize);
+    RUN(dequantize_real_files_vs_master);
     return lk_test_end();
 }
