@@ -210,9 +210,305 @@ TEST(vocab_files) {
     lk_gguf_close(b);
 }
 
+
+/* ---- crafted files ----------------------------------------------------------
+ * Built byte by byte here (not with the writer), so the reader is checked
+ * against the format as the spec states it. */
+
+typedef struct { uint8_t *b; size_t n, cap; } bb;
+static void put(bb *x, const void *p, size_t n) {
+    if (x->n + n > x->cap) { x->cap = (x->n + n) * 2 + 64; x->b = realloc(x->b, x->cap); }
+    memcpy(x->b + x->n, p, n);
+    x->n += n;
+}
+static void p_u32(bb *x, uint32_t v) { put(x, &v, 4); }
+static void p_u64(bb *x, uint64_t v) { put(x, &v, 8); }
+static void p_str(bb *x, const char *s) { p_u64(x, strlen(s)); put(x, s, strlen(s)); }
+static void p_pad(bb *x, size_t a) { while (x->n % a) put(x, "", 1); }
+static void patch32(bb *x, size_t off, uint32_t v) { memcpy(x->b + off, &v, 4); }
+static void patch64(bb *x, size_t off, uint64_t v) { memcpy(x->b + off, &v, 8); }
+
+/* byte offsets of the fields the malformation tests patch */
+typedef struct {
+    size_t version, n_tensors, n_kv, key_u32, vtype_u32, align_type, align_val, str_len,
+        arr_len, arr_elem, nested_len, name_b, ndims_a, ne0_a, ne1_a, ne0_b, type_b, off_a, off_b;
+} fields;
+
+/* A small valid v3 file: 7 key/values (incl. a string array and an array of
+ * arrays), tensor "a" F32 [4, 2] and tensor "b" Q8_0 [32], data ending
+ * exactly at the end of the file (so any truncation cuts real bytes). */
+static bb base_file(fields *f) {
+    bb x = {0};
+    put(&x, "GGUF", 4);
+    f->version = x.n; p_u32(&x, 3);
+    f->n_tensors = x.n; p_u64(&x, 2);
+    f->n_kv = x.n; p_u64(&x, 7);
+    p_str(&x, "general.architecture"); p_u32(&x, LK_GGUF_STRING); p_str(&x, "llama");
+    f->key_u32 = x.n; p_str(&x, "test.u32"); f->vtype_u32 = x.n; p_u32(&x, LK_GGUF_UINT32); p_u32(&x, 7);
+    p_str(&x, "test.f32"); p_u32(&x, LK_GGUF_FLOAT32); float h = 0.5f; put(&x, &h, 4);
+    p_str(&x, "general.alignment"); f->align_type = x.n; p_u32(&x, LK_GGUF_UINT32); f->align_val = x.n; p_u32(&x, 32);
+    p_str(&x, "test.str"); p_u32(&x, LK_GGUF_STRING); f->str_len = x.n; p_str(&x, "hello");
+    p_str(&x, "test.strs"); p_u32(&x, LK_GGUF_ARRAY); f->arr_elem = x.n; p_u32(&x, LK_GGUF_STRING);
+    f->arr_len = x.n; p_u64(&x, 3); p_str(&x, "a"); p_str(&x, "bc"); p_str(&x, "");
+    /* [[1, 2], ["x"]] : an array of two arrays of different element types */
+    p_str(&x, "test.nested"); p_u32(&x, LK_GGUF_ARRAY); p_u32(&x, LK_GGUF_ARRAY); f->nested_len = x.n; p_u64(&x, 2);
+    p_u32(&x, LK_GGUF_INT16); p_u64(&x, 2); int16_t s2[2] = {1, -2}; put(&x, s2, 4);
+    p_u32(&x, LK_GGUF_STRING); p_u64(&x, 1); p_str(&x, "x");
+    p_str(&x, "a"); f->ndims_a = x.n; p_u32(&x, 2); f->ne0_a = x.n; p_u64(&x, 4); f->ne1_a = x.n; p_u64(&x, 2);
+    p_u32(&x, 0); f->off_a = x.n; p_u64(&x, 0);
+    f->name_b = x.n + 8; p_str(&x, "b"); p_u32(&x, 1); f->ne0_b = x.n; p_u64(&x, 32);
+    f->type_b = x.n; p_u32(&x, 8); f->off_b = x.n; p_u64(&x, 32);
+    p_pad(&x, 32);
+    for (int i = 0; i < 8; i++) { float v = (float)i; put(&x, &v, 4); }
+    uint16_t d = 0x3c00; put(&x, &d, 2); /* Q8_0 block: fp16 scale 1.0, 32 int8 */
+    for (int i = 0; i < 32; i++) { int8_t q = (int8_t)(i - 16); put(&x, &q, 1); }
+    return x;
+}
+
+static char tmpdir[256];
+/* Removes the temp folder and everything the tests wrote into it. */
+static void cleanup_tmp(void) {
+    if (!tmpdir[0]) return;
+    DIR *d = opendir(tmpdir);
+    struct dirent *e;
+    char p[600];
+    while (d && (e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+            snprintf(p, sizeof p, "%s/%s", tmpdir, e->d_name);
+            unlink(p);
+        }
+    if (d) closedir(d);
+    rmdir(tmpdir);
+}
+static const char *tmp_path(const char *name) {
+    static char p[512];
+    if (!tmpdir[0]) {
+        snprintf(tmpdir, sizeof tmpdir, "/tmp/lk_gguf_XXXXXX");
+        if (!mkdtemp(tmpdir)) { perror("mkdtemp"); exit(1); }
+    }
+    snprintf(p, sizeof p, "%s/%s", tmpdir, name);
+    return p;
+}
+static void write_file(const char *path, const void *b, size_t n) {
+    FILE *fp = fopen(path, "wb");
+    if (!fp) { perror(path); exit(1); }
+    if (n) fwrite(b, 1, n, fp);
+    fclose(fp);
+}
+
+/* Opens bytes as a file; returns the status and leaves the message in err. */
+static lk_status try_open(const void *b, size_t n, char *err, size_t errlen) {
+    const char *p = tmp_path("t.gguf");
+    write_file(p, b, n);
+    lk_gguf *g = NULL;
+    err[0] = 0;
+    lk_status st = lk_gguf_open(p, &g, err, errlen);
+    if (st == LK_OK) CHECK(g != NULL);
+    else CHECK(g == NULL);
+    lk_gguf_close(g);
+    return st;
+}
+
+TEST(crafted_valid_file) {
+    fields f;
+    bb x = base_file(&f);
+    const char *p = tmp_path("valid.gguf");
+    write_file(p, x.b, x.n);
+    char err[LK_ERRLEN] = "";
+    lk_gguf *g = NULL;
+    CHECKF(lk_gguf_open(p, &g, err, sizeof err) == LK_OK, "%s", err);
+    if (g) {
+        CHECK(lk_gguf_version(g) == 3 && lk_gguf_n_kv(g) == 7 && lk_gguf_n_tensors(g) == 2);
+        CHECK(lk_gguf_file_size(g) == x.n);
+        int64_t i;
+        uint64_t u;
+        double d;
+        CHECK(lk_gguf_get_i64(g, "test.u32", &i) && i == 7);
+        CHECK(lk_gguf_get_u64(g, "test.u32", &u) && u == 7);
+        CHECK(lk_gguf_get_f64(g, "test.u32", &d) && d == 7.0);
+        CHECK(lk_gguf_get_f64(g, "test.f32", &d) && d == 0.5);
+        CHECK(!lk_gguf_get_i64(g, "test.f32", &i));
+        CHECK(!lk_gguf_get_i64(g, "absent", &i));
+        const char *s;
+        size_t len;
+        CHECK(lk_gguf_get_str(g, "test.str", &s, &len) && len == 5 && !memcmp(s, "hello", 5));
+        CHECK(!lk_gguf_get_str(g, "test.u32", &s, &len));
+        lk_gguf_vtype et;
+        uint64_t n;
+        CHECK(lk_gguf_get_arr(g, "test.strs", &et, &n) && et == LK_GGUF_STRING && n == 3);
+        s = lk_gguf_arr_str(g, "test.strs", 1, &len);
+        CHECK(s && len == 2 && !memcmp(s, "bc", 2));
+        s = lk_gguf_arr_str(g, "test.strs", 2, &len);
+        CHECK(s && len == 0);
+        CHECK(lk_gguf_arr_str(g, "test.strs", 3, &len) == NULL);
+        CHECK(lk_gguf_get_arr(g, "test.nested", &et, &n) && et == LK_GGUF_ARRAY && n == 2);
+        CHECK(lk_gguf_kv_type(g, lk_gguf_find_kv(g, "test.nested")) == LK_GGUF_ARRAY);
+        const lk_gguf_tensor *a = lk_gguf_find_tensor(g, "a"), *b = lk_gguf_find_tensor(g, "b");
+        CHECK(a && a->n_dims == 2 && a->ne[0] == 4 && a->ne[1] == 2 && a->ne[2] == 1 && a->nbytes == 32);
+        CHECK(b && b->n_dims == 1 && b->ne[0] == 32 && b->type == 8 && b->nbytes == 34);
+        CHECK(lk_gguf_find_tensor(g, "c") == NULL);
+        if (a && b) {
+            float v;
+            memcpy(&v, (const char *)a->data + 12, 4);
+            CHECK(v == 3.0f);
+            CHECK(((const int8_t *)b->data)[2] == -16);
+            CHECK((const uint8_t *)b->data + 34 == (const uint8_t *)lk_gguf_file_bytes(g) + x.n);
+        }
+        char buf[256];
+        lk_gguf_kv_format(g, lk_gguf_find_kv(g, "test.strs"), buf, sizeof buf);
+        CHECKF(strstr(buf, "\"bc\"") && strstr(buf, "3"), "%s", buf);
+        lk_gguf_kv_format(g, lk_gguf_find_kv(g, "test.f32"), buf, sizeof buf);
+        CHECKF(!strcmp(buf, "0.5"), "%s", buf);
+        lk_gguf_kv_format(g, lk_gguf_find_kv(g, "test.str"), buf, 4); /* truncates safely */
+        CHECK(strlen(buf) == 3);
+        lk_gguf_close(g);
+    }
+    /* the same file as v2 is equally valid */
+    patch32(&x, f.version, 2);
+    CHECKF(try_open(x.b, x.n, err, sizeof err) == LK_OK, "%s", err);
+    free(x.b);
+}
+
+TEST(crafted_truncated_everywhere) {
+    fields f;
+    bb x = base_file(&f);
+    char err[LK_ERRLEN];
+    int bad = 0;
+    for (size_t n = 0; n < x.n; n++) {
+        lk_status st = try_open(x.b, n, err, sizeof err);
+        if (st != LK_ERR_FORMAT || !err[0]) {
+            if (bad++ < 4) CHECKF(0, "prefix %zu: status %d '%s'", n, st, err);
+        }
+    }
+    CHECK(bad == 0);
+    /* a message names the field and the byte where it failed */
+    try_open(x.b, f.arr_len + 4, err, sizeof err);
+    CHECKF(strstr(err, "array length") && strstr(err, "test.strs") && strstr(err, "byte"), "%s", err);
+    free(x.b);
+}
+
+typedef struct {
+    const char *what;
+    size_t (*off)(const fields *);
+    int width;           /* 4 or 8 */
+    uint64_t value;
+    lk_status want;
+    const char *words[3]; /* each must appear in the message */
+} mutation;
+
+#define OFF(fld) static size_t off_##fld(const fields *f) { return f->fld; }
+OFF(version) OFF(n_tensors) OFF(n_kv) OFF(key_u32) OFF(vtype_u32) OFF(align_type) OFF(align_val)
+OFF(str_len) OFF(arr_len) OFF(arr_elem) OFF(nested_len) OFF(ndims_a) OFF(ne0_a) OFF(ne1_a) OFF(ne0_b)
+OFF(type_b) OFF(off_a) OFF(off_b)
+static size_t off_magic(const fields *f) { (void)f; return 0; }
+
+TEST(crafted_malformed) {
+    const uint64_t huge = 1ull << 60;
+    static const mutation m[] = {
+        {"bad magic", off_magic, 4, 0x4c4d4747 /* "GGML" */, LK_ERR_FORMAT, {"magic", "byte 0"}},
+        {"version 1", off_version, 4, 1, LK_ERR_UNSUPPORTED, {"version 1"}},
+        {"version 99", off_version, 4, 99, LK_ERR_UNSUPPORTED, {"version 99"}},
+        {"big-endian", off_version, 4, 0x03000000, LK_ERR_UNSUPPORTED, {"big-endian"}},
+        {"n_kv 2^60", off_n_kv, 8, 1ull << 60, LK_ERR_FORMAT, {"n_kv", "byte 16"}},
+        {"n_tensors 2^60", off_n_tensors, 8, 1ull << 60, LK_ERR_FORMAT, {"n_tensors", "byte 8"}},
+        {"n_kv -1", off_n_kv, 8, UINT64_MAX, LK_ERR_FORMAT, {"n_kv"}},
+        {"array length 2^60", off_arr_len, 8, huge, LK_ERR_FORMAT, {"array length", "test.strs"}},
+        {"array length just too big", off_arr_len, 8, 60, LK_ERR_FORMAT, {"test.strs"}},
+        {"nested array length", off_nested_len, 8, huge, LK_ERR_FORMAT, {"array length", "test.nested"}},
+        {"string length 2^60", off_str_len, 8, huge, LK_ERR_FORMAT, {"string value", "past end of file", "test.str"}},
+        {"string length -1", off_str_len, 8, UINT64_MAX, LK_ERR_FORMAT, {"past end of file"}},
+        {"key length huge", off_key_u32, 8, huge, LK_ERR_FORMAT, {"key", "key/value 1"}},
+        {"empty key", off_key_u32, 8, 0, LK_ERR_FORMAT, {"empty key", "key/value 1"}},
+        {"value type 13", off_vtype_u32, 4, 13, LK_ERR_FORMAT, {"value type 13", "test.u32"}},
+        {"value type 2^31", off_vtype_u32, 4, 0x80000000u, LK_ERR_FORMAT, {"value type"}},
+        {"array elem type 77", off_arr_elem, 4, 77, LK_ERR_FORMAT, {"element type 77"}},
+        {"alignment type", off_align_type, 4, LK_GGUF_INT32, LK_ERR_FORMAT, {"general.alignment", "u32"}},
+        {"alignment 48", off_align_val, 4, 48, LK_ERR_FORMAT, {"general.alignment", "48", "power of two"}},
+        {"alignment 0", off_align_val, 4, 0, LK_ERR_FORMAT, {"general.alignment"}},
+        {"n_dims 5", off_ndims_a, 4, 5, LK_ERR_FORMAT, {"n_dims 5", "'a'"}},
+        {"n_dims 0", off_ndims_a, 4, 0, LK_ERR_FORMAT, {"n_dims 0"}},
+        {"zero dim", off_ne1_a, 8, 0, LK_ERR_FORMAT, {"ne[1]", "'a'"}},
+        {"dim > int64", off_ne0_a, 8, 1ull << 63, LK_ERR_FORMAT, {"ne[0]"}},
+        {"dims overflow", off_ne0_a, 8, 1ull << 62, LK_ERR_FORMAT, {"overflow"}}, /* 2^62 * 2 */
+        {"unknown type", off_type_b, 4, 99, LK_ERR_UNSUPPORTED, {"type id 99", "'b'"}},
+        {"removed type 4", off_type_b, 4, 4, LK_ERR_UNSUPPORTED, {"type id 4"}},
+        {"row not whole blocks", off_ne0_b, 8, 33, LK_ERR_FORMAT, {"block size", "'b'"}},
+        {"misaligned offset", off_off_b, 8, 36, LK_ERR_FORMAT, {"alignment", "'b'", "36"}},
+        {"out of file", off_off_b, 8, 64, LK_ERR_FORMAT, {"past end of file", "'b'"}},
+        {"offset overflow", off_off_b, 8, UINT64_MAX - 31, LK_ERR_FORMAT, {"past end of file"}},
+        {"overlap", off_off_b, 8, 0, LK_ERR_FORMAT, {"overlap", "'a'", "'b'"}},
+        {"overlap reversed", off_off_a, 8, 32, LK_ERR_FORMAT, {"overlap"}},
+    };
+    for (size_t k = 0; k < sizeof m / sizeof m[0]; k++) {
+        fields f;
+        bb x = base_file(&f);
+        size_t o = m[k].off(&f);
+        if (m[k].width == 4) patch32(&x, o, (uint32_t)m[k].value);
+        else patch64(&x, o, m[k].value);
+        char err[LK_ERRLEN];
+        long a0 = lk_test_allocs();
+        lk_status st = try_open(x.b, x.n, err, sizeof err);
+        long na = lk_test_allocs() - a0;
+        if (getenv("VERBOSE")) printf("  %-26s -> %s\n", m[k].what, err);
+        CHECKF(st == m[k].want, "%s: status %d, want %d: %s", m[k].what, st, m[k].want, err);
+        for (int w = 0; w < 3 && m[k].words[w]; w++)
+            CHECKF(strstr(err, m[k].words[w]), "%s: '%s' lacks '%s'", m[k].what, err, m[k].words[w]);
+        CHECKF(na < 64, "%s: %ld allocations", m[k].what, na);
+        free(x.b);
+    }
+}
+
+TEST(crafted_duplicates_and_nesting) {
+    fields f;
+    char err[LK_ERRLEN];
+    bb x = base_file(&f);
+    x.b[f.name_b] = 'a';
+    CHECK(try_open(x.b, x.n, err, sizeof err) == LK_ERR_FORMAT);
+    CHECKF(strstr(err, "duplicate tensor name 'a'"), "%s", err);
+    free(x.b);
+
+    x = base_file(&f);
+    x.b[f.key_u32 + 8 + 5] = 'f'; /* test.u32 -> test.f32 */
+    CHECK(try_open(x.b, x.n, err, sizeof err) == LK_ERR_FORMAT);
+    CHECKF(strstr(err, "duplicate key 'test.f32'"), "%s", err);
+    free(x.b);
+
+    /* arrays nested 1..12 deep: up to the limit they parse, beyond it a clear error */
+    for (int depth = 1; depth <= 12; depth++) {
+        bb y = {0};
+        put(&y, "GGUF", 4); p_u32(&y, 3); p_u64(&y, 0); p_u64(&y, 1);
+        p_str(&y, "deep"); p_u32(&y, LK_GGUF_ARRAY);
+        for (int d = 1; d < depth; d++) { p_u32(&y, LK_GGUF_ARRAY); p_u64(&y, 1); }
+        p_u32(&y, LK_GGUF_UINT8); p_u64(&y, 3); put(&y, "\1\2\3", 3);
+        lk_status st = try_open(y.b, y.n, err, sizeof err);
+        if (depth <= 8) CHECKF(st == LK_OK, "depth %d: %s", depth, err);
+        else CHECKF(st == LK_ERR_FORMAT && strstr(err, "nested"), "depth %d: %d %s", depth, st, err);
+        free(y.b);
+    }
+    /* a string array claiming the most strings the rest of the file could
+     * hold: the index it allocates is bounded by the file's size */
+    bb z = {0};
+    put(&z, "GGUF", 4); p_u32(&z, 3); p_u64(&z, 0); p_u64(&z, 1);
+    p_str(&z, "v"); p_u32(&z, LK_GGUF_ARRAY); p_u32(&z, LK_GGUF_STRING); p_u64(&z, 1000);
+    for (int i = 0; i < 999; i++) p_u64(&z, 0);
+    p_u64(&z, 1ull << 40); /* element 999: length past the end */
+    CHECK(try_open(z.b, z.n, err, sizeof err) == LK_ERR_FORMAT);
+    CHECKF(strstr(err, "string element 999"), "%s", err);
+    free(z.b);
+    /* not a file / missing file */
+    lk_gguf *g = NULL;
+    CHECK(lk_gguf_open(tmp_path("missing.gguf"), &g, err, sizeof err) == LK_ERR_IO && strstr(err, "missing.gguf"));
+    CHECK(lk_gguf_open(tmpdir, &g, err, sizeof err) == LK_ERR_IO);
+}
+
 int main(void) {
     RUN(synth_models_match_llama_cpp);
     RUN(stories_models);
     RUN(vocab_files);
+    RUN(crafted_valid_file);
+    RUN(crafted_truncated_everywhere);
+    RUN(crafted_malformed);
+    RUN(crafted_duplicates_and_nesting);
+    cleanup_tmp();
     return lk_test_end();
 }

@@ -365,7 +365,11 @@ static lk_status check_data(lk_gguf *g, char *err, size_t errlen) {
             return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: tensor %" PRId64 " '%s': offset %" PRIu64
                            " is not a multiple of the alignment %" PRIu32, g->path, i, t->name, t->offset, g->alignment);
         uint64_t a, e;
-        if (!lk_add_ok(g->data_off, t->offset, &a) || !lk_add_ok(a, t->nbytes, &e) || e > g->size)
+        if (!lk_add_ok(g->data_off, t->offset, &a) || !lk_add_ok(a, t->nbytes, &e))
+            return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: tensor %" PRId64 " '%s': offset %" PRIu64
+                           " (+ %" PRIu64 " bytes) lies past end of file (%" PRIu64 " bytes)", g->path, i, t->name,
+                           t->offset, t->nbytes, g->size);
+        if (e > g->size)
             return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: tensor %" PRId64 " '%s': data [%" PRIu64 ", %" PRIu64
                            ") extends past end of file (%" PRIu64 " bytes)", g->path, i, t->name,
                            a, a + t->nbytes, g->size);
@@ -426,8 +430,8 @@ static lk_status parse(lk_gguf *g, char *err, size_t errlen) {
         const kv_t *kv = &g->kv[ai];
         uint32_t a = 0;
         if (kv->type != LK_GGUF_UINT32)
-            return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: general.alignment has type %s (must be u32)", g->path,
-                           lk_gguf_vtype_name(kv->type));
+            return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: general.alignment has type %s at byte %" PRIu64 " (must be u32)",
+                           g->path, lk_gguf_vtype_name(kv->type), kv->off - 4);
         memcpy(&a, g->map + kv->off, 4);
         if (a == 0 || (a & (a - 1)) || a > ALIGN_MAX)
             return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: general.alignment = %" PRIu32 " at byte %" PRIu64
