@@ -54,4 +54,63 @@ typedef struct {
     lk_status (*allreduce_sum)(void *ctx, float *x, int64_t n, int layer, const char *what);
 } lk_tp_hooks;
 
+/* --- plan with explicit layer counts (--layers-split) ---------------------
+ * layers (pp entries, may be NULL for an even split) gives each pipeline
+ * stage's number of layers; they must sum to n_layer. lk_plan_make is this
+ * with layers = NULL. */
+lk_status lk_plan_make_split(const lk_plan_dims *d, int tp, int pp, const double *weights,
+                             const int *layers, lk_slice *out, char *err, size_t errlen);
+
+/* --- collectives ------------------------------------------------------------
+ * An lk_comm is a group of ranks of a transport mesh (a TP group) and the
+ * scratch its collectives need. Every call blocks until done or until the
+ * comm's deadline (default 30 s per call) passes; a failure returns a status,
+ * and lk_comm_last_error() says which operation, layer, size and peer
+ * ("all-reduce layer 3 ffn_out (16384 B, exchange): rank 2 (10.0.0.3:7070):
+ * connection closed by peer while receiving 16384 bytes (got 0)").
+ *
+ * Determinism: all-reduce results are bitwise identical on every rank and do
+ * not depend on timing. The exchange algorithm sums partials in rank order
+ * 0..N-1; recursive doubling adds (lower half + upper half) at each level;
+ * the ring accumulates chunk c in the fixed order c, c+1, ..., c-1. The
+ * algorithm depends only on (N, bytes), so every rank picks the same one. */
+typedef struct lk_mesh lk_mesh;
+typedef struct lk_comm lk_comm;
+
+typedef enum {
+    LK_AR_AUTO = 0,   /* by size and N (lk_comm_pick) */
+    LK_AR_EXCHANGE,   /* one round: everyone sends its partial to everyone */
+    LK_AR_DOUBLING,   /* log2(N) rounds of pairwise exchange */
+    LK_AR_RING,       /* 2(N-1) rounds of 1/N chunks: bandwidth-optimal, for prefill */
+} lk_ar_algo;
+const char *lk_ar_algo_name(lk_ar_algo a);
+lk_ar_algo  lk_comm_pick(int n_ranks, size_t bytes);
+
+/* ranks: the group's members as mesh ranks, in group order (NULL: the whole
+ * mesh); must contain this process's mesh rank. The mesh must outlive it. */
+lk_status lk_comm_create(lk_mesh *mesh, const int *ranks, int n, lk_comm **out, char *err, size_t errlen);
+void lk_comm_free(lk_comm *c);
+int  lk_comm_rank(const lk_comm *c);  /* position in the group */
+int  lk_comm_size(const lk_comm *c);
+void lk_comm_set_timeout_ms(lk_comm *c, int64_t ms);
+void lk_comm_set_algo(lk_comm *c, lk_ar_algo a);  /* force one (tests, netbench) */
+/* Sizes the scratch for all-reduces of up to n floats now, so the per-token
+ * path never allocates (it grows on demand otherwise, once). */
+void lk_comm_reserve(lk_comm *c, int64_t n);
+const char *lk_comm_last_error(const lk_comm *c);
+
+/* what: a short operation name for messages ("attn_out"); layer < 0: none. */
+lk_status lk_comm_allreduce_sum(lk_comm *c, float *x, int64_t n, int layer, const char *what);
+lk_status lk_comm_broadcast(lk_comm *c, void *buf, size_t bytes, int root, const char *what);
+/* Every rank contributes `bytes`; root receives them in group order into
+ * out[size * bytes] (out is ignored elsewhere). */
+lk_status lk_comm_gather(lk_comm *c, const void *in, size_t bytes, void *out, int root, const char *what);
+lk_status lk_comm_barrier(lk_comm *c);
+/* Greedy sampling without gathering logits: every rank passes its best
+ * (value, global index); all get the overall best, ties to the lowest index,
+ * NaN never wins. */
+lk_status lk_comm_argmax(lk_comm *c, float *value, int64_t *index);
+/* Points the forward pass's hook at this comm. */
+void lk_comm_tp_hooks(lk_comm *c, lk_tp_hooks *h);
+
 #endif
