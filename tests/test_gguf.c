@@ -265,6 +265,7 @@ static bb base_file(fields *f) {
     return x;
 }
 
+static const void *pat_zero(void) { static const uint8_t z[4096]; return z; }
 static char tmpdir[256];
 /* Removes the temp folder and everything the tests wrote into it. */
 static void cleanup_tmp(void) {
@@ -501,6 +502,169 @@ TEST(crafted_duplicates_and_nesting) {
     CHECK(lk_gguf_open(tmpdir, &g, err, sizeof err) == LK_ERR_IO);
 }
 
+/* ---- writer ------------------------------------------------------------------ */
+
+/* Copying every key/value and tensor of a file written by llama.cpp's tools
+ * (gguf-py, llama-quantize) reproduces it byte for byte: same header, same
+ * offsets, same padding. */
+TEST(writer_reproduces_llama_cpp_files) {
+    static const char *files[] = {"models/stories260K.gguf", "models/stories260K-q8_0.gguf",
+                                  "models/stories260K-q4_0.gguf", "synth/synth-qwen3-q8_0.gguf",
+                                  "vocab/ggml-vocab-llama-spm.gguf"};
+    for (size_t k = 0; k < sizeof files / sizeof files[0]; k++) {
+        lk_gguf *g = open_ok(lk_td(files[k]));
+        if (!g) continue;
+        char err[LK_ERRLEN] = "";
+        const char *out = tmp_path("copy.gguf");
+        lk_gguf_writer *w = NULL;
+        CHECKF(lk_gguf_writer_open(out, &w, err, sizeof err) == LK_OK, "%s", err);
+        if (!w) { lk_gguf_close(g); continue; }
+        for (int64_t i = 0; i < lk_gguf_n_kv(g); i++) lk_gguf_writer_copy_kv(w, g, i);
+        for (int64_t i = 0; i < lk_gguf_n_tensors(g); i++) {
+            const lk_gguf_tensor *t = lk_gguf_tensor_at(g, i);
+            lk_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne);
+        }
+        lk_status st = LK_OK;
+        if (lk_gguf_n_tensors(g)) st = lk_gguf_writer_begin_data(w, err, sizeof err);
+        for (int64_t i = 0; i < lk_gguf_n_tensors(g) && !st; i++) {
+            const lk_gguf_tensor *t = lk_gguf_tensor_at(g, i);
+            /* in uneven pieces, to exercise partial writes */
+            for (uint64_t o = 0; o < t->nbytes && !st; o += 1000)
+                st = lk_gguf_writer_write(w, (const char *)t->data + o, (size_t)LK_MIN(1000, t->nbytes - o), err, sizeof err);
+        }
+        CHECKF(st == LK_OK, "%s", err);
+        CHECKF(lk_gguf_writer_close(w, err, sizeof err) == LK_OK, "%s", err);
+        FILE *fp = fopen(out, "rb");
+        CHECK(fp);
+        uint64_t size = lk_gguf_file_size(g), same = 0;
+        if (fp) {
+            uint8_t *b = malloc(size + 1);
+            size_t n = fread(b, 1, size + 1, fp);
+            fclose(fp);
+            /* llama.cpp pads after the last tensor; vocab files (no tensors) end unpadded */
+            CHECKF(n == size, "%s: %zu bytes vs %" PRIu64, files[k], n, size);
+            const uint8_t *a = lk_gguf_file_bytes(g);
+            while (same < LK_MIN(n, size) && a[same] == b[same]) same++;
+            CHECKF(same == size, "%s: first difference at byte %" PRIu64, files[k], same);
+            free(b);
+        }
+        lk_gguf_close(g);
+    }
+}
+
+/* Every value type and tensor type written, read back and compared. */
+TEST(writer_round_trip) {
+    fields f;
+    bb x = base_file(&f); /* source of u16/i16/nested values for copy_kv */
+    const char *src = tmp_path("src.gguf");
+    write_file(src, x.b, x.n);
+    free(x.b);
+    lk_gguf *s = open_ok(src);
+    if (!s) return;
+    char err[LK_ERRLEN] = "";
+    const char *out = tmp_path("rt.gguf");
+    lk_gguf_writer *w = NULL;
+    CHECK(lk_gguf_writer_open(out, &w, err, sizeof err) == LK_OK);
+    if (!w) { lk_gguf_close(s); return; }
+    lk_gguf_writer_set_u32(w, "k.u32", 4000000000u);
+    lk_gguf_writer_set_i32(w, "k.i32", -7);
+    lk_gguf_writer_set_u64(w, "k.u64", 1ull << 63);
+    lk_gguf_writer_set_f32(w, "k.f32", 1e-6f);
+    lk_gguf_writer_set_bool(w, "k.bool", true);
+    lk_gguf_writer_set_str(w, "k.str", "h\xc3\xa9llo");
+    lk_gguf_writer_set_str(w, "k.empty", "");
+    const char *strs[] = {"<unk>", "", "\xe2\x96\x81the"};
+    lk_gguf_writer_set_arr_str(w, "k.strs", strs, 3);
+    float fv[3] = {0.5f, -2.0f, 1e30f};
+    lk_gguf_writer_set_arr_f32(w, "k.f32s", fv, 3);
+    int32_t iv[4] = {1, -1, INT32_MAX, INT32_MIN};
+    lk_gguf_writer_set_arr_i32(w, "k.i32s", iv, 4);
+    lk_gguf_writer_set_arr_i32(w, "k.none", NULL, 0);
+    lk_gguf_writer_copy_kv(w, s, lk_gguf_find_kv(s, "test.nested"));
+    lk_gguf_writer_copy_kv(w, s, lk_gguf_find_kv(s, "test.strs"));
+    lk_gguf_writer_set_u32(w, "k.i32", 9); /* a key set again keeps its place, takes the new value */
+    lk_gguf_writer_set_u32(w, "general.alignment", 64);
+    static const struct { const char *n; uint32_t type; int nd; uint64_t ne[4]; } ts[] = {
+        {"t.f32", 0, 1, {5}}, {"t.f16", 1, 2, {3, 7}}, {"t.q8", 8, 3, {64, 2, 3}}, {"t.q4", 2, 4, {32, 1, 2, 2}}, {"t.bf16", 30, 1, {1}}};
+    enum { NT = sizeof ts / sizeof ts[0] };
+    uint64_t sizes[NT] = {5 * 4, 21 * 2, 12 * 34 /* 2 blocks x 6 rows */, 4 * 18, 2};
+    for (int i = 0; i < NT; i++) lk_gguf_writer_add_tensor(w, ts[i].n, ts[i].type, ts[i].nd, ts[i].ne);
+    CHECK(lk_gguf_writer_begin_data(w, err, sizeof err) == LK_OK);
+    /* all tensor bytes as one pattern, written in pieces that straddle tensors */
+    uint64_t total = 0;
+    for (int i = 0; i < NT; i++) total += sizes[i];
+    uint8_t *pat = malloc(total);
+    for (uint64_t i = 0; i < total; i++) pat[i] = (uint8_t)(i * 131 + 7);
+    for (uint64_t o = 0; o < total; o += 77)
+        CHECK(lk_gguf_writer_write(w, pat + o, (size_t)LK_MIN(77, total - o), err, sizeof err) == LK_OK);
+    CHECKF(lk_gguf_writer_close(w, err, sizeof err) == LK_OK, "%s", err);
+
+    lk_gguf *g = open_ok(out);
+    if (g) {
+        CHECK(lk_gguf_version(g) == 3 && lk_gguf_alignment(g) == 64);
+        CHECK(lk_gguf_n_kv(g) == 14);
+        CHECK(!strcmp(lk_gguf_kv_key(g, 1), "k.i32") && lk_gguf_kv_type(g, 1) == LK_GGUF_UINT32);
+        int64_t i64;
+        uint64_t u64;
+        double d;
+        bool b;
+        const char *str;
+        size_t len;
+        CHECK(lk_gguf_get_u64(g, "k.u32", &u64) && u64 == 4000000000u);
+        CHECK(lk_gguf_get_i64(g, "k.i32", &i64) && i64 == 9);
+        CHECK(lk_gguf_get_u64(g, "k.u64", &u64) && u64 == 1ull << 63);
+        CHECK(!lk_gguf_get_i64(g, "k.u64", &i64)); /* does not fit */
+        CHECK(lk_gguf_get_f64(g, "k.f32", &d) && (float)d == 1e-6f);
+        CHECK(lk_gguf_get_bool(g, "k.bool", &b) && b);
+        CHECK(lk_gguf_get_str(g, "k.str", &str, &len) && len == 6 && !memcmp(str, "h\xc3\xa9llo", 6));
+        CHECK(lk_gguf_get_str(g, "k.empty", &str, &len) && len == 0);
+        lk_gguf_vtype et;
+        uint64_t n;
+        CHECK(lk_gguf_get_arr(g, "k.strs", &et, &n) && et == LK_GGUF_STRING && n == 3);
+        for (int i = 0; i < 3; i++) {
+            str = lk_gguf_arr_str(g, "k.strs", (uint64_t)i, &len);
+            CHECK(str && len == strlen(strs[i]) && !memcmp(str, strs[i], len));
+        }
+        CHECK(lk_gguf_get_arr(g, "k.f32s", &et, &n) && et == LK_GGUF_FLOAT32 && n == 3);
+        for (int i = 0; i < 3; i++) CHECK((float)lk_gguf_arr_f64(g, "k.f32s", (uint64_t)i) == fv[i]);
+        CHECK(lk_gguf_get_arr(g, "k.i32s", &et, &n) && et == LK_GGUF_INT32 && n == 4);
+        for (int i = 0; i < 4; i++) CHECK(lk_gguf_arr_i64(g, "k.i32s", (uint64_t)i) == iv[i]);
+        CHECK(lk_gguf_get_arr(g, "k.none", &et, &n) && n == 0);
+        CHECK(lk_gguf_get_arr(g, "test.nested", &et, &n) && et == LK_GGUF_ARRAY && n == 2);
+        str = lk_gguf_arr_str(g, "test.strs", 1, &len);
+        CHECK(str && len == 2 && !memcmp(str, "bc", 2));
+        CHECK(lk_gguf_n_tensors(g) == NT);
+        uint64_t o = 0;
+        for (int i = 0; i < NT; i++) {
+            const lk_gguf_tensor *t = lk_gguf_tensor_at(g, i);
+            CHECK(!strcmp(t->name, ts[i].n) && t->type == ts[i].type && t->n_dims == ts[i].nd);
+            for (int dd = 0; dd < ts[i].nd; dd++) CHECK(t->ne[dd] == ts[i].ne[dd]);
+            CHECKF(t->nbytes == sizes[i], "%s %" PRIu64, t->name, t->nbytes);
+            CHECK(t->offset % 64 == 0);
+            CHECK(!memcmp(t->data, pat + o, sizes[i]));
+            o += sizes[i];
+        }
+        /* padded after the last tensor too, as ggml does */
+        const lk_gguf_tensor *last = lk_gguf_tensor_at(g, NT - 1);
+        CHECK(lk_gguf_file_size(g) == lk_gguf_data_offset(g) + last->offset + 64);
+        lk_gguf_close(g);
+    }
+    free(pat);
+    lk_gguf_close(s);
+
+    /* too few bytes: close fails and leaves no file behind */
+    CHECK(lk_gguf_writer_open(out, &w, err, sizeof err) == LK_OK);
+    uint64_t ne[1] = {32};
+    lk_gguf_writer_add_tensor(w, "x", 0, 1, ne);
+    CHECK(lk_gguf_writer_begin_data(w, err, sizeof err) == LK_OK);
+    CHECK(lk_gguf_writer_write(w, pat_zero(), 100, err, sizeof err) == LK_OK);
+    CHECK(lk_gguf_writer_close(w, err, sizeof err) == LK_ERR_ARG);
+    CHECKF(strstr(err, "'x'") && strstr(err, "100 of its 128"), "%s", err);
+    CHECK(access(out, F_OK) != 0);
+    /* unwritable path */
+    CHECK(lk_gguf_writer_open("/nonexistent-dir/x.gguf", &w, err, sizeof err) == LK_ERR_IO);
+}
+
 int main(void) {
     RUN(synth_models_match_llama_cpp);
     RUN(stories_models);
@@ -509,6 +673,8 @@ int main(void) {
     RUN(crafted_truncated_everywhere);
     RUN(crafted_malformed);
     RUN(crafted_duplicates_and_nesting);
+    RUN(writer_reproduces_llama_cpp_files);
+    RUN(writer_round_trip);
     cleanup_tmp();
     return lk_test_end();
 }

@@ -42,6 +42,7 @@ typedef struct {
     char         *key;      /* NUL-terminated copy, (key_len + 1) */
     lk_gguf_vtype type;
     uint64_t      off;      /* file offset of the value (scalars, strings: length prefix) */
+    uint64_t      end;      /* file offset just past the value */
     /* arrays only */
     lk_gguf_vtype elem;
     uint64_t      n;
@@ -270,6 +271,7 @@ static lk_status parse_kvs(lk_gguf *g, cur *c, uint64_t n_kv) {
             if (sz > remaining(c)) return truncated(c, sz, "value");
             c->off += sz;
         }
+        kv->end = c->off;
     }
     c->what[0] = 0;
     /* duplicates: sort once, compare neighbours (n log n, not n^2) */
@@ -636,6 +638,12 @@ const void *lk_gguf_arr_data(const lk_gguf *g, const char *key) {
     const kv_t *kv = find(g, key);
     if (!kv || kv->type != LK_GGUF_ARRAY || !vtype_size(kv->elem)) return NULL;
     return g->map + kv->data;
+}
+
+const void *lk_gguf_kv_raw(const lk_gguf *g, int64_t i, size_t *n) {
+    LK_ASSERT(i >= 0 && i < g->n_kv);
+    *n = (size_t)(g->kv[i].end - g->kv[i].off);
+    return g->map + g->kv[i].off;
 }
 
 /* ---- rendering ------------------------------------------------------------------ */

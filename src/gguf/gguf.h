@@ -81,6 +81,10 @@ const char *lk_gguf_arr_str(const lk_gguf *g, const char *key, uint64_t i, size_
 /* Raw element pointer for numeric arrays (little-endian, maybe unaligned). */
 const void *lk_gguf_arr_data(const lk_gguf *g, const char *key);
 
+/* The encoded value of key/value i as it lies in the file (after its u32 type
+ * field): n bytes. Used by the writer to copy values verbatim. */
+const void *lk_gguf_kv_raw(const lk_gguf *g, int64_t i, size_t *n);
+
 /* Human-readable rendering of one value (arrays abbreviated), for `info`. */
 void lk_gguf_kv_format(const lk_gguf *g, int64_t i, char *buf, size_t buflen);
 
@@ -114,7 +118,8 @@ void lk_gguf_writer_add_tensor(lk_gguf_writer *w, const char *name, uint32_t typ
                                int n_dims, const uint64_t *ne);
 lk_status lk_gguf_writer_begin_data(lk_gguf_writer *w, char *err, size_t errlen);
 lk_status lk_gguf_writer_write(lk_gguf_writer *w, const void *data, size_t n, char *err, size_t errlen);
-/* Checks every declared tensor received exactly its bytes, then closes. */
+/* Checks every declared tensor received exactly its bytes, then closes. On
+ * any failure (here or an earlier write) the partial file is removed. */
 lk_status lk_gguf_writer_close(lk_gguf_writer *w, char *err, size_t errlen);
 void      lk_gguf_writer_abort(lk_gguf_writer *w); /* close and unlink */
 
