@@ -1,0 +1,161 @@
+/* lockstep info — what is in a GGUF file: architecture and shapes, tensor
+ * types and sizes, every metadata key, optionally every tensor. Reads only
+ * the header (the data stays unmapped pages), so it is instant on any size. */
+#include "cli/cli.h"
+#include "gguf/gguf.h"
+#include "quant/quant.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+static void human_bytes(uint64_t n, char *buf, size_t len) {
+    static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)n;
+    int u = 0;
+    while (v >= 1024 && u < 4) { v /= 1024; u++; }
+    if (u == 0) snprintf(buf, len, "%" PRIu64 " B", n);
+    else snprintf(buf, len, "%.2f %s", v, units[u]);
+}
+
+/* "<arch>.<suffix>" as an integer, or -1. */
+static int64_t arch_int(const lk_gguf *g, const char *arch, const char *suffix) {
+    char key[256];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    int64_t v;
+    return lk_gguf_get_i64(g, key, &v) ? v : -1;
+}
+static bool arch_f64(const lk_gguf *g, const char *arch, const char *suffix, double *v) {
+    char key[256];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    return lk_gguf_get_f64(g, key, v);
+}
+
+static void print_shape(const lk_gguf *g) {
+    const char *a = NULL;
+    size_t alen = 0;
+    if (!lk_gguf_get_str(g, "general.architecture", &a, &alen)) {
+        printf("architecture: (none: general.architecture is missing)\n");
+        return;
+    }
+    char arch[128];
+    snprintf(arch, sizeof arch, "%.*s", (int)LK_MIN(alen, sizeof arch - 1), a);
+    const char *name = NULL;
+    size_t nlen = 0;
+    printf("architecture: %s", arch);
+    if (lk_gguf_get_str(g, "general.name", &name, &nlen)) printf("  (name \"%.*s\")", (int)LK_MIN(nlen, 200), name);
+    printf("\n");
+    static const struct { const char *label, *suffix; } ints[] = {
+        {"n_embd", "embedding_length"}, {"n_layer", "block_count"}, {"n_head", "attention.head_count"},
+        {"n_head_kv", "attention.head_count_kv"}, {"head_dim_k", "attention.key_length"},
+        {"head_dim_v", "attention.value_length"}, {"n_ff", "feed_forward_length"},
+        {"n_expert", "expert_count"}, {"n_expert_used", "expert_used_count"},
+        {"n_ctx_train", "context_length"}, {"n_rot", "rope.dimension_count"},
+    };
+    printf("shape:       ");
+    int64_t n_embd = arch_int(g, arch, "embedding_length"), n_head = arch_int(g, arch, "attention.head_count");
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        int64_t v = arch_int(g, arch, ints[i].suffix);
+        if (v >= 0) printf(" %s %" PRId64, ints[i].label, v);
+        else if (!strcmp(ints[i].label, "head_dim_k") && n_embd > 0 && n_head > 0)
+            printf(" head_dim %" PRId64, n_embd / n_head);
+    }
+    uint64_t n_vocab = 0;
+    int64_t vs = arch_int(g, arch, "vocab_size");
+    if (lk_gguf_get_arr(g, "tokenizer.ggml.tokens", NULL, &n_vocab)) printf(" n_vocab %" PRIu64, n_vocab);
+    else if (vs >= 0) printf(" n_vocab %" PRId64, vs);
+    double d;
+    if (arch_f64(g, arch, "rope.freq_base", &d)) printf(" rope_base %g", d);
+    if (arch_f64(g, arch, "attention.layer_norm_rms_epsilon", &d)) printf(" rms_eps %g", d);
+    printf("\n");
+    const char *tm = NULL;
+    size_t tml = 0;
+    if (lk_gguf_get_str(g, "tokenizer.ggml.model", &tm, &tml)) {
+        const char *pre = NULL;
+        size_t pl = 0;
+        printf("tokenizer:    %.*s", (int)LK_MIN(tml, 64), tm);
+        if (lk_gguf_get_str(g, "tokenizer.ggml.pre", &pre, &pl)) printf(" (pre %.*s)", (int)LK_MIN(pl, 64), pre);
+        printf(", %" PRIu64 " tokens\n", n_vocab);
+    }
+}
+
+int lk_cmd_info(int argc, char **argv) {
+    const char *model = NULL;
+    bool tensors = false;
+    const lk_opt opts[] = {
+        {"--model", "-m", LK_OPT_STR, &model, "FILE", "GGUF file to describe (or give it as the argument)"},
+        {"--tensors", NULL, LK_OPT_FLAG, &tensors, NULL, "also list every tensor: name, type, shape, bytes"},
+        {0},
+    };
+    const char *pos[1];
+    int np = lk_args_parse("info", "[-m] FILE [--tensors]", opts, argc, argv, pos, 1);
+    if (np == LK_ARGS_HELP) return 0;
+    if (np < 0) return 2;
+    if (np == 1) {
+        if (model) {
+            fprintf(stderr, "lockstep info: give the file once (-m FILE or FILE)\n");
+            return 2;
+        }
+        model = pos[0];
+    }
+    if (!model) {
+        fprintf(stderr, "lockstep info: no file given (usage: lockstep info -m FILE)\n");
+        return 2;
+    }
+    char err[LK_ERRLEN];
+    lk_gguf *g = NULL;
+    if (lk_gguf_open(model, &g, err, sizeof err) != LK_OK) {
+        fprintf(stderr, "lockstep info: %s\n", err);
+        return 1;
+    }
+    char hb[32];
+    human_bytes(lk_gguf_file_size(g), hb, sizeof hb);
+    printf("file:         %s (%s, GGUF v%" PRIu32 ", alignment %" PRIu32 ", data at byte %" PRIu64 ")\n", model, hb,
+           lk_gguf_version(g), lk_gguf_alignment(g), lk_gguf_data_offset(g));
+    print_shape(g);
+
+    /* tensors by type */
+    enum { NT = 64 };
+    int64_t count[NT] = {0};
+    uint64_t bytes[NT] = {0}, total = 0, params = 0;
+    int64_t nt = lk_gguf_n_tensors(g);
+    for (int64_t i = 0; i < nt; i++) {
+        const lk_gguf_tensor *t = lk_gguf_tensor_at(g, i);
+        uint32_t ty = t->type < NT ? t->type : NT - 1; /* types are validated known, < LK_TYPE_COUNT */
+        count[ty]++;
+        bytes[ty] += t->nbytes;
+        total += t->nbytes;
+        params += t->n_elements;
+    }
+    human_bytes(total, hb, sizeof hb);
+    printf("tensors:      %" PRId64 ", %s, %.3g M parameters (%.2f bits per weight)\n", nt, hb, (double)params / 1e6,
+           params ? 8.0 * (double)total / (double)params : 0.0);
+    for (int ty = 0; ty < NT; ty++) {
+        if (!count[ty]) continue;
+        human_bytes(bytes[ty], hb, sizeof hb);
+        printf("  %-8s %5" PRId64 " tensors  %s\n", lk_type_name((uint32_t)ty), count[ty], hb);
+    }
+
+    int64_t nkv = lk_gguf_n_kv(g);
+    printf("metadata:     %" PRId64 " keys\n", nkv);
+    for (int64_t i = 0; i < nkv; i++) {
+        char val[400];
+        lk_gguf_kv_format(g, i, val, sizeof val);
+        printf("  %-42s %-6s %s\n", lk_gguf_kv_key(g, i), lk_gguf_vtype_name(lk_gguf_kv_type(g, i)), val);
+    }
+    if (tensors) {
+        printf("tensor list:\n");
+        for (int64_t i = 0; i < nt; i++) {
+            const lk_gguf_tensor *t = lk_gguf_tensor_at(g, i);
+            char shape[128];
+            int n = snprintf(shape, sizeof shape, "[");
+            for (int d = 0; d < t->n_dims; d++)
+                n += snprintf(shape + n, sizeof shape - (size_t)n, "%s%" PRIu64, d ? ", " : "", t->ne[d]);
+            snprintf(shape + n, sizeof shape - (size_t)n, "]");
+            printf("  %-40s %-6s %-22s %12" PRIu64 " bytes  @ %" PRIu64 "\n", t->name, lk_type_name(t->type), shape,
+                   t->nbytes, lk_gguf_data_offset(g) + t->offset);
+        }
+    }
+    lk_gguf_close(g);
+    return 0;
+}
