@@ -294,6 +294,34 @@ TEST(matmul_vs_double_scalar) {
     }
 }
 
+/* Every SIMD level the CPU has, every type, shapes that exercise the
+ * kernels' edges: rows not a multiple of the 4-row tiles, blocks not a
+ * multiple of the 4-block groups (scalar tails), token counts 1..7 and past
+ * the 64-token prefill chunk, odd strides and unaligned pointers. */
+TEST(matmul_vs_double_all_levels) {
+    const char *levels[] = {"scalar", "avx2", "avx512"};
+    int tested = 0;
+    for (int l = 0; l < 3; l++) {
+        if (!lk_quant_set_simd(levels[l])) { printf("  (no %s on this CPU)\n", levels[l]); continue; }
+        tested++;
+        for (size_t i = 0; i < sizeof k_wtypes / sizeof k_wtypes[0]; i++) {
+            lk_type t = k_wtypes[i];
+            int64_t bs = lk_type_block_size(t) == 1 ? 1 : lk_type_block_size(t);
+            int64_t kq = bs == 256 ? 256 : 32; /* smallest row of whole blocks */
+            int64_t ns[] = {kq, kq * 7, bs == 1 ? 1024 + 7 : kq * 16, bs == 1 ? 13 : kq * 9};
+            for (int k = 0; k < 4; k++)
+                for (int64_t ntok = 1; ntok <= 7; ntok += (ntok < 4 ? 1 : 3)) {
+                    int64_t nrows = 1 + (k * 3 + ntok) % 9;
+                    CHECKF(check_matmul(t, ns[k], nrows, ntok, (int)(ntok & 3)) == 0, "%s %s n=%lld",
+                           levels[l], lk_type_name(t), (long long)ns[k]);
+                }
+            CHECKF(check_matmul(t, kq * 2, 6, 67, 1) == 0, "%s %s ntok 67", levels[l], lk_type_name(t));
+        }
+    }
+    CHECK(tested >= 1);
+    lk_quant_set_simd("scalar");
+}
+
 /* ===================================================================== */
 /* Real files: llama-quantize's output vs the F32 master                  */
 
@@ -427,6 +455,7 @@ int main(void) {
     RUN(quantize_known_vectors);
     RUN(quantize_roundtrip_bounds);
     RUN(matmul_vs_double_scalar);
+    RUN(matmul_vs_double_all_levels);
     RUN(requantize_matches_llama_quantize);
     RUN(dequantize_real_files_vs_master);
     return lk_test_end();

@@ -417,6 +417,20 @@ static float dot_q6_k(int64_t n, const uint8_t *w, const uint8_t *a) {
 
 typedef float (*lk_dot_fn)(int64_t n, const uint8_t *w, const uint8_t *a);
 
+float lk_quant_dot_scalar(lk_type t, int64_t n, const void *w, const void *a) {
+    switch (t) {
+    case LK_TYPE_F32: return dot_f32(n, w, a);
+    case LK_TYPE_F16: return dot_f16(n, w, a);
+    case LK_TYPE_BF16: return dot_bf16(n, w, a);
+    case LK_TYPE_Q4_0: return dot_q4_0(n, w, a);
+    case LK_TYPE_Q8_0: return dot_q8_0(n, w, a);
+    case LK_TYPE_Q4_K: return dot_q4_k(n, w, a);
+    case LK_TYPE_Q5_K: return dot_q5_k(n, w, a);
+    case LK_TYPE_Q6_K: return dot_q6_k(n, w, a);
+    default: LK_ASSERT(!"lk_quant_dot_scalar: unsupported type"); return 0;
+    }
+}
+
 static void mm_generic(lk_dot_fn dot, int64_t n, int64_t nrows, const void *w, size_t w_stride,
                        int64_t ntok, const void *a, size_t a_stride, float *y, size_t y_stride) {
     for (int64_t t = 0; t < ntok; t++) {
@@ -479,7 +493,8 @@ static bool level_available(int lvl) {
                __builtin_cpu_supports("f16c");
     return level_available(1) && __builtin_cpu_supports("avx512f") &&
            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512dq");
+           __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vbmi");
 }
 
 static int level_from_name(const char *s) {

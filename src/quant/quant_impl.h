@@ -63,6 +63,11 @@ typedef struct {
     lk_qrow_fn  quant[LK_TYPE_COUNT]; /* by target type; NULL = not provided */
 } lk_quant_ops;
 
+/* The scalar dot product of one weight row with one activation row (n
+ * elements): SIMD kernels use it for the blocks left over after their
+ * unrolled groups. */
+float lk_quant_dot_scalar(lk_type t, int64_t n, const void *w, const void *a);
+
 /* Each SIMD file fills the entries it accelerates over a copy of the scalar
  * table, so a level with a missing kernel falls back to the scalar one. */
 void lk_quant_fill_scalar(lk_quant_ops *ops);
