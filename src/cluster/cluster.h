@@ -1,0 +1,167 @@
+/* cluster — how a head and its workers talk: the wire protocol (frames),
+ * the authenticated handshake, model identity, the cluster key; later the
+ * worker daemon and the head side of `run --workers/--local`.
+ *
+ * Frames: a fixed 24-byte little-endian header
+ *     magic u32 "LKW1" | version u16 | type u16 | flags u32 | length u32 | seq u64
+ * then `length` payload bytes. The header layout is frozen across protocol
+ * versions (only the payload meaning changes), so a peer of another version
+ * can always read our ERROR frame saying why we refuse it. Every field is
+ * checked on receipt, and the length against the type's maximum and the
+ * caller's buffer *before* a byte of payload is read: nothing from the peer
+ * sizes an allocation. Sequence numbers count frames per direction from 0;
+ * a gap or repeat is a protocol error.
+ *
+ * Handshake (before any other message, on every connection; both roles run
+ * the same code with initiator = who connected):
+ *   1. HELLO both ways: a fresh 32-byte random challenge each.
+ *   2. AUTH: the initiator proves it holds the cluster key first,
+ *      HMAC-SHA256(key, "lockstep-auth-v1 initiator" | Ci | Cr); the
+ *      responder checks it (constant time) and only then proves itself with
+ *      the "responder" label. Labels stop reflection (echoing our own proof
+ *      back), fresh challenges stop replay. A wrong proof is answered with an
+ *      ERROR frame and the connection is closed.
+ *   3. INFO both ways: protocol version, build id, CPU features, model
+ *      identity (optional: a worker may not have loaded a model yet).
+ *   4. VERDICT both ways: each side compares and says "ok" or why not, so a
+ *      refusal is printed on both sides with both values, e.g.
+ *      "model mismatch: head has 3f2a91c0..., worker has 9bc1d2e4...".
+ *
+ * Threading: a channel is used by one thread at a time. */
+#ifndef LK_CLUSTER_H
+#define LK_CLUSTER_H
+
+#include "common/lk_common.h"
+#include "gguf/gguf.h"
+#include "transport/transport.h"
+
+/* ---- frames ---------------------------------------------------------------- */
+
+#define LK_WIRE_MAGIC   0x31574b4cu /* "LKW1" little-endian */
+#define LK_WIRE_VERSION 1
+#define LK_WIRE_HDR     24
+#define LK_WIRE_MAX     (64u << 20) /* largest payload of any frame */
+
+/* Message types. Numbers are part of the protocol: never renumber, only add
+ * (pinned by static_assert in wire.c). */
+typedef enum {
+    LK_MSG_HELLO   = 1,  /* challenge[32] */
+    LK_MSG_AUTH    = 2,  /* hmac[32] */
+    LK_MSG_INFO    = 3,  /* versions, build, cpu, model id */
+    LK_MSG_VERDICT = 4,  /* u8 ok, reason string */
+    LK_MSG_ERROR   = 5,  /* reason string; readable across versions */
+    /* control, after the handshake (head <-> worker) */
+    LK_MSG_PING    = 16, /* u64 nonce: heartbeat */
+    LK_MSG_PONG    = 17, /* u64 nonce */
+    LK_MSG_LOAD    = 18, /* model path + identity + slice + mesh layout */
+    LK_MSG_LOADED  = 19, /* u8 ok, reason */
+    LK_MSG_STEP    = 20, /* tokens, n, pos0, n_out */
+    LK_MSG_RESULT  = 21, /* per-step answer (argmax / top-k) */
+    LK_MSG_BYE     = 22, /* orderly end of a session */
+} lk_msg_type;
+
+typedef struct {
+    uint32_t magic;
+    uint16_t version, type;
+    uint32_t flags, len;
+    uint64_t seq;
+} lk_frame_hdr;
+
+/* The largest payload each type may carry (0: unknown type). */
+uint32_t lk_wire_max_payload(uint16_t type);
+const char *lk_msg_name(uint16_t type);
+
+void lk_wire_encode_hdr(const lk_frame_hdr *h, uint8_t out[LK_WIRE_HDR]);
+/* Decodes and validates magic, version (== expect_version, except ERROR
+ * frames, which are read at any version), type, flags (none defined: must be
+ * 0) and length (<= the type's maximum). */
+lk_status lk_wire_decode_hdr(const uint8_t in[LK_WIRE_HDR], uint16_t expect_version, lk_frame_hdr *h,
+                             char *err, size_t errlen);
+
+/* A framed channel over a link: version and per-direction sequence numbers. */
+typedef struct {
+    lk_link *link;
+    uint16_t version;         /* sent in headers, expected in received ones */
+    uint64_t seq_out, seq_in; /* next to send / expect */
+} lk_chan;
+
+void lk_chan_init(lk_chan *c, lk_link *link);
+lk_status lk_chan_send(lk_chan *c, uint16_t type, const void *payload, uint32_t len, uint64_t deadline_ns,
+                       char *err, size_t errlen);
+/* Receives one frame, its payload into buf (cap bytes). A frame longer than
+ * cap, of a wrong sequence number, or malformed: LK_ERR_FORMAT (the channel
+ * is then unusable: close it). An ERROR frame from the peer: LK_ERR_PEER,
+ * with the peer's reason (sanitised to printable ASCII) in err. */
+lk_status lk_chan_recv(lk_chan *c, lk_frame_hdr *h, void *buf, uint32_t cap, uint64_t deadline_ns,
+                       char *err, size_t errlen);
+/* Best effort: tells the peer why we give up (short deadline, errors ignored). */
+void lk_chan_send_error(lk_chan *c, const char *reason);
+
+/* Payload building and parsing, bounds-checked: a reader that runs past the
+ * end sets ok = false and yields zeros, so parsers check once at the end. */
+typedef struct { uint8_t *p; uint32_t cap, len; bool ok; } lk_wbuf;
+typedef struct { const uint8_t *p; uint32_t len, pos; bool ok; } lk_rbuf;
+void lk_wb_u8(lk_wbuf *b, uint8_t v);
+void lk_wb_u32(lk_wbuf *b, uint32_t v);
+void lk_wb_u64(lk_wbuf *b, uint64_t v);
+void lk_wb_bytes(lk_wbuf *b, const void *p, uint32_t n);
+void lk_wb_str(lk_wbuf *b, const char *s); /* u16 length + bytes */
+uint8_t  lk_rb_u8(lk_rbuf *b);
+uint32_t lk_rb_u32(lk_rbuf *b);
+uint64_t lk_rb_u64(lk_rbuf *b);
+void     lk_rb_bytes(lk_rbuf *b, void *out, uint32_t n);
+/* Copies a string into out (NUL-terminated); longer than outlen-1, or
+ * containing bytes outside printable ASCII: ok = false. */
+void     lk_rb_str(lk_rbuf *b, char *out, size_t outlen);
+
+/* ---- key, identity ----------------------------------------------------------- */
+
+#define LK_KEY_BYTES 32
+/* Reads a key file: 64 hex digits (surrounding whitespace allowed). A
+ * missing, short, long or non-hex file is an error naming the file. */
+lk_status lk_key_load(const char *path, uint8_t key[LK_KEY_BYTES], char *err, size_t errlen);
+/* 64 hex digits of fresh randomness + NUL. */
+void lk_key_generate(char hex[2 * LK_KEY_BYTES + 1]);
+
+#define LK_MODEL_ID_BYTES 32
+/* BLAKE2b-256 over the file's header, metadata and tensor index (every byte
+ * before the data section), its size, and a sample of every tensor's data
+ * (the first and last 4 KiB): two files agree if they are the same model,
+ * without reading gigabytes. */
+void lk_model_identity(const lk_gguf *g, uint8_t id[LK_MODEL_ID_BYTES]);
+/* "3f2a91c0d4e5b6a7" (first 8 bytes) into buf. */
+const char *lk_model_id_short(const uint8_t id[LK_MODEL_ID_BYTES], char *buf, size_t len);
+
+/* ---- handshake ----------------------------------------------------------------- */
+
+typedef struct {
+    const uint8_t *key;        /* LK_KEY_BYTES */
+    const char *role;          /* "head", "worker", "rank 2": names sides in messages */
+    uint16_t    version;       /* LK_WIRE_VERSION (tests may lie) */
+    const char *build_id;      /* lk_build_id() */
+    const char *cpu;           /* lk_cpu_features() */
+    bool        has_model;
+    uint8_t     model_id[LK_MODEL_ID_BYTES];
+    int64_t     timeout_ms;    /* whole handshake (0: 5000) */
+} lk_hs_params;
+
+typedef struct {
+    char     role[32], build_id[64], cpu[160];
+    uint32_t version;
+    bool     has_model;
+    uint8_t  model_id[LK_MODEL_ID_BYTES];
+} lk_hs_peer;
+
+void lk_hs_defaults(lk_hs_params *p, const uint8_t *key, const char *role);
+/* Runs the whole handshake over a fresh link. On success the channel c is
+ * ready for control messages (its sequence numbers continue). Failures:
+ * LK_ERR_AUTH (key), LK_ERR_MISMATCH (version/build/cpu/model, message with
+ * both values), LK_ERR_PEER (peer refused us: its reason), LK_ERR_FORMAT
+ * (garbage), LK_ERR_TIMEOUT / LK_ERR_NET. */
+lk_status lk_handshake(lk_chan *c, bool initiator, const lk_hs_params *p, lk_hs_peer *peer,
+                       char *err, size_t errlen);
+
+const char *lk_build_id(void);
+const char *lk_cpu_features(void);
+
+#endif

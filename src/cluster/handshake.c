@@ -1,0 +1,256 @@
+/* The handshake (see cluster.h for the message sequence), the cluster key,
+ * and the facts the two sides compare: build id and CPU features. */
+#include "cluster/cluster.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <string.h>
+
+#ifndef LK_BUILD_ID
+/* The Makefile may pass the source revision; without it, the protocol
+ * version stands in (builds of one protocol then count as compatible). */
+#define LK_BUILD_ID "lockstep-proto1"
+#endif
+
+const char *lk_build_id(void) { return LK_BUILD_ID; }
+
+/* The features that change which kernels run, and so the exact bits of a
+ * result: two ranks computing with different SIMD paths would make
+ * "bitwise identical on every rank" false. */
+const char *lk_cpu_features(void) {
+    static char buf[160];
+    static _Atomic int done;
+    if (done) return buf;
+    char tmp[160] = "";
+#if defined(__x86_64__)
+    strcat(tmp, "x86_64");
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2")) strcat(tmp, " avx2");
+    if (__builtin_cpu_supports("fma")) strcat(tmp, " fma");
+    if (__builtin_cpu_supports("f16c")) strcat(tmp, " f16c");
+    if (__builtin_cpu_supports("avx512f")) strcat(tmp, " avx512f");
+    if (__builtin_cpu_supports("avx512bw")) strcat(tmp, " avx512bw");
+    if (__builtin_cpu_supports("avx512vnni")) strcat(tmp, " avx512vnni");
+#if __GNUC__ >= 12
+    if (__builtin_cpu_supports("avx512bf16")) strcat(tmp, " avx512bf16");
+#endif
+#elif defined(__aarch64__)
+    strcat(tmp, "aarch64");
+#else
+    strcat(tmp, "other");
+#endif
+    memcpy(buf, tmp, sizeof buf); /* same bytes from any racing thread */
+    done = 1;
+    return buf;
+}
+
+/* ---- key ------------------------------------------------------------------------ */
+
+static int hexval(int c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+lk_status lk_key_load(const char *path, uint8_t key[LK_KEY_BYTES], char *err, size_t errlen) {
+    if (!path || !*path) return lk_fail(err, errlen, LK_ERR_ARG, "no --key-file given (make one with 'lockstep keygen > cluster.key')");
+    FILE *f = fopen(path, "r");
+    if (!f) return lk_fail(err, errlen, LK_ERR_IO, "key file %s: %s", path, strerror(errno));
+    char buf[256];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    bool rerr = ferror(f);
+    fclose(f);
+    if (rerr) return lk_fail(err, errlen, LK_ERR_IO, "key file %s: read error", path);
+    buf[n] = 0;
+    char *s = buf;
+    while (*s && isspace((unsigned char)*s)) s++;
+    size_t len = 0;
+    while (s[len] && !isspace((unsigned char)s[len])) len++;
+    for (size_t i = len; s[i]; i++)
+        if (!isspace((unsigned char)s[i]))
+            return lk_fail(err, errlen, LK_ERR_FORMAT, "key file %s: unexpected text after the key", path);
+    if (len != 2 * LK_KEY_BYTES)
+        return lk_fail(err, errlen, LK_ERR_FORMAT, "key file %s: expected %d hex digits, found %zu characters%s", path,
+                       2 * LK_KEY_BYTES, len, n == sizeof buf - 1 ? " or more" : "");
+    for (int i = 0; i < LK_KEY_BYTES; i++) {
+        int hi = hexval(s[2 * i]), lo = hexval(s[2 * i + 1]);
+        if (hi < 0 || lo < 0) {
+            sodium_memzero(buf, sizeof buf);
+            return lk_fail(err, errlen, LK_ERR_FORMAT, "key file %s: character %d is not a hex digit", path,
+                           2 * i + (hi < 0 ? 1 : 2));
+        }
+        key[i] = (uint8_t)(hi << 4 | lo);
+    }
+    sodium_memzero(buf, sizeof buf);
+    return LK_OK;
+}
+
+static void sodium_ready(void) {
+    /* Idempotent and thread-safe per libsodium; -1 only if no entropy source. */
+    if (sodium_init() < 0) LK_ASSERT(!"libsodium could not initialise (no entropy source?)");
+}
+
+void lk_key_generate(char hex[2 * LK_KEY_BYTES + 1]) {
+    sodium_ready();
+    uint8_t k[LK_KEY_BYTES];
+    randombytes_buf(k, sizeof k);
+    sodium_bin2hex(hex, 2 * LK_KEY_BYTES + 1, k, sizeof k);
+    sodium_memzero(k, sizeof k);
+}
+
+/* ---- handshake ---------------------------------------------------------------------- */
+
+void lk_hs_defaults(lk_hs_params *p, const uint8_t *key, const char *role) {
+    memset(p, 0, sizeof *p);
+    p->key = key;
+    p->role = role;
+    p->version = LK_WIRE_VERSION;
+    p->build_id = lk_build_id();
+    p->cpu = lk_cpu_features();
+    p->timeout_ms = 5000;
+}
+
+#define CHALLENGE 32
+
+static void proof(const uint8_t *key, bool initiator, const uint8_t ci[CHALLENGE], const uint8_t cr[CHALLENGE],
+                  uint8_t out[crypto_auth_hmacsha256_BYTES]) {
+    crypto_auth_hmacsha256_state st;
+    const char *label = initiator ? "lockstep-auth-v1 initiator" : "lockstep-auth-v1 responder";
+    crypto_auth_hmacsha256_init(&st, key, LK_KEY_BYTES);
+    crypto_auth_hmacsha256_update(&st, (const uint8_t *)label, strlen(label) + 1);
+    crypto_auth_hmacsha256_update(&st, ci, CHALLENGE);
+    crypto_auth_hmacsha256_update(&st, cr, CHALLENGE);
+    crypto_auth_hmacsha256_final(&st, out);
+}
+
+/* Receives exactly one frame of `type` with a payload of [min, cap] bytes. */
+static lk_status recv_type(lk_chan *c, uint16_t type, void *buf, uint32_t min, uint32_t cap, uint32_t *len,
+                           uint64_t dl, const char *peer, char *err, size_t errlen) {
+    lk_frame_hdr h;
+    char why[LK_ERRLEN];
+    lk_status st = lk_chan_recv(c, &h, buf, cap, dl, why, sizeof why);
+    if (st == LK_ERR_PEER) return lk_fail(err, errlen, st, "%s refused: %s", peer, why);
+    if (st) {
+        /* Say why to the peer too (it may be an honest but different build). */
+        if (st == LK_ERR_FORMAT || st == LK_ERR_MISMATCH) lk_chan_send_error(c, why);
+        return lk_fail(err, errlen, st, "%s: %s", peer, why);
+    }
+    if (h.type != type || h.len < min) {
+        lk_fail(why, sizeof why, LK_ERR_FORMAT, "expected a %s frame, got %s of %u bytes", lk_msg_name(type),
+                lk_msg_name(h.type), h.len);
+        lk_chan_send_error(c, why);
+        return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: %s", peer, why);
+    }
+    if (len) *len = h.len;
+    return LK_OK;
+}
+
+static void hexid(const uint8_t *id, bool has, char *buf, size_t len) {
+    if (!has) snprintf(buf, len, "no model");
+    else lk_model_id_short(id, buf, len);
+}
+
+lk_status lk_handshake(lk_chan *c, bool initiator, const lk_hs_params *p, lk_hs_peer *peer,
+                       char *err, size_t errlen) {
+    sodium_ready();
+    LK_ASSERT(p->key && p->role);
+    uint64_t dl = lk_deadline_ms(p->timeout_ms > 0 ? p->timeout_ms : 5000);
+    c->version = p->version;
+    memset(peer, 0, sizeof *peer);
+    char pname[128];
+    lk_link_name(c->link, pname, sizeof pname);
+    lk_status st;
+
+    /* 1. challenges */
+    uint8_t mine[CHALLENGE], theirs[CHALLENGE];
+    randombytes_buf(mine, sizeof mine);
+    if ((st = lk_chan_send(c, LK_MSG_HELLO, mine, CHALLENGE, dl, err, errlen))) return st;
+    if ((st = recv_type(c, LK_MSG_HELLO, theirs, CHALLENGE, CHALLENGE, NULL, dl, pname, err, errlen))) return st;
+    const uint8_t *ci = initiator ? mine : theirs, *cr = initiator ? theirs : mine;
+    if (sodium_memcmp(mine, theirs, CHALLENGE) == 0)
+        return lk_fail(err, errlen, LK_ERR_AUTH, "%s echoed our challenge (reflection?)", pname);
+
+    /* 2. proofs: initiator first, the responder only after checking it */
+    uint8_t my_proof[32], want[32], got[32];
+    proof(p->key, initiator, ci, cr, my_proof);
+    proof(p->key, !initiator, ci, cr, want);
+    if (initiator && (st = lk_chan_send(c, LK_MSG_AUTH, my_proof, 32, dl, err, errlen))) return st;
+    if ((st = recv_type(c, LK_MSG_AUTH, got, 32, 32, NULL, dl, pname, err, errlen))) {
+        if (st == LK_ERR_PEER && initiator) {
+            char why[LK_ERRLEN];
+            snprintf(why, sizeof why, "%s", err ? err : "");
+            return lk_fail(err, errlen, LK_ERR_AUTH, "%s (do both sides use the same --key-file?)", why);
+        }
+        return st;
+    }
+    if (crypto_verify_32(got, want) != 0) {
+        lk_chan_send_error(c, "authentication failed: you do not hold this cluster's key");
+        return lk_fail(err, errlen, LK_ERR_AUTH, "%s failed authentication: it does not hold our cluster key", pname);
+    }
+    if (!initiator && (st = lk_chan_send(c, LK_MSG_AUTH, my_proof, 32, dl, err, errlen))) return st;
+
+    /* 3. facts */
+    uint8_t ib[1024];
+    lk_wbuf w = {ib, sizeof ib, 0, true};
+    lk_wb_u32(&w, p->version);
+    lk_wb_str(&w, p->role);
+    lk_wb_str(&w, p->build_id);
+    lk_wb_str(&w, p->cpu);
+    lk_wb_u8(&w, p->has_model);
+    lk_wb_bytes(&w, p->model_id, LK_MODEL_ID_BYTES);
+    LK_ASSERT(w.ok);
+    if ((st = lk_chan_send(c, LK_MSG_INFO, ib, w.len, dl, err, errlen))) return st;
+    uint8_t pb[1024];
+    uint32_t plen;
+    if ((st = recv_type(c, LK_MSG_INFO, pb, 0, sizeof pb, &plen, dl, pname, err, errlen))) return st;
+    lk_rbuf r = {pb, plen, 0, true};
+    peer->version = lk_rb_u32(&r);
+    lk_rb_str(&r, peer->role, sizeof peer->role);
+    lk_rb_str(&r, peer->build_id, sizeof peer->build_id);
+    lk_rb_str(&r, peer->cpu, sizeof peer->cpu);
+    peer->has_model = lk_rb_u8(&r) != 0;
+    lk_rb_bytes(&r, peer->model_id, LK_MODEL_ID_BYTES);
+    if (!r.ok || r.pos != r.len) {
+        lk_chan_send_error(c, "malformed INFO frame");
+        return lk_fail(err, errlen, LK_ERR_FORMAT, "%s sent a malformed INFO frame", pname);
+    }
+
+    /* 4. verdicts: both sides compare the same two sets of facts, so each
+     * prints the same reason; naming sides by role keeps it unambiguous. */
+    char reason[600] = "";
+    const char *me = p->role, *them = peer->role;
+    if (peer->version != p->version)
+        snprintf(reason, sizeof reason, "protocol version mismatch: %s speaks %u, %s speaks %u", me, p->version, them,
+                 peer->version);
+    else if (strcmp(peer->build_id, p->build_id))
+        snprintf(reason, sizeof reason, "build mismatch: %s is %s, %s is %s", me, p->build_id, them, peer->build_id);
+    else if (strcmp(peer->cpu, p->cpu))
+        snprintf(reason, sizeof reason, "CPU feature mismatch: %s has [%s], %s has [%s]", me, p->cpu, them, peer->cpu);
+    else if (p->has_model && peer->has_model && sodium_memcmp(p->model_id, peer->model_id, LK_MODEL_ID_BYTES)) {
+        char a[40], b[40];
+        hexid(p->model_id, p->has_model, a, sizeof a);
+        hexid(peer->model_id, peer->has_model, b, sizeof b);
+        snprintf(reason, sizeof reason, "model mismatch: %s has %s, %s has %s", me, a, them, b);
+    }
+    uint8_t vb[700];
+    w = (lk_wbuf){vb, sizeof vb, 0, true};
+    lk_wb_u8(&w, reason[0] == 0);
+    lk_wb_str(&w, reason);
+    LK_ASSERT(w.ok);
+    if ((st = lk_chan_send(c, LK_MSG_VERDICT, vb, w.len, dl, err, errlen))) return st;
+    uint8_t tb[1024];
+    uint32_t tlen;
+    st = recv_type(c, LK_MSG_VERDICT, tb, 1, sizeof tb, &tlen, dl, pname, err, errlen);
+    if (reason[0]) return lk_fail(err, errlen, LK_ERR_MISMATCH, "%s: %s", pname, reason);
+    if (st) return st;
+    r = (lk_rbuf){tb, tlen, 0, true};
+    uint8_t ok = lk_rb_u8(&r);
+    char theirs_reason[600];
+    lk_rb_str(&r, theirs_reason, sizeof theirs_reason);
+    if (!r.ok) return lk_fail(err, errlen, LK_ERR_FORMAT, "%s sent a malformed VERDICT frame", pname);
+    if (!ok) return lk_fail(err, errlen, LK_ERR_MISMATCH, "%s refused: %s", pname, theirs_reason);
+    return LK_OK;
+}

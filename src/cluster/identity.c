@@ -1,0 +1,43 @@
+/* Model identity: which model a file holds, cheaply. Hashing every byte of a
+ * 40 GB file at every start is not an option; hashing only the header would
+ * call a re-quantised or fine-tuned file with the same shapes "the same".
+ * So: every byte before the tensor data (header, all metadata, the tensor
+ * index with names, types, shapes and offsets), the file size, and the first
+ * and last 4 KiB of every tensor's data. */
+#include "cluster/cluster.h"
+
+#include <sodium.h>
+#include <stdio.h>
+
+#define SAMPLE 4096
+
+void lk_model_identity(const lk_gguf *g, uint8_t id[LK_MODEL_ID_BYTES]) {
+    if (sodium_init() < 0) LK_ASSERT(!"libsodium could not initialise");
+    crypto_generichash_state st;
+    crypto_generichash_init(&st, NULL, 0, LK_MODEL_ID_BYTES);
+    const uint8_t *file = lk_gguf_file_bytes(g);
+    uint64_t size = lk_gguf_file_size(g), data = lk_gguf_data_offset(g);
+    LK_ASSERT(data <= size);
+    uint8_t sz[8];
+    for (int i = 0; i < 8; i++) sz[i] = (uint8_t)(size >> (8 * i));
+    crypto_generichash_update(&st, sz, sizeof sz);
+    crypto_generichash_update(&st, file, data);
+    for (int64_t t = 0; t < lk_gguf_n_tensors(g); t++) {
+        const lk_gguf_tensor *x = lk_gguf_tensor_at(g, t);
+        const uint8_t *p = x->data;
+        if (x->nbytes <= 2 * SAMPLE) {
+            crypto_generichash_update(&st, p, x->nbytes);
+        } else {
+            crypto_generichash_update(&st, p, SAMPLE);
+            crypto_generichash_update(&st, p + x->nbytes - SAMPLE, SAMPLE);
+        }
+    }
+    crypto_generichash_final(&st, id, LK_MODEL_ID_BYTES);
+}
+
+const char *lk_model_id_short(const uint8_t id[LK_MODEL_ID_BYTES], char *buf, size_t len) {
+    char hex[17];
+    for (int i = 0; i < 8; i++) snprintf(hex + 2 * i, 3, "%02x", id[i]);
+    snprintf(buf, len, "%s", hex);
+    return buf;
+}
