@@ -6,7 +6,13 @@
  * vocabularies, special tokens, streaming-safe decoding, chat templates.
  * Callers: cli (run, tokenize, chat), serve. An lk_tokenizer copies what it
  * needs out of the GGUF at load, so it outlives the lk_gguf. Read-only after
- * load: any number of threads may encode/decode at once. */
+ * load: any number of threads may encode/decode at once.
+ *
+ * Vocabularies: "llama" (SentencePiece: merges by score, byte fallback, "▁"
+ * for spaces plus a prefix space), "gpt2" (byte-level BPE with the
+ * pre-tokeniser named by tokenizer.ggml.pre: default, gpt-2, mpt, llama-bpe,
+ * qwen2, deepseek-llm, deepseek-coder, falcon, starcoder, refact, ...),
+ * "bert" (WordPiece). Output matches llama.cpp token for token. */
 #ifndef LK_TOKENIZER_H
 #define LK_TOKENIZER_H
 
@@ -33,26 +39,45 @@ lk_status lk_tokenizer_encode(const lk_tokenizer *t, const char *text, size_t le
                               int32_t **ids, int32_t *n_ids, char *err, size_t errlen);
 
 /* The bytes a token stands for when detokenising (SentencePiece "▁" -> " ",
- * byte tokens -> the byte, BPE byte symbols -> bytes). Control tokens give ""
- * unless `special`. Returns the length written (<= cap), or -needed if cap
- * is too small. */
+ * byte tokens -> the byte, BPE byte symbols -> bytes). Control and unknown
+ * tokens give "" unless `special`. Returns the length written (<= cap), or
+ * -needed if cap is too small (nothing written). No allocation. */
 int32_t lk_tokenizer_piece(const lk_tokenizer *t, int32_t id, bool special, char *buf, int32_t cap);
+/* The longest piece of any token, for sizing buffers. */
+int32_t lk_tokenizer_max_piece(const lk_tokenizer *t);
+
+/* Whole-sequence decoding: the pieces of ids[0..n) concatenated, with the
+ * leading space of the first piece dropped when the vocabulary adds a prefix
+ * space (SentencePiece), so decode(encode(text, add_special=false)) == text.
+ * No clean-up of spaces before punctuation (unlike llama.cpp's
+ * clean_spaces), so this equals what lk_detok streams. Returns the length, or
+ * -needed if cap is too small. */
+int32_t lk_tokenizer_decode(const lk_tokenizer *t, const int32_t *ids, int32_t n, bool special,
+                            char *buf, int32_t cap);
 
 /* The vocabulary entry text as stored (for `info`, `tokenize`). */
 const char *lk_tokenizer_token_text(const lk_tokenizer *t, int32_t id, size_t *len);
 
 /* Streaming decoder: feeds tokens one at a time and emits only whole UTF-8
- * characters; handles SentencePiece's leading-space removal after BOS. */
+ * characters (a character split across tokens waits in `pending`; bytes that
+ * cannot become valid UTF-8 are emitted as U+FFFD). Control tokens print
+ * nothing. If the stream starts with BOS, the first text piece after it loses
+ * the SentencePiece prefix space, so pushing a whole prompt [BOS, "▁Once", ...]
+ * prints "Once ..."; a stream that starts mid-text keeps every space.
+ * One lk_detok per sequence; no allocation. */
 typedef struct {
     const lk_tokenizer *tok;
-    char   pending[8];
+    char   pending[8];  /* an unfinished UTF-8 character (< 4 bytes) */
     int    n_pending;
-    bool   at_start;
+    bool   started;     /* a token has been pushed */
+    bool   at_start;    /* the stream began with BOS and no text followed yet */
 } lk_detok;
 void    lk_detok_init(lk_detok *d, const lk_tokenizer *t);
-/* Appends the printable bytes for `id` to out (cap bytes); returns bytes written. */
+/* Appends the printable bytes for `id` to out (cap bytes); returns bytes
+ * written, or -needed if cap is too small (then nothing is consumed).
+ * cap >= 3 * (lk_tokenizer_max_piece() + 4) always suffices. */
 int32_t lk_detok_push(lk_detok *d, int32_t id, char *out, int32_t cap);
-/* Emits whatever is still pending (invalid UTF-8 as U+FFFD). */
+/* Emits whatever is still pending (an unfinished character: U+FFFD per byte). */
 int32_t lk_detok_flush(lk_detok *d, char *out, int32_t cap);
 
 #endif
