@@ -161,6 +161,10 @@ void lk_hs_defaults(lk_hs_params *p, const uint8_t *key, const char *role);
 lk_status lk_handshake(lk_chan *c, bool initiator, const lk_hs_params *p, lk_hs_peer *peer,
                        char *err, size_t errlen);
 
+/* lk_link_auth_fn for lk_mesh_params.auth (ctx: an lk_hs_params): the full
+ * handshake on every mesh connection. */
+lk_status lk_hs_mesh_auth(void *ctx, lk_link *l, bool initiator, uint64_t deadline_ns, char *err, size_t errlen);
+
 const char *lk_build_id(void);
 const char *lk_cpu_features(void);
 

@@ -254,3 +254,14 @@ lk_status lk_handshake(lk_chan *c, bool initiator, const lk_hs_params *p, lk_hs_
     if (!ok) return lk_fail(err, errlen, LK_ERR_MISMATCH, "%s refused: %s", pname, theirs_reason);
     return LK_OK;
 }
+
+lk_status lk_hs_mesh_auth(void *ctx, lk_link *l, bool initiator, uint64_t deadline_ns, char *err, size_t errlen) {
+    lk_hs_params hp = *(const lk_hs_params *)ctx;
+    int64_t left = (int64_t)(deadline_ns - lk_time_ns()) / 1000000;
+    if (left < 1) left = 1;
+    if (!hp.timeout_ms || hp.timeout_ms > left) hp.timeout_ms = left;
+    lk_chan c;
+    lk_chan_init(&c, l);
+    lk_hs_peer peer;
+    return lk_handshake(&c, initiator, &hp, &peer, err, errlen);
+}

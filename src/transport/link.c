@@ -44,12 +44,33 @@ static lk_status xfer_fail(const lk_xfer *x, lk_status st, const char *what, cha
 
 enum { MAX_POLL = 64 };
 
+/* Spinning pays when the peer answers within the budget. When it keeps not
+ * doing so (the peer computes longer than the budget, or the cores are
+ * oversubscribed and the spinner only delays the process it waits for), stop
+ * spinning on these links for a while. */
+static void spin_feedback(lk_xfer *x, int nx, int64_t spin, bool in_vain, bool paid) {
+    if (!spin) return;
+    for (int i = 0; i < nx; i++) {
+        lk_link *l = x[i].link;
+        if (paid && !in_vain) l->spin_misses = 0;
+        else if (in_vain && ++l->spin_misses >= 4) {
+            l->spin_misses = 0;
+            l->spin_skip = 256;
+        }
+    }
+}
+
 lk_status lk_xfer_run(lk_xfer *x, int nx, uint64_t deadline_ns, char *err, size_t errlen) {
     uint64_t t0 = lk_time_ns(), last = t0;
     int64_t spin = -1;
-    for (int i = 0; i < nx; i++)
-        if (spin < 0 || x[i].link->spin_ns < spin) spin = x[i].link->spin_ns;
+    for (int i = 0; i < nx; i++) {
+        lk_link *l = x[i].link;
+        int64_t s = l->spin_skip ? 0 : l->spin_ns;
+        if (l->spin_skip) l->spin_skip--;
+        if (spin < 0 || s < spin) spin = s;
+    }
     if (spin < 0) spin = 0;
+    bool spun_in_vain = false, spin_paid = false;
     char why[LK_ERRLEN];
     for (;;) {
         bool progress = false;
@@ -69,9 +90,16 @@ lk_status lk_xfer_run(lk_xfer *x, int nx, uint64_t deadline_ns, char *err, size_
             }
             if (t->done < t->n) pending++;
         }
-        if (!pending) return LK_OK;
+        if (!pending) {
+            spin_feedback(x, nx, spin, spun_in_vain, spin_paid);
+            return LK_OK;
+        }
         uint64_t now = lk_time_ns();
-        if (progress) { last = now; continue; }
+        if (progress) {
+            if (now - last > 2000) spin_paid = true; /* it arrived while we spun */
+            last = now;
+            continue;
+        }
         if (now >= deadline_ns) {
             for (int i = 0; i < nx; i++)
                 if (x[i].done < x[i].n) {
@@ -83,6 +111,7 @@ lk_status lk_xfer_run(lk_xfer *x, int nx, uint64_t deadline_ns, char *err, size_
         if ((int64_t)(now - last) < spin) { cpu_relax(); continue; }
 
         /* Block. All pending on sockets: one poll over all of them. */
+        if (spin) spun_in_vain = true;
         struct pollfd pf[MAX_POLL];
         int np = 0, nofd = -1;
         for (int i = 0; i < nx; i++) {

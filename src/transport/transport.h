@@ -17,7 +17,10 @@
  * whole small message. After that it blocks (poll() for TCP, a futex for
  * shm). Spinning is turned off (spin_ns = 0) when ranks outnumber cores:
  * spinners then steal the core the peer needs and latency collapses to
- * scheduler ticks.
+ * scheduler ticks. The same happens when *other* processes keep the cores
+ * busy, which no rank count reveals, so spinning also backs off on its own:
+ * after a few waits in a row where the whole budget was spun in vain, a link
+ * does not spin for its next 256 waits, then tries again.
  *
  * Progress: collectives send to several peers while receiving from several
  * others; doing that one blocking call at a time deadlocks once messages
@@ -60,6 +63,8 @@ struct lk_link {
     int     peer_rank;       /* -1 if not part of a mesh (yet) */
     char    peer_addr[64];   /* "host:port" of the peer, for messages */
     int64_t spin_ns;         /* spin budget before blocking; 0 = never spin */
+    uint32_t spin_misses;    /* waits in a row where spinning did not pay off */
+    uint32_t spin_skip;      /* waits left to do without spinning */
     uint64_t bytes_sent, bytes_recv;
 };
 

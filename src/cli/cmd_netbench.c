@@ -1,0 +1,294 @@
+/* lockstep netbench: latency, bandwidth and all-reduce time between ranks,
+ * per message size, all measured in one run so the all-reduce figures can be
+ * read against the link's own ping-pong latency.
+ *
+ *   lockstep netbench --local 2                 # 2 processes on this host
+ *   lockstep netbench --local 4 --transport tcp # loopback TCP instead of shm
+ *   on each of N hosts: lockstep netbench --addrs h0:7000,h1:7000 --rank R
+ *
+ * With --local the command forks N-1 copies of itself (each one rank with
+ * its own listening socket on 127.0.0.1) and is rank 0; they exit with it. */
+#include "cli/cli.h"
+#include "cluster/cluster.h"
+#include "parallel/parallel.h"
+#include "transport/transport.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MAX_SIZES 32
+#define MAX_RANKS 64
+
+typedef struct {
+    int n, rank;
+    const char **addrs;
+    int lfd;
+    lk_mesh_shm shm;
+    int64_t spin_ns;
+    int64_t iters;
+    size_t sizes[MAX_SIZES];
+    int nsizes;
+    const uint8_t *key; /* NULL: no authentication */
+    bool allreduce_only;
+} bench_cfg;
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+static double pct(double *v, int n, double p) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    int i = (int)(p * (n - 1) + 0.5);
+    return v[i];
+}
+
+static bool parse_size(const char *s, size_t *out) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s) return false;
+    if (*end == 'k' || *end == 'K') v <<= 10, end++;
+    else if (*end == 'm' || *end == 'M') v <<= 20, end++;
+    if (*end == 'B' || *end == 'b') end++;
+    if (*end || v == 0 || v > (256ull << 20)) return false;
+    *out = (size_t)v;
+    return true;
+}
+
+static void fmt_size(size_t n, char *buf, size_t len) {
+    if (n >= (1u << 20) && !(n & ((1u << 20) - 1))) snprintf(buf, len, "%zu MiB", n >> 20);
+    else if (n >= 1024 && !(n & 1023)) snprintf(buf, len, "%zu KiB", n >> 10);
+    else snprintf(buf, len, "%zu B", n);
+}
+
+/* How many timed repetitions for one size: enough for a p99 when messages are
+ * small, bounded in bytes when they are large. */
+static int reps_for(const bench_cfg *c, size_t bytes) {
+    int64_t r = c->iters;
+    int64_t cap = (int64_t)((256ull << 20) / bytes);
+    if (r > cap) r = cap;
+    return (int)(r < 20 ? 20 : r);
+}
+
+static int run_rank(const bench_cfg *c) {
+    char err[LK_ERRLEN];
+    lk_hs_params hp;
+    lk_mesh_params mp = {.rank = c->rank, .n = c->n, .addrs = c->addrs, .listen_fd = c->lfd, .shm = c->shm,
+                         .spin_ns = c->spin_ns, .timeout_ms = 20000};
+    if (c->key) {
+        lk_hs_defaults(&hp, c->key, c->rank ? "rank" : "rank 0");
+        mp.auth = lk_hs_mesh_auth;
+        mp.auth_ctx = &hp;
+    }
+    lk_mesh *mesh = NULL;
+    lk_comm *comm = NULL;
+    if (lk_mesh_create(&mp, &mesh, err, sizeof err) ||
+        lk_comm_create(mesh, NULL, c->n, &comm, err, sizeof err)) {
+        fprintf(stderr, "lockstep netbench: rank %d: %s\n", c->rank, err);
+        lk_mesh_free(mesh);
+        return 1;
+    }
+    lk_comm_set_timeout_ms(comm, 20000);
+    size_t maxb = 0;
+    for (int i = 0; i < c->nsizes; i++) maxb = LK_MAX(maxb, c->sizes[i]);
+    maxb = (maxb + 3) & ~(size_t)3;
+    char *buf = lk_xmalloc_aligned(maxb);
+    float *x = lk_xmalloc_aligned(maxb);
+    memset(buf, 1, maxb);
+    lk_comm_reserve(comm, (int64_t)(maxb / 4));
+    int maxreps = reps_for(c, 1);
+    double *t = lk_xmalloc(sizeof(double) * (size_t)maxreps);
+    lk_link *peer = c->n > 1 ? lk_mesh_link(mesh, c->rank == 0 ? 1 : 0) : NULL;
+    int rc = 0;
+    if (c->rank == 0) {
+        printf("netbench: %d ranks, data over %s, spin %s, build %s\n", c->n,
+               peer ? peer->ops->name : "-", peer && peer->spin_ns ? "on" : "off", lk_build_id());
+        printf("%-9s %-22s %-11s | all-reduce median / p99 (us)        %s\n", "", "ping-pong one-way (us)", "", "");
+        printf("%-9s %9s %9s %11s | %-15s %-15s %-15s %s\n", "size", "median", "p99", "MB/s", "exchange",
+               "doubling", "ring", "auto");
+    }
+    for (int si = 0; si < c->nsizes && !rc; si++) {
+        size_t bytes = c->sizes[si];
+        int reps = reps_for(c, bytes), warm = reps / 10 + 2;
+        double pp_med = 0, pp_p99 = 0;
+        /* ping-pong between ranks 0 and 1 (the rest wait at the barrier) */
+        if (c->n > 1 && !c->allreduce_only && c->rank <= 1) {
+            for (int i = -warm; i < reps && !rc; i++) {
+                uint64_t t0 = lk_time_ns();
+                lk_status st;
+                if (c->rank == 0) {
+                    st = lk_link_send(peer, buf, bytes, lk_deadline_ms(10000), err, sizeof err);
+                    if (!st) st = lk_link_recv(peer, buf, bytes, lk_deadline_ms(10000), err, sizeof err);
+                } else {
+                    st = lk_link_recv(peer, buf, bytes, lk_deadline_ms(10000), err, sizeof err);
+                    if (!st) st = lk_link_send(peer, buf, bytes, lk_deadline_ms(10000), err, sizeof err);
+                }
+                if (st) { fprintf(stderr, "lockstep netbench: rank %d: ping-pong: %s\n", c->rank, err); rc = 1; }
+                if (i >= 0) t[i] = (double)(lk_time_ns() - t0) / 2e3;
+            }
+            if (!rc && c->rank == 0) {
+                pp_med = pct(t, reps, 0.5);
+                pp_p99 = pct(t, reps, 0.99);
+            }
+        }
+        if (!rc && lk_comm_barrier(comm)) rc = 1;
+        double ar_med[4] = {0}, ar_p99[4] = {0};
+        int64_t nf = (int64_t)((bytes + 3) / 4);
+        for (int a = LK_AR_EXCHANGE; a <= LK_AR_RING && !rc && c->n > 1; a++) {
+            if (a == LK_AR_RING && nf < c->n) continue;
+            lk_comm_set_algo(comm, (lk_ar_algo)a);
+            for (int i = -warm; i < reps && !rc; i++) {
+                for (int64_t k = 0; k < nf; k++) x[k] = 1.0f;
+                uint64_t t0 = lk_time_ns();
+                if (lk_comm_allreduce_sum(comm, x, nf, -1, "netbench")) {
+                    fprintf(stderr, "lockstep netbench: rank %d: %s\n", c->rank, lk_comm_last_error(comm));
+                    rc = 1;
+                }
+                if (i >= 0) t[i] = (double)(lk_time_ns() - t0) / 1e3;
+            }
+            if (!rc && x[0] != (float)c->n) {
+                fprintf(stderr, "lockstep netbench: rank %d: wrong all-reduce result %g (want %d)\n", c->rank, x[0], c->n);
+                rc = 1;
+            }
+            if (!rc) {
+                ar_med[a] = pct(t, reps, 0.5);
+                ar_p99[a] = pct(t, reps, 0.99);
+            }
+            if (!rc && lk_comm_barrier(comm)) rc = 1;
+        }
+        if (!rc && c->rank == 0) {
+            char sz[32], cell[3][32];
+            fmt_size(bytes, sz, sizeof sz);
+            for (int a = 1; a <= 3; a++) {
+                if (ar_med[a] > 0) snprintf(cell[a - 1], 32, "%.1f / %.1f", ar_med[a], ar_p99[a]);
+                else snprintf(cell[a - 1], 32, "-");
+            }
+            if (c->allreduce_only || c->n < 2)
+                printf("%-9s %9s %9s %11s | %-15s %-15s %-15s %s\n", sz, "-", "-", "-", cell[0], cell[1], cell[2],
+                       lk_ar_algo_name(lk_comm_pick(c->n, bytes)));
+            else
+                printf("%-9s %9.2f %9.2f %11.1f | %-15s %-15s %-15s %s\n", sz, pp_med, pp_p99,
+                       (double)bytes / pp_med, cell[0], cell[1], cell[2], lk_ar_algo_name(lk_comm_pick(c->n, bytes)));
+            fflush(stdout);
+        }
+    }
+    if (rc && c->rank == 0) fprintf(stderr, "lockstep netbench: %s\n", lk_comm_last_error(comm));
+    free(t);
+    free(buf);
+    free(x);
+    lk_comm_free(comm);
+    lk_mesh_free(mesh);
+    return rc;
+}
+
+int lk_cmd_netbench(int argc, char **argv) {
+    int64_t local = 0, rank = -1, iters = 1000, spin_us = -1;
+    const char *addrs_s = NULL, *transport = "auto", *sizes_s = "64,1K,4K,16K,64K,256K,1M,4M", *key_file = NULL;
+    bool ar_only = false;
+    const lk_opt opts[] = {
+        {"--local", NULL, LK_OPT_INT, &local, "N", "start N ranks on this host (this process is rank 0)"},
+        {"--addrs", NULL, LK_OPT_STR, &addrs_s, "H:P,...", "every rank's address, for runs across hosts (with --rank)"},
+        {"--rank", NULL, LK_OPT_INT, &rank, "R", "this process's rank in --addrs"},
+        {"--transport", NULL, LK_OPT_STR, &transport, "T", "auto (shm between local ranks, default), tcp or shm"},
+        {"--sizes", NULL, LK_OPT_STR, &sizes_s, "LIST", "message sizes, e.g. 64,4K,16K,1M"},
+        {"--iters", NULL, LK_OPT_INT, &iters, "K", "timed repetitions per size (default 1000; fewer for big sizes)"},
+        {"--spin-us", NULL, LK_OPT_INT, &spin_us, "US", "spin before blocking (default: 50 while ranks fit the cores, else 0)"},
+        {"--key-file", NULL, LK_OPT_STR, &key_file, "FILE", "authenticate every connection with this cluster key"},
+        {"--allreduce-only", NULL, LK_OPT_FLAG, &ar_only, NULL, "skip the ping-pong"},
+        {0},
+    };
+    const char *syn = "--local N | --addrs H:P,... --rank R  [--transport auto|tcp|shm] [--sizes LIST]";
+    int np = lk_args_parse("netbench", syn, opts, argc, argv, NULL, 0);
+    if (np == LK_ARGS_HELP) return 0;
+    if (np < 0) return 2;
+    bench_cfg c = {.lfd = -1, .iters = iters, .allreduce_only = ar_only};
+    if (!strcmp(transport, "auto")) c.shm = LK_MESH_SHM_AUTO;
+    else if (!strcmp(transport, "tcp")) c.shm = LK_MESH_SHM_OFF;
+    else if (!strcmp(transport, "shm")) c.shm = LK_MESH_SHM_FORCE;
+    else { fprintf(stderr, "lockstep netbench: --transport must be auto, tcp or shm (got '%s')\n", transport); return 2; }
+    if (iters < 1 || iters > 1000000) { fprintf(stderr, "lockstep netbench: --iters must be 1..1000000\n"); return 2; }
+    c.spin_ns = spin_us < 0 ? -1 : spin_us * 1000;
+    char *sz = lk_xstrdup(sizes_s), *save = NULL;
+    for (char *tok = strtok_r(sz, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (c.nsizes == MAX_SIZES || !parse_size(tok, &c.sizes[c.nsizes])) {
+            fprintf(stderr, "lockstep netbench: bad --sizes entry '%s' (1 B .. 256 MiB, at most %d sizes)\n", tok, MAX_SIZES);
+            free(sz);
+            return 2;
+        }
+        c.nsizes++;
+    }
+    free(sz);
+    uint8_t key[LK_KEY_BYTES];
+    char err[LK_ERRLEN];
+    if (key_file) {
+        if (lk_key_load(key_file, key, err, sizeof err)) { fprintf(stderr, "lockstep netbench: %s\n", err); return 2; }
+        c.key = key;
+    }
+    static char abuf[MAX_RANKS][64];
+    const char *addrs[MAX_RANKS];
+    int lfds[MAX_RANKS];
+    if (local) {
+        if (addrs_s || rank >= 0 || local < 1 || local > MAX_RANKS) {
+            fprintf(stderr, "lockstep netbench: --local takes 1..%d and excludes --addrs/--rank\n", MAX_RANKS);
+            return 2;
+        }
+        c.n = (int)local;
+        for (int r = 0; r < c.n; r++) {
+            int port;
+            if (lk_tcp_listen("127.0.0.1:0", &lfds[r], &port, err, sizeof err)) {
+                fprintf(stderr, "lockstep netbench: %s\n", err);
+                return 1;
+            }
+            snprintf(abuf[r], sizeof abuf[r], "127.0.0.1:%d", port);
+            addrs[r] = abuf[r];
+        }
+        c.addrs = addrs;
+        fflush(stdout);
+        pid_t kids[MAX_RANKS];
+        for (int r = 1; r < c.n; r++) {
+            kids[r] = fork();
+            if (kids[r] < 0) { perror("lockstep netbench: fork"); return 1; }
+            if (kids[r] == 0) {
+                for (int s = 0; s < c.n; s++)
+                    if (s != r) close(lfds[s]);
+                c.rank = r;
+                c.lfd = lfds[r];
+                _exit(run_rank(&c));
+            }
+        }
+        for (int s = 1; s < c.n; s++) close(lfds[s]);
+        c.rank = 0;
+        c.lfd = lfds[0];
+        int rc = run_rank(&c);
+        close(lfds[0]);
+        for (int r = 1; r < c.n; r++) {
+            int ws;
+            if (rc) kill(kids[r], SIGTERM);
+            waitpid(kids[r], &ws, 0);
+            if (!WIFEXITED(ws) || WEXITSTATUS(ws)) rc = 1;
+        }
+        return rc;
+    }
+    if (!addrs_s || rank < 0) {
+        fprintf(stderr, "lockstep netbench: give --local N, or --addrs and --rank (see --help)\n");
+        return 2;
+    }
+    char *al = lk_xstrdup(addrs_s);
+    save = NULL;
+    for (char *tok = strtok_r(al, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (c.n == MAX_RANKS) { fprintf(stderr, "lockstep netbench: at most %d ranks\n", MAX_RANKS); free(al); return 2; }
+        snprintf(abuf[c.n], sizeof abuf[c.n], "%s", tok);
+        addrs[c.n] = abuf[c.n];
+        c.n++;
+    }
+    free(al);
+    if (rank >= c.n) { fprintf(stderr, "lockstep netbench: --rank %lld but only %d addresses\n", (long long)rank, c.n); return 2; }
+    c.addrs = addrs;
+    c.rank = (int)rank;
+    return run_rank(&c);
+}
