@@ -1387,7 +1387,11 @@ static int parse_body(jctx *c, nvec *out, const char *const *stops, const char *
     for (;;) {
         tok *t = next(c);
         if (t->t == T_EOF) {
-            if (opener) fail(c, LK_ERR_FORMAT, open_pos, "'%s' is never closed (expected '%s')", opener, stops[0]);
+            if (opener) {
+                int last = 0;
+                while (stops[last + 1]) last++;
+                fail(c, LK_ERR_FORMAT, open_pos, "'%s' is never closed (expected '%s')", opener, stops[last]);
+            }
             leave(c);
             return -1;
         }
@@ -1618,13 +1622,16 @@ static jstr *strip_str(jctx *c, const jstr *s, const jstr *chars, bool left, boo
     return mkstr(c, s->p + a, b - a);
 }
 
-static jstr *case_str(jctx *c, const jstr *s, int mode) { /* 0 lower 1 upper 2 title 3 capitalize */
+/* mode 0 lower, 1 upper, 2 Jinja's title filter (words split at whitespace
+ * and -([{<), 3 capitalize, 4 Python's str.title() (any non-letter splits). */
+static jstr *case_str(jctx *c, const jstr *s, int mode) {
     jstr *r = mkstr(c, s->p, s->n);
-    bool after_letter = false; /* title(): a letter after a non-letter starts a word */
+    bool after_letter = false, word_start = true;
     for (size_t i = 0; i < r->n; i++) {
         char ch = r->p[i];
         bool lo = ch >= 'a' && ch <= 'z', hi = ch >= 'A' && ch <= 'Z';
-        bool up = mode == 1 || (mode == 2 && !after_letter) || (mode == 3 && i == 0);
+        bool up = mode == 1 || (mode == 4 && !after_letter) || (mode == 2 && word_start) || (mode == 3 && i == 0);
+        word_start = is_ws(ch) || ch == '-' || ch == '(' || ch == '{' || ch == '[' || ch == '<';
         if (up && lo) r->p[i] = (char)(ch - 32);
         else if (!up && hi) r->p[i] = (char)(ch + 32);
         after_letter = lo || hi || (unsigned char)ch >= 0x80;
@@ -2037,7 +2044,7 @@ static bool call_method(jctx *c, const jv *o, const char *m, const argv_t *a, in
         }
         if (!strcmp(m, "upper")) { *out = v_str(case_str(c, s, 1)); return true; }
         if (!strcmp(m, "lower")) { *out = v_str(case_str(c, s, 0)); return true; }
-        if (!strcmp(m, "title")) { *out = v_str(case_str(c, s, 2)); return true; }
+        if (!strcmp(m, "title")) { *out = v_str(case_str(c, s, 4)); return true; }
         if (!strcmp(m, "capitalize")) { *out = v_str(case_str(c, s, 3)); return true; }
         if (!strcmp(m, "replace")) {
             jv o2, n2, cnt = v_int(-1);
@@ -2639,7 +2646,8 @@ lk_status lk_chat_render_ex(const char *template_src, const lk_chat_msg *msgs, i
         if (fl != FLOW_NORMAL) fail(c, LK_ERR_FORMAT, -1, "'break' or 'continue' outside a loop");
         char *r = malloc(o.n + 1);
         if (!r) fail(c, LK_ERR_NOMEM, -1, "out of memory");
-        memcpy(r, o.p, o.n + 1);
+        if (o.n) memcpy(r, o.p, o.n);
+        r[o.n] = 0;
         *out = r;
         st = LK_OK;
     }
