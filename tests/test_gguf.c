@@ -582,7 +582,7 @@ TEST(writer_round_trip) {
     lk_gguf_writer_set_arr_i32(w, "k.none", NULL, 0);
     lk_gguf_writer_copy_kv(w, s, lk_gguf_find_kv(s, "test.nested"));
     lk_gguf_writer_copy_kv(w, s, lk_gguf_find_kv(s, "test.strs"));
-    lk_gguf_writer_set_u32(w, "k.i32", 9); /* a key set again keeps its place, takes the new value */
+    lk_gguf_writer_set_u32(w, "k.i32", 9); /* a key set again moves to the end with its new value */
     lk_gguf_writer_set_u32(w, "general.alignment", 64);
     static const struct { const char *n; uint32_t type; int nd; uint64_t ne[4]; } ts[] = {
         {"t.f32", 0, 1, {5}}, {"t.f16", 1, 2, {3, 7}}, {"t.q8", 8, 3, {64, 2, 3}}, {"t.q4", 2, 4, {32, 1, 2, 2}}, {"t.bf16", 30, 1, {1}}};
@@ -603,7 +603,8 @@ TEST(writer_round_trip) {
     if (g) {
         CHECK(lk_gguf_version(g) == 3 && lk_gguf_alignment(g) == 64);
         CHECK(lk_gguf_n_kv(g) == 14);
-        CHECK(!strcmp(lk_gguf_kv_key(g, 1), "k.i32") && lk_gguf_kv_type(g, 1) == LK_GGUF_UINT32);
+        CHECK(!strcmp(lk_gguf_kv_key(g, 1), "k.u64"));
+        CHECK(!strcmp(lk_gguf_kv_key(g, 12), "k.i32") && lk_gguf_kv_type(g, 12) == LK_GGUF_UINT32);
         int64_t i64;
         uint64_t u64;
         double d;

@@ -99,7 +99,9 @@ const lk_gguf_tensor *lk_gguf_find_tensor(const lk_gguf *g, const char *name); /
  * tensor data is appended in declaration order with lk_gguf_writer_write()
  * (any number of calls per tensor; padding between tensors is automatic).
  * The model is never held in memory. GGUF v3, alignment 32 unless
- * general.alignment is set. */
+ * general.alignment is set. Setting a key again replaces its value and moves
+ * it to the end (as ggml does). Caller bugs (a key or tensor after
+ * begin_data, duplicate tensor names, rows not whole blocks) assert. */
 typedef struct lk_gguf_writer lk_gguf_writer;
 lk_status lk_gguf_writer_open(const char *path, lk_gguf_writer **out, char *err, size_t errlen);
 void lk_gguf_writer_set_u32(lk_gguf_writer *w, const char *key, uint32_t v);

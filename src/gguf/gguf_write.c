@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 typedef struct {
@@ -74,18 +75,26 @@ static void writer_free(lk_gguf_writer *w) {
     free(w);
 }
 
+/* Removes what was written, but only if it is a regular file: writing to
+ * /dev/null (benchmarks) must never unlink it. */
+static void remove_output(lk_gguf_writer *w) {
+    struct stat sb;
+    if (stat(w->path, &sb) == 0 && S_ISREG(sb.st_mode)) unlink(w->path);
+}
+
 void lk_gguf_writer_abort(lk_gguf_writer *w) {
     if (!w) return;
     if (w->fp) fclose(w->fp);
-    unlink(w->path);
+    remove_output(w);
     writer_free(w);
 }
 
 /* ---- key/values ---------------------------------------------------------- */
 
-/* Sets key to an encoded value (type + bytes). A key set twice keeps its first
- * position and takes the new value, so `quantize` can copy every key and then
- * override general.file_type. */
+/* Sets key to an encoded value (type + bytes). A key set again is removed and
+ * appended with its new value, as ggml's gguf_set_* does, so `quantize` can
+ * copy every key, override general.file_type, and order the keys exactly as
+ * llama-quantize does. */
 static void set_raw(lk_gguf_writer *w, const char *key, uint32_t type, const void *v, size_t n) {
     LK_ASSERT(!w->in_data && key && key[0]);
     uint8_t *val = lk_xmalloc(4 + n);
@@ -93,10 +102,11 @@ static void set_raw(lk_gguf_writer *w, const char *key, uint32_t type, const voi
     if (n) memcpy(val + 4, v, n);
     for (size_t i = 0; i < w->n_kv; i++)
         if (!strcmp(w->kv[i].key, key)) {
+            free(w->kv[i].key);
             free(w->kv[i].val);
-            w->kv[i].val = val;
-            w->kv[i].len = 4 + n;
-            return;
+            memmove(&w->kv[i], &w->kv[i + 1], (w->n_kv - i - 1) * sizeof *w->kv);
+            w->n_kv--;
+            break;
         }
     if (w->n_kv == w->cap_kv) {
         w->cap_kv = w->cap_kv ? w->cap_kv * 2 : 32;
@@ -285,7 +295,7 @@ lk_status lk_gguf_writer_close(lk_gguf_writer *w, char *err, size_t errlen) {
     w->fp = NULL;
     if (rc != 0) {
         st = lk_fail(err, errlen, LK_ERR_IO, "%s: close failed: %s", w->path, strerror(errno));
-        unlink(w->path);
+        remove_output(w);
     }
     writer_free(w);
     return st;

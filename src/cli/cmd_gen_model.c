@@ -1,0 +1,431 @@
+/* lockstep gen-model — a random-weight GGUF with the exact tensor names,
+ * shapes and metadata of a real model, for benchmarks and cluster tests
+ * without downloading tens of gigabytes.
+ *
+ * The file is streamed: tensors are produced a chunk of rows at a time by a
+ * few threads (each row's values depend only on the seed, the tensor's name
+ * and the row index, so the result does not depend on the thread count or on
+ * --layers for the layers that remain), quantised with lk_quantize_row and
+ * appended with the gguf writer. Memory use is a few chunk buffers. */
+#include "cli/cli.h"
+#include "gguf/gguf.h"
+#include "quant/quant.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- shapes ---------------------------------------------------------------- */
+
+typedef struct {
+    const char *name, *arch;
+    int64_t n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_vocab;
+    uint32_t n_ctx;
+    float rope_base, eps;
+    bool tied, qk_norm; /* tied: no output.weight; qk_norm: per-head RMS norms on Q and K (qwen3) */
+} shape_t;
+
+/* Published hyper-parameters of each model (config.json of the originals). */
+static const shape_t k_shapes[] = {
+    {"tiny", "llama", 256, 2, 8, 2, 32, 768, 512, 2048, 10000.0f, 1e-5f, false, false},
+    {"tinyllama-1.1b", "llama", 2048, 22, 32, 4, 64, 5632, 32000, 2048, 10000.0f, 1e-5f, false, false},
+    {"llama3.2-1b", "llama", 2048, 16, 32, 8, 64, 8192, 128256, 131072, 500000.0f, 1e-5f, true, false},
+    {"llama3-8b", "llama", 4096, 32, 32, 8, 128, 14336, 128256, 8192, 500000.0f, 1e-5f, false, false},
+    {"llama3-70b", "llama", 8192, 80, 64, 8, 128, 28672, 128256, 8192, 500000.0f, 1e-5f, false, false},
+    {"qwen3-0.6b", "qwen3", 1024, 28, 16, 8, 128, 3072, 151936, 40960, 1e6f, 1e-6f, true, true},
+    {"qwen3-8b", "qwen3", 4096, 36, 32, 8, 128, 12288, 151936, 40960, 1e6f, 1e-6f, false, true},
+};
+enum { N_SHAPES = sizeof k_shapes / sizeof k_shapes[0] };
+
+typedef struct {
+    char     name[64];
+    uint32_t type;
+    int      n_dims;
+    uint64_t ne[2];   /* [in, out] */
+    bool     norm;    /* 1-D scale vector: values near 1 */
+    uint64_t hash;    /* of the name: seeds the rows */
+} gtensor;
+
+static uint64_t fnv1a(const char *s) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
+    return h;
+}
+
+/* Tensor list in llama.cpp's names and [in, out] dims. 2-D weights get `wtype`
+ * (F16 if a row is not whole blocks of it); 1-D tensors are F32. */
+static int64_t build_tensors(const shape_t *s, uint32_t wtype, gtensor *out) {
+    int64_t n = 0;
+    int64_t q = s->n_head * s->head_dim, kv = s->n_head_kv * s->head_dim;
+#define ADD2(nm, in, o)                                                                   \
+    do {                                                                                  \
+        gtensor *t = &out[n++];                                                           \
+        snprintf(t->name, sizeof t->name, "%s", nm);                                     \
+        t->n_dims = 2, t->ne[0] = (uint64_t)(in), t->ne[1] = (uint64_t)(o), t->norm = false; \
+        t->type = (uint64_t)(in) % (uint64_t)lk_type_block_size(wtype) ? LK_TYPE_F16 : wtype; \
+    } while (0)
+#define ADD1(nm, len)                                                                     \
+    do {                                                                                  \
+        gtensor *t = &out[n++];                                                           \
+        snprintf(t->name, sizeof t->name, "%s", nm);                                     \
+        t->n_dims = 1, t->ne[0] = (uint64_t)(len), t->ne[1] = 1, t->norm = true;          \
+        t->type = LK_TYPE_F32;                                                            \
+    } while (0)
+    ADD2("token_embd.weight", s->n_embd, s->n_vocab);
+    char nm[64];
+    for (int64_t l = 0; l < s->n_layer; l++) {
+#define NM(suffix) (snprintf(nm, sizeof nm, "blk.%" PRId64 "." suffix, l), nm)
+        ADD1(NM("attn_norm.weight"), s->n_embd);
+        ADD2(NM("attn_q.weight"), s->n_embd, q);
+        ADD2(NM("attn_k.weight"), s->n_embd, kv);
+        ADD2(NM("attn_v.weight"), s->n_embd, kv);
+        ADD2(NM("attn_output.weight"), q, s->n_embd);
+        if (s->qk_norm) {
+            ADD1(NM("attn_q_norm.weight"), s->head_dim);
+            ADD1(NM("attn_k_norm.weight"), s->head_dim);
+        }
+        ADD1(NM("ffn_norm.weight"), s->n_embd);
+        ADD2(NM("ffn_gate.weight"), s->n_embd, s->n_ff);
+        ADD2(NM("ffn_up.weight"), s->n_embd, s->n_ff);
+        ADD2(NM("ffn_down.weight"), s->n_ff, s->n_embd);
+#undef NM
+    }
+    ADD1("output_norm.weight", s->n_embd);
+    if (!s->tied) ADD2("output.weight", s->n_embd, s->n_vocab);
+#undef ADD1
+#undef ADD2
+    for (int64_t i = 0; i < n; i++) out[i].hash = fnv1a(out[i].name);
+    return n;
+}
+
+/* ---- random values --------------------------------------------------------- */
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+typedef struct { uint64_t s[4]; } rng_t; /* xoshiro256+ : fast, plenty for weights */
+
+static void rng_seed(rng_t *r, uint64_t seed) {
+    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&seed);
+}
+static inline uint64_t rng_next(rng_t *r) {
+    uint64_t *s = r->s, res = s[0] + s[3], t = s[1] << 17;
+    s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3]; s[2] ^= t;
+    s[3] = (s[3] << 45) | (s[3] >> 19);
+    return res;
+}
+
+/* One row of values: weights ~ N(0, 0.02) approximated by the sum of four
+ * 16-bit uniforms (Irwin-Hall, variance 4/12 of the unit), norms 1 +- 0.05.
+ * Small, zero-mean weights and unit norms keep activations in a sane range
+ * through any number of layers, like an initialised (untrained) model. */
+static void gen_row(const gtensor *t, uint64_t seed, uint64_t row, float *dst) {
+    rng_t r;
+    rng_seed(&r, seed ^ t->hash ^ (row * 0xd1b54a32d192ed03ull));
+    int64_t n = (int64_t)t->ne[0];
+    if (t->norm) {
+        for (int64_t i = 0; i < n; i++) dst[i] = 1.0f + 0.1f * ((float)(rng_next(&r) >> 40) * (1.0f / 16777216.0f) - 0.5f);
+        return;
+    }
+    const float scale = 0.02f * 1.7320508f / 65536.0f; /* sigma * sqrt(3) / unit */
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t v = rng_next(&r);
+        int32_t sum = (int32_t)(v & 0xffff) + (int32_t)((v >> 16) & 0xffff) + (int32_t)((v >> 32) & 0xffff) +
+                      (int32_t)(v >> 48) - 2 * 65535;
+        dst[i] = (float)sum * scale;
+    }
+}
+
+/* ---- parallel chunk generation ------------------------------------------------ */
+
+typedef struct {
+    const gtensor *t;
+    uint64_t seed, row0, row1;
+    size_t   row_bytes;
+    uint8_t *out;      /* (row1 - row0) * row_bytes */
+    float   *scratch;  /* (ne[0]) */
+} job_t;
+
+static void *run_job(void *arg) {
+    job_t *j = arg;
+    for (uint64_t r = j->row0; r < j->row1; r++) {
+        uint8_t *dst = j->out + (r - j->row0) * j->row_bytes;
+        if (j->t->type == LK_TYPE_F32) {
+            gen_row(j->t, j->seed, r, (float *)(void *)dst);
+        } else {
+            gen_row(j->t, j->seed, r, j->scratch);
+            lk_quantize_row((lk_type)j->t->type, j->scratch, dst, (int64_t)j->t->ne[0]);
+        }
+    }
+    return NULL;
+}
+
+/* ---- vocabulary ----------------------------------------------------------------- */
+
+/* A SentencePiece ("llama") vocabulary of n tokens: <unk> <s> </s>, the 256
+ * byte tokens, then distinct pronounceable pieces ("▁ka", "ro", "▁kiru"...),
+ * word-initial and continuation forms alternating, scores descending, so that
+ * random-weight output decodes to readable-ish text. */
+static void set_synthetic_vocab(lk_gguf_writer *w, int64_t n) {
+    static const char cons[] = "bdfghklmnprstvwz", vow[] = "aeiou";
+    enum { NSYL = 16 * 5 };
+    char **tok = lk_xmalloc((size_t)n * sizeof *tok);
+    float *score = lk_xmalloc((size_t)n * sizeof *score);
+    int32_t *type = lk_xmalloc((size_t)n * sizeof *type);
+    /* pieces are at most 3 bytes of "▁" + 2 per syllable x 4 syllables + NUL */
+    char *pool = lk_xmalloc((size_t)n * 16), *p = pool;
+    for (int64_t i = 0; i < n; i++) {
+        tok[i] = p;
+        if (i == 0) strcpy(p, "<unk>");
+        else if (i == 1) strcpy(p, "<s>");
+        else if (i == 2) strcpy(p, "</s>");
+        else if (i < 259) sprintf(p, "<0x%02X>", (unsigned)(i - 3));
+        else {
+            int64_t k = i - 259, w2 = k / 2; /* even k: word-initial "▁..." */
+            char *q = p;
+            if (!(k & 1)) { memcpy(q, "\xe2\x96\x81", 3); q += 3; }
+            /* bijective base-NSYL numeral of w2: distinct w2 -> distinct strings */
+            char syl[8][2];
+            int ns = 0;
+            int64_t x = w2 + 1;
+            while (x > 0 && ns < 8) {
+                int64_t d = (x - 1) % NSYL;
+                syl[ns][0] = cons[d / 5];
+                syl[ns][1] = vow[d % 5];
+                ns++;
+                x = (x - 1) / NSYL;
+            }
+            for (int s = ns - 1; s >= 0; s--) { *q++ = syl[s][0]; *q++ = syl[s][1]; }
+            *q = 0;
+        }
+        p += strlen(p) + 1;
+        score[i] = i < 259 ? 0.0f : -(float)(i - 259);
+        type[i] = i == 0 ? 2 : i < 3 ? 3 : i < 259 ? 6 : 1; /* UNKNOWN, CONTROL, BYTE, NORMAL */
+    }
+    lk_gguf_writer_set_str(w, "tokenizer.ggml.model", "llama");
+    lk_gguf_writer_set_str(w, "tokenizer.ggml.pre", "default");
+    lk_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)tok, (uint64_t)n);
+    lk_gguf_writer_set_arr_f32(w, "tokenizer.ggml.scores", score, (uint64_t)n);
+    lk_gguf_writer_set_arr_i32(w, "tokenizer.ggml.token_type", type, (uint64_t)n);
+    lk_gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 1);
+    lk_gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 2);
+    lk_gguf_writer_set_u32(w, "tokenizer.ggml.unknown_token_id", 0);
+    lk_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", true);
+    lk_gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", false);
+    free(tok);
+    free(score);
+    free(type);
+    free(pool);
+}
+
+/* ---- command ---------------------------------------------------------------------- */
+
+static void list_shapes(FILE *f) {
+    fprintf(f, "shapes:\n");
+    for (int i = 0; i < N_SHAPES; i++) {
+        const shape_t *s = &k_shapes[i];
+        fprintf(f, "  %-15s %-6s n_embd %5" PRId64 ", %2" PRId64 " layers, %2" PRId64 "/%" PRId64 " heads, n_ff %5" PRId64
+                ", vocab %6" PRId64 "%s\n", s->name, s->arch, s->n_embd, s->n_layer, s->n_head, s->n_head_kv,
+                s->n_ff, s->n_vocab, s->tied ? ", tied" : "");
+    }
+}
+
+static uint32_t file_type_of(uint32_t t) {
+    switch (t) {
+    case LK_TYPE_F32: return 0;  /* LLAMA_FTYPE_ALL_F32 */
+    case LK_TYPE_F16: return 1;  /* MOSTLY_F16 */
+    case LK_TYPE_Q4_0: return 2; /* MOSTLY_Q4_0 */
+    case LK_TYPE_Q8_0: return 7; /* MOSTLY_Q8_0 */
+    }
+    return 0;
+}
+
+int lk_cmd_gen_model(int argc, char **argv) {
+    const char *shape_name = NULL, *type_name = "q8_0", *out = NULL, *vocab = NULL;
+    int64_t layers = 0, seed = 1, threads = 0;
+    bool list = false, quiet = false;
+    const lk_opt opts[] = {
+        {"--shape", NULL, LK_OPT_STR, &shape_name, "NAME", "model shape (see --list)"},
+        {"--type", NULL, LK_OPT_STR, &type_name, "TYPE", "f32, f16, q8_0 (default) or q4_0 for 2-D weights"},
+        {"--output", "-o", LK_OPT_STR, &out, "FILE", "GGUF file to write"},
+        {"--layers", NULL, LK_OPT_INT, &layers, "N", "override the number of layers (quick runs of big shapes)"},
+        {"--seed", NULL, LK_OPT_INT, &seed, "S", "random seed (default 1); same seed, same file"},
+        {"--vocab", NULL, LK_OPT_STR, &vocab, "GGUF", "copy the tokenizer.* keys of this file (and its vocab size)"},
+        {"--threads", "-t", LK_OPT_INT, &threads, "N", "generator threads (default: CPUs, at most 16)"},
+        {"--quiet", "-q", LK_OPT_FLAG, &quiet, NULL, "no progress line"},
+        {"--list", NULL, LK_OPT_FLAG, &list, NULL, "list the shapes and exit"},
+        {0},
+    };
+    const char *syn = "--shape NAME -o FILE [--type f32|f16|q8_0|q4_0] [--layers N] [--seed S] [--vocab GGUF]";
+    int np = lk_args_parse("gen-model", syn, opts, argc, argv, NULL, 0);
+    if (np == LK_ARGS_HELP) { list_shapes(stdout); return 0; }
+    if (np < 0) return 2;
+    if (list) { list_shapes(stdout); return 0; }
+    const shape_t *sp = NULL;
+    for (int i = 0; shape_name && i < N_SHAPES; i++)
+        if (!strcmp(k_shapes[i].name, shape_name)) sp = &k_shapes[i];
+    if (!sp) {
+        if (shape_name) fprintf(stderr, "lockstep gen-model: unknown shape '%s'\n", shape_name);
+        else fprintf(stderr, "lockstep gen-model: --shape is required\n");
+        list_shapes(stderr);
+        return 2;
+    }
+    lk_type wtype;
+    if (!lk_type_from_name(type_name, &wtype) ||
+        (wtype != LK_TYPE_F32 && wtype != LK_TYPE_F16 && wtype != LK_TYPE_Q8_0 && wtype != LK_TYPE_Q4_0)) {
+        fprintf(stderr, "lockstep gen-model: --type must be f32, f16, q8_0 or q4_0 (got '%s')\n", type_name);
+        return 2;
+    }
+    if (!out) {
+        fprintf(stderr, "lockstep gen-model: -o FILE is required\n");
+        return 2;
+    }
+    if (layers < 0 || layers > 1000) {
+        fprintf(stderr, "lockstep gen-model: --layers must be 1..1000 (got %" PRId64 ")\n", layers);
+        return 2;
+    }
+    if (threads < 0 || threads > 256) {
+        fprintf(stderr, "lockstep gen-model: --threads must be 1..256 (got %" PRId64 ")\n", threads);
+        return 2;
+    }
+    if (!threads) {
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = nc < 1 ? 1 : nc > 16 ? 16 : nc;
+    }
+    shape_t s = *sp;
+    if (layers) s.n_layer = layers;
+
+    char err[LK_ERRLEN];
+    lk_gguf *vg = NULL;
+    if (vocab) {
+        if (lk_gguf_open(vocab, &vg, err, sizeof err) != LK_OK) {
+            fprintf(stderr, "lockstep gen-model: --vocab: %s\n", err);
+            return 1;
+        }
+        uint64_t nv = 0;
+        lk_gguf_vtype et;
+        if (!lk_gguf_get_arr(vg, "tokenizer.ggml.tokens", &et, &nv) || et != LK_GGUF_STRING || nv == 0 ||
+            nv > (1u << 24)) {
+            fprintf(stderr, "lockstep gen-model: --vocab %s has no usable tokenizer.ggml.tokens array\n", vocab);
+            lk_gguf_close(vg);
+            return 1;
+        }
+        s.n_vocab = (int64_t)nv;
+    }
+
+    lk_gguf_writer *w = NULL;
+    if (lk_gguf_writer_open(out, &w, err, sizeof err) != LK_OK) {
+        fprintf(stderr, "lockstep gen-model: %s\n", err);
+        lk_gguf_close(vg);
+        return 1;
+    }
+    char key[128];
+#define AK(suffix) (snprintf(key, sizeof key, "%s." suffix, s.arch), key)
+    lk_gguf_writer_set_str(w, "general.architecture", s.arch);
+    char gname[160];
+    snprintf(gname, sizeof gname, "%s (random weights, seed %" PRId64 ")", s.name, seed);
+    lk_gguf_writer_set_str(w, "general.name", gname);
+    lk_gguf_writer_set_u32(w, AK("context_length"), s.n_ctx);
+    lk_gguf_writer_set_u32(w, AK("embedding_length"), (uint32_t)s.n_embd);
+    lk_gguf_writer_set_u32(w, AK("block_count"), (uint32_t)s.n_layer);
+    lk_gguf_writer_set_u32(w, AK("feed_forward_length"), (uint32_t)s.n_ff);
+    lk_gguf_writer_set_u32(w, AK("attention.head_count"), (uint32_t)s.n_head);
+    lk_gguf_writer_set_u32(w, AK("attention.head_count_kv"), (uint32_t)s.n_head_kv);
+    if (s.head_dim * s.n_head != s.n_embd || s.qk_norm) {
+        lk_gguf_writer_set_u32(w, AK("attention.key_length"), (uint32_t)s.head_dim);
+        lk_gguf_writer_set_u32(w, AK("attention.value_length"), (uint32_t)s.head_dim);
+    }
+    lk_gguf_writer_set_f32(w, AK("attention.layer_norm_rms_epsilon"), s.eps);
+    lk_gguf_writer_set_f32(w, AK("rope.freq_base"), s.rope_base);
+    lk_gguf_writer_set_u32(w, AK("rope.dimension_count"), (uint32_t)s.head_dim);
+    lk_gguf_writer_set_u32(w, AK("vocab_size"), (uint32_t)s.n_vocab);
+#undef AK
+    lk_gguf_writer_set_u32(w, "general.file_type", file_type_of(wtype));
+    lk_gguf_writer_set_u32(w, "general.quantization_version", 2);
+    if (vg) {
+        for (int64_t i = 0; i < lk_gguf_n_kv(vg); i++)
+            if (!strncmp(lk_gguf_kv_key(vg, i), "tokenizer.", 10)) lk_gguf_writer_copy_kv(w, vg, i);
+        lk_gguf_close(vg);
+    } else {
+        set_synthetic_vocab(w, s.n_vocab);
+    }
+
+    int64_t max_t = 4 + s.n_layer * 11;
+    gtensor *ts = lk_xcalloc((size_t)max_t, sizeof *ts);
+    int64_t nt = build_tensors(&s, wtype, ts);
+    LK_ASSERT(nt <= max_t);
+    uint64_t total = 0;
+    for (int64_t i = 0; i < nt; i++) {
+        lk_gguf_writer_add_tensor(w, ts[i].name, ts[i].type, ts[i].n_dims, ts[i].ne);
+        size_t rb;
+        LK_ASSERT(lk_type_row_bytes(ts[i].type, (int64_t)ts[i].ne[0], &rb));
+        total += rb * ts[i].ne[1];
+    }
+    lk_status st = lk_gguf_writer_begin_data(w, err, sizeof err);
+
+    /* chunks of about 16 MB of output, split across the threads */
+    enum { CHUNK = 16 << 20 };
+    int nth = (int)threads;
+    int64_t max_ne0 = LK_MAX(LK_MAX(s.n_embd, s.n_ff), s.n_head * s.head_dim);
+    uint8_t *chunk = lk_xmalloc_aligned(CHUNK + (size_t)max_ne0 * sizeof(float)); /* >= one row */
+    float *scratch = lk_xmalloc_aligned((size_t)nth * (size_t)max_ne0 * sizeof(float));
+    job_t *jobs = lk_xcalloc((size_t)nth, sizeof *jobs);
+    pthread_t *tids = lk_xcalloc((size_t)nth, sizeof *tids);
+    double t0 = lk_time_s(), last = 0;
+    uint64_t done = 0;
+    for (int64_t i = 0; i < nt && !st; i++) {
+        const gtensor *t = &ts[i];
+        size_t rb;
+        lk_type_row_bytes(t->type, (int64_t)t->ne[0], &rb);
+        uint64_t rows_per_chunk = LK_MAX(1, CHUNK / rb);
+        for (uint64_t r0 = 0; r0 < t->ne[1] && !st; r0 += rows_per_chunk) {
+            uint64_t r1 = LK_MIN(t->ne[1], r0 + rows_per_chunk), nr = r1 - r0;
+            int use = (int)LK_MIN((uint64_t)nth, nr);
+            int started = 0;
+            for (int k = 0; k < use; k++) {
+                uint64_t a = r0 + nr * (uint64_t)k / (uint64_t)use, b = r0 + nr * (uint64_t)(k + 1) / (uint64_t)use;
+                jobs[k] = (job_t){t, (uint64_t)seed, a, b, rb, chunk + (a - r0) * rb, scratch + (size_t)k * (size_t)max_ne0};
+                if (k == use - 1 || pthread_create(&tids[k], NULL, run_job, &jobs[k]) != 0) run_job(&jobs[k]);
+                else started++;
+            }
+            for (int k = 0; k < started; k++) pthread_join(tids[k], NULL);
+            st = lk_gguf_writer_write(w, chunk, nr * rb, err, sizeof err);
+            done += nr * rb;
+            double now = lk_time_s();
+            if (!quiet && (now - last > 0.25 || done == total)) {
+                last = now;
+                fprintf(stderr, "\rgen-model %s: %5.1f%%  %8.1f / %.1f MB  %6.0f MB/s ", s.name,
+                        100.0 * (double)done / (double)total, (double)done / 1e6, (double)total / 1e6,
+                        (double)done / 1e6 / (now - t0 + 1e-9));
+            }
+        }
+    }
+    if (!quiet) fprintf(stderr, "\n");
+    free(chunk);
+    free(scratch);
+    free(jobs);
+    free(tids);
+    free(ts);
+    if (st) {
+        lk_gguf_writer_abort(w);
+        fprintf(stderr, "lockstep gen-model: %s\n", err);
+        return 1;
+    }
+    if ((st = lk_gguf_writer_close(w, err, sizeof err)) != LK_OK) {
+        fprintf(stderr, "lockstep gen-model: %s\n", err);
+        return 1;
+    }
+    double dt = lk_time_s() - t0;
+    if (!quiet)
+        fprintf(stderr, "wrote %s: %s %" PRId64 " layers, %" PRId64 " tensors, %.1f MB of weights in %.2f s (%.0f MB/s)\n",
+                out, s.name, s.n_layer, nt, (double)total / 1e6, dt, (double)total / 1e6 / (dt + 1e-9));
+    return 0;
+}
