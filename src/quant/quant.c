@@ -473,6 +473,30 @@ void lk_quant_fill_scalar(lk_quant_ops *ops) {
     ops->quant[LK_TYPE_Q8_K] = quant_q8_k;
 }
 
+void lk_quant_run_tiles(const lk_tileset *ts, int64_t n, int64_t nrows, const void *w, size_t ws,
+                        int64_t ntok, const void *a, size_t as, float *y, size_t ys) {
+    const uint8_t *W = w, *A = a;
+    if (ntok == 1) {
+        int64_t r = 0;
+        for (; r + 4 <= nrows; r += 4) ts->dec4(n, W + (size_t)r * ws, ws, A, as, y + r, ys);
+        for (; r < nrows; r++) ts->dec1(n, W + (size_t)r * ws, ws, A, as, y + r, ys);
+        return;
+    }
+    enum { TCHUNK = 64 };
+    for (int64_t t0 = 0; t0 < ntok; t0 += TCHUNK) {
+        int64_t t1 = LK_MIN(ntok, t0 + TCHUNK), step;
+        for (int64_t r = 0; r < nrows; r += step) {
+            int rr = nrows - r >= ts->r_pf;
+            step = rr ? ts->r_pf : 1;
+            for (int64_t t = t0; t < t1; t += ts->t_pf) {
+                int tt = (int)LK_MIN((int64_t)ts->t_pf, t1 - t);
+                ts->pf[rr][tt](n, W + (size_t)r * ws, ws, A + (size_t)t * as, as,
+                               y + (size_t)t * ys + (size_t)r, ys);
+            }
+        }
+    }
+}
+
 /* ===================================================================== */
 /* Dispatch                                                                */
 /* ===================================================================== */

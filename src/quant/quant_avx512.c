@@ -79,6 +79,7 @@ LK_T512 static LK_INL float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
  * quants: the offset correction of Q4_0 and (flipped) Q8_0 weights. */
 typedef struct { __m512i lo, hi; __m512 d; } q8grp;
 
+
 LK_T512 static LK_INL q8grp q80_load(const lk_tabs *tb, const uint8_t *p) {
     __m512i a0 = _mm512_loadu_si512(p), a1 = _mm512_loadu_si512(p + 64);
     __m512i a2 = _mm512_loadu_si512(p + 8), a3 = _mm512_loadu_si512(p + 72);
@@ -163,66 +164,393 @@ LK_T512 static LK_INL void q4q8_tile(const int R, const int T, const bool is_q8,
         }
 }
 
-/* Instantiations: the tile shapes the drivers use. */
-#define LK_TILE_FN(name, body, R, T)                                                          \
-    LK_T512 static void name##_##R##x##T(int64_t n, const uint8_t *w, size_t ws,              \
-                                           const uint8_t *a, size_t as, float *y, size_t ys) { \
-        body(R, T, n, w, ws, a, as, y, ys);                                                   \
+/* ===================================================================== */
+/* K-quants x Q8_K                                                         */
+/* ===================================================================== */
+
+/* A Q8_K super-block for Q4_K/Q5_K: the 8 sub-blocks of 32 rearranged into
+ * the order the weights' nibbles come in (v0 = [sb0|sb2], v1 = [sb1|sb3],
+ * v2 = [sb4|sb6], v3 = [sb5|sb7]), sums of each sub-block (8 x i16) for the
+ * min term, and the scale. For Q6_K the natural order (v_k = elements
+ * 64k..64k+63) and the 16 bsums as they are. */
+typedef struct { __m512i v[4]; __m256i bs; __m128 d; } q8kgrp;
+
+LK_T512 static LK_INL q8kgrp q8k_load_4k(const uint8_t *p) {
+    __m512i l0 = _mm512_loadu_si512(p + 4), l1 = _mm512_loadu_si512(p + 68);
+    __m512i l2 = _mm512_loadu_si512(p + 132), l3 = _mm512_loadu_si512(p + 196);
+    q8kgrp g;
+    g.v[0] = _mm512_shuffle_i64x2(l0, l1, 0x44);
+    g.v[1] = _mm512_shuffle_i64x2(l0, l1, 0xEE);
+    g.v[2] = _mm512_shuffle_i64x2(l2, l3, 0x44);
+    g.v[3] = _mm512_shuffle_i64x2(l2, l3, 0xEE);
+    __m256i b = _mm256_loadu_si256((const __m256i *)(p + LK_Q8K_BS));
+    /* pairs of 16-sums -> 8 sums of 32 (|x| <= 32*127, fits i16) */
+    g.bs = _mm256_castsi128_si256(_mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
+    g.d = _mm_set1_ps(lk_ld_f32(p));
+    return g;
+}
+
+LK_T512 static LK_INL q8kgrp q8k_load_6k(const uint8_t *p) {
+    q8kgrp g;
+    for (int k = 0; k < 4; k++) g.v[k] = _mm512_loadu_si512(p + 4 + 64 * k);
+    g.bs = _mm256_loadu_si256((const __m256i *)(p + LK_Q8K_BS));
+    g.d = _mm_set1_ps(lk_ld_f32(p));
+    return g;
+}
+
+/* A decoded weight super-block: unsigned quants v[4] in the activation
+ * group's order, per-lane scales sc[4] as i32 lanes whose high 16 bits are
+ * zero (so vpdpwssd multiplies each lane's i16-sized dot by its scale),
+ * mins (Q4_K/Q5_K: 8 x i16) or scales as i16 (Q6_K: 16 x i16) for the
+ * activation-sum term, and [d, dmin] as floats. */
+typedef struct { __m512i v[4], sc[4]; __m256i m; __m128 dd; } kwgrp;
+
+/* Unpacks the 12-byte 6-bit scales/mins of Q4_K/Q5_K: bytes of *sc and *m
+ * are sub-blocks 0..7 (the format's packing, see lk_k_scale_min). */
+static LK_INL void k_scales_unpack(const uint8_t *q, uint64_t *sc, uint64_t *m) {
+    uint32_t w0, w1, w2;
+    memcpy(&w0, q, 4); memcpy(&w1, q + 4, 4); memcpy(&w2, q + 8, 4);
+    uint32_t sc_lo = w0 & 0x3f3f3f3fu, m_lo = w1 & 0x3f3f3f3fu;
+    uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | ((w0 >> 6) & 0x03030303u) << 4;
+    uint32_t m_hi = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 6) & 0x03030303u) << 4;
+    *sc = sc_lo | (uint64_t)sc_hi << 32;
+    *m = m_lo | (uint64_t)m_hi << 32;
+}
+
+typedef struct { __m512i idx4k[4], idx6k[4], m0f, m10, m30; } ktabs;
+
+LK_T512 static LK_INL ktabs ktabs_load(void) {
+    ktabs t;
+    /* Q4_K/Q5_K: v0 = [sb0|sb2] ... lanes 0-7 take scale a, 8-15 scale b */
+    static const int pairs[4][2] = {{0, 2}, {1, 3}, {4, 6}, {5, 7}};
+    for (int k = 0; k < 4; k++) {
+        t.idx4k[k] = _mm512_mask_mov_epi32(_mm512_set1_epi32(pairs[k][0]), 0xFF00,
+                                           _mm512_set1_epi32(pairs[k][1]));
+        /* Q6_K: v_k lanes 4i..4i+3 are sub-block 4k+i (16 elements each) */
+        t.idx6k[k] = _mm512_set_epi32(4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 2, 4 * k + 2,
+                                      4 * k + 2, 4 * k + 2, 4 * k + 1, 4 * k + 1, 4 * k + 1, 4 * k + 1,
+                                      4 * k, 4 * k, 4 * k, 4 * k);
     }
+    t.m0f = _mm512_set1_epi8(0x0F);
+    t.m10 = _mm512_set1_epi8(0x10);
+    t.m30 = _mm512_set1_epi8(0x30);
+    return t;
+}
 
-#define Q40_BODY(R, T, ...) q4q8_tile(R, T, false, __VA_ARGS__)
-#define Q80_BODY(R, T, ...) q4q8_tile(R, T, true, __VA_ARGS__)
-#define LK_TILES(name, body)                                                      \
-    LK_TILE_FN(name, body, 4, 1) LK_TILE_FN(name, body, 1, 1)                    \
-    LK_TILE_FN(name, body, 4, 3) LK_TILE_FN(name, body, 4, 2)                    \
-    LK_TILE_FN(name, body, 1, 3) LK_TILE_FN(name, body, 1, 2)                    \
-    static const lk_tile_fn name##_tiles[2][4] = {                                \
-        {NULL, name##_1x1, name##_1x2, name##_1x3},                               \
-        {NULL, name##_4x1, name##_4x2, name##_4x3},                               \
-    };
+/* ternary logic 0xEC: (A & C) | B */
+#define LK_AND_OR(a, b, c) _mm512_ternarylogic_epi32(a, b, c, 0xEC)
 
-typedef void (*lk_tile_fn)(int64_t n, const uint8_t *w, size_t ws, const uint8_t *a, size_t as,
-                           float *y, size_t ys);
+LK_T512 static LK_INL void k_sc_mins(const ktabs *kt, const uint8_t *scales, kwgrp *w) {
+    uint64_t sc, m;
+    k_scales_unpack(scales, &sc, &m);
+    __m512i s32 = _mm512_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc));
+    for (int k = 0; k < 4; k++) w->sc[k] = _mm512_permutexvar_epi32(kt->idx4k[k], s32);
+    w->m = _mm256_castsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m)));
+}
 
-LK_TILES(q40, Q40_BODY)
-LK_TILES(q80, Q80_BODY)
+LK_T512 static LK_INL kwgrp q4k_wload(const ktabs *kt, const uint8_t *p) {
+    kwgrp w;
+    __m512i q0 = _mm512_loadu_si512(p + LK_Q4K_QS), q1 = _mm512_loadu_si512(p + LK_Q4K_QS + 64);
+    w.v[0] = _mm512_and_si512(q0, kt->m0f);
+    w.v[1] = _mm512_and_si512(_mm512_srli_epi16(q0, 4), kt->m0f);
+    w.v[2] = _mm512_and_si512(q1, kt->m0f);
+    w.v[3] = _mm512_and_si512(_mm512_srli_epi16(q1, 4), kt->m0f);
+    k_sc_mins(kt, p + LK_Q4K_SC, &w);
+    w.dd = _mm_cvtph_ps(_mm_cvtsi32_si128((int)(lk_ld_u16(p) | (uint32_t)lk_ld_u16(p + 2) << 16)));
+    return w;
+}
 
-/* The driver shared by all types: decode walks 4 rows at a time over the one
- * activation row; prefill takes tokens in chunks that stay in L2 (64 tokens)
- * and, inside a chunk, 4-row x 3-token tiles, so each weight group is decoded
- * once per 3 tokens and each row chunk is read from memory once per 64
- * tokens. */
-static void run_tiles(const lk_tile_fn tiles[2][4], int64_t n, int64_t nrows, const void *w,
-                      size_t ws, int64_t ntok, const void *a, size_t as, float *y, size_t ys) {
-    const uint8_t *W = w, *A = a;
-    enum { TCHUNK = 64, RT = 4, TT = 3 };
-    for (int64_t t0 = 0; t0 < ntok; t0 += TCHUNK) {
-        int64_t t1 = LK_MIN(ntok, t0 + TCHUNK);
-        int64_t step;
-        for (int64_t r = 0; r < nrows; r += step) {
-            int rr = nrows - r >= RT;
-            step = rr ? RT : 1;
-            for (int64_t t = t0; t < t1; t += TT) {
-                int tt = (int)LK_MIN((int64_t)TT, t1 - t);
-                tiles[rr][tt](n, W + (size_t)r * ws, ws, A + (size_t)t * as, as,
-                              y + (size_t)t * ys + (size_t)r, ys);
-            }
-        }
+LK_T512 static LK_INL kwgrp q5k_wload(const ktabs *kt, const uint8_t *p) {
+    kwgrp w;
+    __m512i q0 = _mm512_loadu_si512(p + LK_Q5K_QS), q1 = _mm512_loadu_si512(p + LK_Q5K_QS + 64);
+    __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + LK_Q5K_QH)));
+    /* The 5th bit of sub-block j is bit j of qh[l]; move it to bit 4 for
+     * both halves of each vector at once (per-half word shifts). */
+    const __m512i s02 = _mm512_mask_mov_epi16(_mm512_set1_epi16(4), 0xFFFF0000u, _mm512_set1_epi16(2));
+    const __m512i s13 = _mm512_mask_mov_epi16(_mm512_set1_epi16(3), 0xFFFF0000u, _mm512_set1_epi16(1));
+    const __m512i r46 = _mm512_mask_mov_epi16(_mm512_set1_epi16(0), 0xFFFF0000u, _mm512_set1_epi16(2));
+    const __m512i r57 = _mm512_mask_mov_epi16(_mm512_set1_epi16(1), 0xFFFF0000u, _mm512_set1_epi16(3));
+    __m512i h0 = _mm512_and_si512(_mm512_sllv_epi16(qh, s02), kt->m10);
+    __m512i h1 = _mm512_and_si512(_mm512_sllv_epi16(qh, s13), kt->m10);
+    __m512i h2 = _mm512_and_si512(_mm512_srlv_epi16(qh, r46), kt->m10);
+    __m512i h3 = _mm512_and_si512(_mm512_srlv_epi16(qh, r57), kt->m10);
+    w.v[0] = LK_AND_OR(q0, h0, kt->m0f);
+    w.v[1] = LK_AND_OR(_mm512_srli_epi16(q0, 4), h1, kt->m0f);
+    w.v[2] = LK_AND_OR(q1, h2, kt->m0f);
+    w.v[3] = LK_AND_OR(_mm512_srli_epi16(q1, 4), h3, kt->m0f);
+    k_sc_mins(kt, p + LK_Q5K_SC, &w);
+    w.dd = _mm_cvtph_ps(_mm_cvtsi32_si128((int)(lk_ld_u16(p) | (uint32_t)lk_ld_u16(p + 2) << 16)));
+    return w;
+}
+
+LK_T512 static LK_INL kwgrp q6k_wload(const ktabs *kt, const uint8_t *p) {
+    kwgrp w;
+    /* half h: ql[64h..] low nibbles = elements [0..63] of the half, high
+     * nibbles [64..127]; the top 2 bits of element 32k+l are bits 2k..2k+1
+     * of qh[32h+l], moved to bits 4-5 by per-half word shifts. */
+    const __m512i sl42 = _mm512_mask_mov_epi16(_mm512_set1_epi16(4), 0xFFFF0000u, _mm512_set1_epi16(2));
+    const __m512i sr02 = _mm512_mask_mov_epi16(_mm512_set1_epi16(0), 0xFFFF0000u, _mm512_set1_epi16(2));
+    for (int h = 0; h < 2; h++) {
+        __m512i ql = _mm512_loadu_si512(p + LK_Q6K_QL + 64 * h);
+        __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + LK_Q6K_QH + 32 * h)));
+        __m512i t0 = _mm512_and_si512(_mm512_sllv_epi16(qh, sl42), kt->m30);
+        __m512i t1 = _mm512_and_si512(_mm512_srlv_epi16(qh, sr02), kt->m30);
+        w.v[2 * h] = LK_AND_OR(ql, t0, kt->m0f);
+        w.v[2 * h + 1] = LK_AND_OR(_mm512_srli_epi16(ql, 4), t1, kt->m0f);
+    }
+    __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + LK_Q6K_SC)));
+    __m512i s32 = _mm512_cvtepu16_epi32(sc16); /* i16 scale in the low half, zero high half */
+    for (int k = 0; k < 4; k++) w.sc[k] = _mm512_permutexvar_epi32(kt->idx6k[k], s32);
+    w.m = sc16;
+    w.dd = _mm_set1_ps(lk_ld_h(p + LK_Q6K_D));
+    return w;
+}
+
+/* One super-block of one row x one token: accumulates d*da*sum_j sc_j*(q.a)_j
+ * into acc and (K4/K5) dmin*da*sum_j m_j*bsum_j into accm (subtracted at the
+ * end); Q6_K's -32 offset is sum_j sc_j*32*bsum_j, folded into the integer
+ * sum before scaling. */
+LK_T512 static LK_INL void kq_block(const int kind, const kwgrp *w, const q8kgrp *a, __m512 *acc,
+                                    __m128 *accm) {
+    __m512i isum = _mm512_setzero_si512();
+    for (int k = 0; k < 4; k++) {
+        __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w->v[k], a->v[k]);
+        isum = _mm512_dpwssd_epi32(isum, p, w->sc[k]);
+    }
+    __m128 s = _mm_mul_ps(w->dd, a->d);
+    if (kind == 6) {
+        __m256i c = _mm256_slli_epi32(_mm256_madd_epi16(w->m, a->bs), 5);
+        isum = _mm512_sub_epi32(isum, _mm512_zextsi256_si512(c));
+        *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_broadcastss_ps(s), *acc);
+    } else {
+        __m128i mm = _mm_madd_epi16(_mm256_castsi256_si128(w->m), _mm256_castsi256_si128(a->bs));
+        *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_broadcastss_ps(s), *acc);
+        *accm = _mm_fmadd_ps(_mm_cvtepi32_ps(mm), _mm_permute_ps(s, 0x55), *accm);
     }
 }
 
-#define LK_MM_FN(name)                                                                       \
-    static void mm_##name(int64_t n, int64_t nrows, const void *w, size_t w_stride,          \
-                          int64_t ntok, const void *a, size_t a_stride, float *y,            \
-                          size_t y_stride) {                                                 \
-        run_tiles(name##_tiles, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);      \
+/* R x T tile over the super-blocks of a row. Decode (T = 1): the activation
+ * super-block is prepared once and each row's weights decoded and used at
+ * once (4 rows' worth would not fit the 32 registers). Prefill (R = 1): the
+ * row's weights are decoded once and used for T tokens. */
+LK_T512 static LK_INL void kq_tile(const int R, const int T, const int kind, int64_t n,
+                                   const uint8_t *w, size_t ws, const uint8_t *a, size_t as,
+                                   float *y, size_t ys) {
+    const ktabs kt = ktabs_load();
+    const size_t bb = kind == 4 ? LK_Q4K_BYTES : kind == 5 ? LK_Q5K_BYTES : LK_Q6K_BYTES;
+    const int64_t nb = n / LK_QK_K;
+    __m512 acc[4][4];
+    __m128 accm[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps(), accm[r][t] = _mm_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        if (T == 1) {
+            const uint8_t *ap = a + (size_t)i * LK_Q8K_BYTES;
+            q8kgrp A = kind == 6 ? q8k_load_6k(ap) : q8k_load_4k(ap);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                const uint8_t *wp = w + r * ws + (size_t)i * bb;
+                kwgrp W = kind == 4 ? q4k_wload(&kt, wp) : kind == 5 ? q5k_wload(&kt, wp) : q6k_wload(&kt, wp);
+                kq_block(kind, &W, &A, &acc[r][0], &accm[r][0]);
+            }
+        } else {
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                const uint8_t *wp = w + r * ws + (size_t)i * bb;
+                kwgrp W = kind == 4 ? q4k_wload(&kt, wp) : kind == 5 ? q5k_wload(&kt, wp) : q6k_wload(&kt, wp);
+#pragma GCC unroll 4
+                for (int t = 0; t < T; t++) {
+                    const uint8_t *ap = a + t * as + (size_t)i * LK_Q8K_BYTES;
+                    q8kgrp A = kind == 6 ? q8k_load_6k(ap) : q8k_load_4k(ap);
+                    kq_block(kind, &W, &A, &acc[r][t], &accm[r][t]);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            __m128 m = accm[r][t];
+            m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+            m = _mm_add_ss(m, _mm_movehdup_ps(m));
+            y[t * ys + r] = hsum(acc[r][t]) - _mm_cvtss_f32(m);
+        }
+}
+
+/* ===================================================================== */
+/* F32, F16, BF16                                                          */
+/* ===================================================================== */
+
+/* Loads 16 elements (fewer under `m`) of a float-type row as fp32. */
+LK_T512 static LK_INL __m512 fl_load(const int kind, const uint8_t *p, __mmask16 m) {
+    if (kind == 32) return _mm512_maskz_loadu_ps(m, p);
+    __m256i h = _mm256_maskz_loadu_epi16(m, p);
+    if (kind == 16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* Weights and activations of the same float type: FMA in fp32 (products of
+ * fp16/bf16 values are exact in fp32). 2 x 16 elements per step so each
+ * accumulator chain has room; the tail goes through masked loads. */
+LK_T512 static LK_INL void fl_tile(const int R, const int T, const int kind, int64_t n,
+                                   const uint8_t *w, size_t ws, const uint8_t *a, size_t as,
+                                   float *y, size_t ys) {
+    const int es = kind == 32 ? 4 : 2;
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512 w0[4], w1[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            w0[r] = fl_load(kind, w + r * ws + i * es, 0xFFFF);
+            w1[r] = fl_load(kind, w + r * ws + (i + 16) * es, 0xFFFF);
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            __m512 a0 = fl_load(kind, a + t * as + i * es, 0xFFFF);
+            __m512 a1 = fl_load(kind, a + t * as + (i + 16) * es, 0xFFFF);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                acc[r][t] = _mm512_fmadd_ps(w0[r], a0, acc[r][t]);
+                acc[r][t] = _mm512_fmadd_ps(w1[r], a1, acc[r][t]);
+            }
+        }
+    }
+    for (; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            __m512 a0 = fl_load(kind, a + t * as + i * es, m);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                acc[r][t] = _mm512_fmadd_ps(fl_load(kind, w + r * ws + i * es, m), a0, acc[r][t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) y[t * ys + r] = hsum(acc[r][t]);
+}
+
+/* BF16 x BF16 with AVX512_BF16: vdpbf16ps does 32 products per instruction
+ * into fp32 (as ggml's BF16 dot on such CPUs). */
+#define LK_T512BF                                                                              \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,avx2,fma," \
+                          "f16c,bmi,bmi2,avx512bf16")))
+
+LK_T512BF static LK_INL void bf_tile(const int R, const int T, int64_t n, const uint8_t *w,
+                                     size_t ws, const uint8_t *a, size_t as, float *y, size_t ys) {
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 32) {
+        __mmask32 m = n - i >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << (n - i)) - 1);
+        __m512i wv[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) wv[r] = _mm512_maskz_loadu_epi16(m, w + r * ws + i * 2);
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            __m512bh av = (__m512bh)_mm512_maskz_loadu_epi16(m, a + t * as + i * 2);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], av);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) y[t * ys + r] = hsum(acc[r][t]);
+}
+
+/* ===================================================================== */
+/* Tile instantiations and tile sets                                       */
+/* ===================================================================== */
+
+#define LK_TILE_FN(attr, name, R, T, call)                                                   \
+    attr static void name##_##R##x##T(int64_t n, const uint8_t *w, size_t ws,              \
+                                       const uint8_t *a, size_t as, float *y, size_t ys) { \
+        call;                                                                              \
+    }
+
+/* Q4_0 / Q8_0: decode 4x1, prefill 4x3 */
+#define LK_Q_TILES(name, isq8)                                                                          \
+    LK_TILE_FN(LK_T512, name, 4, 1, q4q8_tile(4, 1, isq8, n, w, ws, a, as, y, ys))                   \
+    LK_TILE_FN(LK_T512, name, 4, 2, q4q8_tile(4, 2, isq8, n, w, ws, a, as, y, ys))                   \
+    LK_TILE_FN(LK_T512, name, 4, 3, q4q8_tile(4, 3, isq8, n, w, ws, a, as, y, ys))                   \
+    LK_TILE_FN(LK_T512, name, 1, 1, q4q8_tile(1, 1, isq8, n, w, ws, a, as, y, ys))                   \
+    LK_TILE_FN(LK_T512, name, 1, 2, q4q8_tile(1, 2, isq8, n, w, ws, a, as, y, ys))                   \
+    LK_TILE_FN(LK_T512, name, 1, 3, q4q8_tile(1, 3, isq8, n, w, ws, a, as, y, ys))                   \
+    static const lk_tileset name##_set = {name##_4x1, name##_1x1, 4, 3,                             \
+                                          {{NULL, name##_1x1, name##_1x2, name##_1x3, NULL},        \
+                                           {NULL, name##_4x1, name##_4x2, name##_4x3, NULL}}};
+LK_Q_TILES(q40, false)
+LK_Q_TILES(q80, true)
+
+/* K-quants: decode 4x1, prefill 1x4 */
+#define LK_K_TILES(name, kind)                                                                 \
+    LK_TILE_FN(LK_T512, name, 4, 1, kq_tile(4, 1, kind, n, w, ws, a, as, y, ys))            \
+    LK_TILE_FN(LK_T512, name, 1, 1, kq_tile(1, 1, kind, n, w, ws, a, as, y, ys))            \
+    LK_TILE_FN(LK_T512, name, 1, 2, kq_tile(1, 2, kind, n, w, ws, a, as, y, ys))            \
+    LK_TILE_FN(LK_T512, name, 1, 3, kq_tile(1, 3, kind, n, w, ws, a, as, y, ys))            \
+    LK_TILE_FN(LK_T512, name, 1, 4, kq_tile(1, 4, kind, n, w, ws, a, as, y, ys))            \
+    static const lk_tileset name##_set = {name##_4x1, name##_1x1, 1, 4,                    \
+                                          {{NULL, name##_1x1, name##_1x2, name##_1x3, name##_1x4}, \
+                                           {NULL, name##_1x1, name##_1x2, name##_1x3, name##_1x4}}};
+LK_K_TILES(q4k, 4)
+LK_K_TILES(q5k, 5)
+LK_K_TILES(q6k, 6)
+
+/* float types: decode 4x1, prefill 4x3 */
+#define LK_F_TILES(attr, name, CALL)                                                          \
+    LK_TILE_FN(attr, name, 4, 1, CALL(4, 1)) LK_TILE_FN(attr, name, 4, 2, CALL(4, 2))         \
+    LK_TILE_FN(attr, name, 4, 3, CALL(4, 3)) LK_TILE_FN(attr, name, 1, 1, CALL(1, 1))         \
+    LK_TILE_FN(attr, name, 1, 2, CALL(1, 2)) LK_TILE_FN(attr, name, 1, 3, CALL(1, 3))         \
+    static const lk_tileset name##_set = {name##_4x1, name##_1x1, 4, 3,                     \
+                                          {{NULL, name##_1x1, name##_1x2, name##_1x3, NULL}, \
+                                           {NULL, name##_4x1, name##_4x2, name##_4x3, NULL}}};
+#define F32_CALL(R, T) fl_tile(R, T, 32, n, w, ws, a, as, y, ys)
+#define F16_CALL(R, T) fl_tile(R, T, 16, n, w, ws, a, as, y, ys)
+#define BFC_CALL(R, T) fl_tile(R, T, 0, n, w, ws, a, as, y, ys)
+#define BF_CALL(R, T) bf_tile(R, T, n, w, ws, a, as, y, ys)
+LK_F_TILES(LK_T512, f32, F32_CALL)
+LK_F_TILES(LK_T512, f16, F16_CALL)
+LK_F_TILES(LK_T512, bfc, BFC_CALL)
+LK_F_TILES(LK_T512BF, bf, BF_CALL)
+
+#define LK_MM_FN(name)                                                                      \
+    static void mm_##name(int64_t n, int64_t nrows, const void *w, size_t w_stride,         \
+                          int64_t ntok, const void *a, size_t a_stride, float *y,           \
+                          size_t y_stride) {                                                \
+        lk_quant_run_tiles(&name##_set, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride); \
     }
 LK_MM_FN(q40)
 LK_MM_FN(q80)
+LK_MM_FN(q4k)
+LK_MM_FN(q5k)
+LK_MM_FN(q6k)
+LK_MM_FN(f32)
+LK_MM_FN(f16)
+LK_MM_FN(bfc)
+LK_MM_FN(bf)
 
 void lk_quant_fill_avx512(lk_quant_ops *ops) {
     build_tables();
     ops->name = "avx512";
     ops->mm[LK_TYPE_Q4_0] = mm_q40;
     ops->mm[LK_TYPE_Q8_0] = mm_q80;
+    ops->mm[LK_TYPE_Q4_K] = mm_q4k;
+    ops->mm[LK_TYPE_Q5_K] = mm_q5k;
+    ops->mm[LK_TYPE_Q6_K] = mm_q6k;
+    ops->mm[LK_TYPE_F32] = mm_f32;
+    ops->mm[LK_TYPE_F16] = mm_f16;
+    __builtin_cpu_init();
+    ops->mm[LK_TYPE_BF16] = __builtin_cpu_supports("avx512bf16") ? mm_bf : mm_bfc;
 }

@@ -68,6 +68,23 @@ typedef struct {
  * unrolled groups. */
 float lk_quant_dot_scalar(lk_type t, int64_t n, const void *w, const void *a);
 
+/* Register-tile kernels and the driver that walks a matrix with them.
+ * A tile computes y[t*ys + r] for r < R rows and t < T tokens over the whole
+ * row length n (w: first row, ws: row stride; a: first token, as: stride). */
+typedef void (*lk_tile_fn)(int64_t n, const uint8_t *w, size_t ws, const uint8_t *a, size_t as,
+                           float *y, size_t ys);
+typedef struct {
+    lk_tile_fn dec4, dec1;   /* decode: 4 rows x 1 token, 1 row x 1 token */
+    int        r_pf, t_pf;   /* prefill tile shape: r_pf rows (1..4) x t_pf tokens (1..4) */
+    lk_tile_fn pf[2][5];     /* [r_pf rows or 1 row][1..t_pf tokens] */
+} lk_tileset;
+/* lk_quant_matmul over tiles: decode walks 4 rows at a time; prefill takes
+ * tokens in chunks that stay in L2 (64) and covers each chunk with
+ * r_pf x t_pf tiles (so each weight group is decoded once per t_pf tokens
+ * and read from memory once per chunk). */
+void lk_quant_run_tiles(const lk_tileset *ts, int64_t n, int64_t nrows, const void *w, size_t ws,
+                        int64_t ntok, const void *a, size_t as, float *y, size_t ys);
+
 /* Each SIMD file fills the entries it accelerates over a copy of the scalar
  * table, so a level with a missing kernel falls back to the scalar one. */
 void lk_quant_fill_scalar(lk_quant_ops *ops);
