@@ -5,6 +5,12 @@
 #include "quant/quant.h"
 #include "lk_test.h"
 
+/* The commands are part of the program, not the library: include them (and
+ * the flag parser) to run them in-process, under the sanitizers too. */
+#include "../src/cli/args.c"
+#include "../src/cli/cmd_gen_model.c"
+#include "../src/cli/cmd_quantize.c"
+
 #include <dirent.h>
 #include <inttypes.h>
 #include <jansson.h>
@@ -281,13 +287,16 @@ static void cleanup_tmp(void) {
     if (d) closedir(d);
     rmdir(tmpdir);
 }
+/* A path in the test's temp folder, in a rotating static buffer (8 live). */
 static const char *tmp_path(const char *name) {
-    static char p[512];
+    static char bufs[8][512];
+    static int k;
+    char *p = bufs[k++ & 7];
     if (!tmpdir[0]) {
         snprintf(tmpdir, sizeof tmpdir, "/tmp/lk_gguf_XXXXXX");
         if (!mkdtemp(tmpdir)) { perror("mkdtemp"); exit(1); }
     }
-    snprintf(p, sizeof p, "%s/%s", tmpdir, name);
+    snprintf(p, 512, "%s/%s", tmpdir, name);
     return p;
 }
 static void write_file(const char *path, const void *b, size_t n) {
@@ -666,6 +675,381 @@ TEST(writer_round_trip) {
     CHECK(lk_gguf_writer_open("/nonexistent-dir/x.gguf", &w, err, sizeof err) == LK_ERR_IO);
 }
 
+/* ---- commands: quantize, gen-model --------------------------------------------- */
+
+static int run_cmd(int (*fn)(int, char **), const char *args) {
+    char buf[2048], *argv[32];
+    int argc = 0;
+    snprintf(buf, sizeof buf, "%s", args);
+    for (char *t = strtok(buf, " "); t && argc < 32; t = strtok(NULL, " ")) argv[argc++] = t;
+    return fn(argc, argv);
+}
+
+static bool same_file_bytes(const char *a, const char *b, uint64_t *first_diff) {
+    FILE *x = fopen(a, "rb"), *y = fopen(b, "rb");
+    bool same = x && y;
+    uint64_t off = 0;
+    while (same) {
+        int c = fgetc(x), d = fgetc(y);
+        if (c != d) same = false;
+        else if (c == EOF) break;
+        else off++;
+    }
+    if (x) fclose(x);
+    if (y) fclose(y);
+    if (first_diff) *first_diff = off;
+    return same;
+}
+
+/* Dequantises one row independently of quant/ (the block layouts of the GGUF
+ * spec) and checks every element against the F32 source:
+ *   q8_0: d = amax/127 (stored fp16), |x - q d| <= d/2 plus the fp16 rounding of d
+ *         acting on |q| <= 127;
+ *   q4_0: d = -max/8 (max the signed element of largest magnitude), elements
+ *         within |d|/2 except the top end, which clamps to 7d (error <= |d|);
+ *   f16:  relative 2^-11.
+ * Returns the number of elements out of bounds. */
+static int64_t check_row(uint32_t type, const void *q, const float *x, int64_t n, double *max_rel_err) {
+    const uint8_t *b = q;
+    int64_t bad = 0;
+    if (type == 1) {
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, b + 2 * i, 2);
+            float v = lk_fp16_to_fp32(h);
+            if (fabsf(v - x[i]) > fabsf(x[i]) * (1.0f / 2048) + 6e-8f) bad++;
+        }
+        return bad;
+    }
+    int bytes = type == 8 ? 34 : 18;
+    for (int64_t blk = 0; blk < n / 32; blk++, b += bytes, x += 32) {
+        uint16_t h;
+        memcpy(&h, b, 2);
+        float d = lk_fp16_to_fp32(h), amax = 0, max = 0;
+        for (int j = 0; j < 32; j++)
+            if (fabsf(x[j]) > amax) { amax = fabsf(x[j]); max = x[j]; }
+        float expect_d = type == 8 ? amax / 127 : max / -8;
+        if (fabsf(d - expect_d) > fabsf(expect_d) * (1.0f / 1024) + 1e-12f) bad++;
+        for (int j = 0; j < 32; j++) {
+            float v, tol;
+            if (type == 8) {
+                v = d * (float)(int8_t)b[2 + j];
+                tol = fabsf(d) * (0.5f + 127.0f / 1024);
+            } else {
+                int qv = j < 16 ? (b[2 + j] & 15) : (b[2 + j - 16] >> 4);
+                v = d * (float)(qv - 8);
+                tol = fabsf(d) * (qv == 15 ? 1.0f + 8.0f / 1024 : 0.5f + 8.0f / 1024);
+            }
+            float e = fabsf(v - x[j]);
+            if (e > tol + 1e-9f) bad++;
+            if (amax > 0 && e / amax > *max_rel_err) *max_rel_err = e / amax;
+        }
+    }
+    return bad;
+}
+
+/* Every tensor of `out` against the F32 tensor of the same name in `src`. */
+static void check_quantized_against(const char *out, const char *src, const char *what) {
+    lk_gguf *q = open_ok(out), *f = open_ok(src);
+    if (!q || !f) { lk_gguf_close(q); lk_gguf_close(f); return; }
+    CHECK(lk_gguf_n_tensors(q) == lk_gguf_n_tensors(f));
+    double rel8 = 0, rel4 = 0;
+    for (int64_t i = 0; i < lk_gguf_n_tensors(q); i++) {
+        const lk_gguf_tensor *t = lk_gguf_tensor_at(q, i), *s = lk_gguf_find_tensor(f, t->name);
+        CHECK(s && s->type == 0 && s->n_elements == t->n_elements);
+        if (!s || s->type != 0) continue;
+        if (t->type == 0) { CHECK(!memcmp(t->data, s->data, s->nbytes)); continue; }
+        CHECKF(t->type == 1 || t->type == 2 || t->type == 8, "%s: %s type %u", what, t->name, t->type);
+        size_t rb;
+        lk_type_row_bytes(t->type, (int64_t)t->ne[0], &rb);
+        int64_t bad = 0;
+        for (uint64_t r = 0; r < t->n_elements / t->ne[0]; r++)
+            bad += check_row(t->type, (const uint8_t *)t->data + r * rb, (const float *)s->data + r * t->ne[0],
+                             (int64_t)t->ne[0], t->type == 8 ? &rel8 : &rel4);
+        CHECKF(bad == 0, "%s: %s: %" PRId64 " elements beyond the quantisation error", what, t->name, bad);
+    }
+    /* and the errors are of the expected size, not trivially small */
+    if (getenv("VERBOSE")) printf("  %s: max error / block amax: q8_0 %.4f q4_0 %.4f\n", what, rel8, rel4);
+    lk_gguf_close(q);
+    lk_gguf_close(f);
+}
+
+TEST(quantize_matches_llama_quantize) {
+    static const char *types[] = {"q8_0", "q4_0"};
+    for (int k = 0; k < 2; k++) {
+        char args[1024], ref[600];
+        const char *out = tmp_path(k ? "s-q4.gguf" : "s-q8.gguf");
+        snprintf(args, sizeof args, "%s %s --type %s -q -t 3", lk_td("models/stories260K.gguf"), out, types[k]);
+        CHECK(run_cmd(lk_cmd_quantize, args) == 0);
+        snprintf(ref, sizeof ref, "models/stories260K-%s.gguf", types[k]);
+        uint64_t off = 0;
+        CHECKF(same_file_bytes(out, lk_td(ref), &off), "%s differs from llama-quantize's at byte %" PRIu64, types[k], off);
+        check_quantized_against(out, lk_td("models/stories260K.gguf"), types[k]);
+    }
+    /* synth-llama: q8_0 identical; q4_0 identical except output.weight, which
+     * llama.cpp makes Q6_K and lockstep Q8_0 (checked within bounds above) */
+    const char *out = tmp_path("l-q8.gguf");
+    char args[1024];
+    snprintf(args, sizeof args, "%s %s --type q8_0 -q", lk_td("synth/synth-llama-f32.gguf"), out);
+    CHECK(run_cmd(lk_cmd_quantize, args) == 0);
+    CHECK(same_file_bytes(out, lk_td("synth/synth-llama-q8_0.gguf"), NULL));
+    snprintf(args, sizeof args, "%s %s --type q8_0 -q", lk_td("synth/synth-qwen3-f32.gguf"), out);
+    CHECK(run_cmd(lk_cmd_quantize, args) == 0);
+    CHECK(same_file_bytes(out, lk_td("synth/synth-qwen3-q8_0.gguf"), NULL));
+    snprintf(args, sizeof args, "%s %s --type q4_0 -q", lk_td("synth/synth-llama-f32.gguf"), out);
+    CHECK(run_cmd(lk_cmd_quantize, args) == 0);
+    lk_gguf *a = open_ok(out), *b = open_ok(lk_td("synth/synth-llama-q4_0.gguf"));
+    if (a && b) {
+        CHECK(lk_gguf_n_tensors(a) == lk_gguf_n_tensors(b) && lk_gguf_n_kv(a) == lk_gguf_n_kv(b));
+        for (int64_t i = 0; i < lk_gguf_n_tensors(a); i++) {
+            const lk_gguf_tensor *x = lk_gguf_tensor_at(a, i), *y = lk_gguf_tensor_at(b, i);
+            CHECK(!strcmp(x->name, y->name));
+            if (!strcmp(x->name, "output.weight")) { CHECK(x->type == 8 && y->type == 14); continue; }
+            CHECKF(x->type == y->type && x->nbytes == y->nbytes && !memcmp(x->data, y->data, x->nbytes), "%s", x->name);
+        }
+        for (int64_t i = 0; i < lk_gguf_n_kv(a); i++) CHECK(!strcmp(lk_gguf_kv_key(a, i), lk_gguf_kv_key(b, i)));
+    }
+    lk_gguf_close(a);
+    lk_gguf_close(b);
+    check_quantized_against(out, lk_td("synth/synth-llama-f32.gguf"), "synth q4_0");
+    /* quantising an already quantised file: converted from its dequantised values */
+    const char *out2 = tmp_path("l-q4-from-q8.gguf");
+    snprintf(args, sizeof args, "%s %s --type q4_0 -q", lk_td("synth/synth-llama-q8_0.gguf"), out2);
+    CHECK(run_cmd(lk_cmd_quantize, args) == 0);
+    lk_gguf *c = open_ok(out2);
+    if (c) {
+        const lk_gguf_tensor *t = lk_gguf_find_tensor(c, "blk.0.ffn_up.weight");
+        CHECK(t && t->type == 2);
+        int64_t ft;
+        CHECK(lk_gguf_get_i64(c, "general.file_type", &ft) && ft == 2);
+    }
+    lk_gguf_close(c);
+}
+
+TEST(quantize_errors) {
+    char args[1024];
+    const char *out = tmp_path("bad.gguf");
+    snprintf(args, sizeof args, "%s %s --type q5_1", lk_td("models/stories260K.gguf"), out);
+    CHECK(run_cmd(lk_cmd_quantize, args) == 2);
+    snprintf(args, sizeof args, "%s %s", lk_td("models/stories260K.gguf"), out);
+    CHECK(run_cmd(lk_cmd_quantize, args) == 2); /* no --type */
+    snprintf(args, sizeof args, "%s --type q8_0", lk_td("models/stories260K.gguf"));
+    CHECK(run_cmd(lk_cmd_quantize, args) == 2); /* no output */
+    snprintf(args, sizeof args, "%s %s --type q8_0 --bogus", lk_td("models/stories260K.gguf"), out);
+    CHECK(run_cmd(lk_cmd_quantize, args) == 2);
+    snprintf(args, sizeof args, "%s %s --type q8_0 -t x", lk_td("models/stories260K.gguf"), out);
+    CHECK(run_cmd(lk_cmd_quantize, args) == 2);
+    /* in place is refused */
+    const char *copy = tmp_path("inplace.gguf");
+    CHECK(run_cmd(lk_cmd_quantize, "-q") == 2);
+    snprintf(args, sizeof args, "%s %s --type q8_0 -q", lk_td("models/stories260K.gguf"), copy);
+    CHECK(run_cmd(lk_cmd_quantize, args) == 0);
+    snprintf(args, sizeof args, "%s %s --type q4_0 -q", copy, copy);
+    CHECK(run_cmd(lk_cmd_quantize, args) == 2);
+    /* a malformed input: runtime failure, no output left behind */
+    fields f;
+    bb x = base_file(&f);
+    patch32(&x, f.type_b, 99);
+    const char *bad = tmp_path("badin.gguf");
+    write_file(bad, x.b, x.n);
+    free(x.b);
+    unlink(out);
+    snprintf(args, sizeof args, "%s %s --type q8_0 -q", bad, out);
+    CHECK(run_cmd(lk_cmd_quantize, args) == 1);
+    CHECK(access(out, F_OK) != 0);
+    snprintf(args, sizeof args, "/nonexistent.gguf %s --type q8_0 -q", out);
+    CHECK(run_cmd(lk_cmd_quantize, args) == 1);
+}
+
+/* Mean and standard deviation of a tensor's values, dequantised independently. */
+static void tensor_stats(const lk_gguf_tensor *t, double *mean, double *sd) {
+    double s = 0, s2 = 0;
+    uint64_t n = t->n_elements;
+    float *row = malloc(t->ne[0] * sizeof *row);
+    size_t rb;
+    lk_type_row_bytes(t->type, (int64_t)t->ne[0], &rb);
+    for (uint64_t r = 0; r < n / t->ne[0]; r++) {
+        const uint8_t *b = (const uint8_t *)t->data + r * rb;
+        for (uint64_t i = 0; i < t->ne[0]; i++) {
+            float v;
+            if (t->type == 0) memcpy(&v, b + 4 * i, 4);
+            else if (t->type == 1) { uint16_t h; memcpy(&h, b + 2 * i, 2); v = lk_fp16_to_fp32(h); }
+            else {
+                const uint8_t *blk = b + (i / 32) * (t->type == 8 ? 34 : 18);
+                uint16_t h;
+                memcpy(&h, blk, 2);
+                float d = lk_fp16_to_fp32(h);
+                int j = (int)(i % 32);
+                if (t->type == 8) v = d * (float)(int8_t)blk[2 + j];
+                else v = d * (float)((j < 16 ? (blk[2 + j] & 15) : (blk[2 + j - 16] >> 4)) - 8);
+            }
+            s += v;
+            s2 += (double)v * v;
+        }
+    }
+    free(row);
+    *mean = s / (double)n;
+    *sd = sqrt(s2 / (double)n - *mean * *mean);
+}
+
+TEST(gen_model_tiny_every_type) {
+    static const struct { const char *name; uint32_t type, ftype; } types[] = {
+        {"f32", 0, 0}, {"f16", 1, 1}, {"q8_0", 8, 7}, {"q4_0", 2, 2}};
+    for (int k = 0; k < 4; k++) {
+        char args[1024];
+        const char *out = tmp_path("tiny.gguf");
+        snprintf(args, sizeof args, "--shape tiny --type %s -o %s --seed 7 -q", types[k].name, out);
+        CHECK(run_cmd(lk_cmd_gen_model, args) == 0);
+        lk_gguf *g = open_ok(out);
+        if (!g) continue;
+        /* tiny: llama, 256 embd, 2 layers, 8 heads (32 wide), 2 kv heads, ff 768, vocab 512, untied */
+        CHECK(lk_gguf_n_tensors(g) == 1 + 2 * 9 + 2);
+        static const struct { const char *n; uint64_t ne0, ne1; } want[] = {
+            {"token_embd.weight", 256, 512}, {"blk.0.attn_q.weight", 256, 256}, {"blk.0.attn_k.weight", 256, 64},
+            {"blk.1.attn_v.weight", 256, 64}, {"blk.1.attn_output.weight", 256, 256}, {"blk.0.ffn_gate.weight", 256, 768},
+            {"blk.0.ffn_up.weight", 256, 768}, {"blk.1.ffn_down.weight", 768, 256}, {"output.weight", 256, 512},
+            {"blk.1.attn_norm.weight", 256, 1}, {"blk.0.ffn_norm.weight", 256, 1}, {"output_norm.weight", 256, 1}};
+        for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+            const lk_gguf_tensor *t = lk_gguf_find_tensor(g, want[i].n);
+            CHECKF(t && t->ne[0] == want[i].ne0 && t->ne[1] == want[i].ne1, "%s %s", types[k].name, want[i].n);
+            if (!t) continue;
+            CHECK(t->n_dims == (want[i].ne1 > 1 ? 2 : 1));
+            CHECK(t->type == (t->n_dims == 2 ? types[k].type : 0));
+            double mean, sd;
+            tensor_stats(t, &mean, &sd);
+            if (t->n_dims == 2) CHECKF(fabs(mean) < 0.002 && sd > 0.017 && sd < 0.023, "%s %s mean %g sd %g", types[k].name, t->name, mean, sd);
+            else CHECKF(fabs(mean - 1) < 0.01 && sd < 0.05, "%s mean %g sd %g", t->name, mean, sd);
+        }
+        CHECK(!lk_gguf_find_tensor(g, "blk.2.attn_q.weight"));
+        int64_t v;
+        double d;
+        bool b;
+        const char *str;
+        size_t len;
+        CHECK(lk_gguf_get_str(g, "general.architecture", &str, &len) && len == 5 && !memcmp(str, "llama", 5));
+        CHECK(lk_gguf_get_i64(g, "llama.embedding_length", &v) && v == 256);
+        CHECK(lk_gguf_get_i64(g, "llama.block_count", &v) && v == 2);
+        CHECK(lk_gguf_get_i64(g, "llama.feed_forward_length", &v) && v == 768);
+        CHECK(lk_gguf_get_i64(g, "llama.attention.head_count", &v) && v == 8);
+        CHECK(lk_gguf_get_i64(g, "llama.attention.head_count_kv", &v) && v == 2);
+        CHECK(lk_gguf_get_i64(g, "llama.rope.dimension_count", &v) && v == 32);
+        CHECK(lk_gguf_get_i64(g, "llama.context_length", &v) && v == 2048);
+        CHECK(lk_gguf_get_f64(g, "llama.rope.freq_base", &d) && d == 10000);
+        CHECK(lk_gguf_get_f64(g, "llama.attention.layer_norm_rms_epsilon", &d) && (float)d == 1e-5f);
+        CHECK(lk_gguf_get_i64(g, "general.file_type", &v) && v == types[k].ftype);
+        CHECK(lk_gguf_get_i64(g, "general.quantization_version", &v) && v == 2);
+        CHECK(lk_gguf_get_str(g, "tokenizer.ggml.model", &str, &len) && len == 5 && !memcmp(str, "llama", 5));
+        CHECK(lk_gguf_get_i64(g, "tokenizer.ggml.bos_token_id", &v) && v == 1);
+        CHECK(lk_gguf_get_i64(g, "tokenizer.ggml.eos_token_id", &v) && v == 2);
+        CHECK(lk_gguf_get_i64(g, "tokenizer.ggml.unknown_token_id", &v) && v == 0);
+        CHECK(lk_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &b) && b);
+        /* the synthetic vocabulary: specials, 256 bytes, then distinct pieces, scores descending */
+        uint64_t n = 0;
+        CHECK(lk_gguf_get_arr(g, "tokenizer.ggml.tokens", NULL, &n) && n == 512);
+        CHECK(lk_gguf_get_arr(g, "tokenizer.ggml.scores", NULL, &n) && n == 512);
+        CHECK(lk_gguf_get_arr(g, "tokenizer.ggml.token_type", NULL, &n) && n == 512);
+        str = lk_gguf_arr_str(g, "tokenizer.ggml.tokens", 1, &len);
+        CHECK(str && len == 3 && !memcmp(str, "<s>", 3));
+        str = lk_gguf_arr_str(g, "tokenizer.ggml.tokens", 3 + 0x41, &len);
+        CHECK(str && len == 6 && !memcmp(str, "<0x41>", 6));
+        CHECK(lk_gguf_arr_i64(g, "tokenizer.ggml.token_type", 2) == 3);
+        CHECK(lk_gguf_arr_i64(g, "tokenizer.ggml.token_type", 258) == 6);
+        CHECK(lk_gguf_arr_i64(g, "tokenizer.ggml.token_type", 259) == 1);
+        str = lk_gguf_arr_str(g, "tokenizer.ggml.tokens", 259, &len);
+        CHECK(str && len > 3 && !memcmp(str, "\xe2\x96\x81", 3));
+        for (uint64_t i = 260; i < 512; i++)
+            CHECK(lk_gguf_arr_f64(g, "tokenizer.ggml.scores", i) < lk_gguf_arr_f64(g, "tokenizer.ggml.scores", i - 1));
+        for (uint64_t i = 0; i < 512; i++)
+            for (uint64_t j = i + 1; j < 512; j++) {
+                size_t li, lj;
+                const char *a = lk_gguf_arr_str(g, "tokenizer.ggml.tokens", i, &li);
+                const char *c = lk_gguf_arr_str(g, "tokenizer.ggml.tokens", j, &lj);
+                if (li == lj && !memcmp(a, c, li)) { CHECKF(0, "tokens %" PRIu64 " and %" PRIu64 " equal", i, j); i = j = 512; }
+            }
+        lk_gguf_close(g);
+    }
+}
+
+TEST(gen_model_reproducible_and_options) {
+    char args[1024];
+    const char *a = tmp_path("ga.gguf"), *b = tmp_path("gb.gguf"), *c = tmp_path("gc.gguf");
+    snprintf(args, sizeof args, "--shape tiny --type q8_0 -o %s --seed 3 -q -t 1", a);
+    CHECK(run_cmd(lk_cmd_gen_model, args) == 0);
+    snprintf(args, sizeof args, "--shape tiny --type q8_0 -o %s --seed 3 -q -t 4", b); /* threads do not matter */
+    CHECK(run_cmd(lk_cmd_gen_model, args) == 0);
+    CHECK(same_file_bytes(a, b, NULL));
+    snprintf(args, sizeof args, "--shape tiny --type q8_0 -o %s --seed 4 -q", c);
+    CHECK(run_cmd(lk_cmd_gen_model, args) == 0);
+    CHECK(!same_file_bytes(a, c, NULL));
+    /* big shapes cut to one layer, with a real vocabulary copied in */
+    snprintf(args, sizeof args, "--shape qwen3-0.6b --layers 1 --type q4_0 -o %s --vocab %s -q", c,
+             lk_td("vocab/ggml-vocab-gpt-2.gguf"));
+    CHECK(run_cmd(lk_cmd_gen_model, args) == 0);
+    lk_gguf *g = open_ok(c), *v = open_ok(lk_td("vocab/ggml-vocab-gpt-2.gguf"));
+    if (g && v) {
+        int64_t x;
+        CHECK(lk_gguf_get_i64(g, "qwen3.block_count", &x) && x == 1);
+        CHECK(lk_gguf_get_i64(g, "qwen3.attention.key_length", &x) && x == 128);
+        CHECK(lk_gguf_get_i64(g, "qwen3.embedding_length", &x) && x == 1024);
+        const lk_gguf_tensor *t = lk_gguf_find_tensor(g, "blk.0.attn_q.weight");
+        CHECK(t && t->ne[0] == 1024 && t->ne[1] == 16 * 128 && t->type == 2);
+        t = lk_gguf_find_tensor(g, "blk.0.attn_output.weight");
+        CHECK(t && t->ne[0] == 2048 && t->ne[1] == 1024);
+        t = lk_gguf_find_tensor(g, "blk.0.attn_k_norm.weight");
+        CHECK(t && t->n_dims == 1 && t->ne[0] == 128 && t->type == 0);
+        CHECK(!lk_gguf_find_tensor(g, "output.weight")); /* tied */
+        t = lk_gguf_find_tensor(g, "token_embd.weight");
+        CHECK(t && t->ne[0] == 1024 && t->ne[1] == 50257);
+        /* every tokenizer.* key copied verbatim */
+        for (int64_t i = 0; i < lk_gguf_n_kv(v); i++) {
+            const char *k = lk_gguf_kv_key(v, i);
+            if (strncmp(k, "tokenizer.", 10)) continue;
+            int64_t j = lk_gguf_find_kv(g, k);
+            CHECKF(j >= 0, "%s", k);
+            if (j < 0) continue;
+            size_t n1, n2;
+            const void *r1 = lk_gguf_kv_raw(v, i, &n1), *r2 = lk_gguf_kv_raw(g, j, &n2);
+            CHECKF(n1 == n2 && !memcmp(r1, r2, n1) && lk_gguf_kv_type(v, i) == lk_gguf_kv_type(g, j), "%s", k);
+        }
+    }
+    lk_gguf_close(g);
+    lk_gguf_close(v);
+    /* the same layer of a shape is the same whatever --layers says */
+    snprintf(args, sizeof args, "--shape tiny --layers 1 --type q8_0 -o %s --seed 3 -q", c);
+    CHECK(run_cmd(lk_cmd_gen_model, args) == 0);
+    lk_gguf *g1 = open_ok(a), *g2 = open_ok(c);
+    if (g1 && g2) {
+        const lk_gguf_tensor *x = lk_gguf_find_tensor(g1, "blk.0.ffn_down.weight"), *y = lk_gguf_find_tensor(g2, "blk.0.ffn_down.weight");
+        CHECK(x && y && x->nbytes == y->nbytes && !memcmp(x->data, y->data, x->nbytes));
+        CHECK(lk_gguf_n_tensors(g2) == 1 + 9 + 2 && !lk_gguf_find_tensor(g2, "blk.1.attn_q.weight"));
+    }
+    lk_gguf_close(g1);
+    lk_gguf_close(g2);
+}
+
+TEST(gen_model_errors) {
+    char args[1024];
+    const char *out = tmp_path("gerr.gguf");
+    unlink(out);
+    snprintf(args, sizeof args, "--shape nope -o %s", out);
+    CHECK(run_cmd(lk_cmd_gen_model, args) == 2);
+    snprintf(args, sizeof args, "--shape tiny --type q5_k -o %s", out);
+    CHECK(run_cmd(lk_cmd_gen_model, args) == 2);
+    CHECK(run_cmd(lk_cmd_gen_model, "--shape tiny") == 2); /* no -o */
+    snprintf(args, sizeof args, "--shape tiny -o %s --layers -1", out);
+    CHECK(run_cmd(lk_cmd_gen_model, args) == 2);
+    snprintf(args, sizeof args, "--shape tiny -o %s --layers two", out);
+    CHECK(run_cmd(lk_cmd_gen_model, args) == 2);
+    snprintf(args, sizeof args, "--shape tiny -o %s extra", out);
+    CHECK(run_cmd(lk_cmd_gen_model, args) == 2);
+    snprintf(args, sizeof args, "--shape tiny -o %s --vocab /nonexistent.gguf", out);
+    CHECK(run_cmd(lk_cmd_gen_model, args) == 1);
+    snprintf(args, sizeof args, "--shape tiny -o %s --vocab %s", out, lk_td("synth/synth-llama-f32.json"));
+    CHECK(run_cmd(lk_cmd_gen_model, args) == 1);
+    CHECK(run_cmd(lk_cmd_gen_model, "--shape tiny -q -o /nonexistent-dir/x.gguf") == 1);
+    CHECK(access(out, F_OK) != 0);
+}
+
 int main(void) {
     RUN(synth_models_match_llama_cpp);
     RUN(stories_models);
@@ -676,6 +1060,11 @@ int main(void) {
     RUN(crafted_duplicates_and_nesting);
     RUN(writer_reproduces_llama_cpp_files);
     RUN(writer_round_trip);
+    RUN(quantize_matches_llama_quantize);
+    RUN(quantize_errors);
+    RUN(gen_model_tiny_every_type);
+    RUN(gen_model_reproducible_and_options);
+    RUN(gen_model_errors);
     cleanup_tmp();
     return lk_test_end();
 }
