@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The gguf commands through the real program: `info`, and the exit codes of
+# `info`, `gen-model` and `quantize` (0 ok, 1 runtime failure, 2 usage error).
+# Run from the repository root by tests/run.sh with LOCKSTEP set.
+set -u
+L=${LOCKSTEP:-build/lockstep}
+TD=${LK_TESTDATA:-../shared/testdata}
+T=$(mktemp -d /tmp/lk_gguf_cli.XXXXXX)
+trap 'rm -rf "$T"' EXIT
+
+ok() { echo "PASS $1"; }
+no() { echo "FAIL $1"; shift; for l in "$@"; do echo "  $l"; done; }
+# expect NAME CODE CMD... : the exit status of CMD is CODE
+expect() {
+    local name=$1 code=$2; shift 2
+    "$@" >"$T/out" 2>"$T/err"; local rc=$?
+    if [ "$rc" -eq "$code" ]; then ok "$name"; else no "$name" "exit $rc, want $code" "$(tail -n 3 "$T/err")"; fi
+}
+# has NAME FILE PATTERN : FILE contains a line matching PATTERN (grep -E)
+has() {
+    if grep -Eq -- "$3" "$2"; then ok "$1"; else no "$1" "no line matching '$3' in:" "$(head -n 12 "$2")"; fi
+}
+
+expect info_stories 0 "$L" info -m "$TD/models/stories260K.gguf" --tensors
+has info_arch "$T/out" '^architecture: llama'
+has info_shape "$T/out" 'n_embd 64 n_layer 5 n_head 8 n_head_kv 4 .*n_ff 172'
+has info_vocab "$T/out" 'n_vocab 512'
+has info_types "$T/out" '^  f32 +48 tensors'
+has info_key "$T/out" '^  llama.attention.head_count_kv +u32 +4$'
+has info_array "$T/out" 'tokenizer.ggml.tokens +array +\[string x 512\] "<unk>", "<s>"'
+has info_tensor "$T/out" '^  blk.4.ffn_down.weight +f32 +\[172, 64\] +44032 bytes'
+[ "$(grep -c '\.weight ' "$T/out")" -eq 48 ] && ok info_tensor_count || no info_tensor_count "$(grep -c '\.weight ' "$T/out") tensor lines"
+
+expect info_q4_positional 0 "$L" info "$TD/models/stories260K-q4_0.gguf"
+has info_q4_types "$T/out" '^  q4_0 +31 tensors'
+has info_q4_f16 "$T/out" '^  f16 +5 tensors'
+
+printf 'GGML this is not gguf, but long enough for a header' >"$T/bad.gguf"
+expect info_bad_file 1 "$L" info -m "$T/bad.gguf"
+has info_bad_message "$T/err" 'bad magic .* at byte 0'
+expect info_missing_file 1 "$L" info -m "$T/none.gguf"
+expect info_no_file 2 "$L" info
+expect info_bad_flag 2 "$L" info --bogus
+expect info_help 0 "$L" info --help
+
+expect gen_tiny 0 "$L" gen-model --shape tiny --type q4_0 -o "$T/tiny.gguf" --seed 5
+has gen_progress "$T/err" '^wrote .*tiny.gguf: tiny 2 layers, 21 tensors'
+expect gen_tiny_info 0 "$L" info "$T/tiny.gguf"
+has gen_tiny_shape "$T/out" 'n_embd 256 n_layer 2 n_head 8 n_head_kv 2 .*n_ff 768'
+has gen_tiny_types "$T/out" '^  q4_0 +16 tensors'
+expect gen_list 0 "$L" gen-model --list
+has gen_list_shapes "$T/out" 'llama3-70b'
+expect gen_no_shape 2 "$L" gen-model -o "$T/x.gguf"
+expect gen_bad_shape 2 "$L" gen-model --shape llama9 -o "$T/x.gguf"
+expect gen_bad_type 2 "$L" gen-model --shape tiny --type q6_k -o "$T/x.gguf"
+expect gen_bad_layers 2 "$L" gen-model --shape tiny --layers x -o "$T/x.gguf"
+expect gen_unknown_flag 2 "$L" gen-model --shape tiny --frobnicate -o "$T/x.gguf"
+expect gen_unwritable 1 "$L" gen-model --shape tiny -q -o /nonexistent-dir/x.gguf
+
+expect quant_q8 0 "$L" quantize "$TD/models/stories260K.gguf" "$T/q8.gguf" --type q8_0
+cmp -s "$T/q8.gguf" "$TD/models/stories260K-q8_0.gguf" && ok quant_q8_identical || no quant_q8_identical "differs from llama-quantize's output"
+expect quant_no_type 2 "$L" quantize "$TD/models/stories260K.gguf" "$T/q.gguf"
+expect quant_bad_type 2 "$L" quantize "$TD/models/stories260K.gguf" "$T/q.gguf" --type q4_k
+expect quant_one_arg 2 "$L" quantize "$TD/models/stories260K.gguf" --type q8_0
+expect quant_bad_input 1 "$L" quantize "$T/bad.gguf" "$T/q.gguf" --type q8_0
+[ ! -e "$T/q.gguf" ] && ok quant_no_partial_output || no quant_no_partial_output "$T/q.gguf left behind"
