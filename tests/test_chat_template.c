@@ -12,10 +12,10 @@
 
 /* The conversation every family renders: system + user + assistant + user. */
 static const lk_chat_msg CONV[] = {
-    { "system", "You are a helpful assistant." },
-    { "user", "Hello!" },
-    { "assistant", "Hi! How can I help?" },
-    { "user", "What is 2+2?" },
+    { "system", "You are a helpful assistant.", NULL },
+    { "user", "Hello!", NULL },
+    { "assistant", "Hi! How can I help?", NULL },
+    { "user", "What is 2+2?", NULL },
 };
 
 static char ERR[LK_ERRLEN];
@@ -69,7 +69,7 @@ TEST(llama3_1) {
         "<|start_header_id|>user<|end_header_id|>\n\nHello!<|eot_id|>");
     /* date_string and tools are template variables; tools go, with the
      * instructions, into the first user message, as JSON indented by 4 */
-    const lk_chat_msg q[] = { { "user", "Weather in Paris?" } };
+    const lk_chat_msg q[] = { { "user", "Weather in Paris?", NULL } };
     CHECK_RENDER(render_ex(builtin("llama3"), q, 1, true, "<|begin_of_text|>", "<|eot_id|>",
                            "{\"date_string\": \"01 Jan 2025\", \"tools\": [{\"type\": \"function\", "
                            "\"function\": {\"name\": \"get_weather\", \"parameters\": {\"type\": \"object\"}}}]}",
@@ -89,7 +89,7 @@ TEST(llama3_1) {
 
 TEST(llama3_0) {
     /* Meta-Llama-3-Instruct: BOS on the first block, content trimmed */
-    const lk_chat_msg m[] = { { "system", "You are a helpful assistant." }, { "user", "  Hello!\n" } };
+    const lk_chat_msg m[] = { { "system", "You are a helpful assistant.", NULL }, { "user", "  Hello!\n", NULL } };
     CHECK_RENDER(render(builtin("llama3.0"), m, 2, true, "<|begin_of_text|>", "<|eot_id|>"),
         "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are a helpful assistant.<|eot_id|>"
         "<|start_header_id|>user<|end_header_id|>\n\nHello!<|eot_id|>"
@@ -114,6 +114,39 @@ TEST(chatml_qwen2) {
         "<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n");
 }
 
+TEST(qwen2_tools) {
+    /* tools in the system block; an assistant turn that only calls a tool
+     * (fields_json carries tool_calls) and the tool's answer as a user turn */
+    const lk_chat_msg m[] = {
+        { "system", "Sys", NULL },
+        { "user", "Weather?", NULL },
+        { "assistant", NULL,
+          "{\"tool_calls\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
+          "\"arguments\": {\"city\": \"Paris\"}}}]}" },
+        { "tool", "22C", "{\"tool_call_id\": \"call00001\"}" },
+    };
+    CHECK_RENDER(render_ex(builtin("qwen2"), m, 4, true, NULL, "<|im_end|>",
+                           "{\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
+                           "\"parameters\": {\"type\": \"object\"}}}]}", NULL),
+        "<|im_start|>system\nSys\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+        "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": {\"type\": \"object\"}}}\n"
+        "</tools>\n\nFor each function call, return a json object with function name and arguments within "
+        "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
+        "</tool_call><|im_end|>\n"
+        "<|im_start|>user\nWeather?<|im_end|>\n"
+        "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+        "</tool_call><|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\n22C\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n");
+    lk_status st;
+    const lk_chat_msg bad[] = { { "user", "x", "[1, 2]" } };
+    char *o = render_ex(builtin("qwen2"), bad, 1, true, NULL, NULL, NULL, &st);
+    CHECK(o == NULL && st == LK_ERR_ARG);
+    CHECKF(strstr(ERR, "message 0: fields are not a JSON object") != NULL, "%s", ERR);
+    free(o);
+}
+
 TEST(qwen3) {
     CHECK_RENDER(render(builtin("qwen3"), CONV, 4, true, NULL, "<|im_end|>"),
                  CHATML_CONV "<|im_start|>assistant\n");
@@ -123,10 +156,10 @@ TEST(qwen3) {
     /* reasoning of earlier turns is dropped; the turn after the last user
      * query keeps it, re-spaced */
     const lk_chat_msg m[] = {
-        { "user", "Hi" },
-        { "assistant", "<think>\nold reasoning\n</think>\n\nHello." },
-        { "user", "2+2?" },
-        { "assistant", "<think>\n\nadd\n</think>\n4" },
+        { "user", "Hi", NULL },
+        { "assistant", "<think>\nold reasoning\n</think>\n\nHello.", NULL },
+        { "user", "2+2?", NULL },
+        { "assistant", "<think>\n\nadd\n</think>\n4", NULL },
     };
     CHECK_RENDER(render(builtin("qwen3"), m, 4, false, NULL, "<|im_end|>"),
         "<|im_start|>user\nHi<|im_end|>\n"
@@ -142,7 +175,7 @@ TEST(mistral_v03) {
         "<s>[INST] Hello![/INST] Hi! How can I help?</s>"
         "[INST] You are a helpful assistant.\n\nWhat is 2+2?[/INST]");
     lk_status st;
-    const lk_chat_msg bad[] = { { "user", "a" }, { "user", "b" } };
+    const lk_chat_msg bad[] = { { "user", "a", NULL }, { "user", "b", NULL } };
     char *o = render_ex(builtin("mistral"), bad, 2, true, "<s>", "</s>", NULL, &st);
     CHECK(o == NULL && st == LK_ERR_ARG);
     CHECKF(strstr(ERR, "conversation roles must alternate user/assistant/user/assistant/...") != NULL, "%s", ERR);
@@ -216,6 +249,21 @@ TEST(gguf_template) {
     lk_gguf_close(g);
 }
 
+TEST(select_template) {
+    const char *src = NULL;
+    char err[LK_ERRLEN];
+    CHECK(lk_chat_template_select("gemma", "{{ model }}", &src, err, sizeof err) == LK_OK);
+    CHECK(src == lk_chat_template_builtin("gemma"));
+    CHECK(lk_chat_template_select("{{ inline }}", "{{ model }}", &src, err, sizeof err) == LK_OK);
+    CHECK(strcmp(src, "{{ inline }}") == 0);
+    CHECK(lk_chat_template_select(NULL, "{{ model }}", &src, err, sizeof err) == LK_OK);
+    CHECK(strcmp(src, "{{ model }}") == 0);
+    CHECK(lk_chat_template_select("", NULL, &src, err, sizeof err) == LK_ERR_ARG && src == NULL);
+    CHECKF(strstr(err, "no tokenizer.chat_template") && strstr(err, "llama3"), "%s", err);
+    CHECK(lk_chat_template_select("vicuna", "{{ model }}", &src, err, sizeof err) == LK_ERR_ARG);
+    CHECKF(strstr(err, "vicuna: unknown name") && strstr(err, "chatml"), "%s", err);
+}
+
 TEST(builtins_and_guess) {
     static const char *const names[] = { "llama3", "llama3.0", "chatml", "qwen2", "qwen3", "mistral",
                                          "gemma", "phi3", "deepseek", "deepseek3" };
@@ -238,7 +286,7 @@ TEST(builtins_and_guess) {
 /* ----------------------------------------------------------------- Jinja */
 
 static void expect_text(const char *tmpl, const char *want) {
-    const lk_chat_msg m[] = { { "user", "hi" }, { "assistant", "yo" } };
+    const lk_chat_msg m[] = { { "user", "hi", NULL }, { "assistant", "yo", NULL } };
     char *o = render(tmpl, m, 2, true, "<s>", "</s>");
     CHECKF(o && strcmp(o, want) == 0, "\n    template: %s\n    got:  %s\n    want: %s", tmpl, o ? o : ERR, want);
     free(o);
@@ -284,7 +332,7 @@ TEST(expressions) {
 static void expect_error(const char *tmpl, lk_status want, const char *needle) {
     char *out = (char *)"untouched";
     char err[LK_ERRLEN] = "";
-    const lk_chat_msg m[] = { { "user", "hi" } };
+    const lk_chat_msg m[] = { { "user", "hi", NULL } };
     lk_status st = lk_chat_render(tmpl, m, 1, true, "", "", &out, err, sizeof err);
     CHECKF(st == want, "template %.60s: status %s, want %s (%s)", tmpl, lk_status_to_string(st),
            lk_status_to_string(want), err);
@@ -393,13 +441,13 @@ TEST(bad_arguments) {
     char *o = NULL;
     char err[LK_ERRLEN];
     CHECK(lk_chat_render(NULL, CONV, 4, true, "", "", &o, err, sizeof err) == LK_ERR_ARG);
-    const lk_chat_msg noroles[] = { { NULL, "x" } };
+    const lk_chat_msg noroles[] = { { NULL, "x", NULL } };
     CHECK(lk_chat_render("{{ 1 }}", noroles, 1, true, "", "", &o, err, sizeof err) == LK_ERR_ARG);
     CHECK(o == NULL);
     CHECK(lk_chat_render_ex("{{ 1 }}", CONV, 4, true, "", "", "[1]", &o, err, sizeof err) == LK_ERR_ARG);
     CHECK(lk_chat_render_ex("{{ 1 }}", CONV, 4, true, "", "", "{bad", &o, err, sizeof err) == LK_ERR_ARG);
     /* a NULL content is `none` (an assistant turn that only calls tools) */
-    const lk_chat_msg m[] = { { "assistant", NULL } };
+    const lk_chat_msg m[] = { { "assistant", NULL, NULL } };
     CHECK_RENDER(render("{{ messages[0].content is none }}", m, 1, true, "", ""), "True");
 }
 
@@ -407,12 +455,14 @@ int main(void) {
     RUN(llama3_1);
     RUN(llama3_0);
     RUN(chatml_qwen2);
+    RUN(qwen2_tools);
     RUN(qwen3);
     RUN(mistral_v03);
     RUN(gemma2);
     RUN(phi3);
     RUN(deepseek);
     RUN(gguf_template);
+    RUN(select_template);
     RUN(builtins_and_guess);
     RUN(whitespace_rules);
     RUN(expressions);

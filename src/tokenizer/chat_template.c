@@ -130,6 +130,7 @@ struct jctx {
     frame *root;
     int depth;
     long steps;
+    json_t *pending;  /* a parsed JSON document being converted, freed on error */
 };
 
 static _Noreturn void fail(jctx *c, lk_status st, int pos, const char *fmt, ...) {
@@ -2620,6 +2621,20 @@ lk_status lk_chat_render_ex(const char *template_src, const lk_chat_msg *msgs, i
             jdict *m = dict_new(c);
             dict_set(c, m, k_role, v_cstr(c, msgs[i].role));
             dict_set(c, m, k_content, msgs[i].content ? v_cstr(c, msgs[i].content) : v_none());
+            if (msgs[i].fields_json) {
+                json_error_t je;
+                json_t *fj = json_loads(msgs[i].fields_json, JSON_REJECT_DUPLICATES, &je);
+                if (!fj || !json_is_object(fj)) {
+                    json_decref(fj);
+                    fail(c, LK_ERR_ARG, -1, "message %d: fields are not a JSON object (%s)", i, je.text);
+                }
+                c->pending = fj; /* released by the caller if the conversion fails */
+                const char *k;
+                json_t *v;
+                json_object_foreach(fj, k, v) dict_set(c, m, cstr(c, k), from_json(c, v, 0));
+                c->pending = NULL;
+                json_decref(fj);
+            }
             list_push(c, ml, v_dict(m));
         }
         dict_set(c, g, cstr(c, "messages"), v_list(ml));
@@ -2651,6 +2666,7 @@ lk_status lk_chat_render_ex(const char *template_src, const lk_chat_msg *msgs, i
         *out = r;
         st = LK_OK;
     }
+    json_decref(c->pending);
     arena_free(c);
     free(c);
     json_decref(extra);
@@ -2662,6 +2678,22 @@ lk_status lk_chat_render(const char *template_src, const lk_chat_msg *msgs, int 
                          const char *eos_token, char **out, char *err, size_t errlen) {
     return lk_chat_render_ex(template_src, msgs, n, add_generation_prompt, bos_token, eos_token,
                              NULL, out, err, errlen);
+}
+
+lk_status lk_chat_template_select(const char *override, const char *from_model, const char **src,
+                                  char *err, size_t errlen) {
+    *src = NULL;
+    if (override && *override) {
+        if (strstr(override, "{{") || strstr(override, "{%")) { *src = override; return LK_OK; }
+        *src = lk_chat_template_builtin(override);
+        if (!*src)
+            return lk_fail(err, errlen, LK_ERR_ARG, "--chat-template %s: unknown name (built-in: %s; or pass the Jinja text itself)",
+                           override, lk_chat_template_names());
+        return LK_OK;
+    }
+    if (from_model && *from_model) { *src = from_model; return LK_OK; }
+    return lk_fail(err, errlen, LK_ERR_ARG, "the model has no tokenizer.chat_template; choose one with --chat-template NAME (%s)",
+                   lk_chat_template_names());
 }
 
 const char *lk_chat_template_guess(const char *t) {

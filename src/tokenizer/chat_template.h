@@ -46,10 +46,13 @@
 #include "common/lk_common.h"
 
 /* One turn. content NULL renders as `none` (an assistant turn that only
- * calls tools); tool calls themselves are not passed to templates yet. */
+ * calls tools). fields_json, if not NULL, is a JSON object whose members are
+ * added to the message as the template sees it: "tool_calls", "tool_call_id",
+ * "name", "reasoning_content" ... as in OpenAI's chat format. */
 typedef struct {
-    const char *role;    /* "system", "user", "assistant", "tool", ... */
+    const char *role;        /* "system", "user", "assistant", "tool", ... */
     const char *content;
+    const char *fields_json;
 } lk_chat_msg;
 
 /* Renders template_src for msgs[0..n). add_generation_prompt asks the
@@ -67,6 +70,14 @@ lk_status lk_chat_render_ex(const char *template_src, const lk_chat_msg *msgs, i
                             bool add_generation_prompt, const char *bos_token,
                             const char *eos_token, const char *extra_json,
                             char **out, char *err, size_t errlen);
+
+/* Picks the template to render: `override` (from --chat-template) is a
+ * built-in name or, if it contains "{{" or "{%", a template itself; without
+ * an override, the model's own `tokenizer.chat_template` (from_model, may be
+ * NULL). Fails with LK_ERR_ARG naming the choices when neither gives one.
+ * *src points into override, from_model or static data. */
+lk_status lk_chat_template_select(const char *override, const char *from_model, const char **src,
+                                  char *err, size_t errlen);
 
 /* The published Jinja source of a built-in template, by name, or NULL if the
  * name is unknown. Names: "llama3" (Llama 3.1/3.2/3.3 Instruct), "llama3.0"
