@@ -468,6 +468,66 @@ TEST(crafted_malformed) {
     }
 }
 
+/* Random corruption of the valid file (bytes, 64-bit fields, cuts): every
+ * result is either a clean error with a message, or a file whose every
+ * key/value and tensor can be queried without reading outside it (ASan). */
+TEST(crafted_random_corruption) {
+    fields f;
+    bb base = base_file(&f);
+    uint64_t rs = 0x1234567;
+    int opened = 0, failed = 0;
+    for (int it = 0; it < 1500; it++) {
+        bb x = {0};
+        put(&x, base.b, base.n);
+        int nmut = 1 + (int)(splitmix64(&rs) % 3);
+        for (int m = 0; m < nmut; m++) {
+            uint64_t r = splitmix64(&rs);
+            size_t at = (size_t)(r % x.n);
+            switch ((r >> 32) % 4) {
+            case 0: x.b[at] = (uint8_t)(r >> 40); break;
+            case 1: x.b[at] ^= (uint8_t)(1u << ((r >> 40) % 8)); break;
+            case 2: if (at + 8 <= x.n) patch64(&x, at, splitmix64(&rs) >> ((r >> 40) % 64)); break;
+            case 3: x.n = at + 1; break;
+            }
+        }
+        const char *p = tmp_path("fuzz.gguf");
+        write_file(p, x.b, x.n);
+        char err[LK_ERRLEN] = "";
+        lk_gguf *g = NULL;
+        lk_status st = lk_gguf_open(p, &g, err, sizeof err);
+        if (st != LK_OK) {
+            failed++;
+            CHECKF((st == LK_ERR_FORMAT || st == LK_ERR_UNSUPPORTED) && err[0], "it %d: %d '%s'", it, st, err);
+        } else {
+            opened++;
+            const uint8_t *lo = lk_gguf_file_bytes(g), *hi = lo + lk_gguf_file_size(g);
+            for (int64_t i = 0; i < lk_gguf_n_kv(g); i++) {
+                char buf[512];
+                lk_gguf_kv_format(g, i, buf, sizeof buf);
+                const char *k = lk_gguf_kv_key(g, i);
+                lk_gguf_vtype et;
+                uint64_t n;
+                if (lk_gguf_get_arr(g, k, &et, &n) && et == LK_GGUF_STRING)
+                    for (uint64_t j = 0; j < n; j++) {
+                        size_t len;
+                        const char *sp = lk_gguf_arr_str(g, k, j, &len);
+                        CHECK(sp && (const uint8_t *)sp >= lo && (const uint8_t *)sp + len <= hi);
+                    }
+            }
+            for (int64_t i = 0; i < lk_gguf_n_tensors(g); i++) {
+                const lk_gguf_tensor *t = lk_gguf_tensor_at(g, i);
+                CHECK((const uint8_t *)t->data >= lo && (const uint8_t *)t->data + t->nbytes <= hi);
+                CHECK(lk_gguf_find_tensor(g, t->name) == t);
+            }
+            lk_gguf_close(g);
+        }
+        free(x.b);
+    }
+    free(base.b);
+    CHECK(opened > 0 && failed > 0);
+    if (getenv("VERBOSE")) printf("  corruption: %d opened, %d refused\n", opened, failed);
+}
+
 TEST(crafted_duplicates_and_nesting) {
     fields f;
     char err[LK_ERRLEN];
@@ -1058,6 +1118,7 @@ int main(void) {
     RUN(crafted_truncated_everywhere);
     RUN(crafted_malformed);
     RUN(crafted_duplicates_and_nesting);
+    RUN(crafted_random_corruption);
     RUN(writer_reproduces_llama_cpp_files);
     RUN(writer_round_trip);
     RUN(quantize_matches_llama_quantize);
