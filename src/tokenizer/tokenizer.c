@@ -66,6 +66,10 @@ struct lk_tokenizer {
     int32_t   max_piece_len;
 
     int32_t  *special;   /* CONTROL/USER_DEFINED/UNKNOWN ids, longest text first */
+    /* SPM entries with a "▁" after their first byte, and its offset: only
+     * these can span a word start (see spm_safe_space_cut). -1: too many. */
+    struct { int32_t id; uint32_t off; } inner[256];
+    int32_t   n_inner;
     int32_t   n_special;
 
     int32_t  byte_tok[256]; /* SPM byte fallback: <0xXX> (or the byte itself) */
@@ -523,6 +527,19 @@ lk_status lk_tokenizer_load(const lk_gguf *g, lk_tokenizer **out, char *err, siz
         t->merge_text = mt.p ? mt.p : lk_xcalloc(1, 1);
     }
 
+    if (t->kind == KIND_SPM) {
+        for (int32_t id = 0; id < t->n_vocab && t->n_inner >= 0; id++) {
+            const char *x = t->text + t->text_off[id];
+            uint32_t xl = t->text_len[id];
+            for (uint32_t o = 1; o + 3 <= xl; o++) {
+                if (memcmp(x + o, "\xE2\x96\x81", 3)) continue;
+                if (t->n_inner == (int32_t)(sizeof t->inner / sizeof t->inner[0])) { t->n_inner = -1; break; }
+                t->inner[t->n_inner].id = id;
+                t->inner[t->n_inner++].off = o;
+            }
+        }
+    }
+
     /* SPM byte fallback tokens */
     for (int b = 0; b < 256; b++) {
         char name[8];
@@ -829,10 +846,65 @@ static size_t split_chars(const char *s, size_t n, sym_t *sym) {
  * pieces left without a token become byte tokens.
  * ==================================================================== */
 
+/* Per-call memo. A stretch of text whose tokens cannot depend on its
+ * neighbours (a BPE word; a SentencePiece stretch between safe cuts) always
+ * gives the same tokens, and natural text repeats its words constantly, so
+ * each distinct stretch is tokenised once per call. Bounded, so hostile text
+ * of all-distinct words only costs the table. */
+typedef struct { uint64_t h; uint32_t koff, klen, voff, vlen; } memo_e;
+typedef struct {
+    bytes_t  keys;   /* key bytes back to back */
+    ids_t    vals;   /* token ids back to back */
+    memo_e  *e;      /* open addressing, klen == UINT32_MAX: empty */
+    uint32_t mask, used;
+} memo_t;
+
+enum { MEMO_MAX_KEY = 96, MEMO_MAX_ENTRIES = 1 << 16 };
+
+static void memo_free(memo_t *m) { free(m->keys.p); free(m->vals.v); free(m->e); }
+
+/* Appends the memoised tokens of k[0..n) to out; false if not there. */
+static bool memo_get(const memo_t *m, const char *k, size_t n, uint64_t h, ids_t *out) {
+    if (!m->e) return false;
+    for (uint32_t i = (uint32_t)h & m->mask;; i = (i + 1) & m->mask) {
+        const memo_e *e = &m->e[i];
+        if (e->klen == UINT32_MAX) return false;
+        if (e->h == h && e->klen == n && !memcmp(m->keys.p + e->koff, k, n)) {
+            for (uint32_t j = 0; j < e->vlen; j++) ids_push(out, m->vals.v[e->voff + j]);
+            return true;
+        }
+    }
+}
+
+static void memo_put(memo_t *m, const char *k, size_t n, uint64_t h, const int32_t *ids, size_t nids) {
+    if (m->used >= MEMO_MAX_ENTRIES) return;
+    if (!m->e || 2 * (m->used + 1) > m->mask + 1) { /* grow (and rehash) */
+        uint32_t cap = m->e ? 2 * (m->mask + 1) : 1024;
+        memo_e *ne = lk_xmalloc(cap * sizeof *ne);
+        for (uint32_t i = 0; i < cap; i++) ne[i].klen = UINT32_MAX;
+        for (uint32_t i = 0; m->e && i <= m->mask; i++) {
+            if (m->e[i].klen == UINT32_MAX) continue;
+            uint32_t j = (uint32_t)m->e[i].h & (cap - 1);
+            while (ne[j].klen != UINT32_MAX) j = (j + 1) & (cap - 1);
+            ne[j] = m->e[i];
+        }
+        free(m->e);
+        m->e = ne;
+        m->mask = cap - 1;
+    }
+    uint32_t i = (uint32_t)h & m->mask;
+    while (m->e[i].klen != UINT32_MAX) i = (i + 1) & m->mask;
+    m->e[i] = (memo_e){h, (uint32_t)m->keys.n, (uint32_t)n, (uint32_t)m->vals.n, (uint32_t)nids};
+    bytes_put(&m->keys, k, n);
+    for (size_t j = 0; j < nids; j++) ids_push(&m->vals, ids[j]);
+    m->used++;
+}
+
 typedef struct {
     syms_t syms;
     heap_t heap;
     bytes_t buf;
+    memo_t memo;
     ids_t  *out;
 } spm_ctx;
 
@@ -887,6 +959,11 @@ static bool spm_safe_cut(const lk_tokenizer *t, const char *s, size_t n, size_t 
     return true;
 }
 
+/* Bytes of the symbol starting at b, as split_chars cuts it. */
+static inline size_t sym_len(const char *s, size_t b, size_t n) {
+    return LK_MIN((size_t)lk_utf8_len((unsigned char)s[b]), n - b);
+}
+
 /* A long text is one SentencePiece sequence, and its merge queue would hold a
  * bigram per character: one heap of millions of entries, which is slow for
  * being cache-hostile. Cutting it at safe points (spm_safe_cut) gives
@@ -896,15 +973,16 @@ static void spm_chunked(const lk_tokenizer *t, spm_ctx *c, const char *s, size_t
     size_t start = 0, win = CHUNK;
     /* a vocabulary with very long entries would make each check too costly */
     while (t->max_token_len <= 64 && n - start > win + CHUNK) {
-        /* look for a cut in [start+win, start+win+CHUNK): first before a
-         * "▁" (a word start, nearly always safe), then at any character */
-        size_t cut = 0, lo = start + win, hi = LK_MIN(n - CHUNK, lo + CHUNK);
+        /* look for a cut at a symbol start in [start+win, start+win+CHUNK):
+         * first before a "▁" (a word start, nearly always safe), then at any */
+        size_t cut = 0, lo = start + win, hi = LK_MIN(n - CHUNK, lo + CHUNK), b0 = start;
+        while (b0 < lo) b0 += sym_len(s, b0, n);
         int tries = 0;
-        for (size_t b = lo; b + 3 <= hi && tries < TRIES && !cut; b++)
+        for (size_t b = b0; b + 3 <= hi && tries < TRIES && !cut; b += sym_len(s, b, n))
             if (!memcmp(s + b, "\xE2\x96\x81", 3) && (tries++, spm_safe_cut(t, s, n, start, b))) cut = b;
-        for (size_t b = lo; b < hi && tries < 2 * TRIES && !cut; b++)
-            if (((unsigned char)s[b] & 0xC0) != 0x80 && (tries++, spm_safe_cut(t, s, n, start, b))) cut = b;
-        if (!cut) { win += CHUNK; continue; } /* this chunk just grows */
+        for (size_t b = b0; b < hi && tries < 2 * TRIES && !cut; b += sym_len(s, b, n))
+            if ((tries++, spm_safe_cut(t, s, n, start, b))) cut = b;
+        if (!cut) { win *= 2; continue; } /* this chunk grows; look less often */
         spm_tokenize(t, c, s + start, cut - start);
         start = cut;
         win = CHUNK;
@@ -912,7 +990,31 @@ static void spm_chunked(const lk_tokenizer *t, spm_ctx *c, const char *s, size_t
     spm_tokenize(t, c, s + start, n - start);
 }
 
-/* text with the optional prefix space, every ' ' written as U+2581 */
+/* One stretch between safe cuts: from the memo when short. */
+static void spm_stretch(const lk_tokenizer *t, spm_ctx *c, const char *s, size_t n) {
+    if (n > MEMO_MAX_KEY) { spm_chunked(t, c, s, n); return; }
+    uint64_t h = hash_bytes(s, n, 7);
+    if (memo_get(&c->memo, s, n, h, c->out)) return;
+    size_t first = c->out->n;
+    spm_tokenize(t, c, s, n);
+    memo_put(&c->memo, s, n, h, c->out->v + first, c->out->n - first);
+}
+
+/* Is a cut before the "▁" symbol at b safe? A symbol spanning b would be a
+ * vocabulary entry with that "▁" inside it, after its first byte: only the
+ * entries in t->inner (few: "▁▁", "▁▁▁", ... in Llama) can be. */
+static bool spm_safe_space_cut(const lk_tokenizer *t, const char *s, size_t n, size_t b) {
+    for (int32_t i = 0; i < t->n_inner; i++) {
+        int32_t id = t->inner[i].id;
+        size_t o = t->inner[i].off, kl = t->text_len[id];
+        const char *kt = t->text + t->text_off[id];
+        if (b >= o && b - o + kl <= n && s[b - 1] == kt[o - 1] && !memcmp(s + b - o, kt, kl)) return false;
+    }
+    return true;
+}
+
+/* text with the optional prefix space, every ' ' written as U+2581; cut
+ * before every "▁" where that is safe, each stretch tokenised on its own */
 static void spm_fragment(const lk_tokenizer *t, spm_ctx *c, const char *s, size_t n, bool prefix) {
     c->buf.n = 0;
     if (prefix) bytes_put(&c->buf, "\xE2\x96\x81", 3);
@@ -925,7 +1027,17 @@ static void spm_fragment(const lk_tokenizer *t, spm_ctx *c, const char *s, size_
         }
     }
     bytes_put(&c->buf, s + run, n - run);
-    spm_chunked(t, c, c->buf.p, c->buf.n);
+    const char *b = c->buf.p;
+    size_t bn = c->buf.n;
+    if (t->n_inner < 0) { spm_chunked(t, c, b, bn); return; }
+    size_t start = 0;
+    for (size_t p = 0; p < bn; p += sym_len(b, p, bn)) {
+        if (p > start && p + 3 <= bn && !memcmp(b + p, "\xE2\x96\x81", 3) && spm_safe_space_cut(t, b, bn, p)) {
+            spm_stretch(t, c, b + start, p - start);
+            start = p;
+        }
+    }
+    spm_stretch(t, c, b + start, bn - start);
 }
 
 /* ======================================================================
@@ -942,6 +1054,7 @@ typedef struct {
     bytes_t   word;
     syms_t    syms;
     heap_t    heap;
+    memo_t    memo;
     ids_t    *out;
 } bpe_ctx;
 
@@ -1016,7 +1129,12 @@ static void bpe_fragment(const lk_tokenizer *t, bpe_ctx *c, const char *s, size_
             }
         }
         at += c->lens[k];
+        if (c->word.n > MEMO_MAX_KEY) { bpe_word(t, c, c->word.p, c->word.n); continue; }
+        uint64_t h = hash_bytes(c->word.p, c->word.n, 7);
+        if (memo_get(&c->memo, c->word.p, c->word.n, h, c->out)) continue;
+        size_t first = c->out->n;
         bpe_word(t, c, c->word.p, c->word.n);
+        memo_put(&c->memo, c->word.p, c->word.n, h, c->out->v + first, c->out->n - first);
     }
 }
 
@@ -1113,7 +1231,7 @@ lk_status lk_tokenizer_encode(const lk_tokenizer *t, const char *text, size_t le
             }
         }
         if (add_special && t->add_eos) ids_push(&out, t->eos);
-        free(c.syms.v); free(c.heap.v); free(c.buf.p);
+        free(c.syms.v); free(c.heap.v); free(c.buf.p); memo_free(&c.memo);
         break;
     }
     case KIND_BPE: {
@@ -1125,6 +1243,7 @@ lk_status lk_tokenizer_encode(const lk_tokenizer *t, const char *text, size_t le
         }
         if (add_special && t->add_eos) ids_push(&out, t->eos);
         free(c.cpts); free(c.flags); free(c.lens); free(c.tmp); free(c.word.p); free(c.syms.v); free(c.heap.v);
+        memo_free(&c.memo);
         break;
     }
     case KIND_WPM: {
