@@ -33,6 +33,7 @@
 
 #include "common/lk_common.h"
 #include "gguf/gguf.h"
+#include "parallel/parallel.h"
 #include "transport/transport.h"
 
 /* ---- frames ---------------------------------------------------------------- */
@@ -58,6 +59,8 @@ typedef enum {
     LK_MSG_STEP    = 20, /* tokens, n, pos0, n_out */
     LK_MSG_RESULT  = 21, /* per-step answer (argmax / top-k) */
     LK_MSG_BYE     = 22, /* orderly end of a session */
+    LK_MSG_MESH    = 23, /* every rank's data address: build the mesh */
+    LK_MSG_READY   = 24, /* u8 ok, reason: mesh built */
 } lk_msg_type;
 
 typedef struct {
@@ -166,6 +169,82 @@ lk_status lk_handshake(lk_chan *c, bool initiator, const lk_hs_params *p, lk_hs_
 lk_status lk_hs_mesh_auth(void *ctx, lk_link *l, bool initiator, uint64_t deadline_ns, char *err, size_t errlen);
 
 const char *lk_build_id(void);
+
+/* ---- worker and head --------------------------------------------------------------
+ *
+ * A session, as the head drives it (one TCP control connection per worker,
+ * after the handshake; rank 0 is the head, which computes its share too):
+ *   head -> worker  LOAD   rank, ranks, tp, slice, model name + path + identity,
+ *                          n_ctx, n_batch, threads, kv_f16, transport
+ *   worker -> head  LOADED ok / reason, the address its mesh listener got
+ *   head -> worker  MESH   every rank's data address; all ranks build the
+ *                          authenticated mesh (shm between local ranks)
+ *   worker -> head  READY  ok / reason
+ *   head -> worker  STEP   n, pos0, n_cand, tokens[n]: every rank runs its
+ *                          slice of the forward pass (all-reduces over the
+ *                          mesh), then gathers its n_cand best (id, logit)
+ *                          pairs to rank 0 over the mesh
+ *   head -> worker  BYE    end of session (the worker waits for the next head)
+ *   both ways       PING   every 250 ms (worker) / 500 ms (head): liveness.
+ * The worker answers PINGs from a separate thread, so a long prefill never
+ * looks like death; the head declares a worker dead after 2 s without a
+ * PING, names it, and shuts its sockets so no wait outlives that.
+ * Tensor parallelism only for now (pp = 1). */
+
+typedef struct {
+    const char *listen;     /* "host:port" (ignored when listen_fd >= 0) */
+    int         listen_fd;  /* an already listening socket, or -1 */
+    const uint8_t *key;
+    const char *model_dir;  /* where models are looked up by file name (NULL: the head's path) */
+    int         n_threads;  /* 0: all cores */
+    bool        once;       /* serve one session, then return (--local children) */
+    int64_t     head_silence_ms; /* end a session after this long without a frame (0: 10 s) */
+} lk_worker_opts;
+
+/* Serves heads forever (or one session with once). Bad connections are
+ * refused and logged; a session that fails ends and the worker goes on.
+ * Returns only on a setup error (cannot listen) or after `once`. */
+lk_status lk_worker_serve(const lk_worker_opts *o, char *err, size_t errlen);
+
+typedef struct lk_cluster lk_cluster;
+
+typedef struct {
+    const char *workers;       /* "host:port,..." or NULL */
+    int         local;         /* total ranks incl. the head, started here (0: none) */
+    const char *key_file;      /* needed with workers; --local makes a one-off key if NULL */
+    const char *model_path;    /* the head's model file (workers look it up by name or path) */
+    int         tp;            /* 0: all ranks */
+    const char *tp_weights;    /* "2,1,1" or NULL */
+    const char *transport;     /* "auto" (NULL), "tcp", "shm" */
+    int         n_ctx, n_batch, n_threads; /* per rank (threads 0: cores / local ranks) */
+    bool        kv_f16;
+    int64_t     dead_after_ms; /* 0: 2000 */
+} lk_cluster_opts;
+
+/* Connects to (or starts) the workers, agrees on everything, plans the
+ * split over dims, has every worker load its slice and builds the mesh.
+ * The head's own slice is in *head_slice; load the head's model with it and
+ * point its hooks at lk_cluster_hooks(). */
+lk_status lk_cluster_open(const lk_cluster_opts *o, const lk_gguf *g, const lk_plan_dims *dims,
+                          lk_cluster **out, lk_slice *head_slice, char *err, size_t errlen);
+void lk_cluster_close(lk_cluster *c);
+int  lk_cluster_n_ranks(const lk_cluster *c);
+void lk_cluster_hooks(lk_cluster *c, lk_tp_hooks *h);
+/* Tells every worker to run tokens[0..n) at pos0 and to gather its n_cand
+ * best candidates; then the head runs its own forward pass. */
+lk_status lk_cluster_step(lk_cluster *c, const int32_t *tokens, int n, int pos0, int n_cand,
+                          char *err, size_t errlen);
+/* After the head's forward pass: every rank's n_cand candidates (best
+ * first) into ids/vals [n_ranks * n_cand], rank 0's being ids0/vals0. A
+ * rank with fewer real candidates pads with id -1. */
+lk_status lk_cluster_gather(lk_cluster *c, const int32_t *ids0, const float *vals0, int n_cand,
+                            int32_t *ids, float *vals, char *err, size_t errlen);
+/* What went wrong, naming the worker (host, rank), and the layer and
+ * operation when a collective failed. */
+const char *lk_cluster_error(const lk_cluster *c);
+/* The process id of a worker started by --local (0 otherwise): for tests
+ * and messages. */
+int lk_cluster_local_pid(const lk_cluster *c, int rank);
 const char *lk_cpu_features(void);
 
 #endif

@@ -1,0 +1,53 @@
+/* lockstep worker: the daemon on every non-head machine. Serves one head at
+ * a time, refuses (and logs) unauthenticated or malformed connections, and
+ * outlives heads that vanish. */
+#include "cli/cli.h"
+#include "cluster/cluster.h"
+
+#include <signal.h>
+#include <stdio.h>
+
+int lk_cmd_worker(int argc, char **argv) {
+    const char *listen = NULL, *key_file = NULL, *model_dir = NULL, *cache_dir = NULL;
+    int64_t threads = 0;
+    bool verbose = false;
+    const lk_opt opts[] = {
+        {"--listen", "-l", LK_OPT_STR, &listen, "HOST:PORT", "where heads connect, e.g. 0.0.0.0:7070 (required)"},
+        {"--key-file", NULL, LK_OPT_STR, &key_file, "FILE", "cluster key, the same on every node (required)"},
+        {"--threads", "-t", LK_OPT_INT, &threads, "N", "compute threads (default: what the head asks, else all cores)"},
+        {"--model-dir", NULL, LK_OPT_STR, &model_dir, "DIR", "find models here by file name (default: the head's path)"},
+        {"--cache-dir", NULL, LK_OPT_STR, &cache_dir, "DIR", "slice cache (not implemented yet: models must be present)"},
+        {"--verbose", "-v", LK_OPT_FLAG, &verbose, NULL, "debug logging"},
+        {0},
+    };
+    int np = lk_args_parse("worker", "--listen HOST:PORT --key-file FILE [--threads N] [--model-dir DIR]", opts, argc,
+                           argv, NULL, 0);
+    if (np == LK_ARGS_HELP) return 0;
+    if (np < 0) return 2;
+    if (!listen || !key_file) {
+        fprintf(stderr, "lockstep worker: %s is required (see 'lockstep worker --help')\n",
+                !listen ? "--listen HOST:PORT" : "--key-file FILE");
+        return 2;
+    }
+    if (threads < 0 || threads > 1024) {
+        fprintf(stderr, "lockstep worker: --threads must be 0..1024\n");
+        return 2;
+    }
+    if (verbose) lk_log_set_level(LK_LOG_DEBUG);
+    if (cache_dir) lk_log(LK_LOG_WARN, "worker: --cache-dir is not implemented yet; models are read from disk");
+    uint8_t key[LK_KEY_BYTES];
+    char err[LK_ERRLEN];
+    if (lk_key_load(key_file, key, err, sizeof err)) {
+        fprintf(stderr, "lockstep worker: %s\n", err);
+        return 2;
+    }
+    /* A head that vanishes mid-send must not kill us with SIGPIPE. */
+    signal(SIGPIPE, SIG_IGN);
+    lk_worker_opts o = {.listen = listen, .listen_fd = -1, .key = key, .model_dir = model_dir,
+                        .n_threads = (int)threads};
+    if (lk_worker_serve(&o, err, sizeof err)) {
+        fprintf(stderr, "lockstep worker: %s\n", err);
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,506 @@
+/* The head side of a cluster session (rank 0): connects to or starts the
+ * workers, agrees with each, distributes the plan, builds the mesh, and per
+ * step tells the workers what to run. A monitor thread owns every read of
+ * the control connections after setup: it takes the workers' heartbeats,
+ * sends the head's, and declares a worker dead after dead_after_ms of
+ * silence (or at once on a closed connection / ERROR). Declaring shuts that
+ * worker's sockets, so a collective blocked on it fails immediately and the
+ * engine reports the monitor's reason, not a generic reset. */
+#include "cluster/proto.h"
+
+#include <errno.h>
+#include <netdb.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MAX_CAND 65536
+
+typedef struct {
+    char      addr[LK_ADDR_LEN];
+    lk_link  *link;
+    lk_chan   ch;
+    pthread_mutex_t mu;          /* sends: the main thread's STEPs, the monitor's PINGs */
+    _Atomic uint64_t last_seen;  /* lk_time_ns of the last frame from it */
+    atomic_int dead;
+} wconn;
+
+struct lk_cluster {
+    int       n;
+    wconn     w[LK_MAX_RANKS];   /* by rank; [0] is us */
+    pid_t     kids[LK_MAX_RANKS];
+    lk_mesh  *mesh;
+    lk_comm  *comm;
+    pthread_t mon;
+    bool      mon_started;
+    atomic_int stop;
+    int64_t   dead_after_ms;
+    pthread_mutex_t err_mu;
+    char      reason[LK_ERRLEN]; /* the monitor's own finding */
+    char      hearsay[LK_ERRLEN];/* a worker's report of a failure */
+    char      err[2 * LK_ERRLEN];
+    uint8_t   key[LK_KEY_BYTES];
+    uint8_t  *stepbuf;           /* (1 MiB) */
+    uint8_t  *pairs;             /* (n * MAX_CAND * 8) */
+    uint8_t  *mine;              /* (MAX_CAND * 8) */
+};
+
+/* ---- failure bookkeeping ---------------------------------------------------------- */
+
+/* Composes the error the engine reports: what the monitor found (a closed
+ * connection or silence: direct evidence, preferred over a worker's report
+ * that *another* peer failed), then the failing operation's own message. A
+ * collective often fails a few milliseconds before the monitor reads the
+ * dead worker's EOF, so on this (failure-only) path wait briefly for it. */
+static void set_err(lk_cluster *c, const char *detail) {
+    for (int i = 0; i < 30 && c->mon_started; i++) {
+        pthread_mutex_lock(&c->err_mu);
+        bool have = c->reason[0] != 0;
+        pthread_mutex_unlock(&c->err_mu);
+        if (have) break;
+        usleep(5000);
+    }
+    pthread_mutex_lock(&c->err_mu);
+    const char *primary = c->reason[0] ? c->reason : c->hearsay;
+    if (primary[0] && detail && *detail && !strstr(detail, primary))
+        snprintf(c->err, sizeof c->err, "%s; %s", primary, detail);
+    else
+        snprintf(c->err, sizeof c->err, "%s", detail && *detail ? detail : primary);
+    pthread_mutex_unlock(&c->err_mu);
+}
+
+static void shut(int fd) {
+    if (fd >= 0) shutdown(fd, SHUT_RDWR);
+}
+
+/* Marks rank r dead (once), records why, and shuts its sockets so nothing
+ * waits on it any longer. direct: we saw it ourselves (EOF, silence);
+ * otherwise the worker itself reported a failure (often another peer's). */
+static void declare_dead(lk_cluster *c, int r, const char *why, bool direct) {
+    if (atomic_exchange(&c->w[r].dead, 1)) return;
+    pthread_mutex_lock(&c->err_mu);
+    char *slot = direct ? c->reason : c->hearsay;
+    if (!slot[0]) snprintf(slot, LK_ERRLEN, "%s", why);
+    pthread_mutex_unlock(&c->err_mu);
+    lk_log(LK_LOG_ERROR, "%s", why);
+    shut(lk_tcp_fd(c->w[r].link));
+    if (c->mesh) shut(lk_tcp_fd(lk_mesh_ctl(c->mesh, r)));
+}
+
+const char *lk_cluster_error(const lk_cluster *c) {
+    return c->err[0] ? c->err : c->reason[0] ? c->reason : c->hearsay;
+}
+
+/* ---- the monitor -------------------------------------------------------------------- */
+
+static lk_status send_to(lk_cluster *c, int r, uint16_t type, const void *p, uint32_t len, int64_t ms,
+                         char *err, size_t errlen) {
+    pthread_mutex_lock(&c->w[r].mu);
+    lk_status st = lk_chan_send(&c->w[r].ch, type, p, len, lk_deadline_ms(ms), err, errlen);
+    pthread_mutex_unlock(&c->w[r].mu);
+    return st;
+}
+
+static void *monitor_main(void *p) {
+    lk_cluster *c = p;
+    uint64_t next_ping = 0, k = 0;
+    char err[LK_ERRLEN], why[2 * LK_ERRLEN];
+    while (!atomic_load(&c->stop)) {
+        struct pollfd pf[LK_MAX_RANKS];
+        int who[LK_MAX_RANKS], np = 0;
+        for (int r = 1; r < c->n; r++)
+            if (!atomic_load(&c->w[r].dead)) {
+                pf[np] = (struct pollfd){.fd = lk_tcp_fd(c->w[r].link), .events = POLLIN};
+                who[np++] = r;
+            }
+        if (!np) break;
+        poll(pf, (nfds_t)np, 50);
+        uint64_t now = lk_time_ns();
+        for (int i = 0; i < np; i++) {
+            int r = who[i];
+            if (!(pf[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+            uint8_t buf[64];
+            lk_frame_hdr h;
+            lk_status st = lk_chan_recv(&c->w[r].ch, &h, buf, sizeof buf, lk_deadline_ms(1000), err, sizeof err);
+            if (st == LK_ERR_PEER) {
+                snprintf(why, sizeof why, "worker rank %d (%s) failed: %s", r, c->w[r].addr, err);
+                declare_dead(c, r, why, false);
+            } else if (st) {
+                /* err starts with the link's name; we name the worker ourselves */
+                char name[128];
+                lk_link_name(c->w[r].link, name, sizeof name);
+                const char *e = err;
+                size_t k = strlen(name);
+                if (!strncmp(e, name, k) && e[k] == ':') e += k + 2;
+                snprintf(why, sizeof why, "lost worker rank %d (%s): %s", r, c->w[r].addr, e);
+                declare_dead(c, r, why, true);
+            } else if (h.type == LK_MSG_PING) {
+                atomic_store(&c->w[r].last_seen, now);
+            } else {
+                snprintf(why, sizeof why, "worker rank %d (%s) sent an unexpected %s", r, c->w[r].addr,
+                         lk_msg_name(h.type));
+                declare_dead(c, r, why, true);
+            }
+        }
+        for (int r = 1; r < c->n; r++) {
+            if (atomic_load(&c->w[r].dead)) continue;
+            uint64_t seen = atomic_load(&c->w[r].last_seen);
+            if (now > seen && (int64_t)(now - seen) > c->dead_after_ms * 1000000) {
+                snprintf(why, sizeof why, "worker rank %d (%s) stopped answering heartbeats (last heard %.1f s ago)",
+                         r, c->w[r].addr, (double)(now - seen) / 1e9);
+                declare_dead(c, r, why, true);
+            }
+        }
+        if (now >= next_ping) {
+            next_ping = now + 500000000ull;
+            uint8_t b[8];
+            for (int i = 0; i < 8; i++) b[i] = (uint8_t)(k >> (8 * i));
+            k++;
+            for (int r = 1; r < c->n; r++)
+                if (!atomic_load(&c->w[r].dead) && send_to(c, r, LK_MSG_PING, b, 8, 500, err, sizeof err)) {
+                    snprintf(why, sizeof why, "lost worker rank %d (%s): %s", r, c->w[r].addr, err);
+                    declare_dead(c, r, why, true);
+                }
+        }
+    }
+    return NULL;
+}
+
+/* ---- setup ---------------------------------------------------------------------------- */
+
+/* Receives the next non-PING frame from rank r. PINGs during a long model
+ * load keep the deadline rolling: only silence is fatal. */
+static lk_status recv_reply(lk_cluster *c, int r, lk_frame_hdr *h, uint8_t *buf, uint32_t cap, char *err,
+                            size_t errlen) {
+    for (;;) {
+        char why[LK_ERRLEN];
+        lk_status st = lk_chan_recv(&c->w[r].ch, h, buf, cap, lk_deadline_ms(5000), why, sizeof why);
+        if (st) return lk_fail(err, errlen, st, "worker rank %d (%s): %s", r, c->w[r].addr, why);
+        atomic_store(&c->w[r].last_seen, lk_time_ns());
+        if (h->type != LK_MSG_PING) return LK_OK;
+    }
+}
+
+static void local_host(lk_link *l, char *host, size_t len) {
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    snprintf(host, len, "127.0.0.1");
+    if (l && getsockname(lk_tcp_fd(l), (struct sockaddr *)&ss, &sl) == 0)
+        getnameinfo((struct sockaddr *)&ss, sl, host, (socklen_t)len, NULL, 0, NI_NUMERICHOST);
+}
+
+static lk_status parse_weights(const char *s, int n, double *w, char *err, size_t errlen) {
+    int k = 0;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        errno = 0;
+        double v = strtod(p, &end);
+        if (end == p || errno || k == n)
+            return lk_fail(err, errlen, LK_ERR_ARG, "--tp-weights '%s': expected %d positive numbers", s, n);
+        w[k++] = v;
+        p = end;
+        if (*p == ',') p++;
+        else if (*p) return lk_fail(err, errlen, LK_ERR_ARG, "--tp-weights '%s': expected %d positive numbers", s, n);
+    }
+    if (k != n) return lk_fail(err, errlen, LK_ERR_ARG, "--tp-weights '%s' has %d entries for %d ranks", s, k, n);
+    return LK_OK;
+}
+
+/* Forks a worker serving one session on a fresh loopback port. The child
+ * dies with us (PR_SET_PDEATHSIG), so a crashed head leaves no orphans. */
+static lk_status spawn_local(lk_cluster *c, int r, int threads, char *err, size_t errlen) {
+    int lfd, port;
+    lk_status st = lk_tcp_listen("127.0.0.1:0", &lfd, &port, err, errlen);
+    if (st) return st;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(lfd);
+        return lk_fail(err, errlen, LK_ERR_IO, "fork: %s", strerror(errno));
+    }
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        lk_worker_opts wo = {.listen_fd = lfd, .key = c->key, .n_threads = threads, .once = true};
+        char e[LK_ERRLEN];
+        lk_status ws = lk_worker_serve(&wo, e, sizeof e);
+        if (ws) fprintf(stderr, "lockstep worker (local rank %d): %s\n", r, e);
+        _exit(ws ? 1 : 0);
+    }
+    close(lfd);
+    c->kids[r] = pid;
+    snprintf(c->w[r].addr, sizeof c->w[r].addr, "127.0.0.1:%d", port);
+    return LK_OK;
+}
+
+static lk_status open_fail(lk_cluster *c, lk_status st) {
+    lk_cluster_close(c);
+    return st;
+}
+
+lk_status lk_cluster_open(const lk_cluster_opts *o, const lk_gguf *g, const lk_plan_dims *dims,
+                          lk_cluster **out, lk_slice *head_slice, char *err, size_t errlen) {
+    *out = NULL;
+    lk_cluster *c = lk_xcalloc(1, sizeof *c);
+    pthread_mutex_init(&c->err_mu, NULL);
+    for (int r = 0; r < LK_MAX_RANKS; r++) pthread_mutex_init(&c->w[r].mu, NULL);
+    c->dead_after_ms = o->dead_after_ms > 0 ? o->dead_after_ms : 2000;
+    c->n = 1;
+    lk_status st;
+
+    /* who */
+    if (o->workers && o->local > 1)
+        return open_fail(c, lk_fail(err, errlen, LK_ERR_ARG, "give --workers or --local, not both"));
+    if (o->key_file) {
+        if ((st = lk_key_load(o->key_file, c->key, err, errlen))) return open_fail(c, st);
+    } else if (o->workers) {
+        return open_fail(c, lk_fail(err, errlen, LK_ERR_ARG, "--workers needs --key-file (make one with 'lockstep keygen')"));
+    } else {
+        /* A one-off key: the local children inherit it in memory. */
+        char hex[2 * LK_KEY_BYTES + 1];
+        lk_key_generate(hex);
+        for (int i = 0; i < LK_KEY_BYTES; i++) sscanf(hex + 2 * i, "%2hhx", &c->key[i]);
+    }
+    if (o->workers) {
+        char *list = lk_xstrdup(o->workers), *save = NULL;
+        for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            if (c->n == LK_MAX_RANKS || strlen(t) >= LK_ADDR_LEN) {
+                free(list);
+                return open_fail(c, lk_fail(err, errlen, LK_ERR_ARG, "--workers: at most %d entries of HOST:PORT",
+                                            LK_MAX_RANKS - 1));
+            }
+            snprintf(c->w[c->n].addr, LK_ADDR_LEN, "%s", t);
+            c->n++;
+        }
+        free(list);
+    } else if (o->local > 1) {
+        if (o->local > LK_MAX_RANKS)
+            return open_fail(c, lk_fail(err, errlen, LK_ERR_ARG, "--local %d: at most %d", o->local, LK_MAX_RANKS));
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        int threads = o->n_threads ? o->n_threads : (int)LK_MAX(1, cores / o->local);
+        for (int r = 1; r < o->local; r++) {
+            if ((st = spawn_local(c, r, threads, err, errlen))) return open_fail(c, st);
+            c->n++;
+        }
+    }
+    if (c->n < 2) return open_fail(c, lk_fail(err, errlen, LK_ERR_ARG, "a cluster needs at least one worker"));
+    int tp = o->tp ? o->tp : c->n;
+    if (tp != c->n)
+        return open_fail(c, lk_fail(err, errlen, LK_ERR_UNSUPPORTED,
+                                    "--tp %d with %d ranks: only tensor parallelism over all ranks is available yet", tp,
+                                    c->n));
+    lk_mesh_shm shm = LK_MESH_SHM_AUTO;
+    if (o->transport && !strcmp(o->transport, "tcp")) shm = LK_MESH_SHM_OFF;
+    else if (o->transport && !strcmp(o->transport, "shm")) shm = LK_MESH_SHM_FORCE;
+    else if (o->transport && strcmp(o->transport, "auto"))
+        return open_fail(c, lk_fail(err, errlen, LK_ERR_ARG, "--transport must be auto, tcp or shm"));
+
+    /* plan */
+    lk_slice slices[LK_MAX_RANKS];
+    double w[LK_MAX_RANKS];
+    if (o->tp_weights && (st = parse_weights(o->tp_weights, c->n, w, err, errlen))) return open_fail(c, st);
+    if ((st = lk_plan_make(dims, tp, 1, o->tp_weights ? w : NULL, slices, err, errlen))) return open_fail(c, st);
+
+    /* agree */
+    uint8_t id[LK_MODEL_ID_BYTES];
+    lk_model_identity(g, id);
+    lk_hs_params hp;
+    lk_hs_defaults(&hp, c->key, "head");
+    hp.has_model = true;
+    memcpy(hp.model_id, id, sizeof id);
+    char why[LK_ERRLEN];
+    for (int r = 1; r < c->n; r++) {
+        if ((st = lk_tcp_connect(c->w[r].addr, lk_deadline_ms(10000), &c->w[r].link, why, sizeof why)))
+            return open_fail(c, lk_fail(err, errlen, st, "worker rank %d: %s", r, why));
+        c->w[r].link->peer_rank = r;
+        lk_chan_init(&c->w[r].ch, c->w[r].link);
+        lk_hs_peer peer;
+        if ((st = lk_handshake(&c->w[r].ch, true, &hp, &peer, why, sizeof why)))
+            return open_fail(c, lk_fail(err, errlen, st, "worker rank %d: %s", r, why));
+    }
+
+    /* load */
+    const char *path = lk_gguf_path(g), *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    uint8_t buf[8192];
+    for (int r = 1; r < c->n; r++) {
+        lk_load_msg L = {.rank = r, .n_ranks = c->n, .tp = tp, .slice = slices[r], .n_ctx = o->n_ctx,
+                         .n_batch = o->n_batch, .n_threads = o->n_threads, .kv_f16 = o->kv_f16, .shm = (uint8_t)shm};
+        snprintf(L.model_name, sizeof L.model_name, "%s", base);
+        if (!realpath(path, L.model_path)) snprintf(L.model_path, sizeof L.model_path, "%s", path);
+        memcpy(L.model_id, id, sizeof id);
+        uint32_t len = lk_proto_load_encode(&L, buf, sizeof buf);
+        if ((st = send_to(c, r, LK_MSG_LOAD, buf, len, 5000, why, sizeof why)))
+            return open_fail(c, lk_fail(err, errlen, st, "worker rank %d (%s): %s", r, c->w[r].addr, why));
+    }
+    lk_mesh_msg mm = {.n = c->n};
+    for (int r = 1; r < c->n; r++) {
+        lk_frame_hdr h;
+        lk_loaded_msg rep;
+        if ((st = recv_reply(c, r, &h, buf, sizeof buf, err, errlen))) return open_fail(c, st);
+        if (h.type != LK_MSG_LOADED || !lk_proto_loaded_decode(buf, h.len, &rep))
+            return open_fail(c, lk_fail(err, errlen, LK_ERR_FORMAT, "worker rank %d (%s): bad reply %s to LOAD", r,
+                                        c->w[r].addr, lk_msg_name(h.type)));
+        if (!rep.ok)
+            return open_fail(c, lk_fail(err, errlen, LK_ERR_PEER, "worker rank %d (%s) cannot load the model: %s", r,
+                                        c->w[r].addr, rep.reason));
+        snprintf(mm.addrs[r], LK_ADDR_LEN, "%s", rep.mesh_addr);
+    }
+
+    /* mesh: our listener on the address the first worker sees us by */
+    char host[96];
+    local_host(c->w[1].link, host, sizeof host);
+    char laddr[LK_ADDR_LEN];
+    int lfd, port;
+    snprintf(laddr, sizeof laddr, strchr(host, ':') ? "[%s]:0" : "%s:0", host);
+    if ((st = lk_tcp_listen(laddr, &lfd, &port, err, errlen))) return open_fail(c, st);
+    snprintf(mm.addrs[0], LK_ADDR_LEN, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
+    uint32_t len = lk_proto_mesh_encode(&mm, buf, sizeof buf);
+    for (int r = 1; r < c->n; r++)
+        if ((st = send_to(c, r, LK_MSG_MESH, buf, len, 5000, why, sizeof why))) {
+            close(lfd);
+            return open_fail(c, lk_fail(err, errlen, st, "worker rank %d (%s): %s", r, c->w[r].addr, why));
+        }
+    const char *addrs[LK_MAX_RANKS];
+    for (int r = 0; r < c->n; r++) addrs[r] = mm.addrs[r];
+    lk_hs_params mhp;
+    lk_hs_defaults(&mhp, c->key, "rank 0");
+    lk_mesh_params mp = {.rank = 0, .n = c->n, .addrs = addrs, .listen_fd = lfd, .shm = shm, .spin_ns = -1,
+                         .timeout_ms = 20000, .auth = lk_hs_mesh_auth, .auth_ctx = &mhp};
+    st = lk_mesh_create(&mp, &c->mesh, why, sizeof why);
+    close(lfd);
+    if (st) return open_fail(c, lk_fail(err, errlen, st, "building the mesh: %s", why));
+    for (int r = 1; r < c->n; r++) {
+        lk_frame_hdr h;
+        if ((st = recv_reply(c, r, &h, buf, sizeof buf, err, errlen))) return open_fail(c, st);
+        lk_rbuf rb = {buf, h.len, 0, true};
+        uint8_t ok = lk_rb_u8(&rb);
+        char reason[512];
+        lk_rb_str(&rb, reason, sizeof reason);
+        if (h.type != LK_MSG_READY || !rb.ok || !ok)
+            return open_fail(c, lk_fail(err, errlen, LK_ERR_PEER, "worker rank %d (%s): mesh failed: %s", r,
+                                        c->w[r].addr, rb.ok ? reason : "bad reply"));
+    }
+    if ((st = lk_comm_create(c->mesh, NULL, c->n, &c->comm, err, errlen))) return open_fail(c, st);
+    /* Slow ranks are not dead ones: the monitor finds the dead within
+     * dead_after_ms and cuts their sockets, so this deadline only guards
+     * against a bug. */
+    lk_comm_set_timeout_ms(c->comm, 600000);
+    c->stepbuf = lk_xmalloc_aligned(1u << 20);
+    c->pairs = lk_xmalloc((size_t)c->n * MAX_CAND * 8);
+    c->mine = lk_xmalloc(MAX_CAND * 8);
+    uint64_t now = lk_time_ns();
+    for (int r = 1; r < c->n; r++) atomic_store(&c->w[r].last_seen, now);
+    pthread_create(&c->mon, NULL, monitor_main, c);
+    c->mon_started = true;
+    *head_slice = slices[0];
+    lk_log(LK_LOG_INFO, "cluster: %d ranks, tensor parallel; head holds heads %d-%d, ffn rows %lld-%lld", c->n,
+           slices[0].head0, slices[0].head1 - 1, (long long)slices[0].ff0, (long long)slices[0].ff1 - 1);
+    *out = c;
+    return LK_OK;
+}
+
+void lk_cluster_close(lk_cluster *c) {
+    if (!c) return;
+    if (c->mon_started) {
+        atomic_store(&c->stop, 1);
+        pthread_join(c->mon, NULL);
+    }
+    char err[LK_ERRLEN];
+    for (int r = 1; r < c->n; r++)
+        if (c->w[r].link && !atomic_load(&c->w[r].dead)) send_to(c, r, LK_MSG_BYE, "", 0, 500, err, sizeof err);
+    lk_comm_free(c->comm);
+    lk_mesh_free(c->mesh);
+    for (int r = 1; r < c->n; r++) lk_link_close(c->w[r].link);
+    for (int r = 1; r < c->n; r++) {
+        if (c->kids[r] <= 0) continue;
+        /* The child ends its session on BYE or on the closed connection. */
+        int ws;
+        uint64_t until = lk_time_ns() + 2000000000ull;
+        while (waitpid(c->kids[r], &ws, WNOHANG) == 0) {
+            if (lk_time_ns() > until) {
+                kill(c->kids[r], SIGKILL);
+                waitpid(c->kids[r], &ws, 0);
+                break;
+            }
+            usleep(5000);
+        }
+    }
+    for (int r = 0; r < LK_MAX_RANKS; r++) pthread_mutex_destroy(&c->w[r].mu);
+    pthread_mutex_destroy(&c->err_mu);
+    free(c->stepbuf);
+    free(c->pairs);
+    free(c->mine);
+    free(c);
+}
+
+int lk_cluster_n_ranks(const lk_cluster *c) { return c->n; }
+int lk_cluster_local_pid(const lk_cluster *c, int rank) {
+    return rank > 0 && rank < c->n ? (int)c->kids[rank] : 0;
+}
+
+static lk_status hook(void *ctx, float *x, int64_t n, int layer, const char *what) {
+    lk_cluster *c = ctx;
+    lk_status st = lk_comm_allreduce_sum(c->comm, x, n, layer, what);
+    if (st) set_err(c, lk_comm_last_error(c->comm));
+    return st;
+}
+
+void lk_cluster_hooks(lk_cluster *c, lk_tp_hooks *h) {
+    h->ctx = c;
+    h->allreduce_sum = hook;
+}
+
+lk_status lk_cluster_step(lk_cluster *c, const int32_t *tokens, int n, int pos0, int n_cand, char *err,
+                          size_t errlen) {
+    if (n < 1 || n > LK_STEP_MAX_TOKENS || pos0 < 0 || n_cand < 0 || n_cand > MAX_CAND)
+        return lk_fail(err, errlen, LK_ERR_ARG, "cluster step: %d tokens at %d, %d candidates", n, pos0, n_cand);
+    uint8_t *b = c->stepbuf;
+    lk_wbuf w = {b, 1u << 20, 0, true};
+    lk_wb_u32(&w, (uint32_t)n);
+    lk_wb_u32(&w, (uint32_t)pos0);
+    lk_wb_u32(&w, (uint32_t)n_cand);
+    lk_wb_bytes(&w, tokens, (uint32_t)n * 4);
+    LK_ASSERT(w.ok);
+    char why[LK_ERRLEN];
+    for (int r = 1; r < c->n; r++) {
+        if (atomic_load(&c->w[r].dead)) {
+            set_err(c, NULL);
+            return lk_fail(err, errlen, LK_ERR_PEER, "%s", lk_cluster_error(c));
+        }
+        lk_status st = send_to(c, r, LK_MSG_STEP, b, w.len, 5000, why, sizeof why);
+        if (st) {
+            char msg[2 * LK_ERRLEN];
+            snprintf(msg, sizeof msg, "sending STEP to worker rank %d (%s): %s", r, c->w[r].addr, why);
+            set_err(c, msg);
+            return lk_fail(err, errlen, st, "%s", lk_cluster_error(c));
+        }
+    }
+    return LK_OK;
+}
+
+lk_status lk_cluster_gather(lk_cluster *c, const int32_t *ids0, const float *vals0, int n_cand, int32_t *ids,
+                            float *vals, char *err, size_t errlen) {
+    LK_ASSERT(n_cand >= 0 && n_cand <= MAX_CAND);
+    for (int i = 0; i < n_cand; i++) {
+        memcpy(c->mine + 8 * i, &ids0[i], 4);
+        memcpy(c->mine + 8 * i + 4, &vals0[i], 4);
+    }
+    if (lk_comm_gather(c->comm, c->mine, (size_t)n_cand * 8, c->pairs, 0, "candidates")) {
+        set_err(c, lk_comm_last_error(c->comm));
+        return lk_fail(err, errlen, LK_ERR_NET, "%s", lk_cluster_error(c));
+    }
+    for (int i = 0; i < c->n * n_cand; i++) {
+        memcpy(&ids[i], c->pairs + 8 * (size_t)i, 4);
+        memcpy(&vals[i], c->pairs + 8 * (size_t)i + 4, 4);
+    }
+    return LK_OK;
+}

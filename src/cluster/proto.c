@@ -1,0 +1,99 @@
+/* Session payload codecs (see proto.h). */
+#include "cluster/proto.h"
+
+#include <string.h>
+
+static void put_slice(lk_wbuf *w, const lk_slice *s) {
+    lk_wb_u32(w, (uint32_t)s->tp_rank); lk_wb_u32(w, (uint32_t)s->tp_size);
+    lk_wb_u32(w, (uint32_t)s->pp_rank); lk_wb_u32(w, (uint32_t)s->pp_size);
+    lk_wb_u32(w, (uint32_t)s->layer0); lk_wb_u32(w, (uint32_t)s->layer1);
+    lk_wb_u32(w, (uint32_t)s->head0); lk_wb_u32(w, (uint32_t)s->head1);
+    lk_wb_u32(w, (uint32_t)s->kv_head0); lk_wb_u32(w, (uint32_t)s->kv_head1);
+    lk_wb_u64(w, (uint64_t)s->ff0); lk_wb_u64(w, (uint64_t)s->ff1);
+    lk_wb_u64(w, (uint64_t)s->vocab0); lk_wb_u64(w, (uint64_t)s->vocab1);
+}
+
+static void get_slice(lk_rbuf *r, lk_slice *s) {
+    s->tp_rank = (int)lk_rb_u32(r); s->tp_size = (int)lk_rb_u32(r);
+    s->pp_rank = (int)lk_rb_u32(r); s->pp_size = (int)lk_rb_u32(r);
+    s->layer0 = (int)lk_rb_u32(r); s->layer1 = (int)lk_rb_u32(r);
+    s->head0 = (int)lk_rb_u32(r); s->head1 = (int)lk_rb_u32(r);
+    s->kv_head0 = (int)lk_rb_u32(r); s->kv_head1 = (int)lk_rb_u32(r);
+    s->ff0 = (int64_t)lk_rb_u64(r); s->ff1 = (int64_t)lk_rb_u64(r);
+    s->vocab0 = (int64_t)lk_rb_u64(r); s->vocab1 = (int64_t)lk_rb_u64(r);
+}
+
+/* Ranges in order and inside sane bounds; the model checks them against
+ * its own dimensions when it loads the slice. */
+static bool slice_sane(const lk_slice *s) {
+    return s->tp_size >= 1 && s->tp_size <= LK_MAX_RANKS && s->tp_rank >= 0 && s->tp_rank < s->tp_size &&
+           s->pp_size >= 1 && s->pp_size <= LK_MAX_RANKS && s->pp_rank >= 0 && s->pp_rank < s->pp_size &&
+           s->layer0 >= 0 && s->layer0 < s->layer1 && s->head0 >= 0 && s->head0 < s->head1 &&
+           s->kv_head0 >= 0 && s->kv_head0 < s->kv_head1 && s->ff0 >= 0 && s->ff0 < s->ff1 &&
+           s->vocab0 >= 0 && s->vocab0 < s->vocab1;
+}
+
+uint32_t lk_proto_load_encode(const lk_load_msg *m, uint8_t *buf, uint32_t cap) {
+    lk_wbuf w = {buf, cap, 0, true};
+    lk_wb_u32(&w, (uint32_t)m->rank); lk_wb_u32(&w, (uint32_t)m->n_ranks); lk_wb_u32(&w, (uint32_t)m->tp);
+    put_slice(&w, &m->slice);
+    lk_wb_str(&w, m->model_name);
+    lk_wb_str(&w, m->model_path);
+    lk_wb_bytes(&w, m->model_id, LK_MODEL_ID_BYTES);
+    lk_wb_u32(&w, (uint32_t)m->n_ctx); lk_wb_u32(&w, (uint32_t)m->n_batch); lk_wb_u32(&w, (uint32_t)m->n_threads);
+    lk_wb_u8(&w, m->kv_f16); lk_wb_u8(&w, m->shm);
+    LK_ASSERT(w.ok);
+    return w.len;
+}
+
+bool lk_proto_load_decode(const uint8_t *buf, uint32_t len, lk_load_msg *m) {
+    memset(m, 0, sizeof *m);
+    lk_rbuf r = {buf, len, 0, true};
+    m->rank = (int32_t)lk_rb_u32(&r); m->n_ranks = (int32_t)lk_rb_u32(&r); m->tp = (int32_t)lk_rb_u32(&r);
+    get_slice(&r, &m->slice);
+    lk_rb_str(&r, m->model_name, sizeof m->model_name);
+    lk_rb_str(&r, m->model_path, sizeof m->model_path);
+    lk_rb_bytes(&r, m->model_id, LK_MODEL_ID_BYTES);
+    m->n_ctx = (int32_t)lk_rb_u32(&r); m->n_batch = (int32_t)lk_rb_u32(&r); m->n_threads = (int32_t)lk_rb_u32(&r);
+    m->kv_f16 = lk_rb_u8(&r); m->shm = lk_rb_u8(&r);
+    return r.ok && r.pos == r.len && m->n_ranks >= 2 && m->n_ranks <= LK_MAX_RANKS && m->rank >= 1 &&
+           m->rank < m->n_ranks && m->tp >= 1 && m->tp <= m->n_ranks && slice_sane(&m->slice) &&
+           !strchr(m->model_name, '/') && m->model_name[0] && m->model_name[0] != '.' && m->n_ctx >= 0 &&
+           m->n_ctx <= (1 << 24) && m->n_batch >= 0 && m->n_batch <= (1 << 16) && m->n_threads >= 0 &&
+           m->n_threads <= 1024 && m->kv_f16 <= 1 && m->shm <= LK_MESH_SHM_FORCE;
+}
+
+uint32_t lk_proto_loaded_encode(const lk_loaded_msg *m, uint8_t *buf, uint32_t cap) {
+    lk_wbuf w = {buf, cap, 0, true};
+    lk_wb_u8(&w, m->ok);
+    lk_wb_str(&w, m->reason);
+    lk_wb_str(&w, m->mesh_addr);
+    LK_ASSERT(w.ok);
+    return w.len;
+}
+
+bool lk_proto_loaded_decode(const uint8_t *buf, uint32_t len, lk_loaded_msg *m) {
+    memset(m, 0, sizeof *m);
+    lk_rbuf r = {buf, len, 0, true};
+    m->ok = lk_rb_u8(&r);
+    lk_rb_str(&r, m->reason, sizeof m->reason);
+    lk_rb_str(&r, m->mesh_addr, sizeof m->mesh_addr);
+    return r.ok && r.pos == r.len && m->ok <= 1 && (!m->ok || m->mesh_addr[0]);
+}
+
+uint32_t lk_proto_mesh_encode(const lk_mesh_msg *m, uint8_t *buf, uint32_t cap) {
+    lk_wbuf w = {buf, cap, 0, true};
+    lk_wb_u32(&w, (uint32_t)m->n);
+    for (int i = 0; i < m->n; i++) lk_wb_str(&w, m->addrs[i]);
+    LK_ASSERT(w.ok);
+    return w.len;
+}
+
+bool lk_proto_mesh_decode(const uint8_t *buf, uint32_t len, lk_mesh_msg *m) {
+    memset(m, 0, sizeof *m);
+    lk_rbuf r = {buf, len, 0, true};
+    m->n = (int32_t)lk_rb_u32(&r);
+    if (m->n < 2 || m->n > LK_MAX_RANKS) return false;
+    for (int i = 0; i < m->n; i++) lk_rb_str(&r, m->addrs[i], LK_ADDR_LEN);
+    return r.ok && r.pos == r.len;
+}

@@ -1,0 +1,313 @@
+/* The cluster end to end with real processes on 127.0.0.1: a head (this
+ * process) and forked workers run stories260K split by tensor parallelism,
+ * and the logits must match the one-node forward pass; then failures: a
+ * worker killed, a worker frozen (SIGSTOP), a slow head; a worker daemon that
+ * outlives a vanished head and bad clients and serves the next head. */
+#include "lk_test.h"
+#include "cluster/cluster.h"
+#include "model/model.h"
+#include "sampler/sampler.h"
+
+#include <math.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static const int32_t toks[6] = {1, 403, 301, 52, 7, 99};
+#define NV_MAX 512
+
+typedef struct {
+    lk_gguf *g;
+    lk_model_config cfg;
+    lk_plan_dims dims;
+    float ref[2][NV_MAX]; /* one-node logits after toks[0..5) and after toks[5] */
+} fixture;
+
+static fixture F;
+
+static bool fixture_open(void) {
+    char err[LK_ERRLEN];
+    if (lk_gguf_open(lk_td("models/stories260K.gguf"), &F.g, err, sizeof err) ||
+        lk_model_config_read(F.g, &F.cfg, err, sizeof err)) {
+        printf("  %s\n", err);
+        return false;
+    }
+    lk_model_plan_dims(F.g, &F.cfg, &F.dims);
+    lk_model_params mp = {.n_ctx = 64, .n_batch = 8, .n_threads = 1};
+    lk_model *m;
+    if (lk_model_load(F.g, NULL, &mp, &m, err, sizeof err)) { printf("  %s\n", err); return false; }
+    bool ok = F.cfg.n_vocab <= NV_MAX && !lk_model_forward(m, toks, 5, 0, 1, F.ref[0]) &&
+              !lk_model_forward(m, toks + 5, 1, 5, 1, F.ref[1]);
+    lk_model_free(m);
+    return ok;
+}
+
+/* One head-side step: tell the workers, run our slice, gather everyone's
+ * candidates, and rebuild the full logits row from them. */
+static lk_status cluster_step(lk_cluster *c, lk_model *m, const int32_t *t, int n, int pos0, float *full,
+                              char *err) {
+    int nv = (int)F.cfg.n_vocab, N = lk_cluster_n_ranks(c);
+    static float mine[NV_MAX], vals[NV_MAX], allv[8 * NV_MAX];
+    static int32_t ids[NV_MAX], alli[8 * NV_MAX];
+    lk_status st = lk_cluster_step(c, t, n, pos0, nv, err, LK_ERRLEN);
+    if (st) return st;
+    if ((st = lk_model_forward(m, t, n, pos0, 1, mine))) {
+        snprintf(err, LK_ERRLEN, "%s", lk_cluster_error(c));
+        return st;
+    }
+    const lk_slice *sl = lk_model_slice(m);
+    int got = lk_sampler_top(mine, sl->vocab0, sl->vocab1 - sl->vocab0, ids, vals, nv);
+    for (int i = got; i < nv; i++) ids[i] = -1, vals[i] = 0;
+    if ((st = lk_cluster_gather(c, ids, vals, nv, alli, allv, err, LK_ERRLEN))) return st;
+    for (int i = 0; i < nv; i++) full[i] = NAN;
+    for (int i = 0; i < N * nv; i++)
+        if (alli[i] >= 0 && alli[i] < nv) full[alli[i]] = allv[i];
+    return LK_OK;
+}
+
+static lk_status open_head(lk_cluster_opts *o, lk_cluster **c, lk_model **m, char *err) {
+    lk_slice sl;
+    o->model_path = lk_gguf_path(F.g);
+    o->n_ctx = 64;
+    o->n_batch = 8;
+    o->n_threads = 1;
+    lk_status st = lk_cluster_open(o, F.g, &F.dims, c, &sl, err, LK_ERRLEN);
+    if (st) return st;
+    lk_model_params mp = {.n_ctx = 64, .n_batch = 8, .n_threads = 1};
+    if ((st = lk_model_load(F.g, &sl, &mp, m, err, LK_ERRLEN))) { lk_cluster_close(*c); return st; }
+    lk_tp_hooks h;
+    lk_cluster_hooks(*c, &h);
+    lk_model_set_hooks(*m, &h);
+    return LK_OK;
+}
+
+static int compare(const float *got, const float *ref, int nv, double *maxd) {
+    int bad = 0, ag = 0, ar = 0;
+    *maxd = 0;
+    for (int i = 0; i < nv; i++) {
+        if (isnan(got[i])) { bad++; continue; }
+        double d = fabs(got[i] - ref[i]);
+        if (d > *maxd) *maxd = d;
+        if (d > 1e-3 + 1e-4 * fabs(ref[i])) bad++;
+        if (got[i] > got[ag]) ag = i;
+        if (ref[i] > ref[ar]) ar = i;
+    }
+    return bad + (ag != ar);
+}
+
+TEST(tp_matches_one_node) {
+    for (int N = 2; N <= 3; N++) {
+        const char *tr[2] = {"auto", "tcp"};
+        for (int k = 0; k < 2; k++) {
+            lk_cluster_opts o = {.local = N, .transport = tr[k]};
+            lk_cluster *c;
+            lk_model *m;
+            char err[LK_ERRLEN];
+            lk_status st = open_head(&o, &c, &m, err);
+            CHECKF(st == LK_OK, "N=%d: %s", N, err);
+            if (st) continue;
+            float full[NV_MAX];
+            double d;
+            st = cluster_step(c, m, toks, 5, 0, full, err);
+            CHECKF(st == LK_OK, "%s", err);
+            int bad = compare(full, F.ref[0], (int)F.cfg.n_vocab, &d);
+            CHECKF(!st && bad == 0, "N=%d %s prefill: %d bad, max diff %g", N, tr[k], bad, d);
+            st = cluster_step(c, m, toks + 5, 1, 5, full, err); /* decode: uses every rank's KV cache */
+            bad = compare(full, F.ref[1], (int)F.cfg.n_vocab, &d);
+            CHECKF(!st && bad == 0, "N=%d %s decode: %d bad, max diff %g", N, tr[k], bad, d);
+            lk_model_free(m);
+            lk_cluster_close(c);
+        }
+    }
+}
+
+TEST(uneven_weights) {
+    lk_cluster_opts o = {.local = 3, .tp_weights = "2,1,1"};
+    lk_cluster *c;
+    lk_model *m;
+    char err[LK_ERRLEN];
+    if (open_head(&o, &c, &m, err)) { CHECKF(0, "%s", err); return; }
+    CHECK(lk_model_slice(m)->head1 - lk_model_slice(m)->head0 == 4);
+    float full[NV_MAX];
+    double d = 0;
+    lk_status st = cluster_step(c, m, toks, 5, 0, full, err);
+    CHECKF(!st && compare(full, F.ref[0], (int)F.cfg.n_vocab, &d) == 0, "%s max diff %g", st ? err : "", d);
+    lk_model_free(m);
+    lk_cluster_close(c);
+}
+
+/* A worker killed mid-session: the next step fails fast and names it. */
+TEST(killed_worker_named) {
+    lk_cluster_opts o = {.local = 3, .dead_after_ms = 1000};
+    lk_cluster *c;
+    lk_model *m;
+    char err[LK_ERRLEN];
+    if (open_head(&o, &c, &m, err)) { CHECKF(0, "%s", err); return; }
+    float full[NV_MAX];
+    CHECK(cluster_step(c, m, toks, 5, 0, full, err) == LK_OK);
+    kill(lk_cluster_local_pid(c, 2), SIGKILL);
+    uint64_t t0 = lk_time_ns();
+    lk_status st = cluster_step(c, m, toks + 5, 1, 5, full, err);
+    double s = (double)(lk_time_ns() - t0) / 1e9;
+    CHECK(st != LK_OK);
+    CHECKF(s < 2.0, "took %.2f s", s);
+    /* the dead one is named first, not the survivor that reported it */
+    CHECKF(!strncmp(lk_cluster_error(c), "lost worker rank 2 (127.0.0.1:", 30), "%s", lk_cluster_error(c));
+    lk_model_free(m);
+    lk_cluster_close(c);
+}
+
+/* A frozen worker (alive socket, no answers): declared dead by heartbeats
+ * within dead_after, and the blocked all-reduce is cut off. */
+TEST(frozen_worker_named) {
+    lk_cluster_opts o = {.local = 2, .dead_after_ms = 1000};
+    lk_cluster *c;
+    lk_model *m;
+    char err[LK_ERRLEN];
+    if (open_head(&o, &c, &m, err)) { CHECKF(0, "%s", err); return; }
+    float full[NV_MAX];
+    CHECK(cluster_step(c, m, toks, 5, 0, full, err) == LK_OK);
+    int pid = lk_cluster_local_pid(c, 1);
+    kill(pid, SIGSTOP);
+    uint64_t t0 = lk_time_ns();
+    lk_status st = cluster_step(c, m, toks + 5, 1, 5, full, err);
+    double s = (double)(lk_time_ns() - t0) / 1e9;
+    CHECK(st != LK_OK);
+    CHECKF(s < 2.0, "took %.2f s", s);
+    CHECKF(strstr(lk_cluster_error(c), "worker rank 1 (127.0.0.1:") &&
+           strstr(lk_cluster_error(c), "stopped answering heartbeats") && strstr(lk_cluster_error(c), "all-reduce layer"),
+           "%s", lk_cluster_error(c));
+    kill(pid, SIGKILL);
+    lk_model_free(m);
+    lk_cluster_close(c);
+}
+
+/* Workers that wait a long time on a slow head are not declared dead (and
+ * do not declare the head dead): heartbeats flow while compute waits. */
+TEST(slow_is_not_dead) {
+    lk_cluster_opts o = {.local = 2, .dead_after_ms = 500};
+    lk_cluster *c;
+    lk_model *m;
+    char err[LK_ERRLEN];
+    if (open_head(&o, &c, &m, err)) { CHECKF(0, "%s", err); return; }
+    int32_t t[5];
+    memcpy(t, toks, sizeof t);
+    CHECK(lk_cluster_step(c, t, 5, 0, 0, err, sizeof err) == LK_OK);
+    usleep(1500000); /* the worker sits in its first all-reduce for 1.5 s */
+    float logits[NV_MAX];
+    lk_status st = lk_model_forward(m, t, 5, 0, 0, logits);
+    CHECKF(st == LK_OK, "%s", lk_cluster_error(c));
+    float full[NV_MAX];
+    double d = 0;
+    st = cluster_step(c, m, toks + 5, 1, 5, full, err);
+    CHECKF(!st && compare(full, F.ref[1], (int)F.cfg.n_vocab, &d) == 0, "%s", st ? err : "");
+    lk_model_free(m);
+    lk_cluster_close(c);
+}
+
+/* ---- a long-running worker daemon ------------------------------------------------ */
+
+static const char *key_path(void) {
+    static char p[128]; /* fixed by the first (parent) call: children share it */
+    if (!p[0]) snprintf(p, sizeof p, "/tmp/lk-test-cluster-%d.key", (int)getpid());
+    return p;
+}
+
+TEST(daemon_survives_heads_and_garbage) {
+    char hex[65], err[LK_ERRLEN];
+    lk_key_generate(hex);
+    FILE *f = fopen(key_path(), "w");
+    fprintf(f, "%s\n", hex);
+    fclose(f);
+    uint8_t key[32];
+    LK_ASSERT(!lk_key_load(key_path(), key, err, sizeof err));
+    int lfd, port;
+    LK_ASSERT(!lk_tcp_listen("127.0.0.1:0", &lfd, &port, err, sizeof err));
+    char addr[32];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    fflush(NULL);
+    pid_t daemon = fork();
+    if (daemon == 0) {
+        lk_log_set_level(LK_LOG_ERROR);
+        lk_worker_opts wo = {.listen_fd = lfd, .key = key, .n_threads = 1};
+        lk_worker_serve(&wo, err, sizeof err);
+        _exit(1);
+    }
+    close(lfd);
+
+    /* 1. a head that vanishes mid-session (killed right after a step) */
+    pid_t head = fork();
+    if (head == 0) {
+        lk_cluster_opts o = {.workers = addr, .key_file = key_path()};
+        lk_cluster *c;
+        lk_model *m;
+        if (open_head(&o, &c, &m, err)) { fprintf(stderr, "head child: %s\n", err); _exit(2); }
+        float full[NV_MAX];
+        if (cluster_step(c, m, toks, 5, 0, full, err)) _exit(3);
+        kill(getpid(), SIGKILL);
+    }
+    int ws;
+    waitpid(head, &ws, 0);
+    CHECKF(WIFSIGNALED(ws), "head child ended with %d", ws);
+
+    /* 2. garbage, a wrong key, and a stalled half frame left open */
+    lk_link *g1, *g2, *stall;
+    CHECK(!lk_tcp_connect(addr, lk_deadline_ms(2000), &g1, err, sizeof err));
+    lk_link_send(g1, "garbage garbage garbage!", 24, lk_deadline_ms(500), err, sizeof err);
+    CHECK(!lk_tcp_connect(addr, lk_deadline_ms(2000), &stall, err, sizeof err));
+    lk_link_send(stall, "LKW1\x01\x00", 6, lk_deadline_ms(500), err, sizeof err);
+    CHECK(!lk_tcp_connect(addr, lk_deadline_ms(2000), &g2, err, sizeof err));
+    uint8_t wrong[32] = {1};
+    lk_hs_params hp;
+    lk_hs_defaults(&hp, wrong, "head");
+    lk_chan ch;
+    lk_chan_init(&ch, g2);
+    lk_hs_peer peer;
+    CHECK(lk_handshake(&ch, true, &hp, &peer, err, sizeof err) == LK_ERR_AUTH);
+
+    /* 3. the next head is served at once, the stalled client still open */
+    uint64_t t0 = lk_time_ns();
+    lk_cluster_opts o = {.workers = addr, .key_file = key_path()};
+    lk_cluster *c;
+    lk_model *m;
+    lk_status st = open_head(&o, &c, &m, err);
+    CHECKF(st == LK_OK, "%s", err);
+    if (!st) {
+        CHECKF((double)(lk_time_ns() - t0) / 1e9 < 3.0, "the next head waited %.1f s", (double)(lk_time_ns() - t0) / 1e9);
+        float full[NV_MAX];
+        double d = 0;
+        st = cluster_step(c, m, toks, 5, 0, full, err);
+        CHECKF(!st && compare(full, F.ref[0], (int)F.cfg.n_vocab, &d) == 0, "%s", st ? err : "");
+        /* 4. a second head while this one is served: refused as busy */
+        lk_cluster_opts o2 = {.workers = addr, .key_file = key_path()};
+        lk_cluster *c2;
+        lk_model *m2;
+        st = open_head(&o2, &c2, &m2, err);
+        CHECKF(st != LK_OK && strstr(err, "busy"), "%s", err);
+        lk_model_free(m);
+        lk_cluster_close(c);
+    }
+    lk_link_close(g1);
+    lk_link_close(g2);
+    lk_link_close(stall);
+    kill(daemon, SIGKILL);
+    waitpid(daemon, &ws, 0);
+    unlink(key_path());
+}
+
+int main(void) {
+    signal(SIGPIPE, SIG_IGN);
+    lk_log_set_level(LK_LOG_ERROR);
+    if (!fixture_open()) {
+        printf("FAIL fixture\n");
+        return 1;
+    }
+    RUN(tp_matches_one_node);
+    RUN(uneven_weights);
+    RUN(killed_worker_named);
+    RUN(frozen_worker_named);
+    RUN(slow_is_not_dead);
+    RUN(daemon_survives_heads_and_garbage);
+    lk_gguf_close(F.g);
+    return lk_test_end();
+}
