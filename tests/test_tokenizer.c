@@ -5,6 +5,7 @@
 #include "lk_test.h"
 
 #include "gguf/gguf.h"
+#include "tokenizer/pretokenize.h"
 #include "tokenizer/tokenizer.h"
 
 #include <jansson.h>
@@ -468,6 +469,110 @@ TEST(edges) {
     lk_tokenizer_free(t);
 }
 
+
+/* ---- Unicode facts (ICU) as the pre-tokenisers need them ---- */
+TEST(unicode_categories) {
+    CHECK(lk_unicode_flags('a') == LK_CPT_LETTER);
+    CHECK(lk_unicode_flags('7') == LK_CPT_NUMBER);
+    CHECK(lk_unicode_flags(' ') == (LK_CPT_SEPARATOR | LK_CPT_WHITESPACE));
+    CHECK(lk_unicode_flags('\n') == (LK_CPT_CONTROL | LK_CPT_WHITESPACE));
+    CHECK(lk_unicode_flags('$') == LK_CPT_SYMBOL && lk_unicode_flags('!') == LK_CPT_PUNCT);
+    CHECK(lk_unicode_flags(0xE9) == LK_CPT_LETTER);        /* é */
+    CHECK(lk_unicode_flags(0x0663) == LK_CPT_NUMBER);      /* Arabic-Indic three */
+    CHECK(lk_unicode_flags(0x2167) == LK_CPT_NUMBER);      /* Roman numeral eight (Nl) */
+    CHECK(lk_unicode_flags(0x0301) == LK_CPT_MARK);        /* combining acute */
+    CHECK(lk_unicode_flags(0x0E01) == LK_CPT_LETTER);      /* Thai ko kai */
+    CHECK(lk_unicode_flags(0x3000) == (LK_CPT_SEPARATOR | LK_CPT_WHITESPACE));
+    CHECK(lk_unicode_flags(0x0085) & LK_CPT_WHITESPACE);
+    CHECK(!(lk_unicode_flags(0x200B) & LK_CPT_WHITESPACE)); /* zero width space is Cf */
+    CHECK(lk_unicode_flags(0x1F999) == LK_CPT_SYMBOL);     /* 🦙 */
+    CHECK(lk_unicode_flags(0xE000) == LK_CPT_CONTROL);     /* private use */
+    CHECK(lk_unicode_flags(0x110000) == LK_CPT_UNDEFINED);
+    CHECK(lk_unicode_tolower('A') == 'a' && lk_unicode_tolower(0xC9) == 0xE9 && lk_unicode_tolower(0x130) == 'i');
+    CHECK(lk_unicode_nfd_first(0xE9) == 'e' && lk_unicode_nfd_first(0x1EA5) == 'a' && lk_unicode_nfd_first('x') == 'x');
+    CHECK(lk_unicode_nfd_first(0xAC00) == 0x1100); /* Hangul syllable -> leading jamo */
+}
+
+/* words as the regexes define them (expected splits worked out by hand) */
+static bool split_is(lk_pre_kind k, const char *text, const char *const *want) {
+    uint32_t cp[256], lens[256], tmp[256];
+    uint16_t fl[256];
+    size_t n = lk_utf8_decode(text, strlen(text), cp);
+    for (size_t i = 0; i < n; i++) fl[i] = lk_unicode_flags(cp[i]);
+    size_t nw = lk_pretok_split(k, cp, fl, n, lens, tmp);
+    size_t at = 0, w = 0;
+    bool ok = true;
+    for (; w < nw; w++) {
+        char buf[256];
+        size_t bl = 0;
+        for (size_t i = at; i < at + lens[w]; i++) bl += (size_t)lk_utf8_encode(cp[i], buf + bl);
+        at += lens[w];
+        if (!want[w] || strlen(want[w]) != bl || memcmp(want[w], buf, bl)) {
+            printf("  split %d of \"%s\": word %zu is \"%.*s\", want \"%s\"\n", (int)k, text, w, (int)bl, buf,
+                   want[w] ? want[w] : "(end)");
+            ok = false;
+            break;
+        }
+    }
+    if (ok && want[w]) { printf("  split of \"%s\": missing \"%s\"\n", text, want[w]); ok = false; }
+    return ok;
+}
+
+TEST(pretokenizer_splits) {
+    const char *g1[] = {"Hello", " world", "'s", " ", " 42", "!!", "\t", "x", NULL};
+    CHECK(split_is(LK_PRE_GPT2, "Hello world's  42!!\tx", g1));
+    const char *g2[] = {"a", "  ", NULL}; /* trailing white space stays one word */
+    CHECK(split_is(LK_PRE_GPT2, "a  ", g2));
+    const char *l1[] = {"I", "'M", " fine", ",", "123", "456", "7", "\n\n", "ok", NULL};
+    CHECK(split_is(LK_PRE_LLAMA3, "I'M fine,1234567\n\nok", l1));
+    const char *q1[] = {"x", "1", "2", "3", "  \n", "ç", NULL}; /* \s*[\r\n]+ takes the spaces too */
+    CHECK(split_is(LK_PRE_QWEN2, "x123  \nç", q1));
+    const char *d2[] = {"ab", "\n", "漢字", "12", NULL};
+    CHECK(split_is(LK_PRE_DEEPSEEK_LLM, "ab\n漢字12", d2));
+    const char *s1[] = {"a", "1", "2", " b", NULL}; /* starcoder: every digit alone first */
+    CHECK(split_is(LK_PRE_STARCODER, "a12 b", s1));
+    const char *f1[] = {"x", "<=>", " y", "123", "4", NULL};
+    CHECK(split_is(LK_PRE_FALCON, "x<=> y1234", f1));
+}
+
+/* ---- vocabularies without test vectors still load and round-trip ---- */
+TEST(other_vocabs_roundtrip) {
+    static const char *names[] = {"vocab/ggml-vocab-gpt-neox.gguf", "vocab/ggml-vocab-baichuan.gguf"};
+    static const char *texts[] = {"Hello, world! It's 2024.", "  two  spaces\tand\nnewlines\n", "Émilie 🍰 漢字"};
+    for (size_t f = 0; f < 2; f++) {
+        lk_tokenizer *t = load_tok(lk_td(names[f]));
+        CHECKF(t != NULL, "%s", names[f]);
+        if (!t) continue;
+        for (size_t i = 0; i < 3; i++) CHECK(check_roundtrip(t, names[f], texts[i], strlen(texts[i])));
+        lk_tokenizer_free(t);
+    }
+}
+
+/* ---- the CLI: lockstep tokenize ---- */
+TEST(cli_tokenize) {
+    const char *exe = getenv("LOCKSTEP");
+    if (!exe || !*exe) { printf("  (LOCKSTEP not set: skipped; tests/run.sh sets it)\n"); return; }
+    char cmd[1024], out[512] = {0};
+    snprintf(cmd, sizeof cmd, "%s tokenize -m %s --ids 'Once upon a time'", exe, lk_td("models/stories260K.gguf"));
+    FILE *p = popen(cmd, "r");
+    CHECK(p != NULL);
+    if (!p) return;
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    CHECK(pclose(p) == 0);
+    CHECKF(!strcmp(out, "[1, 403, 407, 261, 378]\n"), "got '%s'", out);
+    snprintf(cmd, sizeof cmd, "%s tokenize -m %s --no-bos 'Once'", exe, lk_td("models/stories260K.gguf"));
+    p = popen(cmd, "r");
+    n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    CHECK(pclose(p) == 0);
+    CHECKF(!strcmp(out, "   403 -> ' Once'\n"), "got '%s'", out);
+    snprintf(cmd, sizeof cmd, "%s tokenize -m /nonexistent.gguf x 2>/dev/null", exe);
+    p = popen(cmd, "r");
+    n = fread(out, 1, sizeof out - 1, p);
+    CHECK(pclose(p) != 0);
+}
+
 int main(void) {
     RUN(stories260k_reference);
     RUN(vocab_llama_spm);
@@ -488,5 +593,9 @@ int main(void) {
     RUN(invalid_bytes);
     RUN(detok_split_character);
     RUN(edges);
+    RUN(unicode_categories);
+    RUN(pretokenizer_splits);
+    RUN(other_vocabs_roundtrip);
+    RUN(cli_tokenize);
     return lk_test_end();
 }
