@@ -301,6 +301,7 @@ TEST(whitespace_rules) {
     expect_text("X {%+ if true %}keep{% endif %}\n{% if true +%}\nkept\n{% endif %}\nend\n", "X keep\nkept\nend");
     expect_text("{{ 'a' }}\n{{ 'b' }}\n", "a\nb");       /* one trailing newline of the template goes */
     expect_text("{% raw %}{{ x }}{% if %}{% endraw %}", "{{ x }}{% if %}");
+    expect_text("{% for m in messages %}\r\n  {{ m.role }}\r\n{% endfor %}\r\n", "  user\n  assistant\n"); /* CRLF reads as LF */
     expect_text("{% macro m(x) -%}\n  [{{ x }}]\n{%- endmacro %}{{ m(1) }} {{ m(2) }}", "[1] [2]");
 }
 
@@ -408,7 +409,7 @@ TEST(hostile_templates) {
 TEST(mutated_templates) {
     static const char *const names[] = { "llama3", "llama3.0", "chatml", "qwen2", "qwen3", "mistral",
                                          "gemma", "phi3", "deepseek", "deepseek3" };
-    static const char junk[] = "{}%#-+()[]'\".|~ \n=!<>abcifendfor";
+    static const char junk[] = "{}%#-+()[]'\".|~ \n\r=!<>abcifendfor";
     uint64_t rng = 0x9E3779B97F4A7C15ull;
     int ok = 0, failed = 0;
     for (size_t t = 0; t < sizeof names / sizeof names[0]; t++) {

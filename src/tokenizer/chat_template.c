@@ -741,7 +741,7 @@ static size_t lex_tag(jctx *c, size_t i, size_t end, bool is_var, int open_pos, 
 static void lex(jctx *c) {
     const char *s = c->src;
     size_t end = c->srclen, i = 0;
-    if (end && s[end - 1] == '\n') { end--; if (end && s[end - 1] == '\r') end--; }
+    if (end && s[end - 1] == '\n') end--;
     bool strip_next = false;   /* previous tag ended with '-' */
     bool trim_next = false;    /* previous tag was a block/comment without '+' */
     bool line_start = true;    /* the text starts at the beginning of a line */
@@ -755,7 +755,6 @@ static void lex(jctx *c) {
             line_start = ts > i && s[ts - 1] == '\n';
         } else if (trim_next) {
             if (ts < te && s[ts] == '\n') { ts++; line_start = true; }
-            else if (ts + 1 < te && s[ts] == '\r' && s[ts + 1] == '\n') { ts += 2; line_start = true; }
         }
         if (j < end) {
             char kind = s[j + 1];
@@ -2605,6 +2604,21 @@ lk_status lk_chat_render_ex(const char *template_src, const lk_chat_msg *msgs, i
     if (setjmp(c->jb)) {
         st = c->st;
     } else {
+        /* Jinja (and llama.cpp) read "\r\n" and a lone "\r" as "\n", in text
+         * and in string literals alike */
+        if (memchr(template_src, '\r', srclen)) {
+            char *norm = amalloc(c, srclen + 1);
+            size_t k = 0;
+            for (size_t i = 0; i < srclen; i++) {
+                if (template_src[i] == '\r') {
+                    norm[k++] = '\n';
+                    if (i + 1 < srclen && template_src[i + 1] == '\n') i++;
+                } else norm[k++] = template_src[i];
+            }
+            norm[k] = 0;
+            c->src = norm;
+            c->srclen = k;
+        }
         lex(c);
         c->tp = 0;
         nvec prog = {0};
