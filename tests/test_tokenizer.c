@@ -196,7 +196,7 @@ static void run_vocab(const char *name, bool roundtrip) {
 }
 
 TEST(vocab_llama_spm) { run_vocab("llama-spm", true); }
-TEST(vocab_phi_3) { run_vocab("phi-3", false); }
+TEST(vocab_phi_3) { run_vocab("phi-3", true); }
 TEST(vocab_gpt_2) { run_vocab("gpt-2", true); }
 TEST(vocab_mpt) { run_vocab("mpt", true); }
 TEST(vocab_falcon) { run_vocab("falcon", true); }
@@ -207,7 +207,9 @@ TEST(vocab_deepseek_coder) { run_vocab("deepseek-coder", true); }
 TEST(vocab_bert_bge) { run_vocab("bert-bge", false); }
 
 /* ---- synth models: truncated vocabularies ---- */
-static void run_synth(const char *name, bool has_tokenizer_cases) {
+/* roundtrip: only where the truncated vocabulary can say it (spm-600 has no
+ * lone "▁", so a space before a digit comes out as the bytes of "▁") */
+static void run_synth(const char *name, bool has_tokenizer_cases, bool roundtrip) {
     char gpath[256], jpath[256];
     snprintf(gpath, sizeof gpath, "synth/%s.gguf", name);
     snprintf(jpath, sizeof jpath, "synth/%s.json", name);
@@ -226,6 +228,7 @@ static void run_synth(const char *name, bool has_tokenizer_cases) {
         int32_t n;
         int32_t *want = json_ids(json_object_get(c, "ids"), &n);
         CHECK(check_ids(t, name, json_string_value(jt), json_string_length(jt), false, want, n));
+        if (roundtrip) CHECK(check_roundtrip(t, name, json_string_value(jt), json_string_length(jt)));
         free(want);
         n_tc++;
     }
@@ -245,17 +248,17 @@ static void run_synth(const char *name, bool has_tokenizer_cases) {
 }
 
 TEST(synth_tokenizer_cases) {
-    run_synth("synth-llama-f32", true);
-    run_synth("synth-qwen2-f32", true);
-    run_synth("synth-qwen3-f32", true);
-    run_synth("synth-llama3rope-f32", true);
+    run_synth("synth-llama-f32", true, false);
+    run_synth("synth-qwen2-f32", true, true);
+    run_synth("synth-qwen3-f32", true, true);
+    run_synth("synth-llama3rope-f32", true, true);
 }
 
 TEST(synth_prompts_all_models) {
     static const char *names[] = {"synth-llama-bf16", "synth-llama-f16", "synth-llama-q4_0", "synth-llama-q4_k_m",
         "synth-llama-q5_k_m", "synth-llama-q6_k", "synth-llama-q8_0", "synth-llama-tied-f16", "synth-qwen2-q4_k_m",
         "synth-qwen3-q8_0", "synth-qwen3moe-f16", "synth-qwen3moe-q4_k_m"};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) run_synth(names[i], false);
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) run_synth(names[i], false, false);
 }
 
 TEST(synth_eog) {
