@@ -491,6 +491,7 @@ TEST(unicode_categories) {
     CHECK(lk_unicode_flags(0x1F999) == LK_CPT_SYMBOL);     /* 🦙 */
     CHECK(lk_unicode_flags(0xE000) == LK_CPT_CONTROL);     /* private use */
     CHECK(lk_unicode_flags(0x110000) == LK_CPT_UNDEFINED);
+    CHECK(lk_unicode_flags(0x0378) == LK_CPT_UNDEFINED);   /* unassigned */
     CHECK(lk_unicode_tolower('A') == 'a' && lk_unicode_tolower(0xC9) == 0xE9 && lk_unicode_tolower(0x130) == 'i');
     CHECK(lk_unicode_nfd_first(0xE9) == 'e' && lk_unicode_nfd_first(0x1EA5) == 'a' && lk_unicode_nfd_first('x') == 'x');
     CHECK(lk_unicode_nfd_first(0xAC00) == 0x1100); /* Hangul syllable -> leading jamo */

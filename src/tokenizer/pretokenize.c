@@ -30,7 +30,9 @@ uint16_t lk_unicode_flags(uint32_t c) {
         f = LK_CPT_PUNCT; break;
     case U_MATH_SYMBOL: case U_CURRENCY_SYMBOL: case U_MODIFIER_SYMBOL: case U_OTHER_SYMBOL:
         f = LK_CPT_SYMBOL; break;
-    default: /* Cc, Cf, Cs, Co and unassigned (Cn): llama.cpp's \p{C} */
+    case U_UNASSIGNED: /* Cn: llama.cpp's tables mark these undefined */
+        f = LK_CPT_UNDEFINED; break;
+    default: /* Cc, Cf, Cs, Co */
         f = LK_CPT_CONTROL; break;
     }
     if (u_isUWhiteSpace((UChar32)c)) f |= LK_CPT_WHITESPACE;

@@ -20,14 +20,14 @@
 
 /* Code point flags, one category bit each plus white space (as llama.cpp). */
 enum {
-    LK_CPT_UNDEFINED = 0x001, /* beyond U+10FFFF */
+    LK_CPT_UNDEFINED = 0x001, /* unassigned, or beyond U+10FFFF */
     LK_CPT_NUMBER = 0x002,    /* \p{N} */
     LK_CPT_LETTER = 0x004,    /* \p{L} */
     LK_CPT_SEPARATOR = 0x008, /* \p{Z} */
     LK_CPT_MARK = 0x010,      /* \p{M} */
     LK_CPT_PUNCT = 0x020,     /* \p{P} */
     LK_CPT_SYMBOL = 0x040,    /* \p{S} */
-    LK_CPT_CONTROL = 0x080,   /* \p{C}, unassigned code points included */
+    LK_CPT_CONTROL = 0x080,   /* \p{C} except unassigned: Cc, Cf, Cs, Co */
     LK_CPT_WHITESPACE = 0x100,/* \s: the White_Space property */
 };
 
