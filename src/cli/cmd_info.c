@@ -133,7 +133,8 @@ int lk_cmd_info(int argc, char **argv) {
     for (int ty = 0; ty < NT; ty++) {
         if (!count[ty]) continue;
         human_bytes(bytes[ty], hb, sizeof hb);
-        printf("  %-8s %5" PRId64 " tensors  %s\n", lk_type_name((uint32_t)ty), count[ty], hb);
+        printf("  %-8s %5" PRId64 " tensors  %s%s\n", lk_type_name((uint32_t)ty), count[ty], hb,
+               lk_type_supported((uint32_t)ty) ? "" : "  (lockstep cannot compute with this type)");
     }
 
     int64_t nkv = lk_gguf_n_kv(g);
