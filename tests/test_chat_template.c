@@ -326,6 +326,9 @@ TEST(expressions) {
     expect_text("{% set x %}in {{ 1 }}{% endset %}[{{ x }}]{% filter upper %}shout{% endfilter %}", "[in 1]SHOUT");
     expect_text("{{ x|default('d') }} {{ ''|default('d', true) }} {{ 'hello world'|title }} {{ 1 if 0 else 2 }}",
                 "d d Hello World 2");
+    expect_text("{{ [3,1,2]|sort }} {{ {'b': 1, 'a': 2}|dictsort }} {{ [1,2,3]|sum }} {{ (1,) }} "
+                "{{ [{'n': 'b'}, {'n': 'a'}]|sort(attribute='n')|map(attribute='n')|join }}",
+                "[1, 2, 3] [('a', 2), ('b', 1)] 6 (1,) ab");
 }
 
 /* -------------------------------------------------------------- failures */

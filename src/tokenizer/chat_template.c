@@ -68,7 +68,7 @@ typedef struct jv {
     };
 } jv;
 
-struct jlist { int n, cap; jv *a; };
+struct jlist { int n, cap; bool tuple; jv *a; }; /* tuple: prints as (a, b), else a list */
 struct jdict { int n, cap; bool ns; jstr **k; jv *v; }; /* insertion-ordered; ns: namespace() */
 
 enum { F_RAISE, F_NAMESPACE, F_RANGE, F_DICT, F_STRFTIME };
@@ -105,7 +105,7 @@ struct node {
     node *a, *b, *c;     /* operands; S_IF: a=cond; S_FOR: a=iter, b=filter cond */
     node **args; int nargs;
     jstr **kwn; node **kwv; int nkw;
-    bool neg;            /* E_TEST: `is not` */
+    bool neg;            /* E_TEST: `is not`; E_LIST: a tuple */
     node **body; int nbody;
     node **els;  int nels;
     jstr **tg;   int ntg; /* S_FOR / S_SET targets; S_MACRO parameter names (defaults in kwv) */
@@ -456,12 +456,13 @@ static void to_str_into(jctx *c, sbuf *b, const jv *v, bool repr) {
     case V_FLOAT: fmt_float(v->f, tmp, sizeof tmp); sb_puts(c, b, tmp); break;
     case V_STR: if (repr) repr_str(c, b, v->s); else sb_put(c, b, v->s->p, v->s->n); break;
     case V_LIST:
-        sb_put(c, b, "[", 1);
+        sb_put(c, b, v->l->tuple ? "(" : "[", 1);
         for (int i = 0; i < v->l->n; i++) {
             if (i) sb_puts(c, b, ", ");
             to_str_into(c, b, &v->l->a[i], true);
         }
-        sb_put(c, b, "]", 1);
+        if (v->l->tuple && v->l->n == 1) sb_put(c, b, ",", 1);
+        sb_put(c, b, v->l->tuple ? ")" : "]", 1);
         break;
     case V_DICT:
         if (v->d->ns) sb_puts(c, b, "<Namespace {");
@@ -964,7 +965,7 @@ static node *parse_primary(jctx *c) {
     }
     case T_OP:
         if (is_op(t, "(")) {
-            if (accept_op(c, ")")) { n = mknode(c, E_LIST, t->pos); return n; }
+            if (accept_op(c, ")")) { n = mknode(c, E_LIST, t->pos); n->neg = true; return n; }
             node *e = parse_expr(c);
             if (accept_op(c, ")")) return e;
             /* a tuple: behaves as a list */
@@ -977,6 +978,7 @@ static node *parse_primary(jctx *c) {
             expect_op(c, ")");
             n = mknode(c, E_LIST, t->pos);
             n->args = v.a; n->nargs = v.n;
+            n->neg = true; /* a tuple */
             return n;
         }
         if (is_op(t, "[")) {
@@ -1228,6 +1230,7 @@ static node *parse_tuple(jctx *c) {
     }
     node *n = mknode(c, E_LIST, e->pos);
     n->args = v.a; n->nargs = v.n;
+    n->neg = true;
     return n;
 }
 
@@ -1807,6 +1810,8 @@ static bool apply_test(jctx *c, const char *name, const jv *v, const argv_t *a, 
 
 /* ---- filters ---- */
 
+static jv arith(jctx *c, const char *op, const jv *a, const jv *b, int pos);
+
 static jv apply_filter(jctx *c, const char *name, jv v, const argv_t *a, int pos, frame *f);
 
 static int64_t length_of(jctx *c, const jv *v, int pos) {
@@ -1940,12 +1945,71 @@ static jv apply_filter(jctx *c, const char *name, jv v, const argv_t *a, int pos
         for (int i = 0; i < l->n; i++) list_push(c, r, apply_filter(c, fname.s->p, l->a[i], &fa, pos, f));
         return v_list(r);
     }
+    if (!strcmp(name, "sort") || !strcmp(name, "dictsort")) {
+        /* stable insertion sort (lists in templates are short); strings
+         * compare case-insensitively unless case_sensitive, as in Jinja */
+        bool ds = name[0] == 'd';
+        jv rev = v_bool(false), cs = v_bool(false), attr = v_undef(NULL), by = v_cstr(c, "key");
+        arg_get(a, ds ? 1 : 0, "reverse", &rev);
+        arg_get(a, ds ? 0 : 1, "case_sensitive", &cs);
+        if (!ds) arg_get(a, 2, "attribute", &attr);
+        else arg_get(a, 2, "by", &by);
+        jlist *src, *r = list_new(c);
+        if (ds) {
+            if (v.t != V_DICT || v.d->ns) type_fail(c, pos, "filter 'dictsort'", &v);
+            src = list_new(c);
+            for (int i = 0; i < v.d->n; i++) {
+                jlist *p = list_new(c);
+                p->tuple = true;
+                list_push(c, p, v_str(v.d->k[i]));
+                list_push(c, p, v.d->v[i]);
+                list_push(c, src, v_list(p));
+            }
+        } else src = iter_items(c, &v, pos);
+        jv *keys = amalloc(c, sizeof(jv) * (size_t)(src->n + 1));
+        for (int i = 0; i < src->n; i++) {
+            jv k = src->a[i];
+            if (ds) k = k.l->a[by.t == V_STR && !strcmp(by.s->p, "value") ? 1 : 0];
+            else if (attr.t == V_STR) k = getattr_v(c, &k, attr.s->p, attr.s->n);
+            if (k.t == V_STR && !truthy(&cs)) k = v_str(case_str(c, k.s, 0));
+            keys[i] = k;
+            list_push(c, r, src->a[i]);
+            for (int j = i; j > 0; j--) {
+                bool out_of_order = truthy(&rev) ? less_v(c, &keys[j - 1], &keys[j], pos)
+                                                 : less_v(c, &keys[j], &keys[j - 1], pos);
+                if (!out_of_order) break;
+                jv t = keys[j]; keys[j] = keys[j - 1]; keys[j - 1] = t;
+                t = r->a[j]; r->a[j] = r->a[j - 1]; r->a[j - 1] = t;
+            }
+        }
+        return v_list(r);
+    }
+    if (!strcmp(name, "sum") || !strcmp(name, "min") || !strcmp(name, "max")) {
+        jlist *l = iter_items(c, &v, pos);
+        jv attr = v_undef(NULL);
+        arg_get(a, -1, "attribute", &attr);
+        if (name[1] == 'u') {
+            jv acc = v_int(0);
+            arg_get(a, 1, "start", &acc);
+            for (int i = 0; i < l->n; i++) {
+                jv it = attr.t == V_STR ? getattr_v(c, &l->a[i], attr.s->p, attr.s->n) : l->a[i];
+                acc = arith(c, "+", &acc, &it, pos);
+            }
+            return acc;
+        }
+        if (!l->n) return v_undef(name);
+        jv best = l->a[0];
+        for (int i = 1; i < l->n; i++)
+            if (name[1] == 'i' ? less_v(c, &l->a[i], &best, pos) : less_v(c, &best, &l->a[i], pos)) best = l->a[i];
+        return best;
+    }
     if (!strcmp(name, "items")) {
         if (v.t == V_UNDEF) return v_list(list_new(c));
         if (v.t != V_DICT || v.d->ns) type_fail(c, pos, "filter 'items'", &v);
         jlist *r = list_new(c);
         for (int i = 0; i < v.d->n; i++) {
             jlist *p = list_new(c);
+            p->tuple = true;
             list_push(c, p, v_str(v.d->k[i]));
             list_push(c, p, v.d->v[i]);
             list_push(c, r, v_list(p));
@@ -2095,6 +2159,7 @@ static bool call_method(jctx *c, const jv *o, const char *m, const argv_t *a, in
                 else if (m[0] == 'v') list_push(c, r, d->v[i]);
                 else {
                     jlist *p = list_new(c);
+                    p->tuple = true;
                     list_push(c, p, v_str(d->k[i]));
                     list_push(c, p, d->v[i]);
                     list_push(c, r, v_list(p));
@@ -2409,6 +2474,7 @@ static jv eval_node(jctx *c, node *n, frame *f) {
     }
     case E_LIST: {
         jlist *l = list_new(c);
+        l->tuple = n->neg;
         for (int i = 0; i < n->nargs; i++) list_push(c, l, eval(c, n->args[i], f));
         return v_list(l);
     }
