@@ -30,10 +30,19 @@
  * `raw`, `generation` (rendered as plain body); expressions with literals
  * (str, int, float, list, tuple, dict, true/false/none), `.attr`, `[i]`,
  * slices, calls, `|filter`, `is [not] test`, `in`/`not in`, `not/and/or`,
- * comparisons, `+ - * / // % **`, `~`, `a if c else b`; string, list and dict
- * methods that templates use (strip/lstrip/rstrip/split/startswith/endswith/
- * upper/lower/title/replace/find/count/join, items/keys/values/get);
- * globals raise_exception, namespace, range, dict, strftime_now.
+ * comparisons, `+ - * / // % **`, `~`, `a if c else b`; filters trim,
+ * length/count, tojson, string, upper, lower, title, capitalize, default/d,
+ * join, replace, list, first, last, reverse, unique, select/reject,
+ * selectattr/rejectattr, map, items, sort, dictsort, sum, min, max, int,
+ * float, abs, indent, safe; tests defined, undefined, none, string, number,
+ * integer, float, boolean, true, false, mapping, iterable, sequence,
+ * callable, lower, upper, odd, even, divisibleby, eq/equalto/ne/lt/le/gt/ge,
+ * in, sameas; the string, list and dict methods templates use (strip/lstrip/
+ * rstrip/split/startswith/endswith/upper/lower/title/capitalize/replace/find/
+ * count/index/join/isdigit/isalpha/isspace, items/keys/values/get,
+ * index/count); globals raise_exception, namespace, range, dict,
+ * strftime_now (local time). Not supported: include/extends/import/block,
+ * call blocks, recursive loops, loop.cycle, `%` string formatting.
  *
  * Safety: bounded template size, output size, memory, recursion depth and
  * loop iterations. A template outside the subset, or a malformed one,
@@ -48,7 +57,8 @@
 /* One turn. content NULL renders as `none` (an assistant turn that only
  * calls tools). fields_json, if not NULL, is a JSON object whose members are
  * added to the message as the template sees it: "tool_calls", "tool_call_id",
- * "name", "reasoning_content" ... as in OpenAI's chat format. */
+ * "name", "reasoning_content" ... as in OpenAI's chat format (a "content"
+ * member replaces content, e.g. with a list of parts). */
 typedef struct {
     const char *role;        /* "system", "user", "assistant", "tool", ... */
     const char *content;
