@@ -371,45 +371,63 @@ int lk_cmd_gen_model(int argc, char **argv) {
     }
     lk_status st = lk_gguf_writer_begin_data(w, err, sizeof err);
 
-    /* chunks of about 16 MB of output, split across the threads */
+    /* Chunks of about 16 MB of output, split across the threads, in a
+     * two-stage pipeline: while the threads fill one buffer, this thread
+     * writes the previous one, so generation and disk writes overlap. */
     enum { CHUNK = 16 << 20 };
     int nth = (int)threads;
     int64_t max_ne0 = LK_MAX(LK_MAX(s.n_embd, s.n_ff), s.n_head * s.head_dim);
-    uint8_t *chunk = lk_xmalloc_aligned(CHUNK + (size_t)max_ne0 * sizeof(float)); /* >= one row */
+    uint8_t *buf[2];
+    for (int k = 0; k < 2; k++) buf[k] = lk_xmalloc_aligned(CHUNK + (size_t)max_ne0 * sizeof(float)); /* >= one row */
     float *scratch = lk_xmalloc_aligned((size_t)nth * (size_t)max_ne0 * sizeof(float));
     job_t *jobs = lk_xcalloc((size_t)nth, sizeof *jobs);
     pthread_t *tids = lk_xcalloc((size_t)nth, sizeof *tids);
+    bool *running = lk_xcalloc((size_t)nth, sizeof *running);
     double t0 = lk_time_s(), last = 0;
-    uint64_t done = 0;
-    for (int64_t i = 0; i < nt && !st; i++) {
-        const gtensor *t = &ts[i];
-        size_t rb;
-        lk_type_row_bytes(t->type, (int64_t)t->ne[0], &rb);
-        uint64_t rows_per_chunk = LK_MAX(1, CHUNK / rb);
-        for (uint64_t r0 = 0; r0 < t->ne[1] && !st; r0 += rows_per_chunk) {
-            uint64_t r1 = LK_MIN(t->ne[1], r0 + rows_per_chunk), nr = r1 - r0;
+    uint64_t done = 0, pending = 0; /* bytes of the previous chunk, waiting in buf[cur ^ 1] */
+    int cur = 0;
+    int64_t i = 0;
+    uint64_t r0 = 0;
+    while (!st) {
+        /* start the next chunk (if any) on the threads */
+        uint64_t produced = 0;
+        if (i < nt) {
+            const gtensor *t = &ts[i];
+            size_t rb;
+            lk_type_row_bytes(t->type, (int64_t)t->ne[0], &rb);
+            uint64_t r1 = LK_MIN(t->ne[1], r0 + LK_MAX(1, CHUNK / rb)), nr = r1 - r0;
             int use = (int)LK_MIN((uint64_t)nth, nr);
-            int started = 0;
             for (int k = 0; k < use; k++) {
                 uint64_t a = r0 + nr * (uint64_t)k / (uint64_t)use, b = r0 + nr * (uint64_t)(k + 1) / (uint64_t)use;
-                jobs[k] = (job_t){t, (uint64_t)seed, a, b, rb, chunk + (a - r0) * rb, scratch + (size_t)k * (size_t)max_ne0};
-                if (k == use - 1 || pthread_create(&tids[k], NULL, run_job, &jobs[k]) != 0) run_job(&jobs[k]);
-                else started++;
+                jobs[k] = (job_t){t, (uint64_t)seed, a, b, rb, buf[cur] + (a - r0) * rb, scratch + (size_t)k * (size_t)max_ne0};
+                running[k] = pthread_create(&tids[k], NULL, run_job, &jobs[k]) == 0;
+                if (!running[k]) run_job(&jobs[k]); /* no thread: do it here */
             }
-            for (int k = 0; k < started; k++) pthread_join(tids[k], NULL);
-            st = lk_gguf_writer_write(w, chunk, nr * rb, err, sizeof err);
-            done += nr * rb;
-            double now = lk_time_s();
-            if (!quiet && (now - last > 0.25 || done == total)) {
-                last = now;
-                fprintf(stderr, "\rgen-model %s: %5.1f%%  %8.1f / %.1f MB  %6.0f MB/s ", s.name,
-                        100.0 * (double)done / (double)total, (double)done / 1e6, (double)total / 1e6,
-                        (double)done / 1e6 / (now - t0 + 1e-9));
-            }
+            for (int k = use; k < nth; k++) running[k] = false;
+            produced = nr * rb;
+            r0 = r1;
+            if (r0 == t->ne[1]) { i++; r0 = 0; }
+        }
+        /* meanwhile, write the previous chunk */
+        if (pending) st = lk_gguf_writer_write(w, buf[cur ^ 1], pending, err, sizeof err);
+        for (int k = 0; k < nth; k++)
+            if (running[k]) { pthread_join(tids[k], NULL); running[k] = false; }
+        done += pending;
+        if (!produced) break;
+        pending = produced;
+        cur ^= 1;
+        double now = lk_time_s();
+        if (!quiet && now - last > 0.25) {
+            last = now;
+            fprintf(stderr, "\rgen-model %s: %5.1f%%  %8.1f / %.1f MB  %6.0f MB/s ", s.name,
+                    100.0 * (double)done / (double)total, (double)done / 1e6, (double)total / 1e6,
+                    (double)done / 1e6 / (now - t0 + 1e-9));
         }
     }
-    if (!quiet) fprintf(stderr, "\n");
-    free(chunk);
+    free(running);
+    free(buf[1]);
+    free(buf[0]);
+    if (!quiet && last > 0) fprintf(stderr, "\n"); /* end the progress line */
     free(scratch);
     free(jobs);
     free(tids);

@@ -160,50 +160,74 @@ int lk_cmd_quantize(int argc, char **argv) {
     for (int64_t i = 0; i < nt; i++) lk_gguf_writer_add_tensor(w, qt[i].src->name, qt[i].type, qt[i].src->n_dims, qt[i].src->ne);
     lk_status st = lk_gguf_writer_begin_data(w, err, sizeof err);
 
+    /* Work goes in units: a tensor copied verbatim (written straight from the
+     * mapping) or a chunk of about 16 MB of converted rows. A two-stage
+     * pipeline: while the threads convert one unit into buf[cur], this thread
+     * writes the previous unit, so conversion and disk writes overlap. */
     enum { CHUNK = 16 << 20 };
     int nth = (int)threads;
-    uint8_t *chunk = lk_xmalloc_aligned(CHUNK + max_ne0 * sizeof(float)); /* >= one output row */
+    uint8_t *buf[2];
+    for (int k = 0; k < 2; k++) buf[k] = lk_xmalloc_aligned(CHUNK + max_ne0 * sizeof(float)); /* >= one output row */
     float *scratch = lk_xmalloc_aligned((size_t)nth * max_ne0 * sizeof(float));
     qjob *jobs = lk_xcalloc((size_t)nth, sizeof *jobs);
     pthread_t *tids = lk_xcalloc((size_t)nth, sizeof *tids);
+    bool *running = lk_xcalloc((size_t)nth, sizeof *running);
     uint64_t done_in = 0, total_out = 0;
     double t0 = lk_time_s(), last = 0;
-    for (int64_t i = 0; i < nt && !st; i++) {
-        const lk_gguf_tensor *t = qt[i].src;
-        if (qt[i].type == t->type) {
-            st = lk_gguf_writer_write(w, t->data, t->nbytes, err, sizeof err);
-            total_out += t->nbytes;
-        } else {
-            size_t in_rb, out_rb;
-            LK_ASSERT(lk_type_row_bytes(t->type, (int64_t)t->ne[0], &in_rb));
-            LK_ASSERT(lk_type_row_bytes(qt[i].type, (int64_t)t->ne[0], &out_rb));
-            uint64_t rows = t->n_elements / t->ne[0], per = LK_MAX(1, CHUNK / out_rb);
-            for (uint64_t r0 = 0; r0 < rows && !st; r0 += per) {
-                uint64_t r1 = LK_MIN(rows, r0 + per), nr = r1 - r0;
-                int use = (int)LK_MIN((uint64_t)nth, nr), started = 0;
+    const void *prev = NULL; /* the previous unit's output, waiting to be written */
+    uint64_t prev_n = 0, prev_in = 0;
+    int cur = 0;
+    int64_t i = 0;
+    uint64_t r0 = 0;
+    while (!st) {
+        const void *next = NULL;
+        uint64_t next_n = 0, next_in = 0;
+        if (i < nt) {
+            const lk_gguf_tensor *t = qt[i].src;
+            if (qt[i].type == t->type) {
+                next = t->data;
+                next_n = next_in = t->nbytes;
+                i++;
+            } else {
+                size_t in_rb, out_rb;
+                LK_ASSERT(lk_type_row_bytes(t->type, (int64_t)t->ne[0], &in_rb));
+                LK_ASSERT(lk_type_row_bytes(qt[i].type, (int64_t)t->ne[0], &out_rb));
+                uint64_t rows = t->n_elements / t->ne[0];
+                uint64_t r1 = LK_MIN(rows, r0 + LK_MAX(1, CHUNK / out_rb)), nr = r1 - r0;
+                int use = (int)LK_MIN((uint64_t)nth, nr);
                 for (int k = 0; k < use; k++) {
                     uint64_t a = r0 + nr * (uint64_t)k / (uint64_t)use, b = r0 + nr * (uint64_t)(k + 1) / (uint64_t)use;
-                    jobs[k] = (qjob){t, qt[i].type, a, b, in_rb, out_rb, chunk + (a - r0) * out_rb,
+                    jobs[k] = (qjob){t, qt[i].type, a, b, in_rb, out_rb, buf[cur] + (a - r0) * out_rb,
                                      scratch + (size_t)k * max_ne0};
-                    if (k == use - 1 || pthread_create(&tids[k], NULL, run_qjob, &jobs[k]) != 0) run_qjob(&jobs[k]);
-                    else started++;
+                    running[k] = pthread_create(&tids[k], NULL, run_qjob, &jobs[k]) == 0;
+                    if (!running[k]) run_qjob(&jobs[k]); /* no thread: do it here */
                 }
-                for (int k = 0; k < started; k++) pthread_join(tids[k], NULL);
-                st = lk_gguf_writer_write(w, chunk, nr * out_rb, err, sizeof err);
-                total_out += nr * out_rb;
-                done_in += nr * in_rb;
-                double now = lk_time_s();
-                if (!quiet && now - last > 0.25) {
-                    last = now;
-                    fprintf(stderr, "\rquantize: %5.1f%%  %8.1f / %.1f MB read ", 100.0 * (double)done_in / (double)total_in,
-                            (double)done_in / 1e6, (double)total_in / 1e6);
-                }
+                for (int k = use; k < nth; k++) running[k] = false;
+                next = buf[cur];
+                next_n = nr * out_rb;
+                next_in = nr * in_rb;
+                cur ^= 1;
+                r0 = r1;
+                if (r0 == rows) { i++; r0 = 0; }
             }
-            continue;
         }
-        done_in += t->nbytes;
+        if (prev) st = lk_gguf_writer_write(w, prev, prev_n, err, sizeof err);
+        for (int k = 0; k < nth; k++)
+            if (running[k]) { pthread_join(tids[k], NULL); running[k] = false; }
+        total_out += prev_n;
+        done_in += prev_in;
+        if (!next) break;
+        prev = next, prev_n = next_n, prev_in = next_in;
+        double now = lk_time_s();
+        if (!quiet && now - last > 0.25) {
+            last = now;
+            fprintf(stderr, "\rquantize: %5.1f%%  %8.1f / %.1f MB read ", 100.0 * (double)done_in / (double)total_in,
+                    (double)done_in / 1e6, (double)total_in / 1e6);
+        }
     }
-    free(chunk);
+    free(running);
+    free(buf[0]);
+    free(buf[1]);
     free(scratch);
     free(jobs);
     free(tids);
