@@ -69,6 +69,18 @@ LK_T512 static LK_INL lk_tabs tabs_load(void) {
 
 LK_T512 static LK_INL float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 
+/* Software prefetch of weight rows LK_PF_DIST bytes ahead: a decode tile
+ * reads 4 row streams at once and one core keeps too few misses in flight
+ * through the hardware prefetchers alone to reach the bandwidth the plain
+ * read loop of membw gets. */
+#ifndef LK_PF_DIST
+#define LK_PF_DIST 1024
+#endif
+static LK_INL void pf_range(const uint8_t *p, size_t len) {
+    if (LK_PF_DIST <= 0) return;
+    for (size_t o = 0; o < len; o += 64) _mm_prefetch((const char *)p + LK_PF_DIST + o, _MM_HINT_T0);
+}
+
 /* ===================================================================== */
 /* Q4_0 and Q8_0 weights x Q8_0 activations                                */
 /* ===================================================================== */
@@ -136,6 +148,7 @@ LK_T512 static LK_INL void q4q8_tile(const int R, const int T, const bool is_q8,
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *p = w + r * ws + (size_t)g * 4 * wbb;
+            if (T == 1) pf_range(p, 4 * wbb);
             W[r] = is_q8 ? q80_wload(&tb, p) : q40_wload(&tb, p);
         }
 #pragma GCC unroll 4
@@ -192,6 +205,7 @@ LK_T512 static LK_INL q8kgrp q8k_load_4k(const uint8_t *p) {
 
 LK_T512 static LK_INL q8kgrp q8k_load_6k(const uint8_t *p) {
     q8kgrp g;
+    #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) g.v[k] = _mm512_loadu_si512(p + 4 + 64 * k);
     g.bs = _mm256_loadu_si256((const __m256i *)(p + LK_Q8K_BS));
     g.d = _mm_set1_ps(lk_ld_f32(p));
@@ -223,6 +237,7 @@ LK_T512 static LK_INL ktabs ktabs_load(void) {
     ktabs t;
     /* Q4_K/Q5_K: v0 = [sb0|sb2] ... lanes 0-7 take scale a, 8-15 scale b */
     static const int pairs[4][2] = {{0, 2}, {1, 3}, {4, 6}, {5, 7}};
+    #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
         t.idx4k[k] = _mm512_mask_mov_epi32(_mm512_set1_epi32(pairs[k][0]), 0xFF00,
                                            _mm512_set1_epi32(pairs[k][1]));
@@ -244,6 +259,7 @@ LK_T512 static LK_INL void k_sc_mins(const ktabs *kt, const uint8_t *scales, kwg
     uint64_t sc, m;
     k_scales_unpack(scales, &sc, &m);
     __m512i s32 = _mm512_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc));
+    #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) w->sc[k] = _mm512_permutexvar_epi32(kt->idx4k[k], s32);
     w->m = _mm256_castsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m)));
 }
@@ -290,6 +306,7 @@ LK_T512 static LK_INL kwgrp q6k_wload(const ktabs *kt, const uint8_t *p) {
      * of qh[32h+l], moved to bits 4-5 by per-half word shifts. */
     const __m512i sl42 = _mm512_mask_mov_epi16(_mm512_set1_epi16(4), 0xFFFF0000u, _mm512_set1_epi16(2));
     const __m512i sr02 = _mm512_mask_mov_epi16(_mm512_set1_epi16(0), 0xFFFF0000u, _mm512_set1_epi16(2));
+    #pragma GCC unroll 4
     for (int h = 0; h < 2; h++) {
         __m512i ql = _mm512_loadu_si512(p + LK_Q6K_QL + 64 * h);
         __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + LK_Q6K_QH + 32 * h)));
@@ -300,6 +317,7 @@ LK_T512 static LK_INL kwgrp q6k_wload(const ktabs *kt, const uint8_t *p) {
     }
     __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + LK_Q6K_SC)));
     __m512i s32 = _mm512_cvtepu16_epi32(sc16); /* i16 scale in the low half, zero high half */
+    #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) w.sc[k] = _mm512_permutexvar_epi32(kt->idx6k[k], s32);
     w.m = sc16;
     w.dd = _mm_set1_ps(lk_ld_h(p + LK_Q6K_D));
@@ -313,6 +331,7 @@ LK_T512 static LK_INL kwgrp q6k_wload(const ktabs *kt, const uint8_t *p) {
 LK_T512 static LK_INL void kq_block(const int kind, const kwgrp *w, const q8kgrp *a, __m512 *acc,
                                     __m128 *accm) {
     __m512i isum = _mm512_setzero_si512();
+    #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
         __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w->v[k], a->v[k]);
         isum = _mm512_dpwssd_epi32(isum, p, w->sc[k]);
@@ -352,6 +371,7 @@ LK_T512 static LK_INL void kq_tile(const int R, const int T, const int kind, int
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
                 const uint8_t *wp = w + r * ws + (size_t)i * bb;
+                pf_range(wp, bb);
                 kwgrp W = kind == 4 ? q4k_wload(&kt, wp) : kind == 5 ? q5k_wload(&kt, wp) : q6k_wload(&kt, wp);
                 kq_block(kind, &W, &A, &acc[r][0], &accm[r][0]);
             }
@@ -409,6 +429,7 @@ LK_T512 static LK_INL void fl_tile(const int R, const int T, const int kind, int
         __m512 w0[4], w1[4];
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
+            if (T == 1) pf_range(w + r * ws + i * es, 32 * es);
             w0[r] = fl_load(kind, w + r * ws + i * es, 0xFFFF);
             w1[r] = fl_load(kind, w + r * ws + (i + 16) * es, 0xFFFF);
         }
@@ -456,7 +477,10 @@ LK_T512BF static LK_INL void bf_tile(const int R, const int T, int64_t n, const 
         __mmask32 m = n - i >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << (n - i)) - 1);
         __m512i wv[4];
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) wv[r] = _mm512_maskz_loadu_epi16(m, w + r * ws + i * 2);
+        for (int r = 0; r < R; r++) {
+            if (T == 1) pf_range(w + r * ws + i * 2, 64);
+            wv[r] = _mm512_maskz_loadu_epi16(m, w + r * ws + i * 2);
+        }
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
             __m512bh av = (__m512bh)_mm512_maskz_loadu_epi16(m, a + t * as + i * 2);
