@@ -128,7 +128,11 @@ int lk_cmd_info(int argc, char **argv) {
         params += t->n_elements;
     }
     human_bytes(total, hb, sizeof hb);
-    printf("tensors:      %" PRId64 ", %s, %.3g M parameters (%.2f bits per weight)\n", nt, hb, (double)params / 1e6,
+    char pc[32];
+    if (params >= 1000000000) snprintf(pc, sizeof pc, "%.2f B", (double)params / 1e9);
+    else if (params >= 1000000) snprintf(pc, sizeof pc, "%.2f M", (double)params / 1e6);
+    else snprintf(pc, sizeof pc, "%" PRIu64, params);
+    printf("tensors:      %" PRId64 ", %s, %s parameters (%.2f bits per weight)\n", nt, hb, pc,
            params ? 8.0 * (double)total / (double)params : 0.0);
     for (int ty = 0; ty < NT; ty++) {
         if (!count[ty]) continue;
