@@ -58,7 +58,7 @@ static void quantize_job(void *arg, int ith, int nth) {
     int64_t t0, t1;
     lk_split_range(j->ntok, 1, ith, nth, &t0, &t1);
     for (int64_t t = t0; t < t1; t++)
-        lk_quantize_row(j->at, j->x + t * j->x_stride, (char *)j->scratch + t * j->a_stride, j->W->cols);
+        lk_quantize_row_act(j->at, j->x + t * j->x_stride, (char *)j->scratch + t * j->a_stride, j->W->cols);
 }
 
 static void matmul_job_fn(void *arg, int ith, int nth) {

@@ -58,6 +58,13 @@ void lk_dequantize_row(lk_type t, const void *src, float *dst, int64_t n);
  * quantisers. */
 void lk_quantize_row(lk_type t, const float *src, void *dst, int64_t n);
 bool lk_quantize_supported(lk_type t);
+/* Activation quantisation, as llama.cpp's x86 build quantises activations
+ * before a matmul. Differs from lk_quantize_row (ggml's *reference*
+ * quantiser, which llama-quantize uses for weights) only for Q8_0: the SIMD
+ * path computes the inverse scale as 127/max|x| (not 1/d) and rounds half to
+ * even; matching it keeps Q8_0/Q4_0 logits within 2e-6 of llama.cpp instead of
+ * int8 rounding flips of 0.07. Other types delegate to lk_quantize_row. */
+void lk_quantize_row_act(lk_type t, const float *src, void *dst, int64_t n);
 
 /* The matrix kernel. W has `nrows` rows of `n` elements of type wt, row r at
  * (char*)w + r*w_stride. A holds `ntok` activation rows of n elements of type
