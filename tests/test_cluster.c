@@ -136,6 +136,40 @@ TEST(uneven_weights) {
     lk_cluster_close(c);
 }
 
+/* Compact all-reduce wire formats end to end: the logits move by the
+ * rounding of the partial sums; the size of that effect is printed. */
+TEST(wire_formats_accuracy) {
+    const char *w[3] = {"f16", "bf16", "q8"};
+    const double tol[3] = {0.02, 0.1, 0.2}; /* logits of stories260K span about +-15 */
+    for (int k = 0; k < 3; k++) {
+        lk_cluster_opts o = {.local = 2, .wire = w[k]};
+        lk_cluster *c;
+        lk_model *m;
+        char err[LK_ERRLEN];
+        if (open_head(&o, &c, &m, err)) { CHECKF(0, "%s", err); continue; }
+        float full[NV_MAX];
+        double d = 0, d2 = 0;
+        lk_status st = cluster_step(c, m, toks, 5, 0, full, err);
+        if (!st) compare(full, F.ref[0], (int)F.cfg.n_vocab, &d);
+        bool same_top = true;
+        if (!st) st = cluster_step(c, m, toks + 5, 1, 5, full, err);
+        if (!st) {
+            compare(full, F.ref[1], (int)F.cfg.n_vocab, &d2);
+            int ag = 0, ar = 0;
+            for (int i = 0; i < F.cfg.n_vocab; i++) {
+                if (full[i] > full[ag]) ag = i;
+                if (F.ref[1][i] > F.ref[1][ar]) ar = i;
+            }
+            same_top = ag == ar;
+        }
+        printf("  wire %-4s tp 2: max |logit - one node| %.4f (prefill), %.4f (decode); same argmax: %s\n", w[k], d, d2,
+               same_top ? "yes" : "no");
+        CHECKF(!st && d <= tol[k] && d2 <= tol[k], "%s: %s", w[k], st ? err : "too far");
+        lk_model_free(m);
+        lk_cluster_close(c);
+    }
+}
+
 /* A worker killed mid-session: the next step fails fast and names it. */
 TEST(killed_worker_named) {
     lk_cluster_opts o = {.local = 3, .dead_after_ms = 1000};
@@ -304,6 +338,7 @@ int main(void) {
     }
     RUN(tp_matches_one_node);
     RUN(uneven_weights);
+    RUN(wire_formats_accuracy);
     RUN(killed_worker_named);
     RUN(frozen_worker_named);
     RUN(slow_is_not_dead);

@@ -80,6 +80,7 @@ static const int64_t sizes[NSIZES] = {1, 7, 1000, 40000};
 
 typedef struct {
     lk_ar_algo algo;
+    lk_wire_fmt wire;
     float *res[MAXR][NSIZES];
     lk_status st[MAXR];
     long allocs_during[MAXR];
@@ -88,6 +89,7 @@ typedef struct {
 static void ar_rank(rank_ctx *c) {
     ar_arg *a = c->arg;
     lk_comm_set_algo(c->comm, a->algo);
+    lk_comm_set_wire(c->comm, a->wire);
     lk_comm_reserve(c->comm, sizes[NSIZES - 1]);
     for (int k = 0; k < NSIZES; k++) {
         float *x = malloc(sizeof(float) * (size_t)sizes[k]);
@@ -166,6 +168,49 @@ TEST(allreduce_shm)      {
     check_allreduce(3, LK_AR_EXCHANGE, LK_MESH_SHM_FORCE);
     check_allreduce(4, LK_AR_RING, LK_MESH_SHM_FORCE);
     check_allreduce(3, LK_AR_DOUBLING, LK_MESH_SHM_FORCE);
+}
+
+/* Compact wire formats: still bitwise identical on every rank; the error
+ * against the exact sum is measured and printed (the accuracy effect), and
+ * must stay within what the format's rounding allows. */
+static void check_wire(int N, lk_ar_algo algo, lk_wire_fmt wire, double tol) {
+    ar_arg a;
+    memset(&a, 0, sizeof a);
+    a.algo = algo;
+    a.wire = wire;
+    run_ranks(N, LK_MESH_SHM_OFF, ar_rank, &a);
+    for (int r = 0; r < N; r++) CHECK(a.st[r] == LK_OK);
+    for (int k = 1; k < NSIZES; k++) {
+        int bad_bits = 0;
+        double e2 = 0, x2 = 0, emax = 0;
+        for (int64_t i = 0; i < sizes[k]; i++) {
+            double d = 0;
+            for (int r = 0; r < N; r++) d += val(r, i);
+            for (int r = 0; r < N; r++) bad_bits += memcmp(&a.res[r][k][i], &a.res[0][k][i], 4) != 0;
+            double e = fabs(a.res[0][k][i] - d);
+            e2 += e * e, x2 += d * d;
+            if (e > emax) emax = e;
+        }
+        double rel = sqrt(e2 / (x2 > 0 ? x2 : 1));
+        if (k == NSIZES - 1)
+            printf("  wire %-4s %-8s N=%d n=%-6lld relative L2 error %.2e (max abs %.3g)\n", lk_wire_fmt_name(wire),
+                   lk_ar_algo_name(algo), N, (long long)sizes[k], rel, emax);
+        CHECKF(bad_bits == 0 && rel <= tol, "wire %s %s N=%d n=%lld: %d differ across ranks, relative error %.3g",
+               lk_wire_fmt_name(wire), lk_ar_algo_name(algo), N, (long long)sizes[k], bad_bits, rel);
+        for (int r = 0; r < N; r++) free(a.res[r][k]);
+    }
+    for (int r = 0; r < N; r++) free(a.res[r][0]);
+}
+
+TEST(compact_wire_formats) {
+    /* Rounding bounds: f16 has 11 significant bits, bf16 8, q8 ~7 relative
+     * to each block's largest value; partial sums are rounded once per hop. */
+    const double tol[4] = {0, 2e-3, 1.5e-2, 3e-2};
+    for (int w = LK_WIRE_F16; w <= LK_WIRE_Q8; w++)
+        for (int algo = LK_AR_EXCHANGE; algo <= LK_AR_RING; algo++)
+            for (int N = 3; N <= 4; N++) check_wire(N, (lk_ar_algo)algo, (lk_wire_fmt)w, tol[w]);
+    CHECK(lk_wire_bytes(LK_WIRE_Q8, 64) == 68 && lk_wire_bytes(LK_WIRE_Q8, 33) == 34 + 3 &&
+          lk_wire_bytes(LK_WIRE_F16, 10) == 20);
 }
 
 TEST(pick_by_size_and_ranks) {
@@ -289,6 +334,7 @@ int main(void) {
     RUN(allreduce_doubling);
     RUN(allreduce_ring);
     RUN(allreduce_shm);
+    RUN(compact_wire_formats);
     RUN(broadcast_gather_barrier_argmax);
     RUN(peer_leaves_named);
     RUN(deadline_names_peer);

@@ -218,7 +218,8 @@ typedef struct {
     const char *transport;     /* "auto" (NULL), "tcp", "shm" */
     int         n_ctx, n_batch, n_threads; /* per rank (threads 0: cores / local ranks) */
     bool        kv_f16;
-    int64_t     dead_after_ms; /* 0: 2000 */
+    const char *wire;          /* all-reduce wire format: "f32" (NULL), "f16", "bf16", "q8" */
+    int64_t     dead_after_ms; /* 0: 1500 */
 } lk_cluster_opts;
 
 /* Connects to (or starts) the workers, agrees on everything, plans the

@@ -252,7 +252,8 @@ lk_status lk_cluster_open(const lk_cluster_opts *o, const lk_gguf *g, const lk_p
     lk_cluster *c = lk_xcalloc(1, sizeof *c);
     pthread_mutex_init(&c->err_mu, NULL);
     for (int r = 0; r < LK_MAX_RANKS; r++) pthread_mutex_init(&c->w[r].mu, NULL);
-    c->dead_after_ms = o->dead_after_ms > 0 ? o->dead_after_ms : 2000;
+    /* 1.5 s: six missed heartbeats, and named well inside 2 s. */
+    c->dead_after_ms = o->dead_after_ms > 0 ? o->dead_after_ms : 1500;
     c->n = 1;
     lk_status st;
 
@@ -303,6 +304,10 @@ lk_status lk_cluster_open(const lk_cluster_opts *o, const lk_gguf *g, const lk_p
     else if (o->transport && strcmp(o->transport, "auto"))
         return open_fail(c, lk_fail(err, errlen, LK_ERR_ARG, "--transport must be auto, tcp or shm"));
 
+    lk_wire_fmt wire = LK_WIRE_F32;
+    if (o->wire && !lk_wire_fmt_parse(o->wire, &wire))
+        return open_fail(c, lk_fail(err, errlen, LK_ERR_ARG, "--wire must be f32, f16, bf16 or q8 (got '%s')", o->wire));
+
     /* plan */
     lk_slice slices[LK_MAX_RANKS];
     double w[LK_MAX_RANKS];
@@ -333,7 +338,8 @@ lk_status lk_cluster_open(const lk_cluster_opts *o, const lk_gguf *g, const lk_p
     uint8_t buf[8192];
     for (int r = 1; r < c->n; r++) {
         lk_load_msg L = {.rank = r, .n_ranks = c->n, .tp = tp, .slice = slices[r], .n_ctx = o->n_ctx,
-                         .n_batch = o->n_batch, .n_threads = o->n_threads, .kv_f16 = o->kv_f16, .shm = (uint8_t)shm};
+                         .n_batch = o->n_batch, .n_threads = o->n_threads, .kv_f16 = o->kv_f16, .shm = (uint8_t)shm,
+                         .wire = (uint8_t)wire};
         snprintf(L.model_name, sizeof L.model_name, "%s", base);
         if (!realpath(path, L.model_path)) snprintf(L.model_path, sizeof L.model_path, "%s", path);
         memcpy(L.model_id, id, sizeof id);
@@ -394,6 +400,7 @@ lk_status lk_cluster_open(const lk_cluster_opts *o, const lk_gguf *g, const lk_p
      * dead_after_ms and cuts their sockets, so this deadline only guards
      * against a bug. */
     lk_comm_set_timeout_ms(c->comm, 600000);
+    lk_comm_set_wire(c->comm, wire);
     c->stepbuf = lk_xmalloc_aligned(1u << 20);
     c->pairs = lk_xmalloc((size_t)c->n * MAX_CAND * 8);
     c->mine = lk_xmalloc(MAX_CAND * 8);

@@ -18,6 +18,7 @@ typedef struct {
     uint8_t  model_id[LK_MODEL_ID_BYTES];
     int32_t  n_ctx, n_batch, n_threads;
     uint8_t  kv_f16, shm;      /* lk_mesh_shm */
+    uint8_t  wire;             /* lk_wire_fmt of all-reduce payloads */
 } lk_load_msg;
 
 typedef struct {

@@ -172,6 +172,7 @@ static lk_status do_mesh(session *s, const uint8_t *p, uint32_t len, char *err, 
     /* Long: a slow peer's long prefill is not a failure. Dead peers are
      * found by closed connections, and the head by its heartbeats. */
     lk_comm_set_timeout_ms(s->comm, 120000);
+    lk_comm_set_wire(s->comm, (lk_wire_fmt)s->load.wire);
     lk_comm_reserve(s->comm, (int64_t)lk_model_n_batch(s->m) * lk_model_cfg(s->m)->n_embd);
     lk_tp_hooks h;
     lk_comm_tp_hooks(s->comm, &h);

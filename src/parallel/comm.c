@@ -31,6 +31,10 @@ struct lk_comm {
     int64_t   scratch_n;
     int64_t   timeout_ms;
     lk_ar_algo force;
+    lk_wire_fmt wire;
+    uint8_t  *wbuf;         /* [wbuf_n] encoded payloads (compact wire formats only) */
+    size_t    wbuf_n;
+    int64_t   reserved;     /* largest n reserved so far */
     char      err[LK_ERRLEN];
 };
 
@@ -94,6 +98,7 @@ void lk_comm_free(lk_comm *c) {
     free(c->links);
     free(c->xf);
     free(c->scratch);
+    free(c->wbuf);
     free(c);
 }
 
@@ -103,17 +108,270 @@ void lk_comm_set_timeout_ms(lk_comm *c, int64_t ms) { c->timeout_ms = ms > 0 ? m
 void lk_comm_set_algo(lk_comm *c, lk_ar_algo a) { c->force = a; }
 const char *lk_comm_last_error(const lk_comm *c) { return c->err; }
 
+/* ---- compact wire formats ------------------------------------------------------- */
+
+const char *lk_wire_fmt_name(lk_wire_fmt f) {
+    switch (f) {
+    case LK_WIRE_F32: return "f32";
+    case LK_WIRE_F16: return "f16";
+    case LK_WIRE_BF16: return "bf16";
+    case LK_WIRE_Q8: return "q8";
+    }
+    return "?";
+}
+
+bool lk_wire_fmt_parse(const char *s, lk_wire_fmt *f) {
+    for (int i = LK_WIRE_F32; i <= LK_WIRE_Q8; i++)
+        if (s && !strcmp(s, lk_wire_fmt_name((lk_wire_fmt)i))) { *f = (lk_wire_fmt)i; return true; }
+    return false;
+}
+
+#define Q8_BLOCK 32
+
+size_t lk_wire_bytes(lk_wire_fmt f, int64_t n) {
+    switch (f) {
+    case LK_WIRE_F32: return (size_t)n * 4;
+    case LK_WIRE_F16: case LK_WIRE_BF16: return (size_t)n * 2;
+    case LK_WIRE_Q8: return (size_t)(n / Q8_BLOCK) * (2 + Q8_BLOCK) + (n % Q8_BLOCK ? 2 + (size_t)(n % Q8_BLOCK) : 0);
+    }
+    return 0;
+}
+
+/* Conversions run on every hop of every all-reduce, so they must cost far
+ * less than the bytes they save: F16 uses the F16C instructions when the CPU
+ * has them (same round-to-nearest-even as lk_fp32_to_fp16), BF16 and Q8 are
+ * written so the compiler vectorises them. */
+#if defined(__x86_64__)
+#include <immintrin.h>
+__attribute__((target("avx,f16c"))) static void f16_encode_f16c(const float *x, int64_t n, uint8_t *out) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(void *)(out + 2 * i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) {
+        uint16_t h = lk_fp32_to_fp16(x[i]);
+        memcpy(out + 2 * i, &h, 2);
+    }
+}
+__attribute__((target("avx,f16c"))) static void f16_decode_f16c(const uint8_t *in, int64_t n, float *y) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(in + 2 * i))));
+    for (; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, in + 2 * i, 2);
+        y[i] = lk_fp16_to_fp32(h);
+    }
+}
+static bool have_f16c(void) {
+    static int v = -1; /* benign race: every thread computes the same value */
+    if (v < 0) v = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+    return v;
+}
+static bool have_avx2(void) {
+    static int v = -1;
+    if (v < 0) v = __builtin_cpu_supports("avx2");
+    return v;
+}
+
+/* 16 floats -> 16 BF16, same rounding as bf16_round below. Returns how many
+ * were done (a multiple of 16); the caller finishes the tail. */
+__attribute__((target("avx2"))) static int64_t bf16_encode_avx2(const float *x, int64_t n, uint16_t *o) {
+    const __m256i absm = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+    const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1), qbit = _mm256_set1_epi32(64);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i r[2];
+        for (int h = 0; h < 2; h++) {
+            __m256i u = _mm256_castps_si256(_mm256_loadu_ps(x + i + 8 * h));
+            __m256i rounded = _mm256_srli_epi32(
+                _mm256_add_epi32(u, _mm256_add_epi32(bias, _mm256_and_si256(_mm256_srli_epi32(u, 16), one))), 16);
+            __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, absm), inf);
+            __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), qbit);
+            r[h] = _mm256_blendv_epi8(rounded, quiet, nan);
+        }
+        __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(r[0], r[1]), 0xD8);
+        _mm256_storeu_si256((__m256i *)(void *)(o + i), p);
+    }
+    return i;
+}
+
+__attribute__((target("avx2"))) static int64_t bf16_decode_avx2(const uint16_t *h, int64_t n, float *y) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(h + i)));
+        _mm256_storeu_ps(y + i, _mm256_castsi256_ps(_mm256_slli_epi32(u, 16)));
+    }
+    return i;
+}
+
+/* One full Q8 block (32 floats): the scalar code's arithmetic, 8 lanes at a
+ * time (same float operations in the same order, so the same bytes). */
+__attribute__((target("avx2"))) static void q8_block_encode_avx2(const float *x, uint8_t *out) {
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 v[4], m = _mm256_setzero_ps();
+    for (int k = 0; k < 4; k++) {
+        v[k] = _mm256_loadu_ps(x + 8 * k);
+        m = _mm256_max_ps(m, _mm256_and_ps(v[k], absm));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    float amax = _mm_cvtss_f32(m4);
+    uint16_t dh = lk_fp32_to_fp16(amax / 127.0f);
+    float d = lk_fp16_to_fp32(dh), id = d > 0 ? 1.0f / d : 0.0f;
+    memcpy(out, &dh, 2);
+    const __m256 vid = _mm256_set1_ps(id), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+    const __m256 half = _mm256_set1_ps(0.5f), zero = _mm256_setzero_ps();
+    __m256i q[4];
+    for (int k = 0; k < 4; k++) {
+        __m256 t = _mm256_mul_ps(v[k], vid);
+        t = _mm256_min_ps(_mm256_max_ps(t, lo), hi);
+        __m256 sgn = _mm256_blendv_ps(half, _mm256_sub_ps(zero, half), _mm256_cmp_ps(t, zero, _CMP_LT_OQ));
+        q[k] = _mm256_cvttps_epi32(_mm256_add_ps(t, sgn));
+    }
+    __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    w = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)(void *)(out + 2), w);
+}
+
+__attribute__((target("avx2"))) static void q8_block_decode_avx2(const uint8_t *in, float *y) {
+    uint16_t dh;
+    memcpy(&dh, in, 2);
+    __m256 d = _mm256_set1_ps(lk_fp16_to_fp32(dh));
+    for (int k = 0; k < 4; k++) {
+        __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(in + 2 + 8 * k)));
+        _mm256_storeu_ps(y + 8 * k, _mm256_mul_ps(d, _mm256_cvtepi32_ps(q)));
+    }
+}
+#else
+static bool have_avx2(void) { return false; }
+static int64_t bf16_encode_avx2(const float *x, int64_t n, uint16_t *o) { (void)x; (void)n; (void)o; return 0; }
+static int64_t bf16_decode_avx2(const uint16_t *h, int64_t n, float *y) { (void)h; (void)n; (void)y; return 0; }
+static void q8_block_encode_avx2(const float *x, uint8_t *out) { (void)x; (void)out; }
+static void q8_block_decode_avx2(const uint8_t *in, float *y) { (void)in; (void)y; }
+static bool have_f16c(void) { return false; }
+static void f16_encode_f16c(const float *x, int64_t n, uint8_t *out) { (void)x; (void)n; (void)out; }
+static void f16_decode_f16c(const uint8_t *in, int64_t n, float *y) { (void)in; (void)n; (void)y; }
+#endif
+
+/* Little-endian hosts only (as the GGUF reader): 16-bit values are stored
+ * in host order. */
+static inline uint16_t bf16_round(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 64); /* quiet NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+static void wire_encode(lk_wire_fmt f, const float *x, int64_t n, uint8_t *out) {
+    if (f == LK_WIRE_F16) {
+        if (have_f16c()) { f16_encode_f16c(x, n, out); return; }
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h = lk_fp32_to_fp16(x[i]);
+            memcpy(out + 2 * i, &h, 2);
+        }
+        return;
+    }
+    if (f == LK_WIRE_BF16) {
+        uint16_t *o = (uint16_t *)(void *)out; /* wbuf offsets are even */
+        int64_t i = have_avx2() ? bf16_encode_avx2(x, n, o) : 0;
+        for (; i < n; i++) o[i] = bf16_round(x[i]);
+        return;
+    }
+    LK_ASSERT(f == LK_WIRE_Q8);
+    /* Q8_0-like: per block of 32, d = max|x| / 127 stored as F16, q = round(x / d). */
+    bool simd = have_avx2();
+    for (int64_t b = 0; b < n; b += Q8_BLOCK) {
+        int64_t m = LK_MIN(Q8_BLOCK, n - b);
+        const float *xb = x + b;
+        if (simd && m == Q8_BLOCK) {
+            q8_block_encode_avx2(xb, out);
+            out += 2 + Q8_BLOCK;
+            continue;
+        }
+        float amax = 0;
+        for (int64_t i = 0; i < m; i++) {
+            float a = fabsf(xb[i]);
+            amax = a > amax ? a : amax;
+        }
+        uint16_t dh = lk_fp32_to_fp16(amax / 127.0f);
+        float d = lk_fp16_to_fp32(dh), id = d > 0 ? 1.0f / d : 0.0f;
+        memcpy(out, &dh, 2);
+        int8_t *q = (int8_t *)(out + 2);
+        for (int64_t i = 0; i < m; i++) {
+            float v = xb[i] * id;
+            v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+            q[i] = (int8_t)(int)(v + (v >= 0 ? 0.5f : -0.5f)); /* round half away from zero */
+        }
+        out += 2 + m;
+    }
+}
+
+static void wire_decode(lk_wire_fmt f, const uint8_t *in, int64_t n, float *y) {
+    if (f == LK_WIRE_F16) {
+        if (have_f16c()) { f16_decode_f16c(in, n, y); return; }
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, in + 2 * i, 2);
+            y[i] = lk_fp16_to_fp32(h);
+        }
+        return;
+    }
+    if (f == LK_WIRE_BF16) {
+        const uint16_t *h = (const uint16_t *)(const void *)in;
+        for (int64_t i = have_avx2() ? bf16_decode_avx2(h, n, y) : 0; i < n; i++) {
+            uint32_t u = (uint32_t)h[i] << 16;
+            memcpy(&y[i], &u, 4);
+        }
+        return;
+    }
+    LK_ASSERT(f == LK_WIRE_Q8);
+    bool simd = have_avx2();
+    for (int64_t b = 0; b < n; b += Q8_BLOCK) {
+        int64_t m = LK_MIN(Q8_BLOCK, n - b);
+        if (simd && m == Q8_BLOCK) {
+            q8_block_decode_avx2(in, y + b);
+            in += 2 + Q8_BLOCK;
+            continue;
+        }
+        uint16_t dh;
+        memcpy(&dh, in, 2);
+        float d = lk_fp16_to_fp32(dh);
+        const int8_t *q = (const int8_t *)(in + 2);
+        for (int64_t i = 0; i < m; i++) y[b + i] = d * (float)q[i];
+        in += 2 + m;
+    }
+}
+
 static int64_t scratch_need(int n_ranks, int64_t n) {
     /* exchange: one slot per peer; doubling: one vector; ring: one chunk. */
     return (int64_t)(n_ranks > 1 ? n_ranks - 1 : 1) * n;
 }
 
+/* Encoded bytes: exchange keeps every rank's payload, doubling two, the ring
+ * every chunk (at a fixed stride of the largest chunk's encoding). */
+static size_t wbuf_need(const lk_comm *c, int64_t n) {
+    return (size_t)(c->n + 1) * (lk_wire_bytes(c->wire, n / c->n + 1) + lk_wire_bytes(c->wire, n));
+}
+
 void lk_comm_reserve(lk_comm *c, int64_t n) {
+    if (n > c->reserved) c->reserved = n;
     int64_t need = scratch_need(c->n, n);
-    if (need <= c->scratch_n) return;
-    free(c->scratch);
-    c->scratch = lk_xmalloc_aligned((size_t)need * sizeof(float));
-    c->scratch_n = need;
+    if (need > c->scratch_n) {
+        free(c->scratch);
+        c->scratch = lk_xmalloc_aligned((size_t)need * sizeof(float));
+        c->scratch_n = need;
+    }
+    if (c->wire != LK_WIRE_F32 && wbuf_need(c, n) > c->wbuf_n) {
+        free(c->wbuf);
+        c->wbuf_n = wbuf_need(c, n);
+        c->wbuf = lk_xmalloc_aligned(c->wbuf_n);
+    }
+}
+
+void lk_comm_set_wire(lk_comm *c, lk_wire_fmt f) {
+    c->wire = f;
+    if (c->reserved) lk_comm_reserve(c, c->reserved);
 }
 
 static uint64_t deadline(const lk_comm *c) { return lk_deadline_ms(c->timeout_ms); }
@@ -140,22 +398,38 @@ static inline lk_xfer xrecv(lk_link *l, void *p, size_t n) {
 
 /* ---- all-reduce ---------------------------------------------------------- */
 
+/* With a compact wire format every payload is encoded once; a rank replaces
+ * its own contribution by the decoded encoding ("rounds" it) wherever peers
+ * will use the encoded version, so all ranks add identical numbers. */
+static inline bool compact(const lk_comm *c) { return c->wire != LK_WIRE_F32; }
+
 static lk_status ar_exchange(lk_comm *c, float *x, int64_t n, uint64_t dl, char *why, size_t wl) {
-    size_t bytes = (size_t)n * sizeof(float);
+    size_t eb = lk_wire_bytes(c->wire, n);
+    const void *out = x;
+    if (compact(c)) {
+        uint8_t *mine = c->wbuf + (size_t)c->me * eb;
+        wire_encode(c->wire, x, n, mine);
+        wire_decode(c->wire, mine, n, x);
+        out = mine;
+    }
     int nx = 0;
     for (int r = 0; r < c->n; r++) {
         if (r == c->me) continue;
         float *slot = c->scratch + (int64_t)(r < c->me ? r : r - 1) * n;
-        c->xf[nx++] = xsend(c->links[r], x, bytes);
-        c->xf[nx++] = xrecv(c->links[r], slot, bytes);
+        c->xf[nx++] = xsend(c->links[r], out, eb);
+        c->xf[nx++] = xrecv(c->links[r], compact(c) ? (void *)(c->wbuf + (size_t)r * eb) : (void *)slot, eb);
     }
     lk_status st = lk_xfer_run(c->xf, nx, dl, why, wl);
     if (st) return st;
-    /* Sum in rank order 0..N-1; x is rank me's partial. */
     const float *part[64];
     LK_ASSERT(c->n <= 64);
-    for (int r = 0; r < c->n; r++)
-        part[r] = r == c->me ? x : c->scratch + (int64_t)(r < c->me ? r : r - 1) * n;
+    for (int r = 0; r < c->n; r++) {
+        if (r == c->me) { part[r] = x; continue; }
+        float *slot = c->scratch + (int64_t)(r < c->me ? r : r - 1) * n;
+        if (compact(c)) wire_decode(c->wire, c->wbuf + (size_t)r * eb, n, slot);
+        part[r] = slot;
+    }
+    /* Sum in rank order 0..N-1; x is rank me's partial. */
     for (int64_t i = 0; i < n; i++) {
         float s = part[0][i];
         for (int r = 1; r < c->n; r++) s += part[r][i];
@@ -171,8 +445,27 @@ static void add_ordered(float *x, const float *y, int64_t n, bool x_is_lower) {
     else            for (int64_t i = 0; i < n; i++) x[i] = y[i] + x[i];
 }
 
+/* Exchanges x with one partner (both directions at once); y gets theirs.
+ * send_x/recv_y select one-way transfers. */
+static lk_status swap(lk_comm *c, lk_link *l, float *x, float *y, int64_t n, bool send_x, bool recv_y,
+                      uint64_t dl, char *why, size_t wl) {
+    size_t eb = lk_wire_bytes(c->wire, n);
+    uint8_t *sb = c->wbuf, *rb = c->wbuf ? c->wbuf + eb : NULL;
+    int nx = 0;
+    if (send_x) {
+        if (compact(c)) {
+            wire_encode(c->wire, x, n, sb);
+            wire_decode(c->wire, sb, n, x);
+        }
+        c->xf[nx++] = xsend(l, compact(c) ? (void *)sb : (void *)x, eb);
+    }
+    if (recv_y) c->xf[nx++] = xrecv(l, compact(c) ? (void *)rb : (void *)y, eb);
+    lk_status st = lk_xfer_run(c->xf, nx, dl, why, wl);
+    if (!st && recv_y && compact(c)) wire_decode(c->wire, rb, n, y);
+    return st;
+}
+
 static lk_status ar_doubling(lk_comm *c, float *x, int64_t n, uint64_t dl, char *why, size_t wl) {
-    size_t bytes = (size_t)n * sizeof(float);
     int p = 1;
     while (p * 2 <= c->n) p *= 2;
     int me = c->me, extra = c->n - p;
@@ -180,26 +473,24 @@ static lk_status ar_doubling(lk_comm *c, float *x, int64_t n, uint64_t dl, char 
     lk_status st;
     /* Ranks p.. fold into rank (r - p) first, and get the result back last. */
     if (me >= p) {
-        c->xf[0] = xsend(c->links[me - p], x, bytes);
-        if ((st = lk_xfer_run(c->xf, 1, dl, why, wl))) return st;
-        c->xf[0] = xrecv(c->links[me - p], x, bytes);
-        return lk_xfer_run(c->xf, 1, dl, why, wl);
+        if ((st = swap(c, c->links[me - p], x, NULL, n, true, false, dl, why, wl))) return st;
+        return swap(c, c->links[me - p], NULL, x, n, false, true, dl, why, wl);
     }
     if (me < extra) {
-        c->xf[0] = xrecv(c->links[me + p], y, bytes);
-        if ((st = lk_xfer_run(c->xf, 1, dl, why, wl))) return st;
+        if ((st = swap(c, c->links[me + p], NULL, y, n, false, true, dl, why, wl))) return st;
         add_ordered(x, y, n, true);
     }
     for (int k = 1; k < p; k <<= 1) {
         int partner = me ^ k;
-        c->xf[0] = xsend(c->links[partner], x, bytes);
-        c->xf[1] = xrecv(c->links[partner], y, bytes);
-        if ((st = lk_xfer_run(c->xf, 2, dl, why, wl))) return st;
+        if ((st = swap(c, c->links[partner], x, y, n, true, true, dl, why, wl))) return st;
         add_ordered(x, y, n, me < partner);
     }
-    if (me < extra) {
-        c->xf[0] = xsend(c->links[me + p], x, bytes);
-        if ((st = lk_xfer_run(c->xf, 1, dl, why, wl))) return st;
+    if (me < extra) return swap(c, c->links[me + p], x, NULL, n, true, false, dl, why, wl);
+    /* The extras get the result through the wire format, and their partners
+     * round their own copy on sending it: everyone else rounds the same way. */
+    if (extra && compact(c)) {
+        wire_encode(c->wire, x, n, c->wbuf);
+        wire_decode(c->wire, c->wbuf, n, x);
     }
     return LK_OK;
 }
@@ -211,6 +502,9 @@ static lk_status ar_ring(lk_comm *c, float *x, int64_t n, uint64_t dl, char *why
     int N = c->n, me = c->me;
     lk_link *next = c->links[(me + 1) % N], *prev = c->links[(me + N - 1) % N];
     float *y = c->scratch;
+    bool cw = compact(c);
+    size_t stride = lk_wire_bytes(c->wire, n / N + 1); /* encoded chunk k lives at wbuf + k * stride */
+    uint8_t *tmp = cw ? c->wbuf + (size_t)N * stride : NULL;
     lk_status st;
     /* Reduce-scatter: at step s we pass on chunk (me - s) and fold the
      * incoming chunk (me - s - 1) into ours as (incoming + mine): chunk k's
@@ -219,19 +513,32 @@ static lk_status ar_ring(lk_comm *c, float *x, int64_t n, uint64_t dl, char *why
         int cs = ((me - s) % N + N) % N, cr = ((me - s - 1) % N + N) % N;
         int64_t s0 = chunk_at(n, N, cs), s1 = chunk_at(n, N, cs + 1);
         int64_t r0 = chunk_at(n, N, cr), r1 = chunk_at(n, N, cr + 1);
-        c->xf[0] = xsend(next, x + s0, (size_t)(s1 - s0) * sizeof(float));
-        c->xf[1] = xrecv(prev, y, (size_t)(r1 - r0) * sizeof(float));
+        size_t sb = lk_wire_bytes(c->wire, s1 - s0), rbn = lk_wire_bytes(c->wire, r1 - r0);
+        if (cw) wire_encode(c->wire, x + s0, s1 - s0, c->wbuf + (size_t)cs * stride);
+        c->xf[0] = xsend(next, cw ? (void *)(c->wbuf + (size_t)cs * stride) : (void *)(x + s0), sb);
+        c->xf[1] = xrecv(prev, cw ? (void *)tmp : (void *)y, rbn);
         if ((st = lk_xfer_run(c->xf, 2, dl, why, wl))) return st;
+        if (cw) wire_decode(c->wire, tmp, r1 - r0, y);
         for (int64_t i = 0; i < r1 - r0; i++) x[r0 + i] = y[i] + x[r0 + i];
     }
-    /* All-gather: rank me now owns the full sum of chunk (me + 1). */
+    /* All-gather: rank me now owns the full sum of chunk (me + 1). Encoded
+     * chunks are forwarded as received, never re-encoded, so every rank
+     * decodes the very same bytes; the owner rounds its own copy. */
+    if (cw) {
+        int own = (me + 1) % N;
+        int64_t o0 = chunk_at(n, N, own), o1 = chunk_at(n, N, own + 1);
+        wire_encode(c->wire, x + o0, o1 - o0, c->wbuf + (size_t)own * stride);
+        wire_decode(c->wire, c->wbuf + (size_t)own * stride, o1 - o0, x + o0);
+    }
     for (int s = 0; s < N - 1; s++) {
         int cs = ((me + 1 - s) % N + N) % N, cr = ((me - s) % N + N) % N;
         int64_t s0 = chunk_at(n, N, cs), s1 = chunk_at(n, N, cs + 1);
         int64_t r0 = chunk_at(n, N, cr), r1 = chunk_at(n, N, cr + 1);
-        c->xf[0] = xsend(next, x + s0, (size_t)(s1 - s0) * sizeof(float));
-        c->xf[1] = xrecv(prev, x + r0, (size_t)(r1 - r0) * sizeof(float));
+        size_t sb = lk_wire_bytes(c->wire, s1 - s0), rbn = lk_wire_bytes(c->wire, r1 - r0);
+        c->xf[0] = xsend(next, cw ? (void *)(c->wbuf + (size_t)cs * stride) : (void *)(x + s0), sb);
+        c->xf[1] = xrecv(prev, cw ? (void *)(c->wbuf + (size_t)cr * stride) : (void *)(x + r0), rbn);
         if ((st = lk_xfer_run(c->xf, 2, dl, why, wl))) return st;
+        if (cw) wire_decode(c->wire, c->wbuf + (size_t)cr * stride, r1 - r0, x + r0);
     }
     return LK_OK;
 }
@@ -241,7 +548,7 @@ lk_status lk_comm_allreduce_sum(lk_comm *c, float *x, int64_t n, int layer, cons
     size_t bytes = (size_t)n * sizeof(float);
     lk_ar_algo a = c->force ? c->force : lk_comm_pick(c->n, bytes);
     if (a == LK_AR_RING && n < c->n) a = LK_AR_EXCHANGE; /* chunks would be empty */
-    if (scratch_need(c->n, n) > c->scratch_n) {
+    if (scratch_need(c->n, n) > c->scratch_n || (compact(c) && wbuf_need(c, n) > c->wbuf_n)) {
         lk_log(LK_LOG_DEBUG, "comm: growing all-reduce scratch to %lld floats", (long long)n);
         lk_comm_reserve(c, n);
     }
@@ -253,7 +560,8 @@ lk_status lk_comm_allreduce_sum(lk_comm *c, float *x, int64_t n, int layer, cons
     if (st) {
         char lay[32] = "";
         if (layer >= 0) snprintf(lay, sizeof lay, " layer %d", layer);
-        return failed(c, st, why, "all-reduce%s %s (%zu B, %s)", lay, what ? what : "", bytes, lk_ar_algo_name(a));
+        return failed(c, st, why, "all-reduce%s %s (%zu B, %s%s%s)", lay, what ? what : "", bytes, lk_ar_algo_name(a),
+                      compact(c) ? ", wire " : "", compact(c) ? lk_wire_fmt_name(c->wire) : "");
     }
     return LK_OK;
 }

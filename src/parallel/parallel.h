@@ -110,6 +110,17 @@ lk_status lk_comm_barrier(lk_comm *c);
  * (value, global index); all get the overall best, ties to the lowest index,
  * NaN never wins. */
 lk_status lk_comm_argmax(lk_comm *c, float *value, int64_t *index);
+/* Compact wire formats for all-reduce payloads (off by default): halve
+ * (F16, BF16) or nearly quarter (Q8: blocks of 32 int8 with an F16 scale,
+ * 34 bytes per 32 floats) the bytes on the wire, at a rounding of every
+ * partial sum sent. Results stay bitwise identical on all ranks: a rank
+ * rounds its own contribution exactly as the wire rounds it. Every rank of
+ * a group must use the same format. */
+typedef enum { LK_WIRE_F32 = 0, LK_WIRE_F16, LK_WIRE_BF16, LK_WIRE_Q8 } lk_wire_fmt;
+const char *lk_wire_fmt_name(lk_wire_fmt f);
+bool        lk_wire_fmt_parse(const char *s, lk_wire_fmt *f); /* "f32", "f16", "bf16", "q8" */
+size_t      lk_wire_bytes(lk_wire_fmt f, int64_t n);          /* encoded size of n floats */
+void        lk_comm_set_wire(lk_comm *c, lk_wire_fmt f);
 /* Points the forward pass's hook at this comm. */
 void lk_comm_tp_hooks(lk_comm *c, lk_tp_hooks *h);
 
