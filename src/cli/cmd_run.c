@@ -1,0 +1,189 @@
+/* lockstep run — generate text from a prompt, on one node or a cluster. */
+#include "cli/cli.h"
+#include "engine/engine.h"
+#include "tokenizer/tokenizer.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *SYNOPSIS = "-m FILE -p TEXT [options]";
+
+int lk_cmd_run(int argc, char **argv) {
+    const char *model = NULL, *prompt = NULL, *workers = NULL, *key_file = NULL, *tp_weights = NULL,
+               *layers_split = NULL, *transport = NULL;
+    int64_t n_predict = 128, threads = 0, ctx = 0, batch = 0, top_k = 40, seed = -1, last_n = 64,
+            local = 0, tp = 0, pp = 0;
+    double temp = 0.8, top_p = 0.95, min_p = 0.05, rep = 1.0, freq = 0, pres = 0;
+    bool json = false, kv_f16 = false, no_bos = false, verbose = false, ignore_eos = false;
+    const lk_opt opts[] = {
+        { "--model", "-m", LK_OPT_STR, &model, "FILE", "GGUF model file (required)" },
+        { "--prompt", "-p", LK_OPT_STR, &prompt, "TEXT", "prompt text (required)" },
+        { "--n-predict", "-n", LK_OPT_INT, &n_predict, "N", "tokens to generate (default 128)" },
+        { "--temp", NULL, LK_OPT_F64, &temp, "T", "temperature; 0 = greedy (default 0.8)" },
+        { "--top-k", NULL, LK_OPT_INT, &top_k, "K", "keep the K most likely tokens; 0 = off (default 40)" },
+        { "--top-p", NULL, LK_OPT_F64, &top_p, "P", "nucleus sampling; 1 = off (default 0.95)" },
+        { "--min-p", NULL, LK_OPT_F64, &min_p, "P", "drop tokens below P x the best one's probability (default 0.05)" },
+        { "--repeat-penalty", NULL, LK_OPT_F64, &rep, "R", "penalise recent tokens; 1 = off (default 1)" },
+        { "--frequency-penalty", NULL, LK_OPT_F64, &freq, "F", "subtract F x count of recent uses (default 0)" },
+        { "--presence-penalty", NULL, LK_OPT_F64, &pres, "F", "subtract F if used recently (default 0)" },
+        { "--penalty-last-n", NULL, LK_OPT_INT, &last_n, "N", "how many recent tokens penalties see (default 64)" },
+        { "--seed", "-s", LK_OPT_INT, &seed, "S", "random seed (default: from the clock, printed)" },
+        { "--threads", "-t", LK_OPT_INT, &threads, "N", "threads per rank (default: all cores)" },
+        { "--ctx", "-c", LK_OPT_INT, &ctx, "N", "context length / KV cache size (default: model's, at most 4096)" },
+        { "--batch", "-b", LK_OPT_INT, &batch, "N", "most prompt tokens per forward pass (default 512)" },
+        { "--kv-f16", NULL, LK_OPT_FLAG, &kv_f16, NULL, "store the KV cache in F16 (half the memory)" },
+        { "--no-bos", NULL, LK_OPT_FLAG, &no_bos, NULL, "do not add the BOS token" },
+        { "--ignore-eos", NULL, LK_OPT_FLAG, &ignore_eos, NULL, "keep generating after end-of-generation tokens" },
+        { "--json", NULL, LK_OPT_FLAG, &json, NULL, "print one JSON object (ids, text, timings) instead of streaming" },
+        { "--workers", "-w", LK_OPT_STR, &workers, "LIST", "cluster workers host:port,host:port,..." },
+        { "--key-file", NULL, LK_OPT_STR, &key_file, "FILE", "cluster key (lockstep keygen)" },
+        { "--local", NULL, LK_OPT_INT, &local, "N", "start a local cluster of N ranks (head included)" },
+        { "--tp", NULL, LK_OPT_INT, &tp, "N", "tensor-parallel ranks" },
+        { "--pp", NULL, LK_OPT_INT, &pp, "N", "pipeline stages" },
+        { "--tp-weights", NULL, LK_OPT_STR, &tp_weights, "W,W,..", "relative share of each TP rank (mixed-speed nodes)" },
+        { "--layers-split", NULL, LK_OPT_STR, &layers_split, "N,N,..", "layers per pipeline stage" },
+        { "--transport", NULL, LK_OPT_STR, &transport, "NAME", "auto | tcp | shm (default auto)" },
+        { "--verbose", "-v", LK_OPT_FLAG, &verbose, NULL, "more log output" },
+        { NULL, NULL, 0, NULL, NULL, NULL },
+    };
+    const char *pos[1];
+    int np = lk_args_parse("run", SYNOPSIS, opts, argc, argv, pos, 0);
+    if (np == LK_ARGS_HELP) return 0;
+    if (np < 0) return 2;
+    if (!model || !prompt) {
+        fprintf(stderr, "lockstep run: %s is required (see 'lockstep run --help')\n", !model ? "-m FILE" : "-p TEXT");
+        return 2;
+    }
+    if (n_predict < 0 || threads < 0 || ctx < 0 || batch < 0 || top_k < 0 || last_n < 0 || local < 0 || tp < 0 || pp < 0 ||
+        temp < 0 || top_p <= 0 || top_p > 1 || min_p < 0 || min_p > 1 || rep <= 0) {
+        fprintf(stderr, "lockstep run: a numeric option is out of range (see 'lockstep run --help')\n");
+        return 2;
+    }
+    if (verbose) lk_log_set_level(LK_LOG_DEBUG);
+    if (seed < 0) seed = (int64_t)(time(NULL) ^ getpid());
+
+    char err[LK_ERRLEN];
+    lk_engine_opts eo = { .model_path = model, .n_threads = (int)threads, .n_ctx = (int)ctx, .n_batch = (int)batch,
+                          .kv_f16 = kv_f16, .workers = workers, .key_file = key_file, .local = (int)local,
+                          .tp = (int)tp, .pp = (int)pp, .tp_weights = tp_weights, .layers_split = layers_split,
+                          .transport = transport };
+    lk_engine *e = NULL;
+    double t_load = lk_time_s();
+    if (lk_engine_open(&eo, &e, err, sizeof err)) {
+        fprintf(stderr, "lockstep run: %s\n", err);
+        return 1;
+    }
+    t_load = lk_time_s() - t_load;
+    lk_tokenizer *tok = NULL;
+    if (lk_tokenizer_load(lk_engine_gguf(e), &tok, err, sizeof err)) {
+        fprintf(stderr, "lockstep run: %s\n", err);
+        lk_engine_close(e);
+        return 1;
+    }
+    int32_t *ids = NULL, n_ids = 0;
+    if (lk_tokenizer_encode(tok, prompt, strlen(prompt), !no_bos, false, &ids, &n_ids, err, sizeof err)) {
+        fprintf(stderr, "lockstep run: prompt: %s\n", err);
+        lk_tokenizer_free(tok);
+        lk_engine_close(e);
+        return 1;
+    }
+    if (no_bos && n_ids > 0 && ids[0] == lk_tokenizer_bos(tok)) { memmove(ids, ids + 1, sizeof(int32_t) * --n_ids); }
+    int n_ctx = lk_engine_n_ctx(e), rc = 0;
+    if (n_ids == 0) {
+        fprintf(stderr, "lockstep run: the prompt is empty after tokenisation (and no BOS is added)\n");
+        rc = 2;
+    } else if (n_ids >= n_ctx) {
+        fprintf(stderr, "lockstep run: the prompt has %d tokens, which does not fit the context of %d (--ctx)\n", n_ids, n_ctx);
+        rc = 2;
+    }
+    lk_sampler_params sp;
+    lk_sampler_params_default(&sp);
+    sp.temp = (float)temp; sp.top_k = (int)top_k; sp.top_p = (float)top_p; sp.min_p = (float)min_p;
+    sp.repeat_penalty = (float)rep; sp.freq_penalty = (float)freq; sp.presence_penalty = (float)pres;
+    sp.penalty_last_n = (int)last_n; sp.seed = (uint64_t)seed;
+    lk_sampler *s = lk_sampler_create(&sp);
+    int32_t *gen = lk_xmalloc(sizeof(int32_t) * (size_t)(n_predict + 1));
+    int n_gen = 0;
+    size_t text_cap = 4096, text_len = 0;
+    char *text = lk_xmalloc(text_cap);
+    double t_prefill = 0, t_decode = 0;
+    if (rc == 0) {
+        for (int i = 0; i < n_ids; i++) lk_sampler_accept(s, ids[i]);
+        lk_detok dt;
+        lk_detok_init(&dt, tok);
+        int32_t next = -1;
+        double t0 = lk_time_s();
+        lk_status st = n_predict > 0 ? lk_engine_step(e, ids, n_ids, 0, s, &next, err, sizeof err) : LK_OK;
+        t_prefill = lk_time_s() - t0;
+        int pos = n_ids;
+        t0 = lk_time_s();
+        char piece[256];
+        while (st == LK_OK && n_gen < n_predict) {
+            gen[n_gen++] = next;
+            lk_sampler_accept(s, next);
+            bool eog = !ignore_eos && lk_tokenizer_is_eog(tok, next);
+            int32_t k = eog ? 0 : lk_detok_push(&dt, next, piece, sizeof piece);
+            if (k > 0) {
+                if (text_len + (size_t)k + 1 > text_cap) text = lk_xrealloc(text, text_cap = 2 * text_cap + (size_t)k);
+                memcpy(text + text_len, piece, (size_t)k);
+                text_len += (size_t)k;
+                if (!json) { fwrite(piece, 1, (size_t)k, stdout); fflush(stdout); }
+            }
+            if (eog || n_gen == n_predict) break;
+            if (pos + 1 > n_ctx) { lk_log(LK_LOG_WARN, "context of %d tokens is full; stopping", n_ctx); break; }
+            st = lk_engine_step(e, &next, 1, pos++, s, &next, err, sizeof err);
+        }
+        t_decode = lk_time_s() - t0;
+        int32_t k = lk_detok_flush(&dt, piece, sizeof piece);
+        if (k > 0) {
+            if (text_len + (size_t)k + 1 > text_cap) text = lk_xrealloc(text, text_cap = 2 * text_cap + (size_t)k);
+            memcpy(text + text_len, piece, (size_t)k);
+            text_len += (size_t)k;
+            if (!json) fwrite(piece, 1, (size_t)k, stdout);
+        }
+        if (st) {
+            fprintf(stderr, "\nlockstep run: %s\n", err);
+            rc = 1;
+        }
+    }
+    text[text_len] = 0;
+    double pre_tps = t_prefill > 0 ? n_ids / t_prefill : 0;
+    double dec_tps = n_gen > 1 && t_decode > 0 ? (n_gen - 1) / t_decode : 0;
+    if (!json && rc == 0) printf("\n");
+    if (rc == 0 || rc == 1) {
+        fprintf(stderr, "lockstep: load %.2f s | prefill %d tokens %.1f tok/s | decode %d tokens %.1f tok/s | %d rank%s | seed %lld\n",
+                t_load, n_ids, pre_tps, n_gen, dec_tps, lk_engine_n_ranks(e), lk_engine_n_ranks(e) > 1 ? "s" : "", (long long)seed);
+    }
+    if (json && rc == 0) {
+        json_t *o = json_object(), *pi = json_array(), *gi = json_array();
+        for (int i = 0; i < n_ids; i++) json_array_append_new(pi, json_integer(ids[i]));
+        for (int i = 0; i < n_gen; i++) json_array_append_new(gi, json_integer(gen[i]));
+        json_object_set_new(o, "prompt_ids", pi);
+        json_object_set_new(o, "generated_ids", gi);
+        json_object_set_new(o, "text", json_stringn(text, text_len));
+        json_object_set_new(o, "seed", json_integer(seed));
+        json_object_set_new(o, "ranks", json_integer(lk_engine_n_ranks(e)));
+        json_t *tm = json_object();
+        json_object_set_new(tm, "load_s", json_real(t_load));
+        json_object_set_new(tm, "prefill_s", json_real(t_prefill));
+        json_object_set_new(tm, "prefill_tok_s", json_real(pre_tps));
+        json_object_set_new(tm, "decode_s", json_real(t_decode));
+        json_object_set_new(tm, "decode_tok_s", json_real(dec_tps));
+        json_object_set_new(o, "timings", tm);
+        char *s2 = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
+        printf("%s\n", s2);
+        free(s2);
+        json_decref(o);
+    }
+    free(text);
+    free(gen);
+    free(ids);
+    lk_sampler_free(s);
+    lk_tokenizer_free(tok);
+    lk_engine_close(e);
+    return rc;
+}
