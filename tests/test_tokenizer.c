@@ -561,6 +561,7 @@ TEST(synth_eog) {
     if (q) {
         CHECK(lk_tokenizer_is_eog(q, 598) && lk_tokenizer_is_eog(q, 600) && !lk_tokenizer_is_eog(q, 599));
         CHECK(!lk_tokenizer_add_bos(q) && lk_tokenizer_eos(q) == 600);
+        CHECK(lk_tokenizer_find(q, "<|im_start|>", 12) == 599 && lk_tokenizer_find(q, "<|im_sta", 8) == -1);
     }
     if (l) {
         CHECK(lk_tokenizer_is_eog(l, 599) && lk_tokenizer_is_eog(l, 600) && !lk_tokenizer_is_eog(l, 598));

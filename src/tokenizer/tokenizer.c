@@ -659,6 +659,10 @@ bool lk_tokenizer_is_eog(const lk_tokenizer *t, int32_t id) {
     return id >= 0 && id < t->n_vocab && t->eog[id];
 }
 
+int32_t lk_tokenizer_find(const lk_tokenizer *t, const char *text, size_t len) {
+    return text ? lookup(t, text, len) : -1;
+}
+
 const char *lk_tokenizer_token_text(const lk_tokenizer *t, int32_t id, size_t *len) {
     if (id < 0 || id >= t->n_vocab) {
         if (len) *len = 0;

@@ -57,6 +57,8 @@ int32_t lk_tokenizer_decode(const lk_tokenizer *t, const int32_t *ids, int32_t n
 
 /* The vocabulary entry text as stored (for `info`, `tokenize`). */
 const char *lk_tokenizer_token_text(const lk_tokenizer *t, int32_t id, size_t *len);
+/* The id of the entry whose text is exactly text[0..len) (e.g. "<|im_end|>"), or -1. */
+int32_t     lk_tokenizer_find(const lk_tokenizer *t, const char *text, size_t len);
 
 /* Streaming decoder: feeds tokens one at a time and emits only whole UTF-8
  * characters (a character split across tokens waits in `pending`; bytes that
