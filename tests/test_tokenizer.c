@@ -735,6 +735,12 @@ TEST(detok_split_character) {
     CHECK(lk_detok_push(&d, ids[1], out, sizeof out) == 0);
     CHECK(lk_detok_push(&d, ids[2], out, sizeof out) == 0);
     CHECK(lk_detok_push(&d, ids[3], out, sizeof out) == 4 && !memcmp(out, "\xF0\x9F\x8D\xB0", 4));
+    /* control tokens only when asked */
+    lk_detok d2;
+    lk_detok_init(&d2, t);
+    CHECK(lk_detok_push(&d2, 2, out, sizeof out) == 0);
+    d2.special = true;
+    CHECK(lk_detok_push(&d2, 2, out, sizeof out) == 4 && !memcmp(out, "</s>", 4));
     /* a cut-off character is flushed as U+FFFD */
     CHECK(lk_detok_push(&d, ids[0], out, sizeof out) == 0);
     CHECK(lk_detok_flush(&d, out, sizeof out) == 3 && !memcmp(out, "\xEF\xBF\xBD", 3));

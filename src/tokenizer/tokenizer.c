@@ -1372,11 +1372,11 @@ int32_t lk_detok_push(lk_detok *d, int32_t id, char *out, int32_t cap) {
     bool first = !d->started;
     d->started = true;
     if (id < 0 || id >= t->n_vocab) return 0;
-    if (first && id == t->bos) {
+    if (first && id == t->bos && !d->special) {
         d->at_start = true; /* the next text token starts the text */
         return 0;
     }
-    if (t->attr[id] & (ATTR_UNKNOWN | ATTR_CONTROL)) return 0;
+    if (!d->special && (t->attr[id] & (ATTR_UNKNOWN | ATTR_CONTROL))) return 0;
     const char *p = t->piece + t->piece_off[id];
     int32_t len = (int32_t)t->piece_len[id];
     if (d->at_start && len) {

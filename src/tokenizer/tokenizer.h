@@ -63,7 +63,7 @@ int32_t     lk_tokenizer_find(const lk_tokenizer *t, const char *text, size_t le
 /* Streaming decoder: feeds tokens one at a time and emits only whole UTF-8
  * characters (a character split across tokens waits in `pending`; bytes that
  * cannot become valid UTF-8 are emitted as U+FFFD). Control tokens print
- * nothing. If the stream starts with BOS, the first text piece after it loses
+ * nothing unless `special` is set. If the stream starts with BOS, the first text piece after it loses
  * the SentencePiece prefix space, so pushing a whole prompt [BOS, "▁Once", ...]
  * prints "Once ..."; a stream that starts mid-text keeps every space.
  * One lk_detok per sequence; no allocation. */
@@ -73,6 +73,7 @@ typedef struct {
     int    n_pending;
     bool   started;     /* a token has been pushed */
     bool   at_start;    /* the stream began with BOS and no text followed yet */
+    bool   special;     /* print control tokens too (set after init; default false) */
 } lk_detok;
 void    lk_detok_init(lk_detok *d, const lk_tokenizer *t);
 /* Appends the printable bytes for `id` to out (cap bytes); returns bytes
