@@ -1,4 +1,339 @@
-/* quant_avx2.c — AVX2+FMA+F16C kernels (filled in over the scalar table). */
+/* quant_avx2.c — AVX2 + FMA + F16C kernels (no VNNI: CPUs from Haswell and
+ * Zen 1 on): lk_quant_matmul for every supported weight type and the Q8_0 /
+ * Q8_K activation quantisers.
+ *
+ * Without vpdpbusd the byte dot product is vpmaddubsw (u8 x s8 -> pairs
+ * summed into saturating i16) followed by vpmaddwd (i16 pairs -> i32). The
+ * i16 stage never saturates here: Q4_0 nibbles and K-quant quants are at most
+ * 63 (2*63*127 < 32767), and Q8_0 x Q8_0 uses |w| x sign(a, w) (2*128*127 <
+ * 32767). Weights are unsigned where the format allows and offsets removed
+ * with activation-only corrections, as in the AVX-512 file; several rows
+ * share each activation block (R x T register tiles, same driver). */
+#include <immintrin.h>
+
 #include "quant/quant_impl.h"
 
-void lk_quant_fill_avx2(lk_quant_ops *ops) { ops->name = "avx2"; }
+#define LK_T2 __attribute__((target("avx2,fma,f16c,bmi,bmi2")))
+#define LK_INL inline __attribute__((always_inline))
+
+LK_T2 static LK_INL float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+LK_T2 static LK_INL float h2f(const uint8_t *p) { return _cvtsh_ss(lk_ld_u16(p)); }
+
+#ifndef LK_PF_DIST
+#define LK_PF_DIST 1024
+#endif
+static LK_INL void pf_range(const uint8_t *p, size_t len) {
+    for (size_t o = 0; o < len; o += 64) _mm_prefetch((const char *)p + LK_PF_DIST + o, _MM_HINT_T0);
+}
+
+/* ===================================================================== */
+/* Q4_0 and Q8_0 weights x Q8_0 activations, one block at a time          */
+/* ===================================================================== */
+
+/* A Q8_0 activation block: 32 quants, the scale, and the offset correction
+ * -8*sum (Q4_0 weights, whose nibbles are unsigned) as 8 i32 lanes that line
+ * up with the weight's lanes. */
+typedef struct { __m256i q, neg8; float d; } a80;
+
+LK_T2 static LK_INL a80 a80_load(const uint8_t *p, const bool q4) {
+    a80 a;
+    a.q = _mm256_loadu_si256((const __m256i *)(p + 2));
+    a.d = h2f(p);
+    if (q4) {
+        __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(8), a.q), _mm256_set1_epi16(1));
+        a.neg8 = _mm256_sub_epi32(_mm256_setzero_si256(), s);
+    } else {
+        a.neg8 = _mm256_setzero_si256();
+    }
+    return a;
+}
+
+/* Q4_0 block as 32 unsigned nibbles in element order (low nibbles are
+ * elements 0..15, high 16..31) */
+LK_T2 static LK_INL __m256i q40_unpack(const uint8_t *p) {
+    __m128i q = _mm_loadu_si128((const __m128i *)(p + 2));
+    __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+}
+
+LK_T2 static LK_INL void q4q8_tile2(const int R, const int T, const bool is_q8, int64_t n,
+                                    const uint8_t *w, size_t ws, const uint8_t *a, size_t as,
+                                    float *y, size_t ys) {
+    const int64_t nb = n / LK_QK;
+    const size_t wbb = is_q8 ? LK_Q80_BYTES : LK_Q40_BYTES;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i wv[4];
+        float wd[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const uint8_t *p = w + r * ws + (size_t)b * wbb;
+            if (T == 1 && (b & 1) == 0) pf_range(p, 64);
+            wv[r] = is_q8 ? _mm256_loadu_si256((const __m256i *)(p + 2)) : q40_unpack(p);
+            wd[r] = h2f(p);
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            a80 A = a80_load(a + t * as + (size_t)b * LK_Q80_BYTES, !is_q8);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                __m256i p16 = is_q8 ? _mm256_maddubs_epi16(_mm256_sign_epi8(wv[r], wv[r]),
+                                                           _mm256_sign_epi8(A.q, wv[r]))
+                                    : _mm256_maddubs_epi16(wv[r], A.q);
+                __m256i s = _mm256_add_epi32(_mm256_madd_epi16(p16, ones), A.neg8);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(wd[r] * A.d), acc[r][t]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) y[t * ys + r] = hsum8(acc[r][t]);
+}
+
+/* ===================================================================== */
+/* K-quants x Q8_K                                                         */
+/* ===================================================================== */
+
+static LK_INL void k_scales_unpack(const uint8_t *q, uint64_t *sc, uint64_t *m) {
+    uint32_t w0, w1, w2;
+    memcpy(&w0, q, 4); memcpy(&w1, q + 4, 4); memcpy(&w2, q + 8, 4);
+    uint32_t sc_lo = w0 & 0x3f3f3f3fu, m_lo = w1 & 0x3f3f3f3fu;
+    uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | ((w0 >> 6) & 0x03030303u) << 4;
+    uint32_t m_hi = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 6) & 0x03030303u) << 4;
+    *sc = sc_lo | (uint64_t)sc_hi << 32;
+    *m = m_lo | (uint64_t)m_hi << 32;
+}
+
+/* One super-block of one weight row x one Q8_K activation row. Integer sum
+ * of sc_j * (q . a)_j over the 8 (Q4_K/Q5_K) or 16 (Q6_K) sub-blocks in i32
+ * lanes, then one float scale; Q4_K/Q5_K subtract dmin*da*sum_j m_j*bsum_j,
+ * Q6_K folds its -32 offset in as 32*sum_j sc_j*bsum_j. */
+LK_T2 static LK_INL void k_block2(const int kind, const uint8_t *w, const uint8_t *a, __m256 *acc,
+                                  __m128 *accm) {
+    const __m256i m0f = _mm256_set1_epi8(0x0F);
+    const int8_t *q8 = (const int8_t *)(a + LK_Q8K_QS);
+    float da = lk_ld_f32(a);
+    __m256i isum = _mm256_setzero_si256();
+    if (kind == 4 || kind == 5) {
+        uint64_t sc, m;
+        k_scales_unpack(w + (kind == 4 ? LK_Q4K_SC : LK_Q5K_SC), &sc, &m);
+        /* sc_j as i16 words in both 128-bit lanes; shuffle_epi8 broadcasts one */
+        __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc)));
+        const uint8_t *qs = w + (kind == 4 ? LK_Q4K_QS : LK_Q5K_QS);
+        __m256i qh = kind == 5 ? _mm256_loadu_si256((const __m256i *)(w + LK_Q5K_QH)) : _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+            __m256i lo = _mm256_and_si256(q, m0f);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m0f);
+            if (kind == 5) {
+                /* bit 2j / 2j+1 of qh[l] is the 5th bit of sub-block 2j / 2j+1 */
+                __m256i b0 = _mm256_set1_epi8((char)(1 << (2 * j))), b1 = _mm256_set1_epi8((char)(2 << (2 * j)));
+                __m256i m10 = _mm256_set1_epi8(0x10);
+                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b0), b0), m10));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b1), b1), m10));
+            }
+            __m256i s0 = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * j))));
+            __m256i s1 = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * j + 1))));
+            __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(q8 + 64 * j)));
+            __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(q8 + 64 * j + 32)));
+            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p0, s0));
+            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p1, s1));
+        }
+        __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)(a + LK_Q8K_BS)),
+                                    _mm_loadu_si128((const __m128i *)(a + LK_Q8K_BS + 16)));
+        __m128i mm = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m)), bs);
+        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(h2f(w) * da), *acc);
+        *accm = _mm_fmadd_ps(_mm_cvtepi32_ps(mm), _mm_set1_ps(h2f(w + 2) * da), *accm);
+    } else {
+        const uint8_t *ql = w + LK_Q6K_QL, *qhp = w + LK_Q6K_QH;
+        __m128i sc8 = _mm_loadu_si128((const __m128i *)(w + LK_Q6K_SC));
+        const __m256i m03 = _mm256_set1_epi8(3);
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h));
+            __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32));
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(qhp + 32 * h));
+            __m256i v[4];
+            v[0] = _mm256_or_si256(_mm256_and_si256(l0, m0f), _mm256_slli_epi16(_mm256_and_si256(qh, m03), 4));
+            v[1] = _mm256_or_si256(_mm256_and_si256(l1, m0f),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m03), 4));
+            v[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m0f),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m03), 4));
+            v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m0f),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m03), 4));
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                /* elements 128h + 32k .. +31: sub-blocks g and g+1, g = 8h + 2k */
+                int g = 8 * h + 2 * k;
+                __m128i idx = _mm_set_epi8((char)(g + 1), (char)(g + 1), (char)(g + 1), (char)(g + 1),
+                                           (char)(g + 1), (char)(g + 1), (char)(g + 1), (char)(g + 1),
+                                           (char)g, (char)g, (char)g, (char)g, (char)g, (char)g, (char)g, (char)g);
+                __m256i s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, idx));
+                __m256i p = _mm256_maddubs_epi16(v[k], _mm256_loadu_si256((const __m256i *)(q8 + 128 * h + 32 * k)));
+                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, s));
+            }
+        }
+        __m256i c = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8), _mm256_loadu_si256((const __m256i *)(a + LK_Q8K_BS)));
+        isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(c, 5));
+        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(h2f(w + LK_Q6K_D) * da), *acc);
+    }
+}
+
+LK_T2 static LK_INL void kq_tile2(const int R, const int T, const int kind, int64_t n,
+                                  const uint8_t *w, size_t ws, const uint8_t *a, size_t as,
+                                  float *y, size_t ys) {
+    const size_t bb = kind == 4 ? LK_Q4K_BYTES : kind == 5 ? LK_Q5K_BYTES : LK_Q6K_BYTES;
+    __m256 acc[4][4];
+    __m128 accm[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps(), accm[r][t] = _mm_setzero_ps();
+    for (int64_t i = 0; i < n / LK_QK_K; i++)
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const uint8_t *wp = w + r * ws + (size_t)i * bb;
+            if (T == 1) pf_range(wp, bb);
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++)
+                k_block2(kind, wp, a + t * as + (size_t)i * LK_Q8K_BYTES, &acc[r][t], &accm[r][t]);
+        }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            __m128 m = accm[r][t];
+            m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+            m = _mm_add_ss(m, _mm_movehdup_ps(m));
+            y[t * ys + r] = hsum8(acc[r][t]) - _mm_cvtss_f32(m);
+        }
+}
+
+/* ===================================================================== */
+/* F32, F16, BF16                                                          */
+/* ===================================================================== */
+
+LK_T2 static LK_INL __m256 fl_load2(const int kind, const uint8_t *p) {
+    if (kind == 32) return _mm256_loadu_ps((const float *)p);
+    __m128i h = _mm_loadu_si128((const __m128i *)p);
+    if (kind == 16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* 16 elements per step (2 accumulators per pair); elements past the last
+ * multiple of 8 go through the scalar dot. */
+LK_T2 static LK_INL void fl_tile2(const int R, const int T, const int kind, int64_t n,
+                                  const uint8_t *w, size_t ws, const uint8_t *a, size_t as,
+                                  float *y, size_t ys) {
+    const int es = kind == 32 ? 4 : 2;
+    __m256 acc[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 wv[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            if (T == 1 && (i & 15) == 0) pf_range(w + r * ws + i * es, 16 * es);
+            wv[r] = fl_load2(kind, w + r * ws + i * es);
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            __m256 av = fl_load2(kind, a + t * as + i * es);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) acc[r][t] = _mm256_fmadd_ps(wv[r], av, acc[r][t]);
+        }
+    }
+    const lk_type ty = kind == 32 ? LK_TYPE_F32 : kind == 16 ? LK_TYPE_F16 : LK_TYPE_BF16;
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            float s = hsum8(acc[r][t]);
+            if (i < n) s += lk_quant_dot_scalar(ty, n - i, w + r * ws + i * es, a + t * as + i * es);
+            y[t * ys + r] = s;
+        }
+}
+
+/* ===================================================================== */
+/* Tiles                                                                   */
+/* ===================================================================== */
+
+#define LK_TILE_FN(name, R, T, call)                                                       \
+    LK_T2 static void name##_##R##x##T(int64_t n, const uint8_t *w, size_t ws,             \
+                                       const uint8_t *a, size_t as, float *y, size_t ys) { \
+        call;                                                                              \
+    }
+#define LK_TILES_4x3(name, CALL)                                                           \
+    LK_TILE_FN(name, 4, 1, CALL(4, 1)) LK_TILE_FN(name, 4, 2, CALL(4, 2))                  \
+    LK_TILE_FN(name, 4, 3, CALL(4, 3)) LK_TILE_FN(name, 1, 1, CALL(1, 1))                  \
+    LK_TILE_FN(name, 1, 2, CALL(1, 2)) LK_TILE_FN(name, 1, 3, CALL(1, 3))                  \
+    static const lk_tileset name##_set = {name##_4x1, name##_1x1, 4, 3,                   \
+                                          {{NULL, name##_1x1, name##_1x2, name##_1x3, NULL}, \
+                                           {NULL, name##_4x1, name##_4x2, name##_4x3, NULL}}};
+#define LK_TILES_1x4(name, CALL)                                                           \
+    LK_TILE_FN(name, 4, 1, CALL(4, 1)) LK_TILE_FN(name, 1, 1, CALL(1, 1))                  \
+    LK_TILE_FN(name, 1, 2, CALL(1, 2)) LK_TILE_FN(name, 1, 3, CALL(1, 3))                  \
+    LK_TILE_FN(name, 1, 4, CALL(1, 4))                                                     \
+    static const lk_tileset name##_set = {name##_4x1, name##_1x1, 1, 4,                   \
+                                          {{NULL, name##_1x1, name##_1x2, name##_1x3, name##_1x4}, \
+                                           {NULL, name##_1x1, name##_1x2, name##_1x3, name##_1x4}}};
+
+#define Q40_CALL(R, T) q4q8_tile2(R, T, false, n, w, ws, a, as, y, ys)
+#define Q80_CALL(R, T) q4q8_tile2(R, T, true, n, w, ws, a, as, y, ys)
+#define Q4K_CALL(R, T) kq_tile2(R, T, 4, n, w, ws, a, as, y, ys)
+#define Q5K_CALL(R, T) kq_tile2(R, T, 5, n, w, ws, a, as, y, ys)
+#define Q6K_CALL(R, T) kq_tile2(R, T, 6, n, w, ws, a, as, y, ys)
+#define F32_CALL(R, T) fl_tile2(R, T, 32, n, w, ws, a, as, y, ys)
+#define F16_CALL(R, T) fl_tile2(R, T, 16, n, w, ws, a, as, y, ys)
+#define BF_CALL(R, T) fl_tile2(R, T, 0, n, w, ws, a, as, y, ys)
+LK_TILES_4x3(q40, Q40_CALL)
+LK_TILES_4x3(q80, Q80_CALL)
+LK_TILES_1x4(q4k, Q4K_CALL)
+LK_TILES_1x4(q5k, Q5K_CALL)
+LK_TILES_1x4(q6k, Q6K_CALL)
+LK_TILES_4x3(f32, F32_CALL)
+LK_TILES_4x3(f16, F16_CALL)
+LK_TILES_4x3(bf, BF_CALL)
+
+#define LK_MM_FN(name)                                                                          \
+    static void mm_##name(int64_t n, int64_t nrows, const void *w, size_t w_stride,             \
+                          int64_t ntok, const void *a, size_t a_stride, float *y,               \
+                          size_t y_stride) {                                                    \
+        lk_quant_run_tiles(&name##_set, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride); \
+    }
+LK_MM_FN(q40)
+LK_MM_FN(q80)
+LK_MM_FN(q4k)
+LK_MM_FN(q5k)
+LK_MM_FN(q6k)
+LK_MM_FN(f32)
+LK_MM_FN(f16)
+LK_MM_FN(bf)
+
+void lk_quant_fill_avx2(lk_quant_ops *ops) {
+    ops->name = "avx2";
+    ops->mm[LK_TYPE_Q4_0] = mm_q40;
+    ops->mm[LK_TYPE_Q8_0] = mm_q80;
+    ops->mm[LK_TYPE_Q4_K] = mm_q4k;
+    ops->mm[LK_TYPE_Q5_K] = mm_q5k;
+    ops->mm[LK_TYPE_Q6_K] = mm_q6k;
+    ops->mm[LK_TYPE_F32] = mm_f32;
+    ops->mm[LK_TYPE_F16] = mm_f16;
+    ops->mm[LK_TYPE_BF16] = mm_bf;
+}
