@@ -290,6 +290,9 @@ static void serve_conn(worker *w, lk_link *link) {
     lk_chan_init(&s->ch, link);
     lk_hs_params hp;
     lk_hs_defaults(&hp, w->o->key, "worker");
+    /* A handshake is a few round trips; a client still mid-way after 3 s is
+     * stalled (or hostile), and each one holds a connection thread. */
+    hp.timeout_ms = 3000;
     lk_hs_peer peer;
     char err[LK_ERRLEN];
     lk_status st = lk_handshake(&s->ch, false, &hp, &peer, err, sizeof err);
