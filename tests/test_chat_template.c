@@ -277,6 +277,13 @@ TEST(builtins_and_guess) {
         CHECKF(o != NULL, "%s: %s", names[i], ERR);
         free(o);
     }
+    char err[LK_ERRLEN];
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        CHECKF(lk_chat_template_check(builtin(names[i]), err, sizeof err) == LK_OK, "%s: %s", names[i], err);
+    CHECK(lk_chat_template_check("{% for x in y %}", err, sizeof err) == LK_ERR_FORMAT);
+    CHECKF(strstr(err, "'for' is never closed") != NULL, "%s", err);
+    CHECK(lk_chat_template_check("{% if a %}{{ a|nope }}{% endif %}", err, sizeof err) == LK_ERR_FORMAT);
+    CHECKF(strstr(err, "unknown filter 'nope'") != NULL, "%s", err);
     CHECK(lk_chat_template_builtin("nope") == NULL);
     CHECK(lk_chat_template_builtin(NULL) == NULL);
     CHECK(strcmp(lk_chat_template_guess("{{ messages }}"), "unknown") == 0);
@@ -353,6 +360,8 @@ TEST(malformed_templates) {
     expect_error("text\n{# never closed", LK_ERR_FORMAT, "line 2 col 1: unclosed comment");
     expect_error("{{ x|frobnicate }}", LK_ERR_FORMAT, "unknown filter 'frobnicate'");
     expect_error("{{ x is frob }}", LK_ERR_FORMAT, "unknown test 'frob'");
+    /* found while parsing, even in a branch that never runs */
+    expect_error("{% if false %}{{ x|frobnicate }}{% endif %}", LK_ERR_FORMAT, "line 1 col 20: unknown filter 'frobnicate'");
     expect_error("{{ 1 + }}", LK_ERR_FORMAT, "expected an expression");
     expect_error("{{ }}", LK_ERR_FORMAT, "empty expression");
     expect_error("{{ 'abc }}", LK_ERR_FORMAT, "unterminated string literal");

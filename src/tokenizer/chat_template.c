@@ -737,6 +737,28 @@ static size_t lex_tag(jctx *c, size_t i, size_t end, bool is_var, int open_pos, 
     }
 }
 
+/* Jinja (and llama.cpp) read "\r\n" and a lone "\r" as "\n", in text and in
+ * string literals alike; then the source is lexed. */
+static void lex(jctx *c);
+static void load_source(jctx *c, const char *src, size_t n) {
+    c->src = src;
+    c->srclen = n;
+    if (memchr(src, '\r', n)) {
+        char *norm = amalloc(c, n + 1);
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (src[i] == '\r') {
+                norm[k++] = '\n';
+                if (i + 1 < n && src[i + 1] == '\n') i++;
+            } else norm[k++] = src[i];
+        }
+        norm[k] = 0;
+        c->src = norm;
+        c->srclen = k;
+    }
+    lex(c);
+}
+
 /* Jinja's whitespace rules, as HF and llama.cpp configure them
  * (trim_blocks, lstrip_blocks, keep_trailing_newline off). */
 static void lex(jctx *c) {
@@ -1064,6 +1086,27 @@ static bool starts_test_arg(jctx *c) {
     return is_op(t, "[") || is_op(t, "{");
 }
 
+/* Filter and test names are checked while parsing, so a template that uses
+ * one outside the subset is refused as a whole, not only when the branch
+ * that uses it runs. Keep in step with apply_filter and apply_test. */
+static const char *const FILTER_NAMES[] = {
+    "trim", "length", "count", "string", "safe", "upper", "lower", "title", "capitalize", "tojson",
+    "default", "d", "join", "replace", "list", "first", "last", "reverse", "unique", "selectattr",
+    "rejectattr", "select", "reject", "map", "sort", "dictsort", "sum", "min", "max", "items", "int",
+    "float", "abs", "indent", NULL,
+};
+static const char *const TEST_NAMES[] = {
+    "defined", "undefined", "none", "string", "number", "integer", "float", "boolean", "true",
+    "false", "mapping", "iterable", "sequence", "callable", "lower", "upper", "odd", "even",
+    "divisibleby", "eq", "equalto", "==", "ne", "!=", "lt", "<", "le", "<=", "gt", ">", "ge", ">=",
+    "sameas", "in", NULL,
+};
+static void check_name(jctx *c, const char *const *names, const char *what, const jstr *name, int pos) {
+    for (int i = 0; names[i]; i++)
+        if (!strcmp(names[i], name->p)) return;
+    fail(c, LK_ERR_FORMAT, pos, "unknown %s '%s'", what, name->p);
+}
+
 static node *parse_filters(jctx *c, node *n) {
     for (;;) {
         tok *t = peek(c);
@@ -1071,6 +1114,7 @@ static node *parse_filters(jctx *c, node *n) {
             next(c);
             node *f = mknode(c, E_FILTER, peek(c)->pos);
             f->name = expect_name(c, "a filter name");
+            check_name(c, FILTER_NAMES, "filter", f->name, f->pos);
             f->a = n;
             if (accept_op(c, "(")) parse_args(c, f);
             n = f;
@@ -1084,6 +1128,7 @@ static node *parse_filters(jctx *c, node *n) {
                                        is_op(nt, "<=") || is_op(nt, ">") || is_op(nt, ">=")))
                 x->name = next(c)->s;
             else fail(c, LK_ERR_FORMAT, nt->pos, "expected a test name after 'is', found %s", tok_desc(nt));
+            check_name(c, TEST_NAMES, "test", x->name, x->pos);
             x->a = n;
             if (accept_op(c, "(")) parse_args(c, x);
             else if (starts_test_arg(c)) {
@@ -1355,6 +1400,7 @@ static node *parse_stmt(jctx *c, tok *kw) {
         node *holder = mknode(c, E_LIT, pos);
         node *f = mknode(c, E_FILTER, peek(c)->pos);
         f->name = expect_name(c, "a filter name");
+        check_name(c, FILTER_NAMES, "filter", f->name, f->pos);
         f->a = holder;
         if (accept_op(c, "(")) parse_args(c, f);
         n->a = parse_filters(c, f);
@@ -2670,22 +2716,7 @@ lk_status lk_chat_render_ex(const char *template_src, const lk_chat_msg *msgs, i
     if (setjmp(c->jb)) {
         st = c->st;
     } else {
-        /* Jinja (and llama.cpp) read "\r\n" and a lone "\r" as "\n", in text
-         * and in string literals alike */
-        if (memchr(template_src, '\r', srclen)) {
-            char *norm = amalloc(c, srclen + 1);
-            size_t k = 0;
-            for (size_t i = 0; i < srclen; i++) {
-                if (template_src[i] == '\r') {
-                    norm[k++] = '\n';
-                    if (i + 1 < srclen && template_src[i + 1] == '\n') i++;
-                } else norm[k++] = template_src[i];
-            }
-            norm[k] = 0;
-            c->src = norm;
-            c->srclen = k;
-        }
-        lex(c);
+        load_source(c, template_src, srclen);
         c->tp = 0;
         nvec prog = {0};
         parse_body(c, &prog, NULL, NULL, 0);
@@ -2758,6 +2789,28 @@ lk_status lk_chat_render(const char *template_src, const lk_chat_msg *msgs, int 
                          const char *eos_token, char **out, char *err, size_t errlen) {
     return lk_chat_render_ex(template_src, msgs, n, add_generation_prompt, bos_token, eos_token,
                              NULL, out, err, errlen);
+}
+
+lk_status lk_chat_template_check(const char *template_src, char *err, size_t errlen) {
+    if (!template_src) return lk_fail(err, errlen, LK_ERR_ARG, "chat template: none given");
+    size_t srclen = strlen(template_src);
+    if (srclen > MAX_TEMPLATE)
+        return lk_fail(err, errlen, LK_ERR_FORMAT, "chat template: %zu bytes, more than the %u allowed", srclen, MAX_TEMPLATE);
+    jctx *volatile c = calloc(1, sizeof(jctx));
+    if (!c) return lk_fail(err, errlen, LK_ERR_NOMEM, "chat template: out of memory");
+    c->err = err; c->errlen = errlen;
+    c->src = template_src; c->srclen = srclen;
+    lk_status st = LK_OK;
+    if (setjmp(c->jb)) {
+        st = c->st;
+    } else {
+        load_source(c, template_src, srclen);
+        nvec prog = {0};
+        parse_body(c, &prog, NULL, NULL, 0);
+    }
+    arena_free(c);
+    free(c);
+    return st;
 }
 
 lk_status lk_chat_template_select(const char *override, const char *from_model, const char **src,

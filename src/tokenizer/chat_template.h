@@ -81,6 +81,11 @@ lk_status lk_chat_render_ex(const char *template_src, const lk_chat_msg *msgs, i
                             const char *eos_token, const char *extra_json,
                             char **out, char *err, size_t errlen);
 
+/* Parses a template without rendering it: LK_OK if it is inside the
+ * supported subset, else LK_ERR_FORMAT naming the first construct that is
+ * not (for checking a model's template once, at load). */
+lk_status lk_chat_template_check(const char *template_src, char *err, size_t errlen);
+
 /* Picks the template to render: `override` (from --chat-template) is a
  * built-in name or, if it contains "{{" or "{%", a template itself; without
  * an override, the model's own `tokenizer.chat_template` (from_model, may be
