@@ -185,9 +185,13 @@ static lk_status skip_array(cur *c, uint32_t elem, int depth, kv_t *kv) {
         for (uint64_t i = 0; i < n; i++) {
             uint64_t so, sl;
             if (kv) kv->str_off[i] = c->off;
-            char f[48];
-            snprintf(f, sizeof f, "string element %" PRIu64, i);
-            if ((st = rd_str(c, &so, &sl, 0, f))) return st;
+            if ((st = rd_str(c, &so, &sl, 0, "string element"))) {
+                /* name the element only on failure: formatting 150k field
+                 * names would dominate the time to open a vocabulary */
+                char f[48];
+                snprintf(f, sizeof f, "string element %" PRIu64, i);
+                return rd_str(c, &so, &sl, 0, f);
+            }
         }
     } else if (elem == LK_GGUF_ARRAY) {
         if (depth + 1 >= ARRAY_MAX_DEPTH)
