@@ -193,6 +193,40 @@ TEST(quantize_roundtrip_bounds) {
     free(x); free(y); free(q);
 }
 
+/* Activation quantisers of every SIMD level against the scalar reference
+ * (itself checked above and against llama-quantize below): bit-identical,
+ * on data with the edge cases of the reference's rules: all-zero blocks,
+ * ties at .5, the largest magnitude present with both signs (the first one
+ * decides the sign of Q8_K's scale), one huge element. */
+TEST(quantize_levels_bit_exact) {
+    enum { N = 256 * 12 };
+    float *x = malloc(N * 4);
+    uint8_t *ref = malloc(N * 2), *got = malloc(N * 2);
+    for (int i = 0; i < N; i++) x[i] = rnd_gauss();
+    for (int i = 0; i < 256; i++) x[256 + i] = 0;                 /* zero block */
+    for (int i = 0; i < 256; i++) x[512 + i] = (float)(i % 11) - 5.5f; /* ties */
+    x[768 + 7] = -9; x[768 + 100] = 9;                            /* +-max, first negative */
+    x[1024 + 3] = 7; x[1024 + 200] = -7;                          /* +-max, first positive */
+    x[1280 + 77] = 1e6f;
+    for (int i = 0; i < 32; i++) x[1536 + i] = (float)i / 4 * 127.f / 7.75f; /* exact .5 after scaling */
+    const lk_type ts[] = {LK_TYPE_Q8_0, LK_TYPE_Q8_K, LK_TYPE_Q4_0, LK_TYPE_F16, LK_TYPE_BF16};
+    const char *levels[] = {"avx2", "avx512"};
+    for (size_t k = 0; k < sizeof ts / sizeof ts[0]; k++) {
+        size_t rb;
+        LK_ASSERT(lk_type_row_bytes(ts[k], N, &rb));
+        lk_quant_set_simd("scalar");
+        lk_quantize_row(ts[k], x, ref, N);
+        for (int l = 0; l < 2; l++) {
+            if (!lk_quant_set_simd(levels[l])) continue;
+            memset(got, 0xCD, rb);
+            lk_quantize_row(ts[k], x, got, N);
+            CHECKF(!memcmp(ref, got, rb), "%s %s", levels[l], lk_type_name(ts[k]));
+        }
+    }
+    lk_quant_set_simd("scalar");
+    free(x); free(ref); free(got);
+}
+
 /* ===================================================================== */
 /* Matrix kernel vs double precision                                       */
 
@@ -454,6 +488,7 @@ int main(void) {
     RUN(traits);
     RUN(quantize_known_vectors);
     RUN(quantize_roundtrip_bounds);
+    RUN(quantize_levels_bit_exact);
     RUN(matmul_vs_double_scalar);
     RUN(matmul_vs_double_all_levels);
     RUN(requantize_matches_llama_quantize);

@@ -271,6 +271,93 @@ LK_T2 static LK_INL void fl_tile2(const int R, const int T, const int kind, int6
 }
 
 /* ===================================================================== */
+/* Activation quantisers (also used by the AVX-512 level: a few hundred     */
+/* elements per token, far from the matmul's cost)                         */
+/* ===================================================================== */
+
+/* 8 i32 x 4 -> 32 i8 in order (values already in [-127, 127]) */
+LK_T2 static LK_INL __m256i pack_i32x4(__m256i i0, __m256i i1, __m256i i2, __m256i i3) {
+    __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+    return _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+LK_T2 static LK_INL float hmax8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+/* roundf (half away from zero), as ggml's quantize_row_q8_0_ref */
+LK_T2 static LK_INL __m256i round_away(__m256 x) {
+    __m256 t = _mm256_round_ps(x, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    __m256 absf = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_sub_ps(x, t));
+    __m256 one = _mm256_or_ps(_mm256_and_ps(x, _mm256_set1_ps(-0.0f)), _mm256_set1_ps(1.0f));
+    t = _mm256_add_ps(t, _mm256_and_ps(_mm256_cmp_ps(absf, _mm256_set1_ps(0.5f), _CMP_GE_OQ), one));
+    return _mm256_cvtps_epi32(t);
+}
+
+/* Bit-exact with the scalar quant_q8_0: same float operations in the same
+ * order per element (d = amax/127, id = 1/d, q = roundf(x*id)). */
+LK_T2 static void quant_q8_0_avx2(const float *x, void *dst, int64_t n) {
+    uint8_t *b = dst;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t i = 0; i < n / LK_QK; i++, x += LK_QK, b += LK_Q80_BYTES) {
+        __m256 v[4], m = _mm256_setzero_ps();
+        for (int k = 0; k < 4; k++) {
+            v[k] = _mm256_loadu_ps(x + 8 * k);
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[k]));
+        }
+        float amax = hmax8(m);
+        float d = amax / 127.f, id = d != 0 ? 1.0f / d : 0.0f;
+        uint16_t h = lk_fp32_to_fp16(d);
+        memcpy(b, &h, 2);
+        __m256 vid = _mm256_set1_ps(id);
+        __m256i q = pack_i32x4(round_away(_mm256_mul_ps(v[0], vid)), round_away(_mm256_mul_ps(v[1], vid)),
+                               round_away(_mm256_mul_ps(v[2], vid)), round_away(_mm256_mul_ps(v[3], vid)));
+        _mm256_storeu_si256((__m256i *)(b + 2), q);
+    }
+}
+
+/* Bit-exact with the scalar quant_q8_k: max = the first element of largest
+ * magnitude (signed), iscale = -127/max, q = min(127, round-half-even). */
+LK_T2 static void quant_q8_k_avx2(const float *x, void *dst, int64_t n) {
+    uint8_t *b = dst;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t i = 0; i < n / LK_QK_K; i++, x += LK_QK_K, b += LK_Q8K_BYTES) {
+        __m256 m = _mm256_setzero_ps();
+        for (int k = 0; k < 32; k++) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * k)));
+        float amax = hmax8(m);
+        if (amax == 0) { memset(b, 0, LK_Q8K_BYTES); continue; }
+        float max = 0;
+        __m256 va = _mm256_set1_ps(amax);
+        for (int k = 0; k < 32; k++) {
+            int msk = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * k)), va, _CMP_EQ_OQ));
+            if (msk) { max = x[8 * k + __builtin_ctz((unsigned)msk)]; break; }
+        }
+        float iscale = -127.f / max;
+        __m256 vs = _mm256_set1_ps(iscale);
+        const __m256i c127 = _mm256_set1_epi32(127);
+        for (int g = 0; g < 8; g++) { /* 32 elements = 2 bsum groups */
+            __m256i q[4];
+            for (int k = 0; k < 4; k++)
+                q[k] = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 32 * g + 8 * k), vs)), c127);
+            _mm256_storeu_si256((__m256i *)(b + LK_Q8K_QS + 32 * g), pack_i32x4(q[0], q[1], q[2], q[3]));
+            for (int h = 0; h < 2; h++) {
+                __m256i s = _mm256_add_epi32(q[2 * h], q[2 * h + 1]);
+                __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+                s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+                s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+                int16_t bs = (int16_t)_mm_cvtsi128_si32(s4);
+                memcpy(b + LK_Q8K_BS + 2 * (2 * g + h), &bs, 2);
+            }
+        }
+        float d = 1 / iscale;
+        memcpy(b, &d, 4);
+    }
+}
+
+/* ===================================================================== */
 /* Tiles                                                                   */
 /* ===================================================================== */
 
@@ -336,4 +423,6 @@ void lk_quant_fill_avx2(lk_quant_ops *ops) {
     ops->mm[LK_TYPE_F32] = mm_f32;
     ops->mm[LK_TYPE_F16] = mm_f16;
     ops->mm[LK_TYPE_BF16] = mm_bf;
+    ops->quant[LK_TYPE_Q8_0] = quant_q8_0_avx2;
+    ops->quant[LK_TYPE_Q8_K] = quant_q8_k_avx2;
 }
