@@ -32,6 +32,11 @@ $(B)/tests/%: tests/%.c $(B)/liblockstep.a $(HDR)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests $< $(B)/liblockstep.a -o $@ $(LDLIBS) -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc
 
+# micro-benchmarks, built on demand only: make B=build $(B)/bench/bench_quant
+$(B)/bench/%: bench/%.c $(B)/liblockstep.a $(HDR)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< $(B)/liblockstep.a -o $@ $(LDLIBS)
+
 # --- sanitizer build (ASan + UBSan) -----------------------------------------
 $(B)/asan/obj/%.o: src/%.c $(HDR)
 	@mkdir -p $(dir $@)

@@ -1,7 +1,9 @@
 /* bench_quant — memory bandwidth probe and lk_quant_matmul decode/prefill
  * throughput per weight type and SIMD level, one thread.
  *
- *   build-x/bench/bench_quant [rows cols] [ntok]
+ *   make B=build build/bench/bench_quant
+ *   build/bench/bench_quant [rows cols] [ntok]    (defaults 2048 5632, no prefill)
+ *   env: BENCH_LEVEL=scalar|avx2|avx512, BENCH_TYPE=q4_0..., BENCH_BYTES=probe size
  *
  * Decode: a 2048 x 5632 matrix (rows x cols) times one activation row. The
  * L3 of a server may hold that matrix, so the benchmark cycles through
@@ -46,25 +48,25 @@ int main(int argc, char **argv) {
         size_t mat = rb * (size_t)rows;
         int copies = (int)((probe_bytes + mat - 1) / mat);
         uint8_t *w = malloc(mat * (size_t)copies);
-        /* random bytes, then sane scales: quantise random floats row by row
-         * where we can, else keep bytes and fix fp16 scales */
+        /* one copy of real-looking data (quantised random values, or random
+         * quants with sane fp16 scales for the K-quants), then replicated */
         float *tmp = malloc((size_t)cols * 4);
-        lk_type qt = lk_quantize_supported(t) ? t : LK_TYPE_COUNT;
-        for (size_t i = 0; i < mat * (size_t)copies; i++) w[i] = (uint8_t)rnd();
-        if (qt != LK_TYPE_COUNT)
-            for (int64_t r = 0; r < rows * copies; r++) {
+        for (size_t i = 0; i < mat; i++) w[i] = (uint8_t)rnd();
+        if (lk_quantize_supported(t))
+            for (int64_t r = 0; r < rows; r++) {
                 for (int64_t i = 0; i < cols; i++) tmp[i] = (float)((int64_t)(rnd() % 2001) - 1000) / 1000.f;
                 lk_quantize_row(t, tmp, w + (size_t)r * rb, cols);
             }
         else {
             size_t bb = lk_type_block_bytes(t);
             size_t doff = t == LK_TYPE_Q6_K ? 208 : 0;
-            for (size_t b = 0; b < mat * (size_t)copies / bb; b++) {
+            for (size_t b = 0; b < mat / bb; b++) {
                 uint16_t h = 0x2000 | (uint16_t)(rnd() & 0x3ff);
                 memcpy(w + b * bb + doff, &h, 2);
                 if (t != LK_TYPE_Q6_K) memcpy(w + b * bb + 2, &h, 2);
             }
         }
+        for (int c = 1; c < copies; c++) memcpy(w + (size_t)c * mat, w, mat);
         uint8_t *a = malloc(arb * (size_t)(ntok_pf ? ntok_pf : 1));
         lk_quantize_row(lk_type_vec_dot(t), x, a, cols);
         for (int l = 0; l < 3; l++) {
