@@ -196,6 +196,21 @@ TEST(gemma2) {
     free(o);
 }
 
+TEST(gemma3) {
+    /* Gemma 3 puts the system prompt in front of the first user turn */
+    CHECK_RENDER(render(builtin("gemma3"), CONV, 4, true, "<bos>", "<eos>"),
+        "<bos><start_of_turn>user\nYou are a helpful assistant.\n\nHello!<end_of_turn>\n"
+        "<start_of_turn>model\nHi! How can I help?<end_of_turn>\n"
+        "<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n"
+        "<start_of_turn>model\n");
+    /* content given as parts (fields_json replaces content) */
+    const lk_chat_msg m[] = {
+        { "user", NULL, "{\"content\": [{\"type\": \"text\", \"text\": \" Describe: \"}, {\"type\": \"image\"}]}" },
+    };
+    CHECK_RENDER(render(builtin("gemma3"), m, 1, false, "<bos>", "<eos>"),
+        "<bos><start_of_turn>user\nDescribe:<start_of_image><end_of_turn>\n");
+}
+
 TEST(phi3) {
     CHECK_RENDER(render(builtin("phi3"), CONV, 4, true, "<s>", "<|endoftext|>"),
         "<|system|>\nYou are a helpful assistant.<|end|>\n"
@@ -266,7 +281,7 @@ TEST(select_template) {
 
 TEST(builtins_and_guess) {
     static const char *const names[] = { "llama3", "llama3.0", "chatml", "qwen2", "qwen3", "mistral",
-                                         "gemma", "phi3", "deepseek", "deepseek3" };
+                                         "gemma", "gemma3", "phi3", "deepseek", "deepseek3" };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         const char *t = builtin(names[i]);
         CHECKF(strcmp(lk_chat_template_guess(t), names[i]) == 0, "guess(%s) = %s", names[i],
@@ -420,7 +435,7 @@ TEST(hostile_templates) {
  * either render or fail cleanly. */
 TEST(mutated_templates) {
     static const char *const names[] = { "llama3", "llama3.0", "chatml", "qwen2", "qwen3", "mistral",
-                                         "gemma", "phi3", "deepseek", "deepseek3" };
+                                         "gemma", "gemma3", "phi3", "deepseek", "deepseek3" };
     static const char junk[] = "{}%#-+()[]'\".|~ \n\r=!<>abcifendfor";
     uint64_t rng = 0x9E3779B97F4A7C15ull;
     int ok = 0, failed = 0;
@@ -472,6 +487,7 @@ int main(void) {
     RUN(qwen3);
     RUN(mistral_v03);
     RUN(gemma2);
+    RUN(gemma3);
     RUN(phi3);
     RUN(deepseek);
     RUN(gguf_template);

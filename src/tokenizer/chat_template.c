@@ -2838,7 +2838,7 @@ const char *lk_chat_template_guess(const char *t) {
         return "chatml";
     }
     if (strstr(t, "[INST]")) return "mistral";
-    if (strstr(t, "<start_of_turn>")) return "gemma";
+    if (strstr(t, "<start_of_turn>")) return strstr(t, "first_user_prefix") ? "gemma3" : "gemma";
     if (strstr(t, "<|assistant|>") && strstr(t, "<|end|>")) return "phi3";
     if (strstr(t, "<\xef\xbd\x9c" "User\xef\xbd\x9c>")) return "deepseek3";
     if (strstr(t, "'User: '") || strstr(t, "\"User: \"")) return "deepseek";

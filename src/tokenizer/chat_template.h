@@ -98,7 +98,7 @@ lk_status lk_chat_template_select(const char *override, const char *from_model, 
  * name is unknown. Names: "llama3" (Llama 3.1/3.2/3.3 Instruct), "llama3.0"
  * (Meta-Llama-3-Instruct), "chatml" (plain ChatML), "qwen2" (Qwen2.5
  * Instruct), "qwen3", "mistral" (Mistral-7B-Instruct-v0.3), "gemma"
- * (Gemma 2), "phi3" (Phi-3-mini), "deepseek" (deepseek-llm chat / V2),
+ * (Gemma 2), "gemma3", "phi3" (Phi-3-mini), "deepseek" (deepseek-llm chat / V2),
  * "deepseek3" (DeepSeek-V3). Aliases: "llama3.1", "qwen2.5", "gemma2". */
 const char *lk_chat_template_builtin(const char *name);
 

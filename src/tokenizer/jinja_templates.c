@@ -375,6 +375,56 @@ static const char tmpl_gemma[] =
     "' }}{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\n"
     "'}}{% endif %}";
 
+/* google/gemma-3-4b-it (all Gemma 3 instruct sizes) (1532 bytes) */
+static const char tmpl_gemma3[] =
+    "{{ bos_token }}\n"
+    "{%- if messages[0]['role'] == 'system' -%}\n"
+    "    {%- if messages[0]['content'] is string -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'] + '\n"
+    "\n"
+    "' -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n"
+    "\n"
+    "' -%}\n"
+    "    {%- endif -%}\n"
+    "    {%- set loop_messages = messages[1:] -%}\n"
+    "{%- else -%}\n"
+    "    {%- set first_user_prefix = \"\" -%}\n"
+    "    {%- set loop_messages = messages -%}\n"
+    "{%- endif -%}\n"
+    "{%- for message in loop_messages -%}\n"
+    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
+    "        {{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}\n"
+    "    {%- endif -%}\n"
+    "    {%- if (message['role'] == 'assistant') -%}\n"
+    "        {%- set role = \"model\" -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set role = message['role'] -%}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<start_of_turn>' + role + '\n"
+    "' + (first_user_prefix if loop.first else \"\") }}\n"
+    "    {%- if message['content'] is string -%}\n"
+    "        {{ message['content'] | trim }}\n"
+    "    {%- elif message['content'] is iterable -%}\n"
+    "        {%- for item in message['content'] -%}\n"
+    "            {%- if item['type'] == 'image' -%}\n"
+    "                {{ '<start_of_image>' }}\n"
+    "            {%- elif item['type'] == 'text' -%}\n"
+    "                {{ item['text'] | trim }}\n"
+    "            {%- endif -%}\n"
+    "        {%- endfor -%}\n"
+    "    {%- else -%}\n"
+    "        {{ raise_exception(\"Invalid content type\") }}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<end_of_turn>\n"
+    "' }}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "    {{'<start_of_turn>model\n"
+    "'}}\n"
+    "{%- endif -%}\n";
+
 /* microsoft/Phi-3-mini-4k-instruct (407 bytes) */
 static const char tmpl_phi3[] =
     "{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n"
@@ -416,6 +466,7 @@ static const struct { const char *name; const char *src; } builtins[] = {
     { "qwen3", tmpl_qwen3 },
     { "mistral", tmpl_mistral },
     { "gemma", tmpl_gemma },
+    { "gemma3", tmpl_gemma3 },
     { "phi3", tmpl_phi3 },
     { "deepseek", tmpl_deepseek },
     { "deepseek3", tmpl_deepseek3 },
@@ -436,5 +487,5 @@ const char *lk_chat_template_builtin(const char *name) {
 }
 
 const char *lk_chat_template_names(void) {
-    return "llama3, llama3.0, chatml, qwen2, qwen3, mistral, gemma, phi3, deepseek, deepseek3";
+    return "llama3, llama3.0, chatml, qwen2, qwen3, mistral, gemma, gemma3, phi3, deepseek, deepseek3";
 }
