@@ -44,18 +44,19 @@ static bool fixture_open(void) {
 
 /* One head-side step: tell the workers, run our slice, gather everyone's
  * candidates, and rebuild the full logits row from them. */
-static lk_status cluster_step(lk_cluster *c, lk_model *m, const int32_t *t, int n, int pos0, float *full,
-                              char *err) {
+static lk_status cluster_step_pen(lk_cluster *c, lk_model *m, const int32_t *t, int n, int pos0, float *full,
+                                  const lk_cluster_penalties *pen, lk_sampler *head_pen, char *err) {
     int nv = (int)F.cfg.n_vocab, N = lk_cluster_n_ranks(c);
     static float mine[NV_MAX], vals[NV_MAX], allv[8 * NV_MAX];
     static int32_t ids[NV_MAX], alli[8 * NV_MAX];
-    lk_status st = lk_cluster_step(c, t, n, pos0, nv, err, LK_ERRLEN);
+    lk_status st = lk_cluster_step(c, t, n, pos0, nv, pen, err, LK_ERRLEN);
     if (st) return st;
     if ((st = lk_model_forward(m, t, n, pos0, 1, mine))) {
         snprintf(err, LK_ERRLEN, "%s", lk_cluster_error(c));
         return st;
     }
     const lk_slice *sl = lk_model_slice(m);
+    if (head_pen) lk_sampler_penalize(head_pen, mine, sl->vocab0, sl->vocab1 - sl->vocab0);
     int got = lk_sampler_top(mine, sl->vocab0, sl->vocab1 - sl->vocab0, ids, vals, nv);
     for (int i = got; i < nv; i++) ids[i] = -1, vals[i] = 0;
     if ((st = lk_cluster_gather(c, ids, vals, nv, alli, allv, err, LK_ERRLEN))) return st;
@@ -63,6 +64,11 @@ static lk_status cluster_step(lk_cluster *c, lk_model *m, const int32_t *t, int 
     for (int i = 0; i < N * nv; i++)
         if (alli[i] >= 0 && alli[i] < nv) full[alli[i]] = allv[i];
     return LK_OK;
+}
+
+static lk_status cluster_step(lk_cluster *c, lk_model *m, const int32_t *t, int n, int pos0, float *full,
+                              char *err) {
+    return cluster_step_pen(c, m, t, n, pos0, full, NULL, NULL, err);
 }
 
 static lk_status open_head(lk_cluster_opts *o, lk_cluster **c, lk_model **m, char *err) {
@@ -170,6 +176,39 @@ TEST(wire_formats_accuracy) {
     }
 }
 
+/* Sampling penalties applied by every rank to its own vocabulary rows give
+ * exactly the one-node penalised logits. */
+TEST(penalties_match_one_node) {
+    lk_cluster_opts o = {.local = 3};
+    lk_cluster *c;
+    lk_model *m;
+    char err[LK_ERRLEN];
+    if (open_head(&o, &c, &m, err)) { CHECKF(0, "%s", err); return; }
+    /* the window: tokens of every rank's vocabulary slice, some repeated */
+    int32_t hist[8] = {403, 301, 52, 7, 99, 403, 500, 2};
+    lk_sampler_params sp;
+    lk_sampler_params_default(&sp);
+    sp.repeat_penalty = 1.3f;
+    sp.freq_penalty = 0.2f;
+    sp.presence_penalty = -0.4f; /* negative: raises logits, so candidates must be chosen after penalising */
+    sp.penalty_last_n = 8;
+    lk_sampler *s = lk_sampler_create(&sp);
+    for (int i = 0; i < 8; i++) lk_sampler_accept(s, hist[i]);
+    lk_cluster_penalties pen = {sp.repeat_penalty, sp.freq_penalty, sp.presence_penalty, hist, 8};
+    float full[NV_MAX], ref[NV_MAX];
+    lk_status st = cluster_step_pen(c, m, toks, 5, 0, full, &pen, s, err);
+    memcpy(ref, F.ref[0], sizeof ref);
+    lk_sampler_penalize(s, ref, 0, F.cfg.n_vocab);
+    double d = 0;
+    CHECKF(!st && compare(full, ref, (int)F.cfg.n_vocab, &d) == 0, "%s max diff %g", st ? err : "", d);
+    double bite = 0; /* the penalties did change something */
+    for (int i = 0; i < 8; i++) bite = fmax(bite, fabs(ref[hist[i]] - F.ref[0][hist[i]]));
+    CHECKF(bite > 0.05, "largest change %g", bite);
+    lk_sampler_free(s);
+    lk_model_free(m);
+    lk_cluster_close(c);
+}
+
 /* A worker killed mid-session: the next step fails fast and names it. */
 TEST(killed_worker_named) {
     lk_cluster_opts o = {.local = 3, .dead_after_ms = 1000};
@@ -226,7 +265,7 @@ TEST(slow_is_not_dead) {
     if (open_head(&o, &c, &m, err)) { CHECKF(0, "%s", err); return; }
     int32_t t[5];
     memcpy(t, toks, sizeof t);
-    CHECK(lk_cluster_step(c, t, 5, 0, 0, err, sizeof err) == LK_OK);
+    CHECK(lk_cluster_step(c, t, 5, 0, 0, NULL, err, sizeof err) == LK_OK);
     usleep(1500000); /* the worker sits in its first all-reduce for 1.5 s */
     float logits[NV_MAX];
     lk_status st = lk_model_forward(m, t, 5, 0, 0, logits);
@@ -339,6 +378,7 @@ int main(void) {
     RUN(tp_matches_one_node);
     RUN(uneven_weights);
     RUN(wire_formats_accuracy);
+    RUN(penalties_match_one_node);
     RUN(killed_worker_named);
     RUN(frozen_worker_named);
     RUN(slow_is_not_dead);

@@ -180,10 +180,11 @@ const char *lk_build_id(void);
  *   head -> worker  MESH   every rank's data address; all ranks build the
  *                          authenticated mesh (shm between local ranks)
  *   worker -> head  READY  ok / reason
- *   head -> worker  STEP   n, pos0, n_cand, tokens[n]: every rank runs its
- *                          slice of the forward pass (all-reduces over the
- *                          mesh), then gathers its n_cand best (id, logit)
- *                          pairs to rank 0 over the mesh
+ *   head -> worker  STEP   n, pos0, n_cand, penalties, tokens[n], window:
+ *                          every rank runs its slice of the forward pass
+ *                          (all-reduces over the mesh), applies the sampling
+ *                          penalties to its vocabulary rows, then gathers its
+ *                          n_cand best (id, logit) pairs to rank 0 over the mesh
  *   head -> worker  BYE    end of session (the worker waits for the next head)
  *   both ways       PING   every 250 ms (worker) / 500 ms (head): liveness.
  * The worker answers PINGs from a separate thread, so a long prefill never
@@ -231,10 +232,22 @@ lk_status lk_cluster_open(const lk_cluster_opts *o, const lk_gguf *g, const lk_p
 void lk_cluster_close(lk_cluster *c);
 int  lk_cluster_n_ranks(const lk_cluster *c);
 void lk_cluster_hooks(lk_cluster *c, lk_tp_hooks *h);
-/* Tells every worker to run tokens[0..n) at pos0 and to gather its n_cand
- * best candidates; then the head runs its own forward pass. */
+/* Sampling penalties every rank applies to its vocabulary slice before
+ * choosing candidates (as lk_sampler_penalize on one node), so the merged
+ * candidates are exactly the one-node ones. hist: the penalty window. */
+typedef struct {
+    float repeat, freq, presence;
+    const int32_t *hist;
+    int n_hist;                /* at most LK_CLUSTER_MAX_HIST */
+} lk_cluster_penalties;
+#define LK_CLUSTER_MAX_HIST 4096
+
+/* Tells every worker to run tokens[0..n) at pos0 (n <= n_batch: one forward
+ * call) and to gather its n_cand best candidates (0: none, a prefill batch
+ * whose logits nobody needs) after applying pen (NULL: none); then the head
+ * runs its own forward pass. */
 lk_status lk_cluster_step(lk_cluster *c, const int32_t *tokens, int n, int pos0, int n_cand,
-                          char *err, size_t errlen);
+                          const lk_cluster_penalties *pen, char *err, size_t errlen);
 /* After the head's forward pass: every rank's n_cand candidates (best
  * first) into ids/vals [n_ranks * n_cand], rank 0's being ids0/vals0. A
  * rank with fewer real candidates pads with id -1. */

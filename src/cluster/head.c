@@ -466,16 +466,30 @@ void lk_cluster_hooks(lk_cluster *c, lk_tp_hooks *h) {
     h->allreduce_sum = hook;
 }
 
-lk_status lk_cluster_step(lk_cluster *c, const int32_t *tokens, int n, int pos0, int n_cand, char *err,
-                          size_t errlen) {
-    if (n < 1 || n > LK_STEP_MAX_TOKENS || pos0 < 0 || n_cand < 0 || n_cand > MAX_CAND)
-        return lk_fail(err, errlen, LK_ERR_ARG, "cluster step: %d tokens at %d, %d candidates", n, pos0, n_cand);
+static uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+lk_status lk_cluster_step(lk_cluster *c, const int32_t *tokens, int n, int pos0, int n_cand,
+                          const lk_cluster_penalties *pen, char *err, size_t errlen) {
+    int nh = pen ? pen->n_hist : 0;
+    if (n < 1 || n > LK_STEP_MAX_TOKENS || pos0 < 0 || n_cand < 0 || n_cand > MAX_CAND || nh < 0 ||
+        nh > LK_CLUSTER_MAX_HIST)
+        return lk_fail(err, errlen, LK_ERR_ARG, "cluster step: %d tokens at %d, %d candidates, %d penalised", n, pos0,
+                       n_cand, nh);
     uint8_t *b = c->stepbuf;
     lk_wbuf w = {b, 1u << 20, 0, true};
     lk_wb_u32(&w, (uint32_t)n);
     lk_wb_u32(&w, (uint32_t)pos0);
     lk_wb_u32(&w, (uint32_t)n_cand);
+    lk_wb_u32(&w, (uint32_t)nh);
+    lk_wb_u32(&w, f32_bits(pen ? pen->repeat : 1.0f));
+    lk_wb_u32(&w, f32_bits(pen ? pen->freq : 0.0f));
+    lk_wb_u32(&w, f32_bits(pen ? pen->presence : 0.0f));
     lk_wb_bytes(&w, tokens, (uint32_t)n * 4);
+    if (nh) lk_wb_bytes(&w, pen->hist, (uint32_t)nh * 4);
     LK_ASSERT(w.ok);
     char why[LK_ERRLEN];
     for (int r = 1; r < c->n; r++) {

@@ -39,8 +39,9 @@ bool     lk_proto_loaded_decode(const uint8_t *buf, uint32_t len, lk_loaded_msg 
 uint32_t lk_proto_mesh_encode(const lk_mesh_msg *m, uint8_t *buf, uint32_t cap);
 bool     lk_proto_mesh_decode(const uint8_t *buf, uint32_t len, lk_mesh_msg *m);
 
-/* STEP: n, pos0, n_cand, then n token ids. Header fixed at 12 bytes. */
-#define LK_STEP_HDR 12
-#define LK_STEP_MAX_TOKENS ((int)((1u << 20) - LK_STEP_HDR) / 4)
+/* STEP: u32 n, pos0, n_cand, n_hist; f32 repeat, freq, presence penalties;
+ * then n token ids and n_hist penalty-window ids. Header fixed at 28 bytes. */
+#define LK_STEP_HDR 28
+#define LK_STEP_MAX_TOKENS ((int)((1u << 20) - LK_STEP_HDR) / 4 - LK_CLUSTER_MAX_HIST)
 
 #endif

@@ -11,6 +11,7 @@
 #include "sampler/sampler.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -52,6 +53,8 @@ typedef struct {
     int32_t *ids;           /* (MAX_CAND) */
     float *vals;            /* (MAX_CAND) */
     uint8_t *pairs;         /* (MAX_CAND * 8): gathered to rank 0 */
+    lk_sampler *pen;        /* applies the head's penalties to our slice */
+    lk_sampler_params pen_p;
 } session;
 
 static lk_status send_locked(session *s, uint16_t type, const void *p, uint32_t len, char *err, size_t errlen) {
@@ -101,6 +104,7 @@ static void session_free_model(session *s) {
     free(s->ids); s->ids = NULL;
     free(s->vals); s->vals = NULL;
     free(s->pairs); s->pairs = NULL;
+    lk_sampler_free(s->pen); s->pen = NULL;
 }
 
 /* The address our side of the control connection has: the head reached us
@@ -183,20 +187,45 @@ static lk_status do_mesh(session *s, const uint8_t *p, uint32_t len, char *err, 
 static lk_status do_step(session *s, const uint8_t *p, uint32_t len, char *err, size_t errlen) {
     if (!s->comm) return lk_fail(err, errlen, LK_ERR_FORMAT, "STEP before the mesh is built");
     lk_rbuf r = {p, len, 0, true};
-    uint32_t n = lk_rb_u32(&r), pos0 = lk_rb_u32(&r), n_cand = lk_rb_u32(&r);
+    uint32_t n = lk_rb_u32(&r), pos0 = lk_rb_u32(&r), n_cand = lk_rb_u32(&r), nh = lk_rb_u32(&r);
+    uint32_t rb = lk_rb_u32(&r), fb = lk_rb_u32(&r), pb = lk_rb_u32(&r);
     const lk_model_config *cfg = lk_model_cfg(s->m);
-    if (!r.ok || n < 1 || n > (uint32_t)lk_model_n_batch(s->m) || len != LK_STEP_HDR + 4 * n ||
-        (uint64_t)pos0 + n > (uint64_t)lk_model_n_ctx(s->m) || n_cand > MAX_CAND)
+    if (!r.ok || n < 1 || n > (uint32_t)lk_model_n_batch(s->m) || nh > LK_CLUSTER_MAX_HIST ||
+        len != LK_STEP_HDR + 4 * (n + nh) || (uint64_t)pos0 + n > (uint64_t)lk_model_n_ctx(s->m) || n_cand > MAX_CAND)
         return lk_fail(err, errlen, LK_ERR_FORMAT, "malformed STEP (n %u, pos0 %u, candidates %u)", n, pos0, n_cand);
-    /* Token ids sit after the 12-byte header, 4-aligned in our buffer. */
+    /* Ids sit after the 28-byte header, 4-aligned in our buffer. */
     const int32_t *tokens = (const int32_t *)(const void *)(p + LK_STEP_HDR);
-    for (uint32_t i = 0; i < n; i++)
+    const int32_t *hist = tokens + n;
+    for (uint32_t i = 0; i < n + nh; i++)
         if (tokens[i] < 0 || tokens[i] >= cfg->n_vocab)
             return lk_fail(err, errlen, LK_ERR_FORMAT, "STEP token %d outside the vocabulary", tokens[i]);
+    lk_sampler_params sp;
+    lk_sampler_params_default(&sp);
+    memcpy(&sp.repeat_penalty, &rb, 4);
+    memcpy(&sp.freq_penalty, &fb, 4);
+    memcpy(&sp.presence_penalty, &pb, 4);
+    if (!isfinite(sp.repeat_penalty) || sp.repeat_penalty <= 0 || !isfinite(sp.freq_penalty) ||
+        !isfinite(sp.presence_penalty))
+        return lk_fail(err, errlen, LK_ERR_FORMAT, "malformed STEP penalties");
     lk_status st = lk_model_forward(s->m, tokens, (int)n, (int)pos0, n_cand ? 1 : 0, s->logits);
     if (st) return lk_fail(err, errlen, st, "forward pass at position %u: %s", pos0, lk_comm_last_error(s->comm));
     if (!n_cand) return LK_OK;
     const lk_slice *sl = lk_model_slice(s->m);
+    if (nh) {
+        /* The one-node sampler's own penalty code on our slice, so the
+         * merged candidates are exactly the one-node ones. The sampler is
+         * rebuilt only when the penalties change (once per request). */
+        if (!s->pen || s->pen_p.repeat_penalty != sp.repeat_penalty || s->pen_p.freq_penalty != sp.freq_penalty ||
+            s->pen_p.presence_penalty != sp.presence_penalty) {
+            lk_sampler_free(s->pen);
+            sp.penalty_last_n = LK_CLUSTER_MAX_HIST;
+            s->pen = lk_sampler_create(&sp);
+            s->pen_p = sp;
+        }
+        lk_sampler_reset(s->pen);
+        for (uint32_t i = 0; i < nh; i++) lk_sampler_accept(s->pen, hist[i]);
+        lk_sampler_penalize(s->pen, s->logits, sl->vocab0, sl->vocab1 - sl->vocab0);
+    }
     int got = lk_sampler_top(s->logits, sl->vocab0, sl->vocab1 - sl->vocab0, s->ids, s->vals, (int)n_cand);
     for (uint32_t i = 0; i < n_cand; i++) {
         int32_t id = (int)i < got ? s->ids[i] : -1;
