@@ -64,3 +64,27 @@ expect quant_bad_type 2 "$L" quantize "$TD/models/stories260K.gguf" "$T/q.gguf" 
 expect quant_one_arg 2 "$L" quantize "$TD/models/stories260K.gguf" --type q8_0
 expect quant_bad_input 1 "$L" quantize "$T/bad.gguf" "$T/q.gguf" --type q8_0
 [ ! -e "$T/q.gguf" ] && ok quant_no_partial_output || no quant_no_partial_output "$T/q.gguf left behind"
+
+# Optional: real llama.cpp loads what gen-model and quantize write and
+# generates from it. Needs node and node-llama-cpp installed somewhere
+# (e.g. `npm i -E node-llama-cpp@3.21.1 --prefix DIR`); set LK_NODE_LLAMA=DIR.
+# Skipped (no lines) when unset, so CI does not depend on it.
+if [ -n "${LK_NODE_LLAMA:-}" ] && [ -d "$LK_NODE_LLAMA/node_modules/node-llama-cpp" ]; then
+    "$L" gen-model --shape tiny --type q4_0 -o "$T/ll-tiny.gguf" -q
+    "$L" gen-model --shape qwen3-0.6b --layers 1 --type q8_0 -o "$T/ll-qwen3.gguf" -q
+    "$L" quantize "$TD/synth/synth-qwen3moe-f16.gguf" "$T/ll-moe.gguf" --type q4_0 -q
+    cat >"$LK_NODE_LLAMA/lk_load_check.mjs" <<'JS'
+import {getLlama, LlamaCompletion} from "node-llama-cpp";
+const llama = await getLlama({gpu: false, build: "never", logLevel: "error"});
+for (const f of process.argv.slice(2)) {
+    const model = await llama.loadModel({modelPath: f});
+    const ctx = await model.createContext({contextSize: 128});
+    const c = new LlamaCompletion({contextSequence: ctx.getSequence()});
+    const out = await c.generateCompletion("Once upon a time", {maxTokens: 8, temperature: 0});
+    console.log("LOADED " + f + " " + JSON.stringify(out));
+    await ctx.dispose(); await model.dispose();
+}
+JS
+    (cd "$LK_NODE_LLAMA" && timeout 300 node lk_load_check.mjs "$T/ll-tiny.gguf" "$T/ll-qwen3.gguf" "$T/ll-moe.gguf") >"$T/ll.out" 2>&1
+    [ "$(grep -c '^LOADED ' "$T/ll.out")" -eq 3 ] && ok llama_cpp_loads_outputs || no llama_cpp_loads_outputs "$(tail -n 5 "$T/ll.out")"
+fi
