@@ -1,6 +1,10 @@
 /* gguf part: the reader against every real file in the test data (shapes,
  * types and metadata checked against llama.cpp's view of them in the synth
- * JSON files), crafted malformed files, and the writer's round trip. */
+ * JSON files), crafted malformed files, the writer (reproducing llama.cpp's
+ * files byte for byte, and a round trip of every value type), and the
+ * commands built on them: quantize (byte-identical to llama-quantize where
+ * it can be, errors within independently checked per-block bounds) and
+ * gen-model (shapes, types, value statistics, vocabulary, reproducibility). */
 #include "gguf/gguf.h"
 #include "quant/quant.h"
 #include "lk_test.h"
@@ -925,7 +929,6 @@ TEST(quantize_errors) {
 static void tensor_stats(const lk_gguf_tensor *t, double *mean, double *sd) {
     double s = 0, s2 = 0;
     uint64_t n = t->n_elements;
-    float *row = malloc(t->ne[0] * sizeof *row);
     size_t rb;
     lk_type_row_bytes(t->type, (int64_t)t->ne[0], &rb);
     for (uint64_t r = 0; r < n / t->ne[0]; r++) {
@@ -947,7 +950,6 @@ static void tensor_stats(const lk_gguf_tensor *t, double *mean, double *sd) {
             s2 += (double)v * v;
         }
     }
-    free(row);
     *mean = s / (double)n;
     *sd = sqrt(s2 / (double)n - *mean * *mean);
 }
