@@ -71,15 +71,17 @@ static lk_status cluster_step(lk_cluster *c, lk_model *m, const int32_t *t, int 
     return cluster_step_pen(c, m, t, n, pos0, full, NULL, NULL, err);
 }
 
+static int g_batch = 8;
+
 static lk_status open_head(lk_cluster_opts *o, lk_cluster **c, lk_model **m, char *err) {
     lk_slice sl;
     o->model_path = lk_gguf_path(F.g);
     o->n_ctx = 64;
-    o->n_batch = 8;
+    o->n_batch = g_batch;
     o->n_threads = 1;
     lk_status st = lk_cluster_open(o, F.g, &F.dims, c, &sl, err, LK_ERRLEN);
     if (st) return st;
-    lk_model_params mp = {.n_ctx = 64, .n_batch = 8, .n_threads = 1};
+    lk_model_params mp = {.n_ctx = 64, .n_batch = g_batch, .n_threads = 1};
     if ((st = lk_model_load(F.g, &sl, &mp, m, err, LK_ERRLEN))) { lk_cluster_close(*c); return st; }
     lk_tp_hooks h;
     lk_cluster_hooks(*c, &h);
@@ -205,6 +207,34 @@ TEST(penalties_match_one_node) {
     for (int i = 0; i < 8; i++) bite = fmax(bite, fabs(ref[hist[i]] - F.ref[0][hist[i]]));
     CHECKF(bite > 0.05, "largest change %g", bite);
     lk_sampler_free(s);
+    lk_model_free(m);
+    lk_cluster_close(c);
+}
+
+/* lk_cluster_forward, the engine's entry point: a prompt longer than the
+ * batch (three STEPs), then a decode step; the merged candidates are the
+ * one-node top 10 in order. */
+TEST(forward_candidates) {
+    g_batch = 2;
+    lk_cluster_opts o = {.local = 3};
+    lk_cluster *c;
+    lk_model *m;
+    char err[LK_ERRLEN];
+    lk_status st = open_head(&o, &c, &m, err);
+    g_batch = 8;
+    if (st) { CHECKF(0, "%s", err); return; }
+    for (int step = 0; step < 2; step++) {
+        int32_t ids[10], rids[10];
+        float vals[10], rvals[10];
+        int got = 0;
+        st = step == 0 ? lk_cluster_forward(c, m, toks, 5, 0, 10, NULL, ids, vals, &got, err, sizeof err)
+                       : lk_cluster_forward(c, m, toks + 5, 1, 5, 10, NULL, ids, vals, &got, err, sizeof err);
+        CHECKF(st == LK_OK && got == 10, "%s", err);
+        int rn = lk_sampler_top(F.ref[step], 0, F.cfg.n_vocab, rids, rvals, 10);
+        int bad = 0;
+        for (int i = 0; i < rn && i < got; i++) bad += ids[i] != rids[i] || fabsf(vals[i] - rvals[i]) > 1e-3f;
+        CHECKF(bad == 0, "step %d: %d of the top 10 differ (first: %d vs %d)", step, bad, ids[0], rids[0]);
+    }
     lk_model_free(m);
     lk_cluster_close(c);
 }
@@ -379,6 +409,7 @@ int main(void) {
     RUN(uneven_weights);
     RUN(wire_formats_accuracy);
     RUN(penalties_match_one_node);
+    RUN(forward_candidates);
     RUN(killed_worker_named);
     RUN(frozen_worker_named);
     RUN(slow_is_not_dead);

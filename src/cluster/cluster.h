@@ -208,6 +208,7 @@ typedef struct {
 lk_status lk_worker_serve(const lk_worker_opts *o, char *err, size_t errlen);
 
 typedef struct lk_cluster lk_cluster;
+typedef struct lk_model lk_model;
 
 typedef struct {
     const char *workers;       /* "host:port,..." or NULL */
@@ -253,6 +254,17 @@ lk_status lk_cluster_step(lk_cluster *c, const int32_t *tokens, int n, int pos0,
  * rank with fewer real candidates pads with id -1. */
 lk_status lk_cluster_gather(lk_cluster *c, const int32_t *ids0, const float *vals0, int n_cand,
                             int32_t *ids, float *vals, char *err, size_t errlen);
+/* The whole head side of one engine step, built on the two calls above:
+ * feeds tokens[0..n) at pos0 in batches of the model's n_batch (every rank
+ * runs every batch), and after the last one merges every rank's n_cand best
+ * candidates of the last position, penalised by pen (NULL: none), into
+ * ids/vals: n_cand of them (fewer only if the vocabulary is smaller), best
+ * first, ties to the lower id; *n_out gets the count. m is the head's model,
+ * loaded with the head slice and lk_cluster_hooks. */
+lk_status lk_cluster_forward(lk_cluster *c, lk_model *m, const int32_t *tokens, int n, int pos0, int n_cand,
+                             const lk_cluster_penalties *pen, int32_t *ids, float *vals, int *n_out,
+                             char *err, size_t errlen);
+
 /* What went wrong, naming the worker (host, rank), and the layer and
  * operation when a collective failed. */
 const char *lk_cluster_error(const lk_cluster *c);

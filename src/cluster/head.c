@@ -7,6 +7,8 @@
  * worker's sockets, so a collective blocked on it fails immediately and the
  * engine reports the monitor's reason, not a generic reset. */
 #include "cluster/proto.h"
+#include "model/model.h"
+#include "sampler/sampler.h"
 
 #include <errno.h>
 #include <netdb.h>
@@ -51,6 +53,13 @@ struct lk_cluster {
     uint8_t  *stepbuf;           /* (1 MiB) */
     uint8_t  *pairs;             /* (n * MAX_CAND * 8) */
     uint8_t  *mine;              /* (MAX_CAND * 8) */
+    /* lk_cluster_forward's buffers, sized on first use */
+    float    *logits;            /* (head's vocabulary rows) */
+    int32_t  *cids, *aids;       /* (MAX_CAND), (n * MAX_CAND) */
+    float    *cvals, *avals;
+    int64_t   logits_n;
+    lk_sampler *pen;             /* the head's copy of the penalties */
+    lk_sampler_params pen_p;
 };
 
 /* ---- failure bookkeeping ---------------------------------------------------------- */
@@ -446,6 +455,12 @@ void lk_cluster_close(lk_cluster *c) {
     free(c->stepbuf);
     free(c->pairs);
     free(c->mine);
+    free(c->logits);
+    free(c->cids);
+    free(c->aids);
+    free(c->cvals);
+    free(c->avals);
+    lk_sampler_free(c->pen);
     free(c);
 }
 
@@ -523,5 +538,82 @@ lk_status lk_cluster_gather(lk_cluster *c, const int32_t *ids0, const float *val
         memcpy(&ids[i], c->pairs + 8 * (size_t)i, 4);
         memcpy(&vals[i], c->pairs + 8 * (size_t)i + 4, 4);
     }
+    return LK_OK;
+}
+
+lk_status lk_cluster_forward(lk_cluster *c, lk_model *m, const int32_t *tokens, int n, int pos0, int n_cand,
+                             const lk_cluster_penalties *pen, int32_t *ids, float *vals, int *n_out,
+                             char *err, size_t errlen) {
+    *n_out = 0;
+    if (n_cand < 1 || n_cand > MAX_CAND || n < 1)
+        return lk_fail(err, errlen, LK_ERR_ARG, "cluster forward: %d tokens, %d candidates", n, n_cand);
+    const lk_slice *sl = lk_model_slice(m);
+    int64_t nv = sl->vocab1 - sl->vocab0;
+    if (!c->logits || c->logits_n < nv) {
+        /* once per session: the head's slice does not change */
+        free(c->logits);
+        c->logits = lk_xmalloc(sizeof(float) * (size_t)nv);
+        c->logits_n = nv;
+    }
+    if (!c->cids) {
+        c->cids = lk_xmalloc(sizeof(int32_t) * MAX_CAND);
+        c->cvals = lk_xmalloc(sizeof(float) * MAX_CAND);
+        c->aids = lk_xmalloc(sizeof(int32_t) * (size_t)c->n * MAX_CAND);
+        c->avals = lk_xmalloc(sizeof(float) * (size_t)c->n * MAX_CAND);
+    }
+    const int B = lk_model_n_batch(m);
+    lk_status st;
+    for (int i = 0; i < n; i += B) {
+        int nb = LK_MIN(B, n - i);
+        bool last = i + nb == n;
+        if ((st = lk_cluster_step(c, tokens + i, nb, pos0 + i, last ? n_cand : 0, last ? pen : NULL, err, errlen)))
+            return st;
+        if ((st = lk_model_forward(m, tokens + i, nb, pos0 + i, last ? 1 : 0, c->logits))) {
+            set_err(c, NULL);
+            return lk_fail(err, errlen, st, "%s", lk_cluster_error(c));
+        }
+    }
+    if (pen && pen->n_hist) {
+        /* the same sampler code the workers run on their rows */
+        lk_sampler_params sp;
+        lk_sampler_params_default(&sp);
+        sp.repeat_penalty = pen->repeat;
+        sp.freq_penalty = pen->freq;
+        sp.presence_penalty = pen->presence;
+        sp.penalty_last_n = LK_CLUSTER_MAX_HIST;
+        if (!c->pen || c->pen_p.repeat_penalty != sp.repeat_penalty || c->pen_p.freq_penalty != sp.freq_penalty ||
+            c->pen_p.presence_penalty != sp.presence_penalty) {
+            lk_sampler_free(c->pen);
+            c->pen = lk_sampler_create(&sp);
+            c->pen_p = sp;
+        }
+        lk_sampler_reset(c->pen);
+        for (int i = 0; i < pen->n_hist; i++) lk_sampler_accept(c->pen, pen->hist[i]);
+        lk_sampler_penalize(c->pen, c->logits, sl->vocab0, nv);
+    }
+    int got = lk_sampler_top(c->logits, sl->vocab0, nv, c->cids, c->cvals, n_cand);
+    for (int i = got; i < n_cand; i++) c->cids[i] = -1, c->cvals[i] = 0;
+    if ((st = lk_cluster_gather(c, c->cids, c->cvals, n_cand, c->aids, c->avals, err, errlen))) return st;
+    /* Merge N lists, each sorted best first (id -1 ends a short list). */
+    int at[LK_MAX_RANKS] = {0}, k = 0;
+    while (k < n_cand) {
+        int best = -1;
+        for (int r = 0; r < c->n; r++) {
+            if (at[r] >= n_cand) continue;
+            int32_t id = c->aids[r * n_cand + at[r]];
+            if (id < 0) continue;
+            float v = c->avals[r * n_cand + at[r]];
+            if (best < 0) { best = r; continue; }
+            int32_t bid = c->aids[best * n_cand + at[best]];
+            float bv = c->avals[best * n_cand + at[best]];
+            if (v > bv || (v == bv && id < bid)) best = r;
+        }
+        if (best < 0) break;
+        ids[k] = c->aids[best * n_cand + at[best]];
+        vals[k] = c->avals[best * n_cand + at[best]];
+        at[best]++;
+        k++;
+    }
+    *n_out = k;
     return LK_OK;
 }
