@@ -46,6 +46,7 @@ const lk_gguf *lk_engine_gguf(const lk_engine *e) { return e->g; }
 const lk_model_config *lk_engine_cfg(const lk_engine *e) { return lk_model_cfg(e->m); }
 int lk_engine_n_ctx(const lk_engine *e) { return lk_model_n_ctx(e->m); }
 int lk_engine_n_ranks(const lk_engine *e) { (void)e; return 1; }
+int lk_engine_threads(const lk_engine *e) { return lk_model_threads(e->m); }
 uint64_t lk_engine_weight_bytes(const lk_engine *e) { return lk_model_weight_bytes(e->m); }
 void lk_engine_last_timing(const lk_engine *e, double *c, double *m) { *c = e->t_compute; *m = e->t_comm; }
 

@@ -42,6 +42,7 @@ const lk_gguf          *lk_engine_gguf(const lk_engine *e);
 const lk_model_config  *lk_engine_cfg(const lk_engine *e);
 int      lk_engine_n_ctx(const lk_engine *e);
 int      lk_engine_n_ranks(const lk_engine *e);
+int      lk_engine_threads(const lk_engine *e);     /* threads of this rank's pool */
 uint64_t lk_engine_weight_bytes(const lk_engine *e);  /* all ranks, per token */
 
 /* Feeds tokens[0..n) at positions pos0.. (any n: split into batches), then

@@ -24,7 +24,8 @@ struct lk_pool {
     lk_pool_fn fn;
     void *arg;
     _Alignas(64) atomic_uint gen;   /* bumped per job; futex word */
-    _Alignas(64) atomic_int done;   /* workers finished with the current job */
+    _Alignas(64) atomic_uint done;  /* workers finished with the current job; futex word */
+    atomic_int main_waiting;        /* the caller sleeps on `done` */
     _Alignas(64) atomic_int sleepers;
     atomic_bool stop;
     uint64_t spin_ns;
@@ -46,7 +47,9 @@ static void *worker_main(void *a) {
     worker_arg wa = *(worker_arg *)a;
     free(a);
     lk_pool *p = wa.p;
-    unsigned seen = atomic_load(&p->gen);
+    /* 0, not the current value: a job may be published before this thread
+     * first runs, and it must not be missed */
+    unsigned seen = 0;
     for (;;) {
         /* wait for a new generation: spin, then sleep */
         uint64_t t0 = 0;
@@ -69,11 +72,14 @@ static void *worker_main(void *a) {
         }
         seen = g;
         if (atomic_load(&p->stop)) {
-            atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+            if (atomic_fetch_add(&p->done, 1) + 1 == (unsigned)p->n - 1 && atomic_load(&p->main_waiting))
+                futex(&p->done, FUTEX_WAKE_PRIVATE, 1);
             return NULL;
         }
         p->fn(p->arg, wa.ith, p->n);
-        atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+        /* the last one to finish wakes the caller if it went to sleep */
+        if (atomic_fetch_add(&p->done, 1) + 1 == (unsigned)p->n - 1 && atomic_load(&p->main_waiting))
+            futex(&p->done, FUTEX_WAKE_PRIVATE, 1);
     }
 }
 
@@ -84,6 +90,7 @@ lk_pool *lk_pool_create(int n_threads) {
     *p = (lk_pool){ .n = n_threads };
     atomic_init(&p->gen, 0);
     atomic_init(&p->done, 0);
+    atomic_init(&p->main_waiting, 0);
     atomic_init(&p->sleepers, 0);
     atomic_init(&p->stop, false);
     const char *s = getenv("LK_SPIN_US");
@@ -109,11 +116,27 @@ void lk_pool_run(lk_pool *p, lk_pool_fn fn, void *arg) {
     atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
     if (atomic_load(&p->sleepers) > 0) futex(&p->gen, FUTEX_WAKE_PRIVATE, (unsigned)p->n);
     fn(arg, 0, p->n);
-    /* the job's stragglers finish within the same matmul: spin, yielding
-     * only if it takes unusually long (more threads than cores) */
-    for (unsigned i = 0; atomic_load_explicit(&p->done, memory_order_acquire) != p->n - 1; i++) {
-        if ((i & 1023) == 1023) sched_yield();
-        else cpu_relax();
+    /* Stragglers usually finish within microseconds: spin. If they take
+     * longer than the spin budget (a worker was descheduled because the
+     * machine has more busy threads than cores), sleep until the last one
+     * wakes us instead of burning the core it needs. */
+    const unsigned want = (unsigned)p->n - 1;
+    uint64_t t0 = 0;
+    for (unsigned i = 0;; i++) {
+        unsigned d = atomic_load_explicit(&p->done, memory_order_acquire);
+        if (d == want) break;
+        if ((i & 63) == 63) {
+            uint64_t now = lk_time_ns();
+            if (!t0) t0 = now;
+            else if (now - t0 > p->spin_ns) {
+                atomic_store(&p->main_waiting, 1);
+                d = atomic_load(&p->done);
+                if (d != want) futex(&p->done, FUTEX_WAIT_PRIVATE, d);
+                atomic_store(&p->main_waiting, 0);
+                continue;
+            }
+        }
+        cpu_relax();
     }
 }
 

@@ -66,6 +66,7 @@ const lk_model_config *lk_model_cfg(const lk_model *m);
 const lk_slice        *lk_model_slice(const lk_model *m);
 int  lk_model_n_ctx(const lk_model *m);
 int  lk_model_n_batch(const lk_model *m);
+int  lk_model_threads(const lk_model *m);
 void lk_model_set_hooks(lk_model *m, const lk_tp_hooks *h);
 /* Bytes of weights this rank reads per decoded token. */
 uint64_t lk_model_weight_bytes(const lk_model *m);
