@@ -518,7 +518,7 @@ static bool level_available(int lvl) {
     return level_available(1) && __builtin_cpu_supports("avx512f") &&
            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512vbmi");
+           __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("gfni");
 }
 
 static int level_from_name(const char *s) {
