@@ -1621,13 +1621,11 @@ static bool arg_get(const argv_t *a, int pi, const char *name, jv *out) {
         if (name && !strcmp(a->kn[i]->p, name)) { *out = a->kv[i]; return true; }
     return false;
 }
-static argv_t eval_args(jctx *c, node *n, frame *f, jv *first) {
+static argv_t eval_args(jctx *c, node *n, frame *f) {
     argv_t a = {0};
-    int extra = first ? 1 : 0;
-    a.np = n->nargs + extra;
+    a.np = n->nargs;
     a.pa = amalloc(c, sizeof(jv) * (size_t)(a.np + 1));
-    if (first) a.pa[0] = *first;
-    for (int i = 0; i < n->nargs; i++) a.pa[i + extra] = eval(c, n->args[i], f);
+    for (int i = 0; i < n->nargs; i++) a.pa[i] = eval(c, n->args[i], f);
     a.nk = n->nkw;
     a.kn = n->kwn;
     a.kv = amalloc(c, sizeof(jv) * (size_t)(a.nk + 1));
@@ -1871,7 +1869,7 @@ static int64_t length_of(jctx *c, const jv *v, int pos) {
     }
 }
 
-static jv select_items(jctx *c, const jv *seq, const argv_t *a, bool by_attr, bool keep, int pos, frame *f) {
+static jv select_items(jctx *c, const jv *seq, const argv_t *a, bool by_attr, bool keep, int pos) {
     jlist *in = iter_items(c, seq, pos), *out = list_new(c);
     int ai = 0;
     jv attr = v_undef(NULL), test = v_undef(NULL);
@@ -1882,7 +1880,6 @@ static jv select_items(jctx *c, const jv *seq, const argv_t *a, bool by_attr, bo
     bool has_test = arg_get(a, ai++, NULL, &test);
     if (has_test && test.t != V_STR) fail(c, LK_ERR_FORMAT, pos, "test name must be a string");
     argv_t ta = { .pa = a->np > ai ? a->pa + ai : NULL, .np = a->np > ai ? a->np - ai : 0 };
-    (void)f;
     for (int i = 0; i < in->n; i++) {
         jv it = in->a[i];
         jv x = by_attr ? getattr_v(c, &it, attr.s->p, attr.s->n) : it;
@@ -1969,10 +1966,10 @@ static jv apply_filter(jctx *c, const char *name, jv v, const argv_t *a, int pos
         }
         return v_list(r);
     }
-    if (!strcmp(name, "selectattr")) return select_items(c, &v, a, true, true, pos, f);
-    if (!strcmp(name, "rejectattr")) return select_items(c, &v, a, true, false, pos, f);
-    if (!strcmp(name, "select")) return select_items(c, &v, a, false, true, pos, f);
-    if (!strcmp(name, "reject")) return select_items(c, &v, a, false, false, pos, f);
+    if (!strcmp(name, "selectattr")) return select_items(c, &v, a, true, true, pos);
+    if (!strcmp(name, "rejectattr")) return select_items(c, &v, a, true, false, pos);
+    if (!strcmp(name, "select")) return select_items(c, &v, a, false, true, pos);
+    if (!strcmp(name, "reject")) return select_items(c, &v, a, false, false, pos);
     if (!strcmp(name, "map")) {
         jlist *l = iter_items(c, &v, pos), *r = list_new(c);
         jv attr;
@@ -2430,16 +2427,16 @@ static jv eval_call(jctx *c, node *n, frame *f) {
     if (callee->k == E_ATTR) {
         jv o = eval(c, callee->a, f);
         if (o.t == V_STR || o.t == V_LIST || (o.t == V_DICT && !o.d->ns)) {
-            argv_t a = eval_args(c, n, f, NULL);
+            argv_t a = eval_args(c, n, f);
             jv out;
             if (call_method(c, &o, callee->name->p, &a, n->pos, &out)) return out;
         }
         jv fnv = getattr_v(c, &o, callee->name->p, callee->name->n);
-        if (fnv.t == V_MACRO) { argv_t a = eval_args(c, n, f, NULL); return call_macro(c, fnv.m, &a, n->pos); }
+        if (fnv.t == V_MACRO) { argv_t a = eval_args(c, n, f); return call_macro(c, fnv.m, &a, n->pos); }
         fail(c, LK_ERR_FORMAT, n->pos, "unknown method '%s' of a %s", callee->name->p, type_name(&o));
     }
     jv fnv = eval(c, callee, f);
-    argv_t a = eval_args(c, n, f, NULL);
+    argv_t a = eval_args(c, n, f);
     if (fnv.t == V_FUNC) return call_builtin(c, fnv.fn, &a, n->pos);
     if (fnv.t == V_MACRO) return call_macro(c, fnv.m, &a, n->pos);
     if (fnv.t == V_UNDEF && callee->k == E_NAME)
@@ -2477,12 +2474,12 @@ static jv eval_node(jctx *c, node *n, frame *f) {
     case E_CALL: return eval_call(c, n, f);
     case E_FILTER: {
         a = eval(c, n->a, f);
-        argv_t args = eval_args(c, n, f, NULL);
+        argv_t args = eval_args(c, n, f);
         return apply_filter(c, n->name->p, a, &args, n->pos, f);
     }
     case E_TEST: {
         a = eval(c, n->a, f);
-        argv_t args = eval_args(c, n, f, NULL);
+        argv_t args = eval_args(c, n, f);
         bool r = apply_test(c, n->name->p, &a, &args, n->pos);
         return v_bool(r != n->neg);
     }
