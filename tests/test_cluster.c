@@ -239,6 +239,37 @@ TEST(forward_candidates) {
     lk_cluster_close(c);
 }
 
+/* Pipeline stages, alone and combined with TP: the full candidate list
+ * (every vocabulary row) rebuilds the one-node logits. */
+TEST(pipeline_matches_one_node) {
+    struct { int local, tp, pp; const char *split; } L[3] = {{2, 1, 2, NULL}, {3, 1, 3, "1,1,3"}, {4, 2, 2, "3,2"}};
+    for (int k = 0; k < 3; k++) {
+        g_batch = 2;
+        lk_cluster_opts o = {.local = L[k].local, .tp = L[k].tp, .pp = L[k].pp, .layers_split = L[k].split};
+        lk_cluster *c;
+        lk_model *m;
+        char err[LK_ERRLEN];
+        lk_status st = open_head(&o, &c, &m, err);
+        g_batch = 8;
+        if (st) { CHECKF(0, "tp %d pp %d: %s", L[k].tp, L[k].pp, err); continue; }
+        int nv = (int)F.cfg.n_vocab;
+        static int32_t ids[NV_MAX];
+        static float vals[NV_MAX], full[NV_MAX];
+        for (int step = 0; step < 2; step++) {
+            int got = 0;
+            st = step == 0 ? lk_cluster_forward(c, m, toks, 5, 0, nv, NULL, ids, vals, &got, err, sizeof err)
+                           : lk_cluster_forward(c, m, toks + 5, 1, 5, nv, NULL, ids, vals, &got, err, sizeof err);
+            for (int i = 0; i < nv; i++) full[i] = NAN;
+            for (int i = 0; i < got; i++) full[ids[i]] = vals[i];
+            double d = 0;
+            CHECKF(!st && got == nv && compare(full, F.ref[step], nv, &d) == 0, "tp %d pp %d step %d: %s (max diff %g)",
+                   L[k].tp, L[k].pp, step, st ? err : "", d);
+        }
+        lk_model_free(m);
+        lk_cluster_close(c);
+    }
+}
+
 /* A worker killed mid-session: the next step fails fast and names it. */
 TEST(killed_worker_named) {
     lk_cluster_opts o = {.local = 3, .dead_after_ms = 1000};
@@ -410,6 +441,7 @@ int main(void) {
     RUN(wire_formats_accuracy);
     RUN(penalties_match_one_node);
     RUN(forward_candidates);
+    RUN(pipeline_matches_one_node);
     RUN(killed_worker_named);
     RUN(frozen_worker_named);
     RUN(slow_is_not_dead);

@@ -190,7 +190,11 @@ const char *lk_build_id(void);
  * The worker answers PINGs from a separate thread, so a long prefill never
  * looks like death; the head declares a worker dead after 2 s without a
  * PING, names it, and shuts its sockets so no wait outlives that.
- * Tensor parallelism only for now (pp = 1). */
+ *
+ * Layout: rank r = stage * tp + tp_rank; the head is rank 0 (stage 0). With
+ * pp > 1 each stage's TP group all-reduces inside itself, every rank passes
+ * its hidden rows to the same TP rank of the next stage, and the last
+ * stage's ranks send their candidates straight to the head. */
 
 typedef struct {
     const char *listen;     /* "host:port" (ignored when listen_fd >= 0) */
@@ -215,8 +219,9 @@ typedef struct {
     int         local;         /* total ranks incl. the head, started here (0: none) */
     const char *key_file;      /* needed with workers; --local makes a one-off key if NULL */
     const char *model_path;    /* the head's model file (workers look it up by name or path) */
-    int         tp;            /* 0: all ranks */
+    int         tp, pp;        /* 0: derived (tp x pp = ranks; default all TP) */
     const char *tp_weights;    /* "2,1,1" or NULL */
+    const char *layers_split;  /* "3,2": layers per pipeline stage, or NULL (even) */
     const char *transport;     /* "auto" (NULL), "tcp", "shm" */
     int         n_ctx, n_batch, n_threads; /* per rank (threads 0: cores / local ranks) */
     bool        kv_f16;
@@ -249,9 +254,10 @@ typedef struct {
  * runs its own forward pass. */
 lk_status lk_cluster_step(lk_cluster *c, const int32_t *tokens, int n, int pos0, int n_cand,
                           const lk_cluster_penalties *pen, char *err, size_t errlen);
-/* After the head's forward pass: every rank's n_cand candidates (best
- * first) into ids/vals [n_ranks * n_cand], rank 0's being ids0/vals0. A
- * rank with fewer real candidates pads with id -1. */
+/* After the head's forward pass (pp = 1 only; lk_cluster_forward handles
+ * every layout): every rank's n_cand candidates (best first) into ids/vals
+ * [n_ranks * n_cand], rank 0's being ids0/vals0. A rank with fewer real
+ * candidates pads with id -1. */
 lk_status lk_cluster_gather(lk_cluster *c, const int32_t *ids0, const float *vals0, int n_cand,
                             int32_t *ids, float *vals, char *err, size_t errlen);
 /* The whole head side of one engine step, built on the two calls above:

@@ -36,7 +36,7 @@ typedef struct {
 } wconn;
 
 struct lk_cluster {
-    int       n;
+    int       n, tp, pp;
     wconn     w[LK_MAX_RANKS];   /* by rank; [0] is us */
     pid_t     kids[LK_MAX_RANKS];
     lk_mesh  *mesh;
@@ -302,11 +302,15 @@ lk_status lk_cluster_open(const lk_cluster_opts *o, const lk_gguf *g, const lk_p
         }
     }
     if (c->n < 2) return open_fail(c, lk_fail(err, errlen, LK_ERR_ARG, "a cluster needs at least one worker"));
-    int tp = o->tp ? o->tp : c->n;
-    if (tp != c->n)
-        return open_fail(c, lk_fail(err, errlen, LK_ERR_UNSUPPORTED,
-                                    "--tp %d with %d ranks: only tensor parallelism over all ranks is available yet", tp,
-                                    c->n));
+    int tp = o->tp, pp = o->pp;
+    if (!tp && !pp) tp = c->n, pp = 1;
+    else if (!tp) tp = pp > 0 && c->n % pp == 0 ? c->n / pp : 0;
+    else if (!pp) pp = tp > 0 && c->n % tp == 0 ? c->n / tp : 0;
+    if (tp < 1 || pp < 1 || tp * pp != c->n)
+        return open_fail(c, lk_fail(err, errlen, LK_ERR_ARG, "--tp %d x --pp %d does not match the %d ranks (head included)",
+                                    o->tp, o->pp, c->n));
+    c->tp = tp;
+    c->pp = pp;
     lk_mesh_shm shm = LK_MESH_SHM_AUTO;
     if (o->transport && !strcmp(o->transport, "tcp")) shm = LK_MESH_SHM_OFF;
     else if (o->transport && !strcmp(o->transport, "shm")) shm = LK_MESH_SHM_FORCE;
@@ -320,8 +324,23 @@ lk_status lk_cluster_open(const lk_cluster_opts *o, const lk_gguf *g, const lk_p
     /* plan */
     lk_slice slices[LK_MAX_RANKS];
     double w[LK_MAX_RANKS];
-    if (o->tp_weights && (st = parse_weights(o->tp_weights, c->n, w, err, errlen))) return open_fail(c, st);
-    if ((st = lk_plan_make(dims, tp, 1, o->tp_weights ? w : NULL, slices, err, errlen))) return open_fail(c, st);
+    int layers[LK_MAX_RANKS];
+    if (o->tp_weights && (st = parse_weights(o->tp_weights, tp, w, err, errlen))) return open_fail(c, st);
+    if (o->layers_split) {
+        double lw[LK_MAX_RANKS];
+        if ((st = parse_weights(o->layers_split, pp, lw, err, errlen)))
+            return open_fail(c, lk_fail(err, errlen, LK_ERR_ARG, "--layers-split '%s': expected %d layer counts",
+                                        o->layers_split, pp));
+        for (int i = 0; i < pp; i++) {
+            layers[i] = (int)lw[i];
+            if ((double)layers[i] != lw[i])
+                return open_fail(c, lk_fail(err, errlen, LK_ERR_ARG, "--layers-split '%s': whole layer counts",
+                                            o->layers_split));
+        }
+    }
+    if ((st = lk_plan_make_split(dims, tp, pp, o->tp_weights ? w : NULL, o->layers_split ? layers : NULL, slices,
+                                 err, errlen)))
+        return open_fail(c, st);
 
     /* agree */
     uint8_t id[LK_MODEL_ID_BYTES];
@@ -404,7 +423,9 @@ lk_status lk_cluster_open(const lk_cluster_opts *o, const lk_gguf *g, const lk_p
             return open_fail(c, lk_fail(err, errlen, LK_ERR_PEER, "worker rank %d (%s): mesh failed: %s", r,
                                         c->w[r].addr, rb.ok ? reason : "bad reply"));
     }
-    if ((st = lk_comm_create(c->mesh, NULL, c->n, &c->comm, err, errlen))) return open_fail(c, st);
+    int group[LK_MAX_RANKS];
+    for (int t = 0; t < tp; t++) group[t] = t; /* the head's TP group: stage 0 */
+    if ((st = lk_comm_create(c->mesh, group, tp, &c->comm, err, errlen))) return open_fail(c, st);
     /* Slow ranks are not dead ones: the monitor finds the dead within
      * dead_after_ms and cuts their sockets, so this deadline only guards
      * against a bug. */
@@ -418,8 +439,9 @@ lk_status lk_cluster_open(const lk_cluster_opts *o, const lk_gguf *g, const lk_p
     pthread_create(&c->mon, NULL, monitor_main, c);
     c->mon_started = true;
     *head_slice = slices[0];
-    lk_log(LK_LOG_INFO, "cluster: %d ranks, tensor parallel; head holds heads %d-%d, ffn rows %lld-%lld", c->n,
-           slices[0].head0, slices[0].head1 - 1, (long long)slices[0].ff0, (long long)slices[0].ff1 - 1);
+    lk_log(LK_LOG_INFO, "cluster: %d ranks (tp %d x pp %d); head holds layers %d-%d, heads %d-%d, ffn rows %lld-%lld",
+           c->n, tp, pp, slices[0].layer0, slices[0].layer1 - 1, slices[0].head0, slices[0].head1 - 1,
+           (long long)slices[0].ff0, (long long)slices[0].ff1 - 1);
     *out = c;
     return LK_OK;
 }
@@ -525,7 +547,7 @@ lk_status lk_cluster_step(lk_cluster *c, const int32_t *tokens, int n, int pos0,
 
 lk_status lk_cluster_gather(lk_cluster *c, const int32_t *ids0, const float *vals0, int n_cand, int32_t *ids,
                             float *vals, char *err, size_t errlen) {
-    LK_ASSERT(n_cand >= 0 && n_cand <= MAX_CAND);
+    LK_ASSERT(n_cand >= 0 && n_cand <= MAX_CAND && c->pp == 1);
     for (int i = 0; i < n_cand; i++) {
         memcpy(c->mine + 8 * i, &ids0[i], 4);
         memcpy(c->mine + 8 * i + 4, &vals0[i], 4);
@@ -540,6 +562,8 @@ lk_status lk_cluster_gather(lk_cluster *c, const int32_t *ids0, const float *val
     }
     return LK_OK;
 }
+
+static lk_status merge_candidates(lk_cluster *c, int nl, int n_cand, int32_t *ids, float *vals, int *n_out);
 
 lk_status lk_cluster_forward(lk_cluster *c, lk_model *m, const int32_t *tokens, int n, int pos0, int n_cand,
                              const lk_cluster_penalties *pen, int32_t *ids, float *vals, int *n_out,
@@ -562,16 +586,52 @@ lk_status lk_cluster_forward(lk_cluster *c, lk_model *m, const int32_t *tokens, 
         c->avals = lk_xmalloc(sizeof(float) * (size_t)c->n * MAX_CAND);
     }
     const int B = lk_model_n_batch(m);
+    const int64_t d = lk_model_cfg(m)->n_embd;
     lk_status st;
+    char why[LK_ERRLEN];
     for (int i = 0; i < n; i += B) {
         int nb = LK_MIN(B, n - i);
         bool last = i + nb == n;
         if ((st = lk_cluster_step(c, tokens + i, nb, pos0 + i, last ? n_cand : 0, last ? pen : NULL, err, errlen)))
             return st;
-        if ((st = lk_model_forward(m, tokens + i, nb, pos0 + i, last ? 1 : 0, c->logits))) {
+        if (c->pp == 1) {
+            st = lk_model_forward(m, tokens + i, nb, pos0 + i, last ? 1 : 0, c->logits);
+        } else {
+            /* Stage 0: embed, our layers, hand the rows to the next stage. */
+            float *x = lk_model_hidden(m);
+            st = lk_model_embed(m, tokens + i, nb, x);
+            if (!st) st = lk_model_layers(m, x, nb, pos0 + i);
+            if (!st && (st = lk_link_send(lk_mesh_link(c->mesh, c->tp), x, sizeof(float) * (size_t)(nb * d),
+                                          lk_deadline_ms(600000), why, sizeof why))) {
+                char msg[2 * LK_ERRLEN];
+                snprintf(msg, sizeof msg, "pipeline: passing %d rows to stage 1: %s", nb, why);
+                set_err(c, msg);
+                return lk_fail(err, errlen, st, "%s", lk_cluster_error(c));
+            }
+        }
+        if (st) {
             set_err(c, NULL);
             return lk_fail(err, errlen, st, "%s", lk_cluster_error(c));
         }
+    }
+    if (c->pp > 1) {
+        /* The last stage's TP ranks send their candidates to us directly. */
+        lk_xfer xf[LK_MAX_RANKS];
+        int base = (c->pp - 1) * c->tp;
+        for (int t = 0; t < c->tp; t++)
+            xf[t] = (lk_xfer){.link = lk_mesh_link(c->mesh, base + t), .is_send = false,
+                              .buf = c->pairs + (size_t)t * n_cand * 8, .n = (size_t)n_cand * 8};
+        if ((st = lk_xfer_run(xf, c->tp, lk_deadline_ms(600000), why, sizeof why))) {
+            char msg[2 * LK_ERRLEN];
+            snprintf(msg, sizeof msg, "pipeline: candidates from the last stage: %s", why);
+            set_err(c, msg);
+            return lk_fail(err, errlen, st, "%s", lk_cluster_error(c));
+        }
+        for (int i = 0; i < c->tp * n_cand; i++) {
+            memcpy(&c->aids[i], c->pairs + 8 * (size_t)i, 4);
+            memcpy(&c->avals[i], c->pairs + 8 * (size_t)i + 4, 4);
+        }
+        return merge_candidates(c, c->tp, n_cand, ids, vals, n_out);
     }
     if (pen && pen->n_hist) {
         /* the same sampler code the workers run on their rows */
@@ -594,11 +654,16 @@ lk_status lk_cluster_forward(lk_cluster *c, lk_model *m, const int32_t *tokens, 
     int got = lk_sampler_top(c->logits, sl->vocab0, nv, c->cids, c->cvals, n_cand);
     for (int i = got; i < n_cand; i++) c->cids[i] = -1, c->cvals[i] = 0;
     if ((st = lk_cluster_gather(c, c->cids, c->cvals, n_cand, c->aids, c->avals, err, errlen))) return st;
-    /* Merge N lists, each sorted best first (id -1 ends a short list). */
+    return merge_candidates(c, c->n, n_cand, ids, vals, n_out);
+}
+
+/* Merges nl lists of n_cand in aids/avals, each sorted best first (id -1
+ * ends a short list), into the overall best n_cand. */
+static lk_status merge_candidates(lk_cluster *c, int nl, int n_cand, int32_t *ids, float *vals, int *n_out) {
     int at[LK_MAX_RANKS] = {0}, k = 0;
     while (k < n_cand) {
         int best = -1;
-        for (int r = 0; r < c->n; r++) {
+        for (int r = 0; r < nl; r++) {
             if (at[r] >= n_cand) continue;
             int32_t id = c->aids[r * n_cand + at[r]];
             if (id < 0) continue;

@@ -172,7 +172,13 @@ static lk_status do_mesh(session *s, const uint8_t *p, uint32_t len, char *err, 
     close(s->mesh_lfd);
     s->mesh_lfd = -1;
     if (st) return st;
-    if ((st = lk_comm_create(s->mesh, NULL, mm.n, &s->comm, err, errlen))) return st;
+    /* Our TP group: the ranks of our pipeline stage. */
+    const lk_slice *sl = &s->load.slice;
+    int group[LK_MAX_RANKS];
+    if ((int64_t)sl->tp_size * sl->pp_size != mm.n)
+        return lk_fail(err, errlen, LK_ERR_FORMAT, "LOAD: tp %d x pp %d is not the %d ranks", sl->tp_size, sl->pp_size, mm.n);
+    for (int t = 0; t < sl->tp_size; t++) group[t] = sl->pp_rank * sl->tp_size + t;
+    if ((st = lk_comm_create(s->mesh, group, sl->tp_size, &s->comm, err, errlen))) return st;
     /* Long: a slow peer's long prefill is not a failure. Dead peers are
      * found by closed connections, and the head by its heartbeats. */
     lk_comm_set_timeout_ms(s->comm, 120000);
@@ -207,10 +213,33 @@ static lk_status do_step(session *s, const uint8_t *p, uint32_t len, char *err, 
     if (!isfinite(sp.repeat_penalty) || sp.repeat_penalty <= 0 || !isfinite(sp.freq_penalty) ||
         !isfinite(sp.presence_penalty))
         return lk_fail(err, errlen, LK_ERR_FORMAT, "malformed STEP penalties");
-    lk_status st = lk_model_forward(s->m, tokens, (int)n, (int)pos0, n_cand ? 1 : 0, s->logits);
-    if (st) return lk_fail(err, errlen, st, "forward pass at position %u: %s", pos0, lk_comm_last_error(s->comm));
-    if (!n_cand) return LK_OK;
     const lk_slice *sl = lk_model_slice(s->m);
+    lk_status st;
+    if (sl->pp_size == 1) {
+        st = lk_model_forward(s->m, tokens, (int)n, (int)pos0, n_cand ? 1 : 0, s->logits);
+        if (st) return lk_fail(err, errlen, st, "forward pass at position %u: %s", pos0, lk_comm_last_error(s->comm));
+    } else {
+        /* A pipeline stage: rows come from the same TP rank of the stage
+         * before (or from the tokens), and go on to the next one. */
+        float *x = lk_model_hidden(s->m);
+        size_t rows = sizeof(float) * (size_t)n * (size_t)cfg->n_embd;
+        int me = sl->pp_rank * sl->tp_size + sl->tp_rank;
+        char why[LK_ERRLEN] = "";
+        if (sl->pp_rank == 0) st = lk_model_embed(s->m, tokens, (int)n, x);
+        else st = lk_link_recv(lk_mesh_link(s->mesh, me - sl->tp_size), x, rows, lk_deadline_ms(120000), why, sizeof why);
+        if (st) return lk_fail(err, errlen, st, "pipeline stage %d: input rows: %s", sl->pp_rank, why);
+        if ((st = lk_model_layers(s->m, x, (int)n, (int)pos0)))
+            return lk_fail(err, errlen, st, "forward pass at position %u: %s", pos0, lk_comm_last_error(s->comm));
+        if (sl->pp_rank < sl->pp_size - 1) {
+            if ((st = lk_link_send(lk_mesh_link(s->mesh, me + sl->tp_size), x, rows, lk_deadline_ms(120000), why,
+                                   sizeof why)))
+                return lk_fail(err, errlen, st, "pipeline stage %d: passing rows on: %s", sl->pp_rank, why);
+            return LK_OK;
+        }
+        if (!n_cand) return LK_OK;
+        if ((st = lk_model_logits(s->m, x, (int)n, 1, s->logits))) return st;
+    }
+    if (!n_cand) return LK_OK;
     if (nh) {
         /* The one-node sampler's own penalty code on our slice, so the
          * merged candidates are exactly the one-node ones. The sampler is
@@ -233,6 +262,8 @@ static lk_status do_step(session *s, const uint8_t *p, uint32_t len, char *err, 
         memcpy(s->pairs + 8 * i, &id, 4);
         memcpy(s->pairs + 8 * i + 4, &v, 4);
     }
+    if (sl->pp_size > 1) /* the head is not in the last stage's group: straight to rank 0 */
+        return lk_link_send(lk_mesh_link(s->mesh, 0), s->pairs, 8 * (size_t)n_cand, lk_deadline_ms(120000), err, errlen);
     if (lk_comm_gather(s->comm, s->pairs, 8 * n_cand, NULL, 0, "candidates"))
         return lk_fail(err, errlen, LK_ERR_NET, "%s", lk_comm_last_error(s->comm));
     return LK_OK;
