@@ -14,7 +14,7 @@ static const char *SYNOPSIS = "-m FILE -p TEXT [options]";
 
 int lk_cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *workers = NULL, *key_file = NULL, *tp_weights = NULL,
-               *layers_split = NULL, *transport = NULL;
+               *layers_split = NULL, *transport = NULL, *wire = NULL;
     int64_t n_predict = 128, threads = 0, ctx = 0, batch = 0, top_k = 40, seed = -1, last_n = 64,
             local = 0, tp = 0, pp = 0;
     double temp = 0.8, top_p = 0.95, min_p = 0.05, rep = 1.0, freq = 0, pres = 0;
@@ -47,6 +47,7 @@ int lk_cmd_run(int argc, char **argv) {
         { "--tp-weights", NULL, LK_OPT_STR, &tp_weights, "W,W,..", "relative share of each TP rank (mixed-speed nodes)" },
         { "--layers-split", NULL, LK_OPT_STR, &layers_split, "N,N,..", "layers per pipeline stage" },
         { "--transport", NULL, LK_OPT_STR, &transport, "NAME", "auto | tcp | shm (default auto)" },
+        { "--wire", NULL, LK_OPT_STR, &wire, "FMT", "all-reduce wire format: f32 (default, exact), f16, bf16, q8" },
         { "--verbose", "-v", LK_OPT_FLAG, &verbose, NULL, "more log output" },
         { NULL, NULL, 0, NULL, NULL, NULL },
     };
@@ -70,7 +71,7 @@ int lk_cmd_run(int argc, char **argv) {
     lk_engine_opts eo = { .model_path = model, .n_threads = (int)threads, .n_ctx = (int)ctx, .n_batch = (int)batch,
                           .kv_f16 = kv_f16, .workers = workers, .key_file = key_file, .local = (int)local,
                           .tp = (int)tp, .pp = (int)pp, .tp_weights = tp_weights, .layers_split = layers_split,
-                          .transport = transport };
+                          .transport = transport, .wire = wire };
     lk_engine *e = NULL;
     double t_load = lk_time_s();
     if (lk_engine_open(&eo, &e, err, sizeof err)) {

@@ -31,6 +31,7 @@ typedef struct {
     const char *tp_weights; /* "2,1,1" */
     const char *layers_split; /* "3,2" layers per stage */
     const char *transport;  /* "auto" | "tcp" | "shm" */
+    const char *wire;       /* all-reduce wire format: "f32" (default), "f16", "bf16", "q8" */
 } lk_engine_opts;
 
 typedef struct lk_engine lk_engine;
@@ -43,7 +44,7 @@ const lk_model_config  *lk_engine_cfg(const lk_engine *e);
 int      lk_engine_n_ctx(const lk_engine *e);
 int      lk_engine_n_ranks(const lk_engine *e);
 int      lk_engine_threads(const lk_engine *e);     /* threads of this rank's pool */
-uint64_t lk_engine_weight_bytes(const lk_engine *e);  /* all ranks, per token */
+uint64_t lk_engine_weight_bytes(const lk_engine *e);  /* this rank's (the head's) weights read per token */
 
 /* Feeds tokens[0..n) at positions pos0.. (any n: split into batches), then
  * picks the next token with the sampler from the last position. Does not

@@ -70,6 +70,15 @@ void lk_sampler_accept(lk_sampler *s, int32_t token) {
     if (s->n_hist < s->p.penalty_last_n) s->n_hist++;
 }
 
+void lk_sampler_penalties(const lk_sampler *s, float *repeat, float *freq, float *presence,
+                          const int32_t **hist, int *n_hist) {
+    *repeat = s->p.repeat_penalty;
+    *freq = s->p.freq_penalty;
+    *presence = s->p.presence_penalty;
+    *hist = s->hist;
+    *n_hist = s->n_hist;
+}
+
 void lk_sampler_reset(lk_sampler *s) { s->n_hist = s->hist_at = 0; }
 
 void lk_sampler_penalize(const lk_sampler *s, float *logits, int64_t vocab0, int64_t n) {

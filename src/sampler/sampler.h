@@ -43,6 +43,10 @@ void    lk_sampler_penalize(const lk_sampler *s, float *logits, int64_t vocab0, 
  * sorted best first; returns how many (min(k, n)). */
 int     lk_sampler_top(const float *logits, int64_t vocab0, int64_t n, int32_t *ids, float *vals, int k);
 int32_t lk_sampler_pick(lk_sampler *s, int32_t *ids, float *vals, int n);
+/* The penalty settings and the window of recent tokens (in no particular
+ * order), for ranks that apply the penalties to their own vocabulary slice. */
+void    lk_sampler_penalties(const lk_sampler *s, float *repeat, float *freq, float *presence,
+                             const int32_t **hist, int *n_hist);
 /* Full-vocabulary convenience (modifies logits by the penalties). */
 int32_t lk_sampler_sample(lk_sampler *s, float *logits, int64_t n_vocab);
 
