@@ -122,12 +122,14 @@ int lk_cmd_run(int argc, char **argv) {
         t_prefill = lk_time_s() - t0;
         int pos = n_ids;
         t0 = lk_time_s();
-        char piece[256];
+        /* big enough for any token (tokenizer.h), so nothing is ever dropped */
+        int32_t piece_cap = 3 * (lk_tokenizer_max_piece(tok) + 4);
+        char *piece = lk_xmalloc((size_t)piece_cap);
         while (st == LK_OK && n_gen < n_predict) {
             gen[n_gen++] = next;
             lk_sampler_accept(s, next);
             bool eog = !ignore_eos && lk_tokenizer_is_eog(tok, next);
-            int32_t k = eog ? 0 : lk_detok_push(&dt, next, piece, sizeof piece);
+            int32_t k = eog ? 0 : lk_detok_push(&dt, next, piece, piece_cap);
             if (k > 0) {
                 if (text_len + (size_t)k + 1 > text_cap) text = lk_xrealloc(text, text_cap = 2 * text_cap + (size_t)k);
                 memcpy(text + text_len, piece, (size_t)k);
@@ -139,13 +141,14 @@ int lk_cmd_run(int argc, char **argv) {
             st = lk_engine_step(e, &next, 1, pos++, s, &next, err, sizeof err);
         }
         t_decode = lk_time_s() - t0;
-        int32_t k = lk_detok_flush(&dt, piece, sizeof piece);
+        int32_t k = lk_detok_flush(&dt, piece, piece_cap);
         if (k > 0) {
             if (text_len + (size_t)k + 1 > text_cap) text = lk_xrealloc(text, text_cap = 2 * text_cap + (size_t)k);
             memcpy(text + text_len, piece, (size_t)k);
             text_len += (size_t)k;
             if (!json) fwrite(piece, 1, (size_t)k, stdout);
         }
+        free(piece);
         if (st) {
             fprintf(stderr, "\nlockstep run: %s\n", err);
             rc = 1;
