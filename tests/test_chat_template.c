@@ -351,6 +351,9 @@ TEST(expressions) {
     expect_text("{{ [3,1,2]|sort }} {{ {'b': 1, 'a': 2}|dictsort }} {{ [1,2,3]|sum }} {{ (1,) }} "
                 "{{ [{'n': 'b'}, {'n': 'a'}]|sort(attribute='n')|map(attribute='n')|join }}",
                 "[1, 2, 3] [('a', 2), ('b', 1)] 6 (1,) ab");
+    /* Llama 3.2's template asks for today's date this way */
+    expect_text("{{ strftime_now is defined }} {{ strftime_now('%Y')|length }} {{ strftime_now('%d %b %Y')|length }}",
+                "True 4 11");
 }
 
 /* -------------------------------------------------------------- failures */
