@@ -62,6 +62,16 @@ has worker_drops_stalled "$T/wlog" 'refused 127\.0\.0\.1:[0-9]+: .*timeout .*rec
 exec 4>&-
 if kill -0 "$WPID" 2>/dev/null; then ok worker_still_up; else no worker_still_up "$(tail -n 5 "$T/wlog")"; fi
 
+# netbench against the daemon: a wrong key is refused, the right one served (twice)
+expect netbench_workers_wrong_key 1 "$L" netbench --workers "127.0.0.1:$PORT" --key-file "$T/k2" --sizes 64 --iters 20
+has netbench_workers_wrong_key_msg "$T/err" 'authentication failed'
+expect netbench_workers 0 "$L" netbench --workers "127.0.0.1:$PORT" --key-file "$T/k1" --sizes 64,4K --iters 20
+has netbench_workers_table "$T/out" '^netbench: 2 ranks, data over (shm|tcp)'
+has netbench_workers_row "$T/out" '^4 KiB +[0-9.]+ +[0-9.]+ +[0-9.]+ \| [0-9.]+ / [0-9.]+ '
+expect netbench_workers_again 0 "$L" netbench --workers "127.0.0.1:$PORT" --key-file "$T/k1" --sizes 64 --iters 20 --transport tcp
+has netbench_workers_tcp "$T/out" '^netbench: 2 ranks, data over tcp'
+expect netbench_workers_no_key 2 "$L" netbench --workers "127.0.0.1:$PORT"
+
 # netbench: the table for 2 local ranks, and its flag errors
 expect netbench_local 0 "$L" netbench --local 2 --sizes 64,4K --iters 50
 has netbench_header "$T/out" '^netbench: 2 ranks, data over (shm|tcp)'

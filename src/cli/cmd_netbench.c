@@ -31,23 +31,9 @@ typedef struct {
     int lfd;
     lk_mesh_shm shm;
     int64_t spin_ns;
-    int64_t iters;
-    size_t sizes[MAX_SIZES];
-    int nsizes;
     const uint8_t *key; /* NULL: no authentication */
-    bool allreduce_only;
-    lk_wire_fmt wire;
+    lk_bench_cfg cfg;
 } bench_cfg;
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-static double pct(double *v, int n, double p) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    int i = (int)(p * (n - 1) + 0.5);
-    return v[i];
-}
 
 static bool parse_size(const char *s, size_t *out) {
     char *end;
@@ -62,21 +48,6 @@ static bool parse_size(const char *s, size_t *out) {
     return true;
 }
 
-static void fmt_size(size_t n, char *buf, size_t len) {
-    if (n >= (1u << 20) && !(n & ((1u << 20) - 1))) snprintf(buf, len, "%zu MiB", n >> 20);
-    else if (n >= 1024 && !(n & 1023)) snprintf(buf, len, "%zu KiB", n >> 10);
-    else snprintf(buf, len, "%zu B", n);
-}
-
-/* How many timed repetitions for one size: enough for a p99 when messages are
- * small, bounded in bytes when they are large. */
-static int reps_for(const bench_cfg *c, size_t bytes) {
-    int64_t r = c->iters;
-    int64_t cap = (int64_t)((256ull << 20) / bytes);
-    if (r > cap) r = cap;
-    return (int)(r < 20 ? 20 : r);
-}
-
 static int run_rank(const bench_cfg *c) {
     char err[LK_ERRLEN];
     lk_hs_params hp;
@@ -88,115 +59,21 @@ static int run_rank(const bench_cfg *c) {
         mp.auth_ctx = &hp;
     }
     lk_mesh *mesh = NULL;
-    lk_comm *comm = NULL;
-    if (lk_mesh_create(&mp, &mesh, err, sizeof err) ||
-        lk_comm_create(mesh, NULL, c->n, &comm, err, sizeof err)) {
-        fprintf(stderr, "lockstep netbench: rank %d: %s\n", c->rank, err);
-        lk_mesh_free(mesh);
-        return 1;
-    }
-    lk_comm_set_timeout_ms(comm, 20000);
-    lk_comm_set_wire(comm, c->wire);
-    size_t maxb = 0;
-    for (int i = 0; i < c->nsizes; i++) maxb = LK_MAX(maxb, c->sizes[i]);
-    maxb = (maxb + 3) & ~(size_t)3;
-    char *buf = lk_xmalloc_aligned(maxb);
-    float *x = lk_xmalloc_aligned(maxb);
-    memset(buf, 1, maxb);
-    lk_comm_reserve(comm, (int64_t)(maxb / 4));
-    int maxreps = reps_for(c, 1);
-    double *t = lk_xmalloc(sizeof(double) * (size_t)maxreps);
-    lk_link *peer = c->n > 1 ? lk_mesh_link(mesh, c->rank == 0 ? 1 : 0) : NULL;
-    int rc = 0;
-    if (c->rank == 0) {
-        printf("netbench: %d ranks, data over %s, spin %s, all-reduce wire %s, build %s\n", c->n,
-               peer ? peer->ops->name : "-", peer && peer->spin_ns ? "on" : "off", lk_wire_fmt_name(c->wire),
-               lk_build_id());
-        printf("%-9s %-22s %-11s | all-reduce median / p99 (us)        %s\n", "", "ping-pong one-way (us)", "", "");
-        printf("%-9s %9s %9s %11s | %-15s %-15s %-15s %s\n", "size", "median", "p99", "MB/s", "exchange",
-               "doubling", "ring", "auto");
-    }
-    for (int si = 0; si < c->nsizes && !rc; si++) {
-        size_t bytes = c->sizes[si];
-        int reps = reps_for(c, bytes), warm = reps / 10 + 2;
-        double pp_med = 0, pp_p99 = 0;
-        /* ping-pong between ranks 0 and 1 (the rest wait at the barrier) */
-        if (c->n > 1 && !c->allreduce_only && c->rank <= 1) {
-            for (int i = -warm; i < reps && !rc; i++) {
-                uint64_t t0 = lk_time_ns();
-                lk_status st;
-                if (c->rank == 0) {
-                    st = lk_link_send(peer, buf, bytes, lk_deadline_ms(10000), err, sizeof err);
-                    if (!st) st = lk_link_recv(peer, buf, bytes, lk_deadline_ms(10000), err, sizeof err);
-                } else {
-                    st = lk_link_recv(peer, buf, bytes, lk_deadline_ms(10000), err, sizeof err);
-                    if (!st) st = lk_link_send(peer, buf, bytes, lk_deadline_ms(10000), err, sizeof err);
-                }
-                if (st) { fprintf(stderr, "lockstep netbench: rank %d: ping-pong: %s\n", c->rank, err); rc = 1; }
-                if (i >= 0) t[i] = (double)(lk_time_ns() - t0) / 2e3;
-            }
-            if (!rc && c->rank == 0) {
-                pp_med = pct(t, reps, 0.5);
-                pp_p99 = pct(t, reps, 0.99);
-            }
-        }
-        if (!rc && lk_comm_barrier(comm)) rc = 1;
-        double ar_med[4] = {0}, ar_p99[4] = {0};
-        int64_t nf = (int64_t)((bytes + 3) / 4);
-        for (int a = LK_AR_EXCHANGE; a <= LK_AR_RING && !rc && c->n > 1; a++) {
-            if (a == LK_AR_RING && nf < c->n) continue;
-            lk_comm_set_algo(comm, (lk_ar_algo)a);
-            for (int i = -warm; i < reps && !rc; i++) {
-                for (int64_t k = 0; k < nf; k++) x[k] = 1.0f;
-                uint64_t t0 = lk_time_ns();
-                if (lk_comm_allreduce_sum(comm, x, nf, -1, "netbench")) {
-                    fprintf(stderr, "lockstep netbench: rank %d: %s\n", c->rank, lk_comm_last_error(comm));
-                    rc = 1;
-                }
-                if (i >= 0) t[i] = (double)(lk_time_ns() - t0) / 1e3;
-            }
-            if (!rc && fabsf(x[0] - (float)c->n) > 0.01f * (float)c->n) { /* exact for f32 and f16 */
-                fprintf(stderr, "lockstep netbench: rank %d: wrong all-reduce result %g (want %d)\n", c->rank, x[0], c->n);
-                rc = 1;
-            }
-            if (!rc) {
-                ar_med[a] = pct(t, reps, 0.5);
-                ar_p99[a] = pct(t, reps, 0.99);
-            }
-            if (!rc && lk_comm_barrier(comm)) rc = 1;
-        }
-        if (!rc && c->rank == 0) {
-            char sz[32], cell[3][32];
-            fmt_size(bytes, sz, sizeof sz);
-            for (int a = 1; a <= 3; a++) {
-                if (ar_med[a] > 0) snprintf(cell[a - 1], 32, "%.1f / %.1f", ar_med[a], ar_p99[a]);
-                else snprintf(cell[a - 1], 32, "-");
-            }
-            if (c->allreduce_only || c->n < 2)
-                printf("%-9s %9s %9s %11s | %-15s %-15s %-15s %s\n", sz, "-", "-", "-", cell[0], cell[1], cell[2],
-                       lk_ar_algo_name(lk_comm_pick(c->n, bytes)));
-            else
-                printf("%-9s %9.2f %9.2f %11.1f | %-15s %-15s %-15s %s\n", sz, pp_med, pp_p99,
-                       (double)bytes / pp_med, cell[0], cell[1], cell[2], lk_ar_algo_name(lk_comm_pick(c->n, bytes)));
-            fflush(stdout);
-        }
-    }
-    if (rc && c->rank == 0) fprintf(stderr, "lockstep netbench: %s\n", lk_comm_last_error(comm));
-    free(t);
-    free(buf);
-    free(x);
-    lk_comm_free(comm);
+    lk_status st = lk_mesh_create(&mp, &mesh, err, sizeof err);
+    if (!st) st = lk_bench_run(mesh, &c->cfg, stdout, err, sizeof err);
+    if (st) fprintf(stderr, "lockstep netbench: rank %d: %s\n", c->rank, err);
     lk_mesh_free(mesh);
-    return rc;
+    return st ? 1 : 0;
 }
 
 int lk_cmd_netbench(int argc, char **argv) {
     int64_t local = 0, rank = -1, iters = 1000, spin_us = -1;
-    const char *addrs_s = NULL, *transport = "auto", *sizes_s = "64,1K,4K,16K,64K,256K,1M,4M", *key_file = NULL,
+    const char *addrs_s = NULL, *workers = NULL, *transport = "auto", *sizes_s = "64,1K,4K,16K,64K,256K,1M,4M", *key_file = NULL,
                *wire = "f32";
     bool ar_only = false;
     const lk_opt opts[] = {
         {"--local", NULL, LK_OPT_INT, &local, "N", "start N ranks on this host (this process is rank 0)"},
+        {"--workers", "-w", LK_OPT_STR, &workers, "H:P,...", "running worker daemons (with --key-file); this process is rank 0"},
         {"--addrs", NULL, LK_OPT_STR, &addrs_s, "H:P,...", "every rank's address, for runs across hosts (with --rank)"},
         {"--rank", NULL, LK_OPT_INT, &rank, "R", "this process's rank in --addrs"},
         {"--transport", NULL, LK_OPT_STR, &transport, "T", "auto (shm between local ranks, default), tcp or shm"},
@@ -208,16 +85,17 @@ int lk_cmd_netbench(int argc, char **argv) {
         {"--wire", NULL, LK_OPT_STR, &wire, "FMT", "all-reduce payload format: f32 (default), f16, bf16, q8"},
         {0},
     };
-    const char *syn = "--local N | --addrs H:P,... --rank R  [--transport auto|tcp|shm] [--sizes LIST]";
+    const char *syn = "--local N | --workers H:P,... --key-file F | --addrs H:P,... --rank R  [--transport auto|tcp|shm] "
+                      "[--sizes LIST]";
     int np = lk_args_parse("netbench", syn, opts, argc, argv, NULL, 0);
     if (np == LK_ARGS_HELP) return 0;
     if (np < 0) return 2;
-    bench_cfg c = {.lfd = -1, .iters = iters, .allreduce_only = ar_only};
+    bench_cfg c = {.lfd = -1, .cfg = {.iters = iters, .allreduce_only = ar_only}};
     if (!strcmp(transport, "auto")) c.shm = LK_MESH_SHM_AUTO;
     else if (!strcmp(transport, "tcp")) c.shm = LK_MESH_SHM_OFF;
     else if (!strcmp(transport, "shm")) c.shm = LK_MESH_SHM_FORCE;
     else { fprintf(stderr, "lockstep netbench: --transport must be auto, tcp or shm (got '%s')\n", transport); return 2; }
-    if (!lk_wire_fmt_parse(wire, &c.wire)) {
+    if (!lk_wire_fmt_parse(wire, &c.cfg.wire)) {
         fprintf(stderr, "lockstep netbench: --wire must be f32, f16, bf16 or q8 (got '%s')\n", wire);
         return 2;
     }
@@ -225,12 +103,12 @@ int lk_cmd_netbench(int argc, char **argv) {
     c.spin_ns = spin_us < 0 ? -1 : spin_us * 1000;
     char *sz = lk_xstrdup(sizes_s), *save = NULL;
     for (char *tok = strtok_r(sz, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (c.nsizes == MAX_SIZES || !parse_size(tok, &c.sizes[c.nsizes])) {
+        if (c.cfg.nsizes == MAX_SIZES || !parse_size(tok, &c.cfg.sizes[c.cfg.nsizes])) {
             fprintf(stderr, "lockstep netbench: bad --sizes entry '%s' (1 B .. 256 MiB, at most %d sizes)\n", tok, MAX_SIZES);
             free(sz);
             return 2;
         }
-        c.nsizes++;
+        c.cfg.nsizes++;
     }
     free(sz);
     uint8_t key[LK_KEY_BYTES];
@@ -238,6 +116,21 @@ int lk_cmd_netbench(int argc, char **argv) {
     if (key_file) {
         if (lk_key_load(key_file, key, err, sizeof err)) { fprintf(stderr, "lockstep netbench: %s\n", err); return 2; }
         c.key = key;
+    }
+    if (workers) {
+        if (local || addrs_s || rank >= 0) {
+            fprintf(stderr, "lockstep netbench: --workers excludes --local, --addrs and --rank\n");
+            return 2;
+        }
+        if (!c.key) {
+            fprintf(stderr, "lockstep netbench: --workers needs --key-file (the workers' cluster key)\n");
+            return 2;
+        }
+        if (lk_cluster_bench(workers, c.key, &c.cfg, c.shm, c.spin_ns, stdout, err, sizeof err)) {
+            fprintf(stderr, "lockstep netbench: %s\n", err);
+            return 1;
+        }
+        return 0;
     }
     static char abuf[MAX_RANKS][64];
     const char *addrs[MAX_RANKS];

@@ -31,6 +31,8 @@
 #ifndef LK_CLUSTER_H
 #define LK_CLUSTER_H
 
+#include <stdio.h>
+
 #include "common/lk_common.h"
 #include "gguf/gguf.h"
 #include "parallel/parallel.h"
@@ -61,6 +63,7 @@ typedef enum {
     LK_MSG_BYE     = 22, /* orderly end of a session */
     LK_MSG_MESH    = 23, /* every rank's data address: build the mesh */
     LK_MSG_READY   = 24, /* u8 ok, reason: mesh built */
+    LK_MSG_BENCH   = 25, /* rank, ranks, transport, benchmark settings (instead of LOAD) */
 } lk_msg_type;
 
 typedef struct {
@@ -169,6 +172,24 @@ lk_status lk_handshake(lk_chan *c, bool initiator, const lk_hs_params *p, lk_hs_
 lk_status lk_hs_mesh_auth(void *ctx, lk_link *l, bool initiator, uint64_t deadline_ns, char *err, size_t errlen);
 
 const char *lk_build_id(void);
+
+/* ---- network benchmark ---------------------------------------------------------------- */
+
+typedef struct {
+    size_t      sizes[32];
+    int         nsizes;
+    int64_t     iters;        /* timed repetitions per size (fewer for big sizes) */
+    lk_wire_fmt wire;
+    bool        allreduce_only;
+} lk_bench_cfg;
+
+/* Runs the benchmark as this rank of mesh (every rank calls it with the same
+ * cfg); rank 0 prints the table to out. The mesh stays the caller's. */
+lk_status lk_bench_run(lk_mesh *mesh, const lk_bench_cfg *cfg, FILE *out, char *err, size_t errlen);
+/* The same against running worker daemons: connects, authenticates, has
+ * each build the mesh with us (rank 0) and run its part. */
+lk_status lk_cluster_bench(const char *workers, const uint8_t *key, const lk_bench_cfg *cfg, lk_mesh_shm shm,
+                           int64_t spin_ns, FILE *out, char *err, size_t errlen);
 
 /* ---- worker and head --------------------------------------------------------------
  *

@@ -250,6 +250,79 @@ static lk_status spawn_local(lk_cluster *c, int r, int threads, char *err, size_
     return LK_OK;
 }
 
+/* Connects to every worker address and runs the handshake as the head. */
+static lk_status connect_all(lk_cluster *c, const lk_hs_params *hp, char *err, size_t errlen) {
+    char why[LK_ERRLEN];
+    lk_status st;
+    for (int r = 1; r < c->n; r++) {
+        if ((st = lk_tcp_connect(c->w[r].addr, lk_deadline_ms(10000), &c->w[r].link, why, sizeof why)))
+            return lk_fail(err, errlen, st, "worker rank %d: %s", r, why);
+        c->w[r].link->peer_rank = r;
+        lk_chan_init(&c->w[r].ch, c->w[r].link);
+        lk_hs_peer peer;
+        if ((st = lk_handshake(&c->w[r].ch, true, hp, &peer, why, sizeof why)))
+            return lk_fail(err, errlen, st, "worker rank %d: %s", r, why);
+    }
+    return LK_OK;
+}
+
+/* After LOAD or BENCH went out: collects every worker's LOADED (its mesh
+ * address), sends everyone's addresses, builds our end of the mesh and
+ * waits for every READY. */
+static lk_status mesh_phase(lk_cluster *c, const char *refusal, lk_mesh_shm shm, int64_t spin_ns, char *err,
+                            size_t errlen) {
+    lk_status st;
+    char why[LK_ERRLEN];
+    uint8_t buf[8192];
+    lk_mesh_msg mm = {.n = c->n};
+    for (int r = 1; r < c->n; r++) {
+        lk_frame_hdr h;
+        lk_loaded_msg rep;
+        if ((st = recv_reply(c, r, &h, buf, sizeof buf, err, errlen))) return st;
+        if (h.type != LK_MSG_LOADED || !lk_proto_loaded_decode(buf, h.len, &rep))
+            return lk_fail(err, errlen, LK_ERR_FORMAT, "worker rank %d (%s): bad reply %s", r, c->w[r].addr,
+                           lk_msg_name(h.type));
+        if (!rep.ok)
+            return lk_fail(err, errlen, LK_ERR_PEER, "worker rank %d (%s) %s: %s", r, c->w[r].addr, refusal, rep.reason);
+        snprintf(mm.addrs[r], LK_ADDR_LEN, "%s", rep.mesh_addr);
+    }
+    /* our listener on the address the first worker sees us by */
+    char host[96];
+    local_host(c->w[1].link, host, sizeof host);
+    char laddr[LK_ADDR_LEN];
+    int lfd, port;
+    snprintf(laddr, sizeof laddr, strchr(host, ':') ? "[%s]:0" : "%s:0", host);
+    if ((st = lk_tcp_listen(laddr, &lfd, &port, err, errlen))) return st;
+    snprintf(mm.addrs[0], LK_ADDR_LEN, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
+    uint32_t len = lk_proto_mesh_encode(&mm, buf, sizeof buf);
+    for (int r = 1; r < c->n; r++)
+        if ((st = send_to(c, r, LK_MSG_MESH, buf, len, 5000, why, sizeof why))) {
+            close(lfd);
+            return lk_fail(err, errlen, st, "worker rank %d (%s): %s", r, c->w[r].addr, why);
+        }
+    const char *addrs[LK_MAX_RANKS];
+    for (int r = 0; r < c->n; r++) addrs[r] = mm.addrs[r];
+    lk_hs_params mhp;
+    lk_hs_defaults(&mhp, c->key, "rank 0");
+    lk_mesh_params mp = {.rank = 0, .n = c->n, .addrs = addrs, .listen_fd = lfd, .shm = shm, .spin_ns = spin_ns,
+                         .timeout_ms = 20000, .auth = lk_hs_mesh_auth, .auth_ctx = &mhp};
+    st = lk_mesh_create(&mp, &c->mesh, why, sizeof why);
+    close(lfd);
+    if (st) return lk_fail(err, errlen, st, "building the mesh: %s", why);
+    for (int r = 1; r < c->n; r++) {
+        lk_frame_hdr h;
+        if ((st = recv_reply(c, r, &h, buf, sizeof buf, err, errlen))) return st;
+        lk_rbuf rb = {buf, h.len, 0, true};
+        uint8_t ok = lk_rb_u8(&rb);
+        char reason[512];
+        lk_rb_str(&rb, reason, sizeof reason);
+        if (h.type != LK_MSG_READY || !rb.ok || !ok)
+            return lk_fail(err, errlen, LK_ERR_PEER, "worker rank %d (%s): mesh failed: %s", r, c->w[r].addr,
+                           rb.ok ? reason : "bad reply");
+    }
+    return LK_OK;
+}
+
 static lk_status open_fail(lk_cluster *c, lk_status st) {
     lk_cluster_close(c);
     return st;
@@ -350,15 +423,7 @@ lk_status lk_cluster_open(const lk_cluster_opts *o, const lk_gguf *g, const lk_p
     hp.has_model = true;
     memcpy(hp.model_id, id, sizeof id);
     char why[LK_ERRLEN];
-    for (int r = 1; r < c->n; r++) {
-        if ((st = lk_tcp_connect(c->w[r].addr, lk_deadline_ms(10000), &c->w[r].link, why, sizeof why)))
-            return open_fail(c, lk_fail(err, errlen, st, "worker rank %d: %s", r, why));
-        c->w[r].link->peer_rank = r;
-        lk_chan_init(&c->w[r].ch, c->w[r].link);
-        lk_hs_peer peer;
-        if ((st = lk_handshake(&c->w[r].ch, true, &hp, &peer, why, sizeof why)))
-            return open_fail(c, lk_fail(err, errlen, st, "worker rank %d: %s", r, why));
-    }
+    if ((st = connect_all(c, &hp, err, errlen))) return open_fail(c, st);
 
     /* load */
     const char *path = lk_gguf_path(g), *base = strrchr(path, '/');
@@ -375,54 +440,7 @@ lk_status lk_cluster_open(const lk_cluster_opts *o, const lk_gguf *g, const lk_p
         if ((st = send_to(c, r, LK_MSG_LOAD, buf, len, 5000, why, sizeof why)))
             return open_fail(c, lk_fail(err, errlen, st, "worker rank %d (%s): %s", r, c->w[r].addr, why));
     }
-    lk_mesh_msg mm = {.n = c->n};
-    for (int r = 1; r < c->n; r++) {
-        lk_frame_hdr h;
-        lk_loaded_msg rep;
-        if ((st = recv_reply(c, r, &h, buf, sizeof buf, err, errlen))) return open_fail(c, st);
-        if (h.type != LK_MSG_LOADED || !lk_proto_loaded_decode(buf, h.len, &rep))
-            return open_fail(c, lk_fail(err, errlen, LK_ERR_FORMAT, "worker rank %d (%s): bad reply %s to LOAD", r,
-                                        c->w[r].addr, lk_msg_name(h.type)));
-        if (!rep.ok)
-            return open_fail(c, lk_fail(err, errlen, LK_ERR_PEER, "worker rank %d (%s) cannot load the model: %s", r,
-                                        c->w[r].addr, rep.reason));
-        snprintf(mm.addrs[r], LK_ADDR_LEN, "%s", rep.mesh_addr);
-    }
-
-    /* mesh: our listener on the address the first worker sees us by */
-    char host[96];
-    local_host(c->w[1].link, host, sizeof host);
-    char laddr[LK_ADDR_LEN];
-    int lfd, port;
-    snprintf(laddr, sizeof laddr, strchr(host, ':') ? "[%s]:0" : "%s:0", host);
-    if ((st = lk_tcp_listen(laddr, &lfd, &port, err, errlen))) return open_fail(c, st);
-    snprintf(mm.addrs[0], LK_ADDR_LEN, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
-    uint32_t len = lk_proto_mesh_encode(&mm, buf, sizeof buf);
-    for (int r = 1; r < c->n; r++)
-        if ((st = send_to(c, r, LK_MSG_MESH, buf, len, 5000, why, sizeof why))) {
-            close(lfd);
-            return open_fail(c, lk_fail(err, errlen, st, "worker rank %d (%s): %s", r, c->w[r].addr, why));
-        }
-    const char *addrs[LK_MAX_RANKS];
-    for (int r = 0; r < c->n; r++) addrs[r] = mm.addrs[r];
-    lk_hs_params mhp;
-    lk_hs_defaults(&mhp, c->key, "rank 0");
-    lk_mesh_params mp = {.rank = 0, .n = c->n, .addrs = addrs, .listen_fd = lfd, .shm = shm, .spin_ns = -1,
-                         .timeout_ms = 20000, .auth = lk_hs_mesh_auth, .auth_ctx = &mhp};
-    st = lk_mesh_create(&mp, &c->mesh, why, sizeof why);
-    close(lfd);
-    if (st) return open_fail(c, lk_fail(err, errlen, st, "building the mesh: %s", why));
-    for (int r = 1; r < c->n; r++) {
-        lk_frame_hdr h;
-        if ((st = recv_reply(c, r, &h, buf, sizeof buf, err, errlen))) return open_fail(c, st);
-        lk_rbuf rb = {buf, h.len, 0, true};
-        uint8_t ok = lk_rb_u8(&rb);
-        char reason[512];
-        lk_rb_str(&rb, reason, sizeof reason);
-        if (h.type != LK_MSG_READY || !rb.ok || !ok)
-            return open_fail(c, lk_fail(err, errlen, LK_ERR_PEER, "worker rank %d (%s): mesh failed: %s", r,
-                                        c->w[r].addr, rb.ok ? reason : "bad reply"));
-    }
+    if ((st = mesh_phase(c, "cannot load the model", shm, -1, err, errlen))) return open_fail(c, st);
     int group[LK_MAX_RANKS];
     for (int t = 0; t < tp; t++) group[t] = t; /* the head's TP group: stage 0 */
     if ((st = lk_comm_create(c->mesh, group, tp, &c->comm, err, errlen))) return open_fail(c, st);
@@ -681,4 +699,40 @@ static lk_status merge_candidates(lk_cluster *c, int nl, int n_cand, int32_t *id
     }
     *n_out = k;
     return LK_OK;
+}
+
+lk_status lk_cluster_bench(const char *workers, const uint8_t *key, const lk_bench_cfg *cfg, lk_mesh_shm shm,
+                           int64_t spin_ns, FILE *out, char *err, size_t errlen) {
+    lk_cluster *c = lk_xcalloc(1, sizeof *c);
+    pthread_mutex_init(&c->err_mu, NULL);
+    for (int r = 0; r < LK_MAX_RANKS; r++) pthread_mutex_init(&c->w[r].mu, NULL);
+    memcpy(c->key, key, LK_KEY_BYTES);
+    c->n = 1;
+    char *list = lk_xstrdup(workers), *save = NULL;
+    for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (c->n == LK_MAX_RANKS || strlen(t) >= LK_ADDR_LEN) {
+            free(list);
+            return open_fail(c, lk_fail(err, errlen, LK_ERR_ARG, "--workers: at most %d entries of HOST:PORT",
+                                        LK_MAX_RANKS - 1));
+        }
+        snprintf(c->w[c->n++].addr, LK_ADDR_LEN, "%s", t);
+    }
+    free(list);
+    if (c->n < 2) return open_fail(c, lk_fail(err, errlen, LK_ERR_ARG, "--workers: no address given"));
+    lk_hs_params hp;
+    lk_hs_defaults(&hp, c->key, "head");
+    lk_status st = connect_all(c, &hp, err, errlen);
+    if (st) return open_fail(c, st);
+    uint8_t buf[1024];
+    char why[LK_ERRLEN];
+    for (int r = 1; r < c->n; r++) {
+        lk_bench_msg b = {.rank = r, .n_ranks = c->n, .shm = (uint8_t)shm, .spin_ns = spin_ns, .cfg = *cfg};
+        uint32_t len = lk_proto_bench_encode(&b, buf, sizeof buf);
+        if ((st = send_to(c, r, LK_MSG_BENCH, buf, len, 5000, why, sizeof why)))
+            return open_fail(c, lk_fail(err, errlen, st, "worker rank %d (%s): %s", r, c->w[r].addr, why));
+    }
+    if ((st = mesh_phase(c, "refused the benchmark", shm, spin_ns, err, errlen))) return open_fail(c, st);
+    st = lk_bench_run(c->mesh, cfg, out, err, errlen);
+    lk_cluster_close(c); /* BYE: the workers wait for the next head */
+    return st;
 }

@@ -97,3 +97,40 @@ bool lk_proto_mesh_decode(const uint8_t *buf, uint32_t len, lk_mesh_msg *m) {
     for (int i = 0; i < m->n; i++) lk_rb_str(&r, m->addrs[i], LK_ADDR_LEN);
     return r.ok && r.pos == r.len;
 }
+
+uint32_t lk_proto_bench_encode(const lk_bench_msg *m, uint8_t *buf, uint32_t cap) {
+    lk_wbuf w = {buf, cap, 0, true};
+    lk_wb_u32(&w, (uint32_t)m->rank); lk_wb_u32(&w, (uint32_t)m->n_ranks);
+    lk_wb_u8(&w, m->shm);
+    lk_wb_u64(&w, (uint64_t)m->spin_ns);
+    lk_wb_u64(&w, (uint64_t)m->cfg.iters);
+    lk_wb_u8(&w, (uint8_t)m->cfg.wire);
+    lk_wb_u8(&w, m->cfg.allreduce_only);
+    lk_wb_u32(&w, (uint32_t)m->cfg.nsizes);
+    for (int i = 0; i < m->cfg.nsizes; i++) lk_wb_u64(&w, m->cfg.sizes[i]);
+    LK_ASSERT(w.ok);
+    return w.len;
+}
+
+bool lk_proto_bench_decode(const uint8_t *buf, uint32_t len, lk_bench_msg *m) {
+    memset(m, 0, sizeof *m);
+    lk_rbuf r = {buf, len, 0, true};
+    m->rank = (int32_t)lk_rb_u32(&r); m->n_ranks = (int32_t)lk_rb_u32(&r);
+    m->shm = lk_rb_u8(&r);
+    m->spin_ns = (int64_t)lk_rb_u64(&r);
+    m->cfg.iters = (int64_t)lk_rb_u64(&r);
+    uint8_t wire = lk_rb_u8(&r), aro = lk_rb_u8(&r);
+    uint32_t ns = lk_rb_u32(&r);
+    if (!r.ok || ns < 1 || ns > 32) return false;
+    m->cfg.nsizes = (int)ns;
+    for (uint32_t i = 0; i < ns; i++) {
+        uint64_t v = lk_rb_u64(&r);
+        if (v < 1 || v > (256u << 20)) return false; /* the same bounds as netbench's --sizes */
+        m->cfg.sizes[i] = (size_t)v;
+    }
+    m->cfg.wire = (lk_wire_fmt)wire;
+    m->cfg.allreduce_only = aro != 0;
+    return r.ok && r.pos == r.len && m->n_ranks >= 2 && m->n_ranks <= LK_MAX_RANKS && m->rank >= 1 &&
+           m->rank < m->n_ranks && m->shm <= LK_MESH_SHM_FORCE && wire <= LK_WIRE_Q8 && aro <= 1 &&
+           m->cfg.iters >= 1 && m->cfg.iters <= 1000000 && m->spin_ns <= 1000000000;
+}

@@ -32,6 +32,15 @@ typedef struct {
     char    addrs[LK_MAX_RANKS][LK_ADDR_LEN];
 } lk_mesh_msg;
 
+typedef struct {
+    int32_t      rank, n_ranks;
+    uint8_t      shm;
+    int64_t      spin_ns;      /* < 0: automatic */
+    lk_bench_cfg cfg;
+} lk_bench_msg;
+
+uint32_t lk_proto_bench_encode(const lk_bench_msg *m, uint8_t *buf, uint32_t cap);
+bool     lk_proto_bench_decode(const uint8_t *buf, uint32_t len, lk_bench_msg *m);
 uint32_t lk_proto_load_encode(const lk_load_msg *m, uint8_t *buf, uint32_t cap);
 bool     lk_proto_load_decode(const uint8_t *buf, uint32_t len, lk_load_msg *m);
 uint32_t lk_proto_loaded_encode(const lk_loaded_msg *m, uint8_t *buf, uint32_t cap);

@@ -54,6 +54,8 @@ typedef struct {
     float *vals;            /* (MAX_CAND) */
     uint8_t *pairs;         /* (MAX_CAND * 8): gathered to rank 0 */
     lk_sampler *pen;        /* applies the head's penalties to our slice */
+    bool bench;             /* a netbench session: mesh only, no model */
+    lk_bench_msg bmsg;
     lk_sampler_params pen_p;
 } session;
 
@@ -117,6 +119,29 @@ static void local_host(session *s, char *host, size_t len) {
         getnameinfo((struct sockaddr *)&ss, sl, host, (socklen_t)len, NULL, 0, NI_NUMERICHOST);
 }
 
+/* The listener the other ranks reach us on for this session's mesh. */
+static lk_status open_mesh_listener(session *s, lk_loaded_msg *rep, char *err, size_t errlen) {
+    char host[96];
+    local_host(s, host, sizeof host);
+    char addr[LK_ADDR_LEN];
+    int port = 0;
+    snprintf(addr, sizeof addr, strchr(host, ':') ? "[%s]:0" : "%s:0", host);
+    lk_status st = lk_tcp_listen(addr, &s->mesh_lfd, &port, err, errlen);
+    if (!st) snprintf(rep->mesh_addr, sizeof rep->mesh_addr, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
+    return st;
+}
+
+static lk_status do_bench(session *s, const uint8_t *p, uint32_t len, lk_loaded_msg *rep, char *err, size_t errlen) {
+    if (s->m || s->bench) return lk_fail(err, errlen, LK_ERR_FORMAT, "BENCH after LOAD or BENCH");
+    if (!lk_proto_bench_decode(p, len, &s->bmsg)) return lk_fail(err, errlen, LK_ERR_FORMAT, "malformed BENCH message");
+    s->bench = true;
+    /* the mesh code reads rank and size from the LOAD fields */
+    s->load.rank = s->bmsg.rank;
+    s->load.n_ranks = s->bmsg.n_ranks;
+    s->load.shm = s->bmsg.shm;
+    return open_mesh_listener(s, rep, err, errlen);
+}
+
 static lk_status do_load(session *s, const uint8_t *p, uint32_t len, lk_loaded_msg *rep, char *err, size_t errlen) {
     if (s->m) return lk_fail(err, errlen, LK_ERR_FORMAT, "LOAD twice in one session");
     if (!lk_proto_load_decode(p, len, &s->load)) return lk_fail(err, errlen, LK_ERR_FORMAT, "malformed LOAD message");
@@ -141,13 +166,7 @@ static lk_status do_load(session *s, const uint8_t *p, uint32_t len, lk_loaded_m
     s->ids = lk_xmalloc(sizeof(int32_t) * MAX_CAND);
     s->vals = lk_xmalloc(sizeof(float) * MAX_CAND);
     s->pairs = lk_xmalloc(8 * MAX_CAND);
-    char host[96];
-    local_host(s, host, sizeof host);
-    char addr[LK_ADDR_LEN];
-    int port = 0;
-    snprintf(addr, sizeof addr, strchr(host, ':') ? "[%s]:0" : "%s:0", host);
-    if ((st = lk_tcp_listen(addr, &s->mesh_lfd, &port, err, errlen))) return st;
-    snprintf(rep->mesh_addr, sizeof rep->mesh_addr, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
+    if ((st = open_mesh_listener(s, rep, err, errlen))) return st;
     lk_log(LK_LOG_INFO, "worker: rank %d of %d loaded %s: layers %d-%d, heads %d-%d, ffn rows %lld-%lld, vocab %lld-%lld",
            L->rank, L->n_ranks, path, sl->layer0, sl->layer1 - 1, sl->head0, sl->head1 - 1, (long long)sl->ff0,
            (long long)sl->ff1 - 1, (long long)sl->vocab0, (long long)sl->vocab1 - 1);
@@ -155,7 +174,7 @@ static lk_status do_load(session *s, const uint8_t *p, uint32_t len, lk_loaded_m
 }
 
 static lk_status do_mesh(session *s, const uint8_t *p, uint32_t len, char *err, size_t errlen) {
-    if (!s->m || s->mesh) return lk_fail(err, errlen, LK_ERR_FORMAT, "MESH before LOAD, or twice");
+    if ((!s->m && !s->bench) || s->mesh) return lk_fail(err, errlen, LK_ERR_FORMAT, "MESH before LOAD, or twice");
     lk_mesh_msg mm;
     if (!lk_proto_mesh_decode(p, len, &mm) || mm.n != s->load.n_ranks)
         return lk_fail(err, errlen, LK_ERR_FORMAT, "malformed MESH message");
@@ -166,12 +185,12 @@ static lk_status do_mesh(session *s, const uint8_t *p, uint32_t len, char *err, 
     lk_hs_params hp;
     lk_hs_defaults(&hp, s->w->o->key, role);
     lk_mesh_params mp = {.rank = s->load.rank, .n = mm.n, .addrs = addrs, .listen_fd = s->mesh_lfd,
-                         .shm = (lk_mesh_shm)s->load.shm, .spin_ns = -1, .timeout_ms = 20000,
-                         .auth = lk_hs_mesh_auth, .auth_ctx = &hp};
+                         .shm = (lk_mesh_shm)s->load.shm, .spin_ns = s->bench ? s->bmsg.spin_ns : -1,
+                         .timeout_ms = 20000, .auth = lk_hs_mesh_auth, .auth_ctx = &hp};
     lk_status st = lk_mesh_create(&mp, &s->mesh, err, errlen);
     close(s->mesh_lfd);
     s->mesh_lfd = -1;
-    if (st) return st;
+    if (st || s->bench) return st;
     /* Our TP group: the ranks of our pipeline stage. */
     const lk_slice *sl = &s->load.slice;
     int group[LK_MAX_RANKS];
@@ -285,9 +304,10 @@ static void run_session(session *s) {
         }
         if (h.type == LK_MSG_PING) continue;
         if (h.type == LK_MSG_BYE) { lk_log(LK_LOG_INFO, "worker: head %s said goodbye", s->head); break; }
-        if (h.type == LK_MSG_LOAD) {
+        if (h.type == LK_MSG_LOAD || h.type == LK_MSG_BENCH) {
             lk_loaded_msg rep = {0};
-            st = do_load(s, buf, h.len, &rep, rep.reason, sizeof rep.reason);
+            st = h.type == LK_MSG_LOAD ? do_load(s, buf, h.len, &rep, rep.reason, sizeof rep.reason)
+                                       : do_bench(s, buf, h.len, &rep, rep.reason, sizeof rep.reason);
             rep.ok = st == LK_OK;
             if (st) lk_log(LK_LOG_WARN, "worker: LOAD from %s refused: %s", s->head, rep.reason);
             uint8_t out[1024];
@@ -304,6 +324,15 @@ static void run_session(session *s) {
             lk_wb_str(&w, why);
             if (st) lk_log(LK_LOG_WARN, "worker: mesh for %s failed: %s", s->head, why);
             if (send_locked(s, LK_MSG_READY, out, w.len, err, sizeof err) || st) break;
+            if (s->bench) {
+                /* Our part of the benchmark, then wait for BYE. */
+                if ((st = lk_bench_run(s->mesh, &s->bmsg.cfg, NULL, err, sizeof err))) {
+                    lk_log(LK_LOG_WARN, "worker: benchmark for %s failed: %s", s->head, err);
+                    break;
+                }
+                lk_mesh_free(s->mesh);
+                s->mesh = NULL;
+            }
             continue;
         }
         if (h.type == LK_MSG_STEP) {
