@@ -18,6 +18,7 @@
 #include "tokenizer/tokenizer.h"
 
 #include <inttypes.h>
+#include <signal.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +27,24 @@
 #include <unistd.h>
 
 static const char *SYNOPSIS = "-m FILE [-s SYSTEM] [--chat-template NAME] [options]  (user turns on stdin, one per line)";
+
+/* Ctrl-C (interactive only) stops the reply being written, not the program,
+ * as users of interactive chats expect; at the prompt it ends the chat. The
+ * flag is this file's one process-wide singleton: all a handler may set. */
+static volatile sig_atomic_t g_interrupted;
+static void on_sigint(int sig) { (void)sig; g_interrupted = 1; }
+/* While a reply is generated system calls restart (transports, the pool and
+ * stdout need not see EINTR); at the prompt the read is interrupted so
+ * Ctrl-C ends the chat at once. Installed before the engine starts local
+ * ranks: forked ranks inherit it, so a Ctrl-C from the terminal (sent to the
+ * whole process group) does not kill them in the middle of a reply. */
+static void sigint_mode(bool restart) {
+    struct sigaction sa = { 0 };
+    sa.sa_handler = on_sigint;
+    sa.sa_flags = restart ? SA_RESTART : 0;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+}
 
 /* ======================================================================
  * growable arrays
@@ -85,7 +104,7 @@ typedef struct {
     bool          verbose;
     /* totals for the summary line */
     int           n_replies;
-    int64_t       n_fed, n_reused, n_gen;
+    int64_t       n_fed, n_reused, n_gen, n_steps; /* n_steps: one-token decode steps (t_decode covers these) */
     double        t_prefill, t_decode;
 } chat;
 
@@ -119,6 +138,7 @@ static void chat_push(chat *c, const char *role, const char *content) {
 
 /* Removes h[i..j). */
 static void chat_drop(chat *c, int i, int j) {
+    if (i == j) return;
     for (int k = i; k < j; k++) free(c->h[k].content);
     memmove(c->h + i, c->h + j, sizeof(turn) * (size_t)(c->n_h - j));
     c->n_h -= j - i;
@@ -294,6 +314,7 @@ static lk_status generate(chat *c, const ids_t *prompt, char **reply, char *err,
             fflush(stdout);
         }
         if (c->n_predict >= 0 && n_gen >= c->n_predict) { why = "-n limit"; break; }
+        if (g_interrupted) { g_interrupted = 0; why = "interrupted"; break; }
         if (pos + 1 > c->n_ctx) { why = "context full"; break; }
         int32_t fed = next;
         if ((st = lk_engine_step(c->e, &fed, 1, pos++, c->s, &next, err, errlen))) break;
@@ -309,12 +330,14 @@ static lk_status generate(chat *c, const ids_t *prompt, char **reply, char *err,
     fflush(stdout);
     free(piece);
     c->n_gen += n_gen;
+    c->n_steps += n_gen - 1;
     c->n_replies++;
     if (st) {
         free(text.p);
         c->kv.n = 0;
         return st;
     }
+    if (!strcmp(why, "interrupted")) fprintf(stderr, "lockstep chat: reply interrupted (Ctrl-C); it stays in the conversation\n");
     if (!strcmp(why, "context full"))
         fprintf(stderr, "lockstep chat: the context of %d tokens (--ctx) is full: the reply was cut; "
                         "the next turn drops the oldest messages (or /reset)\n", c->n_ctx);
@@ -335,10 +358,14 @@ static char *read_turn(bool tty) {
     str_t t = { 0 };
     char *line = NULL;
     size_t cap = 0;
+    if (tty) { g_interrupted = 0; sigint_mode(false); }
     for (;;) {
         if (tty) { fputs(t.n || t.p ? "... " : "> ", stdout); fflush(stdout); }
         ssize_t n = getline(&line, &cap, stdin);
-        if (n < 0) break;
+        if (n < 0) {
+            if (tty && g_interrupted) { fputc('\n', stdout); free(t.p); t.p = NULL; } /* Ctrl-C: end */
+            break;
+        }
         while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) n--;
         bool more = n > 0 && line[n - 1] == '\\';
         str_put(&t, line, (size_t)(more ? n - 1 : n));
@@ -346,6 +373,7 @@ static char *read_turn(bool tty) {
         str_put(&t, "\n", 1);
     }
     free(line);
+    if (tty) sigint_mode(true);
     return t.p;
 }
 
@@ -474,6 +502,8 @@ int lk_cmd_chat(int argc, char **argv) {
                           .transport = transport, .wire = wire };
     chat c = { .n_predict = n_predict, .reuse = !no_reuse, .verbose = verbose };
     int rc = 0;
+    bool tty = isatty(STDIN_FILENO);
+    if (tty) sigint_mode(true);
     double t_load = lk_time_s();
     if (lk_engine_open(&eo, &c.e, err, sizeof err)) {
         fprintf(stderr, "lockstep chat: %s\n", err);
@@ -522,7 +552,6 @@ int lk_cmd_chat(int argc, char **argv) {
     c.s = lk_sampler_create(&sp);
     if (system_prompt) chat_push(&c, "system", system_prompt);
 
-    bool tty = isatty(STDIN_FILENO);
     if (tty) {
         fprintf(stderr, "lockstep chat: %s, %d rank%s, context %d tokens, template %s. ", model, lk_engine_n_ranks(c.e),
                 lk_engine_n_ranks(c.e) > 1 ? "s" : "", c.n_ctx, tmpl_name ? tmpl_name : lk_chat_template_guess(tmpl));
@@ -567,7 +596,7 @@ int lk_cmd_chat(int argc, char **argv) {
     fprintf(stderr, "lockstep: load %.2f s | %d repl%s | prefill %" PRId64 " tokens %.1f tok/s (%" PRId64 " reused from the cache) | "
                     "decode %" PRId64 " tokens %.1f tok/s | %d rank%s | seed %lld\n",
             t_load, c.n_replies, c.n_replies == 1 ? "y" : "ies", c.n_fed, c.t_prefill > 0 ? c.n_fed / c.t_prefill : 0.0,
-            c.n_reused, c.n_gen, c.t_decode > 0 ? c.n_gen / c.t_decode : 0.0, lk_engine_n_ranks(c.e),
+            c.n_reused, c.n_gen, c.t_decode > 0 && c.n_steps > 0 ? c.n_steps / c.t_decode : 0.0, lk_engine_n_ranks(c.e),
             lk_engine_n_ranks(c.e) > 1 ? "s" : "", (long long)seed);
 out:
     chat_drop(&c, 0, c.n_h);
