@@ -163,7 +163,7 @@ static lk_status encode_into(const chat *c, ids_t *out, const char *text, size_t
 
 /* The prompt's tokens for the whole conversation.
  * When no message holds control-token text: one encode of the rendered text
- * with parse_special on. Otherwise the template is rendered a second time
+ * with parse_special on. Otherwise the template renders the conversation
  * with those messages' contents replaced by sentinels ("\x01" + a fresh
  * random number + "." + index + "\x02": digits and control bytes, which no
  * filter such as trim/upper changes, and which no message can guess); the
