@@ -152,3 +152,6 @@ fi
 expect local2 0 'Hello there\nTell me more\n' "${CT[@]}" --local 2
 has local2_ranks "$T/err" '\| 2 ranks \|'
 same local2_same_text "$T/out" "$T/two_a"
+# and a 2-stage pipeline
+expect local2_pp 0 'Hello there\nTell me more\n' "${CT[@]}" --local 2 --pp 2
+same local2_pp_same_text "$T/out" "$T/two_a"
