@@ -14,6 +14,7 @@
 
 #include "lk_test.h"
 #include "gguf/gguf.h"
+#include "kernels/membw.h"
 #include "quant/quant.h"
 
 /* ---- deterministic random numbers (xorshift64*) ---- */
@@ -484,6 +485,20 @@ TEST(dequantize_real_files_vs_master) {
     }
 }
 
+/* The bandwidth probe: a plausible figure for 1 and 2 threads on a small
+ * buffer (a cache-resident measure; real use sizes it above the LLC), and
+ * refusal of a buffer too small to split. Only sanity: the value itself is
+ * the machine's. */
+TEST(membw_probe) {
+    double one = lk_membw_read_gbs(1, (size_t)16 << 20, 3);
+    double two = lk_membw_read_gbs(2, (size_t)16 << 20, 3);
+    CHECKF(one > 0.05 && one < 1e5, "1 thread: %g GB/s", one);
+    CHECKF(two > 0.05 && two < 1e5, "2 threads: %g GB/s", two);
+    CHECK(lk_membw_read_gbs(4, 100, 1) < 0);
+    size_t llc = lk_membw_llc_bytes();
+    CHECKF(llc == 0 || (llc >= ((size_t)64 << 10) && llc < ((size_t)64 << 30)), "llc %zu", llc);
+}
+
 int main(void) {
     RUN(traits);
     RUN(quantize_known_vectors);
@@ -493,5 +508,6 @@ int main(void) {
     RUN(matmul_vs_double_all_levels);
     RUN(requantize_matches_llama_quantize);
     RUN(dequantize_real_files_vs_master);
+    RUN(membw_probe);
     return lk_test_end();
 }
