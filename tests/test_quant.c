@@ -351,6 +351,10 @@ TEST(matmul_vs_double_all_levels) {
                            levels[l], lk_type_name(t), (long long)ns[k]);
                 }
             CHECKF(check_matmul(t, kq * 2, 6, 67, 1) == 0, "%s %s ntok 67", levels[l], lk_type_name(t));
+            /* long rows: decode kernels take columns in chunks (12288
+             * elements for Q4_0/Q8_0) and add partial sums */
+            if (kq == 32)
+                CHECKF(check_matmul(t, 32 * 775, 5, 1, 2) == 0, "%s %s n=24800", levels[l], lk_type_name(t));
         }
     }
     CHECK(tested >= 1);

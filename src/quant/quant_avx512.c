@@ -188,58 +188,123 @@ LK_T512 static LK_INL void q4q8_tile(const int R, const int T, const bool is_q8,
         }
 }
 
-/* Q4_0 decode, 4 rows: instead of scaling each row's 16 partial sums
- * separately (a scale permute + fp16 conversion + multiply per row), the 4
- * rows' integer sums are transposed and added so that lane 4k + r holds row
- * r's sum for block k; one conversion and one FMA then serve all 4 rows, and
- * one fp16 conversion gives all 16 (row, block) scales. About a quarter
- * fewer uops per byte than the generic tile, which matters because decode on
- * one core is close to compute-bound for 4-bit weights. */
-LK_T512 static void q40_dec4(int64_t n, const uint8_t *w, size_t ws, const uint8_t *a, size_t as,
-                             float *y, size_t ys) {
-    const lk_tabs tb = tabs_load();
+/* ---- decode (one token) ------------------------------------------------
+ * The activation row is rearranged once per call into a stack buffer (per
+ * group of 4 blocks: quants lo/hi in the weights' lane order, scales as 16
+ * floats, the offset correction per lane and per block), so its permutes are
+ * paid once for all rows instead of once per 4 rows. Long rows go in column
+ * chunks of PG_CHUNK groups (30 KiB of buffer), partial sums added into y. */
+enum { PG_LO = 0, PG_HI = 64, PG_D = 128, PG_NEGL = 192, PG_NEGR = 256, PG_BYTES = 320, PG_CHUNK = 96 };
+
+LK_T512 static void q80_prep(const lk_tabs *tb, const uint8_t *a, int64_t gn, const bool q4, uint8_t *buf) {
+    const __m512i kofs = _mm512_set1_epi8(q4 ? 8 : (char)0x80);
+    for (int64_t g = 0; g < gn; g++, buf += PG_BYTES) {
+        q8grp A = q80_load(tb, a + (size_t)g * 4 * LK_Q80_BYTES);
+        __m512i c = q80_negsum(&A, kofs);
+        _mm512_store_si512(buf + PG_LO, A.lo);
+        _mm512_store_si512(buf + PG_HI, A.hi);
+        _mm512_store_ps(buf + PG_D, A.d);
+        _mm512_store_si512(buf + PG_NEGL, c);
+        /* per block: the 4 lanes' total in each of them */
+        c = _mm512_add_epi32(c, _mm512_shuffle_epi32(c, _MM_PERM_BADC));
+        c = _mm512_add_epi32(c, _mm512_shuffle_epi32(c, _MM_PERM_CDAB));
+        _mm512_store_si512(buf + PG_NEGR, c);
+    }
+}
+
+/* R rows x the prepared groups, each row scaled on its own (Q8_0, and the
+ * Q4_0 rows left over after the 4-row kernel). */
+LK_T512 static LK_INL void q4q8_dec_rows(const int R, const bool is_q8, const lk_tabs *tb, const uint8_t *buf,
+                                         int64_t gn, const uint8_t *w, size_t ws, float *out) {
+    const size_t wbb = is_q8 ? LK_Q80_BYTES : LK_Q40_BYTES;
+    __m512 acc[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < gn; g++, buf += PG_BYTES) {
+        __m512i alo = _mm512_load_si512(buf + PG_LO), ahi = _mm512_load_si512(buf + PG_HI);
+        __m512i neg = _mm512_load_si512(buf + PG_NEGL);
+        __m512 ad = _mm512_load_ps(buf + PG_D);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const uint8_t *p = w + r * ws + (size_t)g * 4 * wbb;
+            pf_range(p, 4 * wbb);
+            wgrp W = is_q8 ? q80_wload(tb, p) : q40_wload(tb, p);
+            __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(neg, W.lo, alo), W.hi, ahi);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(W.d, ad), acc[r]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) out[r] = hsum(acc[r]);
+}
+
+/* Q4_0, 4 rows: instead of scaling each row's 16 partial sums separately (a
+ * scale permute + fp16 conversion + multiply per row), the 4 rows' integer
+ * sums are transposed and added so that lane 4k + r holds row r's sum for
+ * block k; one conversion and one FMA then serve all 4 rows, and one fp16
+ * conversion gives all 16 (row, block) scales. Decode of 4-bit weights on
+ * one core is close to compute-bound, so uops per byte matter. */
+LK_T512 static void q40_dec4_buf(const lk_tabs *tb, const uint8_t *buf, int64_t gn, const uint8_t *w,
+                                 size_t ws, float *out) {
     const __m512i d2 = _mm512_loadu_si512(k_q40_d2);
-    const __m512i k8 = _mm512_set1_epi8(8);
-    const int64_t nb = n / LK_QK, ng = nb / 4;
     __m512 acc = _mm512_setzero_ps();
-    for (int64_t g = 0; g < ng; g++) {
+    for (int64_t g = 0; g < gn; g++, buf += PG_BYTES) {
         const uint8_t *p0 = w + (size_t)g * 4 * LK_Q40_BYTES;
-        q8grp A = q80_load(&tb, a + (size_t)g * 4 * LK_Q80_BYTES);
+        __m512i alo = _mm512_load_si512(buf + PG_LO), ahi = _mm512_load_si512(buf + PG_HI);
         __m512i S[4], L0[4];
 #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
             const uint8_t *p = p0 + r * ws;
             pf_range(p, 4 * LK_Q40_BYTES);
             L0[r] = _mm512_loadu_si512(p);
-            __m512i q = _mm512_permutex2var_epi8(L0[r], tb.q40_qs, _mm512_loadu_si512(p + 8));
-            __m512i lo = _mm512_and_si512(q, tb.m0f);
-            __m512i hi = hi_nibble(q);
-            S[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, A.lo), hi, A.hi);
+            __m512i q = _mm512_permutex2var_epi8(L0[r], tb->q40_qs, _mm512_loadu_si512(p + 8));
+            __m512i lo = _mm512_and_si512(q, tb->m0f);
+            S[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, alo), hi_nibble(q), ahi);
         }
         /* lane 4k + r <- sum of row r's 4 lanes of block k */
         __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(S[0], S[1]), _mm512_unpackhi_epi32(S[0], S[1]));
         __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(S[2], S[3]), _mm512_unpackhi_epi32(S[2], S[3]));
         __m512i u = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
-        /* -8 * (sum of block k's activation quants) in all 4 lanes of block k */
-        __m512i c = q80_negsum(&A, k8);
-        c = _mm512_add_epi32(c, _mm512_shuffle_epi32(c, _MM_PERM_BADC));
-        c = _mm512_add_epi32(c, _mm512_shuffle_epi32(c, _MM_PERM_CDAB));
         __m512i dw = _mm512_mask_blend_epi16(0xCCCCu, _mm512_permutex2var_epi8(L0[0], d2, L0[1]),
                                              _mm512_permutex2var_epi8(L0[2], d2, L0[3]));
-        __m512 sc = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(dw)), A.d);
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(u, c)), sc, acc);
+        __m512 sc = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(dw)), _mm512_load_ps(buf + PG_D));
+        u = _mm512_add_epi32(u, _mm512_load_si512(buf + PG_NEGR));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(u), sc, acc);
     }
     /* rows are lanes r, r+4, r+8, r+12 */
     __m256 h = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
-    __m128 v = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    float out[4];
-    _mm_storeu_ps(out, v);
-    const int64_t tail = (nb - ng * 4) * LK_QK;
-    for (int r = 0; r < 4; r++) {
-        if (tail)
-            out[r] += lk_quant_dot_scalar(LK_TYPE_Q4_0, tail, w + r * ws + (size_t)ng * 4 * LK_Q40_BYTES,
-                                          a + (size_t)ng * 4 * LK_Q80_BYTES);
-        y[r] = out[r];
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+}
+
+LK_T512 static void q4q8_decode(const bool is_q8, int64_t n, int64_t nrows, const uint8_t *w, size_t ws,
+                                const uint8_t *a, float *y) {
+    const lk_tabs tb = tabs_load();
+    const size_t wbb = is_q8 ? LK_Q80_BYTES : LK_Q40_BYTES;
+    const int64_t nb = n / LK_QK, ng = nb / 4;
+    _Alignas(64) uint8_t buf[PG_CHUNK * PG_BYTES];
+    for (int64_t r = 0; r < nrows; r++) y[r] = 0;
+    for (int64_t g0 = 0; g0 < ng; g0 += PG_CHUNK) {
+        int64_t gn = LK_MIN((int64_t)PG_CHUNK, ng - g0);
+        q80_prep(&tb, a + (size_t)g0 * 4 * LK_Q80_BYTES, gn, !is_q8, buf);
+        const uint8_t *wc = w + (size_t)g0 * 4 * wbb;
+        float out[4];
+        int64_t r = 0;
+        for (; r + 4 <= nrows; r += 4) {
+            if (is_q8) q4q8_dec_rows(4, true, &tb, buf, gn, wc + (size_t)r * ws, ws, out);
+            else q40_dec4_buf(&tb, buf, gn, wc + (size_t)r * ws, ws, out);
+            for (int i = 0; i < 4; i++) y[r + i] += out[i];
+        }
+        for (; r < nrows; r++) {
+            if (is_q8) q4q8_dec_rows(1, true, &tb, buf, gn, wc + (size_t)r * ws, ws, out);
+            else q4q8_dec_rows(1, false, &tb, buf, gn, wc + (size_t)r * ws, ws, out);
+            y[r] += out[0];
+        }
+    }
+    if (nb > ng * 4) {
+        const int64_t tail = (nb - ng * 4) * LK_QK;
+        for (int64_t r = 0; r < nrows; r++)
+            y[r] += lk_quant_dot_scalar(is_q8 ? LK_TYPE_Q8_0 : LK_TYPE_Q4_0, tail,
+                                        w + (size_t)r * ws + (size_t)ng * 4 * wbb,
+                                        a + (size_t)ng * 4 * LK_Q80_BYTES);
     }
 }
 
@@ -581,7 +646,7 @@ LK_T512BF static LK_INL void bf_tile(const int R, const int T, int64_t n, const 
     static const lk_tileset name##_set = {dec4, name##_1x1, 4, 3,                                   \
                                           {{NULL, name##_1x1, name##_1x2, name##_1x3, NULL},        \
                                            {NULL, name##_4x1, name##_4x2, name##_4x3, NULL}}};
-LK_Q_TILES(q40, false, q40_dec4) /* the generic 4x1 tile remains the prefill remainder */
+LK_Q_TILES(q40, false, q40_4x1) /* decode goes through q4q8_decode */
 LK_Q_TILES(q80, true, q80_4x1)
 
 /* K-quants: decode 4x1, prefill 1x4 */
@@ -621,8 +686,16 @@ LK_F_TILES(LK_T512BF, bf, BF_CALL)
                           size_t y_stride) {                                                \
         lk_quant_run_tiles(&name##_set, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride); \
     }
-LK_MM_FN(q40)
-LK_MM_FN(q80)
+/* Q4_0 / Q8_0: decode through the prepared-activation kernels, prefill tiles */
+#define LK_MM_Q_FN(name, isq8)                                                              \
+    static void mm_##name(int64_t n, int64_t nrows, const void *w, size_t w_stride,         \
+                          int64_t ntok, const void *a, size_t a_stride, float *y,           \
+                          size_t y_stride) {                                                \
+        if (ntok == 1) q4q8_decode(isq8, n, nrows, w, w_stride, a, y);                      \
+        else lk_quant_run_tiles(&name##_set, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride); \
+    }
+LK_MM_Q_FN(q40, false)
+LK_MM_Q_FN(q80, true)
 LK_MM_FN(q4k)
 LK_MM_FN(q5k)
 LK_MM_FN(q6k)
