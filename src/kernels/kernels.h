@@ -45,6 +45,12 @@ size_t lk_matmul_scratch_bytes(int64_t cols, int64_t ntok);
 void lk_matmul(lk_pool *p, const lk_mat *W, const float *x, int64_t x_stride, int64_t ntok,
                float *y, int64_t y_stride, void *scratch);
 
+/* ---- vectors (attention) ---- */
+float lk_vec_dot_f32(const float *a, const float *b, int64_t n);
+void  lk_vec_axpy_f32(float *y, float a, const float *x, int64_t n);   /* y += a*x */
+float lk_vec_dot_f16(const float *a, const uint16_t *b, int64_t n);
+void  lk_vec_axpy_f16(float *y, float a, const uint16_t *x, int64_t n);
+
 /* ---- elementwise ---- */
 void lk_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
 void lk_softmax(float *x, int64_t n);

@@ -451,10 +451,6 @@ typedef struct {
     int li, n, pos0;
 } attn_job;
 
-static inline float kv_get(const lk_model *m, const void *base, size_t i) {
-    return m->kv_f16 ? lk_fp16_to_fp32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
-}
-
 /* Causal attention for n new tokens over this rank's heads; tasks are
  * (token, head) pairs split across threads, each with its own score row. */
 static void attn_fn(void *arg, int ith, int nth) {
@@ -472,29 +468,22 @@ static void attn_fn(void *arg, int ith, int nth) {
         int npos = j->pos0 + t + 1;
         const float *q = m->q + ((size_t)t * m->nh + h) * hd;
         size_t base = layer_off + (size_t)kvh * m->n_ctx * hd;
-        for (int p = 0; p < npos; p++) {
-            float s = 0;
-            if (m->kv_f16) {
-                const uint16_t *k = (const uint16_t *)m->kcache + base + (size_t)p * hd;
-                for (int i = 0; i < hd; i++) s += q[i] * lk_fp16_to_fp32(k[i]);
-            } else {
-                const float *k = (const float *)m->kcache + base + (size_t)p * hd;
-                for (int i = 0; i < hd; i++) s += q[i] * k[i];
-            }
-            sc[p] = s * scale;
+        if (m->kv_f16) {
+            const uint16_t *k = (const uint16_t *)m->kcache + base;
+            for (int p = 0; p < npos; p++) sc[p] = lk_vec_dot_f16(q, k + (size_t)p * hd, hd) * scale;
+        } else {
+            const float *k = (const float *)m->kcache + base;
+            for (int p = 0; p < npos; p++) sc[p] = lk_vec_dot_f32(q, k + (size_t)p * hd, hd) * scale;
         }
         lk_softmax(sc, npos);
         float *out = m->att + ((size_t)t * m->nh + h) * hd;
         memset(out, 0, sizeof(float) * hd);
-        for (int p = 0; p < npos; p++) {
-            const float w = sc[p];
-            if (m->kv_f16) {
-                const uint16_t *v = (const uint16_t *)m->vcache + base + (size_t)p * hd;
-                for (int i = 0; i < hd; i++) out[i] += w * lk_fp16_to_fp32(v[i]);
-            } else {
-                const float *v = (const float *)m->vcache + base + (size_t)p * hd;
-                for (int i = 0; i < hd; i++) out[i] += w * v[i];
-            }
+        if (m->kv_f16) {
+            const uint16_t *v = (const uint16_t *)m->vcache + base;
+            for (int p = 0; p < npos; p++) lk_vec_axpy_f16(out, sc[p], v + (size_t)p * hd, hd);
+        } else {
+            const float *v = (const float *)m->vcache + base;
+            for (int p = 0; p < npos; p++) lk_vec_axpy_f32(out, sc[p], v + (size_t)p * hd, hd);
         }
     }
 }

@@ -1,0 +1,123 @@
+/* Small F32 vector kernels for attention: dot products of a query with cached
+ * keys and weighted sums of cached values, F32 or F16 cache. gcc does not
+ * vectorise float reductions at -O2 (it may not reorder the sums), so the
+ * SIMD versions are written out; the level is chosen once at run time. */
+#include "kernels/kernels.h"
+
+#include <immintrin.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+static float dot_scalar(const float *a, const float *b, int64_t n) {
+    float s = 0;
+    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+static void axpy_scalar(float *y, float a, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+static float dot_f16_scalar(const float *a, const uint16_t *b, int64_t n) {
+    float s = 0;
+    for (int64_t i = 0; i < n; i++) s += a[i] * lk_fp16_to_fp32(b[i]);
+    return s;
+}
+static void axpy_f16_scalar(float *y, float a, const uint16_t *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * lk_fp16_to_fp32(x[i]);
+}
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define AVX512 __attribute__((target("avx512f,avx512vl,avx2,fma,f16c")))
+
+AVX2 static float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+AVX2 static float dot_avx2(const float *a, const float *b, int64_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    float s = hsum256(_mm256_add_ps(s0, s1));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+AVX2 static void axpy_avx2(float *y, float a, const float *x, int64_t n) {
+    __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+AVX2 static float dot_f16_avx2(const float *a, const uint16_t *b, int64_t n) {
+    __m256 s0 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + i))), s0);
+    float s = hsum256(s0);
+    for (; i < n; i++) s += a[i] * lk_fp16_to_fp32(b[i]);
+    return s;
+}
+AVX2 static void axpy_f16_avx2(float *y, float a, const uint16_t *x, int64_t n) {
+    __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * lk_fp16_to_fp32(x[i]);
+}
+AVX512 static float dot_avx512(const float *a, const float *b, int64_t n) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+    }
+    for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+    float s = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+AVX512 static void axpy_avx512(float *y, float a, const float *x, int64_t n) {
+    __m512 va = _mm512_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+typedef struct {
+    float (*dot)(const float *, const float *, int64_t);
+    void (*axpy)(float *, float, const float *, int64_t);
+    float (*dot_f16)(const float *, const uint16_t *, int64_t);
+    void (*axpy_f16)(float *, float, const uint16_t *, int64_t);
+} vec_ops;
+
+static vec_ops g_ops;
+
+static void pick(void) {
+    __builtin_cpu_init();
+    const char *env = getenv("LK_SIMD");
+    bool scalar = env && !strcmp(env, "scalar"), avx2_only = env && !strcmp(env, "avx2");
+    g_ops = (vec_ops){ dot_scalar, axpy_scalar, dot_f16_scalar, axpy_f16_scalar };
+    if (scalar) return;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+        g_ops = (vec_ops){ dot_avx2, axpy_avx2, dot_f16_avx2, axpy_f16_avx2 };
+    if (!avx2_only && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) {
+        g_ops.dot = dot_avx512;
+        g_ops.axpy = axpy_avx512;
+    }
+}
+
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static inline const vec_ops *ops(void) {
+    if (!g_ops.dot) pthread_once(&g_once, pick);
+    return &g_ops;
+}
+
+float lk_vec_dot_f32(const float *a, const float *b, int64_t n) { return ops()->dot(a, b, n); }
+void lk_vec_axpy_f32(float *y, float a, const float *x, int64_t n) { ops()->axpy(y, a, x, n); }
+float lk_vec_dot_f16(const float *a, const uint16_t *b, int64_t n) { return ops()->dot_f16(a, b, n); }
+void lk_vec_axpy_f16(float *y, float a, const uint16_t *x, int64_t n) { ops()->axpy_f16(y, a, x, n); }
