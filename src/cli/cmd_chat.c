@@ -15,6 +15,7 @@
 #include "cli/cli.h"
 #include "engine/engine.h"
 #include "tokenizer/chat_template.h"
+#include "cli/genflags.h"
 #include "tokenizer/tokenizer.h"
 
 #include <inttypes.h>
@@ -413,47 +414,27 @@ static void chat_help(void) {
 }
 
 int lk_cmd_chat(int argc, char **argv) {
-    const char *model = NULL, *system_prompt = NULL, *tmpl_name = NULL, *tmpl_file = NULL, *workers = NULL,
-               *key_file = NULL, *tp_weights = NULL, *layers_split = NULL, *transport = NULL, *wire = NULL;
-    int64_t n_predict = -1, threads = 0, ctx = 0, batch = 0, top_k = 40, seed = -1, last_n = 64, local = 0, tp = 0, pp = 0;
-    double temp = 0.8, top_p = 0.95, min_p = 0.05, rep = 1.0, freq = 0, pres = 0;
-    bool kv_f16 = false, verbose = false, no_reuse = false;
+    const char *system_prompt = NULL, *tmpl_name = NULL, *tmpl_file = NULL;
+    int64_t n_predict = -1;
+    bool verbose = false, no_reuse = false;
+    lk_genflags f;
+    lk_genflags_init(&f);
     char tmpl_help[512];
     snprintf(tmpl_help, sizeof tmpl_help, "chat template: a built-in name (%s) or Jinja text (default: the model's)",
              lk_chat_template_names());
-    const lk_opt opts[] = {
-        { "--model", "-m", LK_OPT_STR, &model, "FILE", "GGUF model file (required)" },
+    const lk_opt own[] = {
         { "--system", "-s", LK_OPT_STR, &system_prompt, "TEXT", "system prompt (kept across /reset)" },
         { "--chat-template", NULL, LK_OPT_STR, &tmpl_name, "NAME", tmpl_help },
         { "--chat-template-file", NULL, LK_OPT_STR, &tmpl_file, "FILE", "read the Jinja chat template from FILE" },
         { "--n-predict", "-n", LK_OPT_INT, &n_predict, "N", "most tokens per reply; -1 = until end of turn or a full context (default)" },
-        { "--temp", NULL, LK_OPT_F64, &temp, "T", "temperature; 0 = greedy (default 0.8)" },
-        { "--top-k", NULL, LK_OPT_INT, &top_k, "K", "keep the K most likely tokens; 0 = off (default 40)" },
-        { "--top-p", NULL, LK_OPT_F64, &top_p, "P", "nucleus sampling; 1 = off (default 0.95)" },
-        { "--min-p", NULL, LK_OPT_F64, &min_p, "P", "drop tokens below P x the best one's probability (default 0.05)" },
-        { "--repeat-penalty", NULL, LK_OPT_F64, &rep, "R", "penalise recent tokens; 1 = off (default 1)" },
-        { "--frequency-penalty", NULL, LK_OPT_F64, &freq, "F", "subtract F x count of recent uses (default 0)" },
-        { "--presence-penalty", NULL, LK_OPT_F64, &pres, "F", "subtract F if used recently (default 0)" },
-        { "--penalty-last-n", NULL, LK_OPT_INT, &last_n, "N", "how many recent tokens penalties see (default 64)" },
-        { "--seed", NULL, LK_OPT_INT, &seed, "S", "random seed (default: from the clock, printed)" },
-        { "--threads", "-t", LK_OPT_INT, &threads, "N", "threads per rank (default: all cores)" },
-        { "--ctx", "-c", LK_OPT_INT, &ctx, "N", "context length / KV cache size (default: model's, at most 4096); "
-                                                "when full, the oldest messages are dropped" },
-        { "--batch", "-b", LK_OPT_INT, &batch, "N", "most prompt tokens per forward pass (default 512)" },
-        { "--kv-f16", NULL, LK_OPT_FLAG, &kv_f16, NULL, "store the KV cache in F16 (half the memory)" },
         { "--no-kv-reuse", NULL, LK_OPT_FLAG, &no_reuse, NULL, "feed the whole conversation every turn (slow; for checking the cache reuse)" },
-        { "--workers", "-w", LK_OPT_STR, &workers, "LIST", "cluster workers host:port,host:port,..." },
-        { "--key-file", NULL, LK_OPT_STR, &key_file, "FILE", "cluster key (lockstep keygen)" },
-        { "--local", NULL, LK_OPT_INT, &local, "N", "start a local cluster of N ranks (head included)" },
-        { "--tp", NULL, LK_OPT_INT, &tp, "N", "tensor-parallel ranks" },
-        { "--pp", NULL, LK_OPT_INT, &pp, "N", "pipeline stages" },
-        { "--tp-weights", NULL, LK_OPT_STR, &tp_weights, "W,W,..", "relative share of each TP rank (mixed-speed nodes)" },
-        { "--layers-split", NULL, LK_OPT_STR, &layers_split, "N,N,..", "layers per pipeline stage" },
-        { "--transport", NULL, LK_OPT_STR, &transport, "NAME", "auto | tcp | shm (default auto)" },
-        { "--wire", NULL, LK_OPT_STR, &wire, "FMT", "all-reduce wire format: f32 (default, exact), f16, bf16, q8" },
         { "--verbose", "-v", LK_OPT_FLAG, &verbose, NULL, "more log output (the rendered prompt, its tokens, cache reuse per turn)" },
-        { NULL, NULL, 0, NULL, NULL, NULL },
     };
+    lk_opt opts[48];
+    int no = 0;
+    lk_genflags_opts(&f, opts, &no, 47);
+    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) opts[no++] = own[i];
+    opts[no] = (lk_opt){ 0 };
     const char *pos[1];
     int np = lk_args_parse("chat", SYNOPSIS, opts, argc, argv, pos, 0);
     if (np == LK_ARGS_HELP) {
@@ -463,15 +444,17 @@ int lk_cmd_chat(int argc, char **argv) {
         return 0;
     }
     if (np < 0) return 2;
-    if (!model) {
+    if (!f.model) {
         fprintf(stderr, "lockstep chat: -m FILE is required (see 'lockstep chat --help')\n");
         return 2;
     }
-    if (n_predict < -1 || n_predict == 0 || threads < 0 || ctx < 0 || batch < 0 || top_k < 0 || last_n < 0 || local < 0 ||
-        tp < 0 || pp < 0 || temp < 0 || top_p <= 0 || top_p > 1 || min_p < 0 || min_p > 1 || rep <= 0) {
-        fprintf(stderr, "lockstep chat: a numeric option is out of range (see 'lockstep chat --help')\n");
+    if (n_predict < -1 || n_predict == 0) {
+        fprintf(stderr, "lockstep chat: -n must be -1 or positive (see 'lockstep chat --help')\n");
         return 2;
     }
+    lk_engine_opts eo;
+    lk_sampler_params sp;
+    if (!lk_genflags_finish(&f, "chat", &eo, &sp)) return 2;
     if (tmpl_name && tmpl_file) {
         fprintf(stderr, "lockstep chat: give --chat-template or --chat-template-file, not both\n");
         return 2;
@@ -489,17 +472,12 @@ int lk_cmd_chat(int argc, char **argv) {
         return 2;
     }
     if (verbose) lk_log_set_level(LK_LOG_DEBUG);
-    if (seed < 0) seed = (int64_t)(time(NULL) ^ getpid());
     if (sodium_init() < 0) {
         fprintf(stderr, "lockstep chat: libsodium failed to initialise\n");
         free(tmpl_owned);
         return 1;
     }
 
-    lk_engine_opts eo = { .model_path = model, .n_threads = (int)threads, .n_ctx = (int)ctx, .n_batch = (int)batch,
-                          .kv_f16 = kv_f16, .workers = workers, .key_file = key_file, .local = (int)local,
-                          .tp = (int)tp, .pp = (int)pp, .tp_weights = tp_weights, .layers_split = layers_split,
-                          .transport = transport, .wire = wire };
     chat c = { .n_predict = n_predict, .reuse = !no_reuse, .verbose = verbose };
     int rc = 0;
     bool tty = isatty(STDIN_FILENO);
@@ -544,16 +522,11 @@ int lk_cmd_chat(int argc, char **argv) {
     c.bos_text = copy_token_text(c.tok, lk_tokenizer_bos(c.tok));
     c.eos_text = copy_token_text(c.tok, lk_tokenizer_eos(c.tok));
     c.n_ctx = lk_engine_n_ctx(c.e);
-    lk_sampler_params sp;
-    lk_sampler_params_default(&sp);
-    sp.temp = (float)temp; sp.top_k = (int)top_k; sp.top_p = (float)top_p; sp.min_p = (float)min_p;
-    sp.repeat_penalty = (float)rep; sp.freq_penalty = (float)freq; sp.presence_penalty = (float)pres;
-    sp.penalty_last_n = (int)last_n; sp.seed = (uint64_t)seed;
     c.s = lk_sampler_create(&sp);
     if (system_prompt) chat_push(&c, "system", system_prompt);
 
     if (tty) {
-        fprintf(stderr, "lockstep chat: %s, %d rank%s, context %d tokens, template %s. ", model, lk_engine_n_ranks(c.e),
+        fprintf(stderr, "lockstep chat: %s, %d rank%s, context %d tokens, template %s. ", f.model, lk_engine_n_ranks(c.e),
                 lk_engine_n_ranks(c.e) > 1 ? "s" : "", c.n_ctx, tmpl_name ? tmpl_name : lk_chat_template_guess(tmpl));
         chat_help();
     }
@@ -597,7 +570,7 @@ int lk_cmd_chat(int argc, char **argv) {
                     "decode %" PRId64 " tokens %.1f tok/s | %d rank%s | seed %lld\n",
             t_load, c.n_replies, c.n_replies == 1 ? "y" : "ies", c.n_fed, c.t_prefill > 0 ? c.n_fed / c.t_prefill : 0.0,
             c.n_reused, c.n_gen, c.t_decode > 0 && c.n_steps > 0 ? c.n_steps / c.t_decode : 0.0, lk_engine_n_ranks(c.e),
-            lk_engine_n_ranks(c.e) > 1 ? "s" : "", (long long)seed);
+            lk_engine_n_ranks(c.e) > 1 ? "s" : "", (long long)f.seed);
 out:
     chat_drop(&c, 0, c.n_h);
     free(c.h);

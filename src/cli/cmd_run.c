@@ -1,5 +1,6 @@
 /* lockstep run — generate text from a prompt, on one node or a cluster. */
 #include "cli/cli.h"
+#include "cli/genflags.h"
 #include "engine/engine.h"
 #include "tokenizer/tokenizer.h"
 
@@ -13,65 +14,43 @@
 static const char *SYNOPSIS = "-m FILE -p TEXT [options]";
 
 int lk_cmd_run(int argc, char **argv) {
-    const char *model = NULL, *prompt = NULL, *workers = NULL, *key_file = NULL, *tp_weights = NULL,
-               *layers_split = NULL, *transport = NULL, *wire = NULL;
-    int64_t n_predict = 128, threads = 0, ctx = 0, batch = 0, top_k = 40, seed = -1, last_n = 64,
-            local = 0, tp = 0, pp = 0;
-    double temp = 0.8, top_p = 0.95, min_p = 0.05, rep = 1.0, freq = 0, pres = 0;
-    bool json = false, kv_f16 = false, no_bos = false, verbose = false, ignore_eos = false;
-    const lk_opt opts[] = {
-        { "--model", "-m", LK_OPT_STR, &model, "FILE", "GGUF model file (required)" },
+    const char *prompt = NULL;
+    int64_t n_predict = 128;
+    bool json = false, no_bos = false, verbose = false, ignore_eos = false;
+    lk_genflags f;
+    lk_genflags_init(&f);
+    lk_opt opts[48];
+    int no = 0;
+    const lk_opt own[] = {
         { "--prompt", "-p", LK_OPT_STR, &prompt, "TEXT", "prompt text (required)" },
         { "--n-predict", "-n", LK_OPT_INT, &n_predict, "N", "tokens to generate (default 128)" },
-        { "--temp", NULL, LK_OPT_F64, &temp, "T", "temperature; 0 = greedy (default 0.8)" },
-        { "--top-k", NULL, LK_OPT_INT, &top_k, "K", "keep the K most likely tokens; 0 = off (default 40)" },
-        { "--top-p", NULL, LK_OPT_F64, &top_p, "P", "nucleus sampling; 1 = off (default 0.95)" },
-        { "--min-p", NULL, LK_OPT_F64, &min_p, "P", "drop tokens below P x the best one's probability (default 0.05)" },
-        { "--repeat-penalty", NULL, LK_OPT_F64, &rep, "R", "penalise recent tokens; 1 = off (default 1)" },
-        { "--frequency-penalty", NULL, LK_OPT_F64, &freq, "F", "subtract F x count of recent uses (default 0)" },
-        { "--presence-penalty", NULL, LK_OPT_F64, &pres, "F", "subtract F if used recently (default 0)" },
-        { "--penalty-last-n", NULL, LK_OPT_INT, &last_n, "N", "how many recent tokens penalties see (default 64)" },
-        { "--seed", "-s", LK_OPT_INT, &seed, "S", "random seed (default: from the clock, printed)" },
-        { "--threads", "-t", LK_OPT_INT, &threads, "N", "threads per rank (default: all cores)" },
-        { "--ctx", "-c", LK_OPT_INT, &ctx, "N", "context length / KV cache size (default: model's, at most 4096)" },
-        { "--batch", "-b", LK_OPT_INT, &batch, "N", "most prompt tokens per forward pass (default 512)" },
-        { "--kv-f16", NULL, LK_OPT_FLAG, &kv_f16, NULL, "store the KV cache in F16 (half the memory)" },
         { "--no-bos", NULL, LK_OPT_FLAG, &no_bos, NULL, "do not add the BOS token" },
         { "--ignore-eos", NULL, LK_OPT_FLAG, &ignore_eos, NULL, "keep generating after end-of-generation tokens" },
         { "--json", NULL, LK_OPT_FLAG, &json, NULL, "print one JSON object (ids, text, timings) instead of streaming" },
-        { "--workers", "-w", LK_OPT_STR, &workers, "LIST", "cluster workers host:port,host:port,..." },
-        { "--key-file", NULL, LK_OPT_STR, &key_file, "FILE", "cluster key (lockstep keygen)" },
-        { "--local", NULL, LK_OPT_INT, &local, "N", "start a local cluster of N ranks (head included)" },
-        { "--tp", NULL, LK_OPT_INT, &tp, "N", "tensor-parallel ranks" },
-        { "--pp", NULL, LK_OPT_INT, &pp, "N", "pipeline stages" },
-        { "--tp-weights", NULL, LK_OPT_STR, &tp_weights, "W,W,..", "relative share of each TP rank (mixed-speed nodes)" },
-        { "--layers-split", NULL, LK_OPT_STR, &layers_split, "N,N,..", "layers per pipeline stage" },
-        { "--transport", NULL, LK_OPT_STR, &transport, "NAME", "auto | tcp | shm (default auto)" },
-        { "--wire", NULL, LK_OPT_STR, &wire, "FMT", "all-reduce wire format: f32 (default, exact), f16, bf16, q8" },
         { "--verbose", "-v", LK_OPT_FLAG, &verbose, NULL, "more log output" },
-        { NULL, NULL, 0, NULL, NULL, NULL },
     };
+    lk_genflags_opts(&f, opts, &no, 47);
+    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) opts[no++] = own[i];
+    opts[no] = (lk_opt){ 0 };
     const char *pos[1];
     int np = lk_args_parse("run", SYNOPSIS, opts, argc, argv, pos, 0);
     if (np == LK_ARGS_HELP) return 0;
     if (np < 0) return 2;
-    if (!model || !prompt) {
-        fprintf(stderr, "lockstep run: %s is required (see 'lockstep run --help')\n", !model ? "-m FILE" : "-p TEXT");
+    if (!f.model || !prompt) {
+        fprintf(stderr, "lockstep run: %s is required (see 'lockstep run --help')\n", !f.model ? "-m FILE" : "-p TEXT");
         return 2;
     }
-    if (n_predict < 0 || threads < 0 || ctx < 0 || batch < 0 || top_k < 0 || last_n < 0 || local < 0 || tp < 0 || pp < 0 ||
-        temp < 0 || top_p <= 0 || top_p > 1 || min_p < 0 || min_p > 1 || rep <= 0) {
-        fprintf(stderr, "lockstep run: a numeric option is out of range (see 'lockstep run --help')\n");
+    if (n_predict < 0) {
+        fprintf(stderr, "lockstep run: -n must be >= 0\n");
         return 2;
     }
+    lk_engine_opts eo;
+    lk_sampler_params sp;
+    if (!lk_genflags_finish(&f, "run", &eo, &sp)) return 2;
     if (verbose) lk_log_set_level(LK_LOG_DEBUG);
-    if (seed < 0) seed = (int64_t)(time(NULL) ^ getpid());
+    int64_t seed = f.seed;
 
     char err[LK_ERRLEN];
-    lk_engine_opts eo = { .model_path = model, .n_threads = (int)threads, .n_ctx = (int)ctx, .n_batch = (int)batch,
-                          .kv_f16 = kv_f16, .workers = workers, .key_file = key_file, .local = (int)local,
-                          .tp = (int)tp, .pp = (int)pp, .tp_weights = tp_weights, .layers_split = layers_split,
-                          .transport = transport, .wire = wire };
     lk_engine *e = NULL;
     double t_load = lk_time_s();
     if (lk_engine_open(&eo, &e, err, sizeof err)) {
@@ -101,11 +80,6 @@ int lk_cmd_run(int argc, char **argv) {
         fprintf(stderr, "lockstep run: the prompt has %d tokens, which does not fit the context of %d (--ctx)\n", n_ids, n_ctx);
         rc = 2;
     }
-    lk_sampler_params sp;
-    lk_sampler_params_default(&sp);
-    sp.temp = (float)temp; sp.top_k = (int)top_k; sp.top_p = (float)top_p; sp.min_p = (float)min_p;
-    sp.repeat_penalty = (float)rep; sp.freq_penalty = (float)freq; sp.presence_penalty = (float)pres;
-    sp.penalty_last_n = (int)last_n; sp.seed = (uint64_t)seed;
     lk_sampler *s = lk_sampler_create(&sp);
     int32_t *gen = lk_xmalloc(sizeof(int32_t) * (size_t)(n_predict + 1));
     int n_gen = 0;

@@ -1,0 +1,63 @@
+#include "cli/genflags.h"
+
+#include <stdio.h>
+#include <time.h>
+#include <unistd.h>
+
+void lk_genflags_init(lk_genflags *f) {
+    *f = (lk_genflags){ .top_k = 40, .seed = -1, .last_n = 64, .temp = 0.8, .top_p = 0.95, .min_p = 0.05, .rep = 1.0 };
+}
+
+void lk_genflags_opts(lk_genflags *f, lk_opt *opts, int *n, int cap) {
+    const lk_opt shared[] = {
+        { "--model", "-m", LK_OPT_STR, &f->model, "FILE", "GGUF model file (required)" },
+        { "--temp", NULL, LK_OPT_F64, &f->temp, "T", "temperature; 0 = greedy (default 0.8)" },
+        { "--top-k", NULL, LK_OPT_INT, &f->top_k, "K", "keep the K most likely tokens; 0 = off (default 40)" },
+        { "--top-p", NULL, LK_OPT_F64, &f->top_p, "P", "nucleus sampling; 1 = off (default 0.95)" },
+        { "--min-p", NULL, LK_OPT_F64, &f->min_p, "P", "drop tokens below P x the best one's probability (default 0.05)" },
+        { "--repeat-penalty", NULL, LK_OPT_F64, &f->rep, "R", "penalise recent tokens; 1 = off (default 1)" },
+        { "--frequency-penalty", NULL, LK_OPT_F64, &f->freq, "F", "subtract F x count of recent uses (default 0)" },
+        { "--presence-penalty", NULL, LK_OPT_F64, &f->pres, "F", "subtract F if used recently (default 0)" },
+        { "--penalty-last-n", NULL, LK_OPT_INT, &f->last_n, "N", "how many recent tokens penalties see (default 64)" },
+        { "--seed", NULL, LK_OPT_INT, &f->seed, "S", "random seed (default: from the clock, printed)" },
+        { "--threads", "-t", LK_OPT_INT, &f->threads, "N", "threads per rank (default: all cores, shared by --local ranks)" },
+        { "--ctx", "-c", LK_OPT_INT, &f->ctx, "N", "context length / KV cache size (default: model's, at most 4096)" },
+        { "--batch", "-b", LK_OPT_INT, &f->batch, "N", "most prompt tokens per forward pass (default 512)" },
+        { "--kv-f16", NULL, LK_OPT_FLAG, &f->kv_f16, NULL, "store the KV cache in F16 (half the memory)" },
+        { "--workers", "-w", LK_OPT_STR, &f->workers, "LIST", "cluster workers host:port,host:port,..." },
+        { "--key-file", NULL, LK_OPT_STR, &f->key_file, "FILE", "cluster key (lockstep keygen)" },
+        { "--local", NULL, LK_OPT_INT, &f->local, "N", "start a local cluster of N ranks (head included)" },
+        { "--tp", NULL, LK_OPT_INT, &f->tp, "N", "tensor-parallel ranks" },
+        { "--pp", NULL, LK_OPT_INT, &f->pp, "N", "pipeline stages" },
+        { "--tp-weights", NULL, LK_OPT_STR, &f->tp_weights, "W,W,..", "relative share of each TP rank (mixed-speed nodes)" },
+        { "--layers-split", NULL, LK_OPT_STR, &f->layers_split, "N,N,..", "layers per pipeline stage" },
+        { "--transport", NULL, LK_OPT_STR, &f->transport, "NAME", "auto | tcp | shm (default auto)" },
+        { "--wire", NULL, LK_OPT_STR, &f->wire, "FMT", "all-reduce wire format: f32 (default, exact), f16, bf16, q8" },
+    };
+    for (size_t i = 0; i < sizeof shared / sizeof shared[0]; i++) {
+        LK_ASSERT(*n < cap);
+        opts[(*n)++] = shared[i];
+    }
+}
+
+bool lk_genflags_finish(lk_genflags *f, const char *cmd, lk_engine_opts *eo, lk_sampler_params *sp) {
+    const char *bad = f->threads < 0 ? "--threads" : f->ctx < 0 ? "--ctx" : f->batch < 0 ? "--batch"
+                    : f->top_k < 0 ? "--top-k" : f->last_n < 0 ? "--penalty-last-n" : f->local < 0 ? "--local"
+                    : f->tp < 0 ? "--tp" : f->pp < 0 ? "--pp" : f->temp < 0 ? "--temp"
+                    : !(f->top_p > 0 && f->top_p <= 1) ? "--top-p" : !(f->min_p >= 0 && f->min_p <= 1) ? "--min-p"
+                    : !(f->rep > 0) ? "--repeat-penalty" : NULL;
+    if (bad) {
+        fprintf(stderr, "lockstep %s: %s is out of range (see 'lockstep %s --help')\n", cmd, bad, cmd);
+        return false;
+    }
+    if (f->seed < 0) f->seed = (int64_t)(time(NULL) ^ getpid());
+    *eo = (lk_engine_opts){ .model_path = f->model, .n_threads = (int)f->threads, .n_ctx = (int)f->ctx,
+                            .n_batch = (int)f->batch, .kv_f16 = f->kv_f16, .workers = f->workers, .key_file = f->key_file,
+                            .local = (int)f->local, .tp = (int)f->tp, .pp = (int)f->pp, .tp_weights = f->tp_weights,
+                            .layers_split = f->layers_split, .transport = f->transport, .wire = f->wire };
+    lk_sampler_params_default(sp);
+    sp->temp = (float)f->temp; sp->top_k = (int)f->top_k; sp->top_p = (float)f->top_p; sp->min_p = (float)f->min_p;
+    sp->repeat_penalty = (float)f->rep; sp->freq_penalty = (float)f->freq; sp->presence_penalty = (float)f->pres;
+    sp->penalty_last_n = (int)f->last_n; sp->seed = (uint64_t)f->seed;
+    return true;
+}

@@ -1,0 +1,27 @@
+/* genflags — the flags every generating command shares (run, chat, later
+ * serve): model, sampling, threads/context, and the cluster layout. One table,
+ * one validation, so the commands cannot drift apart. */
+#ifndef LK_CLI_GENFLAGS_H
+#define LK_CLI_GENFLAGS_H
+
+#include "cli/cli.h"
+#include "engine/engine.h"
+#include "sampler/sampler.h"
+
+typedef struct {
+    const char *model, *workers, *key_file, *tp_weights, *layers_split, *transport, *wire;
+    int64_t threads, ctx, batch, top_k, seed, last_n, local, tp, pp;
+    double temp, top_p, min_p, rep, freq, pres;
+    bool kv_f16;
+} lk_genflags;
+
+/* Defaults (llama.cpp's sampling defaults; seed -1 = from the clock). */
+void lk_genflags_init(lk_genflags *f);
+/* Appends the shared options to opts[*n..] (cap entries in all); the caller
+ * terminates the table with a zero entry. */
+void lk_genflags_opts(lk_genflags *f, lk_opt *opts, int *n, int cap);
+/* Checks ranges (a one-line error naming the command, false on failure),
+ * picks the seed and fills the engine options and sampler parameters. */
+bool lk_genflags_finish(lk_genflags *f, const char *cmd, lk_engine_opts *eo, lk_sampler_params *sp);
+
+#endif
