@@ -28,8 +28,11 @@ LK_T2 static LK_INL float h2f(const uint8_t *p) { return _cvtsh_ss(lk_ld_u16(p))
 #ifndef LK_PF_DIST
 #define LK_PF_DIST 512
 #endif
+#ifndef LK_PF_HINT
+#define LK_PF_HINT _MM_HINT_T0
+#endif
 static LK_INL void pf_range(const uint8_t *p, size_t len) {
-    for (size_t o = 0; o < len; o += 64) _mm_prefetch((const char *)p + LK_PF_DIST + o, _MM_HINT_T0);
+    for (size_t o = 0; o < len; o += 64) _mm_prefetch((const char *)p + LK_PF_DIST + o, LK_PF_HINT);
 }
 
 /* ===================================================================== */

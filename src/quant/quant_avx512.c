@@ -1,17 +1,23 @@
-/* quant_avx512.c — AVX-512 kernels (F, BW, VL, DQ, VNNI, VBMI; BF16 where
- * present): lk_quant_matmul for every supported weight type and the Q8_0 /
- * Q8_K activation quantisers.
+/* quant_avx512.c — AVX-512 kernels (F, BW, VL, DQ, VNNI, VBMI, GFNI; BF16
+ * where present): lk_quant_matmul for every supported weight type. (The
+ * Q8_0 / Q8_K activation quantisers come from the AVX2 file: a token's row is
+ * a few thousand elements, nothing next to a matmul.)
  *
  * Why they look the way they do. Decode reads every weight byte once per
  * token, so a kernel is good when it retires a block faster than memory
- * delivers it (~16 GB/s on one core here: a Q4_0 block of 18 bytes every
- * ~3 cycles). ggml's kernels spend most of that on shuffles per block, so
- * ours work on groups of 4 blocks per 512-bit register, with one two-table
- * byte permute (vpermt2b) gathering the 4 blocks' quants out of their packed
- * 18/34-byte records, one vpdpbusd per 64 products, and the block scales
- * gathered by one more permute. Several weight rows share each activation
- * group (decode: R rows x 1 token; prefill: R rows x T tokens register tiles,
- * weights decoded once per tile and reused for T tokens).
+ * delivers it (~13-16 GB/s on one SPR core: a Q4_0 block of 18 bytes every
+ * ~3 cycles), and on one core 4-bit formats are close to compute-bound. So:
+ *  - Q4_0/Q8_0 work on groups of 4 blocks per 512-bit register: one
+ *    two-table byte permute (vpermt2b) gathers the 4 blocks' quants out of
+ *    their packed 18/34-byte records, one vpdpbusd does 64 products, one more
+ *    permute gathers the scales. Decode rearranges the activation row once
+ *    per call; Q4_0 reduces 4 rows' sums into one vector before scaling.
+ *  - K-quants: one super-block per step, per-sub-block scales applied in the
+ *    integer domain with vpdpwssd (i16-sized dot x scale per lane), mins
+ *    through the activation's bsums.
+ *  - every decode tile streams 4 rows with software prefetch.
+ *  - prefill: R rows x T tokens register tiles, weights decoded once per
+ *    tile and reused for T tokens, tokens in chunks that stay in L2.
  *
  * vpdpbusd multiplies unsigned by signed bytes, so weights are made unsigned
  * (Q4_0 nibbles are 0..15; Q8_0 is flipped to w+128; K-quant quants are
@@ -87,9 +93,12 @@ LK_T512 static LK_INL __m512i hi_nibble(__m512i x) {
 #ifndef LK_PF_DIST
 #define LK_PF_DIST 512
 #endif
+#ifndef LK_PF_HINT
+#define LK_PF_HINT _MM_HINT_T0
+#endif
 static LK_INL void pf_range(const uint8_t *p, size_t len) {
     if (LK_PF_DIST <= 0) return;
-    for (size_t o = 0; o < len; o += 64) _mm_prefetch((const char *)p + LK_PF_DIST + o, _MM_HINT_T0);
+    for (size_t o = 0; o < len; o += 64) _mm_prefetch((const char *)p + LK_PF_DIST + o, LK_PF_HINT);
 }
 
 /* ===================================================================== */
