@@ -363,7 +363,7 @@ TEST(daemon_survives_heads_and_garbage) {
     pid_t daemon = fork();
     if (daemon == 0) {
         lk_log_set_level(LK_LOG_ERROR);
-        lk_worker_opts wo = {.listen_fd = lfd, .key = key, .n_threads = 1};
+        lk_worker_opts wo = {.listen_fd = lfd, .key = key, .n_threads = 1, .head_silence_ms = 1000};
         lk_worker_serve(&wo, err, sizeof err);
         _exit(1);
     }
@@ -421,6 +421,38 @@ TEST(daemon_survives_heads_and_garbage) {
         lk_model_free(m);
         lk_cluster_close(c);
     }
+
+    /* 5. a head that freezes in the middle of a step (the worker sits in an
+     * all-reduce waiting for it): the worker gives up after its silence
+     * limit (1 s here) and serves the next head */
+    pid_t frozen = fork();
+    if (frozen == 0) {
+        lk_cluster_opts o3 = {.workers = addr, .key_file = key_path()};
+        lk_cluster *c3;
+        lk_model *m3;
+        if (open_head(&o3, &c3, &m3, err)) _exit(2);
+        int32_t t[5];
+        memcpy(t, toks, sizeof t);
+        lk_cluster_step(c3, t, 5, 0, 0, NULL, err, sizeof err);
+        raise(SIGSTOP); /* never runs its own share */
+        _exit(0);
+    }
+    waitpid(frozen, &ws, WUNTRACED);
+    t0 = lk_time_ns();
+    st = LK_ERR_PEER;
+    while (st && (double)(lk_time_ns() - t0) / 1e9 < 6.0) {
+        lk_cluster_opts o4 = {.workers = addr, .key_file = key_path()};
+        st = open_head(&o4, &c, &m, err);
+        if (st) usleep(200000);
+    }
+    double waited = (double)(lk_time_ns() - t0) / 1e9;
+    CHECKF(st == LK_OK && waited < 3.0, "after a frozen head: %s (%.1f s)", st ? err : "ok", waited);
+    if (!st) {
+        lk_model_free(m);
+        lk_cluster_close(c);
+    }
+    kill(frozen, SIGKILL);
+    waitpid(frozen, &ws, 0);
     lk_link_close(g1);
     lk_link_close(g2);
     lk_link_close(stall);

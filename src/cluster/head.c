@@ -147,8 +147,8 @@ static void *monitor_main(void *p) {
                 char name[128];
                 lk_link_name(c->w[r].link, name, sizeof name);
                 const char *e = err;
-                size_t k = strlen(name);
-                if (!strncmp(e, name, k) && e[k] == ':') e += k + 2;
+                size_t nl = strlen(name);
+                if (!strncmp(e, name, nl) && e[nl] == ':') e += nl + 2;
                 snprintf(why, sizeof why, "lost worker rank %d (%s): %s", r, c->w[r].addr, e);
                 declare_dead(c, r, why, true);
             } else if (h.type == LK_MSG_PING) {

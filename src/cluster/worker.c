@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <netdb.h>
 #include <time.h>
@@ -54,10 +55,18 @@ typedef struct {
     float *vals;            /* (MAX_CAND) */
     uint8_t *pairs;         /* (MAX_CAND * 8): gathered to rank 0 */
     lk_sampler *pen;        /* applies the head's penalties to our slice */
+    _Atomic uint64_t step_since; /* lk_time_ns when the current STEP began; 0 between steps */
     bool bench;             /* a netbench session: mesh only, no model */
     lk_bench_msg bmsg;
     lk_sampler_params pen_p;
 } session;
+
+/* Messages from the link already start with the peer's address; when we
+ * name the peer ourselves, drop that prefix. */
+static const char *unprefixed(const char *msg, const char *name) {
+    size_t n = strlen(name);
+    return !strncmp(msg, name, n) && msg[n] == ':' && msg[n + 1] == ' ' ? msg + n + 2 : msg;
+}
 
 static lk_status send_locked(session *s, uint16_t type, const void *p, uint32_t len, char *err, size_t errlen) {
     pthread_mutex_lock(&s->send_mu);
@@ -66,12 +75,33 @@ static lk_status send_locked(session *s, uint16_t type, const void *p, uint32_t 
     return st;
 }
 
+/* While the session thread computes a STEP it reads nothing, so a head that
+ * froze (or lost its network) would keep it in a collective until that
+ * deadline. The head pings every 500 ms; if no new byte reaches the control
+ * socket for head_silence_ms during a step, cut our sockets so the step
+ * fails now and the session ends. */
+static void watch_head(session *s, int *last_avail, uint64_t *last_news) {
+    uint64_t since = atomic_load(&s->step_since), now = lk_time_ns();
+    int fd = lk_tcp_fd(s->link), avail = 0;
+    if (!since) { *last_news = now; *last_avail = -1; return; }
+    if (ioctl(fd, FIONREAD, &avail) == 0 && avail != *last_avail) { *last_avail = avail; *last_news = now; }
+    int64_t silence = s->w->o->head_silence_ms > 0 ? s->w->o->head_silence_ms : 10000;
+    if ((int64_t)(now - *last_news) < silence * 1000000) return;
+    lk_log(LK_LOG_WARN, "worker: head %s silent for %lld ms during a step: abandoning it", s->head, (long long)silence);
+    shutdown(fd, SHUT_RDWR);
+    for (int r = 0; s->mesh && r < lk_mesh_size(s->mesh); r++)
+        if (r != lk_mesh_rank(s->mesh)) shutdown(lk_tcp_fd(lk_mesh_ctl(s->mesh, r)), SHUT_RDWR);
+    *last_news = now;
+}
+
 static void *heartbeat_main(void *p) {
     session *s = p;
-    uint64_t k = 0;
+    uint64_t k = 0, last_news = lk_time_ns();
+    int last_avail = -1;
     pthread_mutex_lock(&s->hb_mu);
     while (!s->hb_stop) {
         pthread_mutex_unlock(&s->hb_mu);
+        watch_head(s, &last_avail, &last_news);
         uint8_t b[8];
         for (int i = 0; i < 8; i++) b[i] = (uint8_t)(k >> (8 * i));
         k++;
@@ -299,7 +329,7 @@ static void run_session(session *s) {
         lk_status st = lk_chan_recv(&s->ch, &h, buf, 1u << 20, lk_deadline_ms(silence), err, sizeof err);
         if (st) {
             if (st == LK_ERR_TIMEOUT) lk_log(LK_LOG_WARN, "worker: head %s silent for %lld ms: ending the session", s->head, (long long)silence);
-            else lk_log(LK_LOG_WARN, "worker: head %s: %s: ending the session", s->head, err);
+            else lk_log(LK_LOG_WARN, "worker: head %s: %s: ending the session", s->head, unprefixed(err, s->head));
             break;
         }
         if (h.type == LK_MSG_PING) continue;
@@ -336,7 +366,10 @@ static void run_session(session *s) {
             continue;
         }
         if (h.type == LK_MSG_STEP) {
-            if ((st = do_step(s, buf, h.len, err, sizeof err))) {
+            atomic_store(&s->step_since, lk_time_ns());
+            st = do_step(s, buf, h.len, err, sizeof err);
+            atomic_store(&s->step_since, 0);
+            if (st) {
                 lk_log(LK_LOG_WARN, "worker: step for %s failed: %s", s->head, err);
                 pthread_mutex_lock(&s->send_mu);
                 lk_chan_send_error(&s->ch, err);
@@ -386,7 +419,7 @@ static void serve_conn(worker *w, lk_link *link) {
     char err[LK_ERRLEN];
     lk_status st = lk_handshake(&s->ch, false, &hp, &peer, err, sizeof err);
     if (st) {
-        lk_log(LK_LOG_WARN, "worker: refused %s: %s", link->peer_addr, err);
+        lk_log(LK_LOG_WARN, "worker: refused %s: %s", link->peer_addr, unprefixed(err, link->peer_addr));
     } else if (atomic_exchange(&w->busy, 1)) {
         lk_log(LK_LOG_WARN, "worker: refused %s: busy with another head", link->peer_addr);
         lk_chan_send_error(&s->ch, "worker busy: serving another head");
