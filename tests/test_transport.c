@@ -214,6 +214,38 @@ TEST(mesh_tcp_and_shm) {
     }
 }
 
+/* A stray connection sending garbage to a rank's listener while the mesh
+ * forms is refused, and the mesh still forms. */
+TEST(mesh_ignores_stray_connection) {
+    char err[LK_ERRLEN], abuf[2][32];
+    const char *addrs[2];
+    int lfd[2], port[2];
+    for (int r = 0; r < 2; r++) {
+        LK_ASSERT(!lk_tcp_listen("127.0.0.1:0", &lfd[r], &port[r], err, sizeof err));
+        snprintf(abuf[r], 32, "127.0.0.1:%d", port[r]);
+        addrs[r] = abuf[r];
+    }
+    lk_link *stray;
+    LK_ASSERT(!lk_tcp_connect(addrs[0], lk_deadline_ms(1000), &stray, err, sizeof err));
+    char junk[sizeof(int) * 64];
+    memset(junk, 0x5a, sizeof junk);
+    lk_link_send(stray, junk, sizeof junk, lk_deadline_ms(1000), err, sizeof err);
+    mesh_arg a[2];
+    pthread_t th[2];
+    for (int r = 0; r < 2; r++) {
+        a[r] = (mesh_arg){.rank = r, .n = 2, .lfd = lfd[r], .addrs = addrs, .shm = LK_MESH_SHM_OFF};
+        pthread_create(&th[r], NULL, mesh_thread, &a[r]);
+    }
+    for (int r = 0; r < 2; r++) {
+        pthread_join(th[r], NULL);
+        CHECKF(a[r].st == LK_OK, "rank %d: %s", r, a[r].err);
+        close(lfd[r]);
+    }
+    if (!a[0].st && !a[1].st) check_swap(lk_mesh_link(a[0].mesh, 1), lk_mesh_link(a[1].mesh, 0), 1000);
+    for (int r = 0; r < 2; r++) lk_mesh_free(a[r].mesh);
+    lk_link_close(stray);
+}
+
 /* A peer process that dies while we wait on the shm ring: noticed through
  * the control connection, quickly, with an error naming it. */
 TEST(shm_peer_death) {
@@ -268,6 +300,7 @@ int main(void) {
     RUN(tcp_deadline_and_close);
     RUN(tcp_full_duplex_large);
     RUN(mesh_tcp_and_shm);
+    RUN(mesh_ignores_stray_connection);
     RUN(shm_peer_death);
     return lk_test_end();
 }

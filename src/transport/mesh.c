@@ -113,15 +113,19 @@ lk_status lk_mesh_create(const lk_mesh_params *p, lk_mesh **out, char *err, size
         lk_link *l = NULL;
         st = lk_tcp_accept(lfd, deadline, &l, err, errlen);
         if (st) break;
-        lk_status a = p->auth ? p->auth(p->auth_ctx, l, false, deadline, why, sizeof why) : LK_OK;
+        /* A stray connection that stalls may hold us only a few seconds:
+         * the real peers wait in the listen backlog meanwhile. */
+        uint64_t cdl = LK_MIN(deadline, lk_deadline_ms(3000));
+        lk_status a = p->auth ? p->auth(p->auth_ctx, l, false, cdl, why, sizeof why) : LK_OK;
         char host[100];
-        if (!a) a = exchange_hello(l, p, -1, hosts[p->rank], host, deadline, why, sizeof why);
+        if (!a) a = exchange_hello(l, p, -1, hosts[p->rank], host, cdl, why, sizeof why);
         if (!a && (l->peer_rank <= p->rank || m->ctl[l->peer_rank]))
             a = lk_fail(why, sizeof why, LK_ERR_MISMATCH, "%s claims rank %d, which is not expected here",
                         l->peer_addr, l->peer_rank);
         if (a) {
             /* A stray or hostile connection must not break the mesh. */
-            lk_log(LK_LOG_WARN, "mesh rank %d: refused %s: %s", p->rank, l->peer_addr, why);
+            /* why names the peer already (every message here starts with it) */
+            lk_log(LK_LOG_WARN, "mesh rank %d: refused a connection: %s", p->rank, why);
             lk_link_close(l);
             continue;
         }
