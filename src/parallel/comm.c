@@ -422,19 +422,23 @@ static lk_status ar_exchange(lk_comm *c, float *x, int64_t n, uint64_t dl, char 
     lk_status st = lk_xfer_run(c->xf, nx, dl, why, wl);
     if (st) return st;
     const float *part[64];
-    LK_ASSERT(c->n <= 64);
+    LK_ASSERT(c->n >= 2 && c->n <= 64);
+    part[0] = x;
     for (int r = 0; r < c->n; r++) {
         if (r == c->me) { part[r] = x; continue; }
         float *slot = c->scratch + (int64_t)(r < c->me ? r : r - 1) * n;
         if (compact(c)) wire_decode(c->wire, c->wbuf + (size_t)r * eb, n, slot);
         part[r] = slot;
     }
-    /* Sum in rank order 0..N-1; x is rank me's partial. */
-    for (int64_t i = 0; i < n; i++) {
-        float s = part[0][i];
-        for (int r = 1; r < c->n; r++) s += part[r][i];
-        x[i] = s;
+    /* Sum in rank order 0..N-1 (x is rank me's partial): ((p0 + p1) + p2)...
+     * accumulated one whole vector at a time, so the loops vectorise; the
+     * accumulator is rank 0's slot unless we are rank 0. */
+    float *acc = (float *)part[0];
+    for (int r = 1; r < c->n; r++) {
+        const float *src = part[r];
+        for (int64_t i = 0; i < n; i++) acc[i] += src[i];
     }
+    if (acc != x) memcpy(x, acc, (size_t)n * sizeof(float));
     return LK_OK;
 }
 
