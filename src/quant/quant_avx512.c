@@ -460,7 +460,8 @@ LK_T512 static LK_INL kwgrp q6k_wload(const ktabs *kt, const uint8_t *p) {
     #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) w.sc[k] = _mm512_permutexvar_epi32(kt->idx6k[k], s32);
     w.m = sc16;
-    w.dd = _mm_set1_ps(lk_ld_h(p + LK_Q6K_D));
+    /* F16C, not the portable converter: this runs once per row and block */
+    w.dd = _mm_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(lk_ld_u16(p + LK_Q6K_D))));
     return w;
 }
 
