@@ -148,8 +148,12 @@ TEST(impossible) {
     lk_plan_dims d = stories();
     char err[LK_ERRLEN] = "";
     lk_slice s[64];
-    CHECK(lk_plan_make(&d, 9, 1, NULL, s, err, sizeof err) == LK_ERR_ARG);
-    CHECKF(strstr(err, "--tp 9") && strstr(err, "heads"), "%s", err);
+    /* 9 ranks over 8 heads: the last rank holds FFN rows only */
+    CHECK(lk_plan_make(&d, 9, 1, NULL, s, err, sizeof err) == LK_OK);
+    CHECK(s[8].head0 == s[8].head1 && s[8].ff1 > s[8].ff0);
+    /* 8 heads + 172 FFN rows are 180 units of work: 200 ranks cannot all work */
+    CHECK(lk_plan_make(&d, 200, 1, NULL, s, err, sizeof err) == LK_ERR_ARG);
+    CHECKF(strstr(err, "--tp 200") && strstr(err, "heads"), "%s", err);
     CHECK(lk_plan_make(&d, 1, 6, NULL, s, err, sizeof err) == LK_ERR_ARG);
     CHECKF(strstr(err, "--pp 6") && strstr(err, "5 layers"), "%s", err);
     int bad[2] = {2, 2};
@@ -161,13 +165,19 @@ TEST(impossible) {
     CHECK(lk_plan_make(&d, 2, 1, w, s, err, sizeof err) == LK_ERR_ARG);
     CHECKF(strstr(err, "weight 2"), "%s", err);
     lk_plan_dims q = d;
-    q.ff_align = 64; /* 172 rows -> 3 blocks: not enough for 4 ranks */
-    CHECK(lk_plan_make(&q, 4, 1, NULL, s, err, sizeof err) == LK_ERR_ARG);
-    CHECKF(strstr(err, "FFN"), "%s", err);
+    q.ff_align = 64;   /* 172 rows -> 3 blocks */
+    q.head_align = 8;  /* 8 heads -> 1 group */
+    CHECK(lk_plan_make(&q, 5, 1, NULL, s, err, sizeof err) == LK_ERR_ARG); /* 4 units of work for 5 ranks */
+    CHECKF(strstr(err, "FFN") && strstr(err, "heads"), "%s", err);
+    /* 1 head group + 3 FFN blocks over 2 ranks: rank 0 takes the heads,
+     * rank 1 (no heads) the larger FFN share; nobody is idle */
+    CHECK(lk_plan_make(&q, 2, 1, NULL, s, err, sizeof err) == LK_OK);
+    CHECK(s[0].head0 == 0 && s[0].head1 == 8 && s[1].head0 == s[1].head1 && s[1].kv_head0 == s[1].kv_head1);
+    CHECKF(s[0].ff1 - s[0].ff0 == 64 && s[1].ff0 == 64 && s[1].ff1 == 172, "ff %lld-%lld %lld-%lld",
+           (long long)s[0].ff0, (long long)s[0].ff1, (long long)s[1].ff0, (long long)s[1].ff1);
     q = d;
     q.head_align = 3; /* 8 heads -> 3 groups */
     CHECK(lk_plan_make(&q, 3, 1, NULL, s, err, sizeof err) == LK_OK);
-    CHECK(lk_plan_make(&q, 4, 1, NULL, s, err, sizeof err) == LK_ERR_ARG);
     CHECK(lk_plan_make(&d, 0, 1, NULL, s, err, sizeof err) == LK_ERR_ARG);
 }
 

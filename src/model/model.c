@@ -278,13 +278,17 @@ void lk_model_free(lk_model *m) {
     free(m);
 }
 
+/* A slice may hold no attention heads or no FFN rows (small or coarsely
+ * quantised models split over many ranks: see parallel/plan.c); it then adds
+ * zeros for that part to the all-reduce. */
 static lk_status check_slice(const lk_model_config *c, const lk_slice *s, char *err, size_t errlen) {
     int group = c->n_head / c->n_head_kv;
-    bool ok = s->layer0 >= 0 && s->layer0 < s->layer1 && s->layer1 <= c->n_layer &&
-              s->head0 >= 0 && s->head0 < s->head1 && s->head1 <= c->n_head &&
-              s->kv_head0 >= 0 && s->kv_head0 < s->kv_head1 && s->kv_head1 <= c->n_head_kv &&
-              s->kv_head0 <= s->head0 / group && s->kv_head1 > (s->head1 - 1) / group &&
-              s->ff0 >= 0 && s->ff0 < s->ff1 && s->ff1 <= c->n_ff &&
+    bool heads_ok = s->head0 == s->head1 ? s->kv_head0 == s->kv_head1 && s->head0 >= 0 && s->head0 <= c->n_head
+                  : s->head0 >= 0 && s->head0 < s->head1 && s->head1 <= c->n_head &&
+                    s->kv_head0 >= 0 && s->kv_head0 < s->kv_head1 && s->kv_head1 <= c->n_head_kv &&
+                    s->kv_head0 <= s->head0 / group && s->kv_head1 > (s->head1 - 1) / group;
+    bool ok = heads_ok && s->layer0 >= 0 && s->layer0 < s->layer1 && s->layer1 <= c->n_layer &&
+              s->ff0 >= 0 && s->ff0 <= s->ff1 && s->ff1 <= c->n_ff && (s->ff1 > s->ff0 || s->head1 > s->head0) &&
               s->vocab0 >= 0 && s->vocab0 < s->vocab1 && s->vocab1 <= c->n_vocab;
     if (!ok)
         return lk_fail(err, errlen, LK_ERR_ARG,
@@ -493,57 +497,78 @@ static lk_status allreduce(lk_model *m, float *x, int64_t n, int layer, const ch
     return m->hooks.allreduce_sum(m->hooks.ctx, x, n, layer, what);
 }
 
+/* This rank's share of attention for layer li: o = Wo_slice . attn(x). A
+ * rank without heads contributes zeros. */
+static void attention(lk_model *m, int li, const float *x, int n, int pos0) {
+    const lk_model_config *c = &m->cfg;
+    const layer_w *w = &m->layers[li];
+    const int64_t d = c->n_embd, hd = c->head_dim;
+    const int64_t qd = (int64_t)m->nh * hd, kvd = (int64_t)m->nkv * hd;
+    if (m->nh == 0) {
+        memset(m->o, 0, sizeof(float) * (size_t)n * d);
+        return;
+    }
+    for (int t = 0; t < n; t++) lk_rmsnorm(m->xb + t * d, x + t * d, w->attn_norm, d, c->rms_eps);
+    lk_matmul(m->pool, &w->wq, m->xb, d, n, m->q, qd, m->act);
+    lk_matmul(m->pool, &w->wk, m->xb, d, n, m->k, kvd, m->act);
+    lk_matmul(m->pool, &w->wv, m->xb, d, n, m->v, kvd, m->act);
+    const size_t layer_off = (size_t)li * m->nkv * m->n_ctx * hd;
+    for (int t = 0; t < n; t++) {
+        float *q = m->q + t * qd, *k = m->k + t * kvd, *v = m->v + t * kvd;
+        if (w->bq) {
+            for (int64_t i = 0; i < qd; i++) q[i] += w->bq[i];
+            for (int64_t i = 0; i < kvd; i++) { k[i] += w->bk[i]; v[i] += w->bv[i]; }
+        }
+        for (int h = 0; h < m->nh; h++) {
+            if (w->q_norm) lk_rmsnorm(q + h * hd, q + h * hd, w->q_norm, hd, c->rms_eps);
+            rope(m, q + h * hd, pos0 + t);
+        }
+        for (int h = 0; h < m->nkv; h++) {
+            if (w->k_norm) lk_rmsnorm(k + h * hd, k + h * hd, w->k_norm, hd, c->rms_eps);
+            rope(m, k + h * hd, pos0 + t);
+            size_t at = layer_off + ((size_t)h * m->n_ctx + pos0 + t) * hd;
+            if (m->kv_f16) {
+                uint16_t *kc = (uint16_t *)m->kcache + at, *vc = (uint16_t *)m->vcache + at;
+                for (int i = 0; i < hd; i++) { kc[i] = lk_fp32_to_fp16(k[h * hd + i]); vc[i] = lk_fp32_to_fp16(v[h * hd + i]); }
+            } else {
+                memcpy((float *)m->kcache + at, k + h * hd, sizeof(float) * hd);
+                memcpy((float *)m->vcache + at, v + h * hd, sizeof(float) * hd);
+            }
+        }
+    }
+    attn_job aj = { m, li, n, pos0 };
+    lk_pool_run(m->pool, attn_fn, &aj);
+    lk_matmul(m->pool, &w->wo, m->att, qd, n, m->o, d, m->act);
+}
+
+/* This rank's share of the FFN: o = W2_slice . (silu(W1_slice x) * W3_slice x). */
+static void ffn(lk_model *m, int li, const float *x, int n) {
+    const layer_w *w = &m->layers[li];
+    const int64_t d = m->cfg.n_embd;
+    if (m->nff == 0) {
+        memset(m->o, 0, sizeof(float) * (size_t)n * d);
+        return;
+    }
+    for (int t = 0; t < n; t++) lk_rmsnorm(m->xb + t * d, x + t * d, w->ffn_norm, d, m->cfg.rms_eps);
+    lk_matmul(m->pool, &w->w1, m->xb, d, n, m->hg, m->nff, m->act);
+    lk_matmul(m->pool, &w->w3, m->xb, d, n, m->hu, m->nff, m->act);
+    lk_swiglu(m->hg, m->hu, (int64_t)n * m->nff);
+    lk_matmul(m->pool, &w->w2, m->hg, m->nff, n, m->o, d, m->act);
+}
+
 lk_status lk_model_layers(lk_model *m, float *x, int n, int pos0) {
     LK_ASSERT(n > 0 && n <= m->n_batch);
     LK_ASSERT(pos0 >= 0 && pos0 + n <= m->n_ctx); /* callers check the context */
-    const lk_model_config *c = &m->cfg;
-    const int64_t d = c->n_embd, hd = c->head_dim;
-    const int64_t qd = (int64_t)m->nh * hd, kvd = (int64_t)m->nkv * hd;
+    const int64_t nd = (int64_t)n * m->cfg.n_embd;
     lk_status st;
     for (int li = 0; li < m->sl.layer1 - m->sl.layer0; li++) {
-        const layer_w *w = &m->layers[li];
         const int layer = m->sl.layer0 + li;
-        for (int t = 0; t < n; t++) lk_rmsnorm(m->xb + t * d, x + t * d, w->attn_norm, d, c->rms_eps);
-        lk_matmul(m->pool, &w->wq, m->xb, d, n, m->q, qd, m->act);
-        lk_matmul(m->pool, &w->wk, m->xb, d, n, m->k, kvd, m->act);
-        lk_matmul(m->pool, &w->wv, m->xb, d, n, m->v, kvd, m->act);
-        const size_t layer_off = (size_t)li * m->nkv * m->n_ctx * hd;
-        for (int t = 0; t < n; t++) {
-            float *q = m->q + t * qd, *k = m->k + t * kvd, *v = m->v + t * kvd;
-            if (w->bq) {
-                for (int64_t i = 0; i < qd; i++) q[i] += w->bq[i];
-                for (int64_t i = 0; i < kvd; i++) { k[i] += w->bk[i]; v[i] += w->bv[i]; }
-            }
-            for (int h = 0; h < m->nh; h++) {
-                if (w->q_norm) lk_rmsnorm(q + h * hd, q + h * hd, w->q_norm, hd, c->rms_eps);
-                rope(m, q + h * hd, pos0 + t);
-            }
-            for (int h = 0; h < m->nkv; h++) {
-                if (w->k_norm) lk_rmsnorm(k + h * hd, k + h * hd, w->k_norm, hd, c->rms_eps);
-                rope(m, k + h * hd, pos0 + t);
-                size_t at = layer_off + ((size_t)h * m->n_ctx + pos0 + t) * hd;
-                if (m->kv_f16) {
-                    uint16_t *kc = (uint16_t *)m->kcache + at, *vc = (uint16_t *)m->vcache + at;
-                    for (int i = 0; i < hd; i++) { kc[i] = lk_fp32_to_fp16(k[h * hd + i]); vc[i] = lk_fp32_to_fp16(v[h * hd + i]); }
-                } else {
-                    memcpy((float *)m->kcache + at, k + h * hd, sizeof(float) * hd);
-                    memcpy((float *)m->vcache + at, v + h * hd, sizeof(float) * hd);
-                }
-            }
-        }
-        attn_job aj = { m, li, n, pos0 };
-        lk_pool_run(m->pool, attn_fn, &aj);
-        lk_matmul(m->pool, &w->wo, m->att, qd, n, m->o, d, m->act);
-        if ((st = allreduce(m, m->o, (int64_t)n * d, layer, "attention output all-reduce"))) return st;
-        for (int64_t i = 0; i < (int64_t)n * d; i++) x[i] += m->o[i];
-
-        for (int t = 0; t < n; t++) lk_rmsnorm(m->xb + t * d, x + t * d, w->ffn_norm, d, c->rms_eps);
-        lk_matmul(m->pool, &w->w1, m->xb, d, n, m->hg, m->nff, m->act);
-        lk_matmul(m->pool, &w->w3, m->xb, d, n, m->hu, m->nff, m->act);
-        lk_swiglu(m->hg, m->hu, (int64_t)n * m->nff);
-        lk_matmul(m->pool, &w->w2, m->hg, m->nff, n, m->o, d, m->act);
-        if ((st = allreduce(m, m->o, (int64_t)n * d, layer, "FFN output all-reduce"))) return st;
-        for (int64_t i = 0; i < (int64_t)n * d; i++) x[i] += m->o[i];
+        attention(m, li, x, n, pos0);
+        if ((st = allreduce(m, m->o, nd, layer, "attention output all-reduce"))) return st;
+        for (int64_t i = 0; i < nd; i++) x[i] += m->o[i];
+        ffn(m, li, x, n);
+        if ((st = allreduce(m, m->o, nd, layer, "FFN output all-reduce"))) return st;
+        for (int64_t i = 0; i < nd; i++) x[i] += m->o[i];
     }
     return LK_OK;
 }

@@ -1,7 +1,8 @@
 /* The plan: which rank holds which layers, heads, FFN rows and vocab rows.
  *
  * Every split is "cut a range of U units into tp contiguous parts in
- * proportion to the weights, each part at least one unit": units are
+ * proportion to the weights, each part at least one unit when there are
+ * enough": units are
  * alignment groups (heads in groups that keep Wo's quantisation blocks
  * whole, FFN rows in multiples of W2's block), so no quantised block is ever
  * cut. Cuts are rounded cumulative shares (not per-part roundings), so the
@@ -23,9 +24,18 @@ void lk_slice_full(const lk_plan_dims *d, lk_slice *s) {
     s->vocab1 = d->n_vocab;
 }
 
-/* Cuts [0, U) into k parts: cut[0] = 0 <= cut[1] < ... < cut[k] = U, each
- * part >= 1 unit, sized by w (NULL = even). Caller ensures U >= k. */
+/* Cuts [0, U) into k parts: cut[0] = 0 <= cut[1] <= ... <= cut[k] = U, sized
+ * by w (NULL = even); each part >= 1 unit when U >= k. With fewer units than
+ * parts some parts are empty: a rank may hold no attention heads (or no FFN
+ * rows) and still share the rest of the layer, which is how a small or
+ * coarsely quantised model (one Q4_K block per Wo row) still splits. */
 static void cut_units(int64_t U, int k, const double *w, int64_t *cut) {
+    if (U < k) {
+        /* one unit each for the first U ranks, none for the rest (which the
+         * caller then gives the other kind of work first) */
+        for (int i = 0; i <= k; i++) cut[i] = LK_MIN((int64_t)i, U);
+        return;
+    }
     double total = 0;
     for (int i = 0; i < k; i++) total += w ? w[i] : 1.0;
     double acc = 0;
@@ -36,7 +46,7 @@ static void cut_units(int64_t U, int k, const double *w, int64_t *cut) {
     }
     cut[k] = U;
     /* Every part at least one unit: push cuts up from the left, then down
-     * from the right (possible since U >= k). */
+     * from the right. */
     for (int i = 1; i < k; i++)
         if (cut[i] < cut[i - 1] + 1) cut[i] = cut[i - 1] + 1;
     for (int i = k - 1; i >= 1; i--)
@@ -73,16 +83,19 @@ lk_status lk_plan_make_split(const lk_plan_dims *d, int tp, int pp, const double
     int64_t hu = ha / gcd64(ha, group) * group;
     if (d->n_head % hu || d->n_head / hu < tp) hu = ha;
     int64_t hU = (d->n_head + hu - 1) / hu;
-    if (hU < tp)
-        return lk_fail(err, errlen, LK_ERR_ARG,
-                       "plan: --tp %d needs at least %d groups of heads, but %d heads in groups of %lld (to keep "
-                       "quantised blocks of attn_output whole) make only %lld",
-                       tp, tp, d->n_head, (long long)hu, (long long)hU);
     int64_t fU = (d->n_ff + fa - 1) / fa;
-    if (fU < tp)
+    /* Fewer head groups (or FFN blocks) than ranks: some ranks hold none of
+     * them, but every rank must hold some work, and the attention and FFN
+     * shares then fall on different ranks (see cut_units). */
+    if (hU + fU < tp)
         return lk_fail(err, errlen, LK_ERR_ARG,
-                       "plan: --tp %d needs at least %d FFN row groups, but %lld rows in blocks of %lld make only %lld",
-                       tp, tp, (long long)d->n_ff, (long long)fa, (long long)fU);
+                       "plan: --tp %d is more ranks than the model has work units: %d heads in groups of %lld (to keep "
+                       "quantised blocks of attn_output whole) make %lld, %lld FFN rows in blocks of %lld make %lld",
+                       tp, d->n_head, (long long)hu, (long long)hU, (long long)d->n_ff, (long long)fa, (long long)fU);
+    if (hU < tp || fU < tp)
+        lk_log(LK_LOG_INFO, "plan: %lld head group%s and %lld FFN block%s for %d TP ranks: some ranks hold no %s",
+               (long long)hU, hU == 1 ? "" : "s", (long long)fU, fU == 1 ? "" : "s", tp,
+               hU < tp && fU < tp ? "heads or no FFN rows" : hU < tp ? "attention heads" : "FFN rows");
     int64_t vU = (d->n_vocab + va - 1) / va;
     if (vU < tp)
         return lk_fail(err, errlen, LK_ERR_ARG, "plan: --tp %d exceeds the %lld vocabulary row groups", tp,
@@ -110,6 +123,13 @@ lk_status lk_plan_make_split(const lk_plan_dims *d, int tp, int pp, const double
     int64_t hcut[257], fcut[257], vcut[257];
     cut_units(hU, tp, weights, hcut);
     cut_units(fU, tp, weights, fcut);
+    if (hU < tp) {
+        /* the ranks without heads are the last ones; give them FFN first by
+         * cutting the FFN from the other end */
+        int64_t rev[257];
+        cut_units(fU, tp, weights, rev);
+        for (int i = 0; i <= tp; i++) fcut[i] = fU - rev[tp - i];
+    }
     cut_units(vU, tp, weights, vcut);
 
     for (int p = 0; p < pp; p++)
@@ -126,7 +146,7 @@ lk_status lk_plan_make_split(const lk_plan_dims *d, int tp, int pp, const double
             s->head1 = (int)LK_MIN(hcut[t + 1] * hu, (int64_t)d->n_head);
             /* The KV heads its query heads read: head h uses KV head h / group. */
             s->kv_head0 = s->head0 / group;
-            s->kv_head1 = (s->head1 + group - 1) / group;
+            s->kv_head1 = s->head1 > s->head0 ? (s->head1 + group - 1) / group : s->kv_head0;
             s->ff0 = LK_MIN(fcut[t] * fa, d->n_ff);
             s->ff1 = LK_MIN(fcut[t + 1] * fa, d->n_ff);
             s->vocab0 = LK_MIN(vcut[t] * va, d->n_vocab);
