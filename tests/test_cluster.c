@@ -10,6 +10,7 @@
 
 #include <math.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -461,6 +462,81 @@ TEST(daemon_survives_heads_and_garbage) {
     unlink(key_path());
 }
 
+/* A worker without the model but with a cache: the head sends the file,
+ * the worker verifies and caches it, and the next head finds it there. A
+ * worker with neither refuses with a clear message. */
+TEST(daemon_model_cache) {
+    char dir[64], cache[96], models[96], err[LK_ERRLEN];
+    snprintf(dir, sizeof dir, "/tmp/lk-cache-test-%d", (int)getpid());
+    snprintf(cache, sizeof cache, "%s/cache", dir);
+    snprintf(models, sizeof models, "%s/models", dir);
+    mkdir(dir, 0700);
+    mkdir(cache, 0700);
+    mkdir(models, 0700);
+    char hex[65];
+    lk_key_generate(hex);
+    FILE *f = fopen(key_path(), "w");
+    fprintf(f, "%s\n", hex);
+    fclose(f);
+    uint8_t key[32];
+    LK_ASSERT(!lk_key_load(key_path(), key, err, sizeof err));
+    int lfd[2], port[2];
+    pid_t d[2];
+    char addr[2][32];
+    for (int k = 0; k < 2; k++) {
+        LK_ASSERT(!lk_tcp_listen("127.0.0.1:0", &lfd[k], &port[k], err, sizeof err));
+        snprintf(addr[k], sizeof addr[k], "127.0.0.1:%d", port[k]);
+        fflush(NULL);
+        d[k] = fork();
+        if (d[k] == 0) {
+            lk_worker_opts wo = {.listen_fd = lfd[k], .key = key, .n_threads = 1, .model_dir = models,
+                                 .cache_dir = k == 0 ? cache : NULL};
+            lk_worker_serve(&wo, err, sizeof err);
+            _exit(1);
+        }
+        close(lfd[k]);
+    }
+    uint8_t id[32];
+    lk_model_identity(F.g, id);
+    char cached[256];
+    int n = snprintf(cached, sizeof cached, "%s/", cache);
+    for (int i = 0; i < 32; i++) n += snprintf(cached + n, sizeof cached - (size_t)n, "%02x", id[i]);
+    snprintf(cached + n, sizeof cached - (size_t)n, ".gguf");
+    struct stat sb1, sb2;
+    for (int round = 0; round < 2; round++) {
+        lk_cluster_opts o = {.workers = addr[0], .key_file = key_path()};
+        lk_cluster *c;
+        lk_model *m;
+        lk_status st = open_head(&o, &c, &m, err);
+        CHECKF(st == LK_OK, "round %d: %s", round, err);
+        if (st) break;
+        float full[NV_MAX];
+        double dd = 0;
+        st = cluster_step(c, m, toks, 5, 0, full, err);
+        CHECKF(!st && compare(full, F.ref[0], (int)F.cfg.n_vocab, &dd) == 0, "round %d: %s", round, st ? err : "");
+        lk_model_free(m);
+        lk_cluster_close(c);
+        CHECKF(stat(cached, round ? &sb2 : &sb1) == 0, "no %s", cached);
+    }
+    /* the second head used the cached copy: not written again */
+    CHECK(sb1.st_ino == sb2.st_ino && sb1.st_mtime == sb2.st_mtime && sb1.st_size == (off_t)lk_gguf_file_size(F.g));
+    lk_cluster_opts o = {.workers = addr[1], .key_file = key_path()};
+    lk_cluster *c;
+    lk_model *m;
+    lk_status st = open_head(&o, &c, &m, err);
+    CHECKF(st == LK_ERR_PEER && strstr(err, "cannot load the model") && strstr(err, "stories260K.gguf"), "%s", err);
+    for (int k = 0; k < 2; k++) {
+        int ws;
+        kill(d[k], SIGKILL);
+        waitpid(d[k], &ws, 0);
+    }
+    unlink(cached);
+    rmdir(cache);
+    rmdir(models);
+    rmdir(dir);
+    unlink(key_path());
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     lk_log_set_level(LK_LOG_ERROR);
@@ -478,6 +554,7 @@ int main(void) {
     RUN(frozen_worker_named);
     RUN(slow_is_not_dead);
     RUN(daemon_survives_heads_and_garbage);
+    RUN(daemon_model_cache);
     lk_gguf_close(F.g);
     return lk_test_end();
 }

@@ -16,11 +16,11 @@ int lk_cmd_worker(int argc, char **argv) {
         {"--key-file", NULL, LK_OPT_STR, &key_file, "FILE", "cluster key, the same on every node (required)"},
         {"--threads", "-t", LK_OPT_INT, &threads, "N", "compute threads (default: what the head asks, else all cores)"},
         {"--model-dir", NULL, LK_OPT_STR, &model_dir, "DIR", "find models here by file name (default: the head's path)"},
-        {"--cache-dir", NULL, LK_OPT_STR, &cache_dir, "DIR", "slice cache (not implemented yet: models must be present)"},
+        {"--cache-dir", NULL, LK_OPT_STR, &cache_dir, "DIR", "keep models received from heads here (by identity); without it a missing model is an error"},
         {"--verbose", "-v", LK_OPT_FLAG, &verbose, NULL, "debug logging"},
         {0},
     };
-    int np = lk_args_parse("worker", "--listen HOST:PORT --key-file FILE [--threads N] [--model-dir DIR]", opts, argc,
+    int np = lk_args_parse("worker", "--listen HOST:PORT --key-file FILE [--threads N] [--model-dir DIR] [--cache-dir DIR]", opts, argc,
                            argv, NULL, 0);
     if (np == LK_ARGS_HELP) return 0;
     if (np < 0) return 2;
@@ -34,7 +34,6 @@ int lk_cmd_worker(int argc, char **argv) {
         return 2;
     }
     if (verbose) lk_log_set_level(LK_LOG_DEBUG);
-    if (cache_dir) lk_log(LK_LOG_WARN, "worker: --cache-dir is not implemented yet; models are read from disk");
     uint8_t key[LK_KEY_BYTES];
     char err[LK_ERRLEN];
     if (lk_key_load(key_file, key, err, sizeof err)) {
@@ -44,7 +43,7 @@ int lk_cmd_worker(int argc, char **argv) {
     /* A head that vanishes mid-send must not kill us with SIGPIPE. */
     signal(SIGPIPE, SIG_IGN);
     lk_worker_opts o = {.listen = listen, .listen_fd = -1, .key = key, .model_dir = model_dir,
-                        .n_threads = (int)threads};
+                        .cache_dir = cache_dir, .n_threads = (int)threads};
     if (lk_worker_serve(&o, err, sizeof err)) {
         fprintf(stderr, "lockstep worker: %s\n", err);
         return 1;

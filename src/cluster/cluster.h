@@ -64,6 +64,8 @@ typedef enum {
     LK_MSG_MESH    = 23, /* every rank's data address: build the mesh */
     LK_MSG_READY   = 24, /* u8 ok, reason: mesh built */
     LK_MSG_BENCH   = 25, /* rank, ranks, transport, benchmark settings (instead of LOAD) */
+    LK_MSG_FILE    = 26, /* u64 size: the model file follows (worker asked for it) */
+    LK_MSG_DATA    = 27, /* the next bytes of that file (at most 1 MiB) */
 } lk_msg_type;
 
 typedef struct {
@@ -197,7 +199,11 @@ lk_status lk_cluster_bench(const char *workers, const uint8_t *key, const lk_ben
  * after the handshake; rank 0 is the head, which computes its share too):
  *   head -> worker  LOAD   rank, ranks, tp, slice, model name + path + identity,
  *                          n_ctx, n_batch, threads, kv_f16, transport
- *   worker -> head  LOADED ok / reason, the address its mesh listener got
+ *   worker -> head  LOADED ok / reason, the address its mesh listener got;
+ *                          or "send me the file" when it has no copy and a
+ *                          --cache-dir: then FILE (size) and DATA frames go
+ *                          to it, it checks the identity, caches the file
+ *                          as <cache-dir>/<identity>.gguf and answers again
  *   head -> worker  MESH   every rank's data address; all ranks build the
  *                          authenticated mesh (shm between local ranks)
  *   worker -> head  READY  ok / reason
@@ -222,6 +228,7 @@ typedef struct {
     int         listen_fd;  /* an already listening socket, or -1 */
     const uint8_t *key;
     const char *model_dir;  /* where models are looked up by file name (NULL: the head's path) */
+    const char *cache_dir;  /* models received from heads, by identity (NULL: never ask for one) */
     int         n_threads;  /* 0: all cores */
     bool        once;       /* serve one session, then return (--local children) */
     int64_t     head_silence_ms; /* end a session after this long without a frame (0: 10 s) */

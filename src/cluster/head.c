@@ -269,8 +269,27 @@ static lk_status connect_all(lk_cluster *c, const lk_hs_params *hp, char *err, s
 /* After LOAD or BENCH went out: collects every worker's LOADED (its mesh
  * address), sends everyone's addresses, builds our end of the mesh and
  * waits for every READY. */
-static lk_status mesh_phase(lk_cluster *c, const char *refusal, lk_mesh_shm shm, int64_t spin_ns, char *err,
-                            size_t errlen) {
+/* Streams the model file to worker r (it has no copy but a cache). */
+static lk_status send_file(lk_cluster *c, int r, const lk_gguf *g, char *err, size_t errlen) {
+    const uint8_t *p = lk_gguf_file_bytes(g);
+    uint64_t size = lk_gguf_file_size(g);
+    uint8_t hdr[8];
+    lk_wbuf w = {hdr, sizeof hdr, 0, true};
+    lk_wb_u64(&w, size);
+    char why[LK_ERRLEN];
+    lk_log(LK_LOG_INFO, "cluster: sending the model (%llu bytes) to worker rank %d (%s)", (unsigned long long)size, r,
+           c->w[r].addr);
+    lk_status st = send_to(c, r, LK_MSG_FILE, hdr, 8, 10000, why, sizeof why);
+    for (uint64_t off = 0; !st && off < size; off += 1u << 20) {
+        uint32_t k = (uint32_t)LK_MIN((uint64_t)1 << 20, size - off);
+        st = send_to(c, r, LK_MSG_DATA, p + off, k, 60000, why, sizeof why);
+    }
+    if (st) return lk_fail(err, errlen, st, "sending the model to worker rank %d (%s): %s", r, c->w[r].addr, why);
+    return LK_OK;
+}
+
+static lk_status mesh_phase(lk_cluster *c, const lk_gguf *g, const char *refusal, lk_mesh_shm shm, int64_t spin_ns,
+                            char *err, size_t errlen) {
     lk_status st;
     char why[LK_ERRLEN];
     uint8_t buf[8192];
@@ -278,10 +297,16 @@ static lk_status mesh_phase(lk_cluster *c, const char *refusal, lk_mesh_shm shm,
     for (int r = 1; r < c->n; r++) {
         lk_frame_hdr h;
         lk_loaded_msg rep;
-        if ((st = recv_reply(c, r, &h, buf, sizeof buf, err, errlen))) return st;
-        if (h.type != LK_MSG_LOADED || !lk_proto_loaded_decode(buf, h.len, &rep))
-            return lk_fail(err, errlen, LK_ERR_FORMAT, "worker rank %d (%s): bad reply %s", r, c->w[r].addr,
-                           lk_msg_name(h.type));
+        for (int asked = 0;; asked++) {
+            if ((st = recv_reply(c, r, &h, buf, sizeof buf, err, errlen))) return st;
+            if (h.type != LK_MSG_LOADED || !lk_proto_loaded_decode(buf, h.len, &rep))
+                return lk_fail(err, errlen, LK_ERR_FORMAT, "worker rank %d (%s): bad reply %s", r, c->w[r].addr,
+                               lk_msg_name(h.type));
+            if (!rep.want_file) break;
+            if (!g || asked) return lk_fail(err, errlen, LK_ERR_FORMAT, "worker rank %d (%s) asks for a file again", r,
+                                            c->w[r].addr);
+            if ((st = send_file(c, r, g, err, errlen))) return st;
+        }
         if (!rep.ok)
             return lk_fail(err, errlen, LK_ERR_PEER, "worker rank %d (%s) %s: %s", r, c->w[r].addr, refusal, rep.reason);
         snprintf(mm.addrs[r], LK_ADDR_LEN, "%s", rep.mesh_addr);
@@ -440,7 +465,7 @@ lk_status lk_cluster_open(const lk_cluster_opts *o, const lk_gguf *g, const lk_p
         if ((st = send_to(c, r, LK_MSG_LOAD, buf, len, 5000, why, sizeof why)))
             return open_fail(c, lk_fail(err, errlen, st, "worker rank %d (%s): %s", r, c->w[r].addr, why));
     }
-    if ((st = mesh_phase(c, "cannot load the model", shm, -1, err, errlen))) return open_fail(c, st);
+    if ((st = mesh_phase(c, g, "cannot load the model", shm, -1, err, errlen))) return open_fail(c, st);
     int group[LK_MAX_RANKS];
     for (int t = 0; t < tp; t++) group[t] = t; /* the head's TP group: stage 0 */
     if ((st = lk_comm_create(c->mesh, group, tp, &c->comm, err, errlen))) return open_fail(c, st);
@@ -731,7 +756,7 @@ lk_status lk_cluster_bench(const char *workers, const uint8_t *key, const lk_ben
         if ((st = send_to(c, r, LK_MSG_BENCH, buf, len, 5000, why, sizeof why)))
             return open_fail(c, lk_fail(err, errlen, st, "worker rank %d (%s): %s", r, c->w[r].addr, why));
     }
-    if ((st = mesh_phase(c, "refused the benchmark", shm, spin_ns, err, errlen))) return open_fail(c, st);
+    if ((st = mesh_phase(c, NULL, "refused the benchmark", shm, spin_ns, err, errlen))) return open_fail(c, st);
     st = lk_bench_run(c->mesh, cfg, out, err, errlen);
     lk_cluster_close(c); /* BYE: the workers wait for the next head */
     return st;

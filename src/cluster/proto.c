@@ -24,12 +24,14 @@ static void get_slice(lk_rbuf *r, lk_slice *s) {
 }
 
 /* Ranges in order and inside sane bounds; the model checks them against
- * its own dimensions when it loads the slice. */
+ * its own dimensions when it loads the slice. Head and FFN ranges may be
+ * empty (a rank holding only FFN rows, or only heads: parallel/plan.c). */
 static bool slice_sane(const lk_slice *s) {
     return s->tp_size >= 1 && s->tp_size <= LK_MAX_RANKS && s->tp_rank >= 0 && s->tp_rank < s->tp_size &&
            s->pp_size >= 1 && s->pp_size <= LK_MAX_RANKS && s->pp_rank >= 0 && s->pp_rank < s->pp_size &&
-           s->layer0 >= 0 && s->layer0 < s->layer1 && s->head0 >= 0 && s->head0 < s->head1 &&
-           s->kv_head0 >= 0 && s->kv_head0 < s->kv_head1 && s->ff0 >= 0 && s->ff0 < s->ff1 &&
+           s->layer0 >= 0 && s->layer0 < s->layer1 && s->head0 >= 0 && s->head0 <= s->head1 &&
+           s->kv_head0 >= 0 && s->kv_head0 <= s->kv_head1 && s->ff0 >= 0 && s->ff0 <= s->ff1 &&
+           (s->head0 < s->head1 || s->ff0 < s->ff1) &&
            s->vocab0 >= 0 && s->vocab0 < s->vocab1;
 }
 
@@ -68,6 +70,7 @@ uint32_t lk_proto_loaded_encode(const lk_loaded_msg *m, uint8_t *buf, uint32_t c
     lk_wb_u8(&w, m->ok);
     lk_wb_str(&w, m->reason);
     lk_wb_str(&w, m->mesh_addr);
+    lk_wb_u8(&w, m->want_file);
     LK_ASSERT(w.ok);
     return w.len;
 }
@@ -78,7 +81,9 @@ bool lk_proto_loaded_decode(const uint8_t *buf, uint32_t len, lk_loaded_msg *m) 
     m->ok = lk_rb_u8(&r);
     lk_rb_str(&r, m->reason, sizeof m->reason);
     lk_rb_str(&r, m->mesh_addr, sizeof m->mesh_addr);
-    return r.ok && r.pos == r.len && m->ok <= 1 && (!m->ok || m->mesh_addr[0]);
+    m->want_file = lk_rb_u8(&r);
+    return r.ok && r.pos == r.len && m->ok <= 1 && m->want_file <= 1 && (!m->ok || m->mesh_addr[0]) &&
+           !(m->ok && m->want_file);
 }
 
 uint32_t lk_proto_mesh_encode(const lk_mesh_msg *m, uint8_t *buf, uint32_t cap) {

@@ -25,6 +25,7 @@ typedef struct {
     uint8_t  ok;
     char     reason[512];
     char     mesh_addr[LK_ADDR_LEN];
+    uint8_t  want_file;        /* not loaded: send the model file (FILE, DATA...) */
 } lk_loaded_msg;
 
 typedef struct {

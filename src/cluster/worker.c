@@ -11,6 +11,7 @@
 #include "sampler/sampler.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -57,6 +58,9 @@ typedef struct {
     lk_sampler *pen;        /* applies the head's penalties to our slice */
     _Atomic uint64_t step_since; /* lk_time_ns when the current STEP began; 0 between steps */
     bool bench;             /* a netbench session: mesh only, no model */
+    bool want_file;         /* asked the head for the model file */
+    int file_fd;            /* the cache file being received (-1: none) */
+    uint64_t file_left;
     lk_bench_msg bmsg;
     lk_sampler_params pen_p;
 } session;
@@ -121,7 +125,17 @@ static void *heartbeat_main(void *p) {
     return NULL;
 }
 
+static void cache_path(session *s, char *buf, size_t len, const char *suffix);
+
 static void session_free_model(session *s) {
+    if (s->file_fd >= 0) {
+        /* an interrupted transfer leaves nothing behind */
+        char part[1400];
+        cache_path(s, part, sizeof part, ".part");
+        close(s->file_fd);
+        unlink(part);
+        s->file_fd = -1;
+    }
     lk_comm_free(s->comm);
     s->comm = NULL;
     lk_mesh_free(s->mesh);
@@ -172,25 +186,35 @@ static lk_status do_bench(session *s, const uint8_t *p, uint32_t len, lk_loaded_
     return open_mesh_listener(s, rep, err, errlen);
 }
 
-static lk_status do_load(session *s, const uint8_t *p, uint32_t len, lk_loaded_msg *rep, char *err, size_t errlen) {
-    if (s->m) return lk_fail(err, errlen, LK_ERR_FORMAT, "LOAD twice in one session");
-    if (!lk_proto_load_decode(p, len, &s->load)) return lk_fail(err, errlen, LK_ERR_FORMAT, "malformed LOAD message");
-    const lk_load_msg *L = &s->load;
-    char path[1400];
-    if (s->w->o->model_dir) snprintf(path, sizeof path, "%s/%s", s->w->o->model_dir, L->model_name);
-    else snprintf(path, sizeof path, "%s", L->model_path);
+/* Opens path and keeps it if it holds the head's model. */
+static lk_status try_model(session *s, const char *path, char *err, size_t errlen) {
     lk_status st = lk_gguf_open(path, &s->g, err, errlen);
     if (st) return st;
     uint8_t id[LK_MODEL_ID_BYTES];
     lk_model_identity(s->g, id);
-    if (memcmp(id, L->model_id, sizeof id)) {
+    if (memcmp(id, s->load.model_id, sizeof id)) {
         char a[40], b[40];
+        lk_gguf_close(s->g);
+        s->g = NULL;
         return lk_fail(err, errlen, LK_ERR_MISMATCH, "model mismatch: head has %s, worker has %s (%s)",
-                       lk_model_id_short(L->model_id, a, sizeof a), lk_model_id_short(id, b, sizeof b), path);
+                       lk_model_id_short(s->load.model_id, a, sizeof a), lk_model_id_short(id, b, sizeof b), path);
     }
+    return LK_OK;
+}
+
+static void cache_path(session *s, char *buf, size_t len, const char *suffix) {
+    char hex[2 * LK_MODEL_ID_BYTES + 1];
+    for (int i = 0; i < LK_MODEL_ID_BYTES; i++) snprintf(hex + 2 * i, 3, "%02x", s->load.model_id[i]);
+    snprintf(buf, len, "%s/%s.gguf%s", s->w->o->cache_dir, hex, suffix);
+}
+
+/* With the model open in s->g: the slice, the buffers, the mesh listener. */
+static lk_status finish_load(session *s, const char *path, lk_loaded_msg *rep, char *err, size_t errlen) {
+    const lk_load_msg *L = &s->load;
     lk_model_params mp = {.n_ctx = L->n_ctx, .n_batch = L->n_batch, .kv_f16 = L->kv_f16,
                           .n_threads = s->w->o->n_threads ? s->w->o->n_threads : L->n_threads};
-    if ((st = lk_model_load(s->g, &L->slice, &mp, &s->m, err, errlen))) return st;
+    lk_status st = lk_model_load(s->g, &L->slice, &mp, &s->m, err, errlen);
+    if (st) return st;
     const lk_slice *sl = lk_model_slice(s->m);
     s->logits = lk_xmalloc(sizeof(float) * (size_t)(sl->vocab1 - sl->vocab0));
     s->ids = lk_xmalloc(sizeof(int32_t) * MAX_CAND);
@@ -201,6 +225,82 @@ static lk_status do_load(session *s, const uint8_t *p, uint32_t len, lk_loaded_m
            L->rank, L->n_ranks, path, sl->layer0, sl->layer1 - 1, sl->head0, sl->head1 - 1, (long long)sl->ff0,
            (long long)sl->ff1 - 1, (long long)sl->vocab0, (long long)sl->vocab1 - 1);
     return LK_OK;
+}
+
+/* Finds the head's model: by name in --model-dir (or at the head's path),
+ * then in the cache by identity; failing both, with a cache, asks the head
+ * for the file (rep->want_file). */
+static lk_status do_load(session *s, const uint8_t *p, uint32_t len, lk_loaded_msg *rep, char *err, size_t errlen) {
+    if (s->m || s->g || s->bench) return lk_fail(err, errlen, LK_ERR_FORMAT, "LOAD twice in one session");
+    if (!lk_proto_load_decode(p, len, &s->load)) return lk_fail(err, errlen, LK_ERR_FORMAT, "malformed LOAD message");
+    const lk_load_msg *L = &s->load;
+    char path[1400];
+    if (s->w->o->model_dir) snprintf(path, sizeof path, "%s/%s", s->w->o->model_dir, L->model_name);
+    else snprintf(path, sizeof path, "%s", L->model_path);
+    lk_status st = try_model(s, path, err, errlen);
+    if (st && s->w->o->cache_dir) {
+        char why[LK_ERRLEN];
+        cache_path(s, path, sizeof path, "");
+        if (try_model(s, path, why, sizeof why)) {
+            rep->want_file = 1;
+            return lk_fail(err, errlen, LK_ERR_IO, "no copy of the model here (%s): please send it", err);
+        }
+        st = LK_OK;
+    }
+    if (st) return st;
+    return finish_load(s, path, rep, err, errlen);
+}
+
+/* FILE: the head is about to send the model; it goes to <id>.gguf.part in
+ * the cache and is renamed once complete and verified. */
+static lk_status do_file(session *s, const uint8_t *p, uint32_t len, char *err, size_t errlen) {
+    if (!s->want_file || s->file_fd >= 0 || len != 8)
+        return lk_fail(err, errlen, LK_ERR_FORMAT, "unexpected FILE message");
+    lk_rbuf r = {p, len, 0, true};
+    uint64_t size = lk_rb_u64(&r);
+    if (size < 8 || size > (1ull << 42)) return lk_fail(err, errlen, LK_ERR_FORMAT, "FILE of %llu bytes", (unsigned long long)size);
+    char part[1400];
+    cache_path(s, part, sizeof part, ".part");
+    s->file_fd = open(part, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
+    if (s->file_fd < 0) return lk_fail(err, errlen, LK_ERR_IO, "%s: %s", part, strerror(errno));
+    s->file_left = size;
+    lk_log(LK_LOG_INFO, "worker: receiving the model from %s (%llu bytes) into %s", s->head, (unsigned long long)size, part);
+    return LK_OK;
+}
+
+/* DATA: the next bytes. After the last: verify, cache, load. *done says
+ * whether the load finished (rep is then the answer to send). */
+static lk_status do_data(session *s, const uint8_t *p, uint32_t len, bool *done, lk_loaded_msg *rep, char *err,
+                         size_t errlen) {
+    *done = false;
+    if (s->file_fd < 0 || len > s->file_left) return lk_fail(err, errlen, LK_ERR_FORMAT, "unexpected DATA message");
+    for (uint32_t off = 0; off < len;) {
+        ssize_t k = write(s->file_fd, p + off, len - off);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return lk_fail(err, errlen, LK_ERR_IO, "writing the model to the cache: %s", strerror(errno));
+        off += (uint32_t)k;
+    }
+    s->file_left -= len;
+    if (s->file_left) return LK_OK;
+    *done = true;
+    int fd = s->file_fd;
+    s->file_fd = -1;
+    char part[1400], path[1400];
+    cache_path(s, part, sizeof part, ".part");
+    cache_path(s, path, sizeof path, "");
+    if (fsync(fd) != 0 || close(fd) != 0) {
+        unlink(part);
+        return lk_fail(err, errlen, LK_ERR_IO, "%s: %s", part, strerror(errno));
+    }
+    /* Check before it becomes visible under its final name. */
+    lk_status st = try_model(s, part, err, errlen);
+    if (st) {
+        unlink(part);
+        return st;
+    }
+    if (rename(part, path) != 0) return lk_fail(err, errlen, LK_ERR_IO, "%s: %s", path, strerror(errno));
+    s->want_file = false;
+    return finish_load(s, path, rep, err, errlen);
 }
 
 static lk_status do_mesh(session *s, const uint8_t *p, uint32_t len, char *err, size_t errlen) {
@@ -339,7 +439,25 @@ static void run_session(session *s) {
             st = h.type == LK_MSG_LOAD ? do_load(s, buf, h.len, &rep, rep.reason, sizeof rep.reason)
                                        : do_bench(s, buf, h.len, &rep, rep.reason, sizeof rep.reason);
             rep.ok = st == LK_OK;
-            if (st) lk_log(LK_LOG_WARN, "worker: LOAD from %s refused: %s", s->head, rep.reason);
+            if (rep.want_file) {
+                s->want_file = true;
+                lk_log(LK_LOG_INFO, "worker: asking %s for the model: %s", s->head, rep.reason);
+            } else if (st) {
+                lk_log(LK_LOG_WARN, "worker: LOAD from %s refused: %s", s->head, rep.reason);
+            }
+            uint8_t out[1024];
+            uint32_t n = lk_proto_loaded_encode(&rep, out, sizeof out);
+            if (send_locked(s, LK_MSG_LOADED, out, n, err, sizeof err) || (st && !rep.want_file)) break;
+            continue;
+        }
+        if (h.type == LK_MSG_FILE || h.type == LK_MSG_DATA) {
+            lk_loaded_msg rep = {0};
+            bool done = false;
+            st = h.type == LK_MSG_FILE ? do_file(s, buf, h.len, rep.reason, sizeof rep.reason)
+                                       : do_data(s, buf, h.len, &done, &rep, rep.reason, sizeof rep.reason);
+            if (st) lk_log(LK_LOG_WARN, "worker: receiving the model from %s: %s", s->head, rep.reason);
+            if (!st && !done) continue;
+            rep.ok = st == LK_OK;
             uint8_t out[1024];
             uint32_t n = lk_proto_loaded_encode(&rep, out, sizeof out);
             if (send_locked(s, LK_MSG_LOADED, out, n, err, sizeof err) || st) break;
@@ -400,11 +518,24 @@ typedef struct {
     lk_link *link;
 } conn_arg;
 
+/* Takes the one session slot. A head that reconnects right after its last
+ * session (or after a crash) may arrive while that session is still being
+ * torn down: wait a little before calling ourselves busy. */
+static bool claim(worker *w) {
+    for (int i = 0; i < 100; i++) { /* 1 s */
+        int zero = 0;
+        if (atomic_compare_exchange_strong(&w->busy, &zero, 1)) return true;
+        usleep(10000);
+    }
+    return false;
+}
+
 static void serve_conn(worker *w, lk_link *link) {
     session *s = lk_xcalloc(1, sizeof *s);
     s->w = w;
     s->link = link;
     s->mesh_lfd = -1;
+    s->file_fd = -1;
     pthread_mutex_init(&s->send_mu, NULL);
     pthread_mutex_init(&s->hb_mu, NULL);
     pthread_cond_init(&s->hb_cv, NULL);
@@ -420,7 +551,7 @@ static void serve_conn(worker *w, lk_link *link) {
     lk_status st = lk_handshake(&s->ch, false, &hp, &peer, err, sizeof err);
     if (st) {
         lk_log(LK_LOG_WARN, "worker: refused %s: %s", link->peer_addr, unprefixed(err, link->peer_addr));
-    } else if (atomic_exchange(&w->busy, 1)) {
+    } else if (!claim(w)) {
         lk_log(LK_LOG_WARN, "worker: refused %s: busy with another head", link->peer_addr);
         lk_chan_send_error(&s->ch, "worker busy: serving another head");
     } else {
