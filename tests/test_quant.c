@@ -89,7 +89,7 @@ TEST(traits) {
     CHECK(lk_type_vec_dot(LK_TYPE_BF16) == LK_TYPE_BF16);
     CHECK(lk_type_vec_dot(LK_TYPE_F32) == LK_TYPE_F32);
     CHECK(lk_quantize_supported(LK_TYPE_Q8_K) && lk_quantize_supported(LK_TYPE_Q4_0));
-    CHECK(!lk_quantize_supported(LK_TYPE_Q4_K));
+    CHECK(!lk_quantize_supported(LK_TYPE_Q4_1)); /* no quantiser for it */
 }
 
 /* ===================================================================== */

@@ -541,6 +541,71 @@ LK_T512 static LK_INL void kq_tile(const int R, const int T, const int kind, int
         }
 }
 
+/* Q4_K / Q5_K decode, 4 rows: each row's scaled integer sums are reduced
+ * together (lane 4k + r = row r's partial) so the float conversion, the
+ * super-block scale and the min term are done once per 4 rows instead of per
+ * row; the 4 rows' [d, dmin] come from one fp16 conversion. */
+LK_T512 static LK_INL void k45_dec4(const int kind, int64_t n, const uint8_t *w, size_t ws,
+                                    const uint8_t *a, float *y) {
+    const ktabs kt = ktabs_load();
+    const size_t bb = kind == 4 ? LK_Q4K_BYTES : LK_Q5K_BYTES;
+    const size_t scoff = kind == 4 ? LK_Q4K_SC : LK_Q5K_SC;
+    /* from [d0, dmin0, d1, dmin1, ...]: lane 4k + r <- d_r; lane 4r + i <- dmin_r */
+    const __m512i pd = _mm512_set_epi32(6, 4, 2, 0, 6, 4, 2, 0, 6, 4, 2, 0, 6, 4, 2, 0);
+    const __m512i pm = _mm512_set_epi32(7, 7, 7, 7, 5, 5, 5, 5, 3, 3, 3, 3, 1, 1, 1, 1);
+    __m512 acc = _mm512_setzero_ps(), accm = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n / LK_QK_K; i++) {
+        q8kgrp A = q8k_load_4k(a + (size_t)i * LK_Q8K_BYTES);
+        __m512i S[4];
+        long long mr[4];
+        int ddr[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *wp = w + r * ws + (size_t)i * bb;
+            pf_range(wp, bb);
+            kwgrp W = kind == 4 ? q4k_wload(&kt, wp) : q5k_wload(&kt, wp);
+            __m512i isum = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++)
+                isum = _mm512_dpwssd_epi32(isum, _mm512_dpbusd_epi32(_mm512_setzero_si512(), W.v[k], A.v[k]), W.sc[k]);
+            S[r] = isum;
+            uint64_t sc, m;
+            k_scales_unpack(wp + scoff, &sc, &m);
+            mr[r] = (long long)m;
+            uint32_t dd;
+            memcpy(&dd, wp, 4);
+            ddr[r] = (int)dd;
+        }
+        __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(S[0], S[1]), _mm512_unpackhi_epi32(S[0], S[1]));
+        __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(S[2], S[3]), _mm512_unpackhi_epi32(S[2], S[3]));
+        __m512i u = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
+        __m256 dd = _mm256_mul_ps(_mm256_cvtph_ps(_mm_setr_epi32(ddr[0], ddr[1], ddr[2], ddr[3])),
+                                  _mm256_broadcastss_ps(A.d));
+        __m512 dz = _mm512_zextps256_ps512(dd);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(u), _mm512_permutexvar_ps(pd, dz), acc);
+        /* mins: row r's 8 mins as i16 in 128-bit lane r, times the 8 sub-block sums */
+        __m512i mw = _mm512_cvtepu8_epi16(_mm256_setr_epi64x(mr[0], mr[1], mr[2], mr[3]));
+        __m512i mi = _mm512_madd_epi16(mw, _mm512_broadcast_i32x4(_mm256_castsi256_si128(A.bs)));
+        accm = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mi), _mm512_permutexvar_ps(pm, dz), accm);
+    }
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
+    __m128 v = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    __m128 m = _mm_hadd_ps(_mm_hadd_ps(_mm512_castps512_ps128(accm), _mm512_extractf32x4_ps(accm, 1)),
+                           _mm_hadd_ps(_mm512_extractf32x4_ps(accm, 2), _mm512_extractf32x4_ps(accm, 3)));
+    float out[4];
+    _mm_storeu_ps(out, _mm_sub_ps(v, m));
+    for (int r = 0; r < 4; r++) y[r] = out[r];
+}
+
+LK_T512 static void q4k_dec4(int64_t n, const uint8_t *w, size_t ws, const uint8_t *a, size_t as,
+                             float *y, size_t ys) {
+    k45_dec4(4, n, w, ws, a, y);
+}
+LK_T512 static void q5k_dec4(int64_t n, const uint8_t *w, size_t ws, const uint8_t *a, size_t as,
+                             float *y, size_t ys) {
+    k45_dec4(5, n, w, ws, a, y);
+}
+
 /* ===================================================================== */
 /* F32, F16, BF16                                                          */
 /* ===================================================================== */
@@ -659,19 +724,19 @@ LK_T512BF static LK_INL void bf_tile(const int R, const int T, int64_t n, const 
 LK_Q_TILES(q40, false, q40_4x1) /* decode goes through q4q8_decode */
 LK_Q_TILES(q80, true, q80_4x1)
 
-/* K-quants: decode 4x1, prefill 1x4 */
-#define LK_K_TILES(name, kind)                                                                 \
-    LK_TILE_FN(LK_T512, name, 4, 1, kq_tile(4, 1, kind, n, w, ws, a, as, y, ys))            \
+/* K-quants: decode 4 rows (Q4_K/Q5_K: the reducing kernel above), prefill 1x4 */
+#define LK_K_TILES(name, kind, dec4)                                                           \
     LK_TILE_FN(LK_T512, name, 1, 1, kq_tile(1, 1, kind, n, w, ws, a, as, y, ys))            \
     LK_TILE_FN(LK_T512, name, 1, 2, kq_tile(1, 2, kind, n, w, ws, a, as, y, ys))            \
     LK_TILE_FN(LK_T512, name, 1, 3, kq_tile(1, 3, kind, n, w, ws, a, as, y, ys))            \
     LK_TILE_FN(LK_T512, name, 1, 4, kq_tile(1, 4, kind, n, w, ws, a, as, y, ys))            \
-    static const lk_tileset name##_set = {name##_4x1, name##_1x1, 1, 4,                    \
+    static const lk_tileset name##_set = {dec4, name##_1x1, 1, 4,                          \
                                           {{NULL, name##_1x1, name##_1x2, name##_1x3, name##_1x4}, \
                                            {NULL, name##_1x1, name##_1x2, name##_1x3, name##_1x4}}};
-LK_K_TILES(q4k, 4)
-LK_K_TILES(q5k, 5)
-LK_K_TILES(q6k, 6)
+LK_TILE_FN(LK_T512, q6k, 4, 1, kq_tile(4, 1, 6, n, w, ws, a, as, y, ys))
+LK_K_TILES(q4k, 4, q4k_dec4)
+LK_K_TILES(q5k, 5, q5k_dec4)
+LK_K_TILES(q6k, 6, q6k_4x1)
 
 /* float types: decode 4x1, prefill 4x3 */
 #define LK_F_TILES(attr, name, CALL)                                                          \
