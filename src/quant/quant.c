@@ -471,6 +471,7 @@ void lk_quant_fill_scalar(lk_quant_ops *ops) {
     ops->quant[LK_TYPE_Q8_0] = quant_q8_0;
     ops->quant[LK_TYPE_Q4_0] = quant_q4_0;
     ops->quant[LK_TYPE_Q8_K] = quant_q8_k;
+    ops->quant[LK_TYPE_Q4_K] = lk_quantize_row_q4_k;
 }
 
 void lk_quant_run_tiles(const lk_tileset *ts, int64_t n, int64_t nrows, const void *w, size_t ws,

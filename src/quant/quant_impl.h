@@ -91,4 +91,7 @@ void lk_quant_fill_scalar(lk_quant_ops *ops);
 void lk_quant_fill_avx2(lk_quant_ops *ops);
 void lk_quant_fill_avx512(lk_quant_ops *ops);
 
+/* quant_kq.c: ggml's reference Q4_K quantiser (weights). */
+void lk_quantize_row_q4_k(const float *x, void *dst, int64_t n);
+
 #endif
