@@ -76,7 +76,9 @@ void lk_quant_matmul(lk_type wt, int64_t n, int64_t nrows, const void *w, size_t
                      int64_t ntok, const void *a, size_t a_stride,
                      float *y, size_t y_stride);
 
-/* Which SIMD level is active: "avx512", "avx2" or "scalar". */
+/* Which SIMD level is active: "avx512" (needs AVX-512 F/BW/VL/DQ/VNNI/VBMI
+ * and GFNI: Ice Lake, Sapphire Rapids, Zen 4 and later; BF16 used where
+ * present), "avx2" (AVX2 + FMA + F16C) or "scalar". */
 const char *lk_quant_simd_name(void);
 void        lk_quant_init(void);
 /* Switches the active level ("scalar", "avx2", "avx512") for the whole process
