@@ -48,7 +48,8 @@ struct lk_cluster {
     pthread_mutex_t err_mu;
     char      reason[LK_ERRLEN]; /* the monitor's own finding */
     char      hearsay[LK_ERRLEN];/* a worker's report of a failure */
-    char      err[2 * LK_ERRLEN];
+    char      detail[LK_ERRLEN]; /* the failed operation's own message */
+    char      err[2 * LK_ERRLEN + 8];
     uint8_t   key[LK_KEY_BYTES];
     uint8_t  *stepbuf;           /* (1 MiB) */
     uint8_t  *pairs;             /* (n * MAX_CAND * 8) */
@@ -78,11 +79,12 @@ static void set_err(lk_cluster *c, const char *detail) {
         usleep(5000);
     }
     pthread_mutex_lock(&c->err_mu);
+    if (detail && *detail) snprintf(c->detail, sizeof c->detail, "%s", detail); /* else keep the last one */
     const char *primary = c->reason[0] ? c->reason : c->hearsay;
-    if (primary[0] && detail && *detail && !strstr(detail, primary))
-        snprintf(c->err, sizeof c->err, "%s; %s", primary, detail);
+    if (primary[0] && c->detail[0] && !strstr(c->detail, primary))
+        snprintf(c->err, sizeof c->err, "%s; %s", primary, c->detail);
     else
-        snprintf(c->err, sizeof c->err, "%s", detail && *detail ? detail : primary);
+        snprintf(c->err, sizeof c->err, "%s", c->detail[0] ? c->detail : primary);
     pthread_mutex_unlock(&c->err_mu);
 }
 
@@ -146,9 +148,12 @@ static void *monitor_main(void *p) {
                 /* err starts with the link's name; we name the worker ourselves */
                 char name[128];
                 lk_link_name(c->w[r].link, name, sizeof name);
-                const char *e = err;
+                char *e = err;
                 size_t nl = strlen(name);
                 if (!strncmp(e, name, nl) && e[nl] == ':') e += nl + 2;
+                /* how many bytes of which frame is noise to a user here */
+                char *w = strstr(e, " while receiving");
+                if (w) *w = 0;
                 snprintf(why, sizeof why, "lost worker rank %d (%s): %s", r, c->w[r].addr, e);
                 declare_dead(c, r, why, true);
             } else if (h.type == LK_MSG_PING) {
@@ -503,7 +508,9 @@ void lk_cluster_close(lk_cluster *c) {
     for (int r = 1; r < c->n; r++) lk_link_close(c->w[r].link);
     for (int r = 1; r < c->n; r++) {
         if (c->kids[r] <= 0) continue;
-        /* The child ends its session on BYE or on the closed connection. */
+        /* The child ends its session on BYE or on the closed connection; one
+         * declared dead (frozen, say) is not waited for. */
+        if (atomic_load(&c->w[r].dead)) kill(c->kids[r], SIGKILL);
         int ws;
         uint64_t until = lk_time_ns() + 2000000000ull;
         while (waitpid(c->kids[r], &ws, WNOHANG) == 0) {
