@@ -72,6 +72,28 @@ expect netbench_workers_again 0 "$L" netbench --workers "127.0.0.1:$PORT" --key-
 has netbench_workers_tcp "$T/out" '^netbench: 2 ranks, data over tcp'
 expect netbench_workers_no_key 2 "$L" netbench --workers "127.0.0.1:$PORT"
 
+# run over a cluster writes exactly what one node writes (greedy, and sampled
+# with penalties): --local TP and PP, and --workers through the daemon
+TD=${LK_TESTDATA:-../shared/testdata}
+M="$TD/models/stories260K.gguf"
+gen() { "$L" run -m "$M" -p "Once upon a time" -n 24 "$@" 2>>"$T/run.err"; }
+gen --temp 0 >"$T/one.txt"
+for layout in "--local 2" "--local 3 --pp 3" "--local 4 --tp 2 --pp 2 --transport tcp" \
+              "--workers 127.0.0.1:$PORT --key-file $T/k1"; do
+    name=run_$(echo "$layout" | tr -c 'a-z0-9' _ | sed 's/__*/_/g; s/_$//' | cut -c1-40)
+    # shellcheck disable=SC2086
+    if gen --temp 0 $layout >"$T/many.txt" && cmp -s "$T/one.txt" "$T/many.txt"; then ok "$name"
+    else no "$name" "$(head -c 200 "$T/many.txt")" "$(grep -v info "$T/run.err" | tail -n 3)"; fi
+done
+gen --temp 0.9 --seed 7 --repeat-penalty 1.3 --presence-penalty -0.5 >"$T/one_s.txt"
+if gen --temp 0.9 --seed 7 --repeat-penalty 1.3 --presence-penalty -0.5 --local 3 >"$T/many_s.txt" &&
+   cmp -s "$T/one_s.txt" "$T/many_s.txt"; then ok run_sampled_local_3
+else no run_sampled_local_3 "$(head -c 200 "$T/many_s.txt")"; fi
+expect run_workers_no_key 1 "$L" run -m "$M" -p hi -n 2 --workers "127.0.0.1:$PORT"
+has run_workers_no_key_msg "$T/err" '--workers needs --key-file' 
+expect run_bad_layout 1 "$L" run -m "$M" -p hi -n 2 --local 3 --tp 2
+has run_bad_layout_msg "$T/err" 'does not match the 3 ranks'
+
 # netbench: the table for 2 local ranks, and its flag errors
 expect netbench_local 0 "$L" netbench --local 2 --sizes 64,4K --iters 50
 has netbench_header "$T/out" '^netbench: 2 ranks, data over (shm|tcp)'
