@@ -397,12 +397,7 @@ lk_status lk_cluster_open(const lk_cluster_opts *o, const lk_gguf *g, const lk_p
     } else if (o->local > 1) {
         if (o->local > LK_MAX_RANKS)
             return open_fail(c, lk_fail(err, errlen, LK_ERR_ARG, "--local %d: at most %d", o->local, LK_MAX_RANKS));
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        int threads = o->n_threads ? o->n_threads : (int)LK_MAX(1, cores / o->local);
-        for (int r = 1; r < o->local; r++) {
-            if ((st = spawn_local(c, r, threads, err, errlen))) return open_fail(c, st);
-            c->n++;
-        }
+        c->n = o->local; /* started once the layout is known to be valid */
     }
     if (c->n < 2) return open_fail(c, lk_fail(err, errlen, LK_ERR_ARG, "a cluster needs at least one worker"));
     int tp = o->tp, pp = o->pp;
@@ -444,6 +439,13 @@ lk_status lk_cluster_open(const lk_cluster_opts *o, const lk_gguf *g, const lk_p
     if ((st = lk_plan_make_split(dims, tp, pp, o->tp_weights ? w : NULL, o->layers_split ? layers : NULL, slices,
                                  err, errlen)))
         return open_fail(c, st);
+
+    if (o->local > 1 && !o->workers) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        int threads = o->n_threads ? o->n_threads : (int)LK_MAX(1, cores / o->local);
+        for (int r = 1; r < o->local; r++)
+            if ((st = spawn_local(c, r, threads, err, errlen))) return open_fail(c, st);
+    }
 
     /* agree */
     uint8_t id[LK_MODEL_ID_BYTES];
@@ -506,13 +508,13 @@ void lk_cluster_close(lk_cluster *c) {
     lk_comm_free(c->comm);
     lk_mesh_free(c->mesh);
     for (int r = 1; r < c->n; r++) lk_link_close(c->w[r].link);
+    uint64_t until = lk_time_ns() + 2000000000ull; /* for all of them together */
     for (int r = 1; r < c->n; r++) {
         if (c->kids[r] <= 0) continue;
         /* The child ends its session on BYE or on the closed connection; one
-         * declared dead (frozen, say) is not waited for. */
-        if (atomic_load(&c->w[r].dead)) kill(c->kids[r], SIGKILL);
+         * declared dead (frozen, say), or never connected, is not waited for. */
+        if (atomic_load(&c->w[r].dead) || !c->w[r].link) kill(c->kids[r], SIGKILL);
         int ws;
-        uint64_t until = lk_time_ns() + 2000000000ull;
         while (waitpid(c->kids[r], &ws, WNOHANG) == 0) {
             if (lk_time_ns() > until) {
                 kill(c->kids[r], SIGKILL);
