@@ -755,79 +755,29 @@ LK_F_TILES(LK_T512, f16, F16_CALL)
 LK_F_TILES(LK_T512, bfc, BFC_CALL)
 LK_F_TILES(LK_T512BF, bf, BF_CALL)
 
-/* Prefill with column chunks. A register tile streams its R weight rows and
- * T activation rows once; over a 64-token chunk the same R rows are read
- * again for every T tokens, which is free only if they stay in L1. For long
- * rows (float types above all: 4 rows of 5632 F32 are 90 KB) the columns are
- * split so R rows x chunk + T activations x chunk fit ~28 KB, and the tile
- * sums of successive chunks are added into y. Chunks are whole multiples of
- * `quantum` elements (a kernel group: no scalar tails inside the row). */
-typedef struct {
-    const lk_tileset *ts;
-    int64_t quantum;   /* elements */
-    size_t  wq, aq;    /* weight / activation bytes per quantum */
-} lk_chunked;
-
-enum { TCHUNK = 64, L1_BUDGET = 28 << 10 };
-
-static void run_prefill(const lk_chunked *c, int64_t n, int64_t nrows, const void *w, size_t ws,
-                        int64_t ntok, const void *a, size_t as, float *y, size_t ys) {
-    const lk_tileset *ts = c->ts;
-    int64_t per = (int64_t)(L1_BUDGET / ((size_t)ts->r_pf * c->wq + (size_t)ts->t_pf * c->aq));
-    int64_t kc = c->quantum * LK_MAX((int64_t)1, per);
-    if (ntok == 1 || kc >= n) {
-        lk_quant_run_tiles(ts, n, nrows, w, ws, ntok, a, as, y, ys);
-        return;
-    }
-    const uint8_t *W = w, *A = a;
-    for (int64_t t0 = 0; t0 < ntok; t0 += TCHUNK) {
-        int64_t t1 = LK_MIN(ntok, t0 + TCHUNK), step;
-        for (int64_t r = 0; r < nrows; r += step) {
-            int rr = nrows - r >= ts->r_pf;
-            step = rr ? ts->r_pf : 1;
-            for (int64_t c0 = 0; c0 < n; c0 += kc) {
-                int64_t kn = LK_MIN(kc, n - c0);
-                size_t wo = (size_t)(c0 / c->quantum) * c->wq, ao = (size_t)(c0 / c->quantum) * c->aq;
-                for (int64_t t = t0; t < t1; t += ts->t_pf) {
-                    int tt = (int)LK_MIN((int64_t)ts->t_pf, t1 - t);
-                    float tmp[4 * 4];
-                    ts->pf[rr][tt](kn, W + (size_t)r * ws + wo, ws, A + (size_t)t * as + ao, as, tmp, 4);
-                    for (int k = 0; k < tt; k++)
-                        for (int64_t i = 0; i < step; i++) {
-                            float *yy = y + (size_t)(t + k) * ys + (size_t)(r + i);
-                            *yy = c0 ? *yy + tmp[k * 4 + i] : tmp[k * 4 + i];
-                        }
-                }
-            }
-        }
-    }
-}
-
-#define LK_MM_FN(name, q, wq, aq)                                                            \
+#define LK_MM_FN(name)                                                                      \
     static void mm_##name(int64_t n, int64_t nrows, const void *w, size_t w_stride,         \
                           int64_t ntok, const void *a, size_t a_stride, float *y,           \
                           size_t y_stride) {                                                \
-        static const lk_chunked c = {&name##_set, q, wq, aq};                               \
-        run_prefill(&c, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);             \
+        lk_quant_run_tiles(&name##_set, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride); \
     }
 /* Q4_0 / Q8_0: decode through the prepared-activation kernels, prefill tiles */
-#define LK_MM_Q_FN(name, isq8, wq)                                                          \
+#define LK_MM_Q_FN(name, isq8)                                                              \
     static void mm_##name(int64_t n, int64_t nrows, const void *w, size_t w_stride,         \
                           int64_t ntok, const void *a, size_t a_stride, float *y,           \
                           size_t y_stride) {                                                \
-        static const lk_chunked c = {&name##_set, 128, wq, 4 * LK_Q80_BYTES};               \
         if (ntok == 1) q4q8_decode(isq8, n, nrows, w, w_stride, a, y);                      \
-        else run_prefill(&c, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);        \
+        else lk_quant_run_tiles(&name##_set, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride); \
     }
-LK_MM_Q_FN(q40, false, 4 * LK_Q40_BYTES)
-LK_MM_Q_FN(q80, true, 4 * LK_Q80_BYTES)
-LK_MM_FN(q4k, 256, LK_Q4K_BYTES, LK_Q8K_BYTES)
-LK_MM_FN(q5k, 256, LK_Q5K_BYTES, LK_Q8K_BYTES)
-LK_MM_FN(q6k, 256, LK_Q6K_BYTES, LK_Q8K_BYTES)
-LK_MM_FN(f32, 32, 128, 128)
-LK_MM_FN(f16, 32, 64, 64)
-LK_MM_FN(bfc, 32, 64, 64)
-LK_MM_FN(bf, 32, 64, 64)
+LK_MM_Q_FN(q40, false)
+LK_MM_Q_FN(q80, true)
+LK_MM_FN(q4k)
+LK_MM_FN(q5k)
+LK_MM_FN(q6k)
+LK_MM_FN(f32)
+LK_MM_FN(f16)
+LK_MM_FN(bfc)
+LK_MM_FN(bf)
 
 void lk_quant_fill_avx512(lk_quant_ops *ops) {
     build_tables();
