@@ -299,6 +299,11 @@ lk_status lk_cluster_forward(lk_cluster *c, lk_model *m, const int32_t *tokens, 
                              const lk_cluster_penalties *pen, int32_t *ids, float *vals, int *n_out,
                              char *err, size_t errlen);
 
+/* Seconds the head spent waiting on the network (all-reduces, pipeline
+ * hand-offs, candidate gathering) during the last lk_cluster_forward: the
+ * rest of the step is compute. */
+double lk_cluster_last_comm_s(const lk_cluster *c);
+
 /* What went wrong, naming the worker (host, rank), and the layer and
  * operation when a collective failed. */
 const char *lk_cluster_error(const lk_cluster *c);

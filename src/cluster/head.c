@@ -60,6 +60,7 @@ struct lk_cluster {
     float    *cvals, *avals;
     int64_t   logits_n;
     lk_sampler *pen;             /* the head's copy of the penalties */
+    uint64_t  comm_ns;           /* network wait during the current/last forward */
     lk_sampler_params pen_p;
 };
 
@@ -543,9 +544,13 @@ int lk_cluster_local_pid(const lk_cluster *c, int rank) {
     return rank > 0 && rank < c->n ? (int)c->kids[rank] : 0;
 }
 
+double lk_cluster_last_comm_s(const lk_cluster *c) { return (double)c->comm_ns * 1e-9; }
+
 static lk_status hook(void *ctx, float *x, int64_t n, int layer, const char *what) {
     lk_cluster *c = ctx;
+    uint64_t t0 = lk_time_ns();
     lk_status st = lk_comm_allreduce_sum(c->comm, x, n, layer, what);
+    c->comm_ns += lk_time_ns() - t0;
     if (st) set_err(c, lk_comm_last_error(c->comm));
     return st;
 }
@@ -641,6 +646,8 @@ lk_status lk_cluster_forward(lk_cluster *c, lk_model *m, const int32_t *tokens, 
     const int64_t d = lk_model_cfg(m)->n_embd;
     lk_status st;
     char why[LK_ERRLEN];
+    c->comm_ns = 0;
+    uint64_t t0;
     for (int i = 0; i < n; i += B) {
         int nb = LK_MIN(B, n - i);
         bool last = i + nb == n;
@@ -653,8 +660,15 @@ lk_status lk_cluster_forward(lk_cluster *c, lk_model *m, const int32_t *tokens, 
             float *x = lk_model_hidden(m);
             st = lk_model_embed(m, tokens + i, nb, x);
             if (!st) st = lk_model_layers(m, x, nb, pos0 + i);
-            if (!st && (st = lk_link_send(lk_mesh_link(c->mesh, c->tp), x, sizeof(float) * (size_t)(nb * d),
-                                          lk_deadline_ms(600000), why, sizeof why))) {
+            if (st) {
+                set_err(c, NULL);
+                return lk_fail(err, errlen, st, "%s", lk_cluster_error(c));
+            }
+            t0 = lk_time_ns();
+            st = lk_link_send(lk_mesh_link(c->mesh, c->tp), x, sizeof(float) * (size_t)(nb * d),
+                              lk_deadline_ms(600000), why, sizeof why);
+            c->comm_ns += lk_time_ns() - t0;
+            if (st) {
                 char msg[2 * LK_ERRLEN];
                 snprintf(msg, sizeof msg, "pipeline: passing %d rows to stage 1: %s", nb, why);
                 set_err(c, msg);
@@ -673,7 +687,10 @@ lk_status lk_cluster_forward(lk_cluster *c, lk_model *m, const int32_t *tokens, 
         for (int t = 0; t < c->tp; t++)
             xf[t] = (lk_xfer){.link = lk_mesh_link(c->mesh, base + t), .is_send = false,
                               .buf = c->pairs + (size_t)t * n_cand * 8, .n = (size_t)n_cand * 8};
-        if ((st = lk_xfer_run(xf, c->tp, lk_deadline_ms(600000), why, sizeof why))) {
+        t0 = lk_time_ns();
+        st = lk_xfer_run(xf, c->tp, lk_deadline_ms(600000), why, sizeof why);
+        c->comm_ns += lk_time_ns() - t0;
+        if (st) {
             char msg[2 * LK_ERRLEN];
             snprintf(msg, sizeof msg, "pipeline: candidates from the last stage: %s", why);
             set_err(c, msg);
@@ -705,7 +722,10 @@ lk_status lk_cluster_forward(lk_cluster *c, lk_model *m, const int32_t *tokens, 
     }
     int got = lk_sampler_top(c->logits, sl->vocab0, nv, c->cids, c->cvals, n_cand);
     for (int i = got; i < n_cand; i++) c->cids[i] = -1, c->cvals[i] = 0;
-    if ((st = lk_cluster_gather(c, c->cids, c->cvals, n_cand, c->aids, c->avals, err, errlen))) return st;
+    t0 = lk_time_ns();
+    st = lk_cluster_gather(c, c->cids, c->cvals, n_cand, c->aids, c->avals, err, errlen);
+    c->comm_ns += lk_time_ns() - t0;
+    if (st) return st;
     return merge_candidates(c, c->n, n_cand, ids, vals, n_out);
 }
 
