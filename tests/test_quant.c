@@ -355,7 +355,7 @@ TEST(matmul_vs_double_all_levels) {
              * elements for Q4_0/Q8_0) and add partial sums */
             if (kq == 32)
                 CHECKF(check_matmul(t, 32 * 775, 5, 1, 2) == 0, "%s %s n=24800", levels[l], lk_type_name(t));
-            /* long rows in prefill: column chunks summed into y */
+            /* long rows in prefill (many groups per tile, tails after them) */
             CHECKF(check_matmul(t, kq == 256 ? 256 * 41 : 32 * 331, 6, 5, 3) == 0, "%s %s long prefill",
                    levels[l], lk_type_name(t));
         }
