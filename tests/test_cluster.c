@@ -497,7 +497,7 @@ TEST(daemon_model_cache) {
         close(lfd[k]);
     }
     uint8_t id[32];
-    lk_model_identity(F.g, id);
+    lk_cluster_model_id(F.g, id);
     char cached[256];
     int n = snprintf(cached, sizeof cached, "%s/", cache);
     for (int i = 0; i < 32; i++) n += snprintf(cached + n, sizeof cached - (size_t)n, "%02x", id[i]);

@@ -147,12 +147,12 @@ TEST(model_identity) {
         lk_gguf *g;
         char err[LK_ERRLEN];
         if (lk_gguf_open(paths[i], &g, err, sizeof err)) { CHECKF(0, "%s", err); return; }
-        lk_model_identity(g, ids[i]);
+        lk_cluster_model_id(g, ids[i]);
         uint8_t hand[32];
         identity_by_hand(paths[i], lk_gguf_data_offset(g), g, hand);
         CHECK(!memcmp(hand, ids[i], 32));
         uint8_t again[32];
-        lk_model_identity(g, again);
+        lk_cluster_model_id(g, again);
         CHECK(!memcmp(again, ids[i], 32));
         lk_gguf_close(g);
     }
@@ -306,8 +306,8 @@ TEST(handshake_refusals_and_keeps_serving) {
 
     /* 4. another model file */
     cst = client(key_a, LK_WIRE_VERSION, NULL, id_q8, cerr, false);
-    snprintf(want, sizeof want, "model mismatch: head has %s, worker has %s", lk_model_id_short(id_q8, hexa, 20),
-             lk_model_id_short(id_f32, hexb, 20));
+    snprintf(want, sizeof want, "model mismatch: head has %s, worker has %s", lk_cluster_model_id_short(id_q8, hexa, 20),
+             lk_cluster_model_id_short(id_f32, hexb, 20));
     CHECKF(cst == LK_ERR_MISMATCH && strstr(cerr, want), "%s", cerr);
     CHECK(server_result(k++, &sst, serr));
     snprintf(want, sizeof want, "model mismatch: worker has %s, head has %s", hexb, hexa);

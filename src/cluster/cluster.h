@@ -136,9 +136,9 @@ void lk_key_generate(char hex[2 * LK_KEY_BYTES + 1]);
  * before the data section), its size, and a sample of every tensor's data
  * (the first and last 4 KiB): two files agree if they are the same model,
  * without reading gigabytes. */
-void lk_model_identity(const lk_gguf *g, uint8_t id[LK_MODEL_ID_BYTES]);
+void lk_cluster_model_id(const lk_gguf *g, uint8_t id[LK_MODEL_ID_BYTES]);
 /* "3f2a91c0d4e5b6a7" (first 8 bytes) into buf. */
-const char *lk_model_id_short(const uint8_t id[LK_MODEL_ID_BYTES], char *buf, size_t len);
+const char *lk_cluster_model_id_short(const uint8_t id[LK_MODEL_ID_BYTES], char *buf, size_t len);
 
 /* ---- handshake ----------------------------------------------------------------- */
 

@@ -150,7 +150,7 @@ static lk_status recv_type(lk_chan *c, uint16_t type, void *buf, uint32_t min, u
 
 static void hexid(const uint8_t *id, bool has, char *buf, size_t len) {
     if (!has) snprintf(buf, len, "no model");
-    else lk_model_id_short(id, buf, len);
+    else lk_cluster_model_id_short(id, buf, len);
 }
 
 lk_status lk_handshake(lk_chan *c, bool initiator, const lk_hs_params *p, lk_hs_peer *peer,

@@ -450,7 +450,7 @@ lk_status lk_cluster_open(const lk_cluster_opts *o, const lk_gguf *g, const lk_p
 
     /* agree */
     uint8_t id[LK_MODEL_ID_BYTES];
-    lk_model_identity(g, id);
+    lk_cluster_model_id(g, id);
     lk_hs_params hp;
     lk_hs_defaults(&hp, c->key, "head");
     hp.has_model = true;

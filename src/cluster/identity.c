@@ -11,7 +11,7 @@
 
 #define SAMPLE 4096
 
-void lk_model_identity(const lk_gguf *g, uint8_t id[LK_MODEL_ID_BYTES]) {
+void lk_cluster_model_id(const lk_gguf *g, uint8_t id[LK_MODEL_ID_BYTES]) {
     if (sodium_init() < 0) LK_ASSERT(!"libsodium could not initialise");
     crypto_generichash_state st;
     crypto_generichash_init(&st, NULL, 0, LK_MODEL_ID_BYTES);
@@ -35,7 +35,7 @@ void lk_model_identity(const lk_gguf *g, uint8_t id[LK_MODEL_ID_BYTES]) {
     crypto_generichash_final(&st, id, LK_MODEL_ID_BYTES);
 }
 
-const char *lk_model_id_short(const uint8_t id[LK_MODEL_ID_BYTES], char *buf, size_t len) {
+const char *lk_cluster_model_id_short(const uint8_t id[LK_MODEL_ID_BYTES], char *buf, size_t len) {
     char hex[17];
     for (int i = 0; i < 8; i++) snprintf(hex + 2 * i, 3, "%02x", id[i]);
     snprintf(buf, len, "%s", hex);

@@ -191,13 +191,13 @@ static lk_status try_model(session *s, const char *path, char *err, size_t errle
     lk_status st = lk_gguf_open(path, &s->g, err, errlen);
     if (st) return st;
     uint8_t id[LK_MODEL_ID_BYTES];
-    lk_model_identity(s->g, id);
+    lk_cluster_model_id(s->g, id);
     if (memcmp(id, s->load.model_id, sizeof id)) {
         char a[40], b[40];
         lk_gguf_close(s->g);
         s->g = NULL;
         return lk_fail(err, errlen, LK_ERR_MISMATCH, "model mismatch: head has %s, worker has %s (%s)",
-                       lk_model_id_short(s->load.model_id, a, sizeof a), lk_model_id_short(id, b, sizeof b), path);
+                       lk_cluster_model_id_short(s->load.model_id, a, sizeof a), lk_cluster_model_id_short(id, b, sizeof b), path);
     }
     return LK_OK;
 }
