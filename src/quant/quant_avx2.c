@@ -105,6 +105,78 @@ LK_T2 static LK_INL void q4q8_tile2(const int R, const int T, const bool is_q8, 
         for (int t = 0; t < T; t++) y[t * ys + r] = hsum8(acc[r][t]);
 }
 
+/* Decode (one token), R rows, 4 blocks per step: the 4 blocks' i32 sums of
+ * a row are folded by a tree of 3 hadds into one vector [b0 b1 b2 b3 | b0 b1
+ * b2 b3] (half-block sums), so the int->float conversion, the scale multiply
+ * and the FMA happen once per 4 blocks instead of per block, and the 4
+ * scales come from one fp16 conversion; the activation's scales and Q4_0
+ * offset corrections are folded the same way once for all R rows. */
+LK_T2 static LK_INL __m128 h4(const uint8_t *p, size_t stride) {
+    __m128i v = _mm_cvtsi32_si128(lk_ld_u16(p));
+    v = _mm_insert_epi16(v, lk_ld_u16(p + stride), 1);
+    v = _mm_insert_epi16(v, lk_ld_u16(p + 2 * stride), 2);
+    v = _mm_insert_epi16(v, lk_ld_u16(p + 3 * stride), 3);
+    return _mm_cvtph_ps(v);
+}
+
+LK_T2 static LK_INL __m256i fold4(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
+    return _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+}
+
+LK_T2 static LK_INL void q4q8_dec2(const int R, const bool is_q8, int64_t n, const uint8_t *w, size_t ws,
+                                   const uint8_t *a, float *y) {
+    const int64_t nb = n / LK_QK, ng = nb / 4;
+    const size_t wbb = is_q8 ? LK_Q80_BYTES : LK_Q40_BYTES;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < ng; g++) {
+        const uint8_t *ap = a + (size_t)g * 4 * LK_Q80_BYTES;
+        __m256i aq[4];
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) aq[k] = _mm256_loadu_si256((const __m256i *)(ap + k * LK_Q80_BYTES + 2));
+        __m256i neg = _mm256_setzero_si256();
+        if (!is_q8) {
+            __m256i c[4];
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) c[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(8), aq[k]), ones);
+            neg = _mm256_sub_epi32(neg, fold4(c[0], c[1], c[2], c[3]));
+        }
+        const __m128 da = h4(ap, LK_Q80_BYTES);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const uint8_t *p = w + r * ws + (size_t)g * 4 * wbb;
+            pf_range(p, 4 * wbb);
+            __m256i P[4];
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                const uint8_t *b = p + k * wbb;
+                __m256i p16;
+                if (is_q8) {
+                    __m256i wv = _mm256_loadu_si256((const __m256i *)(b + 2));
+                    p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(aq[k], wv));
+                } else {
+                    p16 = _mm256_maddubs_epi16(q40_unpack(b), aq[k]);
+                }
+                P[k] = _mm256_madd_epi16(p16, ones);
+            }
+            __m256i s = _mm256_add_epi32(fold4(P[0], P[1], P[2], P[3]), neg);
+            __m128 sc = _mm_mul_ps(h4(p, wbb), da);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set_m128(sc, sc), acc[r]);
+        }
+    }
+    const int64_t tail = (nb - ng * 4) * LK_QK;
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        float v = hsum8(acc[r]);
+        if (tail)
+            v += lk_quant_dot_scalar(is_q8 ? LK_TYPE_Q8_0 : LK_TYPE_Q4_0, tail,
+                                     w + r * ws + (size_t)ng * 4 * wbb, a + (size_t)ng * 4 * LK_Q80_BYTES);
+        y[r] = v;
+    }
+}
+
 /* ===================================================================== */
 /* K-quants x Q8_K                                                         */
 /* ===================================================================== */
@@ -369,11 +441,11 @@ LK_T2 static void quant_q8_k_avx2(const float *x, void *dst, int64_t n) {
                                        const uint8_t *a, size_t as, float *y, size_t ys) { \
         call;                                                                              \
     }
-#define LK_TILES_4x3(name, CALL)                                                           \
+#define LK_TILES_4x3(name, CALL, dec4, dec1)                                               \
     LK_TILE_FN(name, 4, 1, CALL(4, 1)) LK_TILE_FN(name, 4, 2, CALL(4, 2))                  \
     LK_TILE_FN(name, 4, 3, CALL(4, 3)) LK_TILE_FN(name, 1, 1, CALL(1, 1))                  \
     LK_TILE_FN(name, 1, 2, CALL(1, 2)) LK_TILE_FN(name, 1, 3, CALL(1, 3))                  \
-    static const lk_tileset name##_set = {name##_4x1, name##_1x1, 4, 3,                   \
+    static const lk_tileset name##_set = {dec4, dec1, 4, 3,                               \
                                           {{NULL, name##_1x1, name##_1x2, name##_1x3, NULL}, \
                                            {NULL, name##_4x1, name##_4x2, name##_4x3, NULL}}};
 #define LK_TILES_1x4(name, CALL)                                                           \
@@ -392,14 +464,18 @@ LK_T2 static void quant_q8_k_avx2(const float *x, void *dst, int64_t n) {
 #define F32_CALL(R, T) fl_tile2(R, T, 32, n, w, ws, a, as, y, ys)
 #define F16_CALL(R, T) fl_tile2(R, T, 16, n, w, ws, a, as, y, ys)
 #define BF_CALL(R, T) fl_tile2(R, T, 0, n, w, ws, a, as, y, ys)
-LK_TILES_4x3(q40, Q40_CALL)
-LK_TILES_4x3(q80, Q80_CALL)
+LK_TILE_FN(q40d, 4, 1, q4q8_dec2(4, false, n, w, ws, a, y))
+LK_TILE_FN(q40d, 1, 1, q4q8_dec2(1, false, n, w, ws, a, y))
+LK_TILE_FN(q80d, 4, 1, q4q8_dec2(4, true, n, w, ws, a, y))
+LK_TILE_FN(q80d, 1, 1, q4q8_dec2(1, true, n, w, ws, a, y))
+LK_TILES_4x3(q40, Q40_CALL, q40d_4x1, q40d_1x1)
+LK_TILES_4x3(q80, Q80_CALL, q80d_4x1, q80d_1x1)
 LK_TILES_1x4(q4k, Q4K_CALL)
 LK_TILES_1x4(q5k, Q5K_CALL)
 LK_TILES_1x4(q6k, Q6K_CALL)
-LK_TILES_4x3(f32, F32_CALL)
-LK_TILES_4x3(f16, F16_CALL)
-LK_TILES_4x3(bf, BF_CALL)
+LK_TILES_4x3(f32, F32_CALL, f32_4x1, f32_1x1)
+LK_TILES_4x3(f16, F16_CALL, f16_4x1, f16_1x1)
+LK_TILES_4x3(bf, BF_CALL, bf_4x1, bf_1x1)
 
 #define LK_MM_FN(name)                                                                          \
     static void mm_##name(int64_t n, int64_t nrows, const void *w, size_t w_stride,             \
