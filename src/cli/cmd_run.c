@@ -85,7 +85,7 @@ int lk_cmd_run(int argc, char **argv) {
     int n_gen = 0;
     size_t text_cap = 4096, text_len = 0;
     char *text = lk_xmalloc(text_cap);
-    double t_prefill = 0, t_decode = 0;
+    double t_prefill = 0, t_decode = 0, t_decode_comm = 0;
     if (rc == 0) {
         for (int i = 0; i < n_ids; i++) lk_sampler_accept(s, ids[i]);
         lk_detok dt;
@@ -113,6 +113,9 @@ int lk_cmd_run(int argc, char **argv) {
             if (eog || n_gen == n_predict) break;
             if (pos + 1 > n_ctx) { lk_log(LK_LOG_WARN, "context of %d tokens is full; stopping", n_ctx); break; }
             st = lk_engine_step(e, &next, 1, pos++, s, &next, err, sizeof err);
+            double tc, tn;
+            lk_engine_last_timing(e, &tc, &tn);
+            t_decode_comm += tn;
         }
         t_decode = lk_time_s() - t0;
         int32_t k = lk_detok_flush(&dt, piece, piece_cap);
@@ -135,6 +138,9 @@ int lk_cmd_run(int argc, char **argv) {
     if (rc == 0 || rc == 1) {
         fprintf(stderr, "lockstep: load %.2f s | prefill %d tokens %.1f tok/s | decode %d tokens %.1f tok/s | %d rank%s | seed %lld\n",
                 t_load, n_ids, pre_tps, n_gen, dec_tps, lk_engine_n_ranks(e), lk_engine_n_ranks(e) > 1 ? "s" : "", (long long)seed);
+        if (lk_engine_n_ranks(e) > 1 && n_gen > 1)
+            fprintf(stderr, "lockstep: decode per token %.2f ms = compute %.2f ms + network wait %.2f ms (head's view)\n",
+                    1e3 * t_decode / (n_gen - 1), 1e3 * (t_decode - t_decode_comm) / (n_gen - 1), 1e3 * t_decode_comm / (n_gen - 1));
     }
     if (json && rc == 0) {
         json_t *o = json_object(), *pi = json_array(), *gi = json_array();
@@ -151,6 +157,7 @@ int lk_cmd_run(int argc, char **argv) {
         json_object_set_new(tm, "prefill_tok_s", json_real(pre_tps));
         json_object_set_new(tm, "decode_s", json_real(t_decode));
         json_object_set_new(tm, "decode_tok_s", json_real(dec_tps));
+        json_object_set_new(tm, "decode_network_wait_s", json_real(t_decode_comm));
         json_object_set_new(o, "timings", tm);
         char *s2 = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
         printf("%s\n", s2);

@@ -119,8 +119,9 @@ lk_status lk_engine_step(lk_engine *e, const int32_t *tokens, int n, int pos0, l
         m = lk_sampler_top(e->logits, sl->vocab0, nv, e->cand_ids, e->cand_vals, k);
     }
     *next = lk_sampler_pick(s, e->cand_ids, e->cand_vals, m);
-    e->t_compute = lk_time_s() - t0;
-    e->t_comm = 0;
+    double total = lk_time_s() - t0;
+    e->t_comm = e->c ? lk_cluster_last_comm_s(e->c) : 0;
+    e->t_compute = total - e->t_comm;
     return LK_OK;
 }
 
