@@ -5,6 +5,7 @@
  * outlives a vanished head and bad clients and serves the next head. */
 #include "lk_test.h"
 #include "cluster/cluster.h"
+#include "cluster/proto.h"
 #include "model/model.h"
 #include "sampler/sampler.h"
 
@@ -537,6 +538,34 @@ TEST(daemon_model_cache) {
     unlink(key_path());
 }
 
+/* LOAD messages: a slice with no heads (or no FFN rows) is legal, one with
+ * neither, or KV heads without query heads, or a path for a name, is
+ * refused; so is every truncation. */
+TEST(load_message_validation) {
+    lk_load_msg L = {.rank = 1, .n_ranks = 2, .tp = 2, .n_ctx = 64, .n_batch = 8};
+    L.slice = (lk_slice){.tp_rank = 1, .tp_size = 2, .pp_size = 1, .layer1 = 5, .head0 = 8, .head1 = 8,
+                         .kv_head0 = 4, .kv_head1 = 4, .ff0 = 0, .ff1 = 172, .vocab0 = 256, .vocab1 = 512};
+    snprintf(L.model_name, sizeof L.model_name, "m.gguf");
+    uint8_t buf[4096];
+    lk_load_msg back;
+    uint32_t n = lk_proto_load_encode(&L, buf, sizeof buf);
+    CHECK(lk_proto_load_decode(buf, n, &back) && back.slice.head0 == 8 && back.slice.ff1 == 172);
+    int bad = 0;
+    for (uint32_t k = 0; k < n; k++) bad += lk_proto_load_decode(buf, k, &back); /* every truncation */
+    CHECK(bad == 0);
+    L.slice.ff1 = 0; /* no heads and no FFN rows: nothing to do */
+    n = lk_proto_load_encode(&L, buf, sizeof buf);
+    CHECK(!lk_proto_load_decode(buf, n, &back));
+    L.slice.ff1 = 172;
+    L.slice.kv_head1 = 5; /* KV heads without query heads */
+    n = lk_proto_load_encode(&L, buf, sizeof buf);
+    CHECK(!lk_proto_load_decode(buf, n, &back));
+    L.slice.kv_head1 = 4;
+    snprintf(L.model_name, sizeof L.model_name, "../etc/passwd");
+    n = lk_proto_load_encode(&L, buf, sizeof buf);
+    CHECK(!lk_proto_load_decode(buf, n, &back));
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     lk_log_set_level(LK_LOG_ERROR);
@@ -544,6 +573,7 @@ int main(void) {
         printf("FAIL fixture\n");
         return 1;
     }
+    RUN(load_message_validation);
     RUN(tp_matches_one_node);
     RUN(uneven_weights);
     RUN(wire_formats_accuracy);

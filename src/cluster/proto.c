@@ -25,14 +25,15 @@ static void get_slice(lk_rbuf *r, lk_slice *s) {
 
 /* Ranges in order and inside sane bounds; the model checks them against
  * its own dimensions when it loads the slice. Head and FFN ranges may be
- * empty (a rank holding only FFN rows, or only heads: parallel/plan.c). */
+ * empty (a rank holding only FFN rows, or only heads: parallel/plan.c), but
+ * not both, and a rank without query heads holds no KV heads. */
 static bool slice_sane(const lk_slice *s) {
+    bool heads = s->head0 >= 0 && s->kv_head0 >= 0 &&
+                 (s->head0 == s->head1 ? s->kv_head0 == s->kv_head1 : s->head0 < s->head1 && s->kv_head0 < s->kv_head1);
     return s->tp_size >= 1 && s->tp_size <= LK_MAX_RANKS && s->tp_rank >= 0 && s->tp_rank < s->tp_size &&
            s->pp_size >= 1 && s->pp_size <= LK_MAX_RANKS && s->pp_rank >= 0 && s->pp_rank < s->pp_size &&
-           s->layer0 >= 0 && s->layer0 < s->layer1 && s->head0 >= 0 && s->head0 <= s->head1 &&
-           s->kv_head0 >= 0 && s->kv_head0 <= s->kv_head1 && s->ff0 >= 0 && s->ff0 <= s->ff1 &&
-           (s->head0 < s->head1 || s->ff0 < s->ff1) &&
-           s->vocab0 >= 0 && s->vocab0 < s->vocab1;
+           s->layer0 >= 0 && s->layer0 < s->layer1 && heads && s->ff0 >= 0 && s->ff0 <= s->ff1 &&
+           (s->head0 < s->head1 || s->ff0 < s->ff1) && s->vocab0 >= 0 && s->vocab0 < s->vocab1;
 }
 
 uint32_t lk_proto_load_encode(const lk_load_msg *m, uint8_t *buf, uint32_t cap) {
