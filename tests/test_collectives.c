@@ -218,7 +218,8 @@ TEST(pick_by_size_and_ranks) {
     CHECK(lk_comm_pick(4, 16384) == LK_AR_EXCHANGE);
     CHECK(lk_comm_pick(8, 16384) == LK_AR_DOUBLING);
     CHECK(lk_comm_pick(4, 8 << 20) == LK_AR_RING);
-    CHECK(lk_comm_pick(2, 8 << 20) == LK_AR_EXCHANGE);
+    CHECK(lk_comm_pick(2, 8 << 20) == LK_AR_RING);
+    CHECK(lk_comm_pick(3, 64 * 1024 - 4) == LK_AR_EXCHANGE);
 }
 
 /* ---- broadcast, gather, barrier, argmax, hook ------------------------------- */
