@@ -214,9 +214,12 @@ lk_status lk_cluster_bench(const char *workers, const uint8_t *key, const lk_ben
  *                          n_cand best (id, logit) pairs to rank 0 over the mesh
  *   head -> worker  BYE    end of session (the worker waits for the next head)
  *   both ways       PING   every 250 ms (worker) / 500 ms (head): liveness.
- * The worker answers PINGs from a separate thread, so a long prefill never
- * looks like death; the head declares a worker dead after 2 s without a
- * PING, names it, and shuts its sockets so no wait outlives that.
+ * The worker sends its PINGs from a separate thread, so a long prefill never
+ * looks like death; the head declares a worker dead after dead_after_ms
+ * (1.5 s) without one, or at once when its connection closes, names it, and
+ * shuts its sockets so no wait outlives that. A worker whose head goes
+ * silent for head_silence_ms (10 s) during a step cuts the session the same
+ * way and waits for the next head.
  *
  * Layout: rank r = stage * tp + tp_rank; the head is rank 0 (stage 0). With
  * pp > 1 each stage's TP group all-reduces inside itself, every rank passes
