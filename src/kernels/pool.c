@@ -43,6 +43,16 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+/* One step of a spin-wait. Every few pauses it yields the CPU: when the
+ * machine has more busy threads than cores (other ranks, other programs), a
+ * pure spin steals the time slice from the very thread it waits for and a
+ * 1 ms job turns into a scheduler quantum; sched_yield returns at once when
+ * nothing else wants the core, so the idle case keeps its microseconds. */
+static inline void spin_step(unsigned i) {
+    if ((i & 15) == 15) sched_yield();
+    else cpu_relax();
+}
+
 static void *worker_main(void *a) {
     worker_arg wa = *(worker_arg *)a;
     free(a);
@@ -68,7 +78,7 @@ static void *worker_main(void *a) {
                     t0 = 0;
                 }
             }
-            cpu_relax();
+            spin_step(i);
         }
         seen = g;
         if (atomic_load(&p->stop)) {
@@ -136,7 +146,7 @@ void lk_pool_run(lk_pool *p, lk_pool_fn fn, void *arg) {
                 continue;
             }
         }
-        cpu_relax();
+        spin_step(i);
     }
 }
 
