@@ -134,7 +134,10 @@ int lk_cmd_run(int argc, char **argv) {
     text[text_len] = 0;
     double pre_tps = t_prefill > 0 ? n_ids / t_prefill : 0;
     double dec_tps = n_gen > 1 && t_decode > 0 ? (n_gen - 1) / t_decode : 0;
-    if (!json && rc == 0) printf("\n");
+    if (!json && rc == 0) {
+        printf("\n");
+        fflush(stdout); /* before the stderr summary, also when stdout is a pipe */
+    }
     if (rc == 0 || rc == 1) {
         fprintf(stderr, "lockstep: load %.2f s | prefill %d tokens %.1f tok/s | decode %d tokens %.1f tok/s | %d rank%s | seed %lld\n",
                 t_load, n_ids, pre_tps, n_gen, dec_tps, lk_engine_n_ranks(e), lk_engine_n_ranks(e) > 1 ? "s" : "", (long long)seed);

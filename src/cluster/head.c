@@ -244,6 +244,9 @@ static lk_status spawn_local(lk_cluster *c, int r, int threads, char *err, size_
     }
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
+        /* the head already reports the session; a local worker speaks up
+         * only for warnings and errors (unless -v asked for debug) */
+        if (lk_log_level() == LK_LOG_INFO) lk_log_set_level(LK_LOG_WARN);
         lk_worker_opts wo = {.listen_fd = lfd, .key = c->key, .n_threads = threads, .once = true};
         char e[LK_ERRLEN];
         lk_status ws = lk_worker_serve(&wo, e, sizeof e);
