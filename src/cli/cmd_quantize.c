@@ -225,6 +225,8 @@ int lk_cmd_quantize(int argc, char **argv) {
                     (double)done_in / 1e6, (double)total_in / 1e6);
         }
     }
+    if (!quiet && !st && last > 0) /* close the progress line at 100 % */
+        fprintf(stderr, "\rquantize: %5.1f%%  %8.1f / %.1f MB read \n", 100.0, (double)done_in / 1e6, (double)total_in / 1e6);
     free(running);
     free(buf[0]);
     free(buf[1]);
