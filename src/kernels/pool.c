@@ -25,7 +25,7 @@ struct lk_pool {
     void *arg;
     _Alignas(64) atomic_uint gen;   /* bumped per job; futex word */
     _Alignas(64) atomic_uint done;  /* workers finished with the current job; futex word */
-    atomic_int main_waiting;        /* the caller sleeps on `done` */
+    atomic_int main_waiting;        /* the caller sleeps on `done` (0 or 1) */
     _Alignas(64) atomic_int sleepers;
     atomic_bool stop;
     uint64_t spin_ns;
@@ -53,6 +53,37 @@ static inline void spin_step(unsigned i) {
     else cpu_relax();
 }
 
+/* Waits until *w equals val (until_equal) or differs from it: spins within
+ * the pool's budget, then sleeps on the futex word, announcing itself in
+ * *waiters so the other side knows to wake it. Returns the value seen. */
+static unsigned wait_word(const lk_pool *p, atomic_uint *w, atomic_int *waiters, unsigned val, bool until_equal) {
+    uint64_t t0 = 0;
+    for (unsigned i = 0;; i++) {
+        unsigned v = atomic_load_explicit(w, memory_order_acquire);
+        if ((v == val) == until_equal) return v;
+        if ((i & 63) == 63) {
+            uint64_t now = lk_time_ns();
+            if (!t0) t0 = now;
+            else if (now - t0 > p->spin_ns) {
+                atomic_fetch_add(waiters, 1);
+                v = atomic_load(w);
+                if ((v == val) != until_equal) futex(w, FUTEX_WAIT_PRIVATE, v);
+                atomic_fetch_sub(waiters, 1);
+                t0 = 0;
+                continue;
+            }
+        }
+        spin_step(i);
+    }
+}
+
+/* A worker finished the current job; the last one wakes the caller if it
+ * went to sleep. */
+static void job_done(lk_pool *p) {
+    if (atomic_fetch_add(&p->done, 1) + 1 == (unsigned)p->n - 1 && atomic_load(&p->main_waiting) > 0)
+        futex(&p->done, FUTEX_WAKE_PRIVATE, 1);
+}
+
 static void *worker_main(void *a) {
     worker_arg wa = *(worker_arg *)a;
     free(a);
@@ -61,35 +92,13 @@ static void *worker_main(void *a) {
      * first runs, and it must not be missed */
     unsigned seen = 0;
     for (;;) {
-        /* wait for a new generation: spin, then sleep */
-        uint64_t t0 = 0;
-        unsigned g;
-        for (unsigned i = 0;; i++) {
-            g = atomic_load_explicit(&p->gen, memory_order_acquire);
-            if (g != seen) break;
-            if ((i & 63) == 63) {
-                uint64_t now = lk_time_ns();
-                if (!t0) t0 = now;
-                else if (now - t0 > p->spin_ns) {
-                    atomic_fetch_add(&p->sleepers, 1);
-                    g = atomic_load(&p->gen);
-                    if (g == seen) futex(&p->gen, FUTEX_WAIT_PRIVATE, seen);
-                    atomic_fetch_sub(&p->sleepers, 1);
-                    t0 = 0;
-                }
-            }
-            spin_step(i);
-        }
-        seen = g;
+        seen = wait_word(p, &p->gen, &p->sleepers, seen, false);
         if (atomic_load(&p->stop)) {
-            if (atomic_fetch_add(&p->done, 1) + 1 == (unsigned)p->n - 1 && atomic_load(&p->main_waiting))
-                futex(&p->done, FUTEX_WAKE_PRIVATE, 1);
+            job_done(p);
             return NULL;
         }
         p->fn(p->arg, wa.ith, p->n);
-        /* the last one to finish wakes the caller if it went to sleep */
-        if (atomic_fetch_add(&p->done, 1) + 1 == (unsigned)p->n - 1 && atomic_load(&p->main_waiting))
-            futex(&p->done, FUTEX_WAKE_PRIVATE, 1);
+        job_done(p);
     }
 }
 
@@ -130,24 +139,7 @@ void lk_pool_run(lk_pool *p, lk_pool_fn fn, void *arg) {
      * longer than the spin budget (a worker was descheduled because the
      * machine has more busy threads than cores), sleep until the last one
      * wakes us instead of burning the core it needs. */
-    const unsigned want = (unsigned)p->n - 1;
-    uint64_t t0 = 0;
-    for (unsigned i = 0;; i++) {
-        unsigned d = atomic_load_explicit(&p->done, memory_order_acquire);
-        if (d == want) break;
-        if ((i & 63) == 63) {
-            uint64_t now = lk_time_ns();
-            if (!t0) t0 = now;
-            else if (now - t0 > p->spin_ns) {
-                atomic_store(&p->main_waiting, 1);
-                d = atomic_load(&p->done);
-                if (d != want) futex(&p->done, FUTEX_WAIT_PRIVATE, d);
-                atomic_store(&p->main_waiting, 0);
-                continue;
-            }
-        }
-        spin_step(i);
-    }
+    wait_word(p, &p->done, &p->main_waiting, (unsigned)p->n - 1, true);
 }
 
 void lk_pool_free(lk_pool *p) {
