@@ -11,6 +11,23 @@
 #include <time.h>
 #include <unistd.h>
 
+/* The generated text: kept for --json, streamed to stdout otherwise. */
+typedef struct {
+    char  *text;
+    size_t len, cap;
+    bool   stream;
+} text_out;
+
+static void emit(text_out *o, const char *piece, int32_t k) {
+    if (o->len + (size_t)k + 1 > o->cap) o->text = lk_xrealloc(o->text, o->cap = 2 * o->cap + (size_t)k);
+    memcpy(o->text + o->len, piece, (size_t)k);
+    o->len += (size_t)k;
+    if (o->stream) {
+        fwrite(piece, 1, (size_t)k, stdout);
+        fflush(stdout);
+    }
+}
+
 static const char *SYNOPSIS = "-m FILE -p TEXT [options]";
 
 int lk_cmd_run(int argc, char **argv) {
@@ -83,8 +100,8 @@ int lk_cmd_run(int argc, char **argv) {
     lk_sampler *s = lk_sampler_create(&sp);
     int32_t *gen = lk_xmalloc(sizeof(int32_t) * (size_t)(n_predict + 1));
     int n_gen = 0;
-    size_t text_cap = 4096, text_len = 0;
-    char *text = lk_xmalloc(text_cap);
+    text_out out = { .cap = 4096, .stream = !json };
+    out.text = lk_xmalloc(out.cap);
     double t_prefill = 0, t_decode = 0, t_decode_comm = 0;
     if (rc == 0) {
         for (int i = 0; i < n_ids; i++) lk_sampler_accept(s, ids[i]);
@@ -104,12 +121,7 @@ int lk_cmd_run(int argc, char **argv) {
             lk_sampler_accept(s, next);
             bool eog = !ignore_eos && lk_tokenizer_is_eog(tok, next);
             int32_t k = eog ? 0 : lk_detok_push(&dt, next, piece, piece_cap);
-            if (k > 0) {
-                if (text_len + (size_t)k + 1 > text_cap) text = lk_xrealloc(text, text_cap = 2 * text_cap + (size_t)k);
-                memcpy(text + text_len, piece, (size_t)k);
-                text_len += (size_t)k;
-                if (!json) { fwrite(piece, 1, (size_t)k, stdout); fflush(stdout); }
-            }
+            if (k > 0) emit(&out, piece, k);
             if (eog || n_gen == n_predict) break;
             if (pos + 1 > n_ctx) { lk_log(LK_LOG_WARN, "context of %d tokens is full; stopping", n_ctx); break; }
             st = lk_engine_step(e, &next, 1, pos++, s, &next, err, sizeof err);
@@ -119,19 +131,14 @@ int lk_cmd_run(int argc, char **argv) {
         }
         t_decode = lk_time_s() - t0;
         int32_t k = lk_detok_flush(&dt, piece, piece_cap);
-        if (k > 0) {
-            if (text_len + (size_t)k + 1 > text_cap) text = lk_xrealloc(text, text_cap = 2 * text_cap + (size_t)k);
-            memcpy(text + text_len, piece, (size_t)k);
-            text_len += (size_t)k;
-            if (!json) fwrite(piece, 1, (size_t)k, stdout);
-        }
+        if (k > 0) emit(&out, piece, k);
         free(piece);
         if (st) {
             fprintf(stderr, "\nlockstep run: %s\n", err);
             rc = 1;
         }
     }
-    text[text_len] = 0;
+    out.text[out.len] = 0;
     double pre_tps = t_prefill > 0 ? n_ids / t_prefill : 0;
     double dec_tps = n_gen > 1 && t_decode > 0 ? (n_gen - 1) / t_decode : 0;
     if (!json && rc == 0) {
@@ -151,7 +158,7 @@ int lk_cmd_run(int argc, char **argv) {
         for (int i = 0; i < n_gen; i++) json_array_append_new(gi, json_integer(gen[i]));
         json_object_set_new(o, "prompt_ids", pi);
         json_object_set_new(o, "generated_ids", gi);
-        json_object_set_new(o, "text", json_stringn(text, text_len));
+        json_object_set_new(o, "text", json_stringn(out.text, out.len));
         json_object_set_new(o, "seed", json_integer(seed));
         json_object_set_new(o, "ranks", json_integer(lk_engine_n_ranks(e)));
         json_t *tm = json_object();
@@ -167,7 +174,7 @@ int lk_cmd_run(int argc, char **argv) {
         free(s2);
         json_decref(o);
     }
-    free(text);
+    free(out.text);
     free(gen);
     free(ids);
     lk_sampler_free(s);
