@@ -25,14 +25,10 @@ LK_T2 static LK_INL float hsum8(__m256 v) {
 
 LK_T2 static LK_INL float h2f(const uint8_t *p) { return _cvtsh_ss(lk_ld_u16(p)); }
 
-#ifndef LK_PF_DIST
-#define LK_PF_DIST 512
-#endif
-#ifndef LK_PF_HINT
-#define LK_PF_HINT _MM_HINT_T0
-#endif
+/* Decode tiles prefetch the next tile's rows (call with p + R*ws): see
+ * pf_range in quant_avx512.c for why. */
 static LK_INL void pf_range(const uint8_t *p, size_t len) {
-    for (size_t o = 0; o < len; o += 64) _mm_prefetch((const char *)p + LK_PF_DIST + o, LK_PF_HINT);
+    for (size_t o = 0; o < len; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
 }
 
 /* ===================================================================== */
@@ -82,7 +78,7 @@ LK_T2 static LK_INL void q4q8_tile2(const int R, const int T, const bool is_q8, 
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *p = w + r * ws + (size_t)b * wbb;
-            if (T == 1 && (b & 1) == 0) pf_range(p, 64);
+            if (T == 1 && (b & 1) == 0) pf_range(p + R * ws, 64);
             wv[r] = is_q8 ? _mm256_loadu_si256((const __m256i *)(p + 2)) : q40_unpack(p);
             wd[r] = h2f(p);
         }
@@ -147,7 +143,7 @@ LK_T2 static LK_INL void q4q8_dec2(const int R, const bool is_q8, int64_t n, con
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *p = w + r * ws + (size_t)g * 4 * wbb;
-            pf_range(p, 4 * wbb);
+            pf_range(p + R * ws, 4 * wbb);
             __m256i P[4];
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
@@ -281,7 +277,7 @@ LK_T2 static LK_INL void kq_tile2(const int R, const int T, const int kind, int6
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *wp = w + r * ws + (size_t)i * bb;
-            if (T == 1) pf_range(wp, bb);
+            if (T == 1) pf_range(wp + R * ws, bb);
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++)
                 k_block2(kind, wp, a + t * as + (size_t)i * LK_Q8K_BYTES, &acc[r][t], &accm[r][t]);
@@ -324,7 +320,7 @@ LK_T2 static LK_INL void fl_tile2(const int R, const int T, const int kind, int6
         __m256 wv[4];
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-            if (T == 1 && (i & 15) == 0) pf_range(w + r * ws + i * es, 16 * es);
+            if (T == 1 && (i & 15) == 0) pf_range(w + (r + R) * ws + i * es, 16 * es);
             wv[r] = fl_load2(kind, w + r * ws + i * es);
         }
 #pragma GCC unroll 4
