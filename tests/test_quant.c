@@ -228,6 +228,32 @@ TEST(quantize_levels_bit_exact) {
     free(x); free(ref); free(got);
 }
 
+/* The activation quantiser of the matrix path (lk_quantize_row_act: Q8_0 as
+ * llama.cpp's x86 code, round half to even) is bit-identical at every level
+ * on the same edge cases, and distinct from the weight quantiser's rounding
+ * (half away from zero) on the ties. */
+TEST(act_quantize_levels_bit_exact) {
+    enum { N = 32 * 70 };
+    float x[N];
+    uint8_t ref[N / 32 * 34], got[N / 32 * 34];
+    for (int i = 0; i < N; i++) x[i] = rnd_gauss();
+    for (int i = 0; i < 32; i++) x[32 + i] = 0;
+    x[64] = 127; x[65] = 0.5f; x[66] = 1.5f; x[67] = -2.5f; /* scale 1: exact ties */
+    x[96 + 5] = -3e5f; x[128 + 31] = 1e-30f;
+    lk_quant_set_simd("scalar");
+    lk_quantize_row_act(LK_TYPE_Q8_0, x, ref, N);
+    const int8_t *q2 = (const int8_t *)ref + 2 * 34 + 2; /* block 2's quants */
+    CHECK(q2[0] == 127 && q2[1] == 0 && q2[2] == 2 && q2[3] == -2);
+    const char *levels[] = {"avx2", "avx512"};
+    for (int l = 0; l < 2; l++) {
+        if (!lk_quant_set_simd(levels[l])) continue;
+        memset(got, 0xCD, sizeof got);
+        lk_quantize_row_act(LK_TYPE_Q8_0, x, got, N);
+        CHECKF(!memcmp(ref, got, sizeof got), "%s", levels[l]);
+    }
+    lk_quant_set_simd("scalar");
+}
+
 /* ===================================================================== */
 /* Matrix kernel vs double precision                                       */
 
@@ -511,6 +537,7 @@ int main(void) {
     RUN(quantize_known_vectors);
     RUN(quantize_roundtrip_bounds);
     RUN(quantize_levels_bit_exact);
+    RUN(act_quantize_levels_bit_exact);
     RUN(matmul_vs_double_scalar);
     RUN(matmul_vs_double_all_levels);
     RUN(requantize_matches_llama_quantize);
