@@ -64,8 +64,9 @@ typedef enum {
     LK_MSG_MESH    = 23, /* every rank's data address: build the mesh */
     LK_MSG_READY   = 24, /* u8 ok, reason: mesh built */
     LK_MSG_BENCH   = 25, /* rank, ranks, transport, benchmark settings (instead of LOAD) */
-    LK_MSG_FILE    = 26, /* u64 size: the model file follows (worker asked for it) */
-    LK_MSG_DATA    = 27, /* the next bytes of that file (at most 1 MiB) */
+    LK_MSG_FILE    = 26, /* the worker's slices of the model file follow (it asked): sizes, range-list hash */
+    LK_MSG_DATA    = 27, /* the next bytes of those slices (at most 1 MiB) */
+    LK_MSG_FILE_END = 28,/* digest of all the bytes sent */
 } lk_msg_type;
 
 typedef struct {
@@ -200,10 +201,22 @@ lk_status lk_cluster_bench(const char *workers, const uint8_t *key, const lk_ben
  *   head -> worker  LOAD   rank, ranks, tp, slice, model name + path + identity,
  *                          n_ctx, n_batch, threads, kv_f16, transport
  *   worker -> head  LOADED ok / reason, the address its mesh listener got;
- *                          or "send me the file" when it has no copy and a
- *                          --cache-dir: then FILE (size) and DATA frames go
- *                          to it, it checks the identity, caches the file
- *                          as <cache-dir>/<identity>.gguf and answers again
+ *                          or "send me my slices" when it has no copy and a
+ *                          --cache-dir (and no verified cache entry):
+ *   head -> worker  FILE   file size, header length, bytes, disk need, hash
+ *                          of the range list; then DATA frames carrying the
+ *                          bytes of those ranges in file order, header first;
+ *                          then FILE_END with their digest. The ranges: what
+ *                          the worker's slice reads (lk_model_slice_bytes)
+ *                          plus what the model identity samples, so the
+ *                          worker recomputes the identity exactly. The
+ *                          worker computes the same list from the header it
+ *                          received, writes a sparse file of the full size
+ *                          (holes elsewhere), checks digest and identity,
+ *                          keeps it as <cache-dir>/<identity>-<layout>.gguf
+ *                          with a .meta sidecar, and answers LOADED again.
+ *                          It may answer LOADED (refusal) before the end
+ *                          (cache limit, disk full): the head stops sending.
  *   head -> worker  MESH   every rank's data address; all ranks build the
  *                          authenticated mesh (shm between local ranks)
  *   worker -> head  READY  ok / reason
@@ -231,7 +244,8 @@ typedef struct {
     int         listen_fd;  /* an already listening socket, or -1 */
     const uint8_t *key;
     const char *model_dir;  /* where models are looked up by file name (NULL: the head's path) */
-    const char *cache_dir;  /* models received from heads, by identity (NULL: never ask for one) */
+    const char *cache_dir;  /* slices received from heads, by identity and layout (NULL: never ask for them) */
+    uint64_t    cache_max;  /* bytes the cache may take on disk (0: 64 GiB); older entries are evicted */
     int         n_threads;  /* 0: all cores */
     bool        once;       /* serve one session, then return (--local children) */
     int64_t     head_silence_ms; /* end a session after this long without a frame (0: 10 s) */

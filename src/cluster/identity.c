@@ -5,6 +5,7 @@
  * index with names, types, shapes and offsets), the file size, and the first
  * and last 4 KiB of every tensor's data. */
 #include "cluster/cluster.h"
+#include "model/model.h"
 
 #include <sodium.h>
 #include <stdio.h>
@@ -33,6 +34,22 @@ void lk_cluster_model_id(const lk_gguf *g, uint8_t id[LK_MODEL_ID_BYTES]) {
         }
     }
     crypto_generichash_final(&st, id, LK_MODEL_ID_BYTES);
+}
+
+void lk_cluster_model_id_ranges(const lk_gguf *g, lk_ranges *out) {
+    uint64_t data = lk_gguf_data_offset(g);
+    lk_ranges_add(out, 0, LK_MIN(data, lk_gguf_file_size(g)));
+    for (int64_t t = 0; t < lk_gguf_n_tensors(g); t++) {
+        const lk_gguf_tensor *x = lk_gguf_tensor_at(g, t);
+        uint64_t at = data + x->offset;
+        if (x->nbytes <= 2 * SAMPLE) {
+            lk_ranges_add(out, at, x->nbytes);
+        } else {
+            lk_ranges_add(out, at, SAMPLE);
+            lk_ranges_add(out, at + x->nbytes - SAMPLE, SAMPLE);
+        }
+    }
+    lk_ranges_normalize(out);
 }
 
 const char *lk_cluster_model_id_short(const uint8_t id[LK_MODEL_ID_BYTES], char *buf, size_t len) {

@@ -140,3 +140,70 @@ bool lk_proto_bench_decode(const uint8_t *buf, uint32_t len, lk_bench_msg *m) {
            m->rank < m->n_ranks && m->shm <= LK_MESH_SHM_FORCE && wire <= LK_WIRE_Q8 && aro <= 1 &&
            m->cfg.iters >= 1 && m->cfg.iters <= 1000000 && m->spin_ns <= 1000000000;
 }
+
+/* ---- slices ------------------------------------------------------------------------ */
+
+uint32_t lk_proto_file_encode(const lk_file_msg *m, uint8_t *buf, uint32_t cap) {
+    lk_wbuf w = {buf, cap, 0, true};
+    lk_wb_u64(&w, m->size); lk_wb_u64(&w, m->header_len); lk_wb_u64(&w, m->n_bytes);
+    lk_wb_u64(&w, m->disk); lk_wb_u64(&w, m->n_ranges);
+    lk_wb_bytes(&w, m->ranges_hash, 32);
+    LK_ASSERT(w.ok);
+    return w.len;
+}
+
+bool lk_proto_file_decode(const uint8_t *buf, uint32_t len, lk_file_msg *m) {
+    memset(m, 0, sizeof *m);
+    lk_rbuf r = {buf, len, 0, true};
+    m->size = lk_rb_u64(&r); m->header_len = lk_rb_u64(&r); m->n_bytes = lk_rb_u64(&r);
+    m->disk = lk_rb_u64(&r); m->n_ranges = lk_rb_u64(&r);
+    lk_rb_bytes(&r, m->ranges_hash, 32);
+    /* 4 TiB: larger than any model, small enough that no sum below overflows */
+    return r.ok && r.pos == r.len && m->size >= 24 && m->size <= (1ull << 42) && m->header_len >= 24 &&
+           m->header_len <= m->n_bytes && m->n_bytes <= m->size && m->n_ranges >= 1 && m->n_ranges <= m->n_bytes &&
+           m->disk <= m->size + 4096;
+}
+
+lk_status lk_proto_slice_ranges(const lk_gguf *g, const lk_slice *s, lk_ranges *out, char *err, size_t errlen) {
+    lk_status st = lk_model_slice_bytes(g, s, out, err, errlen);
+    if (!st) lk_cluster_model_id_ranges(g, out);
+    return st;
+}
+
+static void put64le(uint8_t b[8], uint64_t v) {
+    for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i));
+}
+
+void lk_proto_ranges_hash(const lk_ranges *l, uint64_t size, uint8_t out[32]) {
+    crypto_generichash_state st;
+    crypto_generichash_init(&st, (const uint8_t *)"lockstep-ranges-v1", 18, 32);
+    uint8_t b[16];
+    put64le(b, size);
+    put64le(b + 8, (uint64_t)l->n);
+    crypto_generichash_update(&st, b, 16);
+    for (int64_t i = 0; i < l->n; i++) {
+        put64le(b, l->r[i].off);
+        put64le(b + 8, l->r[i].len);
+        crypto_generichash_update(&st, b, 16);
+    }
+    crypto_generichash_final(&st, out, 32);
+}
+
+void lk_proto_digest_init(crypto_generichash_state *st, uint64_t size) {
+    if (sodium_init() < 0) LK_ASSERT(!"libsodium could not initialise");
+    crypto_generichash_init(st, (const uint8_t *)"lockstep-slices-v1", 18, 32);
+    uint8_t b[8];
+    put64le(b, size);
+    crypto_generichash_update(st, b, 8);
+}
+
+void lk_proto_digest_file(const lk_gguf *g, const lk_ranges *l, uint8_t out[32]) {
+    crypto_generichash_state st;
+    lk_proto_digest_init(&st, lk_gguf_file_size(g));
+    const uint8_t *p = lk_gguf_file_bytes(g);
+    for (int64_t i = 0; i < l->n; i++) {
+        LK_ASSERT(l->r[i].off + l->r[i].len <= lk_gguf_file_size(g));
+        crypto_generichash_update(&st, p + l->r[i].off, l->r[i].len);
+    }
+    crypto_generichash_final(&st, out, 32);
+}

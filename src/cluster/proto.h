@@ -6,6 +6,9 @@
 #define LK_CLUSTER_PROTO_H
 
 #include "cluster/cluster.h"
+#include "model/model.h"
+
+#include <sodium.h>
 
 #define LK_MAX_RANKS 64
 #define LK_ADDR_LEN 128
@@ -48,6 +51,34 @@ uint32_t lk_proto_loaded_encode(const lk_loaded_msg *m, uint8_t *buf, uint32_t c
 bool     lk_proto_loaded_decode(const uint8_t *buf, uint32_t len, lk_loaded_msg *m);
 uint32_t lk_proto_mesh_encode(const lk_mesh_msg *m, uint8_t *buf, uint32_t cap);
 bool     lk_proto_mesh_decode(const uint8_t *buf, uint32_t len, lk_mesh_msg *m);
+
+/* FILE: what the head is about to send (see cluster.h). The worker computes
+ * the range list itself from the header (the first header_len bytes) and
+ * its slice, and checks it against n_ranges / n_bytes / ranges_hash. */
+typedef struct {
+    uint64_t size;             /* of the whole file (the sparse copy's size) */
+    uint64_t header_len;       /* header + tensor index: the stream's first bytes */
+    uint64_t n_bytes;          /* bytes that follow in DATA frames */
+    uint64_t disk;             /* 4 KiB blocks those bytes touch, in bytes */
+    uint64_t n_ranges;
+    uint8_t  ranges_hash[32];  /* lk_proto_ranges_hash */
+} lk_file_msg;
+
+uint32_t lk_proto_file_encode(const lk_file_msg *m, uint8_t *buf, uint32_t cap);
+bool     lk_proto_file_decode(const uint8_t *buf, uint32_t len, lk_file_msg *m);
+
+/* The ranges a worker with this slice is sent: lk_model_slice_bytes plus the
+ * bytes the model identity samples (lk_cluster_model_id_ranges). */
+lk_status lk_proto_slice_ranges(const lk_gguf *g, const lk_slice *s, lk_ranges *out, char *err, size_t errlen);
+/* The identity's bytes: header and tensor index, first/last 4 KiB of each tensor. */
+void lk_cluster_model_id_ranges(const lk_gguf *g, lk_ranges *out);
+/* BLAKE2b-256 of the file size and the (offset, length) list. */
+void lk_proto_ranges_hash(const lk_ranges *l, uint64_t size, uint8_t out[32]);
+/* The digest of the bytes sent: BLAKE2b-256 of a label, the file size, then
+ * the bytes of every range in order (FILE_END; the worker's .meta). */
+void lk_proto_digest_init(crypto_generichash_state *st, uint64_t size);
+/* The same over a whole file (the worker's cache check). */
+void lk_proto_digest_file(const lk_gguf *g, const lk_ranges *l, uint8_t out[32]);
 
 /* STEP: u32 n, pos0, n_cand, n_hist; f32 repeat, freq, presence penalties;
  * then n token ids and n_hist penalty-window ids. Header fixed at 28 bytes. */

@@ -15,7 +15,8 @@ static_assert(LK_MSG_HELLO == 1 && LK_MSG_AUTH == 2 && LK_MSG_INFO == 3 && LK_MS
               LK_MSG_ERROR == 5, "handshake message numbers are fixed");
 static_assert(LK_MSG_PING == 16 && LK_MSG_PONG == 17 && LK_MSG_LOAD == 18 && LK_MSG_LOADED == 19 &&
               LK_MSG_STEP == 20 && LK_MSG_RESULT == 21 && LK_MSG_BYE == 22 && LK_MSG_MESH == 23 &&
-              LK_MSG_READY == 24 && LK_MSG_BENCH == 25 && LK_MSG_FILE == 26 && LK_MSG_DATA == 27,
+              LK_MSG_READY == 24 && LK_MSG_BENCH == 25 && LK_MSG_FILE == 26 && LK_MSG_DATA == 27 &&
+              LK_MSG_FILE_END == 28,
               "control message numbers are fixed");
 static_assert(LK_WIRE_HDR == 4 + 2 + 2 + 4 + 4 + 8, "header layout is frozen");
 
@@ -35,8 +36,9 @@ uint32_t lk_wire_max_payload(uint16_t type) {
     case LK_MSG_MESH: return 64 * 1024;
     case LK_MSG_READY: return 1024;
     case LK_MSG_BENCH: return 1024;
-    case LK_MSG_FILE: return 8;
+    case LK_MSG_FILE: return 1024;
     case LK_MSG_DATA: return 1u << 20;
+    case LK_MSG_FILE_END: return 64;
     }
     return 0;
 }
@@ -60,6 +62,7 @@ const char *lk_msg_name(uint16_t type) {
     case LK_MSG_BENCH: return "BENCH";
     case LK_MSG_FILE: return "FILE";
     case LK_MSG_DATA: return "DATA";
+    case LK_MSG_FILE_END: return "FILE_END";
     }
     return "?";
 }

@@ -88,4 +88,34 @@ float *lk_model_hidden(lk_model *m);  /* scratch [n_batch][n_embd] owned by the 
 lk_status lk_model_forward(lk_model *m, const int32_t *tokens, int n, int pos0,
                            int n_out, float *logits);
 
+/* ---- which bytes of the file a slice reads ----------------------------------
+ * A worker that receives only its own slices over the network stores them in
+ * a sparse copy of the file: the header and tensor index, and for every
+ * tensor the bytes this slice's forward pass reads (rows of row-split
+ * weights, a segment of every row of column-split ones, whole norms, the
+ * whole embedding table on the first pipeline stage since any token may
+ * come, the slice's vocabulary rows of the output on the last). The rest
+ * stays a hole, never read, so the loader above works on that copy
+ * unchanged. */
+typedef struct { uint64_t off, len; } lk_byte_range;   /* [off, off + len) of the file */
+typedef struct {
+    lk_byte_range *r;      /* (n), sorted and disjoint after lk_ranges_normalize */
+    int64_t n, cap;
+} lk_ranges;
+
+void     lk_ranges_add(lk_ranges *l, uint64_t off, uint64_t len);  /* len 0: nothing */
+/* Sorts and merges overlapping or touching ranges. */
+void     lk_ranges_normalize(lk_ranges *l);
+uint64_t lk_ranges_total(const lk_ranges *l);                      /* bytes covered */
+/* Bytes of the blocks (of `block` bytes) the ranges touch: the disk a sparse
+ * file holding them takes. Normalised lists only. */
+uint64_t lk_ranges_disk(const lk_ranges *l, uint64_t block);
+void     lk_ranges_free(lk_ranges *l);
+
+/* Appends to out (then normalises it) the byte ranges of g that a model
+ * loaded with this slice reads: [0, data offset) and the tensor bytes above.
+ * The slice comes from a peer: anything that does not fit the model (range,
+ * block alignment) is an error, never an assertion. */
+lk_status lk_model_slice_bytes(const lk_gguf *g, const lk_slice *s, lk_ranges *out, char *err, size_t errlen);
+
 #endif

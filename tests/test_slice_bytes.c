@@ -1,0 +1,172 @@
+/* lk_model_slice_bytes: the bytes a slice reads. Checked by poisoning: a
+ * copy of the file keeps only those bytes (plus nothing else: every other
+ * byte is 0xff, NaN in every float and scale format), and a model loaded
+ * from the copy with that slice must compute bit for bit what the same
+ * slice computes over the real file. A byte the list misses would be read
+ * as poison. Also: the identity's sampled bytes (lk_cluster_model_id_ranges)
+ * suffice to recompute the model identity, and the range-list helpers. */
+#include "lk_test.h"
+
+#include <math.h>
+#include <unistd.h>
+
+#include "cluster/proto.h"
+#include "model/model.h"
+
+/* A copy of g's file holding only the listed bytes, the rest 0xff. */
+static const char *poisoned_copy(const lk_gguf *g, const lk_ranges *l, char *path, size_t len) {
+    snprintf(path, len, "/tmp/lk-slice-bytes-%d-XXXXXX", (int)getpid());
+    int fd = mkstemp(path);
+    LK_ASSERT(fd >= 0);
+    uint64_t size = lk_gguf_file_size(g);
+    uint8_t *b = malloc(size);
+    memset(b, 0xff, size);
+    const uint8_t *src = lk_gguf_file_bytes(g);
+    for (int64_t i = 0; i < l->n; i++) memcpy(b + l->r[i].off, src + l->r[i].off, l->r[i].len);
+    LK_ASSERT(write(fd, b, size) == (ssize_t)size);
+    close(fd);
+    free(b);
+    return path;
+}
+
+/* Runs the slice's part of a forward pass on 5 tokens: embed (first stage)
+ * or fixed input rows, its layers, its logits (last stage). out gets the
+ * hidden rows then the logits. */
+static size_t run_slice(const lk_gguf *g, const lk_slice *s, float *out, char *err) {
+    lk_model_params mp = {.n_ctx = 16, .n_batch = 8, .n_threads = 1};
+    lk_model *m;
+    if (lk_model_load(g, s, &mp, &m, err, LK_ERRLEN)) return 0;
+    const lk_model_config *c = lk_model_cfg(m);
+    int32_t toks[5] = {1, 7, 3, 11, (int32_t)(c->n_vocab - 1)};
+    float *x = lk_model_hidden(m);
+    if (s->pp_rank == 0) lk_model_embed(m, toks, 5, x);
+    else
+        for (int64_t i = 0; i < 5 * (int64_t)c->n_embd; i++) x[i] = sinf((float)i * 0.37f);
+    lk_model_layers(m, x, 5, 0);
+    size_t n = 5 * (size_t)c->n_embd;
+    memcpy(out, x, n * sizeof(float));
+    if (s->pp_rank == s->pp_size - 1) {
+        lk_model_logits(m, x, 5, 2, out + n);
+        n += 2 * (size_t)(s->vocab1 - s->vocab0);
+    }
+    lk_model_free(m);
+    return n;
+}
+
+static void check_model(const char *rel, int *layouts_checked, double *worst_fraction) {
+    char err[LK_ERRLEN];
+    lk_gguf *g;
+    if (lk_gguf_open(lk_td(rel), &g, err, sizeof err)) { CHECKF(0, "%s", err); return; }
+    lk_model_config cfg;
+    LK_ASSERT(!lk_model_config_read(g, &cfg, err, sizeof err));
+    lk_plan_dims d;
+    lk_model_plan_dims(g, &cfg, &d);
+    size_t cap = 5 * (size_t)cfg.n_embd + 2 * (size_t)cfg.n_vocab;
+    float *a = malloc(cap * sizeof(float)), *b = malloc(cap * sizeof(float));
+    const int layouts[][2] = {{1, 1}, {2, 1}, {3, 1}, {4, 1}, {1, 2}, {2, 2}};
+    for (size_t k = 0; k < sizeof layouts / sizeof layouts[0]; k++) {
+        int tp = layouts[k][0], pp = layouts[k][1];
+        lk_slice sl[8];
+        if (lk_plan_make(&d, tp, pp, NULL, sl, err, sizeof err)) continue; /* too small to split so */
+        for (int r = 0; r < tp * pp; r++) {
+            lk_ranges l = {0};
+            lk_status st = lk_model_slice_bytes(g, &sl[r], &l, err, sizeof err);
+            CHECKF(!st, "%s tp %d pp %d rank %d: %s", rel, tp, pp, r, err);
+            char path[128];
+            poisoned_copy(g, &l, path, sizeof path);
+            lk_gguf *pg;
+            if (lk_gguf_open(path, &pg, err, sizeof err)) { CHECKF(0, "%s", err); unlink(path); lk_ranges_free(&l); continue; }
+            size_t na = run_slice(g, &sl[r], a, err), nb = run_slice(pg, &sl[r], b, err);
+            CHECKF(na && na == nb && !memcmp(a, b, na * sizeof(float)), "%s tp %d pp %d rank %d: the slice read bytes "
+                   "outside its list (%zu vs %zu values)", rel, tp, pp, r, na, nb);
+            double frac = (double)lk_ranges_total(&l) / (double)lk_gguf_file_size(g);
+            if (tp * pp >= 2 && frac > *worst_fraction) *worst_fraction = frac;
+            if (tp * pp == 1) CHECKF(frac > 0.95, "%s: one rank reads only %.2f of the file", rel, frac);
+            (*layouts_checked)++;
+            lk_gguf_close(pg);
+            unlink(path);
+            lk_ranges_free(&l);
+        }
+    }
+    /* the identity from the sampled bytes alone */
+    lk_ranges l = {0};
+    lk_cluster_model_id_ranges(g, &l);
+    char path[128];
+    poisoned_copy(g, &l, path, sizeof path);
+    lk_gguf *pg;
+    if (!lk_gguf_open(path, &pg, err, sizeof err)) {
+        uint8_t ia[32], ib[32];
+        lk_cluster_model_id(g, ia);
+        lk_cluster_model_id(pg, ib);
+        CHECKF(!memcmp(ia, ib, 32), "%s: identity from its sampled ranges differs", rel);
+        lk_gguf_close(pg);
+    } else CHECKF(0, "%s", err);
+    unlink(path);
+    lk_ranges_free(&l);
+    free(a);
+    free(b);
+    lk_gguf_close(g);
+}
+
+TEST(slices_read_only_their_bytes) {
+    const char *models[] = {"models/stories260K.gguf", "synth/synth-llama-q4_0.gguf", "synth/synth-llama-q4_k_m.gguf",
+                            "synth/synth-qwen2-f32.gguf", "synth/synth-qwen3-q8_0.gguf",
+                            "synth/synth-llama-tied-f16.gguf", "synth/synth-llama3rope-f32.gguf"};
+    int checked = 0;
+    double worst = 0;
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) check_model(models[i], &checked, &worst);
+    CHECKF(checked >= 40, "only %d slices checked", checked);
+    /* a split rank never needs the whole file */
+    CHECKF(worst < 0.9, "a rank of a split reads %.2f of the file", worst);
+    printf("# %d slices checked; the largest share of a file one rank of a split reads: %.2f\n", checked, worst);
+}
+
+TEST(range_helpers) {
+    lk_ranges l = {0};
+    lk_ranges_add(&l, 100, 50);
+    lk_ranges_add(&l, 150, 10); /* touches: merged on add */
+    lk_ranges_add(&l, 0, 10);
+    lk_ranges_add(&l, 5, 10);   /* overlaps [0, 10) */
+    lk_ranges_add(&l, 4096 * 3 + 1, 2);
+    lk_ranges_add(&l, 7, 0);    /* empty: ignored */
+    lk_ranges_normalize(&l);
+    CHECK(l.n == 3 && l.r[0].off == 0 && l.r[0].len == 15 && l.r[1].off == 100 && l.r[1].len == 60 &&
+          l.r[2].off == 4096 * 3 + 1);
+    CHECK(lk_ranges_total(&l) == 15 + 60 + 2);
+    CHECK(lk_ranges_disk(&l, 4096) == 2 * 4096); /* blocks 0 and 3 */
+    lk_ranges_add(&l, 4095, 2); /* straddles blocks 0 and 1 */
+    lk_ranges_normalize(&l);
+    CHECK(lk_ranges_disk(&l, 4096) == 3 * 4096);
+    lk_ranges_free(&l);
+    CHECK(l.n == 0 && !l.r);
+}
+
+/* A slice from a peer that does not fit the model is an error, not a crash. */
+TEST(bad_slices_refused) {
+    char err[LK_ERRLEN];
+    lk_gguf *g;
+    if (lk_gguf_open(lk_td("synth/synth-llama-q4_0.gguf"), &g, err, sizeof err)) { CHECKF(0, "%s", err); return; }
+    lk_model_config cfg;
+    LK_ASSERT(!lk_model_config_read(g, &cfg, err, sizeof err));
+    lk_plan_dims d;
+    lk_model_plan_dims(g, &cfg, &d);
+    lk_slice s;
+    lk_slice_full(&d, &s);
+    lk_ranges l = {0};
+    lk_slice bad = s;
+    bad.layer1 = cfg.n_layer + 1;
+    CHECK(lk_model_slice_bytes(g, &bad, &l, err, sizeof err) == LK_ERR_ARG && strstr(err, "does not fit"));
+    bad = s;
+    bad.ff0 = 1; /* cuts ffn_down inside a Q4_0 block */
+    CHECKF(lk_model_slice_bytes(g, &bad, &l, err, sizeof err) == LK_ERR_ARG && strstr(err, "inside a"), "%s", err);
+    lk_ranges_free(&l);
+    lk_gguf_close(g);
+}
+
+int main(void) {
+    lk_log_set_level(LK_LOG_ERROR);
+    RUN(range_helpers);
+    RUN(bad_slices_refused);
+    RUN(slices_read_only_their_bytes);
+    return lk_test_end();
+}
