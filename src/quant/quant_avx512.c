@@ -765,6 +765,8 @@ LK_F_TILES(LK_T512BF, bf, BF_CALL)
                           int64_t ntok, const void *a, size_t a_stride, float *y,           \
                           size_t y_stride) {                                                \
         if (ntok == 1) q4q8_decode(isq8, n, nrows, w, w_stride, a, y);                      \
+        else if (ntok >= LK_GEMM_MIN_TOK)                                                   \
+            lk_quant_gemm_q4q8_avx512(isq8, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride); \
         else lk_quant_run_tiles(&name##_set, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride); \
     }
 LK_MM_Q_FN(q40, false)

@@ -91,6 +91,14 @@ void lk_quant_fill_scalar(lk_quant_ops *ops);
 void lk_quant_fill_avx2(lk_quant_ops *ops);
 void lk_quant_fill_avx512(lk_quant_ops *ops);
 
+/* quant_gemm_avx512.c: lk_quant_matmul for Q4_0 (is_q8 false) or Q8_0
+ * weights over many tokens (prefill) as a packed-panel GEMM; the AVX-512
+ * table uses it from LK_GEMM_MIN_TOK tokens on (below that the register
+ * tiles win: packing is paid per call). */
+enum { LK_GEMM_MIN_TOK = 8 };
+void lk_quant_gemm_q4q8_avx512(bool is_q8, int64_t n, int64_t nrows, const void *w, size_t ws,
+                               int64_t ntok, const void *a, size_t as, float *y, size_t ys);
+
 /* quant_kq.c: ggml's reference Q4_K quantiser (weights). */
 void lk_quantize_row_q4_k(const float *x, void *dst, int64_t n);
 

@@ -1,0 +1,254 @@
+/* quant_gemm_avx512.c — prefill (many tokens at once) for Q4_0 / Q8_0
+ * weights with Q8_0 activations, as a blocked GEMM with packed weights.
+ *
+ * Why a different kernel from decode. Prefill multiplies each weight by
+ * dozens to hundreds of tokens, so the cost that matters is instructions per
+ * multiply, not bytes per weight. The register tiles of quant_avx512.c
+ * re-decode nibbles and re-permute activations every 3 tokens and scale
+ * every 4-block partial sum: ~10 uops per 2 vpdpbusd. Here:
+ *
+ *  - Weights are packed once per (token block, K block) into an L1-resident
+ *    panel: 16 rows interleaved per zmm (lane = row), int8 already unpacked
+ *    and made unsigned, one vector per 4 quants of a block, the 16 rows'
+ *    block scales as floats. Packing costs ~30 cycles per 16 rows x block and
+ *    is reused by every token of the block (128).
+ *  - Activations stay in their Q8_0 rows: each 4-byte group of quants is a
+ *    broadcast memory operand of vpdpbusd (no shuffles at all), so one
+ *    instruction does 4 products for 16 rows, and the i32 lane of a row
+ *    collects that row's whole block sum in 8 instructions.
+ *  - Per (16 rows, token, block): the accumulator starts at the activation's
+ *    offset correction (a broadcast load: -8*sum(a) for Q4_0's unsigned
+ *    nibbles, -128*sum(a) for Q8_0 made unsigned by +128), 8 vpdpbusd, then
+ *    one convert, one multiply (row scales x token scale) and one FMA:
+ *    8 useful uops in 11 (vpdpbusd and FMA share ports 0/5 on SPR).
+ *  - Outputs come out as 16 consecutive rows of y: no horizontal sums.
+ *
+ * Micro-tile: 3 row groups (48 rows) x 4 tokens = 12 i32 + 12 f32
+ * accumulators; per 4-quant step 3 weight loads and 4 broadcasts feed 12
+ * vpdpbusd, so loads (2-3 a cycle) never limit. Blocking: K blocks of
+ * GK_KB blocks keep the 48-row panel (27 KB) in L1 across all token tiles;
+ * token blocks of GK_TB keep the activations and y in L2.
+ *
+ * Integer block sums are exact; per block the float work is the same as the
+ * scalar reference (product of the two fp16 scales, one fused multiply-add),
+ * only the order of the block additions differs. */
+#include <immintrin.h>
+
+#include "quant/quant_impl.h"
+
+#define LK_TG                                                                                  \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,avx2,fma," \
+                          "f16c,bmi,bmi2,gfni")))
+#define LK_INL inline __attribute__((always_inline))
+
+enum {
+    GK_ROWS = 16, /* rows per interleaved group: one zmm lane per row */
+    GK_RG = 3,    /* row groups per micro-tile */
+    GK_T = 4,     /* tokens per micro-tile */
+    GK_KB = 16,   /* blocks per K block: GK_RG*16 rows x 16 blocks x 36 B = 27 KB, in L1 */
+    GK_TB = 128,  /* tokens per token block (weights packed once per block) */
+    GK_KSB = 128, /* blocks per K super-block (activation terms prepared at once) */
+    GK_VEC = 9,   /* zmm per (row group, block): 8 quant vectors + 16 float scales */
+};
+
+/* The packed panel: [row group][block][vector][64 bytes]. */
+typedef struct {
+    _Alignas(64) uint8_t v[GK_RG][GK_KB][GK_VEC][64];
+} gk_panel;
+
+/* Per-token, per-block activation terms of one (token block, K block):
+ * the block's scale as float and the offset correction of the weights. */
+typedef struct {
+    float   d[GK_TB][GK_KSB];
+    int32_t corr[GK_TB][GK_KSB];
+} gk_act;
+
+/* x >> 4 in every byte (GF(2) affine map picking input bits 4..7). */
+LK_TG static LK_INL __m512i gk_hi_nibble(__m512i x) {
+    return _mm512_gf2p8affine_epi64_epi8(x, _mm512_set1_epi64(0x1020408000000000ll), 0);
+}
+
+/* 16 rows x 16 bytes (row r at p[r]) -> 4 vectors, vector k lane r = bytes
+ * 4k..4k+3 of row r. Z_j holds rows j, j+4, j+8, j+12 in its 128-bit lanes;
+ * a 4x4 dword transpose inside each 128-bit lane finishes it. */
+LK_TG static LK_INL void gk_transpose16x4(const __m128i q[16], __m512i out[4]) {
+    __m512i z[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        __m512i v = _mm512_castsi128_si512(q[j]);
+        v = _mm512_inserti32x4(v, q[j + 4], 1);
+        v = _mm512_inserti32x4(v, q[j + 8], 2);
+        z[j] = _mm512_inserti32x4(v, q[j + 12], 3);
+    }
+    __m512i t0 = _mm512_unpacklo_epi32(z[0], z[1]), t1 = _mm512_unpackhi_epi32(z[0], z[1]);
+    __m512i t2 = _mm512_unpacklo_epi32(z[2], z[3]), t3 = _mm512_unpackhi_epi32(z[2], z[3]);
+    out[0] = _mm512_unpacklo_epi64(t0, t2);
+    out[1] = _mm512_unpackhi_epi64(t0, t2);
+    out[2] = _mm512_unpacklo_epi64(t1, t3);
+    out[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+
+/* Packs rows [0, nr) (nr <= 16; missing rows are zero) x blocks [b0, b0+kb)
+ * into out[b][9][64]. */
+LK_TG static void gk_pack_group(const bool is_q8, const uint8_t *w, size_t ws, int nr, int64_t b0, int kb,
+                                uint8_t (*out)[GK_VEC][64]) {
+    const size_t bb = is_q8 ? LK_Q80_BYTES : LK_Q40_BYTES;
+    const __m512i m0f = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
+    for (int b = 0; b < kb; b++) {
+        __m128i lo[16], hi[16];
+        _Alignas(32) uint16_t d[16];
+        for (int r = 0; r < 16; r++) {
+            if (r < nr) {
+                const uint8_t *p = w + (size_t)r * ws + (size_t)(b0 + b) * bb;
+                d[r] = lk_ld_u16(p);
+                lo[r] = _mm_loadu_si128((const __m128i *)(p + 2));
+                hi[r] = is_q8 ? _mm_loadu_si128((const __m128i *)(p + 18)) : _mm_setzero_si128();
+            } else {
+                d[r] = 0;
+                lo[r] = hi[r] = _mm_setzero_si128();
+            }
+        }
+        __m512i v[8];
+        gk_transpose16x4(lo, v);
+        if (is_q8) {
+            gk_transpose16x4(hi, v + 4);
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) v[k] = _mm512_xor_si512(v[k], flip);
+        } else {
+            /* Q4_0 quants 0..15 are the low nibbles of bytes 0..15, 16..31
+             * the high nibbles: vector k < 4 = low nibbles of bytes 4k..,
+             * vector k + 4 = their high nibbles (quants 16 + 4k..) */
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                v[k + 4] = gk_hi_nibble(v[k]);
+                v[k] = _mm512_and_si512(v[k], m0f);
+            }
+        }
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) _mm512_store_si512(out[b][k], v[k]);
+        _mm512_store_ps(out[b][8], _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)d)));
+    }
+}
+
+/* Scale and offset correction of every (token, block) of the tile. */
+LK_TG static void gk_prep(const bool is_q8, const uint8_t *a, size_t as, int tb, int64_t b0, int kb, gk_act *act) {
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    const int32_t k = is_q8 ? 128 : 8;
+    for (int t = 0; t < tb; t++)
+        for (int b = 0; b < kb; b++) {
+            const uint8_t *p = a + (size_t)t * as + (size_t)(b0 + b) * LK_Q80_BYTES;
+            act->d[t][b] = _cvtsh_ss(lk_ld_u16(p));
+            /* sum of 32 signed quants = sum of (q + 128) - 32*128 */
+            __m256i s = _mm256_sad_epu8(_mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p + 2)), flip),
+                                        _mm256_setzero_si256());
+            __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            int32_t sum = (int32_t)(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 32 * 128;
+            act->corr[t][b] = -k * sum;
+        }
+}
+
+static LK_INL int32_t gk_ld_i32(const uint8_t *p) { int32_t v; memcpy(&v, p, 4); return v; }
+
+/* One micro-tile: RG row groups x T tokens over kb blocks. wp: the panel;
+ * at[t]: token t's activation row at the K block's first block; act/t0: its
+ * (token, block) terms; y: row 0 of token 0 of the tile. nlast: valid rows
+ * of the last group (masked store). add: accumulate into y (not the first
+ * K block). */
+LK_TG static LK_INL void gk_tile(const int RG, const int T, const gk_panel *wp, const uint8_t *const *at,
+                                 const gk_act *act, int t0, int b1, int kb, float *y, size_t ys, int nlast,
+                                 bool add) {
+    __m512 fa[GK_RG][GK_T];
+#pragma GCC unroll 4
+    for (int g = 0; g < RG; g++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) fa[g][t] = _mm512_setzero_ps();
+    for (int b = 0; b < kb; b++) {
+        __m512i ia[GK_RG][GK_T];
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            __m512i c = _mm512_set1_epi32(act->corr[t0 + t][b1 + b]);
+#pragma GCC unroll 4
+            for (int g = 0; g < RG; g++) ia[g][t] = c;
+        }
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+#pragma GCC unroll 4
+            for (int g = 0; g < RG; g++) {
+                __m512i wv = _mm512_load_si512(wp->v[g][b][k]);
+#pragma GCC unroll 4
+                for (int t = 0; t < T; t++)
+                    ia[g][t] = _mm512_dpbusd_epi32(ia[g][t], wv,
+                                                   _mm512_set1_epi32(gk_ld_i32(at[t] + (size_t)b * LK_Q80_BYTES + 2 + 4 * k)));
+            }
+        }
+#pragma GCC unroll 4
+        for (int g = 0; g < RG; g++) {
+            __m512 wd = _mm512_load_ps(wp->v[g][b][8]);
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++)
+                fa[g][t] = _mm512_add_ps(fa[g][t], _mm512_mul_ps(_mm512_cvtepi32_ps(ia[g][t]),
+                                           _mm512_mul_ps(wd, _mm512_set1_ps(act->d[t0 + t][b1 + b]))));
+        }
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < RG; g++) {
+        __mmask16 m = g == RG - 1 ? (__mmask16)((1u << nlast) - 1) : 0xFFFF;
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            float *yp = y + (size_t)t * ys + (size_t)g * GK_ROWS;
+            __m512 v = fa[g][t];
+            if (add) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, yp));
+            _mm512_mask_storeu_ps(yp, m, v);
+        }
+    }
+}
+
+typedef void (*gk_tile_fn)(const gk_panel *wp, const uint8_t *const *at, const gk_act *act, int t0, int b1,
+                           int kb, float *y, size_t ys, int nlast, bool add);
+#define GK_TILE(RG, T)                                                                                  \
+    LK_TG static void gk_tile_##RG##x##T(const gk_panel *wp, const uint8_t *const *at, const gk_act *act, \
+                                         int t0, int b1, int kb, float *y, size_t ys, int nlast, bool add) { \
+        gk_tile(RG, T, wp, at, act, t0, b1, kb, y, ys, nlast, add);                                      \
+    }
+GK_TILE(1, 1) GK_TILE(1, 2) GK_TILE(1, 3) GK_TILE(1, 4)
+GK_TILE(2, 1) GK_TILE(2, 2) GK_TILE(2, 3) GK_TILE(2, 4)
+GK_TILE(3, 1) GK_TILE(3, 2) GK_TILE(3, 3) GK_TILE(3, 4)
+static const gk_tile_fn k_tiles[GK_RG][GK_T] = {
+    {gk_tile_1x1, gk_tile_1x2, gk_tile_1x3, gk_tile_1x4},
+    {gk_tile_2x1, gk_tile_2x2, gk_tile_2x3, gk_tile_2x4},
+    {gk_tile_3x1, gk_tile_3x2, gk_tile_3x3, gk_tile_3x4},
+};
+
+LK_TG void lk_quant_gemm_q4q8_avx512(bool is_q8, int64_t n, int64_t nrows, const void *w, size_t ws,
+                                     int64_t ntok, const void *a, size_t as, float *y, size_t ys) {
+    const uint8_t *W = w, *A = a;
+    const int64_t nb = n / LK_QK;
+    gk_panel wp;
+    gk_act act;
+    for (int64_t t0 = 0; t0 < ntok; t0 += GK_TB) {
+        const int tb = (int)LK_MIN((int64_t)GK_TB, ntok - t0);
+        for (int64_t s0 = 0; s0 < nb; s0 += GK_KSB) {
+            const int ksb = (int)LK_MIN((int64_t)GK_KSB, nb - s0);
+            gk_prep(is_q8, A + (size_t)t0 * as, as, tb, s0, ksb, &act);
+            for (int64_t r0 = 0; r0 < nrows; r0 += GK_RG * GK_ROWS) {
+                const int nr = (int)LK_MIN((int64_t)(GK_RG * GK_ROWS), nrows - r0);
+                const int rg = (nr + GK_ROWS - 1) / GK_ROWS, nlast = nr - (rg - 1) * GK_ROWS;
+                for (int b1 = 0; b1 < ksb; b1 += GK_KB) {
+                    const int kb = LK_MIN(GK_KB, ksb - b1);
+                    const int64_t b0 = s0 + b1;
+                    for (int g = 0; g < rg; g++)
+                        gk_pack_group(is_q8, W + (size_t)(r0 + g * GK_ROWS) * ws, ws,
+                                      LK_MIN(GK_ROWS, nr - g * GK_ROWS), b0, kb, wp.v[g]);
+                    for (int t = 0; t < tb; t += GK_T) {
+                        const int tt = LK_MIN(GK_T, tb - t);
+                        const uint8_t *at[GK_T];
+                        for (int i = 0; i < tt; i++)
+                            at[i] = A + (size_t)(t0 + t + i) * as + (size_t)b0 * LK_Q80_BYTES;
+                        k_tiles[rg - 1][tt - 1](&wp, at, &act, t, b1, kb, y + (size_t)(t0 + t) * ys + (size_t)r0,
+                                                ys, nlast, b0 > 0);
+                    }
+                }
+            }
+        }
+    }
+}
