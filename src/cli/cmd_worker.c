@@ -4,11 +4,33 @@
 #include "cli/cli.h"
 #include "cluster/cluster.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
+
+/* "64G", "500M", "1024K", "123" (bytes); binary units. */
+static bool parse_size(const char *s, uint64_t *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || errno || !(v >= 0)) return false;
+    double mul = 1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1024.0; end++; break;
+    case 'm': case 'M': mul = 1048576.0; end++; break;
+    case 'g': case 'G': mul = 1073741824.0; end++; break;
+    case 't': case 'T': mul = 1099511627776.0; end++; break;
+    }
+    if (mul > 1 && *end == 'i') end++; /* "GiB" */
+    if (*end == 'B' || *end == 'b') end++;
+    if (*end || v * mul > 1e18 || v * mul < 1) return false;
+    *out = (uint64_t)(v * mul);
+    return true;
+}
 
 int lk_cmd_worker(int argc, char **argv) {
-    const char *listen = NULL, *key_file = NULL, *model_dir = NULL, *cache_dir = NULL;
+    const char *listen = NULL, *key_file = NULL, *model_dir = NULL, *cache_dir = NULL, *cache_max_s = NULL;
     int64_t threads = 0;
     bool verbose = false;
     const lk_opt opts[] = {
@@ -16,11 +38,12 @@ int lk_cmd_worker(int argc, char **argv) {
         {"--key-file", NULL, LK_OPT_STR, &key_file, "FILE", "cluster key, the same on every node (required)"},
         {"--threads", "-t", LK_OPT_INT, &threads, "N", "compute threads (default: what the head asks, else all cores)"},
         {"--model-dir", NULL, LK_OPT_STR, &model_dir, "DIR", "find models here by file name (default: the head's path)"},
-        {"--cache-dir", NULL, LK_OPT_STR, &cache_dir, "DIR", "keep models received from heads here (by identity); without it a missing model is an error"},
+        {"--cache-dir", NULL, LK_OPT_STR, &cache_dir, "DIR", "without the model, have the head send only this worker's slices and keep them here (sparse files by model identity and layout; reused after a restart); without it a missing model is an error"},
+        {"--cache-max", NULL, LK_OPT_STR, &cache_max_s, "SIZE", "disk the cache may use, e.g. 500M, 64G (default 64G); the least recently used entries are removed to make room"},
         {"--verbose", "-v", LK_OPT_FLAG, &verbose, NULL, "debug logging"},
         {0},
     };
-    int np = lk_args_parse("worker", "--listen HOST:PORT --key-file FILE [--threads N] [--model-dir DIR] [--cache-dir DIR]", opts, argc,
+    int np = lk_args_parse("worker", "--listen HOST:PORT --key-file FILE [--threads N] [--model-dir DIR] [--cache-dir DIR [--cache-max SIZE]]", opts, argc,
                            argv, NULL, 0);
     if (np == LK_ARGS_HELP) return 0;
     if (np < 0) return 2;
@@ -33,6 +56,15 @@ int lk_cmd_worker(int argc, char **argv) {
         fprintf(stderr, "lockstep worker: --threads must be 0..1024\n");
         return 2;
     }
+    uint64_t cache_max = 0;
+    if (cache_max_s && !parse_size(cache_max_s, &cache_max)) {
+        fprintf(stderr, "lockstep worker: --cache-max '%s': expected a size such as 500M or 64G\n", cache_max_s);
+        return 2;
+    }
+    if (cache_max_s && !cache_dir) {
+        fprintf(stderr, "lockstep worker: --cache-max needs --cache-dir\n");
+        return 2;
+    }
     if (verbose) lk_log_set_level(LK_LOG_DEBUG);
     uint8_t key[LK_KEY_BYTES];
     char err[LK_ERRLEN];
@@ -43,7 +75,7 @@ int lk_cmd_worker(int argc, char **argv) {
     /* A head that vanishes mid-send must not kill us with SIGPIPE. */
     signal(SIGPIPE, SIG_IGN);
     lk_worker_opts o = {.listen = listen, .listen_fd = -1, .key = key, .model_dir = model_dir,
-                        .cache_dir = cache_dir, .n_threads = (int)threads};
+                        .cache_dir = cache_dir, .cache_max = cache_max, .n_threads = (int)threads};
     if (lk_worker_serve(&o, err, sizeof err)) {
         fprintf(stderr, "lockstep worker: %s\n", err);
         return 1;

@@ -32,6 +32,7 @@ typedef struct {
     lk_chan   ch;
     pthread_mutex_t mu;          /* sends: the main thread's STEPs, the monitor's PINGs */
     _Atomic uint64_t last_seen;  /* lk_time_ns of the last frame from it */
+    bool      idle;              /* set-up: answered, sends only heartbeats until MESH */
     atomic_int dead;
 } wconn;
 
@@ -41,6 +42,7 @@ struct lk_cluster {
     pid_t     kids[LK_MAX_RANKS];
     lk_mesh  *mesh;
     lk_comm  *comm;
+    lk_slice  slices[LK_MAX_RANKS]; /* the plan, by rank */
     pthread_t mon;
     bool      mon_started;
     atomic_int stop;
@@ -191,15 +193,53 @@ static void *monitor_main(void *p) {
 
 /* ---- setup ---------------------------------------------------------------------------- */
 
+/* While the head spends long on one worker (its slices, its load), the
+ * others wait for their next message: ping them so they do not give up on
+ * us, and read what the idle ones send meanwhile (only PINGs), so their
+ * heartbeats never fill our socket buffer and stall. Every 250 ms. */
+static lk_status tend_others(lk_cluster *c, int busy, uint64_t *next, char *err, size_t errlen) {
+    uint64_t now = lk_time_ns();
+    if (now < *next) return LK_OK;
+    *next = now + 250000000ull;
+    uint8_t b[1024] = {0};
+    char why[LK_ERRLEN];
+    for (int r = 1; r < c->n; r++) {
+        if (r == busy || !c->w[r].link) continue;
+        lk_status st = send_to(c, r, LK_MSG_PING, b, 8, 1000, why, sizeof why);
+        while (!st && c->w[r].idle) {
+            struct pollfd pf = {.fd = lk_tcp_fd(c->w[r].link), .events = POLLIN};
+            if (poll(&pf, 1, 0) <= 0) break;
+            lk_frame_hdr h;
+            if ((st = lk_chan_recv(&c->w[r].ch, &h, b, sizeof b, lk_deadline_ms(1000), why, sizeof why))) break;
+            if (h.type != LK_MSG_PING) {
+                snprintf(why, sizeof why, "unexpected %s", lk_msg_name(h.type));
+                st = LK_ERR_FORMAT;
+            }
+            atomic_store(&c->w[r].last_seen, now);
+        }
+        if (st) return lk_fail(err, errlen, st, "worker rank %d (%s): %s", r, c->w[r].addr, why);
+    }
+    return LK_OK;
+}
+
 /* Receives the next non-PING frame from rank r. PINGs during a long model
- * load keep the deadline rolling: only silence is fatal. */
+ * load keep the deadline rolling: only 5 s of silence is fatal. */
 static lk_status recv_reply(lk_cluster *c, int r, lk_frame_hdr *h, uint8_t *buf, uint32_t cap, char *err,
                             size_t errlen) {
+    uint64_t next = 0, last = lk_time_ns();
     for (;;) {
         char why[LK_ERRLEN];
-        lk_status st = lk_chan_recv(&c->w[r].ch, h, buf, cap, lk_deadline_ms(5000), why, sizeof why);
+        lk_status st;
+        if ((st = tend_others(c, r, &next, err, errlen))) return st;
+        struct pollfd pf = {.fd = lk_tcp_fd(c->w[r].link), .events = POLLIN};
+        if (poll(&pf, 1, 250) == 0) {
+            if (lk_time_ns() - last < 5000000000ull) continue;
+            return lk_fail(err, errlen, LK_ERR_TIMEOUT, "worker rank %d (%s): no answer for 5 s", r, c->w[r].addr);
+        }
+        st = lk_chan_recv(&c->w[r].ch, h, buf, cap, lk_deadline_ms(5000), why, sizeof why);
         if (st) return lk_fail(err, errlen, st, "worker rank %d (%s): %s", r, c->w[r].addr, why);
-        atomic_store(&c->w[r].last_seen, lk_time_ns());
+        last = lk_time_ns();
+        atomic_store(&c->w[r].last_seen, last);
         if (h->type != LK_MSG_PING) return LK_OK;
     }
 }
@@ -275,51 +315,166 @@ static lk_status connect_all(lk_cluster *c, const lk_hs_params *hp, char *err, s
     return LK_OK;
 }
 
-/* After LOAD or BENCH went out: collects every worker's LOADED (its mesh
- * address), sends everyone's addresses, builds our end of the mesh and
- * waits for every READY. */
-/* Streams the model file to worker r (it has no copy but a cache). */
-static lk_status send_file(lk_cluster *c, int r, const lk_gguf *g, char *err, size_t errlen) {
-    const uint8_t *p = lk_gguf_file_bytes(g);
-    uint64_t size = lk_gguf_file_size(g);
-    uint8_t hdr[8];
-    lk_wbuf w = {hdr, sizeof hdr, 0, true};
-    lk_wb_u64(&w, size);
-    char why[LK_ERRLEN];
-    lk_log(LK_LOG_INFO, "cluster: sending the model (%llu bytes) to worker rank %d (%s)", (unsigned long long)size, r,
-           c->w[r].addr);
-    lk_status st = send_to(c, r, LK_MSG_FILE, hdr, 8, 10000, why, sizeof why);
-    for (uint64_t off = 0; !st && off < size; off += 1u << 20) {
-        uint32_t k = (uint32_t)LK_MIN((uint64_t)1 << 20, size - off);
-        st = send_to(c, r, LK_MSG_DATA, p + off, k, 60000, why, sizeof why);
+/* ---- sending a worker its slices ----------------------------------------------------- */
+
+typedef struct {
+    int rank;
+    const char *addr;
+    uint64_t total, t0, last;
+    bool tty;
+    bool drawn;
+} progress;
+
+static void progress_show(progress *p, uint64_t sent, bool end) {
+    uint64_t now = lk_time_ns();
+    double secs = (double)(now - p->t0) / 1e9, mbs = (double)sent / 1e6 / (secs > 1e-6 ? secs : 1e-6);
+    double pct = p->total ? 100.0 * (double)sent / (double)p->total : 100.0;
+    if (p->tty) {
+        if (!end && now - p->last < 250000000ull) return;
+        fprintf(stderr, "\rcluster: slices to worker rank %d: %8.1f / %.1f MB %5.1f%% %7.1f MB/s %s", p->rank,
+                (double)sent / 1e6, (double)p->total / 1e6, pct, mbs, end ? "\n" : "");
+        p->drawn = !end;
+    } else if (!end && now - p->last >= 5000000000ull) {
+        lk_log(LK_LOG_INFO, "cluster: worker rank %d: %.0f%% of its slices sent (%.1f / %.1f MB, %.1f MB/s)", p->rank, pct,
+               (double)sent / 1e6, (double)p->total / 1e6, mbs);
+    } else if (!end) {
+        return;
     }
-    if (st) return lk_fail(err, errlen, st, "sending the model to worker rank %d (%s): %s", r, c->w[r].addr, why);
+    p->last = now;
+}
+
+/* A frame from the worker we are sending to, if one is waiting: PINGs are
+ * heartbeats; a LOADED is its refusal midway (cache limit, disk full),
+ * which ends the transfer (*stop). */
+static lk_status poll_worker(lk_cluster *c, int r, lk_loaded_msg *rep, bool *stop, char *err, size_t errlen) {
+    for (;;) {
+        struct pollfd pf = {.fd = lk_tcp_fd(c->w[r].link), .events = POLLIN};
+        if (poll(&pf, 1, 0) <= 0) return LK_OK;
+        uint8_t b[1024];
+        lk_frame_hdr h;
+        char why[LK_ERRLEN];
+        lk_status st = lk_chan_recv(&c->w[r].ch, &h, b, sizeof b, lk_deadline_ms(2000), why, sizeof why);
+        if (st) return lk_fail(err, errlen, st, "worker rank %d (%s): %s", r, c->w[r].addr, why);
+        atomic_store(&c->w[r].last_seen, lk_time_ns());
+        if (h.type == LK_MSG_PING) continue;
+        if (h.type != LK_MSG_LOADED || !lk_proto_loaded_decode(b, h.len, rep))
+            return lk_fail(err, errlen, LK_ERR_FORMAT, "worker rank %d (%s): unexpected %s while receiving its slices", r,
+                           c->w[r].addr, lk_msg_name(h.type));
+        *stop = true;
+        return LK_OK;
+    }
+}
+
+/* Worker r has no copy of the model: sends it the bytes its slice reads
+ * (and the identity's samples), in file order, in DATA frames of up to
+ * 1 MiB, then their digest; *rep gets its answer (loaded, or why not). */
+static lk_status send_slices(lk_cluster *c, int r, const lk_gguf *g, lk_loaded_msg *rep, char *err, size_t errlen) {
+    char why[LK_ERRLEN];
+    lk_ranges l = {0};
+    lk_status st = lk_proto_slice_ranges(g, &c->slices[r], &l, why, sizeof why);
+    if (st) return lk_fail(err, errlen, st, "worker rank %d (%s): its slice: %s", r, c->w[r].addr, why);
+    lk_file_msg fm = {.size = lk_gguf_file_size(g), .header_len = lk_gguf_data_offset(g), .n_bytes = lk_ranges_total(&l),
+                      .disk = lk_ranges_disk(&l, 4096), .n_ranges = (uint64_t)l.n};
+    lk_proto_ranges_hash(&l, fm.size, fm.ranges_hash);
+    lk_log(LK_LOG_INFO, "cluster: worker rank %d (%s) has no copy of the model: sending its slices, %.1f of the %.1f MB",
+           r, c->w[r].addr, (double)fm.n_bytes / 1e6, (double)fm.size / 1e6);
+    uint8_t msg[256];
+    uint32_t len = lk_proto_file_encode(&fm, msg, sizeof msg);
+    if ((st = send_to(c, r, LK_MSG_FILE, msg, len, 10000, why, sizeof why))) {
+        lk_ranges_free(&l);
+        return lk_fail(err, errlen, st, "sending worker rank %d (%s) its slices: %s", r, c->w[r].addr, why);
+    }
+    const uint32_t CH = 1u << 20;
+    uint8_t *chunk = lk_xmalloc(CH);
+    const uint8_t *file = lk_gguf_file_bytes(g);
+    crypto_generichash_state hs;
+    lk_proto_digest_init(&hs, fm.size);
+    uint64_t t0 = lk_time_ns();
+    progress pg = {.rank = r, .addr = c->w[r].addr, .total = fm.n_bytes, .t0 = t0, .last = t0,
+                   .tty = isatty(2) && lk_log_level() >= LK_LOG_INFO};
+    uint64_t sent = 0, next = 0, roff = 0;
+    uint32_t fill = 0;
+    bool stop = false;
+    why[0] = 0;
+    for (int64_t i = 0; !st && !stop && (i < l.n || fill);) {
+        while (i < l.n && fill < CH) { /* pack the next bytes of the ranges */
+            uint32_t k = (uint32_t)LK_MIN((uint64_t)(CH - fill), l.r[i].len - roff);
+            memcpy(chunk + fill, file + l.r[i].off + roff, k);
+            fill += k, roff += k;
+            if (roff == l.r[i].len) i++, roff = 0;
+        }
+        crypto_generichash_update(&hs, chunk, fill);
+        if ((st = poll_worker(c, r, rep, &stop, err, errlen)) || stop) break;
+        if ((st = send_to(c, r, LK_MSG_DATA, chunk, fill, 60000, why, sizeof why))) break;
+        sent += fill;
+        fill = 0;
+        progress_show(&pg, sent, false);
+        st = tend_others(c, r, &next, err, errlen);
+    }
+    if (pg.drawn) fputc('\n', stderr);
+    if (!st && !stop) {
+        uint8_t dg[32];
+        crypto_generichash_final(&hs, dg, 32);
+        st = send_to(c, r, LK_MSG_FILE_END, dg, 32, 10000, why, sizeof why);
+        if (!st) {
+            double secs = (double)(lk_time_ns() - pg.t0) / 1e9;
+            if (pg.tty) progress_show(&pg, sent, true);
+            lk_log(LK_LOG_INFO, "cluster: sent worker rank %d (%s) its slices: %llu of %llu bytes in %.2f s (%.1f MB/s)",
+                   r, c->w[r].addr, (unsigned long long)sent, (unsigned long long)fm.size, secs,
+                   (double)sent / 1e6 / (secs > 1e-6 ? secs : 1e-6));
+        }
+    }
+    free(chunk);
+    lk_ranges_free(&l);
+    if (st && why[0]) return lk_fail(err, errlen, st, "sending worker rank %d (%s) its slices: %s", r, c->w[r].addr, why);
+    if (st || stop) return st;
+    /* its answer once it has checked and loaded them */
+    lk_frame_hdr h;
+    uint8_t b[1024];
+    if ((st = recv_reply(c, r, &h, b, sizeof b, err, errlen))) return st;
+    if (h.type != LK_MSG_LOADED || !lk_proto_loaded_decode(b, h.len, rep) || rep->want_file)
+        return lk_fail(err, errlen, LK_ERR_FORMAT, "worker rank %d (%s): bad reply %s to its slices", r, c->w[r].addr,
+                       lk_msg_name(h.type));
     return LK_OK;
 }
 
+/* After LOAD or BENCH went out: collects every worker's LOADED (its mesh
+ * address), sends the workers that asked for them their slices, sends
+ * everyone's addresses, builds our end of the mesh and waits for every
+ * READY. */
 static lk_status mesh_phase(lk_cluster *c, const lk_gguf *g, const char *refusal, lk_mesh_shm shm, int64_t spin_ns,
                             char *err, size_t errlen) {
     lk_status st;
     char why[LK_ERRLEN];
     uint8_t buf[8192];
     lk_mesh_msg mm = {.n = c->n};
-    for (int r = 1; r < c->n; r++) {
-        lk_frame_hdr h;
-        lk_loaded_msg rep;
-        for (int asked = 0;; asked++) {
-            if ((st = recv_reply(c, r, &h, buf, sizeof buf, err, errlen))) return st;
-            if (h.type != LK_MSG_LOADED || !lk_proto_loaded_decode(buf, h.len, &rep))
-                return lk_fail(err, errlen, LK_ERR_FORMAT, "worker rank %d (%s): bad reply %s", r, c->w[r].addr,
-                               lk_msg_name(h.type));
-            if (!rep.want_file) break;
-            if (!g || asked) return lk_fail(err, errlen, LK_ERR_FORMAT, "worker rank %d (%s) asks for a file again", r,
-                                            c->w[r].addr);
-            if ((st = send_file(c, r, g, err, errlen))) return st;
+    bool wants[LK_MAX_RANKS] = {0};
+    for (int pass = 0; pass < 2; pass++)
+        for (int r = 1; r < c->n; r++) {
+            lk_frame_hdr h;
+            lk_loaded_msg rep;
+            if (pass == 0) {
+                if ((st = recv_reply(c, r, &h, buf, sizeof buf, err, errlen))) return st;
+                if (h.type != LK_MSG_LOADED || !lk_proto_loaded_decode(buf, h.len, &rep))
+                    return lk_fail(err, errlen, LK_ERR_FORMAT, "worker rank %d (%s): bad reply %s", r, c->w[r].addr,
+                                   lk_msg_name(h.type));
+                c->w[r].idle = true; /* until MESH: nothing but heartbeats from it */
+                if (rep.want_file) {
+                    if (!g) return lk_fail(err, errlen, LK_ERR_FORMAT, "worker rank %d (%s) asks for a file", r, c->w[r].addr);
+                    wants[r] = true;
+                    continue;
+                }
+            } else {
+                if (!wants[r]) continue;
+                c->w[r].idle = false;
+                if ((st = send_slices(c, r, g, &rep, err, errlen))) return st;
+                c->w[r].idle = true;
+            }
+            if (!rep.ok)
+                return lk_fail(err, errlen, LK_ERR_PEER, "worker rank %d (%s) %s: %s", r, c->w[r].addr, refusal, rep.reason);
+            snprintf(mm.addrs[r], LK_ADDR_LEN, "%s", rep.mesh_addr);
         }
-        if (!rep.ok)
-            return lk_fail(err, errlen, LK_ERR_PEER, "worker rank %d (%s) %s: %s", r, c->w[r].addr, refusal, rep.reason);
-        snprintf(mm.addrs[r], LK_ADDR_LEN, "%s", rep.mesh_addr);
-    }
+    for (int r = 1; r < c->n; r++) c->w[r].idle = false;
     /* our listener on the address the first worker sees us by */
     char host[96];
     local_host(c->w[1].link, host, sizeof host);
@@ -443,6 +598,7 @@ lk_status lk_cluster_open(const lk_cluster_opts *o, const lk_gguf *g, const lk_p
     if ((st = lk_plan_make_split(dims, tp, pp, o->tp_weights ? w : NULL, o->layers_split ? layers : NULL, slices,
                                  err, errlen)))
         return open_fail(c, st);
+    memcpy(c->slices, slices, sizeof(lk_slice) * (size_t)c->n);
 
     if (o->local > 1 && !o->workers) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);

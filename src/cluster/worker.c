@@ -10,6 +10,7 @@
 #include "model/model.h"
 #include "sampler/sampler.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -20,6 +21,8 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <netdb.h>
 #include <time.h>
 #include <unistd.h>
@@ -58,9 +61,17 @@ typedef struct {
     lk_sampler *pen;        /* applies the head's penalties to our slice */
     _Atomic uint64_t step_since; /* lk_time_ns when the current STEP began; 0 between steps */
     bool bench;             /* a netbench session: mesh only, no model */
-    bool want_file;         /* asked the head for the model file */
-    int file_fd;            /* the cache file being received (-1: none) */
-    uint64_t file_left;
+    bool want_file;         /* asked the head for our slices */
+    bool xfer_failed;       /* refused them midway: drop DATA until the head gives up */
+    int file_fd;            /* the sparse .part being written (-1: none) */
+    char base[1200];        /* <cache-dir>/<identity>-<layout>: the entry's files without suffix */
+    lk_file_msg fm;         /* what the head announced */
+    lk_ranges rl;           /* where the bytes go: known once the header is in */
+    int64_t ri;             /* current range of rl */
+    uint64_t roff;          /* bytes of it written */
+    uint64_t got;           /* bytes received */
+    uint64_t xfer_t0;
+    crypto_generichash_state hs; /* digest of the bytes received */
     lk_bench_msg bmsg;
     lk_sampler_params pen_p;
 } session;
@@ -125,17 +136,10 @@ static void *heartbeat_main(void *p) {
     return NULL;
 }
 
-static void cache_path(session *s, char *buf, size_t len, const char *suffix);
+static void xfer_drop(session *s);
 
 static void session_free_model(session *s) {
-    if (s->file_fd >= 0) {
-        /* an interrupted transfer leaves nothing behind */
-        char part[1400];
-        cache_path(s, part, sizeof part, ".part");
-        close(s->file_fd);
-        unlink(part);
-        s->file_fd = -1;
-    }
+    xfer_drop(s); /* an interrupted transfer leaves nothing behind */
     lk_comm_free(s->comm);
     s->comm = NULL;
     lk_mesh_free(s->mesh);
@@ -202,12 +206,6 @@ static lk_status try_model(session *s, const char *path, char *err, size_t errle
     return LK_OK;
 }
 
-static void cache_path(session *s, char *buf, size_t len, const char *suffix) {
-    char hex[2 * LK_MODEL_ID_BYTES + 1];
-    for (int i = 0; i < LK_MODEL_ID_BYTES; i++) snprintf(hex + 2 * i, 3, "%02x", s->load.model_id[i]);
-    snprintf(buf, len, "%s/%s.gguf%s", s->w->o->cache_dir, hex, suffix);
-}
-
 /* With the model open in s->g: the slice, the buffers, the mesh listener. */
 static lk_status finish_load(session *s, const char *path, lk_loaded_msg *rep, char *err, size_t errlen) {
     const lk_load_msg *L = &s->load;
@@ -227,9 +225,243 @@ static lk_status finish_load(session *s, const char *path, lk_loaded_msg *rep, c
     return LK_OK;
 }
 
-/* Finds the head's model: by name in --model-dir (or at the head's path),
- * then in the cache by identity; failing both, with a cache, asks the head
- * for the file (rep->want_file). */
+/* ---- the slice cache ------------------------------------------------------------------
+ *
+ * A worker without the model keeps what heads sent it in --cache-dir, one
+ * entry per (model identity, layout):
+ *   <identity hex>-<layout hex>.gguf  a sparse file of the model's full size
+ *                                     holding only this slice's bytes (and
+ *                                     the identity's samples): holes elsewhere
+ *   <identity hex>-<layout hex>.meta  what was received and its digest
+ * The layout is a hash of what decides the bytes (layers, heads, FFN and
+ * vocabulary rows, first/last stage), so ranks of different clusters with
+ * the same share reuse one entry. An entry is used only after checking it
+ * (parse, range list, digest of every byte, identity) and touched then, so
+ * the entry evicted first when the cache outgrows --cache-max is the one
+ * used longest ago. */
+
+#define META_MAGIC "lockstep-slice-cache 1"
+#define CACHE_MAX_DEFAULT (64ull << 30)
+#define BLOCK 4096
+
+static uint64_t cache_max(const session *s) {
+    return s->w->o->cache_max ? s->w->o->cache_max : CACHE_MAX_DEFAULT;
+}
+
+static void hex(const uint8_t *b, int n, char *out) {
+    for (int i = 0; i < n; i++) snprintf(out + 2 * i, 3, "%02x", b[i]);
+}
+
+static void human(uint64_t n, char *buf, size_t len) {
+    if (n < 10000) snprintf(buf, len, "%llu B", (unsigned long long)n);
+    else if (n < (10ull << 20)) snprintf(buf, len, "%.1f KiB", (double)n / 1024);
+    else if (n < (10ull << 30)) snprintf(buf, len, "%.1f MiB", (double)n / 1048576);
+    else snprintf(buf, len, "%.1f GiB", (double)n / 1073741824);
+}
+
+/* <cache>/<identity>-<layout> for the loaded slice. */
+static void entry_base(session *s) {
+    const lk_slice *sl = &s->load.slice;
+    int64_t f[12] = {sl->layer0, sl->layer1, sl->head0, sl->head1, sl->kv_head0, sl->kv_head1,
+                     sl->ff0, sl->ff1, sl->vocab0, sl->vocab1, sl->pp_rank == 0, sl->pp_rank == sl->pp_size - 1};
+    uint8_t b[8 * 12], lh[8];
+    for (int i = 0; i < 12; i++)
+        for (int k = 0; k < 8; k++) b[8 * i + k] = (uint8_t)((uint64_t)f[i] >> (8 * k));
+    crypto_generichash(lh, sizeof lh, b, sizeof b, NULL, 0);
+    char id[2 * LK_MODEL_ID_BYTES + 1], lay[17];
+    hex(s->load.model_id, LK_MODEL_ID_BYTES, id);
+    hex(lh, 8, lay);
+    snprintf(s->base, sizeof s->base, "%s/%s-%s", s->w->o->cache_dir, id, lay);
+}
+
+static void entry_path(const session *s, const char *suffix, char *buf, size_t len) {
+    snprintf(buf, len, "%s%s", s->base, suffix);
+}
+
+static void entry_remove(const char *base) {
+    char p[1500];
+    snprintf(p, sizeof p, "%s.gguf", base);
+    unlink(p);
+    snprintf(p, sizeof p, "%s.meta", base);
+    unlink(p);
+}
+
+typedef struct {
+    uint64_t size, n_bytes, n_ranges;
+    uint8_t ranges_hash[32], digest[32];
+} meta;
+
+static bool unhex(const char *h, uint8_t *out, int n) {
+    for (int i = 0; i < n; i++)
+        if (sscanf(h + 2 * i, "%2hhx", &out[i]) != 1) return false;
+    return h[2 * n] == 0;
+}
+
+static lk_status meta_read(const session *s, meta *m, char *err, size_t errlen) {
+    char p[1400], line[256], rh[80] = "", dg[80] = "", id[80] = "", want[2 * LK_MODEL_ID_BYTES + 1];
+    entry_path(s, ".meta", p, sizeof p);
+    FILE *f = fopen(p, "r");
+    if (!f) return lk_fail(err, errlen, LK_ERR_IO, "%s: %s", p, strerror(errno));
+    bool ok = fgets(line, sizeof line, f) && !strncmp(line, META_MAGIC "\n", sizeof META_MAGIC) &&
+              fscanf(f, "model %70s size %llu bytes %llu ranges %llu ranges_hash %70s digest %70s", id,
+                     (unsigned long long *)&m->size, (unsigned long long *)&m->n_bytes,
+                     (unsigned long long *)&m->n_ranges, rh, dg) == 6;
+    fclose(f);
+    hex(s->load.model_id, LK_MODEL_ID_BYTES, want);
+    if (!ok || strcmp(id, want) || !unhex(rh, m->ranges_hash, 32) || !unhex(dg, m->digest, 32))
+        return lk_fail(err, errlen, LK_ERR_FORMAT, "%s is not a valid cache record", p);
+    return LK_OK;
+}
+
+/* Written to a temporary name and renamed: a record is whole or absent. */
+static lk_status meta_write(const session *s, const uint8_t digest[32], char *err, size_t errlen) {
+    char p[1400], tmp[1410], id[2 * LK_MODEL_ID_BYTES + 1], rh[65], dg[65];
+    entry_path(s, ".meta", p, sizeof p);
+    snprintf(tmp, sizeof tmp, "%s.tmp", p);
+    hex(s->load.model_id, LK_MODEL_ID_BYTES, id);
+    hex(s->fm.ranges_hash, 32, rh);
+    hex(digest, 32, dg);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return lk_fail(err, errlen, LK_ERR_IO, "%s: %s", tmp, strerror(errno));
+    fprintf(f, META_MAGIC "\nmodel %s\nsize %llu\nbytes %llu\nranges %llu\nranges_hash %s\ndigest %s\n", id,
+            (unsigned long long)s->fm.size, (unsigned long long)s->fm.n_bytes, (unsigned long long)s->fm.n_ranges,
+            rh, dg);
+    bool ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
+    int e = errno;
+    if (fclose(f) != 0 && ok) ok = false, e = errno;
+    if (!ok || rename(tmp, p) != 0) {
+        if (ok) e = errno;
+        unlink(tmp);
+        return lk_fail(err, errlen, LK_ERR_IO, "%s: %s", p, strerror(e));
+    }
+    return LK_OK;
+}
+
+/* Opens the cache entry and checks every byte it should hold: the header
+ * parses, the range list for our slice is the recorded one, those bytes
+ * hash to the recorded digest, and the identity (header, samples) is the
+ * head's. On success s->g holds it. */
+static lk_status entry_check(session *s, char *err, size_t errlen) {
+    meta m;
+    lk_status st = meta_read(s, &m, err, errlen);
+    if (st) return st;
+    char p[1400];
+    entry_path(s, ".gguf", p, sizeof p);
+    lk_gguf *g;
+    if ((st = lk_gguf_open(p, &g, err, errlen))) return st;
+    lk_ranges l = {0};
+    uint8_t rh[32], dg[32];
+    st = lk_proto_slice_ranges(g, &s->load.slice, &l, err, errlen);
+    if (!st) {
+        lk_proto_ranges_hash(&l, lk_gguf_file_size(g), rh);
+        if (lk_gguf_file_size(g) != m.size || lk_ranges_total(&l) != m.n_bytes || memcmp(rh, m.ranges_hash, 32))
+            st = lk_fail(err, errlen, LK_ERR_FORMAT, "%s: its ranges are not the recorded ones", p);
+    }
+    if (!st) {
+        lk_proto_digest_file(g, &l, dg);
+        if (memcmp(dg, m.digest, 32))
+            st = lk_fail(err, errlen, LK_ERR_FORMAT, "%s: its bytes do not match the recorded digest (corrupted)", p);
+    }
+    lk_ranges_free(&l);
+    lk_gguf_close(g);
+    if (st) return st;
+    return try_model(s, p, err, errlen);
+}
+
+typedef struct {
+    char name[300];
+    time_t mtime;
+    uint64_t disk;
+} centry;
+
+static int cmp_mtime(const void *a, const void *b) {
+    const centry *x = a, *y = b;
+    return x->mtime < y->mtime ? -1 : x->mtime > y->mtime;
+}
+
+/* A file of ours in the cache: "<64 hex>[-<16 hex>].<suffix>". */
+static bool ours(const char *n, const char *suffix, size_t *stem) {
+    size_t k = strspn(n, "0123456789abcdef");
+    if (k != 2 * LK_MODEL_ID_BYTES) return false;
+    if (n[k] == '-') {
+        size_t j = strspn(n + k + 1, "0123456789abcdef");
+        if (j != 16) return false;
+        k += 1 + j;
+    }
+    *stem = k;
+    return !strcmp(n + k, suffix);
+}
+
+static uint64_t disk_of(const char *path, time_t *mtime) {
+    struct stat sb;
+    if (stat(path, &sb) != 0) return 0;
+    if (mtime) *mtime = sb.st_mtime;
+    return (uint64_t)sb.st_blocks * 512;
+}
+
+/* Makes room for `need` more bytes on disk: evicts the entries used longest
+ * ago while the cache would exceed --cache-max (and partial files left by a
+ * worker that died over 10 minutes ago), then checks the disk has the room. */
+static lk_status cache_make_room(session *s, uint64_t need, char *err, size_t errlen) {
+    const char *dir = s->w->o->cache_dir;
+    uint64_t max = cache_max(s);
+    char a[32], b[32], c[32];
+    human(need, a, sizeof a);
+    human(max, b, sizeof b);
+    if (need > max)
+        return lk_fail(err, errlen, LK_ERR_IO, "cache limit: this rank's slices need %s on disk, more than --cache-max %s "
+                       "allows (raise it, or give the worker the model with --model-dir)", a, b);
+    DIR *d = opendir(dir);
+    if (!d) return lk_fail(err, errlen, LK_ERR_IO, "cache directory %s: %s", dir, strerror(errno));
+    centry *e = NULL;
+    size_t n = 0, cap = 0;
+    uint64_t used = 0;
+    time_t now = time(NULL);
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        char p[1400];
+        size_t stem;
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        if (ours(de->d_name, ".gguf.part", &stem)) {
+            time_t mt = now;
+            uint64_t k = disk_of(p, &mt);
+            if (now - mt > 600) { unlink(p); continue; }
+            used += k;
+            continue;
+        }
+        if (!ours(de->d_name, ".gguf", &stem) || stem >= sizeof e->name) continue;
+        if (n == cap) e = lk_xrealloc(e, (cap = cap ? 2 * cap : 16) * sizeof *e);
+        centry *x = &e[n++];
+        snprintf(x->name, sizeof x->name, "%.*s", (int)stem, de->d_name);
+        x->mtime = now;
+        x->disk = disk_of(p, &x->mtime);
+        snprintf(p, sizeof p, "%s/%s.meta", dir, x->name);
+        x->disk += disk_of(p, NULL);
+        used += x->disk;
+    }
+    closedir(d);
+    qsort(e, n, sizeof *e, cmp_mtime);
+    for (size_t i = 0; i < n && used + need > max; i++) {
+        char base[1400];
+        snprintf(base, sizeof base, "%s/%s", dir, e[i].name);
+        entry_remove(base);
+        used -= LK_MIN(used, e[i].disk);
+        human(e[i].disk, c, sizeof c);
+        lk_log(LK_LOG_INFO, "worker: cache over --cache-max %s: removed %s (%s, the least recently used)", b, e[i].name, c);
+    }
+    free(e);
+    struct statvfs vs;
+    if (statvfs(dir, &vs) == 0 && (uint64_t)vs.f_bavail * vs.f_frsize < need) {
+        human((uint64_t)vs.f_bavail * vs.f_frsize, c, sizeof c);
+        return lk_fail(err, errlen, LK_ERR_IO, "cache disk full: %s has %s free, this rank's slices need %s", dir, c, a);
+    }
+    return LK_OK;
+}
+
+/* Finds the head's model: by name in --model-dir (or at the head's path);
+ * then, with a cache, a verified entry for our slice (or a whole copy,
+ * <identity>.gguf); failing those, asks the head for our slices
+ * (rep->want_file). */
 static lk_status do_load(session *s, const uint8_t *p, uint32_t len, lk_loaded_msg *rep, char *err, size_t errlen) {
     if (s->m || s->g || s->bench) return lk_fail(err, errlen, LK_ERR_FORMAT, "LOAD twice in one session");
     if (!lk_proto_load_decode(p, len, &s->load)) return lk_fail(err, errlen, LK_ERR_FORMAT, "malformed LOAD message");
@@ -238,67 +470,181 @@ static lk_status do_load(session *s, const uint8_t *p, uint32_t len, lk_loaded_m
     if (s->w->o->model_dir) snprintf(path, sizeof path, "%s/%s", s->w->o->model_dir, L->model_name);
     else snprintf(path, sizeof path, "%s", L->model_path);
     lk_status st = try_model(s, path, err, errlen);
-    if (st && s->w->o->cache_dir) {
-        char why[LK_ERRLEN];
-        cache_path(s, path, sizeof path, "");
-        if (try_model(s, path, why, sizeof why)) {
-            rep->want_file = 1;
-            return lk_fail(err, errlen, LK_ERR_IO, "no copy of the model here (%s): please send it", err);
+    if (!st || !s->w->o->cache_dir) return st ? st : finish_load(s, path, rep, err, errlen);
+    char first[LK_ERRLEN], why[LK_ERRLEN], id[2 * LK_MODEL_ID_BYTES + 1];
+    snprintf(first, sizeof first, "%s", err);
+    hex(L->model_id, LK_MODEL_ID_BYTES, id);
+    snprintf(path, sizeof path, "%s/%s.gguf", s->w->o->cache_dir, id);
+    if (access(path, F_OK) == 0 && !try_model(s, path, why, sizeof why)) return finish_load(s, path, rep, err, errlen);
+    entry_base(s);
+    entry_path(s, ".gguf", path, sizeof path);
+    if (access(path, F_OK) == 0) {
+        uint64_t t0 = lk_time_ns();
+        if (!(st = entry_check(s, why, sizeof why))) {
+            utimensat(AT_FDCWD, path, NULL, 0); /* used now: evicted last */
+            char a[32], b[32];
+            human(disk_of(path, NULL), a, sizeof a);
+            human(lk_gguf_file_size(s->g), b, sizeof b);
+            lk_log(LK_LOG_INFO, "worker: reusing cached slices %s (%s on disk of a %s file; verified in %.2f s)", path, a,
+                   b, (double)(lk_time_ns() - t0) / 1e9);
+            return finish_load(s, path, rep, err, errlen);
         }
-        st = LK_OK;
+        lk_log(LK_LOG_WARN, "worker: cache entry %s is unusable (%s): removing it and asking the head again", path,
+               unprefixed(why, path));
+        entry_remove(s->base);
     }
-    if (st) return st;
-    return finish_load(s, path, rep, err, errlen);
+    rep->want_file = 1;
+    return lk_fail(err, errlen, LK_ERR_IO, "no copy of the model here (%s): please send my slices", first);
 }
 
-/* FILE: the head is about to send the model; it goes to <id>.gguf.part in
- * the cache and is renamed once complete and verified. */
+static void xfer_drop(session *s) {
+    if (s->file_fd >= 0) {
+        char part[1400];
+        entry_path(s, ".gguf.part", part, sizeof part);
+        close(s->file_fd);
+        unlink(part);
+        s->file_fd = -1;
+    }
+    lk_ranges_free(&s->rl);
+    s->got = 0;
+}
+
+/* FILE: our slices are coming. Room is made (or refused) before a byte
+ * arrives; they go to a sparse <entry>.gguf.part of the file's full size. */
 static lk_status do_file(session *s, const uint8_t *p, uint32_t len, char *err, size_t errlen) {
-    if (!s->want_file || s->file_fd >= 0 || len != 8)
-        return lk_fail(err, errlen, LK_ERR_FORMAT, "unexpected FILE message");
-    lk_rbuf r = {p, len, 0, true};
-    uint64_t size = lk_rb_u64(&r);
-    if (size < 8 || size > (1ull << 42)) return lk_fail(err, errlen, LK_ERR_FORMAT, "FILE of %llu bytes", (unsigned long long)size);
+    if (!s->want_file || s->file_fd >= 0) return lk_fail(err, errlen, LK_ERR_FORMAT, "unexpected FILE message");
+    if (!lk_proto_file_decode(p, len, &s->fm)) return lk_fail(err, errlen, LK_ERR_FORMAT, "malformed FILE message");
+    lk_status st = cache_make_room(s, s->fm.disk, err, errlen);
+    if (st) return st;
     char part[1400];
-    cache_path(s, part, sizeof part, ".part");
-    s->file_fd = open(part, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
-    if (s->file_fd < 0) return lk_fail(err, errlen, LK_ERR_IO, "%s: %s", part, strerror(errno));
-    s->file_left = size;
-    lk_log(LK_LOG_INFO, "worker: receiving the model from %s (%llu bytes) into %s", s->head, (unsigned long long)size, part);
+    entry_path(s, ".gguf.part", part, sizeof part);
+    int fd = open(part, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
+    if (fd < 0) return lk_fail(err, errlen, LK_ERR_IO, "%s: %s", part, strerror(errno));
+    if (ftruncate(fd, (off_t)s->fm.size) != 0) {
+        int e = errno;
+        close(fd);
+        unlink(part);
+        return lk_fail(err, errlen, LK_ERR_IO, "%s: cannot size it to %llu bytes: %s", part,
+                       (unsigned long long)s->fm.size, strerror(e));
+    }
+    s->file_fd = fd;
+    s->got = 0;
+    s->ri = 0;
+    s->roff = 0;
+    s->xfer_t0 = lk_time_ns();
+    lk_proto_digest_init(&s->hs, s->fm.size);
+    char a[32], b[32];
+    human(s->fm.n_bytes, a, sizeof a);
+    human(s->fm.size, b, sizeof b);
+    lk_log(LK_LOG_INFO, "worker: receiving rank %d's slices of %s from %s: %s of a %s file, into %s", s->load.rank,
+           s->load.model_name, s->head, a, b, part);
     return LK_OK;
 }
 
-/* DATA: the next bytes. After the last: verify, cache, load. *done says
- * whether the load finished (rep is then the answer to send). */
-static lk_status do_data(session *s, const uint8_t *p, uint32_t len, bool *done, lk_loaded_msg *rep, char *err,
-                         size_t errlen) {
-    *done = false;
-    if (s->file_fd < 0 || len > s->file_left) return lk_fail(err, errlen, LK_ERR_FORMAT, "unexpected DATA message");
-    for (uint32_t off = 0; off < len;) {
-        ssize_t k = write(s->file_fd, p + off, len - off);
+static lk_status put(session *s, const uint8_t *p, uint64_t n, uint64_t off, char *err, size_t errlen) {
+    while (n) {
+        ssize_t k = pwrite(s->file_fd, p, n, (off_t)off);
         if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) return lk_fail(err, errlen, LK_ERR_IO, "writing the model to the cache: %s", strerror(errno));
-        off += (uint32_t)k;
+        if (k <= 0) {
+            char part[1400];
+            entry_path(s, ".gguf.part", part, sizeof part);
+            if (k < 0 && (errno == ENOSPC || errno == EDQUOT))
+                return lk_fail(err, errlen, LK_ERR_IO, "cache disk full writing %s: need %llu more bytes", part,
+                               (unsigned long long)(s->fm.n_bytes - s->got));
+            return lk_fail(err, errlen, LK_ERR_IO, "writing %s: %s", part, k < 0 ? strerror(errno) : "no progress");
+        }
+        p += k, n -= (uint64_t)k, off += (uint64_t)k;
     }
-    s->file_left -= len;
-    if (s->file_left) return LK_OK;
-    *done = true;
+    return LK_OK;
+}
+
+/* The header is in: parse it from the .part and compute where the rest goes
+ * (the same function the head used), and check it is the head's list. */
+static lk_status xfer_plan(session *s, char *err, size_t errlen) {
+    char part[1400];
+    entry_path(s, ".gguf.part", part, sizeof part);
+    lk_gguf *g;
+    lk_status st = lk_gguf_open(part, &g, err, errlen);
+    if (st) return st;
+    uint8_t rh[32];
+    st = lk_proto_slice_ranges(g, &s->load.slice, &s->rl, err, errlen);
+    if (!st) {
+        lk_proto_ranges_hash(&s->rl, s->fm.size, rh);
+        if (lk_gguf_data_offset(g) != s->fm.header_len || s->rl.r[0].off != 0 || s->rl.r[0].len < s->fm.header_len ||
+            (uint64_t)s->rl.n != s->fm.n_ranges || lk_ranges_total(&s->rl) != s->fm.n_bytes ||
+            memcmp(rh, s->fm.ranges_hash, 32))
+            st = lk_fail(err, errlen, LK_ERR_MISMATCH,
+                         "the head's byte ranges for this slice (%llu bytes in %llu ranges) are not ours "
+                         "(%llu bytes in %lld ranges)", (unsigned long long)s->fm.n_bytes,
+                         (unsigned long long)s->fm.n_ranges, (unsigned long long)lk_ranges_total(&s->rl),
+                         (long long)s->rl.n);
+    }
+    lk_gguf_close(g);
+    s->roff = s->fm.header_len; /* the header is range 0's beginning */
+    return st;
+}
+
+/* DATA: the next bytes, in range order. */
+static lk_status do_data(session *s, const uint8_t *p, uint32_t len, char *err, size_t errlen) {
+    if (s->file_fd < 0 || len > s->fm.n_bytes - s->got)
+        return lk_fail(err, errlen, LK_ERR_FORMAT, "unexpected DATA message");
+    crypto_generichash_update(&s->hs, p, len);
+    lk_status st;
+    if (s->got < s->fm.header_len) { /* the header: at offset 0 on, before the list is known */
+        uint32_t k = (uint32_t)LK_MIN((uint64_t)len, s->fm.header_len - s->got);
+        if ((st = put(s, p, k, s->got, err, errlen))) return st;
+        s->got += k, p += k, len -= k;
+        if (s->got == s->fm.header_len && (st = xfer_plan(s, err, errlen))) return st;
+    }
+    while (len) {
+        LK_ASSERT(s->ri < s->rl.n); /* total checked against n_bytes */
+        const lk_byte_range *r = &s->rl.r[s->ri];
+        uint32_t k = (uint32_t)LK_MIN((uint64_t)len, r->len - s->roff);
+        if ((st = put(s, p, k, r->off + s->roff, err, errlen))) return st;
+        s->got += k, p += k, len -= k, s->roff += k;
+        if (s->roff == r->len) s->ri++, s->roff = 0;
+    }
+    return LK_OK;
+}
+
+/* FILE_END: every byte is in. Check the digest, make it durable, check the
+ * identity, then it becomes the cache entry and we load it. */
+static lk_status do_file_end(session *s, const uint8_t *p, uint32_t len, lk_loaded_msg *rep, char *err, size_t errlen) {
+    if (s->file_fd < 0 || s->got != s->fm.n_bytes || len != 32)
+        return lk_fail(err, errlen, LK_ERR_FORMAT, "unexpected FILE_END message (%llu of %llu bytes received)",
+                       (unsigned long long)s->got, (unsigned long long)s->fm.n_bytes);
+    uint8_t dg[32];
+    crypto_generichash_final(&s->hs, dg, 32);
+    char part[1400], path[1400];
+    entry_path(s, ".gguf.part", part, sizeof part);
+    entry_path(s, ".gguf", path, sizeof path);
+    if (memcmp(dg, p, 32)) return lk_fail(err, errlen, LK_ERR_FORMAT, "the slices received do not match the head's digest");
+    if (fsync(s->file_fd) != 0) {
+        int e = errno;
+        if (e == ENOSPC || e == EDQUOT) return lk_fail(err, errlen, LK_ERR_IO, "cache disk full writing %s", part);
+        return lk_fail(err, errlen, LK_ERR_IO, "%s: %s", part, strerror(e));
+    }
     int fd = s->file_fd;
     s->file_fd = -1;
-    char part[1400], path[1400];
-    cache_path(s, part, sizeof part, ".part");
-    cache_path(s, path, sizeof path, "");
-    if (fsync(fd) != 0 || close(fd) != 0) {
+    if (close(fd) != 0) {
         unlink(part);
         return lk_fail(err, errlen, LK_ERR_IO, "%s: %s", part, strerror(errno));
     }
-    /* Check before it becomes visible under its final name. */
-    lk_status st = try_model(s, part, err, errlen);
+    lk_status st = try_model(s, part, err, errlen); /* identity: header, index, samples */
+    if (!st) st = meta_write(s, dg, err, errlen);
+    if (!st && rename(part, path) != 0) st = lk_fail(err, errlen, LK_ERR_IO, "%s: %s", path, strerror(errno));
     if (st) {
         unlink(part);
+        entry_remove(s->base);
         return st;
     }
-    if (rename(part, path) != 0) return lk_fail(err, errlen, LK_ERR_IO, "%s: %s", path, strerror(errno));
+    double secs = (double)(lk_time_ns() - s->xfer_t0) / 1e9;
+    char a[32];
+    human(disk_of(path, NULL), a, sizeof a);
+    lk_log(LK_LOG_INFO, "worker: received %llu of %llu bytes in %.2f s (%.1f MB/s); cached as %s (%s on disk)",
+           (unsigned long long)s->got, (unsigned long long)s->fm.size, secs, (double)s->got / 1e6 / (secs > 0 ? secs : 1e-9),
+           path, a);
+    lk_ranges_free(&s->rl);
     s->want_file = false;
     return finish_load(s, path, rep, err, errlen);
 }
@@ -441,7 +787,7 @@ static void run_session(session *s) {
             rep.ok = st == LK_OK;
             if (rep.want_file) {
                 s->want_file = true;
-                lk_log(LK_LOG_INFO, "worker: asking %s for the model: %s", s->head, rep.reason);
+                lk_log(LK_LOG_INFO, "worker: asking %s for our slices: %s", s->head, rep.reason);
             } else if (st) {
                 lk_log(LK_LOG_WARN, "worker: LOAD from %s refused: %s", s->head, rep.reason);
             }
@@ -450,17 +796,24 @@ static void run_session(session *s) {
             if (send_locked(s, LK_MSG_LOADED, out, n, err, sizeof err) || (st && !rep.want_file)) break;
             continue;
         }
-        if (h.type == LK_MSG_FILE || h.type == LK_MSG_DATA) {
+        if (h.type == LK_MSG_FILE || h.type == LK_MSG_DATA || h.type == LK_MSG_FILE_END) {
+            /* After a refusal the head may still have frames of our slices
+             * in flight: drop them until it says goodbye. */
+            if (s->xfer_failed && h.type != LK_MSG_FILE) continue;
             lk_loaded_msg rep = {0};
-            bool done = false;
-            st = h.type == LK_MSG_FILE ? do_file(s, buf, h.len, rep.reason, sizeof rep.reason)
-                                       : do_data(s, buf, h.len, &done, &rep, rep.reason, sizeof rep.reason);
-            if (st) lk_log(LK_LOG_WARN, "worker: receiving the model from %s: %s", s->head, rep.reason);
-            if (!st && !done) continue;
+            st = h.type == LK_MSG_FILE   ? do_file(s, buf, h.len, rep.reason, sizeof rep.reason)
+               : h.type == LK_MSG_DATA   ? do_data(s, buf, h.len, rep.reason, sizeof rep.reason)
+                                         : do_file_end(s, buf, h.len, &rep, rep.reason, sizeof rep.reason);
+            if (!st && h.type != LK_MSG_FILE_END) continue;
+            if (st) {
+                lk_log(LK_LOG_WARN, "worker: receiving slices from %s: %s", s->head, rep.reason);
+                xfer_drop(s);
+                s->xfer_failed = true;
+            }
             rep.ok = st == LK_OK;
             uint8_t out[1024];
             uint32_t n = lk_proto_loaded_encode(&rep, out, sizeof out);
-            if (send_locked(s, LK_MSG_LOADED, out, n, err, sizeof err) || st) break;
+            if (send_locked(s, LK_MSG_LOADED, out, n, err, sizeof err)) break;
             continue;
         }
         if (h.type == LK_MSG_MESH) {
