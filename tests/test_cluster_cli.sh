@@ -7,7 +7,12 @@ set -u
 L=${LOCKSTEP:-build/lockstep}
 T=$(mktemp -d /tmp/lk_cluster_cli.XXXXXX)
 WPID=
-cleanup() { [ -n "$WPID" ] && kill "$WPID" 2>/dev/null; wait 2>/dev/null; rm -rf "$T"; }
+PIDS=
+cleanup() {
+    for p in $WPID $PIDS; do kill "$p" 2>/dev/null; done
+    wait 2>/dev/null
+    rm -rf "$T"
+}
 trap cleanup EXIT
 
 ok() { echo "PASS $1"; }
@@ -93,6 +98,108 @@ expect run_workers_no_key 1 "$L" run -m "$M" -p hi -n 2 --workers "127.0.0.1:$PO
 has run_workers_no_key_msg "$T/err" '--workers needs --key-file' 
 expect run_bad_layout 1 "$L" run -m "$M" -p hi -n 2 --local 3 --tp 2
 has run_bad_layout_msg "$T/err" 'does not match the 3 ranks'
+
+# A worker without the model (an empty --model-dir) and an empty cache gets
+# only its own slices from the head, in a sparse file; a restarted worker
+# reuses them; another layout is another entry; a damaged entry is sent
+# again; a cache too small for the slices (--cache-max, or a full disk) is a
+# clear error and the worker keeps serving.
+mkdir -p "$T/nomodels" "$T/c1" "$T/c2" "$T/c3" "$T/small"
+SIZE=$(stat -c %s "$M")
+DATA_OFF=$("$L" info "$M" 2>/dev/null | sed -n 's/.*data at byte \([0-9]*\)).*/\1/p')
+# start_worker LOG FLAGS...: a daemon; its port in WP, its pid in WK
+start_worker() {
+    local log=$1; shift
+    "$L" worker --listen 127.0.0.1:0 --key-file "$T/k1" --model-dir "$T/nomodels" "$@" 2>"$log" &
+    WK=$!
+    PIDS="$PIDS $WK"
+    WP=
+    for _ in $(seq 50); do
+        WP=$(sed -n 's/.*listening on .* (port \([0-9]*\)).*/\1/p' "$log")
+        [ -n "$WP" ] && break
+        sleep 0.1
+    done
+}
+same_text() { # name, layout...: generates through the cluster and compares with one node
+    local name=$1; shift
+    # shellcheck disable=SC2068
+    if gen --temp 0 $@ >"$T/many.txt" && cmp -s "$T/one.txt" "$T/many.txt"; then ok "$name"
+    else no "$name" "$(head -c 200 "$T/many.txt")" "$(grep -v info "$T/run.err" | tail -n 3)"; fi
+}
+expect worker_bad_cache_max 2 "$L" worker --listen 127.0.0.1:0 --key-file "$T/k1" --cache-dir "$T/c1" --cache-max 12Q
+has worker_bad_cache_max_msg "$T/err" "--cache-max '12Q': expected a size"
+expect worker_help 0 "$L" worker --help
+has worker_help_cache_max "$T/out" '--cache-max SIZE'
+
+start_worker "$T/s1.log" --cache-dir "$T/c1"
+: >"$T/run.err"
+same_text slices_tp2_sent --workers "127.0.0.1:$WP" --key-file "$T/k1"
+got=$(sed -n 's/.*received \([0-9]*\) of \([0-9]*\) bytes.*/\1 \2/p' "$T/s1.log")
+if [ -n "$got" ] && [ "${got#* }" = "$SIZE" ] && [ $(( ${got% *} * 100 )) -lt $(( SIZE * 75 )) ]; then
+    ok slices_tp2_only_its_share
+else no slices_tp2_only_its_share "received/size: '$got' of $SIZE" "$(tail -n 5 "$T/s1.log")"; fi
+has slices_head_says_sent "$T/run.err" "sent worker rank 1 \(127\.0\.0\.1:$WP\) its slices: [0-9]+ of $SIZE bytes"
+E1=$(ls "$T"/c1/*.gguf 2>/dev/null)
+if [ "$(echo "$E1" | wc -w)" -eq 1 ] && [ -f "${E1%.gguf}.meta" ] && [ "$(stat -c %s "$E1")" = "$SIZE" ] &&
+   [ $(( $(du -k "$E1" | cut -f1) * 1024 )) -lt "$SIZE" ]; then ok slices_sparse_entry
+else no slices_sparse_entry "$(ls -ls "$T/c1")"; fi
+# restarted: reused, not sent again
+kill "$WK"; wait "$WK" 2>/dev/null
+start_worker "$T/s1b.log" --cache-dir "$T/c1"
+same_text slices_restart_same_text --workers "127.0.0.1:$WP" --key-file "$T/k1"
+has slices_restart_reused "$T/s1b.log" "reusing cached slices $E1"
+if grep -q 'receiving' "$T/s1b.log"; then no slices_restart_not_resent "$(grep receiving "$T/s1b.log")"
+else ok slices_restart_not_resent; fi
+# another layout (the worker is pipeline stage 1): a second entry
+same_text slices_pp2 --workers "127.0.0.1:$WP" --key-file "$T/k1" --pp 2
+n=$(ls "$T"/c1/*.gguf | wc -l)
+if [ "$n" -eq 2 ]; then ok slices_second_layout_entry; else no slices_second_layout_entry "$(ls "$T/c1")"; fi
+# a flipped byte in the first entry (the first tensor's first bytes: always sent)
+printf '\125' | dd of="$E1" bs=1 seek=$((DATA_OFF + 100)) conv=notrunc 2>/dev/null
+same_text slices_damaged_resent_same_text --workers "127.0.0.1:$WP" --key-file "$T/k1"
+has slices_damage_detected "$T/s1b.log" "cache entry $E1 is unusable \(.*digest \(corrupted\)\): removing it"
+n=$(grep -c 'receiving rank 1.s slices' "$T/s1b.log") # the pp 2 entry, then this one again
+if [ "$n" -eq 2 ]; then ok slices_damaged_resent; else no slices_damaged_resent "$n transfers" "$(tail -n 4 "$T/s1b.log")"; fi
+# three ranks: each worker gets about a third of the layers' bytes
+start_worker "$T/s2.log" --cache-dir "$T/c2"
+W2=$WP
+start_worker "$T/s3.log" --cache-dir "$T/c3"
+same_text slices_tp3 --workers "127.0.0.1:$W2,127.0.0.1:$WP" --key-file "$T/k1"
+got=$(sed -n 's/.*received \([0-9]*\) of .*/\1/p' "$T/s3.log")
+if [ -n "$got" ] && [ $(( got * 100 )) -lt $(( SIZE * 65 )) ]; then ok slices_tp3_smaller_share
+else no slices_tp3_smaller_share "received '$got' of $SIZE"; fi
+
+# --cache-max: too small for the slices: refused before a byte is sent, the
+# worker keeps serving; room for one entry: the least recently used goes
+start_worker "$T/s4.log" --cache-dir "$T/small" --cache-max 100K
+expect slices_cache_max_refused 1 "$L" run -m "$M" -p hi -n 2 --workers "127.0.0.1:$WP" --key-file "$T/k1"
+has slices_cache_max_msg "$T/err" "worker rank 1 \(127\.0\.0\.1:$WP\) cannot load the model: cache limit: .* more than --cache-max 100\.0 KiB"
+expect slices_cache_max_still_serving 1 "$L" run -m "$M" -p hi -n 2 --workers "127.0.0.1:$WP" --key-file "$T/k1"
+has slices_cache_max_msg_again "$T/err" 'cache limit'
+if ls "$T"/small/* >/dev/null 2>&1; then no slices_cache_max_nothing_left "$(ls "$T/small")"; else ok slices_cache_max_nothing_left; fi
+kill "$WK"
+start_worker "$T/s5.log" --cache-dir "$T/small" --cache-max 1200K
+same_text slices_evict_first --workers "127.0.0.1:$WP" --key-file "$T/k1"
+same_text slices_evict_second --workers "127.0.0.1:$WP" --key-file "$T/k1" --pp 2
+has slices_evicted "$T/s5.log" 'cache over --cache-max 1200\.0 KiB: removed [0-9a-f]{64}-[0-9a-f]{16} .*least recently used'
+n=$(ls "$T"/small/*.gguf | wc -l)
+if [ "$n" -eq 1 ]; then ok slices_evicted_one_left; else no slices_evicted_one_left "$(ls "$T/small")"; fi
+kill "$WK"
+
+# a full disk: a 256 KiB tmpfs in a user namespace of our own (skipped where
+# unprivileged namespaces are off)
+if unshare -Urm true 2>/dev/null; then
+    mkdir -p "$T/tiny"
+    unshare -Urm sh -c "mount -t tmpfs -o size=256k none '$T/tiny' && exec '$L' worker --listen 127.0.0.1:0 \
+        --key-file '$T/k1' --model-dir '$T/nomodels' --cache-dir '$T/tiny'" 2>"$T/s6.log" &
+    PIDS="$PIDS $!"
+    for _ in $(seq 50); do
+        WP=$(sed -n 's/.*listening on .* (port \([0-9]*\)).*/\1/p' "$T/s6.log"); [ -n "$WP" ] && break; sleep 0.1
+    done
+    expect slices_disk_full 1 "$L" run -m "$M" -p hi -n 2 --workers "127.0.0.1:$WP" --key-file "$T/k1"
+    has slices_disk_full_msg "$T/err" "cannot load the model: cache disk full: $T/tiny has .* free, this rank's slices need"
+    expect slices_disk_full_still_serving 1 "$L" run -m "$M" -p hi -n 2 --workers "127.0.0.1:$WP" --key-file "$T/k1"
+fi
 
 # netbench: the table for 2 local ranks, and its flag errors
 expect netbench_local 0 "$L" netbench --local 2 --sizes 64,4K --iters 50
