@@ -440,7 +440,7 @@ static lk_status cache_make_room(session *s, uint64_t need, char *err, size_t er
         used += x->disk;
     }
     closedir(d);
-    qsort(e, n, sizeof *e, cmp_mtime);
+    if (n) qsort(e, n, sizeof *e, cmp_mtime);
     for (size_t i = 0; i < n && used + need > max; i++) {
         char base[1400];
         snprintf(base, sizeof base, "%s/%s", dir, e[i].name);
