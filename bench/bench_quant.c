@@ -106,6 +106,18 @@ int main(int argc, char **argv) {
                 } while (el3 < 0.5);
                 printf("prefill %-5s %-6s ntok %lld: %.2f GFLOP/s  %.2f ms\n", lk_type_name(t), levels[l],
                        (long long)ntok_pf, 2.0 * rows * cols * ntok_pf * calls3 / el3 / 1e9, el3 / calls3 * 1e3);
+                /* cold: each call on the next copy, so weights come from
+                 * memory as in a model (every matrix read once per chunk) */
+                t2 = lk_time_s();
+                calls3 = 0;
+                do {
+                    for (int c = 0; c < copies; c++, calls3++)
+                        lk_quant_matmul(t, cols, rows, w + (size_t)c * mat, rb, ntok_pf, a, arb, y, (size_t)rows);
+                    el3 = lk_time_s() - t2;
+                } while (el3 < 0.5);
+                printf("prefill %-5s %-6s ntok %lld: %.2f GFLOP/s  %.2f ms (weights from memory, %d copies)\n",
+                       lk_type_name(t), levels[l], (long long)ntok_pf, 2.0 * rows * cols * ntok_pf * calls3 / el3 / 1e9,
+                       el3 / calls3 * 1e3, copies);
             }
         }
         free(w); free(a); free(tmp);

@@ -223,6 +223,7 @@ LK_TG void lk_quant_gemm_q4q8_avx512(bool is_q8, int64_t n, int64_t nrows, const
                                      int64_t ntok, const void *a, size_t as, float *y, size_t ys) {
     const uint8_t *W = w, *A = a;
     const int64_t nb = n / LK_QK;
+    const size_t bb = is_q8 ? LK_Q80_BYTES : LK_Q40_BYTES;
     gk_panel wp;
     gk_act act;
     for (int64_t t0 = 0; t0 < ntok; t0 += GK_TB) {
@@ -239,7 +240,22 @@ LK_TG void lk_quant_gemm_q4q8_avx512(bool is_q8, int64_t n, int64_t nrows, const
                     for (int g = 0; g < rg; g++)
                         gk_pack_group(is_q8, W + (size_t)(r0 + g * GK_ROWS) * ws, ws,
                                       LK_MIN(GK_ROWS, nr - g * GK_ROWS), b0, kb, wp.v[g]);
-                    for (int t = 0; t < tb; t += GK_T) {
+                    /* The next panel to pack (next K block of these rows, else
+                     * the first of the next rows): short pieces of 48 rows that
+                     * the hardware prefetchers do not follow, so packing waited
+                     * on memory (a quarter of the GEMM's time). Its lines are
+                     * requested a few rows per tile while the tiles compute. */
+                    int64_t pr0 = r0, pb = b1 + kb;
+                    if (pb >= ksb) pr0 += GK_RG * GK_ROWS, pb = 0;
+                    const int pnr = pr0 < nrows ? (int)LK_MIN((int64_t)(GK_RG * GK_ROWS), nrows - pr0) : 0;
+                    const size_t plo = (size_t)(s0 + pb) * bb, phi = (size_t)(s0 + LK_MIN(pb + GK_KB, ksb)) * bb;
+                    const int ntl = (tb + GK_T - 1) / GK_T;
+                    for (int t = 0, ti = 0; t < tb; t += GK_T, ti++) {
+                        for (int r = ti * pnr / ntl; r < (ti + 1) * pnr / ntl; r++) {
+                            const uint8_t *rp = W + (size_t)(pr0 + r) * ws;
+                            for (size_t o = plo & ~(size_t)63; o < phi; o += 64)
+                                _mm_prefetch((const char *)rp + o, _MM_HINT_T1);
+                        }
                         const int tt = LK_MIN(GK_T, tb - t);
                         const uint8_t *at[GK_T];
                         for (int i = 0; i < tt; i++)
