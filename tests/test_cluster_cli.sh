@@ -160,7 +160,11 @@ same_text slices_damaged_resent_same_text --workers "127.0.0.1:$WP" --key-file "
 has slices_damage_detected "$T/s1b.log" "cache entry $E1 is unusable \(.*digest \(corrupted\)\): removing it"
 n=$(grep -c 'receiving rank 1.s slices' "$T/s1b.log") # the pp 2 entry, then this one again
 if [ "$n" -eq 2 ]; then ok slices_damaged_resent; else no slices_damaged_resent "$n transfers" "$(tail -n 4 "$T/s1b.log")"; fi
-# three ranks: each worker gets about a third of the layers' bytes
+# three ranks: each worker gets about a third of the layers' bytes; a
+# partial file an old crash left behind is cleared when room is made
+STALE="$T/c2/$(printf '%064d' 0)-$(printf '%016d' 0).gguf.99999.part"
+: >"$STALE"
+touch -d '1 hour ago' "$STALE"
 start_worker "$T/s2.log" --cache-dir "$T/c2"
 W2=$WP
 start_worker "$T/s3.log" --cache-dir "$T/c3"
@@ -168,6 +172,7 @@ same_text slices_tp3 --workers "127.0.0.1:$W2,127.0.0.1:$WP" --key-file "$T/k1"
 got=$(sed -n 's/.*received \([0-9]*\) of .*/\1/p' "$T/s3.log")
 if [ -n "$got" ] && [ $(( got * 100 )) -lt $(( SIZE * 65 )) ]; then ok slices_tp3_smaller_share
 else no slices_tp3_smaller_share "received '$got' of $SIZE"; fi
+if [ -e "$STALE" ]; then no slices_stale_part_cleared "$(ls "$T/c2")"; else ok slices_stale_part_cleared; fi
 
 # --cache-max: too small for the slices: refused before a byte is sent, the
 # worker keeps serving; room for one entry: the least recently used goes

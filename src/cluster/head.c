@@ -374,7 +374,7 @@ static lk_status send_slices(lk_cluster *c, int r, const lk_gguf *g, lk_loaded_m
     lk_status st = lk_proto_slice_ranges(g, &c->slices[r], &l, why, sizeof why);
     if (st) return lk_fail(err, errlen, st, "worker rank %d (%s): its slice: %s", r, c->w[r].addr, why);
     lk_file_msg fm = {.size = lk_gguf_file_size(g), .header_len = lk_gguf_data_offset(g), .n_bytes = lk_ranges_total(&l),
-                      .disk = lk_ranges_disk(&l, 4096), .n_ranges = (uint64_t)l.n};
+                      .disk = lk_ranges_disk(&l, LK_DISK_BLOCK), .n_ranges = (uint64_t)l.n};
     lk_proto_ranges_hash(&l, fm.size, fm.ranges_hash);
     lk_log(LK_LOG_INFO, "cluster: worker rank %d (%s) has no copy of the model: sending its slices, %.1f of the %.1f MB",
            r, c->w[r].addr, (double)fm.n_bytes / 1e6, (double)fm.size / 1e6);
@@ -411,7 +411,7 @@ static lk_status send_slices(lk_cluster *c, int r, const lk_gguf *g, lk_loaded_m
         progress_show(&pg, sent, false);
         st = tend_others(c, r, &next, err, errlen);
     }
-    if (pg.drawn) fputc('\n', stderr);
+    if (pg.drawn && (st || stop)) fputc('\n', stderr); /* close the line: the error follows */
     if (!st && !stop) {
         uint8_t dg[32];
         crypto_generichash_final(&hs, dg, 32);

@@ -55,11 +55,15 @@ bool     lk_proto_mesh_decode(const uint8_t *buf, uint32_t len, lk_mesh_msg *m);
 /* FILE: what the head is about to send (see cluster.h). The worker computes
  * the range list itself from the header (the first header_len bytes) and
  * its slice, and checks it against n_ranges / n_bytes / ranges_hash. */
+/* The unit a sparse file takes disk in (ext4, xfs, tmpfs): the disk need of
+ * a slice is counted in whole blocks. */
+#define LK_DISK_BLOCK 4096
+
 typedef struct {
     uint64_t size;             /* of the whole file (the sparse copy's size) */
     uint64_t header_len;       /* header + tensor index: the stream's first bytes */
     uint64_t n_bytes;          /* bytes that follow in DATA frames */
-    uint64_t disk;             /* 4 KiB blocks those bytes touch, in bytes */
+    uint64_t disk;             /* bytes of the LK_DISK_BLOCK blocks those bytes touch */
     uint64_t n_ranges;
     uint8_t  ranges_hash[32];  /* lk_proto_ranges_hash */
 } lk_file_msg;

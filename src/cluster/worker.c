@@ -242,7 +242,6 @@ static lk_status finish_load(session *s, const char *path, lk_loaded_msg *rep, c
 
 #define META_MAGIC "lockstep-slice-cache 1"
 #define CACHE_MAX_DEFAULT (64ull << 30)
-#define BLOCK 4096
 
 static uint64_t cache_max(const session *s) {
     return s->w->o->cache_max ? s->w->o->cache_max : CACHE_MAX_DEFAULT;
@@ -276,6 +275,12 @@ static void entry_base(session *s) {
 
 static void entry_path(const session *s, const char *suffix, char *buf, size_t len) {
     snprintf(buf, len, "%s%s", s->base, suffix);
+}
+
+/* The file being received: named by our pid too, so two workers sharing a
+ * cache never write one file (the second rename simply wins). */
+static void part_path(const session *s, char *buf, size_t len) {
+    snprintf(buf, len, "%s.gguf.%d.part", s->base, (int)getpid());
 }
 
 static void entry_remove(const char *base) {
@@ -379,7 +384,8 @@ static int cmp_mtime(const void *a, const void *b) {
     return x->mtime < y->mtime ? -1 : x->mtime > y->mtime;
 }
 
-/* A file of ours in the cache: "<64 hex>[-<16 hex>].<suffix>". */
+/* A file of ours in the cache: "<64 hex>[-<16 hex>]<suffix>", the suffix
+ * ".gguf", or ".part" for "<stem>.gguf.<pid>.part". */
 static bool ours(const char *n, const char *suffix, size_t *stem) {
     size_t k = strspn(n, "0123456789abcdef");
     if (k != 2 * LK_MODEL_ID_BYTES) return false;
@@ -389,6 +395,10 @@ static bool ours(const char *n, const char *suffix, size_t *stem) {
         k += 1 + j;
     }
     *stem = k;
+    if (!strcmp(suffix, ".part")) {
+        size_t len = strlen(n);
+        return !strncmp(n + k, ".gguf.", 6) && len > k + 6 + 5 && !strcmp(n + len - 5, ".part");
+    }
     return !strcmp(n + k, suffix);
 }
 
@@ -422,7 +432,7 @@ static lk_status cache_make_room(session *s, uint64_t need, char *err, size_t er
         char p[1400];
         size_t stem;
         snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-        if (ours(de->d_name, ".gguf.part", &stem)) {
+        if (ours(de->d_name, ".part", &stem)) {
             time_t mt = now;
             uint64_t k = disk_of(p, &mt);
             if (now - mt > 600) { unlink(p); continue; }
@@ -500,7 +510,7 @@ static lk_status do_load(session *s, const uint8_t *p, uint32_t len, lk_loaded_m
 static void xfer_drop(session *s) {
     if (s->file_fd >= 0) {
         char part[1400];
-        entry_path(s, ".gguf.part", part, sizeof part);
+        part_path(s, part, sizeof part);
         close(s->file_fd);
         unlink(part);
         s->file_fd = -1;
@@ -517,7 +527,7 @@ static lk_status do_file(session *s, const uint8_t *p, uint32_t len, char *err, 
     lk_status st = cache_make_room(s, s->fm.disk, err, errlen);
     if (st) return st;
     char part[1400];
-    entry_path(s, ".gguf.part", part, sizeof part);
+    part_path(s, part, sizeof part);
     int fd = open(part, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
     if (fd < 0) return lk_fail(err, errlen, LK_ERR_IO, "%s: %s", part, strerror(errno));
     if (ftruncate(fd, (off_t)s->fm.size) != 0) {
@@ -547,7 +557,7 @@ static lk_status put(session *s, const uint8_t *p, uint64_t n, uint64_t off, cha
         if (k < 0 && errno == EINTR) continue;
         if (k <= 0) {
             char part[1400];
-            entry_path(s, ".gguf.part", part, sizeof part);
+            part_path(s, part, sizeof part);
             if (k < 0 && (errno == ENOSPC || errno == EDQUOT))
                 return lk_fail(err, errlen, LK_ERR_IO, "cache disk full writing %s: need %llu more bytes", part,
                                (unsigned long long)(s->fm.n_bytes - s->got));
@@ -562,7 +572,7 @@ static lk_status put(session *s, const uint8_t *p, uint64_t n, uint64_t off, cha
  * (the same function the head used), and check it is the head's list. */
 static lk_status xfer_plan(session *s, char *err, size_t errlen) {
     char part[1400];
-    entry_path(s, ".gguf.part", part, sizeof part);
+    part_path(s, part, sizeof part);
     lk_gguf *g;
     lk_status st = lk_gguf_open(part, &g, err, errlen);
     if (st) return st;
@@ -572,7 +582,7 @@ static lk_status xfer_plan(session *s, char *err, size_t errlen) {
         lk_proto_ranges_hash(&s->rl, s->fm.size, rh);
         if (lk_gguf_data_offset(g) != s->fm.header_len || s->rl.r[0].off != 0 || s->rl.r[0].len < s->fm.header_len ||
             (uint64_t)s->rl.n != s->fm.n_ranges || lk_ranges_total(&s->rl) != s->fm.n_bytes ||
-            memcmp(rh, s->fm.ranges_hash, 32))
+            lk_ranges_disk(&s->rl, LK_DISK_BLOCK) != s->fm.disk || memcmp(rh, s->fm.ranges_hash, 32))
             st = lk_fail(err, errlen, LK_ERR_MISMATCH,
                          "the head's byte ranges for this slice (%llu bytes in %llu ranges) are not ours "
                          "(%llu bytes in %lld ranges)", (unsigned long long)s->fm.n_bytes,
@@ -616,7 +626,7 @@ static lk_status do_file_end(session *s, const uint8_t *p, uint32_t len, lk_load
     uint8_t dg[32];
     crypto_generichash_final(&s->hs, dg, 32);
     char part[1400], path[1400];
-    entry_path(s, ".gguf.part", part, sizeof part);
+    part_path(s, part, sizeof part);
     entry_path(s, ".gguf", path, sizeof path);
     if (memcmp(dg, p, 32)) return lk_fail(err, errlen, LK_ERR_FORMAT, "the slices received do not match the head's digest");
     if (fsync(s->file_fd) != 0) {
