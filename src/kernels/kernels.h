@@ -45,6 +45,18 @@ size_t lk_matmul_scratch_bytes(int64_t cols, int64_t ntok);
 void lk_matmul(lk_pool *p, const lk_mat *W, const float *x, int64_t x_stride, int64_t ntok,
                float *y, int64_t y_stride, void *scratch);
 
+/* Several matrices that read the same input (Q, K, V; or FFN gate and up)
+ * in one pass over the pool: x is quantised once and each thread takes its
+ * share of every matrix, so a layer pays one dispatch instead of one per
+ * matrix. With `swiglu` (exactly 2 matrices, gate then up, same rows), each
+ * thread then applies y[0] = silu(y[0]) * y[1] to its own rows, with no
+ * serial pass afterwards. Matrices must share cols and activation type
+ * (lk_matmul_can_fuse); y[i] is [ntok][y_stride[i]]. */
+enum { LK_MATMUL_MAX_FUSE = 3 };
+bool lk_matmul_can_fuse(const lk_mat *const *W, int nw);
+void lk_matmul_fused(lk_pool *p, const lk_mat *const *W, int nw, const float *x, int64_t x_stride, int64_t ntok,
+                     float *const *y, const int64_t *y_stride, bool swiglu, void *scratch);
+
 /* ---- vectors (attention) ---- */
 float lk_vec_dot_f32(const float *a, const float *b, int64_t n);
 void  lk_vec_axpy_f32(float *y, float a, const float *x, int64_t n);   /* y += a*x */

@@ -37,13 +37,15 @@ size_t lk_matmul_scratch_bytes(int64_t cols, int64_t ntok) {
 }
 
 typedef struct {
-    const lk_mat *W;
+    const lk_mat *const *W;
+    int nw;
     const float *x;
     int64_t x_stride, ntok;
     const void *a;      /* quantised activations */
     size_t a_stride;
-    float *y;
-    int64_t y_stride;
+    float *const *y;
+    const int64_t *y_stride;
+    bool swiglu;
     lk_type at;
     void *scratch;
 } matmul_job;
@@ -58,33 +60,52 @@ static void quantize_job(void *arg, int ith, int nth) {
     int64_t t0, t1;
     lk_split_range(j->ntok, 1, ith, nth, &t0, &t1);
     for (int64_t t = t0; t < t1; t++)
-        lk_quantize_row_act(j->at, j->x + t * j->x_stride, (char *)j->scratch + t * j->a_stride, j->W->cols);
+        lk_quantize_row_act(j->at, j->x + t * j->x_stride, (char *)j->scratch + t * j->a_stride, j->W[0]->cols);
 }
 
 static void matmul_job_fn(void *arg, int ith, int nth) {
     matmul_job *j = arg;
-    int64_t r0, r1;
-    lk_split_range(j->W->rows, ROW_ALIGN, ith, nth, &r0, &r1);
-    if (r1 <= r0) return;
-    lk_quant_matmul(j->W->type, j->W->cols, r1 - r0, (const char *)j->W->data + (size_t)r0 * j->W->row_stride,
-                    j->W->row_stride, j->ntok, j->a, j->a_stride, j->y + r0, (size_t)j->y_stride);
+    int64_t r0 = 0, r1 = 0;
+    for (int i = 0; i < j->nw; i++) {
+        const lk_mat *W = j->W[i];
+        lk_split_range(W->rows, ROW_ALIGN, ith, nth, &r0, &r1);
+        if (r1 <= r0) continue;
+        lk_quant_matmul(W->type, W->cols, r1 - r0, (const char *)W->data + (size_t)r0 * W->row_stride,
+                        W->row_stride, j->ntok, j->a, j->a_stride, j->y[i] + r0, (size_t)j->y_stride[i]);
+    }
+    if (j->swiglu && r1 > r0)
+        for (int64_t t = 0; t < j->ntok; t++)
+            lk_swiglu(j->y[0] + t * j->y_stride[0] + r0, j->y[1] + t * j->y_stride[1] + r0, r1 - r0);
 }
 
-void lk_matmul(lk_pool *p, const lk_mat *W, const float *x, int64_t x_stride, int64_t ntok,
-               float *y, int64_t y_stride, void *scratch) {
-    matmul_job j = { .W = W, .x = x, .x_stride = x_stride, .ntok = ntok, .y = y, .y_stride = y_stride,
-                     .at = lk_type_vec_dot(W->type), .scratch = scratch };
+bool lk_matmul_can_fuse(const lk_mat *const *W, int nw) {
+    if (nw < 1 || nw > LK_MATMUL_MAX_FUSE) return false;
+    for (int i = 1; i < nw; i++)
+        if (W[i]->cols != W[0]->cols || lk_type_vec_dot(W[i]->type) != lk_type_vec_dot(W[0]->type)) return false;
+    return true;
+}
+
+void lk_matmul_fused(lk_pool *p, const lk_mat *const *W, int nw, const float *x, int64_t x_stride, int64_t ntok,
+                     float *const *y, const int64_t *y_stride, bool swiglu, void *scratch) {
+    LK_ASSERT(lk_matmul_can_fuse(W, nw) && (!swiglu || (nw == 2 && W[0]->rows == W[1]->rows)));
+    matmul_job j = { .W = W, .nw = nw, .x = x, .x_stride = x_stride, .ntok = ntok, .y = y, .y_stride = y_stride,
+                     .swiglu = swiglu, .at = lk_type_vec_dot(W[0]->type), .scratch = scratch };
     if (j.at == LK_TYPE_F32) {
         /* F32 weights take the activations as they are: no copy */
         j.a = x;
         j.a_stride = (size_t)x_stride * sizeof(float);
     } else {
         size_t rb = 0;
-        LK_ASSERT(lk_type_row_bytes(j.at, W->cols, &rb));
+        LK_ASSERT(lk_type_row_bytes(j.at, W[0]->cols, &rb));
         j.a = scratch;
         j.a_stride = rb;
         if (ntok >= 4 && lk_pool_size(p) > 1) lk_pool_run(p, quantize_job, &j);
         else quantize_job(&j, 0, 1);
     }
     lk_pool_run(p, matmul_job_fn, &j);
+}
+
+void lk_matmul(lk_pool *p, const lk_mat *W, const float *x, int64_t x_stride, int64_t ntok,
+               float *y, int64_t y_stride, void *scratch) {
+    lk_matmul_fused(p, &W, 1, x, x_stride, ntok, &y, &y_stride, false, scratch);
 }

@@ -509,9 +509,16 @@ static void attention(lk_model *m, int li, const float *x, int n, int pos0) {
         return;
     }
     for (int t = 0; t < n; t++) lk_rmsnorm(m->xb + t * d, x + t * d, w->attn_norm, d, c->rms_eps);
-    lk_matmul(m->pool, &w->wq, m->xb, d, n, m->q, qd, m->act);
-    lk_matmul(m->pool, &w->wk, m->xb, d, n, m->k, kvd, m->act);
-    lk_matmul(m->pool, &w->wv, m->xb, d, n, m->v, kvd, m->act);
+    const lk_mat *qkv[3] = {&w->wq, &w->wk, &w->wv};
+    if (lk_matmul_can_fuse(qkv, 3)) {
+        float *const ys[3] = {m->q, m->k, m->v};
+        const int64_t ss[3] = {qd, kvd, kvd};
+        lk_matmul_fused(m->pool, qkv, 3, m->xb, d, n, ys, ss, false, m->act);
+    } else {
+        lk_matmul(m->pool, &w->wq, m->xb, d, n, m->q, qd, m->act);
+        lk_matmul(m->pool, &w->wk, m->xb, d, n, m->k, kvd, m->act);
+        lk_matmul(m->pool, &w->wv, m->xb, d, n, m->v, kvd, m->act);
+    }
     const size_t layer_off = (size_t)li * m->nkv * m->n_ctx * hd;
     for (int t = 0; t < n; t++) {
         float *q = m->q + t * qd, *k = m->k + t * kvd, *v = m->v + t * kvd;
@@ -550,9 +557,16 @@ static void ffn(lk_model *m, int li, const float *x, int n) {
         return;
     }
     for (int t = 0; t < n; t++) lk_rmsnorm(m->xb + t * d, x + t * d, w->ffn_norm, d, m->cfg.rms_eps);
-    lk_matmul(m->pool, &w->w1, m->xb, d, n, m->hg, m->nff, m->act);
-    lk_matmul(m->pool, &w->w3, m->xb, d, n, m->hu, m->nff, m->act);
-    lk_swiglu(m->hg, m->hu, (int64_t)n * m->nff);
+    const lk_mat *gu[2] = {&w->w1, &w->w3};
+    if (lk_matmul_can_fuse(gu, 2)) {
+        float *const ys[2] = {m->hg, m->hu};
+        const int64_t ss[2] = {m->nff, m->nff};
+        lk_matmul_fused(m->pool, gu, 2, m->xb, d, n, ys, ss, true, m->act);
+    } else {
+        lk_matmul(m->pool, &w->w1, m->xb, d, n, m->hg, m->nff, m->act);
+        lk_matmul(m->pool, &w->w3, m->xb, d, n, m->hu, m->nff, m->act);
+        lk_swiglu(m->hg, m->hu, (int64_t)n * m->nff);
+    }
     lk_matmul(m->pool, &w->w2, m->hg, m->nff, n, m->o, d, m->act);
 }
 
