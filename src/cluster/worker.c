@@ -263,10 +263,10 @@ static void entry_base(session *s) {
     const lk_slice *sl = &s->load.slice;
     int64_t f[12] = {sl->layer0, sl->layer1, sl->head0, sl->head1, sl->kv_head0, sl->kv_head1,
                      sl->ff0, sl->ff1, sl->vocab0, sl->vocab1, sl->pp_rank == 0, sl->pp_rank == sl->pp_size - 1};
-    uint8_t b[8 * 12], lh[8];
+    uint8_t b[8 * 12], lh[crypto_generichash_BYTES_MIN]; /* 16: the shortest BLAKE2b libsodium gives; 8 are used */
     for (int i = 0; i < 12; i++)
         for (int k = 0; k < 8; k++) b[8 * i + k] = (uint8_t)((uint64_t)f[i] >> (8 * k));
-    crypto_generichash(lh, sizeof lh, b, sizeof b, NULL, 0);
+    LK_ASSERT(crypto_generichash(lh, sizeof lh, b, sizeof b, NULL, 0) == 0);
     char id[2 * LK_MODEL_ID_BYTES + 1], lay[17];
     hex(s->load.model_id, LK_MODEL_ID_BYTES, id);
     hex(lh, 8, lay);
