@@ -30,11 +30,28 @@
 #define MAX_HANDSHAKES 16
 #define MAX_CAND 65536
 
+#define MAX_VERIFIED 32
+
+/* A cache entry as it was when this process last checked every byte of it
+ * (or wrote it): inode, size, change times. */
+typedef struct {
+    dev_t dev;
+    ino_t ino;
+    off_t size;
+    struct timespec mtime, ctime;
+} vstamp;
+
 typedef struct {
     const lk_worker_opts *o;
     atomic_int busy;        /* a session is running */
     atomic_int handshakes;  /* connection threads alive */
     atomic_int sessions;    /* sessions run (once: stop after the first) */
+    /* Entries checked byte by byte since we started: a later session only
+     * re-checks the identity of one still stamped the same, instead of
+     * reading gigabytes at every head's start. Touched only by the session
+     * thread (one session at a time). */
+    vstamp verified[MAX_VERIFIED];
+    int n_verified;
 } worker;
 
 typedef struct {
@@ -468,6 +485,42 @@ static lk_status cache_make_room(session *s, uint64_t need, char *err, size_t er
     return LK_OK;
 }
 
+static bool stamp_of(const char *path, vstamp *v) {
+    struct stat sb;
+    if (stat(path, &sb) != 0) return false;
+    *v = (vstamp){.dev = sb.st_dev, .ino = sb.st_ino, .size = sb.st_size, .mtime = sb.st_mtim, .ctime = sb.st_ctim};
+    return true;
+}
+
+static bool same_stamp(const vstamp *a, const vstamp *b) {
+    return a->dev == b->dev && a->ino == b->ino && a->size == b->size && a->mtime.tv_sec == b->mtime.tv_sec &&
+           a->mtime.tv_nsec == b->mtime.tv_nsec && a->ctime.tv_sec == b->ctime.tv_sec &&
+           a->ctime.tv_nsec == b->ctime.tv_nsec;
+}
+
+static bool was_verified(const worker *w, const char *path) {
+    vstamp v;
+    if (!stamp_of(path, &v)) return false;
+    for (int i = 0; i < w->n_verified; i++)
+        if (same_stamp(&w->verified[i], &v)) return true;
+    return false;
+}
+
+/* Marks the entry at path used now (its mtime: evicted last) and checked. */
+static void touch_verified(worker *w, const char *path) {
+    utimensat(AT_FDCWD, path, NULL, 0);
+    vstamp v;
+    if (!stamp_of(path, &v)) return;
+    int k = 0;
+    while (k < w->n_verified && (w->verified[k].dev != v.dev || w->verified[k].ino != v.ino)) k++;
+    if (k == MAX_VERIFIED) { /* full: forget the oldest */
+        memmove(w->verified, w->verified + 1, sizeof w->verified[0] * (MAX_VERIFIED - 1));
+        k = MAX_VERIFIED - 1;
+    }
+    w->verified[k] = v;
+    if (k == w->n_verified) w->n_verified++;
+}
+
 /* Finds the head's model: by name in --model-dir (or at the head's path);
  * then, with a cache, a verified entry for our slice (or a whole copy,
  * <identity>.gguf); failing those, asks the head for our slices
@@ -490,13 +543,14 @@ static lk_status do_load(session *s, const uint8_t *p, uint32_t len, lk_loaded_m
     entry_path(s, ".gguf", path, sizeof path);
     if (access(path, F_OK) == 0) {
         uint64_t t0 = lk_time_ns();
-        if (!(st = entry_check(s, why, sizeof why))) {
-            utimensat(AT_FDCWD, path, NULL, 0); /* used now: evicted last */
+        bool known = was_verified(s->w, path);
+        if (!(st = known ? try_model(s, path, why, sizeof why) : entry_check(s, why, sizeof why))) {
+            touch_verified(s->w, path);
             char a[32], b[32];
             human(disk_of(path, NULL), a, sizeof a);
             human(lk_gguf_file_size(s->g), b, sizeof b);
-            lk_log(LK_LOG_INFO, "worker: reusing cached slices %s (%s on disk of a %s file; verified in %.2f s)", path, a,
-                   b, (double)(lk_time_ns() - t0) / 1e9);
+            lk_log(LK_LOG_INFO, "worker: reusing cached slices %s (%s on disk of a %s file; %s in %.2f s)", path, a, b,
+                   known ? "unchanged since checked, identity" : "every byte", (double)(lk_time_ns() - t0) / 1e9);
             return finish_load(s, path, rep, err, errlen);
         }
         lk_log(LK_LOG_WARN, "worker: cache entry %s is unusable (%s): removing it and asking the head again", path,
@@ -648,6 +702,7 @@ static lk_status do_file_end(session *s, const uint8_t *p, uint32_t len, lk_load
         entry_remove(s->base);
         return st;
     }
+    touch_verified(s->w, path);
     double secs = (double)(lk_time_ns() - s->xfer_t0) / 1e9;
     char a[32];
     human(disk_of(path, NULL), a, sizeof a);
