@@ -163,6 +163,12 @@ same_text slices_damaged_resent_same_text --workers "127.0.0.1:$WP" --key-file "
 has slices_damage_detected "$T/s1b.log" "cache entry $E1 is unusable \(.*digest \(corrupted\)\): removing it"
 n=$(grep -c 'receiving rank 1.s slices' "$T/s1b.log") # the pp 2 entry, then this one again
 if [ "$n" -eq 2 ]; then ok slices_damaged_resent; else no slices_damaged_resent "$n transfers" "$(tail -n 4 "$T/s1b.log")"; fi
+# a smaller share of the same model (--tp-weights 3,1): the entry of the
+# larger one holds every byte of it, nothing is sent
+same_text slices_subset_same_text --workers "127.0.0.1:$WP" --key-file "$T/k1" --tp-weights 3,1
+has slices_subset_reused "$T/s1b.log" "reusing cached slices $E1: recorded for another layout"
+n=$(grep -c 'receiving rank 1.s slices' "$T/s1b.log")
+if [ "$n" -eq 2 ]; then ok slices_subset_not_sent; else no slices_subset_not_sent "$n transfers"; fi
 # three ranks: each worker gets about a third of the layers' bytes; a
 # partial file an old crash left behind is cleared when room is made
 STALE="$T/c2/$(printf '%064d' 0)-$(printf '%016d' 0).gguf.99999.part"

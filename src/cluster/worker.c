@@ -311,7 +311,10 @@ static void entry_remove(const char *base) {
 typedef struct {
     uint64_t size, n_bytes, n_ranges;
     uint8_t ranges_hash[32], digest[32];
+    lk_slice slice;         /* what decides the ranges (the stage reduced to first/last) */
 } meta;
+
+static bool was_verified(const worker *w, const char *path);
 
 static bool unhex(const char *h, uint8_t *out, int n) {
     for (int i = 0; i < n; i++)
@@ -319,16 +322,28 @@ static bool unhex(const char *h, uint8_t *out, int n) {
     return h[2 * n] == 0;
 }
 
-static lk_status meta_read(const session *s, meta *m, char *err, size_t errlen) {
-    char p[1400], line[256], rh[80] = "", dg[80] = "", id[80] = "", want[2 * LK_MODEL_ID_BYTES + 1];
-    entry_path(s, ".meta", p, sizeof p);
+/* The record at path, for the model the head named. */
+static lk_status meta_read(const session *s, const char *p, meta *m, char *err, size_t errlen) {
+    char line[256], rh[80] = "", dg[80] = "", id[80] = "", want[2 * LK_MODEL_ID_BYTES + 1];
+    memset(m, 0, sizeof *m);
     FILE *f = fopen(p, "r");
     if (!f) return lk_fail(err, errlen, LK_ERR_IO, "%s: %s", p, strerror(errno));
+    lk_slice *sl = &m->slice;
+    int first = 0, last = 0;
+    long long ff0 = 0, ff1 = 0, v0 = 0, v1 = 0;
     bool ok = fgets(line, sizeof line, f) && !strncmp(line, META_MAGIC "\n", sizeof META_MAGIC) &&
               fscanf(f, "model %70s size %llu bytes %llu ranges %llu ranges_hash %70s digest %70s", id,
                      (unsigned long long *)&m->size, (unsigned long long *)&m->n_bytes,
-                     (unsigned long long *)&m->n_ranges, rh, dg) == 6;
+                     (unsigned long long *)&m->n_ranges, rh, dg) == 6 &&
+              fscanf(f, " slice layers %d %d heads %d %d kv %d %d ff %lld %lld vocab %lld %lld first %d last %d",
+                     &sl->layer0, &sl->layer1, &sl->head0, &sl->head1, &sl->kv_head0, &sl->kv_head1, &ff0, &ff1,
+                     &v0, &v1, &first, &last) == 12;
     fclose(f);
+    sl->ff0 = ff0, sl->ff1 = ff1, sl->vocab0 = v0, sl->vocab1 = v1;
+    /* a stage that is first and/or last, which is all lk_model_slice_bytes asks */
+    sl->pp_rank = first ? 0 : 1;
+    sl->pp_size = last ? sl->pp_rank + 1 : sl->pp_rank + 2;
+    sl->tp_size = 1;
     hex(s->load.model_id, LK_MODEL_ID_BYTES, want);
     if (!ok || strcmp(id, want) || !unhex(rh, m->ranges_hash, 32) || !unhex(dg, m->digest, 32))
         return lk_fail(err, errlen, LK_ERR_FORMAT, "%s is not a valid cache record", p);
@@ -345,9 +360,13 @@ static lk_status meta_write(const session *s, const uint8_t digest[32], char *er
     hex(digest, 32, dg);
     FILE *f = fopen(tmp, "w");
     if (!f) return lk_fail(err, errlen, LK_ERR_IO, "%s: %s", tmp, strerror(errno));
+    const lk_slice *sl = &s->load.slice;
     fprintf(f, META_MAGIC "\nmodel %s\nsize %llu\nbytes %llu\nranges %llu\nranges_hash %s\ndigest %s\n", id,
             (unsigned long long)s->fm.size, (unsigned long long)s->fm.n_bytes, (unsigned long long)s->fm.n_ranges,
             rh, dg);
+    fprintf(f, "slice layers %d %d heads %d %d kv %d %d ff %lld %lld vocab %lld %lld first %d last %d\n", sl->layer0,
+            sl->layer1, sl->head0, sl->head1, sl->kv_head0, sl->kv_head1, (long long)sl->ff0, (long long)sl->ff1,
+            (long long)sl->vocab0, (long long)sl->vocab1, sl->pp_rank == 0, sl->pp_rank == sl->pp_size - 1);
     bool ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
     int e = errno;
     if (fclose(f) != 0 && ok) ok = false, e = errno;
@@ -359,35 +378,93 @@ static lk_status meta_write(const session *s, const uint8_t digest[32], char *er
     return LK_OK;
 }
 
-/* Opens the cache entry and checks every byte it should hold: the header
- * parses, the range list for our slice is the recorded one, those bytes
- * hash to the recorded digest, and the identity (header, samples) is the
- * head's. On success s->g holds it. */
-static lk_status entry_check(session *s, char *err, size_t errlen) {
+/* Checks the entry <base>.gguf against its record <base>.meta: the header
+ * parses, the range list of the recorded slice is the recorded one, and
+ * those bytes hash to the recorded digest (skipped for a file this process
+ * checked and that is unchanged since). Its ranges go to *have (if not
+ * NULL). */
+static lk_status entry_verify(const session *s, const char *base, lk_ranges *have, char *err, size_t errlen) {
+    char p[1500];
     meta m;
-    lk_status st = meta_read(s, &m, err, errlen);
+    snprintf(p, sizeof p, "%s.meta", base);
+    lk_status st = meta_read(s, p, &m, err, errlen);
     if (st) return st;
-    char p[1400];
-    entry_path(s, ".gguf", p, sizeof p);
+    snprintf(p, sizeof p, "%s.gguf", base);
     lk_gguf *g;
     if ((st = lk_gguf_open(p, &g, err, errlen))) return st;
     lk_ranges l = {0};
     uint8_t rh[32], dg[32];
-    st = lk_proto_slice_ranges(g, &s->load.slice, &l, err, errlen);
+    st = lk_proto_slice_ranges(g, &m.slice, &l, err, errlen);
     if (!st) {
         lk_proto_ranges_hash(&l, lk_gguf_file_size(g), rh);
         if (lk_gguf_file_size(g) != m.size || lk_ranges_total(&l) != m.n_bytes || memcmp(rh, m.ranges_hash, 32))
             st = lk_fail(err, errlen, LK_ERR_FORMAT, "%s: its ranges are not the recorded ones", p);
     }
-    if (!st) {
+    if (!st && !was_verified(s->w, p)) {
         lk_proto_digest_file(g, &l, dg);
         if (memcmp(dg, m.digest, 32))
             st = lk_fail(err, errlen, LK_ERR_FORMAT, "%s: its bytes do not match the recorded digest (corrupted)", p);
     }
-    lk_ranges_free(&l);
+    if (!st && have) *have = l;
+    else lk_ranges_free(&l);
     lk_gguf_close(g);
-    if (st) return st;
-    return try_model(s, p, err, errlen);
+    return st;
+}
+
+/* Opens our cache entry, checks it (entry_verify) and then the identity
+ * (header, samples) against the head's. On success s->g holds it. */
+static lk_status entry_check(session *s, char *err, size_t errlen) {
+    lk_status st = entry_verify(s, s->base, NULL, err, errlen);
+    char p[1400];
+    entry_path(s, ".gguf", p, sizeof p);
+    return st ? st : try_model(s, p, err, errlen);
+}
+
+/* need within have (both normalised: sorted, disjoint, not touching). */
+static bool covers(const lk_ranges *have, const lk_ranges *need) {
+    int64_t j = 0;
+    for (int64_t i = 0; i < need->n; i++) {
+        const lk_byte_range *r = &need->r[i];
+        while (j < have->n && have->r[j].off + have->r[j].len <= r->off) j++;
+        if (j == have->n || have->r[j].off > r->off || have->r[j].off + have->r[j].len < r->off + r->len) return false;
+    }
+    return true;
+}
+
+static bool ours(const char *n, const char *suffix, size_t *stem);
+
+/* Our entry is not there: another layout's entry of the same model may
+ * hold every byte our slice reads (a rank whose share shrank: tp 2, then
+ * tp 4, say). If one checks out, *path names it and s->g holds it. */
+static bool find_covering(session *s, char *path, size_t pathlen) {
+    char id[2 * LK_MODEL_ID_BYTES + 1], why[LK_ERRLEN];
+    hex(s->load.model_id, LK_MODEL_ID_BYTES, id);
+    const char *dir = s->w->o->cache_dir;
+    DIR *d = opendir(dir);
+    if (!d) return false;
+    struct dirent *de;
+    bool found = false;
+    while (!found && (de = readdir(d))) {
+        size_t stem;
+        if (!ours(de->d_name, ".meta", &stem) || strncmp(de->d_name, id, 2 * LK_MODEL_ID_BYTES) ||
+            stem != 2 * LK_MODEL_ID_BYTES + 17)
+            continue;
+        char base[1300];
+        snprintf(base, sizeof base, "%s/%.*s", dir, (int)stem, de->d_name);
+        snprintf(path, pathlen, "%s.gguf", base);
+        lk_ranges have = {0}, need = {0};
+        lk_gguf *g;
+        if (lk_gguf_open(path, &g, why, sizeof why)) continue;
+        lk_status st = lk_proto_slice_ranges(g, &s->load.slice, &need, why, sizeof why);
+        lk_gguf_close(g);
+        if (!st && !entry_verify(s, base, &have, why, sizeof why) && covers(&have, &need) &&
+            !try_model(s, path, why, sizeof why))
+            found = true;
+        lk_ranges_free(&have);
+        lk_ranges_free(&need);
+    }
+    closedir(d);
+    return found;
 }
 
 typedef struct {
@@ -544,7 +621,7 @@ static lk_status do_load(session *s, const uint8_t *p, uint32_t len, lk_loaded_m
     if (access(path, F_OK) == 0) {
         uint64_t t0 = lk_time_ns();
         bool known = was_verified(s->w, path);
-        if (!(st = known ? try_model(s, path, why, sizeof why) : entry_check(s, why, sizeof why))) {
+        if (!(st = entry_check(s, why, sizeof why))) {
             touch_verified(s->w, path);
             char a[32], b[32];
             human(disk_of(path, NULL), a, sizeof a);
@@ -556,6 +633,12 @@ static lk_status do_load(session *s, const uint8_t *p, uint32_t len, lk_loaded_m
         lk_log(LK_LOG_WARN, "worker: cache entry %s is unusable (%s): removing it and asking the head again", path,
                unprefixed(why, path));
         entry_remove(s->base);
+    }
+    if (find_covering(s, path, sizeof path)) {
+        touch_verified(s->w, path);
+        lk_log(LK_LOG_INFO, "worker: reusing cached slices %s: recorded for another layout, it holds all of this one's",
+               path);
+        return finish_load(s, path, rep, err, errlen);
     }
     rep->want_file = 1;
     return lk_fail(err, errlen, LK_ERR_IO, "no copy of the model here (%s): please send my slices", first);
