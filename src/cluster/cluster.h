@@ -214,7 +214,8 @@ lk_status lk_cluster_bench(const char *workers, const uint8_t *key, const lk_ben
  *                          received, writes a sparse file of the full size
  *                          (holes elsewhere), checks digest and identity,
  *                          keeps it as <cache-dir>/<identity>-<layout>.gguf
- *                          with a .meta sidecar, and answers LOADED again.
+ *                          with a .meta record (reused by later sessions,
+ *                          and by slices it covers), and answers LOADED again.
  *                          It may answer LOADED (refusal) before the end
  *                          (cache limit, disk full): the head stops sending.
  *   head -> worker  MESH   every rank's data address; all ranks build the

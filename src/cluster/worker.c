@@ -252,10 +252,12 @@ static lk_status finish_load(session *s, const char *path, lk_loaded_msg *rep, c
  *   <identity hex>-<layout hex>.meta  what was received and its digest
  * The layout is a hash of what decides the bytes (layers, heads, FFN and
  * vocabulary rows, first/last stage), so ranks of different clusters with
- * the same share reuse one entry. An entry is used only after checking it
- * (parse, range list, digest of every byte, identity) and touched then, so
- * the entry evicted first when the cache outgrows --cache-max is the one
- * used longest ago. */
+ * the same share reuse one entry; without one, an entry of another layout
+ * that holds every byte of ours (a share that shrank) is used instead. An
+ * entry is used only after checking it (parse, range list, digest of every
+ * byte, identity; the digest once per process while the file stays
+ * untouched) and touched then, so the entry evicted first when the cache
+ * outgrows --cache-max is the one used longest ago. */
 
 #define META_MAGIC "lockstep-slice-cache 1"
 #define CACHE_MAX_DEFAULT (64ull << 30)
