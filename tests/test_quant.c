@@ -390,36 +390,41 @@ TEST(matmul_vs_double_all_levels) {
     lk_quant_set_simd("scalar");
 }
 
-/* The prefill GEMM (Q4_0 / Q8_0 on AVX-512, from 8 tokens on): rows are
- * packed 16 to a group and 3 groups to a panel, blocks 16 to a K block and
- * 128 to a super-block, tokens 4 to a tile and 128 to a token block. Shapes
- * on both sides of every one of those edges: partial groups and panels (1,
- * 15, 17, 47, 49, 172 rows), K tails (1, 17, 130 blocks: y accumulated over
- * K blocks and super-blocks), token tails and token blocks (8..260), on
- * every level the CPU has (the others take their own paths: still a check). */
+/* The prefill GEMMs (Q4_0 / Q8_0 / Q4_K on AVX-512, from 5 tokens on):
+ * rows are packed 16 to a group and 3 (Q4_K: 2) groups to a panel, blocks
+ * 16 (Q4_K: super-blocks 2) to a K block and 128 (16) to an activation
+ * prep, tokens 4 to a tile and 128 to a token block. Shapes on both sides
+ * of every one of those edges: partial groups and panels (1, 15, 17, 31, 33,
+ * 47, 49, 172 rows), K tails (y accumulated over K blocks and preps), token
+ * tails and token blocks (5..260), on every level the CPU has (the others
+ * take their own paths: still a check). */
 TEST(matmul_prefill_gemm_edges) {
     const char *levels[] = {"avx512", "avx2", "scalar"};
-    static const int64_t rows[] = {1, 15, 16, 17, 47, 49, 172};
-    static const int64_t toks[] = {8, 9, 13, 67, 130};
-    static const int64_t blocks[] = {1, 2, 17, 130};
+    static const int64_t rows[] = {1, 15, 16, 17, 31, 33, 47, 49, 172};
+    static const int64_t toks[] = {5, 8, 9, 13, 67, 130};
+    static const int64_t blocks[] = {1, 2, 3, 17, 130};
+    static const lk_type types[] = {LK_TYPE_Q4_0, LK_TYPE_Q8_0, LK_TYPE_Q4_K};
     for (int l = 0; l < 3; l++) {
         if (!lk_quant_set_simd(levels[l])) continue;
-        for (int q = 0; q < 2; q++) {
-            lk_type t = q ? LK_TYPE_Q8_0 : LK_TYPE_Q4_0;
+        for (int q = 0; q < 3; q++) {
+            lk_type t = types[q];
+            const int64_t bs = lk_type_block_size(t);
             int i = 0;
             for (size_t b = 0; b < sizeof blocks / sizeof blocks[0]; b++)
                 for (size_t k = 0; k < sizeof toks / sizeof toks[0]; k++, i++) {
-                    int64_t nr = rows[i % 7];
-                    if (blocks[b] * nr * toks[k] > 130 * 60 * 67) nr = 7; /* keep the test fast */
-                    CHECKF(check_matmul(t, 32 * blocks[b], nr, toks[k], i & 3) == 0, "%s %s n=%lld rows=%lld ntok=%lld",
-                           levels[l], lk_type_name(t), (long long)(32 * blocks[b]), (long long)nr, (long long)toks[k]);
+                    int64_t nb = bs == 256 && blocks[b] == 130 ? 33 : blocks[b]; /* past 2 preps of 16 */
+                    int64_t nr = rows[i % 9];
+                    if (bs * nb * nr * toks[k] > 32 * 130 * 60 * 67) nr = 7; /* keep the test fast */
+                    CHECKF(check_matmul(t, bs * nb, nr, toks[k], i & 3) == 0, "%s %s n=%lld rows=%lld ntok=%lld",
+                           levels[l], lk_type_name(t), (long long)(bs * nb), (long long)nr, (long long)toks[k]);
                 }
             /* every row count around the group and panel edges, one shape */
             for (int64_t nr = 1; nr <= 50; nr++)
-                CHECKF(check_matmul(t, 32 * 3, nr, 11, (int)(nr & 3)) == 0, "%s %s rows=%lld", levels[l],
+                CHECKF(check_matmul(t, bs * 3, nr, 11, (int)(nr & 3)) == 0, "%s %s rows=%lld", levels[l],
                        lk_type_name(t), (long long)nr);
-            /* a full token block and a tail past it, K tail past a super-block */
-            CHECKF(check_matmul(t, 32 * 131, 20, 260, 1) == 0, "%s %s 260 tokens", levels[l], lk_type_name(t));
+            /* a full token block and a tail past it, K tail past a prep */
+            CHECKF(check_matmul(t, bs == 256 ? 256 * 17 : 32 * 131, 20, 260, 1) == 0, "%s %s 260 tokens",
+                   levels[l], lk_type_name(t));
             if (l > 0) break; /* other levels: the Q4_0 shapes are enough */
         }
     }

@@ -268,3 +268,225 @@ LK_TG void lk_quant_gemm_q4q8_avx512(bool is_q8, int64_t n, int64_t nrows, const
         }
     }
 }
+
+/* ===================================================================== */
+/* Q4_K weights x Q8_K activations                                        */
+/* ===================================================================== */
+
+/* The same scheme for Q4_K super-blocks (256 elements: 8 sub-blocks of 32
+ * with 6-bit scales sc_j and mins m_j, fp16 d and dmin):
+ *   dot = d*da * sum_j sc_j * (q.a)_j  -  dmin*da * sum_j m_j * (sum a)_j
+ * Per (16 rows, token, sub-block): 8 vpdpbusd in two halves of 16 elements
+ * (a half's sum, at most 16*15*127, fits the i16 that vpdpwssd reads), each
+ * half times the rows' sc_j by one vpdpwssd into the super-block's integer
+ * sum; per super-block 4 vpdpwssd give sum_j m_j * (sum a)_j from the
+ * activation's bsums (pairs of sub-block sums as i16). The float work per
+ * super-block is the scalar reference's, in its order:
+ *   s += (d*da)*sumi - (dmin*da)*summ,
+ * about 92 uops per 64 vpdpbusd. Three accumulator sets (half sums, the
+ * super-block's integer sum, the float sum) leave room for 2 x 4 tiles. */
+enum {
+    GK4_RG = 2,     /* row groups per micro-tile */
+    GK4_T = 4,      /* tokens per micro-tile */
+    GK4_KB = 2,     /* super-blocks per K block: 2 x 2 x 78 x 64 B = 20 KB panel */
+    GK4_KSB = 16,   /* super-blocks per activation prep */
+    GK4_SC = 64,    /* vector index of sc_0 .. sc_7 (i32 lanes) */
+    GK4_MM = 72,    /* m_{2i} | m_{2i+1} << 16, i = 0..3 */
+    GK4_D = 76,     /* d, then dmin (floats) */
+    GK4_VEC = 78,   /* 64 quant vectors (sub-block j, quants 4k..4k+3 at 8j+k) + 14 */
+};
+
+typedef struct {
+    _Alignas(64) uint8_t v[GK4_RG][GK4_KB][GK4_VEC][64];
+} gk4_panel;
+
+typedef struct {
+    float   d[GK_TB][GK4_KSB];
+    int32_t sp[GK_TB][GK4_KSB][4]; /* (S_2i, S_2i+1) as i16 pairs, S_j = sum of sub-block j */
+} gk4_act;
+
+LK_TG static void gk4_pack_group(const uint8_t *w, size_t ws, int nr, int64_t s0, int kb, uint8_t (*out)[GK4_VEC][64]) {
+    const __m512i m0f = _mm512_set1_epi8(0x0F);
+    for (int s = 0; s < kb; s++) {
+        _Alignas(64) int32_t sc[8][16], mm[4][16];
+        _Alignas(32) uint16_t d[2][16];
+        const uint8_t *p[16];
+        for (int r = 0; r < 16; r++) {
+            p[r] = r < nr ? w + (size_t)r * ws + (size_t)(s0 + s) * LK_Q4K_BYTES : NULL;
+            uint8_t s8[8] = {0}, m8[8] = {0};
+            d[0][r] = d[1][r] = 0;
+            if (p[r]) {
+                for (int j = 0; j < 8; j++) lk_k_scale_min(j, p[r] + LK_Q4K_SC, &s8[j], &m8[j]);
+                d[0][r] = lk_ld_u16(p[r]);
+                d[1][r] = lk_ld_u16(p[r] + 2);
+            }
+            for (int j = 0; j < 8; j++) sc[j][r] = s8[j];
+            for (int i = 0; i < 4; i++) mm[i][r] = m8[2 * i] | (int32_t)m8[2 * i + 1] << 16;
+        }
+        /* quant bytes 16c..16c+15 (c = 0..7) of the 16 rows: byte 32q + l
+         * holds element l of sub-block 2q (low nibble) and of 2q+1 (high) */
+        for (int c = 0; c < 8; c++) {
+            __m128i q[16];
+            for (int r = 0; r < 16; r++)
+                q[r] = p[r] ? _mm_loadu_si128((const __m128i *)(p[r] + LK_Q4K_QS + 16 * c)) : _mm_setzero_si128();
+            __m512i v[4];
+            gk_transpose16x4(q, v);
+            const int j = 2 * (c / 2), k0 = 4 * (c & 1);
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                _mm512_store_si512(out[s][8 * j + k0 + i], _mm512_and_si512(v[i], m0f));
+                _mm512_store_si512(out[s][8 * (j + 1) + k0 + i], gk_hi_nibble(v[i]));
+            }
+        }
+        for (int j = 0; j < 8; j++) _mm512_store_si512(out[s][GK4_SC + j], _mm512_load_si512(sc[j]));
+        for (int i = 0; i < 4; i++) _mm512_store_si512(out[s][GK4_MM + i], _mm512_load_si512(mm[i]));
+        for (int i = 0; i < 2; i++)
+            _mm512_store_ps(out[s][GK4_D + i], _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)d[i])));
+    }
+}
+
+LK_TG static void gk4_prep(const uint8_t *a, size_t as, int tb, int64_t s0, int ksb, gk4_act *act) {
+    for (int t = 0; t < tb; t++)
+        for (int s = 0; s < ksb; s++) {
+            const uint8_t *p = a + (size_t)t * as + (size_t)(s0 + s) * LK_Q8K_BYTES;
+            act->d[t][s] = lk_ld_f32(p);
+            for (int i = 0; i < 4; i++) {
+                int s_lo = lk_ld_i16(p + LK_Q8K_BS + 8 * i) + lk_ld_i16(p + LK_Q8K_BS + 8 * i + 2);
+                int s_hi = lk_ld_i16(p + LK_Q8K_BS + 8 * i + 4) + lk_ld_i16(p + LK_Q8K_BS + 8 * i + 6);
+                act->sp[t][s][i] = (int32_t)((uint32_t)(uint16_t)s_lo | (uint32_t)s_hi << 16);
+            }
+        }
+}
+
+LK_TG static LK_INL void gk4_tile(const int RG, const int T, const gk4_panel *wp, const uint8_t *const *at,
+                                  const gk4_act *act, int t0, int s1, int kb, float *y, size_t ys, int nlast,
+                                  bool add) {
+    __m512 fa[GK4_RG][GK4_T];
+#pragma GCC unroll 4
+    for (int g = 0; g < RG; g++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) fa[g][t] = _mm512_setzero_ps();
+    for (int s = 0; s < kb; s++) {
+        __m512i is[GK4_RG][GK4_T];
+#pragma GCC unroll 4
+        for (int g = 0; g < RG; g++)
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) is[g][t] = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j++) {
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                __m512i ps[GK4_RG][GK4_T];
+#pragma GCC unroll 4
+                for (int g = 0; g < RG; g++)
+#pragma GCC unroll 4
+                    for (int t = 0; t < T; t++) ps[g][t] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int kk = 0; kk < 4; kk++) {
+                    const int k = 4 * h + kk;
+#pragma GCC unroll 4
+                    for (int g = 0; g < RG; g++) {
+                        __m512i wv = _mm512_load_si512(wp->v[g][s][8 * j + k]);
+#pragma GCC unroll 4
+                        for (int t = 0; t < T; t++)
+                            ps[g][t] = _mm512_dpbusd_epi32(ps[g][t], wv, _mm512_set1_epi32(gk_ld_i32(
+                                at[t] + (size_t)s * LK_Q8K_BYTES + LK_Q8K_QS + 32 * j + 4 * k)));
+                    }
+                }
+#pragma GCC unroll 4
+                for (int g = 0; g < RG; g++) {
+                    __m512i sc = _mm512_load_si512(wp->v[g][s][GK4_SC + j]);
+#pragma GCC unroll 4
+                    for (int t = 0; t < T; t++) is[g][t] = _mm512_dpwssd_epi32(is[g][t], ps[g][t], sc);
+                }
+            }
+        }
+#pragma GCC unroll 4
+        for (int g = 0; g < RG; g++) {
+            __m512 dd = _mm512_load_ps(wp->v[g][s][GK4_D]), dm = _mm512_load_ps(wp->v[g][s][GK4_D + 1]);
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) {
+                __m512i im = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++)
+                    im = _mm512_dpwssd_epi32(im, _mm512_load_si512(wp->v[g][s][GK4_MM + i]),
+                                             _mm512_set1_epi32(act->sp[t0 + t][s1 + s][i]));
+                __m512 ad = _mm512_set1_ps(act->d[t0 + t][s1 + s]);
+                __m512 v = _mm512_sub_ps(_mm512_mul_ps(_mm512_mul_ps(dd, ad), _mm512_cvtepi32_ps(is[g][t])),
+                                         _mm512_mul_ps(_mm512_mul_ps(dm, ad), _mm512_cvtepi32_ps(im)));
+                fa[g][t] = _mm512_add_ps(fa[g][t], v);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < RG; g++) {
+        __mmask16 m = g == RG - 1 ? (__mmask16)((1u << nlast) - 1) : 0xFFFF;
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            float *yp = y + (size_t)t * ys + (size_t)g * GK_ROWS;
+            __m512 v = fa[g][t];
+            if (add) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, yp));
+            _mm512_mask_storeu_ps(yp, m, v);
+        }
+    }
+}
+
+typedef void (*gk4_tile_fn)(const gk4_panel *wp, const uint8_t *const *at, const gk4_act *act, int t0, int s1,
+                            int kb, float *y, size_t ys, int nlast, bool add);
+#define GK4_TILE(RG, T)                                                                                    \
+    LK_TG static void gk4_tile_##RG##x##T(const gk4_panel *wp, const uint8_t *const *at, const gk4_act *act, \
+                                          int t0, int s1, int kb, float *y, size_t ys, int nlast, bool add) { \
+        gk4_tile(RG, T, wp, at, act, t0, s1, kb, y, ys, nlast, add);                                        \
+    }
+GK4_TILE(1, 1) GK4_TILE(1, 2) GK4_TILE(1, 3) GK4_TILE(1, 4)
+GK4_TILE(2, 1) GK4_TILE(2, 2) GK4_TILE(2, 3) GK4_TILE(2, 4)
+static const gk4_tile_fn k4_tiles[GK4_RG][GK4_T] = {
+    {gk4_tile_1x1, gk4_tile_1x2, gk4_tile_1x3, gk4_tile_1x4},
+    {gk4_tile_2x1, gk4_tile_2x2, gk4_tile_2x3, gk4_tile_2x4},
+};
+
+LK_TG void lk_quant_gemm_q4k_avx512(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
+                                    const void *a, size_t as, float *y, size_t ys) {
+    const uint8_t *W = w, *A = a;
+    const int64_t nb = n / LK_QK_K;
+    const int PR = GK4_RG * GK_ROWS;
+    gk4_panel wp;
+    gk4_act act;
+    for (int64_t t0 = 0; t0 < ntok; t0 += GK_TB) {
+        const int tb = (int)LK_MIN((int64_t)GK_TB, ntok - t0);
+        for (int64_t s0 = 0; s0 < nb; s0 += GK4_KSB) {
+            const int ksb = (int)LK_MIN((int64_t)GK4_KSB, nb - s0);
+            gk4_prep(A + (size_t)t0 * as, as, tb, s0, ksb, &act);
+            for (int64_t r0 = 0; r0 < nrows; r0 += PR) {
+                const int nr = (int)LK_MIN((int64_t)PR, nrows - r0);
+                const int rg = (nr + GK_ROWS - 1) / GK_ROWS, nlast = nr - (rg - 1) * GK_ROWS;
+                for (int b1 = 0; b1 < ksb; b1 += GK4_KB) {
+                    const int kb = LK_MIN(GK4_KB, ksb - b1);
+                    const int64_t b0 = s0 + b1;
+                    for (int g = 0; g < rg; g++)
+                        gk4_pack_group(W + (size_t)(r0 + g * GK_ROWS) * ws, ws, LK_MIN(GK_ROWS, nr - g * GK_ROWS),
+                                       b0, kb, wp.v[g]);
+                    /* prefetch the next panel while the tiles run (see the Q4_0 driver) */
+                    int64_t pr0 = r0, pb = b1 + kb;
+                    if (pb >= ksb) pr0 += PR, pb = 0;
+                    const int pnr = pr0 < nrows ? (int)LK_MIN((int64_t)PR, nrows - pr0) : 0;
+                    const size_t plo = (size_t)(s0 + pb) * LK_Q4K_BYTES;
+                    const size_t phi = (size_t)(s0 + LK_MIN(pb + GK4_KB, ksb)) * LK_Q4K_BYTES;
+                    const int ntl = (tb + GK4_T - 1) / GK4_T;
+                    for (int t = 0, ti = 0; t < tb; t += GK4_T, ti++) {
+                        for (int r = ti * pnr / ntl; r < (ti + 1) * pnr / ntl; r++) {
+                            const uint8_t *rp = W + (size_t)(pr0 + r) * ws;
+                            for (size_t o = plo & ~(size_t)63; o < phi; o += 64)
+                                _mm_prefetch((const char *)rp + o, _MM_HINT_T1);
+                        }
+                        const int tt = LK_MIN(GK4_T, tb - t);
+                        const uint8_t *at[GK4_T];
+                        for (int i = 0; i < tt; i++)
+                            at[i] = A + (size_t)(t0 + t + i) * as + (size_t)b0 * LK_Q8K_BYTES;
+                        k4_tiles[rg - 1][tt - 1](&wp, at, &act, t, b1, kb, y + (size_t)(t0 + t) * ys + (size_t)r0,
+                                                 ys, nlast, b0 > 0);
+                    }
+                }
+            }
+        }
+    }
+}
