@@ -29,25 +29,30 @@ static const char *poisoned_copy(const lk_gguf *g, const lk_ranges *l, char *pat
     return path;
 }
 
-/* Runs the slice's part of a forward pass on 5 tokens: embed (first stage)
- * or fixed input rows, its layers, its logits (last stage). out gets the
- * hidden rows then the logits. */
+/* Runs the slice's part of two forward passes, a 5-token prefill (the batch
+ * kernels) then a 1-token step (the decode kernels): embed (first stage) or
+ * fixed input rows, its layers, its logits (last stage). out gets the
+ * hidden rows and the logits of both. */
 static size_t run_slice(const lk_gguf *g, const lk_slice *s, float *out, char *err) {
     lk_model_params mp = {.n_ctx = 16, .n_batch = 8, .n_threads = 1};
     lk_model *m;
     if (lk_model_load(g, s, &mp, &m, err, LK_ERRLEN)) return 0;
     const lk_model_config *c = lk_model_cfg(m);
-    int32_t toks[5] = {1, 7, 3, 11, (int32_t)(c->n_vocab - 1)};
+    int32_t toks[6] = {1, 7, 3, 11, (int32_t)(c->n_vocab - 1), 2};
     float *x = lk_model_hidden(m);
-    if (s->pp_rank == 0) lk_model_embed(m, toks, 5, x);
-    else
-        for (int64_t i = 0; i < 5 * (int64_t)c->n_embd; i++) x[i] = sinf((float)i * 0.37f);
-    lk_model_layers(m, x, 5, 0);
-    size_t n = 5 * (size_t)c->n_embd;
-    memcpy(out, x, n * sizeof(float));
-    if (s->pp_rank == s->pp_size - 1) {
-        lk_model_logits(m, x, 5, 2, out + n);
-        n += 2 * (size_t)(s->vocab1 - s->vocab0);
+    size_t n = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        int nt = pass ? 1 : 5, pos0 = pass ? 5 : 0;
+        if (s->pp_rank == 0) lk_model_embed(m, toks + pos0, nt, x);
+        else
+            for (int64_t i = 0; i < nt * (int64_t)c->n_embd; i++) x[i] = sinf((float)(i + pos0) * 0.37f);
+        lk_model_layers(m, x, nt, pos0);
+        memcpy(out + n, x, (size_t)nt * c->n_embd * sizeof(float));
+        n += (size_t)nt * c->n_embd;
+        if (s->pp_rank == s->pp_size - 1) {
+            lk_model_logits(m, x, nt, 1, out + n);
+            n += (size_t)(s->vocab1 - s->vocab0);
+        }
     }
     lk_model_free(m);
     return n;
@@ -61,7 +66,7 @@ static void check_model(const char *rel, int *layouts_checked, double *worst_fra
     LK_ASSERT(!lk_model_config_read(g, &cfg, err, sizeof err));
     lk_plan_dims d;
     lk_model_plan_dims(g, &cfg, &d);
-    size_t cap = 5 * (size_t)cfg.n_embd + 2 * (size_t)cfg.n_vocab;
+    size_t cap = 6 * (size_t)cfg.n_embd + 2 * (size_t)cfg.n_vocab;
     float *a = malloc(cap * sizeof(float)), *b = malloc(cap * sizeof(float));
     const int layouts[][2] = {{1, 1}, {2, 1}, {3, 1}, {4, 1}, {1, 2}, {2, 2}};
     for (size_t k = 0; k < sizeof layouts / sizeof layouts[0]; k++) {
