@@ -128,6 +128,8 @@ same_text() { # name, layout...: generates through the cluster and compares with
 }
 expect worker_bad_cache_max 2 "$L" worker --listen 127.0.0.1:0 --key-file "$T/k1" --cache-dir "$T/c1" --cache-max 12Q
 has worker_bad_cache_max_msg "$T/err" "--cache-max '12Q': expected a size"
+expect worker_cache_dir_file 2 "$L" worker --listen 127.0.0.1:0 --key-file "$T/k1" --cache-dir "$T/k1"
+has worker_cache_dir_file_msg "$T/err" "--cache-dir $T/k1: Not a directory"
 expect worker_help 0 "$L" worker --help
 has worker_help_cache_max "$T/out" '--cache-max SIZE'
 

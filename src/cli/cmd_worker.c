@@ -8,6 +8,9 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* "64G", "500M", "1024K", "123" (bytes); binary units. */
 static bool parse_size(const char *s, uint64_t *out) {
@@ -64,6 +67,15 @@ int lk_cmd_worker(int argc, char **argv) {
     if (cache_max_s && !cache_dir) {
         fprintf(stderr, "lockstep worker: --cache-max needs --cache-dir\n");
         return 2;
+    }
+    /* A cache we cannot write would only show at the first head's start. */
+    if (cache_dir) {
+        struct stat sb;
+        if ((mkdir(cache_dir, 0755) != 0 && errno != EEXIST) || stat(cache_dir, &sb) != 0 ||
+            (!S_ISDIR(sb.st_mode) && (errno = ENOTDIR)) || access(cache_dir, W_OK | X_OK) != 0) {
+            fprintf(stderr, "lockstep worker: --cache-dir %s: %s\n", cache_dir, strerror(errno));
+            return 2;
+        }
     }
     if (verbose) lk_log_set_level(LK_LOG_DEBUG);
     uint8_t key[LK_KEY_BYTES];
