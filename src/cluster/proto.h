@@ -1,4 +1,4 @@
-/* proto — the payloads of the session messages (LOAD, LOADED, MESH, READY,
+/* proto — the payloads of the session messages (LOAD, LOADED, FILE, MESH, READY,
  * STEP, PING) shared by worker.c and head.c. Internal to the cluster part.
  * Decoders validate every field a peer sent and return false on anything
  * malformed; the caller then refuses with the message type named. */

@@ -629,7 +629,7 @@ static lk_status do_load(session *s, const uint8_t *p, uint32_t len, lk_loaded_m
             human(disk_of(path, NULL), a, sizeof a);
             human(lk_gguf_file_size(s->g), b, sizeof b);
             lk_log(LK_LOG_INFO, "worker: reusing cached slices %s (%s on disk of a %s file; %s in %.2f s)", path, a, b,
-                   known ? "unchanged since checked, identity" : "every byte", (double)(lk_time_ns() - t0) / 1e9);
+                   known ? "unchanged since checked, identity checked" : "every byte checked", (double)(lk_time_ns() - t0) / 1e9);
             return finish_load(s, path, rep, err, errlen);
         }
         lk_log(LK_LOG_WARN, "worker: cache entry %s is unusable (%s): removing it and asking the head again", path,
