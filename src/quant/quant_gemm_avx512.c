@@ -316,27 +316,39 @@ typedef struct {
 } gk4_act;
 
 LK_TG static void gk4_pack_group(const uint8_t *w, size_t ws, int nr, int64_t s0, int kb, uint8_t (*out)[GK4_VEC][64]) {
-    const __m512i m0f = _mm512_set1_epi8(0x0F);
+    const __m512i m0f = _mm512_set1_epi8(0x0F), m3f = _mm512_set1_epi32(63), mf = _mm512_set1_epi32(15),
+                  m3 = _mm512_set1_epi32(3);
     for (int s = 0; s < kb; s++) {
-        _Alignas(64) int32_t sc[8][16], mm[4][16];
-        _Alignas(32) uint16_t d[2][16];
         const uint8_t *p[16];
-        for (int r = 0; r < 16; r++) {
-            p[r] = r < nr ? w + (size_t)r * ws + (size_t)(s0 + s) * LK_Q4K_BYTES : NULL;
-            uint8_t s8[8] = {0}, m8[8] = {0};
-            d[0][r] = d[1][r] = 0;
-            if (p[r]) {
-                for (int j = 0; j < 8; j++) lk_k_scale_min(j, p[r] + LK_Q4K_SC, &s8[j], &m8[j]);
-                d[0][r] = lk_ld_u16(p[r]);
-                d[1][r] = lk_ld_u16(p[r] + 2);
-            }
-            for (int j = 0; j < 8; j++) sc[j][r] = s8[j];
-            for (int i = 0; i < 4; i++) mm[i][r] = m8[2 * i] | (int32_t)m8[2 * i + 1] << 16;
+        __m128i q[16];
+        for (int r = 0; r < 16; r++) p[r] = r < nr ? w + (size_t)r * ws + (size_t)(s0 + s) * LK_Q4K_BYTES : NULL;
+        /* the first 16 bytes of each row's super-block: d | dmin | 12 bytes
+         * of 6-bit scales and mins; transposed, lane r of h[1..3] holds
+         * scale bytes 0-3, 4-7, 8-11 of row r, unpacked in all lanes at once
+         * (lk_k_scale_min's packing) */
+        for (int r = 0; r < 16; r++) q[r] = p[r] ? _mm_loadu_si128((const __m128i *)p[r]) : _mm_setzero_si128();
+        __m512i h[4];
+        gk_transpose16x4(q, h);
+        _mm512_store_ps(out[s][GK4_D], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h[0])));
+        _mm512_store_ps(out[s][GK4_D + 1], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h[0], 16))));
+        __m512i sc[8], mn[8];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            sc[j] = _mm512_and_si512(_mm512_srli_epi32(h[1], 8 * j), m3f);
+            mn[j] = _mm512_and_si512(_mm512_srli_epi32(h[2], 8 * j), m3f);
+            sc[j + 4] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(h[3], 8 * j), mf),
+                                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h[1], 8 * j + 6), m3), 4));
+            mn[j + 4] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(h[3], 8 * j + 4), mf),
+                                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h[2], 8 * j + 6), m3), 4));
         }
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) _mm512_store_si512(out[s][GK4_SC + j], sc[j]);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++)
+            _mm512_store_si512(out[s][GK4_MM + i], _mm512_or_si512(mn[2 * i], _mm512_slli_epi32(mn[2 * i + 1], 16)));
         /* quant bytes 16c..16c+15 (c = 0..7) of the 16 rows: byte 32q + l
          * holds element l of sub-block 2q (low nibble) and of 2q+1 (high) */
         for (int c = 0; c < 8; c++) {
-            __m128i q[16];
             for (int r = 0; r < 16; r++)
                 q[r] = p[r] ? _mm_loadu_si128((const __m128i *)(p[r] + LK_Q4K_QS + 16 * c)) : _mm_setzero_si128();
             __m512i v[4];
@@ -348,10 +360,6 @@ LK_TG static void gk4_pack_group(const uint8_t *w, size_t ws, int nr, int64_t s0
                 _mm512_store_si512(out[s][8 * (j + 1) + k0 + i], gk_hi_nibble(v[i]));
             }
         }
-        for (int j = 0; j < 8; j++) _mm512_store_si512(out[s][GK4_SC + j], _mm512_load_si512(sc[j]));
-        for (int i = 0; i < 4; i++) _mm512_store_si512(out[s][GK4_MM + i], _mm512_load_si512(mm[i]));
-        for (int i = 0; i < 2; i++)
-            _mm512_store_ps(out[s][GK4_D + i], _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)d[i])));
     }
 }
 
