@@ -390,9 +390,9 @@ TEST(matmul_vs_double_all_levels) {
     lk_quant_set_simd("scalar");
 }
 
-/* The prefill GEMMs (Q4_0 / Q8_0 / Q4_K on AVX-512, from 5 tokens on):
- * rows are packed 16 to a group and 3 (Q4_K: 2) groups to a panel, blocks
- * 16 (Q4_K: super-blocks 2) to a K block and 128 (16) to an activation
+/* The prefill GEMMs (Q4_0 / Q8_0 / Q4_K / Q6_K on AVX-512, from 5 tokens on):
+ * rows are packed 16 to a group and 3 (K-quants: 2) groups to a panel, blocks
+ * 16 (K-quants: super-blocks 2) to a K block and 128 (16) to an activation
  * prep, tokens 4 to a tile and 128 to a token block. Shapes on both sides
  * of every one of those edges: partial groups and panels (1, 15, 17, 31, 33,
  * 47, 49, 172 rows), K tails (y accumulated over K blocks and preps), token
@@ -403,10 +403,10 @@ TEST(matmul_prefill_gemm_edges) {
     static const int64_t rows[] = {1, 15, 16, 17, 31, 33, 47, 49, 172};
     static const int64_t toks[] = {5, 8, 9, 13, 67, 130};
     static const int64_t blocks[] = {1, 2, 3, 17, 130};
-    static const lk_type types[] = {LK_TYPE_Q4_0, LK_TYPE_Q8_0, LK_TYPE_Q4_K};
+    static const lk_type types[] = {LK_TYPE_Q4_0, LK_TYPE_Q8_0, LK_TYPE_Q4_K, LK_TYPE_Q6_K};
     for (int l = 0; l < 3; l++) {
         if (!lk_quant_set_simd(levels[l])) continue;
-        for (int q = 0; q < 3; q++) {
+        for (int q = 0; q < 4; q++) {
             lk_type t = types[q];
             const int64_t bs = lk_type_block_size(t);
             int i = 0;

@@ -304,10 +304,14 @@ enum {
     GK4_MM = 72,    /* m_{2i} | m_{2i+1} << 16, i = 0..3 */
     GK4_D = 76,     /* d, then dmin (floats) */
     GK4_VEC = 78,   /* 64 quant vectors (sub-block j, quants 4k..4k+3 at 8j+k) + 14 */
+    GK6_SC = 64,    /* Q6_K: scale of group g (16 quants) as i32, g = 0..15 */
+    GK6_SP = 80,    /* (sc_2i, sc_2i+1) as i16 pairs, i = 0..7 */
+    GK6_D = 88,     /* d (floats) */
+    GKK_VEC = 89,   /* vectors per (row group, super-block), the larger of the two */
 };
 
 typedef struct {
-    _Alignas(64) uint8_t v[GK4_RG][GK4_KB][GK4_VEC][64];
+    _Alignas(64) uint8_t v[GK4_RG][GK4_KB][GKK_VEC][64];
 } gk4_panel;
 
 typedef struct {
@@ -315,7 +319,7 @@ typedef struct {
     int32_t sp[GK_TB][GK4_KSB][4]; /* (S_2i, S_2i+1) as i16 pairs, S_j = sum of sub-block j */
 } gk4_act;
 
-LK_TG static void gk4_pack_group(const uint8_t *w, size_t ws, int nr, int64_t s0, int kb, uint8_t (*out)[GK4_VEC][64]) {
+LK_TG static void gk4_pack_group(const uint8_t *w, size_t ws, int nr, int64_t s0, int kb, uint8_t (*out)[GKK_VEC][64]) {
     const __m512i m0f = _mm512_set1_epi8(0x0F), m3f = _mm512_set1_epi32(63), mf = _mm512_set1_epi32(15),
                   m3 = _mm512_set1_epi32(3);
     for (int s = 0; s < kb; s++) {
@@ -363,6 +367,52 @@ LK_TG static void gk4_pack_group(const uint8_t *w, size_t ws, int nr, int64_t s0
     }
 }
 
+/* Q6_K (256 quants: 4 low bits in ql[128], 2 high bits in qh[64], 16
+ * int8 scales of 16 quants, fp16 d): element e = 128h + 32k + l takes its low
+ * nibble from ql[64h + 32(k&1) + l] (low nibble for k < 2) and bits 2k, 2k+1
+ * of qh[32h + l]; packed as q + 32 (0..63, unsigned for vpdpbusd), vector
+ * 4g + kk = quants 16g + 4kk .. +3. The -32 comes back through the bsums. */
+LK_TG static void gk6_pack_group(const uint8_t *w, size_t ws, int nr, int64_t s0, int kb, uint8_t (*out)[GKK_VEC][64]) {
+    const __m512i m0f = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), mlo = _mm512_set1_epi32(0xFFFF);
+    for (int s = 0; s < kb; s++) {
+        const uint8_t *p[16];
+        __m128i q[16];
+        __m512i ql[32], qh[16], sv[4];
+        for (int r = 0; r < 16; r++) p[r] = r < nr ? w + (size_t)r * ws + (size_t)(s0 + s) * LK_Q6K_BYTES : NULL;
+        for (int c = 0; c < 12; c++) {
+            for (int r = 0; r < 16; r++)
+                q[r] = p[r] ? _mm_loadu_si128((const __m128i *)(p[r] + LK_Q6K_QL + 16 * c)) : _mm_setzero_si128();
+            gk_transpose16x4(q, c < 8 ? ql + 4 * c : qh + 4 * (c - 8)); /* ql then qh: contiguous bytes */
+        }
+        for (int g = 0; g < 16; g++) {
+            const int h = g / 8, k = (g / 2) & 3;
+#pragma GCC unroll 4
+            for (int kk = 0; kk < 4; kk++) {
+                const int l = 16 * (g & 1) + 4 * kk;
+                __m512i lo = ql[(64 * h + 32 * (k & 1) + l) / 4], hv = qh[(32 * h + l) / 4];
+                lo = k < 2 ? _mm512_and_si512(lo, m0f) : gk_hi_nibble(lo);
+                hv = k == 0 ? _mm512_slli_epi16(hv, 4) : k == 1 ? _mm512_slli_epi16(hv, 2)
+                   : k == 2 ? hv : _mm512_srli_epi16(hv, 2);
+                _mm512_store_si512(out[s][4 * g + kk], _mm512_or_si512(lo, _mm512_and_si512(hv, m30)));
+            }
+        }
+        for (int r = 0; r < 16; r++)
+            q[r] = p[r] ? _mm_loadu_si128((const __m128i *)(p[r] + LK_Q6K_SC)) : _mm_setzero_si128();
+        gk_transpose16x4(q, sv);
+        __m512i sc[16];
+#pragma GCC unroll 16
+        for (int g = 0; g < 16; g++) {
+            sc[g] = _mm512_srai_epi32(_mm512_slli_epi32(sv[g / 4], 24 - 8 * (g % 4)), 24);
+            _mm512_store_si512(out[s][GK6_SC + g], sc[g]);
+        }
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++)
+            _mm512_store_si512(out[s][GK6_SP + i],
+                               _mm512_or_si512(_mm512_and_si512(sc[2 * i], mlo), _mm512_slli_epi32(sc[2 * i + 1], 16)));
+        _mm512_store_ps(out[s][GK6_D], gk_gather_h16(w + (size_t)(s0 + s) * LK_Q6K_BYTES + LK_Q6K_D, ws, nr));
+    }
+}
+
 LK_TG static void gk4_prep(const uint8_t *a, size_t as, int tb, int64_t s0, int ksb, gk4_act *act) {
     for (int t = 0; t < tb; t++)
         for (int s = 0; s < ksb; s++) {
@@ -376,9 +426,10 @@ LK_TG static void gk4_prep(const uint8_t *a, size_t as, int tb, int64_t s0, int 
         }
 }
 
-LK_TG static LK_INL void gk4_tile(const int RG, const int T, const gk4_panel *wp, const uint8_t *const *at,
-                                  const gk4_act *act, int t0, int s1, int kb, float *y, size_t ys, int nlast,
-                                  bool add) {
+/* One RG x T micro-tile over kb super-blocks (kind 4: Q4_K, 6: Q6_K). */
+LK_TG static LK_INL void gkk_tile(const int kind, const int RG, const int T, const gk4_panel *wp,
+                                  const uint8_t *const *at, const gk4_act *act, int t0, int s1, int kb, float *y,
+                                  size_t ys, int nlast, bool add) {
     __m512 fa[GK4_RG][GK4_T];
 #pragma GCC unroll 4
     for (int g = 0; g < RG; g++)
@@ -386,51 +437,74 @@ LK_TG static LK_INL void gk4_tile(const int RG, const int T, const gk4_panel *wp
         for (int t = 0; t < T; t++) fa[g][t] = _mm512_setzero_ps();
     for (int s = 0; s < kb; s++) {
         __m512i is[GK4_RG][GK4_T];
+        if (kind == 4) {
 #pragma GCC unroll 4
-        for (int g = 0; g < RG; g++)
+            for (int g = 0; g < RG; g++)
 #pragma GCC unroll 4
-            for (int t = 0; t < T; t++) is[g][t] = _mm512_setzero_si512();
-        for (int j = 0; j < 8; j++) {
-#pragma GCC unroll 2
-            for (int h = 0; h < 2; h++) {
-                __m512i ps[GK4_RG][GK4_T];
+                for (int t = 0; t < T; t++) is[g][t] = _mm512_setzero_si512();
+        } else {
+            /* Q6_K: sum_g sc_g * (q+32).a over group g, minus 32 * sum_g sc_g * bsum_g */
 #pragma GCC unroll 4
-                for (int g = 0; g < RG; g++)
+            for (int g = 0; g < RG; g++)
 #pragma GCC unroll 4
-                    for (int t = 0; t < T; t++) ps[g][t] = _mm512_setzero_si512();
-#pragma GCC unroll 4
-                for (int kk = 0; kk < 4; kk++) {
-                    const int k = 4 * h + kk;
-#pragma GCC unroll 4
-                    for (int g = 0; g < RG; g++) {
-                        __m512i wv = _mm512_load_si512(wp->v[g][s][8 * j + k]);
-#pragma GCC unroll 4
-                        for (int t = 0; t < T; t++)
-                            ps[g][t] = _mm512_dpbusd_epi32(ps[g][t], wv, _mm512_set1_epi32(gk_ld_i32(
-                                at[t] + (size_t)s * LK_Q8K_BYTES + LK_Q8K_QS + 32 * j + 4 * k)));
-                    }
+                for (int t = 0; t < T; t++) {
+                    __m512i c = _mm512_setzero_si512();
+#pragma GCC unroll 8
+                    for (int i = 0; i < 8; i++)
+                        c = _mm512_dpwssd_epi32(c, _mm512_load_si512(wp->v[g][s][GK6_SP + i]),
+                                                _mm512_set1_epi32(gk_ld_i32(at[t] + (size_t)s * LK_Q8K_BYTES + LK_Q8K_BS + 4 * i)));
+                    is[g][t] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(c, 5));
                 }
+        }
+        /* kind 4: 16 steps (sub-block j, half h) of 4 quant vectors, scale sc_j
+         * by vpdpwssd; kind 6: 16 groups of 4 vectors, scale by vpmulld (a
+         * group's sum of (q+32)*a, up to 128016, does not fit vpdpwssd's i16) */
+        for (int step = 0; step < 16; step++) {
+            __m512i ps[GK4_RG][GK4_T];
+#pragma GCC unroll 4
+            for (int g = 0; g < RG; g++)
+#pragma GCC unroll 4
+                for (int t = 0; t < T; t++) ps[g][t] = _mm512_setzero_si512();
+            /* kind 4: vector 8j + 4h + kk, activation bytes 32j + 4(4h + kk) = 16 step + 4kk;
+             * kind 6: vector 4g + kk, bytes 16g + 4kk: the same offsets */
+            const int v0 = kind == 4 ? 8 * (step / 2) + 4 * (step & 1) : 4 * step;
+#pragma GCC unroll 4
+            for (int kk = 0; kk < 4; kk++) {
 #pragma GCC unroll 4
                 for (int g = 0; g < RG; g++) {
-                    __m512i sc = _mm512_load_si512(wp->v[g][s][GK4_SC + j]);
+                    __m512i wv = _mm512_load_si512(wp->v[g][s][v0 + kk]);
 #pragma GCC unroll 4
-                    for (int t = 0; t < T; t++) is[g][t] = _mm512_dpwssd_epi32(is[g][t], ps[g][t], sc);
+                    for (int t = 0; t < T; t++)
+                        ps[g][t] = _mm512_dpbusd_epi32(ps[g][t], wv, _mm512_set1_epi32(gk_ld_i32(
+                            at[t] + (size_t)s * LK_Q8K_BYTES + LK_Q8K_QS + 16 * step + 4 * kk)));
                 }
+            }
+#pragma GCC unroll 4
+            for (int g = 0; g < RG; g++) {
+                __m512i sc = _mm512_load_si512(wp->v[g][s][kind == 4 ? GK4_SC + step / 2 : GK6_SC + step]);
+#pragma GCC unroll 4
+                for (int t = 0; t < T; t++)
+                    is[g][t] = kind == 4 ? _mm512_dpwssd_epi32(is[g][t], ps[g][t], sc)
+                                         : _mm512_add_epi32(is[g][t], _mm512_mullo_epi32(ps[g][t], sc));
             }
         }
 #pragma GCC unroll 4
         for (int g = 0; g < RG; g++) {
-            __m512 dd = _mm512_load_ps(wp->v[g][s][GK4_D]), dm = _mm512_load_ps(wp->v[g][s][GK4_D + 1]);
+            __m512 dd = _mm512_load_ps(wp->v[g][s][kind == 4 ? GK4_D : GK6_D]);
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++) {
-                __m512i im = _mm512_setzero_si512();
-#pragma GCC unroll 4
-                for (int i = 0; i < 4; i++)
-                    im = _mm512_dpwssd_epi32(im, _mm512_load_si512(wp->v[g][s][GK4_MM + i]),
-                                             _mm512_set1_epi32(act->sp[t0 + t][s1 + s][i]));
                 __m512 ad = _mm512_set1_ps(act->d[t0 + t][s1 + s]);
-                __m512 v = _mm512_sub_ps(_mm512_mul_ps(_mm512_mul_ps(dd, ad), _mm512_cvtepi32_ps(is[g][t])),
-                                         _mm512_mul_ps(_mm512_mul_ps(dm, ad), _mm512_cvtepi32_ps(im)));
+                __m512 v = _mm512_mul_ps(_mm512_mul_ps(dd, ad), _mm512_cvtepi32_ps(is[g][t]));
+                if (kind == 4) {
+                    /* s += (d*da)*sumi - (dmin*da)*summ, as the scalar reference */
+                    __m512 dm = _mm512_load_ps(wp->v[g][s][GK4_D + 1]);
+                    __m512i im = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                    for (int i = 0; i < 4; i++)
+                        im = _mm512_dpwssd_epi32(im, _mm512_load_si512(wp->v[g][s][GK4_MM + i]),
+                                                 _mm512_set1_epi32(act->sp[t0 + t][s1 + s][i]));
+                    v = _mm512_sub_ps(v, _mm512_mul_ps(_mm512_mul_ps(dm, ad), _mm512_cvtepi32_ps(im)));
+                }
                 fa[g][t] = _mm512_add_ps(fa[g][t], v);
             }
         }
@@ -450,21 +524,25 @@ LK_TG static LK_INL void gk4_tile(const int RG, const int T, const gk4_panel *wp
 
 typedef void (*gk4_tile_fn)(const gk4_panel *wp, const uint8_t *const *at, const gk4_act *act, int t0, int s1,
                             int kb, float *y, size_t ys, int nlast, bool add);
-#define GK4_TILE(RG, T)                                                                                    \
-    LK_TG static void gk4_tile_##RG##x##T(const gk4_panel *wp, const uint8_t *const *at, const gk4_act *act, \
-                                          int t0, int s1, int kb, float *y, size_t ys, int nlast, bool add) { \
-        gk4_tile(RG, T, wp, at, act, t0, s1, kb, y, ys, nlast, add);                                        \
+#define GKK_TILE(K, RG, T)                                                                                    \
+    LK_TG static void gk##K##_tile_##RG##x##T(const gk4_panel *wp, const uint8_t *const *at, const gk4_act *act, \
+                                             int t0, int s1, int kb, float *y, size_t ys, int nlast, bool add) { \
+        gkk_tile(K, RG, T, wp, at, act, t0, s1, kb, y, ys, nlast, add);                                        \
     }
-GK4_TILE(1, 1) GK4_TILE(1, 2) GK4_TILE(1, 3) GK4_TILE(1, 4)
-GK4_TILE(2, 1) GK4_TILE(2, 2) GK4_TILE(2, 3) GK4_TILE(2, 4)
-static const gk4_tile_fn k4_tiles[GK4_RG][GK4_T] = {
-    {gk4_tile_1x1, gk4_tile_1x2, gk4_tile_1x3, gk4_tile_1x4},
-    {gk4_tile_2x1, gk4_tile_2x2, gk4_tile_2x3, gk4_tile_2x4},
+GKK_TILE(4, 1, 1) GKK_TILE(4, 1, 2) GKK_TILE(4, 1, 3) GKK_TILE(4, 1, 4)
+GKK_TILE(4, 2, 1) GKK_TILE(4, 2, 2) GKK_TILE(4, 2, 3) GKK_TILE(4, 2, 4)
+GKK_TILE(6, 1, 1) GKK_TILE(6, 1, 2) GKK_TILE(6, 1, 3) GKK_TILE(6, 1, 4)
+GKK_TILE(6, 2, 1) GKK_TILE(6, 2, 2) GKK_TILE(6, 2, 3) GKK_TILE(6, 2, 4)
+static const gk4_tile_fn k4_tiles[2][GK4_RG][GK4_T] = {
+    {{gk4_tile_1x1, gk4_tile_1x2, gk4_tile_1x3, gk4_tile_1x4},
+     {gk4_tile_2x1, gk4_tile_2x2, gk4_tile_2x3, gk4_tile_2x4}},
+    {{gk6_tile_1x1, gk6_tile_1x2, gk6_tile_1x3, gk6_tile_1x4},
+     {gk6_tile_2x1, gk6_tile_2x2, gk6_tile_2x3, gk6_tile_2x4}},
 };
 
-LK_TG void lk_quant_gemm_q4k_avx512(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
-                                    const void *a, size_t as, float *y, size_t ys) {
-    const uint8_t *W = w, *A = a;
+LK_TG static void gkk_gemm(const int kind, int64_t n, int64_t nrows, const uint8_t *W, size_t ws, int64_t ntok,
+                           const uint8_t *A, size_t as, float *y, size_t ys) {
+    const size_t bb = kind == 4 ? LK_Q4K_BYTES : LK_Q6K_BYTES;
     const int64_t nb = n / LK_QK_K;
     const int PR = GK4_RG * GK_ROWS;
     gk4_panel wp;
@@ -480,15 +558,17 @@ LK_TG void lk_quant_gemm_q4k_avx512(int64_t n, int64_t nrows, const void *w, siz
                 for (int b1 = 0; b1 < ksb; b1 += GK4_KB) {
                     const int kb = LK_MIN(GK4_KB, ksb - b1);
                     const int64_t b0 = s0 + b1;
-                    for (int g = 0; g < rg; g++)
-                        gk4_pack_group(W + (size_t)(r0 + g * GK_ROWS) * ws, ws, LK_MIN(GK_ROWS, nr - g * GK_ROWS),
-                                       b0, kb, wp.v[g]);
+                    for (int g = 0; g < rg; g++) {
+                        const uint8_t *wg = W + (size_t)(r0 + g * GK_ROWS) * ws;
+                        const int ng = LK_MIN(GK_ROWS, nr - g * GK_ROWS);
+                        if (kind == 4) gk4_pack_group(wg, ws, ng, b0, kb, wp.v[g]);
+                        else gk6_pack_group(wg, ws, ng, b0, kb, wp.v[g]);
+                    }
                     /* prefetch the next panel while the tiles run (see the Q4_0 driver) */
                     int64_t pr0 = r0, pb = b1 + kb;
                     if (pb >= ksb) pr0 += PR, pb = 0;
                     const int pnr = pr0 < nrows ? (int)LK_MIN((int64_t)PR, nrows - pr0) : 0;
-                    const size_t plo = (size_t)(s0 + pb) * LK_Q4K_BYTES;
-                    const size_t phi = (size_t)(s0 + LK_MIN(pb + GK4_KB, ksb)) * LK_Q4K_BYTES;
+                    const size_t plo = (size_t)(s0 + pb) * bb, phi = (size_t)(s0 + LK_MIN(pb + GK4_KB, ksb)) * bb;
                     const int ntl = (tb + GK4_T - 1) / GK4_T;
                     for (int t = 0, ti = 0; t < tb; t += GK4_T, ti++) {
                         for (int r = ti * pnr / ntl; r < (ti + 1) * pnr / ntl; r++) {
@@ -500,11 +580,21 @@ LK_TG void lk_quant_gemm_q4k_avx512(int64_t n, int64_t nrows, const void *w, siz
                         const uint8_t *at[GK4_T];
                         for (int i = 0; i < tt; i++)
                             at[i] = A + (size_t)(t0 + t + i) * as + (size_t)b0 * LK_Q8K_BYTES;
-                        k4_tiles[rg - 1][tt - 1](&wp, at, &act, t, b1, kb, y + (size_t)(t0 + t) * ys + (size_t)r0,
-                                                 ys, nlast, b0 > 0);
+                        k4_tiles[kind == 6][rg - 1][tt - 1](&wp, at, &act, t, b1, kb,
+                                                            y + (size_t)(t0 + t) * ys + (size_t)r0, ys, nlast, b0 > 0);
                     }
                 }
             }
         }
     }
+}
+
+LK_TG void lk_quant_gemm_q4k_avx512(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
+                                    const void *a, size_t as, float *y, size_t ys) {
+    gkk_gemm(4, n, nrows, w, ws, ntok, a, as, y, ys);
+}
+
+LK_TG void lk_quant_gemm_q6k_avx512(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
+                                    const void *a, size_t as, float *y, size_t ys) {
+    gkk_gemm(6, n, nrows, w, ws, ntok, a, as, y, ys);
 }
