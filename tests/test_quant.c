@@ -390,7 +390,7 @@ TEST(matmul_vs_double_all_levels) {
     lk_quant_set_simd("scalar");
 }
 
-/* The prefill GEMMs (Q4_0 / Q8_0 / Q4_K / Q6_K on AVX-512, from 5 tokens on):
+/* The prefill GEMMs (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K on AVX-512, from 5 tokens on):
  * rows are packed 16 to a group and 3 (K-quants: 2) groups to a panel, blocks
  * 16 (K-quants: super-blocks 2) to a K block and 128 (16) to an activation
  * prep, tokens 4 to a tile and 128 to a token block. Shapes on both sides
@@ -403,10 +403,10 @@ TEST(matmul_prefill_gemm_edges) {
     static const int64_t rows[] = {1, 15, 16, 17, 31, 33, 47, 49, 172};
     static const int64_t toks[] = {5, 8, 9, 13, 67, 130};
     static const int64_t blocks[] = {1, 2, 3, 17, 130};
-    static const lk_type types[] = {LK_TYPE_Q4_0, LK_TYPE_Q8_0, LK_TYPE_Q4_K, LK_TYPE_Q6_K};
+    static const lk_type types[] = {LK_TYPE_Q4_0, LK_TYPE_Q8_0, LK_TYPE_Q4_K, LK_TYPE_Q5_K, LK_TYPE_Q6_K};
     for (int l = 0; l < 3; l++) {
         if (!lk_quant_set_simd(levels[l])) continue;
-        for (int q = 0; q < 4; q++) {
+        for (int q = 0; q < 5; q++) {
             lk_type t = types[q];
             const int64_t bs = lk_type_block_size(t);
             int i = 0;

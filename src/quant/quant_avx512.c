@@ -776,13 +776,17 @@ LK_F_TILES(LK_T512BF, bf, BF_CALL)
     }
 LK_MM_Q_FN(q40, false)
 LK_MM_Q_FN(q80, true)
-/* Q4_K, Q6_K: prefill through the GEMM (quant_gemm_avx512.c) */
+/* K-quants: prefill through the GEMM (quant_gemm_avx512.c) */
 static void mm_q4k(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
                    size_t a_stride, float *y, size_t y_stride) {
     if (ntok >= LK_GEMM_MIN_TOK) lk_quant_gemm_q4k_avx512(n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
     else lk_quant_run_tiles(&q4k_set, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
 }
-LK_MM_FN(q5k)
+static void mm_q5k(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
+                   size_t a_stride, float *y, size_t y_stride) {
+    if (ntok >= LK_GEMM_MIN_TOK) lk_quant_gemm_q5k_avx512(n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
+    else lk_quant_run_tiles(&q5k_set, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
+}
 static void mm_q6k(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
                    size_t a_stride, float *y, size_t y_stride) {
     if (ntok >= LK_GEMM_MIN_TOK) lk_quant_gemm_q6k_avx512(n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);

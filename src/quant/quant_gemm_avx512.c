@@ -319,13 +319,17 @@ typedef struct {
     int32_t sp[GK_TB][GK4_KSB][4]; /* (S_2i, S_2i+1) as i16 pairs, S_j = sum of sub-block j */
 } gk4_act;
 
-LK_TG static void gk4_pack_group(const uint8_t *w, size_t ws, int nr, int64_t s0, int kb, uint8_t (*out)[GKK_VEC][64]) {
+/* Q4_K (kind 4) or Q5_K (kind 5: the fifth bit of element l of sub-block j
+ * is bit j of qh[l]). */
+LK_TG static void gk4_pack_group(const int kind, const uint8_t *w, size_t ws, int nr, int64_t s0, int kb,
+                                 uint8_t (*out)[GKK_VEC][64]) {
     const __m512i m0f = _mm512_set1_epi8(0x0F), m3f = _mm512_set1_epi32(63), mf = _mm512_set1_epi32(15),
                   m3 = _mm512_set1_epi32(3);
     for (int s = 0; s < kb; s++) {
         const uint8_t *p[16];
         __m128i q[16];
-        for (int r = 0; r < 16; r++) p[r] = r < nr ? w + (size_t)r * ws + (size_t)(s0 + s) * LK_Q4K_BYTES : NULL;
+        const size_t bb = kind == 4 ? LK_Q4K_BYTES : LK_Q5K_BYTES, qso = kind == 4 ? LK_Q4K_QS : LK_Q5K_QS;
+        for (int r = 0; r < 16; r++) p[r] = r < nr ? w + (size_t)r * ws + (size_t)(s0 + s) * bb : NULL;
         /* the first 16 bytes of each row's super-block: d | dmin | 12 bytes
          * of 6-bit scales and mins; transposed, lane r of h[1..3] holds
          * scale bytes 0-3, 4-7, 8-11 of row r, unpacked in all lanes at once
@@ -350,18 +354,36 @@ LK_TG static void gk4_pack_group(const uint8_t *w, size_t ws, int nr, int64_t s0
 #pragma GCC unroll 4
         for (int i = 0; i < 4; i++)
             _mm512_store_si512(out[s][GK4_MM + i], _mm512_or_si512(mn[2 * i], _mm512_slli_epi32(mn[2 * i + 1], 16)));
+        /* Q5_K: qh bytes 4k..4k+3 of the 16 rows in qh[k] */
+        __m512i qh[8];
+        if (kind == 5)
+            for (int c = 0; c < 2; c++) {
+                for (int r = 0; r < 16; r++)
+                    q[r] = p[r] ? _mm_loadu_si128((const __m128i *)(p[r] + LK_Q5K_QH + 16 * c)) : _mm_setzero_si128();
+                gk_transpose16x4(q, qh + 4 * c);
+            }
         /* quant bytes 16c..16c+15 (c = 0..7) of the 16 rows: byte 32q + l
          * holds element l of sub-block 2q (low nibble) and of 2q+1 (high) */
         for (int c = 0; c < 8; c++) {
             for (int r = 0; r < 16; r++)
-                q[r] = p[r] ? _mm_loadu_si128((const __m128i *)(p[r] + LK_Q4K_QS + 16 * c)) : _mm_setzero_si128();
+                q[r] = p[r] ? _mm_loadu_si128((const __m128i *)(p[r] + qso + 16 * c)) : _mm_setzero_si128();
             __m512i v[4];
             gk_transpose16x4(q, v);
             const int j = 2 * (c / 2), k0 = 4 * (c & 1);
 #pragma GCC unroll 4
             for (int i = 0; i < 4; i++) {
-                _mm512_store_si512(out[s][8 * j + k0 + i], _mm512_and_si512(v[i], m0f));
-                _mm512_store_si512(out[s][8 * (j + 1) + k0 + i], gk_hi_nibble(v[i]));
+                __m512i lo = _mm512_and_si512(v[i], m0f), hi = gk_hi_nibble(v[i]);
+                if (kind == 5) {
+                    /* bit j (j+1) of qh moved to bit 4; 16-bit shifts, the
+                     * bits crossing bytes land outside the 0x10 mask */
+                    const __m512i h = qh[k0 + i], m10 = _mm512_set1_epi8(0x10);
+                    __m512i h0 = j <= 4 ? _mm512_slli_epi16(h, 4 - j) : _mm512_srli_epi16(h, j - 4);
+                    __m512i h1 = j + 1 <= 4 ? _mm512_slli_epi16(h, 3 - j) : _mm512_srli_epi16(h, j - 3);
+                    lo = _mm512_or_si512(lo, _mm512_and_si512(h0, m10));
+                    hi = _mm512_or_si512(hi, _mm512_and_si512(h1, m10));
+                }
+                _mm512_store_si512(out[s][8 * j + k0 + i], lo);
+                _mm512_store_si512(out[s][8 * (j + 1) + k0 + i], hi);
             }
         }
     }
@@ -426,7 +448,7 @@ LK_TG static void gk4_prep(const uint8_t *a, size_t as, int tb, int64_t s0, int 
         }
 }
 
-/* One RG x T micro-tile over kb super-blocks (kind 4: Q4_K, 6: Q6_K). */
+/* One RG x T micro-tile over kb super-blocks (kind 4: Q4_K, 5: Q5_K, 6: Q6_K). */
 LK_TG static LK_INL void gkk_tile(const int kind, const int RG, const int T, const gk4_panel *wp,
                                   const uint8_t *const *at, const gk4_act *act, int t0, int s1, int kb, float *y,
                                   size_t ys, int nlast, bool add) {
@@ -437,7 +459,7 @@ LK_TG static LK_INL void gkk_tile(const int kind, const int RG, const int T, con
         for (int t = 0; t < T; t++) fa[g][t] = _mm512_setzero_ps();
     for (int s = 0; s < kb; s++) {
         __m512i is[GK4_RG][GK4_T];
-        if (kind == 4) {
+        if (kind != 6) {
 #pragma GCC unroll 4
             for (int g = 0; g < RG; g++)
 #pragma GCC unroll 4
@@ -456,46 +478,48 @@ LK_TG static LK_INL void gkk_tile(const int kind, const int RG, const int T, con
                     is[g][t] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(c, 5));
                 }
         }
-        /* kind 4: 16 steps (sub-block j, half h) of 4 quant vectors, scale sc_j
-         * by vpdpwssd; kind 6: 16 groups of 4 vectors, scale by vpmulld (a
-         * group's sum of (q+32)*a, up to 128016, does not fit vpdpwssd's i16) */
-        for (int step = 0; step < 16; step++) {
+        /* Steps of NV quant vectors (4*NV quants), then times the scale.
+         * kind 4: halves of sub-blocks (16 quants, sums up to 16*15*127 fit
+         * vpdpwssd's i16); kind 5: quarters (5-bit quants: 8*31*127); kind
+         * 6: groups of 16 with their own scale, by vpmulld (a group's sum of
+         * (q+32)*a, up to 128016, does not fit an i16). */
+        const int NV = kind == 5 ? 2 : 4;
+        for (int step = 0; step < 64 / NV; step++) {
             __m512i ps[GK4_RG][GK4_T];
 #pragma GCC unroll 4
             for (int g = 0; g < RG; g++)
 #pragma GCC unroll 4
                 for (int t = 0; t < T; t++) ps[g][t] = _mm512_setzero_si512();
-            /* kind 4: vector 8j + 4h + kk, activation bytes 32j + 4(4h + kk) = 16 step + 4kk;
-             * kind 6: vector 4g + kk, bytes 16g + 4kk: the same offsets */
-            const int v0 = kind == 4 ? 8 * (step / 2) + 4 * (step & 1) : 4 * step;
+            /* vector v = quants 4v..4v+3 (K4/K5: sub-block v/8; K6: group v/4) */
+            const int v0 = NV * step;
 #pragma GCC unroll 4
-            for (int kk = 0; kk < 4; kk++) {
+            for (int kk = 0; kk < NV; kk++) {
 #pragma GCC unroll 4
                 for (int g = 0; g < RG; g++) {
                     __m512i wv = _mm512_load_si512(wp->v[g][s][v0 + kk]);
 #pragma GCC unroll 4
                     for (int t = 0; t < T; t++)
                         ps[g][t] = _mm512_dpbusd_epi32(ps[g][t], wv, _mm512_set1_epi32(gk_ld_i32(
-                            at[t] + (size_t)s * LK_Q8K_BYTES + LK_Q8K_QS + 16 * step + 4 * kk)));
+                            at[t] + (size_t)s * LK_Q8K_BYTES + LK_Q8K_QS + 4 * (v0 + kk))));
                 }
             }
 #pragma GCC unroll 4
             for (int g = 0; g < RG; g++) {
-                __m512i sc = _mm512_load_si512(wp->v[g][s][kind == 4 ? GK4_SC + step / 2 : GK6_SC + step]);
+                __m512i sc = _mm512_load_si512(wp->v[g][s][kind != 6 ? GK4_SC + v0 / 8 : GK6_SC + step]);
 #pragma GCC unroll 4
                 for (int t = 0; t < T; t++)
-                    is[g][t] = kind == 4 ? _mm512_dpwssd_epi32(is[g][t], ps[g][t], sc)
+                    is[g][t] = kind != 6 ? _mm512_dpwssd_epi32(is[g][t], ps[g][t], sc)
                                          : _mm512_add_epi32(is[g][t], _mm512_mullo_epi32(ps[g][t], sc));
             }
         }
 #pragma GCC unroll 4
         for (int g = 0; g < RG; g++) {
-            __m512 dd = _mm512_load_ps(wp->v[g][s][kind == 4 ? GK4_D : GK6_D]);
+            __m512 dd = _mm512_load_ps(wp->v[g][s][kind != 6 ? GK4_D : GK6_D]);
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++) {
                 __m512 ad = _mm512_set1_ps(act->d[t0 + t][s1 + s]);
                 __m512 v = _mm512_mul_ps(_mm512_mul_ps(dd, ad), _mm512_cvtepi32_ps(is[g][t]));
-                if (kind == 4) {
+                if (kind != 6) {
                     /* s += (d*da)*sumi - (dmin*da)*summ, as the scalar reference */
                     __m512 dm = _mm512_load_ps(wp->v[g][s][GK4_D + 1]);
                     __m512i im = _mm512_setzero_si512();
@@ -531,18 +555,22 @@ typedef void (*gk4_tile_fn)(const gk4_panel *wp, const uint8_t *const *at, const
     }
 GKK_TILE(4, 1, 1) GKK_TILE(4, 1, 2) GKK_TILE(4, 1, 3) GKK_TILE(4, 1, 4)
 GKK_TILE(4, 2, 1) GKK_TILE(4, 2, 2) GKK_TILE(4, 2, 3) GKK_TILE(4, 2, 4)
+GKK_TILE(5, 1, 1) GKK_TILE(5, 1, 2) GKK_TILE(5, 1, 3) GKK_TILE(5, 1, 4)
+GKK_TILE(5, 2, 1) GKK_TILE(5, 2, 2) GKK_TILE(5, 2, 3) GKK_TILE(5, 2, 4)
 GKK_TILE(6, 1, 1) GKK_TILE(6, 1, 2) GKK_TILE(6, 1, 3) GKK_TILE(6, 1, 4)
 GKK_TILE(6, 2, 1) GKK_TILE(6, 2, 2) GKK_TILE(6, 2, 3) GKK_TILE(6, 2, 4)
-static const gk4_tile_fn k4_tiles[2][GK4_RG][GK4_T] = {
+static const gk4_tile_fn k4_tiles[3][GK4_RG][GK4_T] = {
     {{gk4_tile_1x1, gk4_tile_1x2, gk4_tile_1x3, gk4_tile_1x4},
      {gk4_tile_2x1, gk4_tile_2x2, gk4_tile_2x3, gk4_tile_2x4}},
+    {{gk5_tile_1x1, gk5_tile_1x2, gk5_tile_1x3, gk5_tile_1x4},
+     {gk5_tile_2x1, gk5_tile_2x2, gk5_tile_2x3, gk5_tile_2x4}},
     {{gk6_tile_1x1, gk6_tile_1x2, gk6_tile_1x3, gk6_tile_1x4},
      {gk6_tile_2x1, gk6_tile_2x2, gk6_tile_2x3, gk6_tile_2x4}},
 };
 
 LK_TG static void gkk_gemm(const int kind, int64_t n, int64_t nrows, const uint8_t *W, size_t ws, int64_t ntok,
                            const uint8_t *A, size_t as, float *y, size_t ys) {
-    const size_t bb = kind == 4 ? LK_Q4K_BYTES : LK_Q6K_BYTES;
+    const size_t bb = kind == 4 ? LK_Q4K_BYTES : kind == 5 ? LK_Q5K_BYTES : LK_Q6K_BYTES;
     const int64_t nb = n / LK_QK_K;
     const int PR = GK4_RG * GK_ROWS;
     gk4_panel wp;
@@ -561,7 +589,7 @@ LK_TG static void gkk_gemm(const int kind, int64_t n, int64_t nrows, const uint8
                     for (int g = 0; g < rg; g++) {
                         const uint8_t *wg = W + (size_t)(r0 + g * GK_ROWS) * ws;
                         const int ng = LK_MIN(GK_ROWS, nr - g * GK_ROWS);
-                        if (kind == 4) gk4_pack_group(wg, ws, ng, b0, kb, wp.v[g]);
+                        if (kind != 6) gk4_pack_group(kind, wg, ws, ng, b0, kb, wp.v[g]);
                         else gk6_pack_group(wg, ws, ng, b0, kb, wp.v[g]);
                     }
                     /* prefetch the next panel while the tiles run (see the Q4_0 driver) */
@@ -580,7 +608,7 @@ LK_TG static void gkk_gemm(const int kind, int64_t n, int64_t nrows, const uint8
                         const uint8_t *at[GK4_T];
                         for (int i = 0; i < tt; i++)
                             at[i] = A + (size_t)(t0 + t + i) * as + (size_t)b0 * LK_Q8K_BYTES;
-                        k4_tiles[kind == 6][rg - 1][tt - 1](&wp, at, &act, t, b1, kb,
+                        k4_tiles[kind - 4][rg - 1][tt - 1](&wp, at, &act, t, b1, kb,
                                                             y + (size_t)(t0 + t) * ys + (size_t)r0, ys, nlast, b0 > 0);
                     }
                 }
@@ -592,6 +620,11 @@ LK_TG static void gkk_gemm(const int kind, int64_t n, int64_t nrows, const uint8
 LK_TG void lk_quant_gemm_q4k_avx512(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
                                     const void *a, size_t as, float *y, size_t ys) {
     gkk_gemm(4, n, nrows, w, ws, ntok, a, as, y, ys);
+}
+
+LK_TG void lk_quant_gemm_q5k_avx512(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
+                                    const void *a, size_t as, float *y, size_t ys) {
+    gkk_gemm(5, n, nrows, w, ws, ntok, a, as, y, ys);
 }
 
 LK_TG void lk_quant_gemm_q6k_avx512(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,

@@ -99,8 +99,10 @@ void lk_quant_fill_avx512(lk_quant_ops *ops);
 enum { LK_GEMM_MIN_TOK = 5 };
 void lk_quant_gemm_q4q8_avx512(bool is_q8, int64_t n, int64_t nrows, const void *w, size_t ws,
                                int64_t ntok, const void *a, size_t as, float *y, size_t ys);
-/* The same for Q4_K and Q6_K weights (Q8_K activations). */
+/* The same for Q4_K, Q5_K and Q6_K weights (Q8_K activations). */
 void lk_quant_gemm_q4k_avx512(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
+                              const void *a, size_t as, float *y, size_t ys);
+void lk_quant_gemm_q5k_avx512(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
                               const void *a, size_t as, float *y, size_t ys);
 void lk_quant_gemm_q6k_avx512(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
                               const void *a, size_t as, float *y, size_t ys);
