@@ -1,5 +1,7 @@
 /* quant_gemm_avx512.c — prefill (many tokens at once) for Q4_0 / Q8_0
- * weights with Q8_0 activations, as a blocked GEMM with packed weights.
+ * (Q8_0 activations) and Q4_K / Q5_K / Q6_K (Q8_K activations) weights, as a
+ * blocked GEMM with packed weights. lk_quant_matmul's AVX-512 entries call
+ * it from LK_GEMM_MIN_TOK tokens on; decode (1 token) never comes here.
  *
  * Why a different kernel from decode. Prefill multiplies each weight by
  * dozens to hundreds of tokens, so the cost that matters is instructions per
@@ -10,8 +12,8 @@
  *  - Weights are packed once per (token block, K block) into an L1-resident
  *    panel: 16 rows interleaved per zmm (lane = row), int8 already unpacked
  *    and made unsigned, one vector per 4 quants of a block, the 16 rows'
- *    block scales as floats. Packing costs ~30 cycles per 16 rows x block and
- *    is reused by every token of the block (128).
+ *    block scales as floats. Packing is reused by every token of the block
+ *    (128); the next panel's rows are prefetched while the tiles run.
  *  - Activations stay in their Q8_0 rows: each 4-byte group of quants is a
  *    broadcast memory operand of vpdpbusd (no shuffles at all), so one
  *    instruction does 4 products for 16 rows, and the i32 lane of a row
@@ -19,19 +21,25 @@
  *  - Per (16 rows, token, block): the accumulator starts at the activation's
  *    offset correction (a broadcast load: -8*sum(a) for Q4_0's unsigned
  *    nibbles, -128*sum(a) for Q8_0 made unsigned by +128), 8 vpdpbusd, then
- *    one convert, one multiply (row scales x token scale) and one FMA:
- *    8 useful uops in 11 (vpdpbusd and FMA share ports 0/5 on SPR).
+ *    one convert and the scalar reference's float work (d_w*d_a, times the
+ *    sum, added): 8 useful uops in 12 (vpdpbusd and the float ops share
+ *    ports 0 and 5 on SPR, 2 a cycle; measured ~400 GFLOP/s on one core, the
+ *    port bound at ~2.7 GHz).
  *  - Outputs come out as 16 consecutive rows of y: no horizontal sums.
  *
  * Micro-tile: 3 row groups (48 rows) x 4 tokens = 12 i32 + 12 f32
  * accumulators; per 4-quant step 3 weight loads and 4 broadcasts feed 12
  * vpdpbusd, so loads (2-3 a cycle) never limit. Blocking: K blocks of
  * GK_KB blocks keep the 48-row panel (27 KB) in L1 across all token tiles;
- * token blocks of GK_TB keep the activations and y in L2.
+ * token blocks of GK_TB keep the activations and y in L2. Stack: the panel
+ * and the activation terms, under 160 KB (the K-quants: under 70 KB).
  *
- * Integer block sums are exact; per block the float work is the same as the
- * scalar reference (product of the two fp16 scales, one fused multiply-add),
- * only the order of the block additions differs. */
+ * Integer block sums are exact and the float work per block is the scalar
+ * reference's in its order, so a row of one K block (512 elements) gives the
+ * scalar code's bits; longer rows add K blocks' partial sums in another
+ * order. (An FMA instead of multiply + add would save ~8 %, at the price of
+ * different roundings from the scalar code and llama.cpp.) The K-quants:
+ * see their section below. */
 #include <immintrin.h>
 
 #include "quant/quant_impl.h"
