@@ -143,6 +143,25 @@ const char *lk_cluster_model_id_short(const uint8_t id[LK_MODEL_ID_BYTES], char 
 
 /* ---- handshake ----------------------------------------------------------------- */
 
+/* Sealing (lockstep --seal): after the handshake, the connection carries
+ * ChaCha20-Poly1305 records (transport.h, lk_seal_wrap) instead of plain
+ * frames. Each side states its mode in INFO; a side that requires sealing
+ * and one that refuses it are a mismatch, refused with both settings; the
+ * link is sealed if either side requires it. Keys, one per direction:
+ *     BLAKE2b-256 keyed with the cluster key over
+ *     "lockstep-seal-v1 initiator->responder" (or "responder->initiator")
+ *     | Ci | Cr | BLAKE2b-256(INFO_i | INFO_r | VERDICT_i | VERDICT_r)
+ * (the frames' payloads as sent), so both ends get the same keys only if
+ * nobody altered the plain part of the handshake: the modes cannot be
+ * stripped unseen. Both sides then send a first sealed record and check the
+ * other's ("sealed link check failed" otherwise), before the handshake
+ * returns. Nothing secret is sent in clear. */
+typedef enum {
+    LK_SEAL_OFF = 0, /* do not seal; refuse a peer that requires it (a head without --seal) */
+    LK_SEAL_EITHER,  /* seal when the peer asks (a worker without --seal) */
+    LK_SEAL_ON,      /* seal; refuse a peer that will not (--seal) */
+} lk_seal_mode;
+
 typedef struct {
     const uint8_t *key;        /* LK_KEY_BYTES */
     const char *role;          /* "head", "worker", "rank 2": names sides in messages */
@@ -152,6 +171,7 @@ typedef struct {
     bool        has_model;
     uint8_t     model_id[LK_MODEL_ID_BYTES];
     int64_t     timeout_ms;    /* whole handshake (0: 5000) */
+    lk_seal_mode seal;         /* LK_SEAL_OFF by default */
 } lk_hs_params;
 
 typedef struct {
@@ -159,11 +179,16 @@ typedef struct {
     uint32_t version;
     bool     has_model;
     uint8_t  model_id[LK_MODEL_ID_BYTES];
+    lk_seal_mode seal;         /* the peer's mode (OFF from a peer that does not say) */
+    bool     sealed;           /* the link is sealed: c->link was replaced */
 } lk_hs_peer;
 
 void lk_hs_defaults(lk_hs_params *p, const uint8_t *key, const char *role);
 /* Runs the whole handshake over a fresh link. On success the channel c is
- * ready for control messages (its sequence numbers continue). Failures:
+ * ready for control messages (its sequence numbers continue). When the link
+ * ends up sealed (peer->sealed), c->link is a new sealed link that owns the
+ * one c came with: the caller must keep c->link as its link from then on.
+ * On failure c->link is the link c came with. Failures:
  * LK_ERR_AUTH (key), LK_ERR_MISMATCH (version/build/cpu/model, message with
  * both values), LK_ERR_PEER (peer refused us: its reason), LK_ERR_FORMAT
  * (garbage), LK_ERR_TIMEOUT / LK_ERR_NET. */
@@ -171,8 +196,11 @@ lk_status lk_handshake(lk_chan *c, bool initiator, const lk_hs_params *p, lk_hs_
                        char *err, size_t errlen);
 
 /* lk_link_auth_fn for lk_mesh_params.auth (ctx: an lk_hs_params): the full
- * handshake on every mesh connection. */
-lk_status lk_hs_mesh_auth(void *ctx, lk_link *l, bool initiator, uint64_t deadline_ns, char *err, size_t errlen);
+ * handshake on every mesh connection; with sealing agreed it replaces *l by
+ * the sealed link. */
+lk_status lk_hs_mesh_auth(void *ctx, lk_link **l, bool initiator, uint64_t deadline_ns, char *err, size_t errlen);
+/* "requires sealed links (--seal)" etc., for messages. */
+const char *lk_seal_mode_desc(lk_seal_mode m);
 
 const char *lk_build_id(void);
 

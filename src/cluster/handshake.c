@@ -148,6 +148,57 @@ static lk_status recv_type(lk_chan *c, uint16_t type, void *buf, uint32_t min, u
     return LK_OK;
 }
 
+const char *lk_seal_mode_desc(lk_seal_mode m) {
+    return m == LK_SEAL_ON ? "requires sealed links (--seal)"
+         : m == LK_SEAL_EITHER ? "seals only when asked (no --seal)" : "does not seal (no --seal)";
+}
+
+/* One direction's key (see cluster.h): keyed with the cluster key, so only
+ * the two holders of it can compute it; fresh per connection through both
+ * challenges; bound to everything the plain part of the handshake said. */
+static void seal_key(const uint8_t *key, bool i2r, const uint8_t ci[CHALLENGE], const uint8_t cr[CHALLENGE],
+                     const uint8_t transcript[32], uint8_t out[LK_SEAL_KEY_BYTES]) {
+    const char *label = i2r ? "lockstep-seal-v1 initiator->responder" : "lockstep-seal-v1 responder->initiator";
+    crypto_generichash_state st;
+    crypto_generichash_init(&st, key, LK_KEY_BYTES, LK_SEAL_KEY_BYTES);
+    crypto_generichash_update(&st, (const uint8_t *)label, strlen(label) + 1);
+    crypto_generichash_update(&st, ci, CHALLENGE);
+    crypto_generichash_update(&st, cr, CHALLENGE);
+    crypto_generichash_update(&st, transcript, 32);
+    crypto_generichash_final(&st, out, LK_SEAL_KEY_BYTES);
+}
+
+static void hash_part(crypto_generichash_state *st, const uint8_t *p, uint32_t n) {
+    uint8_t len[4] = {(uint8_t)n, (uint8_t)(n >> 8), (uint8_t)(n >> 16), (uint8_t)(n >> 24)};
+    crypto_generichash_update(st, len, 4); /* length-prefixed: no two splits hash alike */
+    crypto_generichash_update(st, p, n);
+}
+
+#define SEAL_CHECK "lockstep sealed"
+
+/* Switches c to a sealed link and proves both ends hold the same keys: each
+ * sends a first sealed record and opens the other's. */
+static lk_status seal_start(lk_chan *c, bool initiator, const uint8_t *key, const uint8_t *ci, const uint8_t *cr,
+                            const uint8_t transcript[32], uint64_t dl, const char *pname, char *err, size_t errlen) {
+    uint8_t k_ir[LK_SEAL_KEY_BYTES], k_ri[LK_SEAL_KEY_BYTES];
+    seal_key(key, true, ci, cr, transcript, k_ir);
+    seal_key(key, false, ci, cr, transcript, k_ri);
+    c->link = lk_seal_wrap(c->link, initiator ? k_ir : k_ri, initiator ? k_ri : k_ir);
+    sodium_memzero(k_ir, sizeof k_ir);
+    sodium_memzero(k_ri, sizeof k_ri);
+    char why[LK_ERRLEN];
+    uint8_t got[sizeof SEAL_CHECK];
+    lk_status st = lk_link_send(c->link, SEAL_CHECK, sizeof SEAL_CHECK, dl, why, sizeof why);
+    if (!st) st = lk_link_recv(c->link, got, sizeof got, dl, why, sizeof why);
+    if (!st && memcmp(got, SEAL_CHECK, sizeof got)) st = lk_fail(why, sizeof why, LK_ERR_AUTH, "wrong check record");
+    if (st) {
+        c->link = lk_seal_unwrap(c->link);
+        return lk_fail(err, errlen, st == LK_ERR_TIMEOUT ? st : LK_ERR_AUTH,
+                       "%s: sealed link check failed (was the handshake altered in transit?): %s", pname, why);
+    }
+    return LK_OK;
+}
+
 static void hexid(const uint8_t *id, bool has, char *buf, size_t len) {
     if (!has) snprintf(buf, len, "no model");
     else lk_cluster_model_id_short(id, buf, len);
@@ -201,7 +252,10 @@ lk_status lk_handshake(lk_chan *c, bool initiator, const lk_hs_params *p, lk_hs_
     lk_wb_str(&w, p->cpu);
     lk_wb_u8(&w, p->has_model);
     lk_wb_bytes(&w, p->model_id, LK_MODEL_ID_BYTES);
+    /* last and optional: a peer that does not send it does not seal */
+    lk_wb_u8(&w, (uint8_t)p->seal);
     LK_ASSERT(w.ok);
+    uint32_t ilen = w.len;
     if ((st = lk_chan_send(c, LK_MSG_INFO, ib, w.len, dl, err, errlen))) return st;
     uint8_t pb[1024];
     uint32_t plen;
@@ -213,7 +267,9 @@ lk_status lk_handshake(lk_chan *c, bool initiator, const lk_hs_params *p, lk_hs_
     lk_rb_str(&r, peer->cpu, sizeof peer->cpu);
     peer->has_model = lk_rb_u8(&r) != 0;
     lk_rb_bytes(&r, peer->model_id, LK_MODEL_ID_BYTES);
-    if (!r.ok || r.pos != r.len) {
+    uint8_t pseal = r.pos < r.len ? lk_rb_u8(&r) : LK_SEAL_OFF;
+    peer->seal = (lk_seal_mode)pseal;
+    if (!r.ok || r.pos != r.len || pseal > LK_SEAL_ON) {
         lk_chan_send_error(c, "malformed INFO frame");
         return lk_fail(err, errlen, LK_ERR_FORMAT, "%s sent a malformed INFO frame", pname);
     }
@@ -234,6 +290,10 @@ lk_status lk_handshake(lk_chan *c, bool initiator, const lk_hs_params *p, lk_hs_
         hexid(p->model_id, p->has_model, a, sizeof a);
         hexid(peer->model_id, peer->has_model, b, sizeof b);
         snprintf(reason, sizeof reason, "model mismatch: %s has %s, %s has %s", me, a, them, b);
+    } else if ((p->seal == LK_SEAL_ON && peer->seal == LK_SEAL_OFF) ||
+               (p->seal == LK_SEAL_OFF && peer->seal == LK_SEAL_ON)) {
+        snprintf(reason, sizeof reason, "seal mismatch: %s %s, %s %s", me, lk_seal_mode_desc(p->seal), them,
+                 lk_seal_mode_desc(peer->seal));
     }
     uint8_t vb[700];
     w = (lk_wbuf){vb, sizeof vb, 0, true};
@@ -252,16 +312,31 @@ lk_status lk_handshake(lk_chan *c, bool initiator, const lk_hs_params *p, lk_hs_
     lk_rb_str(&r, theirs_reason, sizeof theirs_reason);
     if (!r.ok) return lk_fail(err, errlen, LK_ERR_FORMAT, "%s sent a malformed VERDICT frame", pname);
     if (!ok) return lk_fail(err, errlen, LK_ERR_MISMATCH, "%s refused: %s", pname, theirs_reason);
+
+    /* 5. sealing, when either side requires it */
+    if (p->seal != LK_SEAL_ON && peer->seal != LK_SEAL_ON) return LK_OK;
+    uint8_t transcript[32];
+    crypto_generichash_state hs;
+    crypto_generichash_init(&hs, NULL, 0, sizeof transcript);
+    hash_part(&hs, initiator ? ib : pb, initiator ? ilen : plen);
+    hash_part(&hs, initiator ? pb : ib, initiator ? plen : ilen);
+    hash_part(&hs, initiator ? vb : tb, initiator ? w.len : tlen);
+    hash_part(&hs, initiator ? tb : vb, initiator ? tlen : w.len);
+    crypto_generichash_final(&hs, transcript, sizeof transcript);
+    if ((st = seal_start(c, initiator, p->key, ci, cr, transcript, dl, pname, err, errlen))) return st;
+    peer->sealed = true;
     return LK_OK;
 }
 
-lk_status lk_hs_mesh_auth(void *ctx, lk_link *l, bool initiator, uint64_t deadline_ns, char *err, size_t errlen) {
+lk_status lk_hs_mesh_auth(void *ctx, lk_link **l, bool initiator, uint64_t deadline_ns, char *err, size_t errlen) {
     lk_hs_params hp = *(const lk_hs_params *)ctx;
     int64_t left = (int64_t)(deadline_ns - lk_time_ns()) / 1000000;
     if (left < 1) left = 1;
     if (!hp.timeout_ms || hp.timeout_ms > left) hp.timeout_ms = left;
     lk_chan c;
-    lk_chan_init(&c, l);
+    lk_chan_init(&c, *l);
     lk_hs_peer peer;
-    return lk_handshake(&c, initiator, &hp, &peer, err, errlen);
+    lk_status st = lk_handshake(&c, initiator, &hp, &peer, err, errlen);
+    *l = c.link;
+    return st;
 }

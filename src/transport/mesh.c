@@ -104,7 +104,7 @@ lk_status lk_mesh_create(const lk_mesh_params *p, lk_mesh **out, char *err, size
         st = lk_tcp_connect(p->addrs[s], deadline, &l, err, errlen);
         if (st) break;
         l->peer_rank = s;
-        if (p->auth) st = p->auth(p->auth_ctx, l, true, deadline, err, errlen);
+        if (p->auth) st = p->auth(p->auth_ctx, &l, true, deadline, err, errlen);
         if (!st) st = exchange_hello(l, p, s, hosts[p->rank], hosts[s], deadline, err, errlen);
         if (st) { lk_link_close(l); break; }
         m->ctl[s] = l;
@@ -116,7 +116,7 @@ lk_status lk_mesh_create(const lk_mesh_params *p, lk_mesh **out, char *err, size
         /* A stray connection that stalls may hold us only a few seconds:
          * the real peers wait in the listen backlog meanwhile. */
         uint64_t cdl = LK_MIN(deadline, lk_deadline_ms(3000));
-        lk_status a = p->auth ? p->auth(p->auth_ctx, l, false, cdl, why, sizeof why) : LK_OK;
+        lk_status a = p->auth ? p->auth(p->auth_ctx, &l, false, cdl, why, sizeof why) : LK_OK;
         char host[100];
         if (!a) a = exchange_hello(l, p, -1, hosts[p->rank], host, cdl, why, sizeof why);
         if (!a && (l->peer_rank <= p->rank || m->ctl[l->peer_rank]))
@@ -145,8 +145,8 @@ lk_status lk_mesh_create(const lk_mesh_params *p, lk_mesh **out, char *err, size
         m->data[s] = m->ctl[s];
         bool same = !strcmp(hosts[s], hosts[p->rank]);
         if (p->shm == LK_MESH_SHM_OFF || (!same && p->shm == LK_MESH_SHM_AUTO)) {
-            lk_log(LK_LOG_INFO, "mesh rank %d: rank %d (%s) over tcp%s", p->rank, s, m->ctl[s]->peer_addr,
-                   same ? " (shm off)" : "");
+            lk_log(LK_LOG_INFO, "mesh rank %d: rank %d (%s) over tcp%s%s", p->rank, s, m->ctl[s]->peer_addr,
+                   lk_seal_is(m->ctl[s]) ? " (sealed)" : "", same ? " (shm off)" : "");
             continue;
         }
         if (!same) {
@@ -166,7 +166,10 @@ lk_status lk_mesh_create(const lk_mesh_params *p, lk_mesh **out, char *err, size
             continue;
         }
         m->data[s] = sl;
-        lk_log(LK_LOG_INFO, "mesh rank %d: rank %d (%s) over shm (same host)", p->rank, s, m->ctl[s]->peer_addr);
+        /* Only the TCP control link is sealed: the rings live in memory of
+         * this host, where a network attacker has no reach. */
+        lk_log(LK_LOG_INFO, "mesh rank %d: rank %d (%s) over shm (same host%s)", p->rank, s, m->ctl[s]->peer_addr,
+               lk_seal_is(m->ctl[s]) ? "; shm is not sealed, only the tcp control link" : "");
     }
     if (own_lfd) close(lfd);
     free(hosts);

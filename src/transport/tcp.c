@@ -67,6 +67,7 @@ static const lk_link_ops tcp_ops = {
 };
 
 int lk_tcp_fd(const lk_link *l) {
+    while (l && l->ops != &tcp_ops && l->ops->inner) l = l->ops->inner(l); /* under a seal */
     return l && l->ops == &tcp_ops ? ((const tcp_link *)l)->fd : -1;
 }
 

@@ -56,6 +56,9 @@ typedef struct {
      * with a poll_fd. */
     int (*wait)(lk_link *l, bool for_send, uint64_t timeout_ns, char *err, size_t errlen);
     void (*close)(lk_link *l);
+    /* A wrapping transport (seal) returns the link it wraps; NULL for the
+     * others. Lets lk_tcp_fd find the socket under a sealed link. */
+    lk_link *(*inner)(const lk_link *l);
 } lk_link_ops;
 
 struct lk_link {
@@ -120,13 +123,37 @@ bool lk_addr_split(const char *addr, char *host, size_t hostlen, int *port);
 lk_status lk_shm_pair(lk_link *ctl, bool creator, size_t ring_bytes, uint64_t deadline_ns,
                       lk_link **out, char *err, size_t errlen);
 
+/* --- sealed links (seal.c) ---------------------------------------------- */
+
+/* A sealed link carries the bytes of a TCP link as ChaCha20-Poly1305
+ * records (see seal.c for the format): confidential, and any alteration,
+ * injection, replay, reordering, drop or truncation fails the link with
+ * "authentication of received data failed (tampered or corrupted link)" or
+ * a message naming the bad record. Opt-in (lockstep --seal); the keys come
+ * from the cluster handshake. Shared-memory links are never sealed. */
+#define LK_SEAL_KEY_BYTES  32
+#define LK_SEAL_MAX_RECORD (64u << 10) /* plaintext bytes per record */
+
+/* Wraps `inner` (a TCP link: it must have a poll_fd), taking ownership; the
+ * new link copies its rank and address. tx_key seals what we send, rx_key
+ * opens what we receive (the peer holds them the other way round). Buffers
+ * (about 192 KiB) are allocated here, never per message. */
+lk_link *lk_seal_wrap(lk_link *inner, const uint8_t tx_key[LK_SEAL_KEY_BYTES],
+                      const uint8_t rx_key[LK_SEAL_KEY_BYTES]);
+/* Frees the wrapper only and hands back the inner link (a handshake that
+ * fails after wrapping gives its caller the link it came with). */
+lk_link *lk_seal_unwrap(lk_link *l);
+bool     lk_seal_is(const lk_link *l);
+
 /* --- mesh --------------------------------------------------------------- */
 
 typedef struct lk_mesh lk_mesh;
 
 /* Called on every new TCP connection of a mesh before anything else (the
- * cluster part's authenticated handshake). Non-OK refuses the peer. */
-typedef lk_status (*lk_link_auth_fn)(void *ctx, lk_link *l, bool initiator, uint64_t deadline_ns,
+ * cluster part's authenticated handshake). Non-OK refuses the peer. It may
+ * replace *l by a link wrapping it (a sealed link, which then owns the
+ * original); on failure *l is still a link the mesh closes. */
+typedef lk_status (*lk_link_auth_fn)(void *ctx, lk_link **l, bool initiator, uint64_t deadline_ns,
                                      char *err, size_t errlen);
 
 typedef enum { LK_MESH_SHM_AUTO = 0, LK_MESH_SHM_OFF, LK_MESH_SHM_FORCE } lk_mesh_shm;
