@@ -390,7 +390,7 @@ TEST(matmul_vs_double_all_levels) {
     lk_quant_set_simd("scalar");
 }
 
-/* The prefill GEMMs (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K on AVX-512, from 5 tokens on):
+/* The prefill GEMMs (Q4_0, Q8_0, K-quants, F16, BF16, F32 on AVX-512, from 5 tokens on):
  * rows are packed 16 to a group and 3 (K-quants: 2) groups to a panel, blocks
  * 16 (K-quants: super-blocks 2) to a K block and 128 (16) to an activation
  * prep, tokens 4 to a tile and 128 to a token block. Shapes on both sides
@@ -403,24 +403,27 @@ TEST(matmul_prefill_gemm_edges) {
     static const int64_t rows[] = {1, 15, 16, 17, 31, 33, 47, 49, 172};
     static const int64_t toks[] = {5, 8, 9, 13, 67, 130};
     static const int64_t blocks[] = {1, 2, 3, 17, 130};
-    static const lk_type types[] = {LK_TYPE_Q4_0, LK_TYPE_Q8_0, LK_TYPE_Q4_K, LK_TYPE_Q5_K, LK_TYPE_Q6_K};
+    static const lk_type types[] = {LK_TYPE_Q4_0, LK_TYPE_Q8_0, LK_TYPE_Q4_K, LK_TYPE_Q5_K, LK_TYPE_Q6_K,
+                                    LK_TYPE_F16, LK_TYPE_BF16, LK_TYPE_F32};
     for (int l = 0; l < 3; l++) {
         if (!lk_quant_set_simd(levels[l])) continue;
-        for (int q = 0; q < 5; q++) {
+        for (int q = 0; q < 8; q++) {
             lk_type t = types[q];
             const int64_t bs = lk_type_block_size(t);
             int i = 0;
             for (size_t b = 0; b < sizeof blocks / sizeof blocks[0]; b++)
                 for (size_t k = 0; k < sizeof toks / sizeof toks[0]; k++, i++) {
                     int64_t nb = bs == 256 && blocks[b] == 130 ? 33 : blocks[b]; /* past 2 preps of 16 */
-                    int64_t nr = rows[i % 9];
-                    if (bs * nb * nr * toks[k] > 32 * 130 * 60 * 67) nr = 7; /* keep the test fast */
-                    CHECKF(check_matmul(t, bs * nb, nr, toks[k], i & 3) == 0, "%s %s n=%lld rows=%lld ntok=%lld",
-                           levels[l], lk_type_name(t), (long long)(bs * nb), (long long)nr, (long long)toks[k]);
+                    /* floats (GEMM from 256 elements): K blocks and conversions of
+                     * 128 elements, tails of 16 */
+                    int64_t n = bs == 1 ? 32 * nb + 263 : bs * nb, nr = rows[i % 9];
+                    if (n * nr * toks[k] > 32 * 130 * 20 * 67) nr = 3; /* keep the test fast */
+                    CHECKF(check_matmul(t, n, nr, toks[k], i & 3) == 0, "%s %s n=%lld rows=%lld ntok=%lld",
+                           levels[l], lk_type_name(t), (long long)n, (long long)nr, (long long)toks[k]);
                 }
             /* every row count around the group and panel edges, one shape */
-            for (int64_t nr = 1; nr <= 50; nr++)
-                CHECKF(check_matmul(t, bs * 3, nr, 11, (int)(nr & 3)) == 0, "%s %s rows=%lld", levels[l],
+            for (int64_t nr = 1; nr <= 50; nr += nr < 14 || nr > 40 ? 1 : 3)
+                CHECKF(check_matmul(t, bs == 1 ? 263 : bs * 3, nr, 11, (int)(nr & 3)) == 0, "%s %s rows=%lld", levels[l],
                        lk_type_name(t), (long long)nr);
             /* a full token block and a tail past it, K tail past a prep */
             CHECKF(check_matmul(t, bs == 256 ? 256 * 17 : 32 * 131, 20, 260, 1) == 0, "%s %s 260 tokens",

@@ -792,10 +792,20 @@ static void mm_q6k(int64_t n, int64_t nrows, const void *w, size_t w_stride, int
     if (ntok >= LK_GEMM_MIN_TOK) lk_quant_gemm_q6k_avx512(n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
     else lk_quant_run_tiles(&q6k_set, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
 }
-LK_MM_FN(f32)
-LK_MM_FN(f16)
-LK_MM_FN(bfc)
-LK_MM_FN(bf)
+/* float types: prefill through the GEMM (kind: 32 F32, 16 F16, 0 BF16) for
+ * rows of LK_GEMM_MIN_FLOAT_N elements or more (see quant_impl.h) */
+#define LK_MM_F_FN(name, kind)                                                              \
+    static void mm_##name(int64_t n, int64_t nrows, const void *w, size_t w_stride,         \
+                          int64_t ntok, const void *a, size_t a_stride, float *y,           \
+                          size_t y_stride) {                                                \
+        if (ntok >= LK_GEMM_MIN_TOK && n >= LK_GEMM_MIN_FLOAT_N)                            \
+            lk_quant_gemm_float_avx512(kind, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride); \
+        else lk_quant_run_tiles(&name##_set, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride); \
+    }
+LK_MM_F_FN(f32, 32)
+LK_MM_F_FN(f16, 16)
+LK_MM_F_FN(bfc, 0)
+LK_MM_F_FN(bf, 0)
 
 void lk_quant_fill_avx512(lk_quant_ops *ops) {
     build_tables();

@@ -106,6 +106,15 @@ void lk_quant_gemm_q5k_avx512(int64_t n, int64_t nrows, const void *w, size_t ws
                               const void *a, size_t as, float *y, size_t ys);
 void lk_quant_gemm_q6k_avx512(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
                               const void *a, size_t as, float *y, size_t ys);
+/* Float weights, activations of the same type: kind 32 (F32), 16 (F16) or
+ * 0 (BF16). Used for rows of LK_GEMM_MIN_FLOAT_N elements or more: its sums
+ * run along the row instead of in 16 lanes, and in small models (the
+ * 172-wide F16 ffn_down of stories260K-q8_0) that difference flipped an int8
+ * rounding of the next layer's Q8_0 activations (logits off by 0.07 against
+ * llama.cpp's reference); short rows keep the dot kernels' bits. */
+enum { LK_GEMM_MIN_FLOAT_N = 256 };
+void lk_quant_gemm_float_avx512(int kind, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
+                                const void *a, size_t as, float *y, size_t ys);
 
 /* quant_kq.c: ggml's reference Q4_K quantiser (weights). */
 void lk_quantize_row_q4_k(const float *x, void *dst, int64_t n);
