@@ -225,3 +225,33 @@ expect netbench_tcp 0 "$L" netbench --local 3 --transport tcp --sizes 1K --iters
 has netbench_tcp_header "$T/out" '^netbench: 3 ranks, data over tcp, .*wire f16'
 expect netbench_bad_size 2 "$L" netbench --local 2 --sizes 12Q
 expect netbench_no_ranks 2 "$L" netbench
+
+# --seal: every TCP link of the session sealed (ChaCha20-Poly1305 records);
+# the same text as one node; shm between local ranks stays unsealed and says
+# so; a worker with --seal refuses a head without it (both settings named),
+# one without --seal seals when the head asks
+: >"$T/run.err"
+same_text seal_local_tcp --local 3 --transport tcp --seal
+has seal_local_tcp_ctl "$T/run.err" 'worker rank 1 \(127\.0\.0\.1:[0-9]+\): control link sealed'
+has seal_local_tcp_mesh "$T/run.err" 'mesh rank 0: rank 2 \(127\.0\.0\.1:[0-9]+\) over tcp \(sealed\)'
+same_text seal_local_tp_pp --local 4 --tp 2 --pp 2 --transport tcp --seal
+: >"$T/run.err"
+same_text seal_local_shm --local 2 --seal
+has seal_local_shm_says "$T/run.err" 'over shm \(same host; shm is not sealed, only the tcp control link\)'
+mkdir -p "$T/c7"
+start_worker "$T/s7.log" --seal --cache-dir "$T/c7" # its slices arrive over the sealed link
+expect seal_worker_refuses_plain 1 "$L" run -m "$M" -p hi -n 2 --workers "127.0.0.1:$WP" --key-file "$T/k1"
+has seal_worker_refuses_plain_msg "$T/err" 'seal mismatch: head does not seal \(no --seal\), worker requires sealed links \(--seal\)'
+has seal_worker_logs_refusal "$T/s7.log" 'refused 127\.0\.0\.1:[0-9]+: .*seal mismatch: worker requires sealed links \(--seal\), head does not seal'
+: >"$T/run.err"
+same_text seal_worker_required --workers "127.0.0.1:$WP" --key-file "$T/k1" --seal --transport tcp
+same_text seal_worker_either --workers "127.0.0.1:$PORT" --key-file "$T/k1" --seal
+has seal_worker_either_log "$T/wlog" 'head 127\.0\.0\.1:[0-9]+: link sealed'
+expect seal_netbench_local 0 "$L" netbench --local 2 --transport tcp --seal --sizes 64,16K,100K --iters 20
+has seal_netbench_local_header "$T/out" '^netbench: 2 ranks, data over tcp\+seal'
+has seal_netbench_local_row "$T/out" '^100 KiB +[0-9.]+ +[0-9.]+ +[0-9.]+ \| [0-9.]+ / [0-9.]+ '
+expect seal_netbench_workers 0 "$L" netbench --workers "127.0.0.1:$WP" --key-file "$T/k1" --seal --transport tcp --sizes 4K --iters 20
+has seal_netbench_workers_header "$T/out" '^netbench: 2 ranks, data over tcp\+seal'
+expect seal_netbench_no_key 2 "$L" netbench --addrs 127.0.0.1:1,127.0.0.1:2 --rank 0 --seal
+has seal_netbench_no_key_msg "$T/err" '--seal needs --key-file'
+kill "$WK"

@@ -9,6 +9,7 @@
  * With --local the command forks N-1 copies of itself (each one rank with
  * its own listening socket on 127.0.0.1) and is rank 0; they exit with it. */
 #include "cli/cli.h"
+#include "cli/genflags.h"
 #include "cluster/cluster.h"
 #include "parallel/parallel.h"
 #include "transport/transport.h"
@@ -32,6 +33,7 @@ typedef struct {
     lk_mesh_shm shm;
     int64_t spin_ns;
     const uint8_t *key; /* NULL: no authentication */
+    bool seal;          /* seal the TCP links (needs key) */
     lk_bench_cfg cfg;
 } bench_cfg;
 
@@ -55,6 +57,7 @@ static int run_rank(const bench_cfg *c) {
                          .spin_ns = c->spin_ns, .timeout_ms = 20000};
     if (c->key) {
         lk_hs_defaults(&hp, c->key, c->rank ? "rank" : "rank 0");
+        hp.seal = c->seal ? LK_SEAL_ON : LK_SEAL_OFF;
         mp.auth = lk_hs_mesh_auth;
         mp.auth_ctx = &hp;
     }
@@ -70,7 +73,7 @@ int lk_cmd_netbench(int argc, char **argv) {
     int64_t local = 0, rank = -1, iters = 1000, spin_us = -1;
     const char *addrs_s = NULL, *workers = NULL, *transport = "auto", *sizes_s = "64,1K,4K,16K,64K,256K,1M,4M", *key_file = NULL,
                *wire = "f32";
-    bool ar_only = false;
+    bool ar_only = false, seal = false;
     const lk_opt opts[] = {
         {"--local", NULL, LK_OPT_INT, &local, "N", "start N ranks on this host (this process is rank 0)"},
         {"--workers", "-w", LK_OPT_STR, &workers, "H:P,...", "running worker daemons (with --key-file); this process is rank 0"},
@@ -81,12 +84,13 @@ int lk_cmd_netbench(int argc, char **argv) {
         {"--iters", NULL, LK_OPT_INT, &iters, "K", "timed repetitions per size (default 1000; fewer for big sizes)"},
         {"--spin-us", NULL, LK_OPT_INT, &spin_us, "US", "spin before blocking (default: 50 while ranks fit the cores, else 0)"},
         {"--key-file", NULL, LK_OPT_STR, &key_file, "FILE", "authenticate every connection with this cluster key"},
+        {"--seal", NULL, LK_OPT_FLAG, &seal, NULL, lk_seal_help},
         {"--allreduce-only", NULL, LK_OPT_FLAG, &ar_only, NULL, "skip the ping-pong"},
         {"--wire", NULL, LK_OPT_STR, &wire, "FMT", "all-reduce payload format: f32 (default), f16, bf16, q8"},
         {0},
     };
     const char *syn = "--local N | --workers H:P,... --key-file F | --addrs H:P,... --rank R  [--transport auto|tcp|shm] "
-                      "[--sizes LIST]";
+                      "[--sizes LIST] [--seal]";
     int np = lk_args_parse("netbench", syn, opts, argc, argv, NULL, 0);
     if (np == LK_ARGS_HELP) return 0;
     if (np < 0) return 2;
@@ -116,7 +120,23 @@ int lk_cmd_netbench(int argc, char **argv) {
     if (key_file) {
         if (lk_key_load(key_file, key, err, sizeof err)) { fprintf(stderr, "lockstep netbench: %s\n", err); return 2; }
         c.key = key;
+    } else if (seal && local) {
+        /* ranks forked from us share a fresh key: sealing needs one */
+        char hex[2 * LK_KEY_BYTES + 1];
+        lk_key_generate(hex);
+        for (int i = 0; i < LK_KEY_BYTES; i++) {
+            unsigned v;
+            sscanf(hex + 2 * i, "%2x", &v);
+            key[i] = (uint8_t)v;
+        }
+        c.key = key;
     }
+    if (seal && !c.key) {
+        fprintf(stderr, "lockstep netbench: --seal needs --key-file (the cluster key the keys are derived from)\n");
+        return 2;
+    }
+    c.seal = seal;
+    c.cfg.seal = seal;
     if (workers) {
         if (local || addrs_s || rank >= 0) {
             fprintf(stderr, "lockstep netbench: --workers excludes --local, --addrs and --rank\n");

@@ -2,6 +2,7 @@
  * a time, refuses (and logs) unauthenticated or malformed connections, and
  * outlives heads that vanish. */
 #include "cli/cli.h"
+#include "cli/genflags.h"
 #include "cluster/cluster.h"
 
 #include <errno.h>
@@ -35,7 +36,7 @@ static bool parse_size(const char *s, uint64_t *out) {
 int lk_cmd_worker(int argc, char **argv) {
     const char *listen = NULL, *key_file = NULL, *model_dir = NULL, *cache_dir = NULL, *cache_max_s = NULL;
     int64_t threads = 0;
-    bool verbose = false;
+    bool verbose = false, seal = false;
     const lk_opt opts[] = {
         {"--listen", "-l", LK_OPT_STR, &listen, "HOST:PORT", "where heads connect, e.g. 0.0.0.0:7070 (required)"},
         {"--key-file", NULL, LK_OPT_STR, &key_file, "FILE", "cluster key, the same on every node (required)"},
@@ -43,10 +44,11 @@ int lk_cmd_worker(int argc, char **argv) {
         {"--model-dir", NULL, LK_OPT_STR, &model_dir, "DIR", "find models here by file name (default: the head's path)"},
         {"--cache-dir", NULL, LK_OPT_STR, &cache_dir, "DIR", "without the model, have the head send only this worker's slices and keep them here (sparse files by model identity and layout; reused after a restart); without it a missing model is an error"},
         {"--cache-max", NULL, LK_OPT_STR, &cache_max_s, "SIZE", "disk the cache may use, e.g. 500M, 64G (default 64G); the least recently used entries are removed to make room"},
+        {"--seal", NULL, LK_OPT_FLAG, &seal, NULL, lk_seal_help},
         {"--verbose", "-v", LK_OPT_FLAG, &verbose, NULL, "debug logging"},
         {0},
     };
-    int np = lk_args_parse("worker", "--listen HOST:PORT --key-file FILE [--threads N] [--model-dir DIR] [--cache-dir DIR [--cache-max SIZE]]", opts, argc,
+    int np = lk_args_parse("worker", "--listen HOST:PORT --key-file FILE [--threads N] [--model-dir DIR] [--cache-dir DIR [--cache-max SIZE]] [--seal]", opts, argc,
                            argv, NULL, 0);
     if (np == LK_ARGS_HELP) return 0;
     if (np < 0) return 2;
@@ -87,7 +89,8 @@ int lk_cmd_worker(int argc, char **argv) {
     /* A head that vanishes mid-send must not kill us with SIGPIPE. */
     signal(SIGPIPE, SIG_IGN);
     lk_worker_opts o = {.listen = listen, .listen_fd = -1, .key = key, .model_dir = model_dir,
-                        .cache_dir = cache_dir, .cache_max = cache_max, .n_threads = (int)threads};
+                        .cache_dir = cache_dir, .cache_max = cache_max, .n_threads = (int)threads,
+                        .seal = seal};
     if (lk_worker_serve(&o, err, sizeof err)) {
         fprintf(stderr, "lockstep worker: %s\n", err);
         return 1;

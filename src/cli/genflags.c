@@ -4,6 +4,11 @@
 #include <time.h>
 #include <unistd.h>
 
+const char lk_seal_help[] =
+    "seal every cluster TCP link after the handshake: ChaCha20-Poly1305 records, so tampering, injection or "
+    "replay fails the link, naming the peer (a worker with --seal refuses heads without it; a worker without "
+    "it seals when the head asks). Cost: every byte is encrypted and decrypted once, about 1 ns per byte each on one core (netbench --local 2 --transport tcp on a 2-core VM: one-way 64 B 3.2 -> 4.1 us, 8 KiB 5.5 -> 17 us; all-reduce 8 KiB 6.4 -> 19 us, 16 KiB 8.8 -> 37 us; check yours with netbench --seal). Same-host shm links stay unsealed";
+
 void lk_genflags_init(lk_genflags *f) {
     *f = (lk_genflags){ .top_k = 40, .seed = -1, .last_n = 64, .temp = 0.8, .top_p = 0.95, .min_p = 0.05, .rep = 1.0 };
 }
@@ -33,6 +38,7 @@ void lk_genflags_opts(lk_genflags *f, lk_opt *opts, int *n, int cap) {
         { "--layers-split", NULL, LK_OPT_STR, &f->layers_split, "N,N,..", "layers per pipeline stage" },
         { "--transport", NULL, LK_OPT_STR, &f->transport, "NAME", "auto | tcp | shm (default auto)" },
         { "--wire", NULL, LK_OPT_STR, &f->wire, "FMT", "all-reduce wire format: f32 (default, exact), f16, bf16, q8" },
+        { "--seal", NULL, LK_OPT_FLAG, &f->seal, NULL, lk_seal_help },
     };
     for (size_t i = 0; i < sizeof shared / sizeof shared[0]; i++) {
         LK_ASSERT(*n < cap);
@@ -54,7 +60,8 @@ bool lk_genflags_finish(lk_genflags *f, const char *cmd, lk_engine_opts *eo, lk_
     *eo = (lk_engine_opts){ .model_path = f->model, .n_threads = (int)f->threads, .n_ctx = (int)f->ctx,
                             .n_batch = (int)f->batch, .kv_f16 = f->kv_f16, .workers = f->workers, .key_file = f->key_file,
                             .local = (int)f->local, .tp = (int)f->tp, .pp = (int)f->pp, .tp_weights = f->tp_weights,
-                            .layers_split = f->layers_split, .transport = f->transport, .wire = f->wire };
+                            .layers_split = f->layers_split, .transport = f->transport, .wire = f->wire,
+                            .seal = f->seal };
     lk_sampler_params_default(sp);
     sp->temp = (float)f->temp; sp->top_k = (int)f->top_k; sp->top_p = (float)f->top_p; sp->min_p = (float)f->min_p;
     sp->repeat_penalty = (float)f->rep; sp->freq_penalty = (float)f->freq; sp->presence_penalty = (float)f->pres;

@@ -12,8 +12,13 @@ typedef struct {
     const char *model, *workers, *key_file, *tp_weights, *layers_split, *transport, *wire;
     int64_t threads, ctx, batch, top_k, seed, last_n, local, tp, pp;
     double temp, top_p, min_p, rep, freq, pres;
-    bool kv_f16;
+    bool kv_f16, seal;
 } lk_genflags;
+
+/* --seal's help, shared by run/chat, worker and netbench: what it does and
+ * what it costs (measured with 'lockstep netbench --local 2 --transport tcp
+ * [--seal]'; the figures are in genflags.c). */
+extern const char lk_seal_help[];
 
 /* Defaults (llama.cpp's sampling defaults; seed -1 = from the clock). */
 void lk_genflags_init(lk_genflags *f);

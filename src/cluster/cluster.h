@@ -212,6 +212,7 @@ typedef struct {
     int64_t     iters;        /* timed repetitions per size (fewer for big sizes) */
     lk_wire_fmt wire;
     bool        allreduce_only;
+    bool        seal;         /* lk_cluster_bench: seal the control and mesh links */
 } lk_bench_cfg;
 
 /* Runs the benchmark as this rank of mesh (every rank calls it with the same
@@ -278,6 +279,7 @@ typedef struct {
     int         n_threads;  /* 0: all cores */
     bool        once;       /* serve one session, then return (--local children) */
     int64_t     head_silence_ms; /* end a session after this long without a frame (0: 10 s) */
+    bool        seal;       /* require sealed links (--seal); otherwise seal when the head asks */
 } lk_worker_opts;
 
 /* Serves heads forever (or one session with once). Bad connections are
@@ -301,6 +303,7 @@ typedef struct {
     bool        kv_f16;
     const char *wire;          /* all-reduce wire format: "f32" (NULL), "f16", "bf16", "q8" */
     int64_t     dead_after_ms; /* 0: 1500 */
+    bool        seal;          /* seal every TCP link of the session (control and mesh; not shm) */
 } lk_cluster_opts;
 
 /* Connects to (or starts) the workers, agrees on everything, plans the

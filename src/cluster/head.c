@@ -47,6 +47,7 @@ struct lk_cluster {
     bool      mon_started;
     atomic_int stop;
     int64_t   dead_after_ms;
+    bool      seal;              /* seal every TCP link (--seal) */
     pthread_mutex_t err_mu;
     char      reason[LK_ERRLEN]; /* the monitor's own finding */
     char      hearsay[LK_ERRLEN];/* a worker's report of a failure */
@@ -309,8 +310,12 @@ static lk_status connect_all(lk_cluster *c, const lk_hs_params *hp, char *err, s
         c->w[r].link->peer_rank = r;
         lk_chan_init(&c->w[r].ch, c->w[r].link);
         lk_hs_peer peer;
-        if ((st = lk_handshake(&c->w[r].ch, true, hp, &peer, why, sizeof why)))
-            return lk_fail(err, errlen, st, "worker rank %d: %s", r, why);
+        st = lk_handshake(&c->w[r].ch, true, hp, &peer, why, sizeof why);
+        c->w[r].link = c->w[r].ch.link; /* the sealed link, when sealed */
+        if (st) return lk_fail(err, errlen, st, "worker rank %d: %s", r, why);
+        if (peer.sealed)
+            lk_log(LK_LOG_INFO, "cluster: worker rank %d (%s): control link sealed (ChaCha20-Poly1305)", r,
+                   c->w[r].addr);
     }
     return LK_OK;
 }
@@ -493,6 +498,7 @@ static lk_status mesh_phase(lk_cluster *c, const lk_gguf *g, const char *refusal
     for (int r = 0; r < c->n; r++) addrs[r] = mm.addrs[r];
     lk_hs_params mhp;
     lk_hs_defaults(&mhp, c->key, "rank 0");
+    mhp.seal = c->seal ? LK_SEAL_ON : LK_SEAL_OFF; /* the workers follow their control link */
     lk_mesh_params mp = {.rank = 0, .n = c->n, .addrs = addrs, .listen_fd = lfd, .shm = shm, .spin_ns = spin_ns,
                          .timeout_ms = 20000, .auth = lk_hs_mesh_auth, .auth_ctx = &mhp};
     st = lk_mesh_create(&mp, &c->mesh, why, sizeof why);
@@ -525,6 +531,7 @@ lk_status lk_cluster_open(const lk_cluster_opts *o, const lk_gguf *g, const lk_p
     for (int r = 0; r < LK_MAX_RANKS; r++) pthread_mutex_init(&c->w[r].mu, NULL);
     /* 1.5 s: six missed heartbeats, and named well inside 2 s. */
     c->dead_after_ms = o->dead_after_ms > 0 ? o->dead_after_ms : 1500;
+    c->seal = o->seal;
     c->n = 1;
     lk_status st;
 
@@ -612,6 +619,7 @@ lk_status lk_cluster_open(const lk_cluster_opts *o, const lk_gguf *g, const lk_p
     lk_cluster_model_id(g, id);
     lk_hs_params hp;
     lk_hs_defaults(&hp, c->key, "head");
+    hp.seal = c->seal ? LK_SEAL_ON : LK_SEAL_OFF;
     hp.has_model = true;
     memcpy(hp.model_id, id, sizeof id);
     char why[LK_ERRLEN];
@@ -934,6 +942,8 @@ lk_status lk_cluster_bench(const char *workers, const uint8_t *key, const lk_ben
     if (c->n < 2) return open_fail(c, lk_fail(err, errlen, LK_ERR_ARG, "--workers: no address given"));
     lk_hs_params hp;
     lk_hs_defaults(&hp, c->key, "head");
+    c->seal = cfg->seal;
+    hp.seal = c->seal ? LK_SEAL_ON : LK_SEAL_OFF;
     lk_status st = connect_all(c, &hp, err, errlen);
     if (st) return open_fail(c, st);
     uint8_t buf[1024];

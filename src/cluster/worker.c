@@ -56,7 +56,8 @@ typedef struct {
 
 typedef struct {
     worker *w;
-    lk_link *link;
+    lk_link *link;      /* sealed after the handshake when agreed (then it owns the TCP link) */
+    bool sealed;
     lk_chan ch;
     pthread_mutex_t send_mu;   /* heartbeat thread and session thread both send */
     pthread_mutex_t hb_mu;
@@ -810,6 +811,8 @@ static lk_status do_mesh(session *s, const uint8_t *p, uint32_t len, char *err, 
     snprintf(role, sizeof role, "rank %d", s->load.rank);
     lk_hs_params hp;
     lk_hs_defaults(&hp, s->w->o->key, role);
+    /* every rank learns from its own control link whether the head seals */
+    hp.seal = s->sealed ? LK_SEAL_ON : LK_SEAL_OFF;
     lk_mesh_params mp = {.rank = s->load.rank, .n = mm.n, .addrs = addrs, .listen_fd = s->mesh_lfd,
                          .shm = (lk_mesh_shm)s->load.shm, .spin_ns = s->bench ? s->bmsg.spin_ns : -1,
                          .timeout_ms = 20000, .auth = lk_hs_mesh_auth, .auth_ctx = &hp};
@@ -1046,12 +1049,16 @@ static void serve_conn(worker *w, lk_link *link) {
     lk_chan_init(&s->ch, link);
     lk_hs_params hp;
     lk_hs_defaults(&hp, w->o->key, "worker");
+    hp.seal = w->o->seal ? LK_SEAL_ON : LK_SEAL_EITHER;
     /* A handshake is a few round trips; a client still mid-way after 3 s is
      * stalled (or hostile), and each one holds a connection thread. */
     hp.timeout_ms = 3000;
     lk_hs_peer peer;
     char err[LK_ERRLEN];
     lk_status st = lk_handshake(&s->ch, false, &hp, &peer, err, sizeof err);
+    s->link = s->ch.link; /* the sealed link, when sealed */
+    s->sealed = peer.sealed;
+    if (!st && peer.sealed) lk_log(LK_LOG_INFO, "worker: head %s: link sealed (ChaCha20-Poly1305)", s->head);
     if (st) {
         lk_log(LK_LOG_WARN, "worker: refused %s: %s", link->peer_addr, unprefixed(err, link->peer_addr));
     } else if (!claim(w)) {
@@ -1062,7 +1069,7 @@ static void serve_conn(worker *w, lk_link *link) {
         atomic_fetch_add(&w->sessions, 1);
         atomic_store(&w->busy, 0);
     }
-    lk_link_close(link);
+    lk_link_close(s->link);
     pthread_mutex_destroy(&s->send_mu);
     pthread_mutex_destroy(&s->hb_mu);
     pthread_cond_destroy(&s->hb_cv);

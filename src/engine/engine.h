@@ -32,6 +32,7 @@ typedef struct {
     const char *layers_split; /* "3,2" layers per stage */
     const char *transport;  /* "auto" | "tcp" | "shm" */
     const char *wire;       /* all-reduce wire format: "f32" (default), "f16", "bf16", "q8" */
+    bool  seal;             /* seal the cluster's TCP links (--seal) */
 } lk_engine_opts;
 
 typedef struct lk_engine lk_engine;

@@ -10,6 +10,9 @@
  *   - shm.c: two single-producer/single-consumer rings in a shm_open'd segment
  *     per pair of processes on one host (set up over the TCP link, unlinked as
  *     soon as both sides mapped it, so nothing is left behind on a crash).
+ *   - seal.c: wraps a TCP link after the cluster handshake (opt-in --seal):
+ *     ChaCha20-Poly1305 records, so an on-path attacker can neither read nor
+ *     alter, inject, replay or cut the stream unnoticed.
  *
  * Waiting: every wait has an absolute deadline (lk_time_ns() clock). A waiter
  * first *spins* (retrying the non-blocking call) for the link's spin budget,
