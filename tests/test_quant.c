@@ -396,12 +396,12 @@ TEST(matmul_vs_double_all_levels) {
  * prep, tokens 4 to a tile and 128 to a token block. Shapes on both sides
  * of every one of those edges: partial groups and panels (1, 15, 17, 31, 33,
  * 47, 49, 172 rows), K tails (y accumulated over K blocks and preps), token
- * tails and token blocks (5..260), on every level the CPU has (the others
- * take their own paths: still a check). */
+ * tails and token blocks (5..260; 17 tokens where every type takes it), on
+ * every level the CPU has (the others take their own paths: still a check). */
 TEST(matmul_prefill_gemm_edges) {
     const char *levels[] = {"avx512", "avx2", "scalar"};
     static const int64_t rows[] = {1, 15, 16, 17, 31, 33, 47, 49, 172};
-    static const int64_t toks[] = {5, 8, 9, 13, 67, 130};
+    static const int64_t toks[] = {5, 9, 13, 17, 67, 130}; /* GEMM from 5, 10 (Q6_K), 16 (floats) */
     static const int64_t blocks[] = {1, 2, 3, 17, 130};
     static const lk_type types[] = {LK_TYPE_Q4_0, LK_TYPE_Q8_0, LK_TYPE_Q4_K, LK_TYPE_Q5_K, LK_TYPE_Q6_K,
                                     LK_TYPE_F16, LK_TYPE_BF16, LK_TYPE_F32};
@@ -423,7 +423,7 @@ TEST(matmul_prefill_gemm_edges) {
                 }
             /* every row count around the group and panel edges, one shape */
             for (int64_t nr = 1; nr <= 50; nr += nr < 14 || nr > 40 ? 1 : 3)
-                CHECKF(check_matmul(t, bs == 1 ? 263 : bs * 3, nr, 11, (int)(nr & 3)) == 0, "%s %s rows=%lld", levels[l],
+                CHECKF(check_matmul(t, bs == 1 ? 263 : bs * 3, nr, 17, (int)(nr & 3)) == 0, "%s %s rows=%lld", levels[l],
                        lk_type_name(t), (long long)nr);
             /* a full token block and a tail past it, K tail past a prep */
             CHECKF(check_matmul(t, bs == 256 ? 256 * 17 : 32 * 131, 20, 260, 1) == 0, "%s %s 260 tokens",

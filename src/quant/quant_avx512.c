@@ -789,7 +789,7 @@ static void mm_q5k(int64_t n, int64_t nrows, const void *w, size_t w_stride, int
 }
 static void mm_q6k(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
                    size_t a_stride, float *y, size_t y_stride) {
-    if (ntok >= LK_GEMM_MIN_TOK) lk_quant_gemm_q6k_avx512(n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
+    if (ntok >= LK_GEMM_MIN_TOK_Q6K) lk_quant_gemm_q6k_avx512(n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
     else lk_quant_run_tiles(&q6k_set, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
 }
 /* float types: prefill through the GEMM (kind: 32 F32, 16 F16, 0 BF16) for
@@ -798,7 +798,7 @@ static void mm_q6k(int64_t n, int64_t nrows, const void *w, size_t w_stride, int
     static void mm_##name(int64_t n, int64_t nrows, const void *w, size_t w_stride,         \
                           int64_t ntok, const void *a, size_t a_stride, float *y,           \
                           size_t y_stride) {                                                \
-        if (ntok >= LK_GEMM_MIN_TOK && n >= LK_GEMM_MIN_FLOAT_N)                            \
+        if (ntok >= LK_GEMM_MIN_TOK_FLOAT && n >= LK_GEMM_MIN_FLOAT_N)                      \
             lk_quant_gemm_float_avx512(kind, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride); \
         else lk_quant_run_tiles(&name##_set, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride); \
     }

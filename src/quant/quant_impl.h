@@ -94,9 +94,12 @@ void lk_quant_fill_avx512(lk_quant_ops *ops);
 /* quant_gemm_avx512.c: lk_quant_matmul for Q4_0 (is_q8 false) or Q8_0
  * weights over many tokens (prefill) as a packed-panel GEMM; the AVX-512
  * table uses it from LK_GEMM_MIN_TOK tokens on (below that the register
- * tiles win: packing is paid per call; 4 tokens: tiles 82, GEMM 67 GFLOP/s,
- * 5 tokens: 73 vs 79, 2048x5632 Q4_0 with weights from memory). */
-enum { LK_GEMM_MIN_TOK = 5 };
+ * tiles win: packing is paid per call). Crossovers measured with bench_quant
+ * (weights from memory): Q4_0 4 tokens tiles 82 / GEMM 67 GFLOP/s, 5 tokens
+ * 73 / 79; Q8_0, Q4_K, Q5_K already win at 5; Q6_K 5 tokens 76 / 58, 8
+ * tokens 82 / 83, 12 tokens 95 / 117; F16 (transposes to pack) 12 tokens
+ * 53 / 40, 16 tokens 54 / 53, 32 tokens 55 / 75. */
+enum { LK_GEMM_MIN_TOK = 5, LK_GEMM_MIN_TOK_Q6K = 10, LK_GEMM_MIN_TOK_FLOAT = 16 };
 void lk_quant_gemm_q4q8_avx512(bool is_q8, int64_t n, int64_t nrows, const void *w, size_t ws,
                                int64_t ntok, const void *a, size_t as, float *y, size_t ys);
 /* The same for Q4_K, Q5_K and Q6_K weights (Q8_K activations). */
