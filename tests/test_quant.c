@@ -390,10 +390,12 @@ TEST(matmul_vs_double_all_levels) {
     lk_quant_set_simd("scalar");
 }
 
-/* The prefill GEMMs (Q4_0, Q8_0, K-quants, F16, BF16, F32 on AVX-512, from 5 tokens on):
- * rows are packed 16 to a group and 3 (K-quants: 2) groups to a panel, blocks
- * 16 (K-quants: super-blocks 2) to a K block and 128 (16) to an activation
- * prep, tokens 4 to a tile and 128 to a token block. Shapes on both sides
+/* The prefill GEMMs on AVX-512 (Q4_0, Q8_0, Q4_K, Q5_K from 5 tokens, Q6_K
+ * from 10, F32/F16/BF16 rows of 256+ elements from 16): rows are packed 16
+ * to a group and 3 (K-quants: 2, floats: 4) groups to a panel, blocks 16
+ * (K-quants: super-blocks 2, floats: 128 elements) to a K block and 128
+ * (16, 128) to an activation prep, tokens 4 (floats: 6) to a tile and 128 to
+ * a token block. Shapes on both sides
  * of every one of those edges: partial groups and panels (1, 15, 17, 31, 33,
  * 47, 49, 172 rows), K tails (y accumulated over K blocks and preps), token
  * tails and token blocks (5..260; 17 tokens where every type takes it), on

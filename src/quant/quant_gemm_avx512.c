@@ -1,7 +1,8 @@
 /* quant_gemm_avx512.c — prefill (many tokens at once) for Q4_0 / Q8_0
- * (Q8_0 activations) and Q4_K / Q5_K / Q6_K (Q8_K activations) weights, as a
- * blocked GEMM with packed weights. lk_quant_matmul's AVX-512 entries call
- * it from LK_GEMM_MIN_TOK tokens on; decode (1 token) never comes here.
+ * (Q8_0 activations), Q4_K / Q5_K / Q6_K (Q8_K activations) and F32 / F16 /
+ * BF16 weights, as a blocked GEMM with packed weights. lk_quant_matmul's
+ * AVX-512 entries call it from LK_GEMM_MIN_TOK* tokens on (quant_impl.h);
+ * decode (1 token) never comes here.
  *
  * Why a different kernel from decode. Prefill multiplies each weight by
  * dozens to hundreds of tokens, so the cost that matters is instructions per
@@ -32,7 +33,8 @@
  * vpdpbusd, so loads (2-3 a cycle) never limit. Blocking: K blocks of
  * GK_KB blocks keep the 48-row panel (27 KB) in L1 across all token tiles;
  * token blocks of GK_TB keep the activations and y in L2. Stack: the panel
- * and the activation terms, under 160 KB (the K-quants: under 70 KB).
+ * and the activation terms, under 160 KB (K-quants under 70 KB, floats 96 KB;
+ * pool threads have the default 8 MB).
  *
  * Integer block sums are exact and the float work per block is the scalar
  * reference's in its order, so a row of one K block (512 elements) gives the
