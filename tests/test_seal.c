@@ -8,6 +8,9 @@
 #include "cluster/cluster.h"
 #include "transport/transport.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sodium.h>
 #include <sys/socket.h>
@@ -408,6 +411,105 @@ TEST(seal_cannot_be_stripped) {
     close(w[1]);
 }
 
+/* ---- a sealed mesh through a man in the middle ------------------------------------- */
+
+typedef struct {
+    int lfd, target_port;
+    atomic_int flip;      /* set: flip one bit of the next bytes from rank 1 */
+    uint8_t seen[1 << 16];/* what passed from rank 1 to rank 0 (first 64 KiB) */
+    size_t nseen;
+} mitm_arg;
+
+static void *mitm_thread(void *p) {
+    mitm_arg *m = p;
+    int a = accept(m->lfd, NULL, NULL);
+    if (a < 0) return NULL;
+    int b = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)m->target_port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (connect(b, (struct sockaddr *)&sa, sizeof sa) != 0) { close(a); close(b); return NULL; }
+    struct pollfd pf[2] = {{.fd = a, .events = POLLIN}, {.fd = b, .events = POLLIN}};
+    uint8_t buf[4096];
+    for (;;) {
+        if (poll(pf, 2, 5000) <= 0) break;
+        int from = pf[0].revents ? 0 : 1;
+        ssize_t k = read(pf[from].fd, buf, sizeof buf);
+        if (k <= 0) break;
+        if (from == 0) {
+            if (atomic_exchange(&m->flip, 0)) buf[k / 2] ^= 0x10;
+            size_t c = LK_MIN((size_t)k, sizeof m->seen - m->nseen);
+            memcpy(m->seen + m->nseen, buf, c);
+            m->nseen += c;
+        }
+        if (write(pf[1 - from].fd, buf, (size_t)k) != k) break;
+    }
+    close(a);
+    close(b);
+    return NULL;
+}
+
+typedef struct {
+    int rank, lfd;
+    const char *const *addrs;
+    lk_mesh *mesh;
+    lk_status st;
+    char err[LK_ERRLEN];
+} mrank;
+
+static void *mesh_rank_thread(void *p) {
+    mrank *r = p;
+    lk_hs_params hp;
+    lk_hs_defaults(&hp, CKEY, r->rank ? "rank 1" : "rank 0");
+    hp.seal = LK_SEAL_ON;
+    lk_mesh_params mp = {.rank = r->rank, .n = 2, .addrs = r->addrs, .listen_fd = r->lfd, .shm = LK_MESH_SHM_OFF,
+                         .spin_ns = 0, .timeout_ms = 5000, .auth = lk_hs_mesh_auth, .auth_ctx = &hp};
+    r->st = lk_mesh_create(&mp, &r->mesh, r->err, sizeof r->err);
+    return NULL;
+}
+
+TEST(sealed_mesh_tampered_in_flight) {
+    char err[LK_ERRLEN];
+    int lfd0, p0, lfdm, pm;
+    CHECK(!lk_tcp_listen("127.0.0.1:0", &lfd0, &p0, err, sizeof err));
+    CHECK(!lk_tcp_listen("127.0.0.1:0", &lfdm, &pm, err, sizeof err));
+    static mitm_arg m;
+    memset(&m, 0, sizeof m);
+    m.lfd = lfdm;
+    m.target_port = p0;
+    char a0[32], a1[32];
+    snprintf(a0, sizeof a0, "127.0.0.1:%d", pm); /* rank 1 reaches rank 0 through the relay */
+    snprintf(a1, sizeof a1, "127.0.0.1:1");     /* rank 1 listens nowhere (the highest rank) */
+    const char *addrs[2] = {a0, a1};
+    mrank r[2] = {{.rank = 0, .lfd = lfd0, .addrs = addrs}, {.rank = 1, .lfd = -1, .addrs = addrs}};
+    pthread_t t[3];
+    pthread_create(&t[2], NULL, mitm_thread, &m);
+    for (int i = 0; i < 2; i++) pthread_create(&t[i], NULL, mesh_rank_thread, &r[i]);
+    for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+    CHECKF(!r[0].st && !r[1].st, "%s / %s", r[0].err, r[1].err);
+    if (!r[0].st && !r[1].st) {
+        lk_link *l0 = lk_mesh_link(r[0].mesh, 1), *l1 = lk_mesh_link(r[1].mesh, 0);
+        CHECK(lk_seal_is(l0) && lk_seal_is(l1) && l0 == lk_mesh_ctl(r[0].mesh, 1));
+        static const char secret[] = "SECRET-PATTERN-SECRET-PATTERN";
+        char got[sizeof secret] = {0};
+        CHECK(!lk_link_send(l1, secret, sizeof secret, lk_deadline_ms(2000), err, sizeof err));
+        CHECK(!lk_link_recv(l0, got, sizeof got, lk_deadline_ms(2000), err, sizeof err) && !strcmp(got, secret));
+        CHECK(!memmem(m.seen, m.nseen, "SECRET", 6)); /* never in clear on the wire */
+        atomic_store(&m.flip, 1);
+        CHECK(!lk_link_send(l1, secret, sizeof secret, lk_deadline_ms(2000), err, sizeof err));
+        lk_status st = lk_link_recv(l0, got, sizeof got, lk_deadline_ms(2000), err, sizeof err);
+        char want[128];
+        snprintf(want, sizeof want, "rank 1 (%s", "127.0.0.1:");
+        CHECKF(st == LK_ERR_NET && !strncmp(err, want, strlen(want)) &&
+                   strstr(err, "): authentication of received data failed (tampered or corrupted link)"),
+               "%d %s", st, err);
+    }
+    lk_mesh_free(r[0].mesh);
+    lk_mesh_free(r[1].mesh);
+    pthread_join(t[2], NULL);
+    close(lfd0);
+    close(lfdm);
+}
+
 int main(void) {
     keys();
     if (sodium_init() < 0) return 1;
@@ -416,5 +518,6 @@ int main(void) {
     RUN(attacks_detected);
     RUN(handshake_negotiates_seal);
     RUN(seal_cannot_be_stripped);
+    RUN(sealed_mesh_tampered_in_flight);
     return lk_test_end();
 }
