@@ -26,6 +26,12 @@
  *   4. VERDICT both ways: each side compares and says "ok" or why not, so a
  *      refusal is printed on both sides with both values, e.g.
  *      "model mismatch: head has 3f2a91c0..., worker has 9bc1d2e4...".
+ *      It ends with HMAC-SHA256(key, "lockstep-info-v1 <role>" | Ci | Cr |
+ *      lengths | INFO_i | INFO_r) over both INFO frames as the sender saw
+ *      them: INFO travels in clear, so a peer whose MAC differs means the
+ *      facts (the seal modes above all) were altered on the way: refused
+ *      ("altered in transit"), as is a VERDICT without it.
+ *   5. With sealing agreed (below), the sealed check records.
  *
  * Threading: a channel is used by one thread at a time. */
 #ifndef LK_CLUSTER_H

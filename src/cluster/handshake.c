@@ -174,6 +174,24 @@ static void hash_part(crypto_generichash_state *st, const uint8_t *p, uint32_t n
     crypto_generichash_update(st, p, n);
 }
 
+/* HMAC of both INFO payloads (initiator's first) under the cluster key and
+ * this connection's challenges, labelled by who sends it (no reflection). */
+static void info_mac(const uint8_t *key, bool initiator, const uint8_t *ci, const uint8_t *cr, const uint8_t *info_i,
+                     uint32_t len_i, const uint8_t *info_r, uint32_t len_r, uint8_t out[32]) {
+    const char *label = initiator ? "lockstep-info-v1 initiator" : "lockstep-info-v1 responder";
+    crypto_auth_hmacsha256_state st;
+    crypto_auth_hmacsha256_init(&st, key, LK_KEY_BYTES);
+    crypto_auth_hmacsha256_update(&st, (const uint8_t *)label, strlen(label) + 1);
+    crypto_auth_hmacsha256_update(&st, ci, CHALLENGE);
+    crypto_auth_hmacsha256_update(&st, cr, CHALLENGE);
+    uint8_t l[8] = {(uint8_t)len_i, (uint8_t)(len_i >> 8), (uint8_t)(len_i >> 16), (uint8_t)(len_i >> 24),
+                    (uint8_t)len_r, (uint8_t)(len_r >> 8), (uint8_t)(len_r >> 16), (uint8_t)(len_r >> 24)};
+    crypto_auth_hmacsha256_update(&st, l, sizeof l);
+    crypto_auth_hmacsha256_update(&st, info_i, len_i);
+    crypto_auth_hmacsha256_update(&st, info_r, len_r);
+    crypto_auth_hmacsha256_final(&st, out);
+}
+
 #define SEAL_CHECK "lockstep sealed"
 
 /* Switches c to a sealed link and proves both ends hold the same keys: each
@@ -295,23 +313,49 @@ lk_status lk_handshake(lk_chan *c, bool initiator, const lk_hs_params *p, lk_hs_
         snprintf(reason, sizeof reason, "seal mismatch: %s %s, %s %s", me, lk_seal_mode_desc(p->seal), them,
                  lk_seal_mode_desc(peer->seal));
     }
+    /* The VERDICT carries a MAC over both INFO frames as this side saw
+     * them: INFO travels in clear, and its facts (the seal modes above all)
+     * must not be alterable on the way without both sides noticing. */
+    uint8_t my_mac[32], want_mac[32];
+    info_mac(p->key, initiator, ci, cr, initiator ? ib : pb, initiator ? ilen : plen, initiator ? pb : ib,
+             initiator ? plen : ilen, my_mac);
+    info_mac(p->key, !initiator, ci, cr, initiator ? ib : pb, initiator ? ilen : plen, initiator ? pb : ib,
+             initiator ? plen : ilen, want_mac);
     uint8_t vb[700];
     w = (lk_wbuf){vb, sizeof vb, 0, true};
     lk_wb_u8(&w, reason[0] == 0);
     lk_wb_str(&w, reason);
+    lk_wb_bytes(&w, my_mac, sizeof my_mac);
     LK_ASSERT(w.ok);
     if ((st = lk_chan_send(c, LK_MSG_VERDICT, vb, w.len, dl, err, errlen))) return st;
     uint8_t tb[1024];
     uint32_t tlen;
     st = recv_type(c, LK_MSG_VERDICT, tb, 1, sizeof tb, &tlen, dl, pname, err, errlen);
-    if (reason[0]) return lk_fail(err, errlen, LK_ERR_MISMATCH, "%s: %s", pname, reason);
-    if (st) return st;
+    if (st) {
+        if (reason[0]) return lk_fail(err, errlen, LK_ERR_MISMATCH, "%s: %s", pname, reason);
+        return st;
+    }
     r = (lk_rbuf){tb, tlen, 0, true};
     uint8_t ok = lk_rb_u8(&r);
     char theirs_reason[600];
     lk_rb_str(&r, theirs_reason, sizeof theirs_reason);
+    uint8_t their_mac[32];
+    bool has_mac = r.ok && r.len - r.pos == sizeof their_mac; /* an older build sends none */
+    if (has_mac) lk_rb_bytes(&r, their_mac, sizeof their_mac);
+    /* A wrong MAC explains any disagreement: say so first. */
+    if (has_mac && crypto_verify_32(their_mac, want_mac) != 0) {
+        lk_chan_send_error(c, "the handshake was altered in transit (INFO frames differ between the two ends)");
+        return lk_fail(err, errlen, LK_ERR_AUTH,
+                       "%s: the handshake was altered in transit (its INFO frames differ between the two ends)", pname);
+    }
+    if (reason[0]) return lk_fail(err, errlen, LK_ERR_MISMATCH, "%s: %s", pname, reason);
     if (!r.ok) return lk_fail(err, errlen, LK_ERR_FORMAT, "%s sent a malformed VERDICT frame", pname);
     if (!ok) return lk_fail(err, errlen, LK_ERR_MISMATCH, "%s refused: %s", pname, theirs_reason);
+    if (!has_mac) {
+        lk_chan_send_error(c, "no proof of the handshake's INFO frames in your VERDICT (an older build?)");
+        return lk_fail(err, errlen, LK_ERR_AUTH, "%s sent no proof of the handshake's INFO frames (an older build?)",
+                       pname);
+    }
 
     /* 5. sealing, when either side requires it */
     if (p->seal != LK_SEAL_ON && peer->seal != LK_SEAL_ON) return LK_OK;
