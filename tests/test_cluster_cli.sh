@@ -242,10 +242,12 @@ mkdir -p "$T/c7"
 start_worker "$T/s7.log" --seal --cache-dir "$T/c7" # its slices arrive over the sealed link
 expect seal_worker_refuses_plain 1 "$L" run -m "$M" -p hi -n 2 --workers "127.0.0.1:$WP" --key-file "$T/k1"
 has seal_worker_refuses_plain_msg "$T/err" 'seal mismatch: head does not seal \(no --seal\), worker requires sealed links \(--seal\)'
+for _ in $(seq 100); do grep -q 'seal mismatch' "$T/s7.log" && break; sleep 0.05; done
 has seal_worker_logs_refusal "$T/s7.log" 'refused 127\.0\.0\.1:[0-9]+: .*seal mismatch: worker requires sealed links \(--seal\), head does not seal'
 : >"$T/run.err"
 same_text seal_worker_required --workers "127.0.0.1:$WP" --key-file "$T/k1" --seal --transport tcp
 same_text seal_worker_either --workers "127.0.0.1:$PORT" --key-file "$T/k1" --seal
+for _ in $(seq 100); do grep -q 'link sealed' "$T/wlog" && break; sleep 0.05; done
 has seal_worker_either_log "$T/wlog" 'head 127\.0\.0\.1:[0-9]+: link sealed'
 expect seal_netbench_local 0 "$L" netbench --local 2 --transport tcp --seal --sizes 64,16K,100K --iters 20
 has seal_netbench_local_header "$T/out" '^netbench: 2 ranks, data over tcp\+seal'
