@@ -308,16 +308,18 @@ LK_TG void lk_quant_gemm_q4q8_avx512(bool is_q8, int64_t n, int64_t nrows, const
 enum {
     GK4_RG = 2,     /* row groups per micro-tile */
     GK4_T = 4,      /* tokens per micro-tile */
-    GK4_KB = 2,     /* super-blocks per K block: 2 x 2 x 78 x 64 B = 20 KB panel */
+    GK4_KB = 2,     /* super-blocks per K block: 2 x 2 x 89 x 64 B = 23 KB panel */
     GK4_KSB = 16,   /* super-blocks per activation prep */
-    GK4_SC = 64,    /* vector index of sc_0 .. sc_7 (i32 lanes) */
+    /* vectors 0..63 of a (row group, super-block): quants 4v..4v+3 (Q4_K/Q5_K:
+     * sub-block v/8, Q6_K: group v/4); then for Q4_K/Q5_K: */
+    GK4_SC = 64,    /* sc_0 .. sc_7 (i32 lanes) */
     GK4_MM = 72,    /* m_{2i} | m_{2i+1} << 16, i = 0..3 */
-    GK4_D = 76,     /* d, then dmin (floats) */
-    GK4_VEC = 78,   /* 64 quant vectors (sub-block j, quants 4k..4k+3 at 8j+k) + 14 */
-    GK6_SC = 64,    /* Q6_K: scale of group g (16 quants) as i32, g = 0..15 */
+    GK4_D = 76,     /* d, then dmin (floats); 78 vectors in all */
+    /* for Q6_K: */
+    GK6_SC = 64,    /* scale of group g (16 quants) as i32, g = 0..15 */
     GK6_SP = 80,    /* (sc_2i, sc_2i+1) as i16 pairs, i = 0..7 */
     GK6_D = 88,     /* d (floats) */
-    GKK_VEC = 89,   /* vectors per (row group, super-block), the larger of the two */
+    GKK_VEC = 89,   /* vectors per (row group, super-block): the larger layout */
 };
 
 typedef struct {
