@@ -15,9 +15,12 @@
  *  - K-quants: one super-block per step, per-sub-block scales applied in the
  *    integer domain with vpdpwssd (i16-sized dot x scale per lane), mins
  *    through the activation's bsums.
- *  - every decode tile streams 4 rows with software prefetch.
- *  - prefill: R rows x T tokens register tiles, weights decoded once per
- *    tile and reused for T tokens, tokens in chunks that stay in L2.
+ *  - every decode tile streams 4 rows with software prefetch of the tiles
+ *    ahead (pf_range).
+ *  - prefill: from a few tokens on (per type, quant_impl.h) the GEMM of
+ *    quant_gemm_avx512.c (weights packed per call into L1 panels, reused by
+ *    up to 128 tokens); below that, R rows x T tokens register tiles here,
+ *    weights decoded once per tile and reused for T tokens.
  *
  * vpdpbusd multiplies unsigned by signed bytes, so weights are made unsigned
  * (Q4_0 nibbles are 0..15; Q8_0 is flipped to w+128; K-quant quants are
