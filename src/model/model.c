@@ -15,6 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Prefill attention takes queries in blocks of ATT_QB (attn_block_fn). */
+enum { ATT_QB = 16 };
+
 typedef struct {
     const float *attn_norm, *ffn_norm;     /* (d) */
     const float *q_norm, *k_norm;          /* (hd) qwen3 */
@@ -39,7 +42,7 @@ struct lk_model {
     void *kcache, *vcache;
     /* scratch, sized at load */
     float *x, *xb, *q, *k, *v, *att, *o, *hg, *hu;
-    float *scores;          /* (threads, n_ctx) */
+    float *scores;          /* (threads, ATT_QB, n_ctx) */
     void *act;              /* activation quantisation */
     lk_pool *pool;
     bool own_pool;
@@ -402,7 +405,7 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
     m->o = lk_xmalloc_aligned(sizeof(float) * B * d);
     m->hg = lk_xmalloc_aligned(sizeof(float) * B * m->nff);
     m->hu = lk_xmalloc_aligned(sizeof(float) * B * m->nff);
-    m->scores = lk_xmalloc_aligned(sizeof(float) * (size_t)lk_pool_size(m->pool) * m->n_ctx);
+    m->scores = lk_xmalloc_aligned(sizeof(float) * (size_t)lk_pool_size(m->pool) * ATT_QB * m->n_ctx);
     int64_t maxcols = LK_MAX(LK_MAX(d, m->nff), (int64_t)m->nh * hd);
     m->act = lk_xmalloc_aligned(lk_matmul_scratch_bytes(maxcols, (int64_t)B));
     *out = m;
@@ -455,18 +458,30 @@ typedef struct {
     int li, n, pos0;
 } attn_job;
 
-/* Causal attention for n new tokens over this rank's heads; tasks are
- * (token, head) pairs split across threads, each with its own score row. */
+/* Softmax of one query's scores and the weighted sum of values into out. */
+static void attn_finish(lk_model *m, float *sc, int npos, size_t base, float *out) {
+    const int hd = m->cfg.head_dim;
+    lk_softmax(sc, npos);
+    memset(out, 0, sizeof(float) * hd);
+    if (m->kv_f16) {
+        const uint16_t *v = (const uint16_t *)m->vcache + base;
+        for (int p = 0; p < npos; p++) lk_vec_axpy_f16(out, sc[p], v + (size_t)p * hd, hd);
+    } else {
+        const float *v = (const float *)m->vcache + base;
+        for (int p = 0; p < npos; p++) lk_vec_axpy_f32(out, sc[p], v + (size_t)p * hd, hd);
+    }
+}
+
+/* One task per (token, head): decode, and the F16 cache. Tasks are dealt
+ * round-robin: token t attends to pos0+t+1 positions, so contiguous ranges
+ * gave the last thread ~3x the work of the first in a 512-token prefill. */
 static void attn_fn(void *arg, int ith, int nth) {
     attn_job *j = arg;
     lk_model *m = j->m;
     const int hd = m->cfg.head_dim, group = m->cfg.n_head / m->cfg.n_head_kv;
     const float scale = 1.0f / sqrtf((float)hd);
-    float *sc = m->scores + (size_t)ith * m->n_ctx;
+    float *sc = m->scores + (size_t)ith * ATT_QB * m->n_ctx;
     const size_t layer_off = (size_t)j->li * m->nkv * m->n_ctx * hd;
-    /* Tasks (token, head) are dealt round-robin: token t attends to pos0+t+1
-     * positions, so contiguous ranges gave the last thread ~3x the work of
-     * the first in a 512-token prefill. */
     for (int64_t task = ith; task < (int64_t)j->n * m->nh; task += nth) {
         int t = (int)(task / m->nh), h = (int)(task % m->nh);
         int kvh = (m->sl.head0 + h) / group - m->sl.kv_head0;
@@ -480,15 +495,37 @@ static void attn_fn(void *arg, int ith, int nth) {
             const float *k = (const float *)m->kcache + base;
             for (int p = 0; p < npos; p++) sc[p] = lk_vec_dot_f32(q, k + (size_t)p * hd, hd) * scale;
         }
-        lk_softmax(sc, npos);
-        float *out = m->att + ((size_t)t * m->nh + h) * hd;
-        memset(out, 0, sizeof(float) * hd);
-        if (m->kv_f16) {
-            const uint16_t *v = (const uint16_t *)m->vcache + base;
-            for (int p = 0; p < npos; p++) lk_vec_axpy_f16(out, sc[p], v + (size_t)p * hd, hd);
-        } else {
-            const float *v = (const float *)m->vcache + base;
-            for (int p = 0; p < npos; p++) lk_vec_axpy_f32(out, sc[p], v + (size_t)p * hd, hd);
+        attn_finish(m, sc, npos, base, m->att + ((size_t)t * m->nh + h) * hd);
+    }
+}
+
+/* Prefill with the F32 cache: one task per (head, block of ATT_QB queries).
+ * The block's scores against every key it may see are one F32 matrix
+ * product (keys as weight rows, queries as tokens), instead of one short
+ * dot-product call per (query, key): attention was a third of a 512-token
+ * prefill. Scores past a query's causal limit are computed and ignored. */
+static void attn_block_fn(void *arg, int ith, int nth) {
+    attn_job *j = arg;
+    lk_model *m = j->m;
+    const int hd = m->cfg.head_dim, group = m->cfg.n_head / m->cfg.n_head_kv;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *S = m->scores + (size_t)ith * ATT_QB * m->n_ctx;
+    const size_t layer_off = (size_t)j->li * m->nkv * m->n_ctx * hd;
+    const int nqb = (j->n + ATT_QB - 1) / ATT_QB;
+    for (int64_t task = ith; task < (int64_t)nqb * m->nh; task += nth) {
+        int qb = (int)(task / m->nh), h = (int)(task % m->nh);
+        int t0 = qb * ATT_QB, t1 = LK_MIN(j->n, t0 + ATT_QB);
+        int kvh = (m->sl.head0 + h) / group - m->sl.kv_head0;
+        size_t base = layer_off + (size_t)kvh * m->n_ctx * hd;
+        int nmax = j->pos0 + t1;
+        lk_quant_matmul(LK_TYPE_F32, hd, nmax, (const float *)m->kcache + base, sizeof(float) * (size_t)hd, t1 - t0,
+                        m->q + ((size_t)t0 * m->nh + h) * hd, sizeof(float) * (size_t)m->nh * hd, S,
+                        (size_t)m->n_ctx);
+        for (int t = t0; t < t1; t++) {
+            float *sc = S + (size_t)(t - t0) * m->n_ctx;
+            int npos = j->pos0 + t + 1;
+            for (int p = 0; p < npos; p++) sc[p] *= scale;
+            attn_finish(m, sc, npos, base, m->att + ((size_t)t * m->nh + h) * hd);
         }
     }
 }
@@ -545,7 +582,7 @@ static void attention(lk_model *m, int li, const float *x, int n, int pos0) {
         }
     }
     attn_job aj = { m, li, n, pos0 };
-    lk_pool_run(m->pool, attn_fn, &aj);
+    lk_pool_run(m->pool, n >= ATT_QB / 2 && !m->kv_f16 ? attn_block_fn : attn_fn, &aj);
     lk_matmul(m->pool, &w->wo, m->att, qd, n, m->o, d, m->act);
 }
 
