@@ -226,14 +226,14 @@ has netbench_tcp_header "$T/out" '^netbench: 3 ranks, data over tcp, .*wire f16'
 expect netbench_bad_size 2 "$L" netbench --local 2 --sizes 12Q
 expect netbench_no_ranks 2 "$L" netbench
 
-# --seal: every TCP link of the session sealed (ChaCha20-Poly1305 records);
+# --seal: every TCP link of the session sealed (AEAD records);
 # the same text as one node; shm between local ranks stays unsealed and says
 # so; a worker with --seal refuses a head without it (both settings named),
 # one without --seal seals when the head asks
 : >"$T/run.err"
 same_text seal_local_tcp --local 3 --transport tcp --seal
 has seal_local_tcp_ctl "$T/run.err" 'worker rank 1 \(127\.0\.0\.1:[0-9]+\): control link sealed'
-has seal_local_tcp_mesh "$T/run.err" 'mesh rank 0: rank 2 \(127\.0\.0\.1:[0-9]+\) over tcp \(sealed\)'
+has seal_local_tcp_mesh "$T/run.err" 'mesh rank 0: rank 2 \(127\.0\.0\.1:[0-9]+\) over tcp \(sealed, (AES-256-GCM|ChaCha20-Poly1305)\)'
 same_text seal_local_tp_pp --local 4 --tp 2 --pp 2 --transport tcp --seal
 : >"$T/run.err"
 same_text seal_local_shm --local 2 --seal

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 static uint8_t K1[32], K2[32];
+static lk_seal_cipher CIPHER; /* the socketpair tests run once per cipher this CPU has */
 
 static void keys(void) {
     for (int i = 0; i < 32; i++) K1[i] = (uint8_t)(i * 7 + 1), K2[i] = (uint8_t)(200 - i);
@@ -38,7 +39,8 @@ static size_t ref_seal(const uint8_t *key, uint64_t ctr, const uint8_t *m, uint3
     uint8_t nonce[12] = {0};
     for (int i = 0; i < 8; i++) nonce[4 + i] = (uint8_t)(ctr >> (8 * i));
     unsigned long long cl;
-    crypto_aead_chacha20poly1305_ietf_encrypt(out + 4, &cl, m, n, out, 4, NULL, nonce, key);
+    if (CIPHER == LK_SEAL_AES256_GCM) crypto_aead_aes256gcm_encrypt(out + 4, &cl, m, n, out, 4, NULL, nonce, key);
+    else crypto_aead_chacha20poly1305_ietf_encrypt(out + 4, &cl, m, n, out, 4, NULL, nonce, key);
     return 4 + (size_t)cl;
 }
 
@@ -78,8 +80,8 @@ TEST(round_trip_sizes_partial_sends_no_alloc) {
     int small = 4096;
     setsockopt(fds[0], SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
     setsockopt(fds[1], SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
-    lk_link *a = lk_seal_wrap(named(lk_tcp_wrap(fds[0], "a")), K1, K2);
-    lk_link *b = lk_seal_wrap(lk_tcp_wrap(fds[1], "b"), K2, K1);
+    lk_link *a = lk_seal_wrap(named(lk_tcp_wrap(fds[0], "a")), CIPHER, K1, K2);
+    lk_link *b = lk_seal_wrap(lk_tcp_wrap(fds[1], "b"), CIPHER, K2, K1);
     CHECK(lk_seal_is(a) && lk_seal_is(b) && !lk_seal_is(NULL));
     CHECK(lk_tcp_fd(a) == fds[0] && lk_tcp_fd(b) == fds[1]);
     CHECK(a->peer_rank == 2 && !strcmp(a->peer_addr, "10.0.0.3:7070"));
@@ -132,7 +134,7 @@ TEST(round_trip_sizes_partial_sends_no_alloc) {
 TEST(record_format_matches_reference) {
     int fds[2];
     sock_pair(fds);
-    lk_link *a = lk_seal_wrap(lk_tcp_wrap(fds[0], "a"), K1, K2);
+    lk_link *a = lk_seal_wrap(lk_tcp_wrap(fds[0], "a"), CIPHER, K1, K2);
     char err[LK_ERRLEN];
     const char *msg[2] = {"first record", "second, longer record"};
     for (int i = 0; i < 2; i++) CHECK(!lk_link_send(a, msg[i], strlen(msg[i]), lk_deadline_ms(1000), err, sizeof err));
@@ -146,7 +148,10 @@ TEST(record_format_matches_reference) {
         uint8_t nonce[12] = {0};
         nonce[4] = (uint8_t)i;
         unsigned long long pl;
-        CHECK(crypto_aead_chacha20poly1305_ietf_decrypt(plain, &pl, NULL, body, n + 16, hdr, 4, nonce, K1) == 0);
+        int bad = CIPHER == LK_SEAL_AES256_GCM
+                      ? crypto_aead_aes256gcm_decrypt(plain, &pl, NULL, body, n + 16, hdr, 4, nonce, K1)
+                      : crypto_aead_chacha20poly1305_ietf_decrypt(plain, &pl, NULL, body, n + 16, hdr, 4, nonce, K1);
+        CHECK(!bad);
         CHECK(pl == n && !memcmp(plain, msg[i], n));
         CHECK(memcmp(body, msg[i], n)); /* not in clear */
     }
@@ -171,7 +176,7 @@ static lk_status feed(const uint8_t *bytes, size_t n, const size_t *sizes, int n
                       char *err, size_t errlen) {
     int fds[2];
     sock_pair(fds);
-    lk_link *r = lk_seal_wrap(named(lk_tcp_wrap(fds[0], "r")), K2, K1);
+    lk_link *r = lk_seal_wrap(named(lk_tcp_wrap(fds[0], "r")), CIPHER, K2, K1);
     LK_ASSERT(write(fds[1], bytes, n) == (ssize_t)n);
     if (close_after) close(fds[1]);
     long a0 = lk_test_allocs();
@@ -288,6 +293,7 @@ typedef struct {
     lk_link *l;
     bool initiator;
     lk_seal_mode mode;
+    uint8_t ciphers; /* lk_hs_params.seal_ciphers */
     const char *role;
     lk_status st;
     lk_hs_peer peer;
@@ -299,6 +305,7 @@ static void *hs_thread(void *p) {
     lk_hs_params hp;
     lk_hs_defaults(&hp, CKEY, a->role);
     hp.seal = a->mode;
+    hp.seal_ciphers = a->ciphers;
     lk_chan c;
     lk_chan_init(&c, a->l);
     a->st = lk_handshake(&c, a->initiator, &hp, &a->peer, a->err, sizeof a->err);
@@ -351,6 +358,29 @@ TEST(handshake_negotiates_seal) {
                        strstr(a[s].err, "requires sealed links (--seal)") && strstr(a[s].err, "does not seal (no --seal)"),
                    "case %d side %d: %d %s", i, s, a[s].st, a[s].err);
             CHECK(!lk_seal_is(a[s].l));
+            lk_link_close(a[s].l);
+        }
+    }
+}
+
+/* The cipher: AES-256-GCM when both offer it, else ChaCha20-Poly1305. */
+TEST(handshake_picks_cipher) {
+    bool aes = lk_seal_cipher_available(LK_SEAL_AES256_GCM);
+    uint8_t offers[3][2] = {{0, 0}, {1, 0}, {0, 1}};
+    for (int i = 0; i < 3; i++) {
+        int fds[2];
+        sock_pair(fds);
+        hs_arg a[2] = {{.l = lk_tcp_wrap(fds[0], "w"), .initiator = true, .mode = LK_SEAL_ON, .ciphers = offers[i][0],
+                        .role = "head"},
+                       {.l = lk_tcp_wrap(fds[1], "h"), .initiator = false, .mode = LK_SEAL_EITHER,
+                        .ciphers = offers[i][1], .role = "worker"}};
+        pthread_t t[2];
+        for (int s = 0; s < 2; s++) pthread_create(&t[s], NULL, hs_thread, &a[s]);
+        for (int s = 0; s < 2; s++) pthread_join(t[s], NULL);
+        lk_seal_cipher want = i == 0 && aes ? LK_SEAL_AES256_GCM : LK_SEAL_CHACHA20_POLY1305;
+        for (int s = 0; s < 2; s++) {
+            CHECKF(!a[s].st && a[s].peer.sealed, "offer %d side %d: %s", i, s, a[s].err);
+            if (!a[s].st) CHECKF(a[s].peer.cipher == want && lk_seal_cipher_of(a[s].l) == want, "offer %d side %d", i, s);
             lk_link_close(a[s].l);
         }
     }
@@ -532,10 +562,19 @@ int main(void) {
     signal(SIGPIPE, SIG_IGN);
     keys();
     if (sodium_init() < 0) return 1;
-    RUN(round_trip_sizes_partial_sends_no_alloc);
-    RUN(record_format_matches_reference);
-    RUN(attacks_detected);
+    for (int c = LK_SEAL_CHACHA20_POLY1305; c <= LK_SEAL_AES256_GCM; c++) {
+        CIPHER = (lk_seal_cipher)c;
+        if (!lk_seal_cipher_available(CIPHER)) {
+            printf("# %s: not on this CPU, skipped\n", lk_seal_cipher_name(CIPHER));
+            continue;
+        }
+        printf("# %s\n", lk_seal_cipher_name(CIPHER));
+        RUN(round_trip_sizes_partial_sends_no_alloc);
+        RUN(record_format_matches_reference);
+        RUN(attacks_detected);
+    }
     RUN(handshake_negotiates_seal);
+    RUN(handshake_picks_cipher);
     RUN(seal_cannot_be_stripped);
     RUN(sealed_mesh_tampered_in_flight);
     return lk_test_end();

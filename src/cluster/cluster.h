@@ -150,8 +150,9 @@ const char *lk_cluster_model_id_short(const uint8_t id[LK_MODEL_ID_BYTES], char 
 /* ---- handshake ----------------------------------------------------------------- */
 
 /* Sealing (lockstep --seal): after the handshake, the connection carries
- * ChaCha20-Poly1305 records (transport.h, lk_seal_wrap) instead of plain
- * frames. Each side states its mode in INFO; a side that requires sealing
+ * AEAD records (transport.h, lk_seal_wrap) instead of plain frames: AES-256-
+ * GCM when both sides offer it (AES-NI), else ChaCha20-Poly1305. Each side
+ * states its mode and the ciphers it offers in INFO; a side that requires sealing
  * and one that refuses it are a mismatch, refused with both settings; the
  * link is sealed if either side requires it. Keys, one per direction:
  *     BLAKE2b-256 keyed with the cluster key over
@@ -178,6 +179,7 @@ typedef struct {
     uint8_t     model_id[LK_MODEL_ID_BYTES];
     int64_t     timeout_ms;    /* whole handshake (0: 5000) */
     lk_seal_mode seal;         /* LK_SEAL_OFF by default */
+    uint8_t     seal_ciphers;  /* bit per lk_seal_cipher offered (0: all this CPU has; tests narrow it) */
 } lk_hs_params;
 
 typedef struct {
@@ -186,7 +188,9 @@ typedef struct {
     bool     has_model;
     uint8_t  model_id[LK_MODEL_ID_BYTES];
     lk_seal_mode seal;         /* the peer's mode (OFF from a peer that does not say) */
+    uint8_t  seal_ciphers;     /* the peer's offer (bit per lk_seal_cipher) */
     bool     sealed;           /* the link is sealed: c->link was replaced */
+    lk_seal_cipher cipher;     /* ... with this cipher */
 } lk_hs_peer;
 
 void lk_hs_defaults(lk_hs_params *p, const uint8_t *key, const char *role);

@@ -194,14 +194,24 @@ static void info_mac(const uint8_t *key, bool initiator, const uint8_t *ci, cons
 
 #define SEAL_CHECK "lockstep sealed"
 
+/* Bit c set: this side can seal with cipher c (lk_seal_cipher). */
+static uint8_t my_ciphers(const lk_hs_params *p) {
+    uint8_t m = 0;
+    for (int c = LK_SEAL_CHACHA20_POLY1305; c <= LK_SEAL_AES256_GCM; c++)
+        if (lk_seal_cipher_available((lk_seal_cipher)c)) m |= (uint8_t)(1u << c);
+    if (p->seal_ciphers) m &= p->seal_ciphers;
+    return m | 1; /* ChaCha20-Poly1305 always */
+}
+
 /* Switches c to a sealed link and proves both ends hold the same keys: each
  * sends a first sealed record and opens the other's. */
-static lk_status seal_start(lk_chan *c, bool initiator, const uint8_t *key, const uint8_t *ci, const uint8_t *cr,
-                            const uint8_t transcript[32], uint64_t dl, const char *pname, char *err, size_t errlen) {
+static lk_status seal_start(lk_chan *c, bool initiator, lk_seal_cipher cipher, const uint8_t *key, const uint8_t *ci,
+                            const uint8_t *cr, const uint8_t transcript[32], uint64_t dl, const char *pname, char *err,
+                            size_t errlen) {
     uint8_t k_ir[LK_SEAL_KEY_BYTES], k_ri[LK_SEAL_KEY_BYTES];
     seal_key(key, true, ci, cr, transcript, k_ir);
     seal_key(key, false, ci, cr, transcript, k_ri);
-    c->link = lk_seal_wrap(c->link, initiator ? k_ir : k_ri, initiator ? k_ri : k_ir);
+    c->link = lk_seal_wrap(c->link, cipher, initiator ? k_ir : k_ri, initiator ? k_ri : k_ir);
     sodium_memzero(k_ir, sizeof k_ir);
     sodium_memzero(k_ri, sizeof k_ri);
     char why[LK_ERRLEN];
@@ -272,6 +282,7 @@ lk_status lk_handshake(lk_chan *c, bool initiator, const lk_hs_params *p, lk_hs_
     lk_wb_bytes(&w, p->model_id, LK_MODEL_ID_BYTES);
     /* last and optional: a peer that does not send it does not seal */
     lk_wb_u8(&w, (uint8_t)p->seal);
+    lk_wb_u8(&w, my_ciphers(p));
     LK_ASSERT(w.ok);
     uint32_t ilen = w.len;
     if ((st = lk_chan_send(c, LK_MSG_INFO, ib, w.len, dl, err, errlen))) return st;
@@ -287,6 +298,7 @@ lk_status lk_handshake(lk_chan *c, bool initiator, const lk_hs_params *p, lk_hs_
     lk_rb_bytes(&r, peer->model_id, LK_MODEL_ID_BYTES);
     uint8_t pseal = r.pos < r.len ? lk_rb_u8(&r) : LK_SEAL_OFF;
     peer->seal = (lk_seal_mode)pseal;
+    peer->seal_ciphers = r.pos < r.len ? lk_rb_u8(&r) : 1;
     if (!r.ok || r.pos != r.len || pseal > LK_SEAL_ON) {
         lk_chan_send_error(c, "malformed INFO frame");
         return lk_fail(err, errlen, LK_ERR_FORMAT, "%s sent a malformed INFO frame", pname);
@@ -367,8 +379,11 @@ lk_status lk_handshake(lk_chan *c, bool initiator, const lk_hs_params *p, lk_hs_
     hash_part(&hs, initiator ? vb : tb, initiator ? w.len : tlen);
     hash_part(&hs, initiator ? tb : vb, initiator ? tlen : w.len);
     crypto_generichash_final(&hs, transcript, sizeof transcript);
-    if ((st = seal_start(c, initiator, p->key, ci, cr, transcript, dl, pname, err, errlen))) return st;
+    /* the faster cipher when both have it; ChaCha20-Poly1305 runs everywhere */
+    lk_seal_cipher cipher = (my_ciphers(p) & peer->seal_ciphers & 2) ? LK_SEAL_AES256_GCM : LK_SEAL_CHACHA20_POLY1305;
+    if ((st = seal_start(c, initiator, cipher, p->key, ci, cr, transcript, dl, pname, err, errlen))) return st;
     peer->sealed = true;
+    peer->cipher = cipher;
     return LK_OK;
 }
 

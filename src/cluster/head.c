@@ -314,8 +314,8 @@ static lk_status connect_all(lk_cluster *c, const lk_hs_params *hp, char *err, s
         c->w[r].link = c->w[r].ch.link; /* the sealed link, when sealed */
         if (st) return lk_fail(err, errlen, st, "worker rank %d: %s", r, why);
         if (peer.sealed)
-            lk_log(LK_LOG_INFO, "cluster: worker rank %d (%s): control link sealed (ChaCha20-Poly1305)", r,
-                   c->w[r].addr);
+            lk_log(LK_LOG_INFO, "cluster: worker rank %d (%s): control link sealed (%s)", r, c->w[r].addr,
+                   lk_seal_cipher_name(peer.cipher));
     }
     return LK_OK;
 }

@@ -1058,7 +1058,8 @@ static void serve_conn(worker *w, lk_link *link) {
     lk_status st = lk_handshake(&s->ch, false, &hp, &peer, err, sizeof err);
     s->link = s->ch.link; /* the sealed link, when sealed */
     s->sealed = peer.sealed;
-    if (!st && peer.sealed) lk_log(LK_LOG_INFO, "worker: head %s: link sealed (ChaCha20-Poly1305)", s->head);
+    if (!st && peer.sealed)
+        lk_log(LK_LOG_INFO, "worker: head %s: link sealed (%s)", s->head, lk_seal_cipher_name(peer.cipher));
     if (st) {
         lk_log(LK_LOG_WARN, "worker: refused %s: %s", link->peer_addr, unprefixed(err, link->peer_addr));
     } else if (!claim(w)) {

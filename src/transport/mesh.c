@@ -145,8 +145,10 @@ lk_status lk_mesh_create(const lk_mesh_params *p, lk_mesh **out, char *err, size
         m->data[s] = m->ctl[s];
         bool same = !strcmp(hosts[s], hosts[p->rank]);
         if (p->shm == LK_MESH_SHM_OFF || (!same && p->shm == LK_MESH_SHM_AUTO)) {
-            lk_log(LK_LOG_INFO, "mesh rank %d: rank %d (%s) over tcp%s%s", p->rank, s, m->ctl[s]->peer_addr,
-                   lk_seal_is(m->ctl[s]) ? " (sealed)" : "", same ? " (shm off)" : "");
+            bool sealed = lk_seal_is(m->ctl[s]);
+            lk_log(LK_LOG_INFO, "mesh rank %d: rank %d (%s) over tcp%s%s%s%s", p->rank, s, m->ctl[s]->peer_addr,
+                   sealed ? " (sealed, " : "", sealed ? lk_seal_cipher_name(lk_seal_cipher_of(m->ctl[s])) : "",
+                   sealed ? ")" : "", same ? " (shm off)" : "");
             continue;
         }
         if (!same) {

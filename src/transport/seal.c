@@ -1,6 +1,8 @@
 /* Sealed links: a link transport that wraps a TCP link and carries its bytes
- * as authenticated, encrypted records (ChaCha20-Poly1305, IETF variant), so
- * that after the handshake an on-path attacker can neither read nor alter,
+ * as authenticated, encrypted records (AES-256-GCM where both ends have
+ * AES-NI, else ChaCha20-Poly1305 in its IETF variant: both take a 32-byte
+ * key and a 12-byte nonce and append a 16-byte tag), so that after the
+ * handshake an on-path attacker can neither read nor alter,
  * inject, replay, reorder, drop or cut off anything unnoticed.
  *
  * Record on the wire (every field checked before use):
@@ -34,6 +36,7 @@
 #include "transport/transport.h"
 
 #include <sodium.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,12 +48,18 @@
 
 _Static_assert(crypto_aead_chacha20poly1305_ietf_KEYBYTES == LK_SEAL_KEY_BYTES, "key size");
 _Static_assert(crypto_aead_chacha20poly1305_ietf_NPUBBYTES == 12, "IETF nonce");
+_Static_assert(crypto_aead_aes256gcm_KEYBYTES == LK_SEAL_KEY_BYTES && crypto_aead_aes256gcm_NPUBBYTES == 12 &&
+               crypto_aead_aes256gcm_ABYTES == TAG, "AES-256-GCM takes the same key, nonce and tag sizes");
 
 static const char AUTH_FAILED[] = "authentication of received data failed (tampered or corrupted link)";
 
 typedef struct {
-    lk_link base; /* first: an lk_link * is a seal_link * */
+    /* AES key schedules, expanded once (first: libsodium wants them 16-byte
+     * aligned, which malloc gives) */
+    crypto_aead_aes256gcm_state tx_gcm, rx_gcm;
+    lk_link base;
     lk_link *inner;
+    lk_seal_cipher cipher;
     /* sending (one thread) */
     uint8_t  tx_key[LK_SEAL_KEY_BYTES];
     uint64_t tx_ctr;
@@ -69,6 +78,9 @@ typedef struct {
     char     rx_why[LK_ERRLEN]; /* non-empty: receiving failed for good, this is why */
 } seal_link;
 
+/* base is not the first member: from an lk_link * back to its seal_link */
+static seal_link *of(const lk_link *l) { return (seal_link *)((char *)l - offsetof(seal_link, base)); }
+
 static void put_le32(uint8_t *p, uint32_t v) {
     for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
@@ -81,7 +93,7 @@ static void nonce_of(uint64_t ctr, uint8_t n[12]) {
 }
 
 static ssize_t seal_send_some(lk_link *l, const void *buf, size_t n, char *err, size_t errlen) {
-    seal_link *s = (seal_link *)l;
+    seal_link *s = of(l);
     if (s->tx_failed) {
         lk_fail(err, errlen, LK_ERR_NET, "sealed link already failed while sending");
         return -1;
@@ -93,7 +105,11 @@ static ssize_t seal_send_some(lk_link *l, const void *buf, size_t n, char *err, 
         nonce_of(s->tx_ctr++, nonce);
         put_le32(s->obuf, (uint32_t)m);
         unsigned long long clen = 0;
-        crypto_aead_chacha20poly1305_ietf_encrypt(s->obuf + HDR, &clen, buf, m, s->obuf, HDR, NULL, nonce, s->tx_key);
+        if (s->cipher == LK_SEAL_AES256_GCM)
+            crypto_aead_aes256gcm_encrypt_afternm(s->obuf + HDR, &clen, buf, m, s->obuf, HDR, NULL, nonce, &s->tx_gcm);
+        else
+            crypto_aead_chacha20poly1305_ietf_encrypt(s->obuf + HDR, &clen, buf, m, s->obuf, HDR, NULL, nonce,
+                                                      s->tx_key);
         LK_ASSERT(clen == m + TAG);
         s->olen = HDR + m + TAG;
         s->opos = 0;
@@ -126,7 +142,7 @@ static ssize_t rx_fail(seal_link *s, const char *why, char *err, size_t errlen) 
 }
 
 static ssize_t seal_recv_some(lk_link *l, void *buf, size_t n, char *err, size_t errlen) {
-    seal_link *s = (seal_link *)l;
+    seal_link *s = of(l);
     if (s->rx_why[0]) {
         lk_fail(err, errlen, LK_ERR_NET, "%s", s->rx_why);
         return -1;
@@ -157,9 +173,12 @@ static ssize_t seal_recv_some(lk_link *l, void *buf, size_t n, char *err, size_t
             nonce_of(s->rx_ctr, nonce);
             bool direct = n - got >= m;
             uint8_t *dst = direct ? out + got : s->pbuf;
-            if (crypto_aead_chacha20poly1305_ietf_decrypt(dst, NULL, NULL, r + HDR, m + TAG, r, HDR, nonce,
-                                                          s->rx_key) != 0)
-                return rx_fail(s, AUTH_FAILED, err, errlen);
+            int bad = s->cipher == LK_SEAL_AES256_GCM
+                          ? crypto_aead_aes256gcm_decrypt_afternm(dst, NULL, NULL, r + HDR, m + TAG, r, HDR, nonce,
+                                                                  &s->rx_gcm)
+                          : crypto_aead_chacha20poly1305_ietf_decrypt(dst, NULL, NULL, r + HDR, m + TAG, r, HDR, nonce,
+                                                                      s->rx_key);
+            if (bad) return rx_fail(s, AUTH_FAILED, err, errlen);
             s->rx_ctr++;
             s->ipos += HDR + m + TAG;
             if (direct) {
@@ -207,15 +226,17 @@ static ssize_t seal_recv_some(lk_link *l, void *buf, size_t n, char *err, size_t
 }
 
 static int seal_poll_fd(lk_link *l) {
-    seal_link *s = (seal_link *)l;
+    seal_link *s = of(l);
     return s->inner->ops->poll_fd(s->inner);
 }
 
-static lk_link *seal_inner(const lk_link *l) { return ((const seal_link *)l)->inner; }
+static lk_link *seal_inner(const lk_link *l) { return of(l)->inner; }
 
 static void seal_free(seal_link *s) {
     sodium_memzero(s->tx_key, sizeof s->tx_key);
     sodium_memzero(s->rx_key, sizeof s->rx_key);
+    sodium_memzero(&s->tx_gcm, sizeof s->tx_gcm);
+    sodium_memzero(&s->rx_gcm, sizeof s->rx_gcm);
     free(s->obuf);
     free(s->ibuf);
     if (s->pbuf) sodium_memzero(s->pbuf, LK_SEAL_MAX_RECORD);
@@ -224,7 +245,7 @@ static void seal_free(seal_link *s) {
 }
 
 static void seal_close(lk_link *l) {
-    seal_link *s = (seal_link *)l;
+    seal_link *s = of(l);
     lk_link_close(s->inner);
     seal_free(s);
 }
@@ -239,10 +260,31 @@ static const lk_link_ops seal_ops = {
     .inner = seal_inner,
 };
 
-lk_link *lk_seal_wrap(lk_link *inner, const uint8_t tx_key[LK_SEAL_KEY_BYTES],
+bool lk_seal_cipher_available(lk_seal_cipher c) {
+    if (c == LK_SEAL_CHACHA20_POLY1305) return true;
+    return c == LK_SEAL_AES256_GCM && sodium_init() >= 0 && crypto_aead_aes256gcm_is_available();
+}
+
+const char *lk_seal_cipher_name(lk_seal_cipher c) {
+    return c == LK_SEAL_AES256_GCM ? "AES-256-GCM" : "ChaCha20-Poly1305";
+}
+
+lk_seal_cipher lk_seal_cipher_of(const lk_link *l) {
+    LK_ASSERT(lk_seal_is(l));
+    return of(l)->cipher;
+}
+
+lk_link *lk_seal_wrap(lk_link *inner, lk_seal_cipher cipher, const uint8_t tx_key[LK_SEAL_KEY_BYTES],
                       const uint8_t rx_key[LK_SEAL_KEY_BYTES]) {
     LK_ASSERT(inner && inner->ops->poll_fd && inner->ops->poll_fd(inner) >= 0);
+    LK_ASSERT(lk_seal_cipher_available(cipher));
     seal_link *s = lk_xcalloc(1, sizeof *s);
+    LK_ASSERT(((uintptr_t)s & 15) == 0);
+    s->cipher = cipher;
+    if (cipher == LK_SEAL_AES256_GCM) {
+        crypto_aead_aes256gcm_beforenm(&s->tx_gcm, tx_key);
+        crypto_aead_aes256gcm_beforenm(&s->rx_gcm, rx_key);
+    }
     s->base = *inner;
     s->base.ops = &seal_ops;
     s->inner = inner;
@@ -256,7 +298,7 @@ lk_link *lk_seal_wrap(lk_link *inner, const uint8_t tx_key[LK_SEAL_KEY_BYTES],
 
 lk_link *lk_seal_unwrap(lk_link *l) {
     LK_ASSERT(lk_seal_is(l));
-    seal_link *s = (seal_link *)l;
+    seal_link *s = of(l);
     lk_link *inner = s->inner;
     seal_free(s);
     return inner;

@@ -11,8 +11,9 @@
  *     per pair of processes on one host (set up over the TCP link, unlinked as
  *     soon as both sides mapped it, so nothing is left behind on a crash).
  *   - seal.c: wraps a TCP link after the cluster handshake (opt-in --seal):
- *     ChaCha20-Poly1305 records, so an on-path attacker can neither read nor
- *     alter, inject, replay or cut the stream unnoticed.
+ *     AEAD records (AES-256-GCM or ChaCha20-Poly1305), so an on-path
+ *     attacker can neither read nor alter, inject, replay or cut the stream
+ *     unnoticed.
  *
  * Waiting: every wait has an absolute deadline (lk_time_ns() clock). A waiter
  * first *spins* (retrying the non-blocking call) for the link's spin budget,
@@ -128,8 +129,8 @@ lk_status lk_shm_pair(lk_link *ctl, bool creator, size_t ring_bytes, uint64_t de
 
 /* --- sealed links (seal.c) ---------------------------------------------- */
 
-/* A sealed link carries the bytes of a TCP link as ChaCha20-Poly1305
- * records (see seal.c for the format): confidential, and any alteration,
+/* A sealed link carries the bytes of a TCP link as AEAD records (see seal.c
+ * for the format): confidential, and any alteration,
  * injection, replay, reordering, drop or truncation fails the link with
  * "authentication of received data failed (tampered or corrupted link)" or
  * a message naming the bad record. Opt-in (lockstep --seal); the keys come
@@ -141,8 +142,15 @@ lk_status lk_shm_pair(lk_link *ctl, bool creator, size_t ring_bytes, uint64_t de
  * new link copies its rank and address. tx_key seals what we send, rx_key
  * opens what we receive (the peer holds them the other way round). Buffers
  * (about 192 KiB) are allocated here, never per message. */
-lk_link *lk_seal_wrap(lk_link *inner, const uint8_t tx_key[LK_SEAL_KEY_BYTES],
+typedef enum {
+    LK_SEAL_CHACHA20_POLY1305 = 0, /* everywhere; constant time in software */
+    LK_SEAL_AES256_GCM = 1,        /* where AES-NI and PCLMUL exist: about 1.5x faster */
+} lk_seal_cipher;
+bool        lk_seal_cipher_available(lk_seal_cipher c);
+const char *lk_seal_cipher_name(lk_seal_cipher c); /* "AES-256-GCM" */
+lk_link *lk_seal_wrap(lk_link *inner, lk_seal_cipher cipher, const uint8_t tx_key[LK_SEAL_KEY_BYTES],
                       const uint8_t rx_key[LK_SEAL_KEY_BYTES]);
+lk_seal_cipher lk_seal_cipher_of(const lk_link *l); /* l sealed */
 /* Frees the wrapper only and hands back the inner link (a handshake that
  * fails after wrapping gives its caller the link it came with). */
 lk_link *lk_seal_unwrap(lk_link *l);
