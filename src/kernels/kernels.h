@@ -62,6 +62,10 @@ float lk_vec_dot_f32(const float *a, const float *b, int64_t n);
 void  lk_vec_axpy_f32(float *y, float a, const float *x, int64_t n);   /* y += a*x */
 float lk_vec_dot_f16(const float *a, const uint16_t *b, int64_t n);
 void  lk_vec_axpy_f16(float *y, float a, const uint16_t *x, int64_t n);
+/* x[i] = e^(x[i] - sub); returns the sum (in double). Within 2 ulp of expf. */
+double lk_vec_exp_sum(float *x, int64_t n, float sub);
+/* gate[i] = silu(gate[i]) * up[i] (lk_swiglu) */
+void   lk_vec_swiglu(float *gate, const float *up, int64_t n);
 
 /* ---- elementwise ---- */
 void lk_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);

@@ -15,18 +15,12 @@ void lk_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps
 void lk_softmax(float *x, int64_t n) {
     float max = -INFINITY;
     for (int64_t i = 0; i < n; i++) max = x[i] > max ? x[i] : max;
-    double sum = 0;
-    for (int64_t i = 0; i < n; i++) { x[i] = expf(x[i] - max); sum += x[i]; }
+    const double sum = lk_vec_exp_sum(x, n, max);
     const float inv = (float)(1.0 / sum);
     for (int64_t i = 0; i < n; i++) x[i] *= inv;
 }
 
-void lk_swiglu(float *gate, const float *up, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        float g = gate[i];
-        gate[i] = g / (1.0f + expf(-g)) * up[i];
-    }
-}
+void lk_swiglu(float *gate, const float *up, int64_t n) { lk_vec_swiglu(gate, up, n); }
 
 /* ---- matmul ---- */
 

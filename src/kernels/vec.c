@@ -5,6 +5,7 @@
 #include "kernels/kernels.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,18 @@ static float dot_f16_scalar(const float *a, const uint16_t *b, int64_t n) {
 }
 static void axpy_f16_scalar(float *y, float a, const uint16_t *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += a * lk_fp16_to_fp32(x[i]);
+}
+
+static double expsum_scalar(float *x, int64_t n, float sub) {
+    double sum = 0;
+    for (int64_t i = 0; i < n; i++) { x[i] = expf(x[i] - sub); sum += x[i]; }
+    return sum;
+}
+static void swiglu_scalar(float *gate, const float *up, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i];
+        gate[i] = g / (1.0f + expf(-g)) * up[i];
+    }
 }
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -88,11 +101,60 @@ AVX512 static void axpy_avx512(float *y, float a, const float *x, int64_t n) {
     for (; i < n; i++) y[i] += a * x[i];
 }
 
+/* e^x, 16 lanes: x = k ln2 + r (Cody-Waite, |r| <= ln2/2), e^r by its Taylor
+ * polynomial to degree 7 (truncation below 5e-9 relative), times 2^k by
+ * vscalefps; within 2 ulp of expf. Below -87.3 it is 0 (expf: a denormal
+ * or 0), above 88.7 it saturates at ~3e38 (expf: inf). */
+AVX512 static inline __m512 exp512(__m512 x) {
+    const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_GE_OQ);
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.7f));
+    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.428606765330187e-06f), r);
+    __m512 p = _mm512_set1_ps(1.f / 5040);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    return _mm512_maskz_mov_ps(live, _mm512_scalef_ps(p, k));
+}
+/* Softmax's middle pass and SwiGLU were a sixth of a 512-token prefill in
+ * libm's scalar expf. The sum stays in double as the scalar code's. */
+AVX512 static double expsum_avx512(float *x, int64_t n, float sub) {
+    const __m512 vs = _mm512_set1_ps(sub);
+    __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vs));
+        e = _mm512_maskz_mov_ps(m, e);
+        _mm512_mask_storeu_ps(x + i, m, e);
+        s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+        s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+    }
+    return _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+}
+AVX512 static void swiglu_avx512(float *gate, const float *up, int64_t n) {
+    const __m512 one = _mm512_set1_ps(1.f);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
+        __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
+        __m512 y = _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), _mm512_maskz_loadu_ps(m, up + i));
+        _mm512_mask_storeu_ps(gate + i, m, y);
+    }
+}
+
 typedef struct {
     float (*dot)(const float *, const float *, int64_t);
     void (*axpy)(float *, float, const float *, int64_t);
     float (*dot_f16)(const float *, const uint16_t *, int64_t);
     void (*axpy_f16)(float *, float, const uint16_t *, int64_t);
+    double (*expsum)(float *, int64_t, float);
+    void (*swiglu)(float *, const float *, int64_t);
 } vec_ops;
 
 static vec_ops g_ops;
@@ -101,13 +163,15 @@ static void pick(void) {
     __builtin_cpu_init();
     const char *env = getenv("LK_SIMD");
     bool scalar = env && !strcmp(env, "scalar"), avx2_only = env && !strcmp(env, "avx2");
-    g_ops = (vec_ops){ dot_scalar, axpy_scalar, dot_f16_scalar, axpy_f16_scalar };
+    g_ops = (vec_ops){ dot_scalar, axpy_scalar, dot_f16_scalar, axpy_f16_scalar, expsum_scalar, swiglu_scalar };
     if (scalar) return;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-        g_ops = (vec_ops){ dot_avx2, axpy_avx2, dot_f16_avx2, axpy_f16_avx2 };
+        g_ops = (vec_ops){ dot_avx2, axpy_avx2, dot_f16_avx2, axpy_f16_avx2, expsum_scalar, swiglu_scalar };
     if (!avx2_only && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) {
         g_ops.dot = dot_avx512;
         g_ops.axpy = axpy_avx512;
+        g_ops.expsum = expsum_avx512;
+        g_ops.swiglu = swiglu_avx512;
     }
 }
 
@@ -121,3 +185,5 @@ float lk_vec_dot_f32(const float *a, const float *b, int64_t n) { return ops()->
 void lk_vec_axpy_f32(float *y, float a, const float *x, int64_t n) { ops()->axpy(y, a, x, n); }
 float lk_vec_dot_f16(const float *a, const uint16_t *b, int64_t n) { return ops()->dot_f16(a, b, n); }
 void lk_vec_axpy_f16(float *y, float a, const uint16_t *x, int64_t n) { ops()->axpy_f16(y, a, x, n); }
+double lk_vec_exp_sum(float *x, int64_t n, float sub) { return ops()->expsum(x, n, sub); }
+void lk_vec_swiglu(float *gate, const float *up, int64_t n) { ops()->swiglu(gate, up, n); }

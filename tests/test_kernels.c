@@ -1,0 +1,68 @@
+/* Elementwise kernels (softmax, SwiGLU) at the SIMD level this CPU picks,
+ * against double-precision references: within a few float ulps. */
+#include "lk_test.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "kernels/kernels.h"
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static double urand(void) {
+    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+    return (double)(rng >> 11) / 9007199254740992.0;
+}
+
+/* relative error, with an absolute floor for values near zero */
+static double rel(double got, double want, double floor) { return fabs(got - want) / fmax(fabs(want), floor); }
+
+TEST(softmax_matches_double) {
+    static float x[4133];
+    const int ns[] = {1, 2, 15, 16, 17, 63, 64, 65, 513, 4133};
+    double worst = 0;
+    for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+        int n = ns[k];
+        double ref[4133], mx = -INFINITY, sum = 0;
+        for (int i = 0; i < n; i++) x[i] = (float)(urand() * 60 - 40); /* scores incl. far below the max */
+        if (n > 3) x[n / 2] = 100.f;                                     /* one dominant score */
+        for (int i = 0; i < n; i++) mx = fmax(mx, x[i]);
+        for (int i = 0; i < n; i++) sum += (ref[i] = exp((double)x[i] - mx));
+        lk_softmax(x, n);
+        double tot = 0;
+        for (int i = 0; i < n; i++) {
+            worst = fmax(worst, rel(x[i], ref[i] / sum, 1e-30));
+            CHECKF(x[i] >= 0 && isfinite(x[i]), "n=%d i=%d: %g", n, i, x[i]);
+            tot += x[i];
+        }
+        CHECKF(fabs(tot - 1) < 1e-5, "n=%d: sum %.9f", n, tot);
+    }
+    /* 2 ulp of exp, the float division by the sum, and x - max rounded in float */
+    CHECKF(worst < 6e-6, "worst relative error %.3g", worst);
+    printf("  softmax worst relative error %.3g\n", worst);
+}
+
+TEST(swiglu_matches_double) {
+    static float g[1037], u[1037];
+    double worst = 0;
+    for (int i = 0; i < 1037; i++) {
+        g[i] = (float)(urand() * 40 - 20);
+        u[i] = (float)(urand() * 4 - 2);
+    }
+    g[0] = -100.f; g[1] = 100.f; g[2] = 0.f; g[3] = -88.f; g[4] = 89.f;
+    float g0[1037];
+    for (int i = 0; i < 1037; i++) g0[i] = g[i];
+    lk_swiglu(g, u, 1037);
+    for (int i = 0; i < 1037; i++) {
+        double want = (double)g0[i] / (1 + exp(-(double)g0[i])) * u[i];
+        CHECKF(isfinite(g[i]), "i=%d g=%g: %g", i, g0[i], g[i]);
+        worst = fmax(worst, fabs(g[i] - want) / fmax(fabs(want), 1e-6));
+    }
+    CHECKF(worst < 2e-6, "worst relative error %.3g", worst);
+    printf("  swiglu worst relative error %.3g\n", worst);
+}
+
+int main(void) {
+    RUN(softmax_matches_double);
+    RUN(swiglu_matches_double);
+    return lk_test_end();
+}
