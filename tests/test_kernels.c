@@ -61,7 +61,31 @@ TEST(swiglu_matches_double) {
     printf("  swiglu worst relative error %.3g\n", worst);
 }
 
+/* The grouped weighted sum equals one axpy per position, bit for bit, for
+ * head sizes around the 16- and 64-element steps and 1..4 queries. */
+TEST(attn_av_equals_axpy) {
+    enum { P = 77, HD = 136 };
+    static float V[P * HD], S[4 * P], out[4 * HD], ref[HD];
+    for (int i = 0; i < P * HD; i++) V[i] = (float)(urand() * 2 - 1);
+    for (int i = 0; i < 4 * P; i++) S[i] = (float)urand();
+    const int hds[] = {8, 16, 24, 64, 72, 80, 128, 136};
+    for (size_t k = 0; k < sizeof hds / sizeof hds[0]; k++)
+        for (int nq = 1; nq <= 4; nq++)
+            for (int npos = 1; npos <= P; npos += 19) {
+                int hd = hds[k];
+                lk_vec_attn_av_f32(out, HD, S, P, V, npos, nq, hd);
+                for (int q = 0; q < nq; q++) {
+                    for (int i = 0; i < hd; i++) ref[i] = 0;
+                    for (int p = 0; p < npos; p++) lk_vec_axpy_f32(ref, S[q * P + p], V + p * hd, hd);
+                    bool same = true;
+                    for (int i = 0; i < hd; i++) same = same && ref[i] == out[q * HD + i];
+                    CHECKF(same, "hd=%d nq=%d npos=%d q=%d", hd, nq, npos, q);
+                }
+            }
+}
+
 int main(void) {
+    RUN(attn_av_equals_axpy);
     RUN(softmax_matches_double);
     RUN(swiglu_matches_double);
     return lk_test_end();

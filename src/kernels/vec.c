@@ -148,6 +148,51 @@ AVX512 static void swiglu_avx512(float *gate, const float *up, int64_t n) {
     }
 }
 
+/* Weighted sums of value rows for up to 4 queries at once: each value row
+ * is loaded once for the group instead of once per query (one axpy call per
+ * query and position before). Per output element the same fused
+ * multiply-adds in the same order as axpy_avx512, so the results are those
+ * of one axpy per position. */
+AVX512 static void av4_avx512(float *out, size_t os, const float *S, size_t ss, const float *V, int64_t npos, int nq,
+                              int64_t hd) {
+    int64_t i = 0;
+    for (; i + 64 <= hd; i += 64) {
+        __m512 acc[4][4];
+        for (int q = 0; q < 4; q++)
+            for (int c = 0; c < 4; c++) acc[q][c] = _mm512_setzero_ps();
+        for (int64_t p = 0; p < npos; p++) {
+            const float *v = V + p * hd + i;
+            __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16);
+            __m512 v2 = _mm512_loadu_ps(v + 32), v3 = _mm512_loadu_ps(v + 48);
+#pragma GCC unroll 4
+            for (int q = 0; q < 4; q++) {
+                if (q >= nq) break;
+                __m512 a = _mm512_set1_ps(S[q * ss + p]);
+                acc[q][0] = _mm512_fmadd_ps(a, v0, acc[q][0]);
+                acc[q][1] = _mm512_fmadd_ps(a, v1, acc[q][1]);
+                acc[q][2] = _mm512_fmadd_ps(a, v2, acc[q][2]);
+                acc[q][3] = _mm512_fmadd_ps(a, v3, acc[q][3]);
+            }
+        }
+        for (int q = 0; q < nq; q++)
+            for (int c = 0; c < 4; c++) _mm512_storeu_ps(out + q * os + i + 16 * c, acc[q][c]);
+    }
+    for (; i + 16 <= hd; i += 16) /* head sizes that are not a multiple of 64 */
+        for (int q = 0; q < nq; q++) {
+            __m512 a = _mm512_setzero_ps();
+            for (int64_t p = 0; p < npos; p++) a = _mm512_fmadd_ps(_mm512_set1_ps(S[q * ss + p]), _mm512_loadu_ps(V + p * hd + i), a);
+            _mm512_storeu_ps(out + q * os + i, a);
+        }
+    for (; i < hd; i++) /* axpy_avx512's scalar tail: not fused */
+        for (int q = 0; q < nq; q++) {
+            float a = 0;
+            for (int64_t p = 0; p < npos; p++) a += S[q * ss + p] * V[p * hd + i];
+            out[q * os + i] = a;
+        }
+}
+static void av4_generic(float *out, size_t os, const float *S, size_t ss, const float *V, int64_t npos, int nq,
+                        int64_t hd);
+
 typedef struct {
     float (*dot)(const float *, const float *, int64_t);
     void (*axpy)(float *, float, const float *, int64_t);
@@ -155,6 +200,7 @@ typedef struct {
     void (*axpy_f16)(float *, float, const uint16_t *, int64_t);
     double (*expsum)(float *, int64_t, float);
     void (*swiglu)(float *, const float *, int64_t);
+    void (*av4)(float *, size_t, const float *, size_t, const float *, int64_t, int, int64_t);
 } vec_ops;
 
 static vec_ops g_ops;
@@ -163,15 +209,16 @@ static void pick(void) {
     __builtin_cpu_init();
     const char *env = getenv("LK_SIMD");
     bool scalar = env && !strcmp(env, "scalar"), avx2_only = env && !strcmp(env, "avx2");
-    g_ops = (vec_ops){ dot_scalar, axpy_scalar, dot_f16_scalar, axpy_f16_scalar, expsum_scalar, swiglu_scalar };
+    g_ops = (vec_ops){ dot_scalar, axpy_scalar, dot_f16_scalar, axpy_f16_scalar, expsum_scalar, swiglu_scalar, av4_generic };
     if (scalar) return;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-        g_ops = (vec_ops){ dot_avx2, axpy_avx2, dot_f16_avx2, axpy_f16_avx2, expsum_scalar, swiglu_scalar };
+        g_ops = (vec_ops){ dot_avx2, axpy_avx2, dot_f16_avx2, axpy_f16_avx2, expsum_scalar, swiglu_scalar, av4_generic };
     if (!avx2_only && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) {
         g_ops.dot = dot_avx512;
         g_ops.axpy = axpy_avx512;
         g_ops.expsum = expsum_avx512;
         g_ops.swiglu = swiglu_avx512;
+        g_ops.av4 = av4_avx512;
     }
 }
 
@@ -187,3 +234,17 @@ float lk_vec_dot_f16(const float *a, const uint16_t *b, int64_t n) { return ops(
 void lk_vec_axpy_f16(float *y, float a, const uint16_t *x, int64_t n) { ops()->axpy_f16(y, a, x, n); }
 double lk_vec_exp_sum(float *x, int64_t n, float sub) { return ops()->expsum(x, n, sub); }
 void lk_vec_swiglu(float *gate, const float *up, int64_t n) { ops()->swiglu(gate, up, n); }
+
+/* Other levels: one axpy per query and position, as before. */
+static void av4_generic(float *out, size_t os, const float *S, size_t ss, const float *V, int64_t npos, int nq,
+                        int64_t hd) {
+    for (int q = 0; q < nq; q++) {
+        memset(out + q * os, 0, sizeof(float) * (size_t)hd);
+        for (int64_t p = 0; p < npos; p++) ops()->axpy(out + q * os, S[q * ss + p], V + p * hd, hd);
+    }
+}
+void lk_vec_attn_av_f32(float *out, size_t out_stride, const float *S, size_t s_stride, const float *V, int64_t npos,
+                        int nq, int64_t hd) {
+    LK_ASSERT(nq >= 1 && nq <= 4);
+    ops()->av4(out, out_stride, S, s_stride, V, npos, nq, hd);
+}

@@ -525,7 +525,15 @@ static void attn_block_fn(void *arg, int ith, int nth) {
             float *sc = S + (size_t)(t - t0) * m->n_ctx;
             int npos = j->pos0 + t + 1;
             for (int p = 0; p < npos; p++) sc[p] *= scale;
-            attn_finish(m, sc, npos, base, m->att + ((size_t)t * m->nh + h) * hd);
+            lk_softmax(sc, npos);
+            for (int p = npos; p < nmax; p++) sc[p] = 0; /* beyond its causal limit */
+        }
+        /* weighted sums of values, 4 queries per pass over the value rows */
+        for (int t = t0; t < t1; t += 4) {
+            int nq = LK_MIN(4, t1 - t);
+            lk_vec_attn_av_f32(m->att + ((size_t)t * m->nh + h) * hd, (size_t)m->nh * hd,
+                               S + (size_t)(t - t0) * m->n_ctx, (size_t)m->n_ctx, (const float *)m->vcache + base,
+                               j->pos0 + t + nq, nq, hd);
         }
     }
 }
