@@ -47,7 +47,10 @@
 /* ---- frames ---------------------------------------------------------------- */
 
 #define LK_WIRE_MAGIC   0x31574b4cu /* "LKW1" little-endian */
-#define LK_WIRE_VERSION 1
+/* 2: INFO ends with the seal mode and cipher offer, VERDICT with a MAC over
+ * both INFO frames (required), and sealed links may follow the handshake.
+ * A version-1 peer is refused with both numbers. */
+#define LK_WIRE_VERSION 2
 #define LK_WIRE_HDR     24
 #define LK_WIRE_MAX     (64u << 20) /* largest payload of any frame */
 
