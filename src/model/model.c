@@ -6,14 +6,25 @@
  *   W1, W3 [F, d] W2 [d, F] (a column slice)   Wout [vocab1-vocab0, d]
  * A slice of output rows is a pointer offset; a slice of input columns keeps
  * the full row stride and starts at a block boundary (the plan guarantees
- * block alignment), so single node and every rank use the same views into
- * the file mapping and nothing is copied. */
+ * block alignment), so single node and every rank use the same views.
+ *
+ * Weight memory: the matrices a rank multiplies are copied at load, each
+ * compacted to its slice, into one anonymous arena backed by 2 MiB pages
+ * (madvise MADV_HUGEPAGE), and the file pages they came from are dropped
+ * from this process (MADV_DONTNEED), so memory is not doubled. Decode streams
+ * every weight once per token; through 4 KiB file pages that cost a TLB miss
+ * per 4 KiB and held TinyLlama Q4_0 decode at 81 % of the read bandwidth,
+ * 95 % with huge pages (file mappings get none: FilePmdMapped stays 0).
+ * Without transparent huge pages, or with LK_WEIGHTS=mmap, the views stay on
+ * the file mapping. Norms, biases and the embedding table stay mapped. */
 #include "model/model.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 /* Prefill attention takes queries in blocks of ATT_QB (attn_block_fn). */
 enum { ATT_QB = 16 };
@@ -48,6 +59,8 @@ struct lk_model {
     bool own_pool;
     lk_tp_hooks hooks;
     uint64_t weight_bytes;
+    void *arena;            /* huge-page copy of the matrices (NULL: views on the file) */
+    size_t arena_len;
 };
 
 /* ---------------------------------------------------------------- config */
@@ -272,6 +285,7 @@ static const lk_gguf_tensor *tensor(const lk_gguf *g, int l, const char *name) {
 
 void lk_model_free(lk_model *m) {
     if (!m) return;
+    if (m->arena) munmap(m->arena, m->arena_len);
     if (m->own_pool) lk_pool_free(m->pool);
     free(m->layers);
     free(m->rope_cos); free(m->rope_sin);
@@ -299,6 +313,88 @@ static lk_status check_slice(const lk_model_config *c, const lk_slice *s, char *
                        s->layer0, s->layer1, s->head0, s->head1, s->kv_head0, s->kv_head1,
                        (long long)s->ff0, (long long)s->ff1, (long long)s->vocab0, (long long)s->vocab1);
     return LK_OK;
+}
+
+/* ---- the huge-page weight arena (see the file comment) ---- */
+
+static bool thp_available(void) {
+    const char *env = getenv("LK_WEIGHTS");
+    if (env && !strcmp(env, "mmap")) return false;
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (!f) return false;
+    char buf[128] = {0};
+    bool ok = fgets(buf, sizeof buf, f) && !strstr(buf, "[never]");
+    fclose(f);
+    return ok;
+}
+
+typedef struct {
+    lk_mat **mats;
+    int n;
+    uint8_t *dst0;
+    const size_t *off;
+} copy_job;
+
+static size_t compact_bytes(const lk_mat *w) {
+    size_t rb = 0;
+    LK_ASSERT(lk_type_row_bytes(w->type, w->cols, &rb));
+    return rb * (size_t)w->rows;
+}
+
+/* Copies matrices i = ith, ith+nth, ... into the arena, rows packed. */
+static void copy_fn(void *arg, int ith, int nth) {
+    copy_job *j = arg;
+    for (int i = ith; i < j->n; i += nth) {
+        lk_mat *w = j->mats[i];
+        size_t rb = 0;
+        LK_ASSERT(lk_type_row_bytes(w->type, w->cols, &rb));
+        uint8_t *dst = j->dst0 + j->off[i];
+        const uint8_t *src = w->data;
+        if (w->row_stride == rb) memcpy(dst, src, rb * (size_t)w->rows);
+        else
+            for (int64_t r = 0; r < w->rows; r++) memcpy(dst + (size_t)r * rb, src + (size_t)r * w->row_stride, rb);
+    }
+}
+
+/* Drops this process's pages of [p, p+len) of the read-only file mapping
+ * (whole pages inside the range only; they are refetched if read again). */
+static void drop_file_pages(const void *p, size_t len) {
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = ((uintptr_t)p + pg - 1) & ~(pg - 1), b = ((uintptr_t)p + len) & ~(pg - 1);
+    if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
+static void weights_to_arena(lk_model *m, lk_mat **mats, int n) {
+    if (n == 0 || !thp_available()) return;
+    const size_t huge = (size_t)2 << 20;
+    size_t *off = lk_xmalloc(sizeof(size_t) * (size_t)n), total = 0;
+    for (int i = 0; i < n; i++) {
+        off[i] = total;
+        total += (compact_bytes(mats[i]) + 63) & ~(size_t)63;
+    }
+    size_t len = (total + huge - 1) / huge * huge + huge; /* room to align the start */
+    void *map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (map == MAP_FAILED) {
+        lk_log(LK_LOG_WARN, "model: no memory for a %zu MiB huge-page copy of the weights; using the file mapping "
+                            "(slower decode)", len >> 20);
+        free(off);
+        return;
+    }
+    uint8_t *dst = (uint8_t *)(((uintptr_t)map + huge - 1) & ~(uintptr_t)(huge - 1));
+    madvise(dst, len - (size_t)(dst - (uint8_t *)map), MADV_HUGEPAGE);
+    copy_job j = {mats, n, dst, off};
+    lk_pool_run(m->pool, copy_fn, &j);
+    for (int i = 0; i < n; i++) {
+        lk_mat *w = mats[i];
+        size_t rb = 0;
+        LK_ASSERT(lk_type_row_bytes(w->type, w->cols, &rb));
+        drop_file_pages(w->data, (size_t)(w->rows - 1) * w->row_stride + rb);
+        w->data = dst + off[i];
+        w->row_stride = rb;
+    }
+    m->arena = map;
+    m->arena_len = len;
+    free(off);
 }
 
 lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_params *p,
@@ -371,6 +467,19 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
         }
         m->weight_bytes += mat_bytes(&w->wq) + mat_bytes(&w->wk) + mat_bytes(&w->wv) + mat_bytes(&w->wo) +
                            mat_bytes(&w->w1) + mat_bytes(&w->w2) + mat_bytes(&w->w3);
+    }
+    {
+        lk_mat **mats = lk_xmalloc(sizeof(lk_mat *) * (size_t)(7 * nl + 1));
+        int nm = 0;
+        if (sl.pp_rank == sl.pp_size - 1) mats[nm++] = &m->wout;
+        for (int i = 0; i < nl; i++) {
+            layer_w *w = &m->layers[i];
+            lk_mat *all[7] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w1, &w->w3, &w->w2};
+            for (int k = 0; k < 7; k++)
+                if (all[k]->rows > 0 && all[k]->cols > 0) mats[nm++] = all[k];
+        }
+        weights_to_arena(m, mats, nm);
+        free(mats);
     }
 
     /* RoPE table, computed like ggml: theta_i = pos * base^(-2i/rope_dim)
