@@ -341,6 +341,14 @@ static size_t compact_bytes(const lk_mat *w) {
     return rb * (size_t)w->rows;
 }
 
+/* Drops this process's pages of [p, p+len) of the read-only file mapping
+ * (whole pages inside the range only; they are refetched if read again). */
+static void drop_file_pages(const void *p, size_t len) {
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = ((uintptr_t)p + pg - 1) & ~(pg - 1), b = ((uintptr_t)p + len) & ~(pg - 1);
+    if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
 /* Copies matrices i = ith, ith+nth, ... into the arena, rows packed. */
 static void copy_fn(void *arg, int ith, int nth) {
     copy_job *j = arg;
@@ -353,15 +361,9 @@ static void copy_fn(void *arg, int ith, int nth) {
         if (w->row_stride == rb) memcpy(dst, src, rb * (size_t)w->rows);
         else
             for (int64_t r = 0; r < w->rows; r++) memcpy(dst + (size_t)r * rb, src + (size_t)r * w->row_stride, rb);
+        /* at once, so the process never holds both copies of much more than one matrix */
+        drop_file_pages(src, (size_t)(w->rows - 1) * w->row_stride + rb);
     }
-}
-
-/* Drops this process's pages of [p, p+len) of the read-only file mapping
- * (whole pages inside the range only; they are refetched if read again). */
-static void drop_file_pages(const void *p, size_t len) {
-    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uintptr_t a = ((uintptr_t)p + pg - 1) & ~(pg - 1), b = ((uintptr_t)p + len) & ~(pg - 1);
-    if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
 }
 
 static void weights_to_arena(lk_model *m, lk_mat **mats, int n) {
@@ -388,7 +390,6 @@ static void weights_to_arena(lk_model *m, lk_mat **mats, int n) {
         lk_mat *w = mats[i];
         size_t rb = 0;
         LK_ASSERT(lk_type_row_bytes(w->type, w->cols, &rb));
-        drop_file_pages(w->data, (size_t)(w->rows - 1) * w->row_stride + rb);
         w->data = dst + off[i];
         w->row_stride = rb;
     }
