@@ -8,8 +8,12 @@
  * owns, and the TP hook all-reduces the hidden vector after the attention
  * output projection and after the FFN down projection (2 per layer).
  *
- * Weights are views (lk_mat) into the GGUF mapping, or into a buffer holding
- * only this rank's slices (a worker that received them over the network).
+ * Weights: the matrices this rank multiplies are copied at load, compacted
+ * to its slice, into a huge-page arena (their file pages are dropped, so
+ * memory is not doubled; LK_WEIGHTS=mmap keeps views into the mapping); norms,
+ * biases and the embedding table are read from the GGUF mapping. A worker
+ * that received its slices over the network maps a sparse copy of the file
+ * holding only the bytes lk_model_slice_bytes lists.
  * All scratch is sized at load; the forward pass allocates nothing.
  *
  * Threading: one thread drives an lk_model (calls forward); it fans work out
