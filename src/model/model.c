@@ -582,7 +582,7 @@ static void attn_finish(lk_model *m, float *sc, int npos, size_t base, float *ou
     }
 }
 
-/* One task per (token, head): decode, and the F16 cache. Tasks are dealt
+/* One task per (token, head), for the F16 cache. Tasks are dealt
  * round-robin: token t attends to pos0+t+1 positions, so contiguous ranges
  * gave the last thread ~3x the work of the first in a 512-token prefill. */
 static void attn_fn(void *arg, int ith, int nth) {
@@ -609,7 +609,7 @@ static void attn_fn(void *arg, int ith, int nth) {
     }
 }
 
-/* Prefill with the F32 cache: one task per (head, block of ATT_QB queries).
+/* F32 cache (prefill and decode): one task per (head, block of ATT_QB queries).
  * The block's scores against every key it may see are one F32 matrix
  * product (keys as weight rows, queries as tokens), instead of one short
  * dot-product call per (query, key): attention was a third of a 512-token
@@ -700,7 +700,7 @@ static void attention(lk_model *m, int li, const float *x, int n, int pos0) {
         }
     }
     attn_job aj = { m, li, n, pos0 };
-    lk_pool_run(m->pool, n >= ATT_QB / 2 && !m->kv_f16 ? attn_block_fn : attn_fn, &aj);
+    lk_pool_run(m->pool, !m->kv_f16 ? attn_block_fn : attn_fn, &aj);
     lk_matmul(m->pool, &w->wo, m->att, qd, n, m->o, d, m->act);
 }
 
