@@ -472,6 +472,7 @@ void lk_quant_fill_scalar(lk_quant_ops *ops) {
     ops->quant[LK_TYPE_Q4_0] = quant_q4_0;
     ops->quant[LK_TYPE_Q8_K] = quant_q8_k;
     ops->quant[LK_TYPE_Q4_K] = lk_quantize_row_q4_k;
+    ops->act[LK_TYPE_Q8_0] = lk_act_q8_0_scalar;
 }
 
 void lk_quant_run_tiles(const lk_tileset *ts, int64_t n, int64_t nrows, const void *w, size_t ws,
@@ -579,6 +580,12 @@ void lk_quantize_row(lk_type t, const float *src, void *dst, int64_t n) {
     int64_t bs = lk_type_block_size(t);
     LK_ASSERT(n >= 0 && n % bs == 0);
     o->quant[t](src, dst, n);
+}
+
+void lk_quantize_row_act(lk_type t, const float *src, void *dst, int64_t n) {
+    const lk_quant_ops *o = ops_get();
+    if (t < LK_TYPE_COUNT && o->act[t]) o->act[t](src, dst, n);
+    else lk_quantize_row(t, src, dst, n);
 }
 
 void lk_quant_matmul(lk_type wt, int64_t n, int64_t nrows, const void *w, size_t w_stride,

@@ -1,11 +1,12 @@
 /* Activation quantisation matching llama.cpp's x86 kernels (see quant.h). */
-#include "quant/quant.h"
+#include "quant/quant_impl.h"
 
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
 
-static void act_q8_0(const float *x, uint8_t *b, int64_t n) {
+void lk_act_q8_0_scalar(const float *x, void *dst, int64_t n) {
+    uint8_t *b = dst;
     for (int64_t i = 0; i < n / 32; i++, x += 32, b += 34) {
         float amax = 0;
         for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
@@ -21,7 +22,8 @@ static void act_q8_0(const float *x, uint8_t *b, int64_t n) {
 /* The same arithmetic 16 lanes at a time (the same max, the same single
  * product per element, round half to even), so the bytes are identical;
  * it runs once per matrix input and was 4 % of a decode step in scalar code. */
-__attribute__((target("avx512f"))) static void act_q8_0_avx512(const float *x, uint8_t *b, int64_t n) {
+__attribute__((target("avx512f"))) void lk_act_q8_0_avx512(const float *x, void *dst, int64_t n) {
+    uint8_t *b = dst;
     for (int64_t i = 0; i < n / 32; i++, x += 32, b += 34) {
         __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
         float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
@@ -34,10 +36,4 @@ __attribute__((target("avx512f"))) static void act_q8_0_avx512(const float *x, u
         _mm_storeu_si128((__m128i *)(b + 2), _mm512_cvtepi32_epi8(q0));
         _mm_storeu_si128((__m128i *)(b + 18), _mm512_cvtepi32_epi8(q1));
     }
-}
-
-void lk_quantize_row_act(lk_type t, const float *src, void *dst, int64_t n) {
-    if (t != LK_TYPE_Q8_0) lk_quantize_row(t, src, dst, n);
-    else if (strcmp(lk_quant_simd_name(), "avx512") == 0) act_q8_0_avx512(src, dst, n);
-    else act_q8_0(src, dst, n);
 }

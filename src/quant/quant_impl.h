@@ -61,6 +61,7 @@ typedef struct {
     const char *name;
     lk_qmm_fn   mm[LK_TYPE_COUNT];    /* by weight type; NULL = not provided */
     lk_qrow_fn  quant[LK_TYPE_COUNT]; /* by target type; NULL = not provided */
+    lk_qrow_fn  act[LK_TYPE_COUNT];   /* activation quantisers where they differ from quant[] (NULL: quant[]) */
 } lk_quant_ops;
 
 /* The scalar dot product of one weight row with one activation row (n
@@ -118,6 +119,11 @@ void lk_quant_gemm_q6k_avx512(int64_t n, int64_t nrows, const void *w, size_t ws
 enum { LK_GEMM_MIN_FLOAT_N = 256 };
 void lk_quant_gemm_float_avx512(int kind, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
                                 const void *a, size_t as, float *y, size_t ys);
+
+/* quant_act.c: Q8_0 activations as llama.cpp's x86 kernels make them (round
+ * half to even; quant[Q8_0] rounds half away from zero, as llama-quantize). */
+void lk_act_q8_0_scalar(const float *x, void *dst, int64_t n);
+void lk_act_q8_0_avx512(const float *x, void *dst, int64_t n);
 
 /* quant_kq.c: ggml's reference Q4_K quantiser (weights). */
 void lk_quantize_row_q4_k(const float *x, void *dst, int64_t n);
