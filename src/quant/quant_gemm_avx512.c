@@ -174,6 +174,24 @@ static LK_INL int32_t gk_ld_i32(const uint8_t *p) { int32_t v; memcpy(&v, p, 4);
  * (token, block) terms; y: row 0 of token 0 of the tile. nlast: valid rows
  * of the last group (masked store). add: accumulate into y (not the first
  * K block). */
+/* Every micro-tile's epilogue: rows g*16.. of tokens t (acc[g*ld + t]) into y,
+ * the last group masked to `nlast` rows, added to y's values when `add` (a
+ * later K block). */
+LK_TG static LK_INL void gk_store(const int RG, const int T, const __m512 *acc, const int ld, float *y, size_t ys,
+                                  int nlast, bool add) {
+#pragma GCC unroll 4
+    for (int g = 0; g < RG; g++) {
+        __mmask16 m = g == RG - 1 ? (__mmask16)((1u << nlast) - 1) : 0xFFFF;
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            float *yp = y + (size_t)t * ys + (size_t)g * GK_ROWS;
+            __m512 v = acc[g * ld + t];
+            if (add) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, yp));
+            _mm512_mask_storeu_ps(yp, m, v);
+        }
+    }
+}
+
 LK_TG static LK_INL void gk_tile(const int RG, const int T, const gk_panel *wp, const uint8_t *const *at,
                                  const gk_act *act, int t0, int b1, int kb, float *y, size_t ys, int nlast,
                                  bool add) {
@@ -210,17 +228,7 @@ LK_TG static LK_INL void gk_tile(const int RG, const int T, const gk_panel *wp, 
                                            _mm512_mul_ps(wd, _mm512_set1_ps(act->d[t0 + t][b1 + b]))));
         }
     }
-#pragma GCC unroll 4
-    for (int g = 0; g < RG; g++) {
-        __mmask16 m = g == RG - 1 ? (__mmask16)((1u << nlast) - 1) : 0xFFFF;
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++) {
-            float *yp = y + (size_t)t * ys + (size_t)g * GK_ROWS;
-            __m512 v = fa[g][t];
-            if (add) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, yp));
-            _mm512_mask_storeu_ps(yp, m, v);
-        }
-    }
+    gk_store(RG, T, &fa[0][0], GK_T, y, ys, nlast, add);
 }
 
 typedef void (*gk_tile_fn)(const gk_panel *wp, const uint8_t *const *at, const gk_act *act, int t0, int b1,
@@ -545,17 +553,7 @@ LK_TG static LK_INL void gkk_tile(const int kind, const int RG, const int T, con
             }
         }
     }
-#pragma GCC unroll 4
-    for (int g = 0; g < RG; g++) {
-        __mmask16 m = g == RG - 1 ? (__mmask16)((1u << nlast) - 1) : 0xFFFF;
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++) {
-            float *yp = y + (size_t)t * ys + (size_t)g * GK_ROWS;
-            __m512 v = fa[g][t];
-            if (add) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, yp));
-            _mm512_mask_storeu_ps(yp, m, v);
-        }
-    }
+    gk_store(RG, T, &fa[0][0], GK4_T, y, ys, nlast, add);
 }
 
 typedef void (*gk4_tile_fn)(const gk4_panel *wp, const uint8_t *const *at, const gk4_act *act, int t0, int s1,
@@ -734,17 +732,7 @@ LK_TG static LK_INL void gf_tile(const int RG, const int T, const gf_panel *wp, 
             for (int t = 0; t < T; t++) acc[g][t] = _mm512_fmadd_ps(wv, _mm512_set1_ps(lk_ld_f32(at[t] + 4 * (size_t)k)), acc[g][t]);
         }
     }
-#pragma GCC unroll 4
-    for (int g = 0; g < RG; g++) {
-        __mmask16 m = g == RG - 1 ? (__mmask16)((1u << nlast) - 1) : 0xFFFF;
-#pragma GCC unroll 8
-        for (int t = 0; t < T; t++) {
-            float *yp = y + (size_t)t * ys + (size_t)g * GK_ROWS;
-            __m512 v = acc[g][t];
-            if (add) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, yp));
-            _mm512_mask_storeu_ps(yp, m, v);
-        }
-    }
+    gk_store(RG, T, &acc[0][0], GF_T, y, ys, nlast, add);
 }
 
 typedef void (*gf_tile_fn)(const gf_panel *wp, const uint8_t *const *at, int kb, float *y, size_t ys, int nlast,
