@@ -589,44 +589,34 @@ typedef struct {
     int li, n, pos0;
 } attn_job;
 
-/* Softmax of one query's scores and the weighted sum of values into out. */
-static void attn_finish(lk_model *m, float *sc, int npos, size_t base, float *out) {
-    const int hd = m->cfg.head_dim;
-    lk_softmax(sc, npos);
-    memset(out, 0, sizeof(float) * hd);
-    if (m->kv_f16) {
-        const uint16_t *v = (const uint16_t *)m->vcache + base;
-        for (int p = 0; p < npos; p++) lk_vec_axpy_f16(out, sc[p], v + (size_t)p * hd, hd);
-    } else {
-        const float *v = (const float *)m->vcache + base;
-        for (int p = 0; p < npos; p++) lk_vec_axpy_f32(out, sc[p], v + (size_t)p * hd, hd);
-    }
+/* Offset (in elements) of the cached keys/values that query head h of layer
+ * li (both local to this rank) attends to. */
+static size_t kv_base(const lk_model *m, int li, int h) {
+    const int group = m->cfg.n_head / m->cfg.n_head_kv;
+    const int kvh = (m->sl.head0 + h) / group - m->sl.kv_head0;
+    return ((size_t)li * m->nkv + (size_t)kvh) * m->n_ctx * m->cfg.head_dim;
 }
 
-/* One task per (token, head), for the F16 cache. Tasks are dealt
- * round-robin: token t attends to pos0+t+1 positions, so contiguous ranges
- * gave the last thread ~3x the work of the first in a 512-token prefill. */
-static void attn_fn(void *arg, int ith, int nth) {
+/* F16 cache: one task per (token, head). Tasks are dealt round-robin: token
+ * t attends to pos0+t+1 positions, so contiguous ranges gave the last thread
+ * ~3x the work of the first in a 512-token prefill. */
+static void attn_f16_fn(void *arg, int ith, int nth) {
     attn_job *j = arg;
     lk_model *m = j->m;
-    const int hd = m->cfg.head_dim, group = m->cfg.n_head / m->cfg.n_head_kv;
+    const int hd = m->cfg.head_dim;
     const float scale = 1.0f / sqrtf((float)hd);
     float *sc = m->scores + (size_t)ith * ATT_QB * m->n_ctx;
-    const size_t layer_off = (size_t)j->li * m->nkv * m->n_ctx * hd;
     for (int64_t task = ith; task < (int64_t)j->n * m->nh; task += nth) {
         int t = (int)(task / m->nh), h = (int)(task % m->nh);
-        int kvh = (m->sl.head0 + h) / group - m->sl.kv_head0;
         int npos = j->pos0 + t + 1;
         const float *q = m->q + ((size_t)t * m->nh + h) * hd;
-        size_t base = layer_off + (size_t)kvh * m->n_ctx * hd;
-        if (m->kv_f16) {
-            const uint16_t *k = (const uint16_t *)m->kcache + base;
-            for (int p = 0; p < npos; p++) sc[p] = lk_vec_dot_f16(q, k + (size_t)p * hd, hd) * scale;
-        } else {
-            const float *k = (const float *)m->kcache + base;
-            for (int p = 0; p < npos; p++) sc[p] = lk_vec_dot_f32(q, k + (size_t)p * hd, hd) * scale;
-        }
-        attn_finish(m, sc, npos, base, m->att + ((size_t)t * m->nh + h) * hd);
+        const size_t base = kv_base(m, j->li, h);
+        const uint16_t *k = (const uint16_t *)m->kcache + base, *v = (const uint16_t *)m->vcache + base;
+        for (int p = 0; p < npos; p++) sc[p] = lk_vec_dot_f16(q, k + (size_t)p * hd, hd) * scale;
+        lk_softmax(sc, npos);
+        float *out = m->att + ((size_t)t * m->nh + h) * hd;
+        memset(out, 0, sizeof(float) * hd);
+        for (int p = 0; p < npos; p++) lk_vec_axpy_f16(out, sc[p], v + (size_t)p * hd, hd);
     }
 }
 
@@ -638,16 +628,14 @@ static void attn_fn(void *arg, int ith, int nth) {
 static void attn_block_fn(void *arg, int ith, int nth) {
     attn_job *j = arg;
     lk_model *m = j->m;
-    const int hd = m->cfg.head_dim, group = m->cfg.n_head / m->cfg.n_head_kv;
+    const int hd = m->cfg.head_dim;
     const float scale = 1.0f / sqrtf((float)hd);
     float *S = m->scores + (size_t)ith * ATT_QB * m->n_ctx;
-    const size_t layer_off = (size_t)j->li * m->nkv * m->n_ctx * hd;
     const int nqb = (j->n + ATT_QB - 1) / ATT_QB;
     for (int64_t task = ith; task < (int64_t)nqb * m->nh; task += nth) {
         int qb = (int)(task / m->nh), h = (int)(task % m->nh);
         int t0 = qb * ATT_QB, t1 = LK_MIN(j->n, t0 + ATT_QB);
-        int kvh = (m->sl.head0 + h) / group - m->sl.kv_head0;
-        size_t base = layer_off + (size_t)kvh * m->n_ctx * hd;
+        const size_t base = kv_base(m, j->li, h);
         int nmax = j->pos0 + t1;
         lk_quant_matmul(LK_TYPE_F32, hd, nmax, (const float *)m->kcache + base, sizeof(float) * (size_t)hd, t1 - t0,
                         m->q + ((size_t)t0 * m->nh + h) * hd, sizeof(float) * (size_t)m->nh * hd, S,
@@ -721,7 +709,7 @@ static void attention(lk_model *m, int li, const float *x, int n, int pos0) {
         }
     }
     attn_job aj = { m, li, n, pos0 };
-    lk_pool_run(m->pool, !m->kv_f16 ? attn_block_fn : attn_fn, &aj);
+    lk_pool_run(m->pool, m->kv_f16 ? attn_f16_fn : attn_block_fn, &aj);
     lk_matmul(m->pool, &w->wo, m->att, qd, n, m->o, d, m->act);
 }
 
