@@ -8,6 +8,7 @@
 #include "cluster/proto.h"
 #include "model/model.h"
 #include "sampler/sampler.h"
+#include "step/step.h"
 
 #include <math.h>
 #include <glob.h>
@@ -45,36 +46,39 @@ static bool fixture_open(void) {
     return ok;
 }
 
-/* One head-side step: tell the workers, run our slice, gather everyone's
- * candidates, and rebuild the full logits row from them. */
-static lk_status cluster_step_pen(lk_cluster *c, lk_model *m, const int32_t *t, int n, int pos0, float *full,
-                                  const lk_cluster_penalties *pen, lk_sampler *head_pen, char *err) {
-    int nv = (int)F.cfg.n_vocab, N = lk_cluster_n_ranks(c);
-    static float mine[NV_MAX], vals[NV_MAX], allv[8 * NV_MAX];
-    static int32_t ids[NV_MAX], alli[8 * NV_MAX];
-    lk_status st = lk_cluster_step(c, t, n, pos0, nv, pen, err, LK_ERRLEN);
-    if (st) return st;
-    if ((st = lk_model_forward(m, t, n, pos0, 1, mine))) {
-        snprintf(err, LK_ERRLEN, "%s", lk_cluster_error(c));
-        return st;
-    }
-    const lk_slice *sl = lk_model_slice(m);
-    if (head_pen) lk_sampler_penalize(head_pen, mine, sl->vocab0, sl->vocab1 - sl->vocab0);
-    int got = lk_sampler_top(mine, sl->vocab0, sl->vocab1 - sl->vocab0, ids, vals, nv);
-    for (int i = got; i < nv; i++) ids[i] = -1, vals[i] = 0;
-    if ((st = lk_cluster_gather(c, ids, vals, nv, alli, allv, err, LK_ERRLEN))) return st;
-    for (int i = 0; i < nv; i++) full[i] = NAN;
-    for (int i = 0; i < N * nv; i++)
-        if (alli[i] >= 0 && alli[i] < nv) full[alli[i]] = allv[i];
-    return LK_OK;
-}
+/* The head side of a session as the engine runs it: the cluster (life
+ * cycle), the head's model slice and the rank step, with slot 0 asking
+ * every rank for all its vocabulary rows as candidates, so the merged list
+ * rebuilds the full logits row. */
+typedef struct {
+    lk_model *m;
+    lk_cluster *c;
+    lk_step *st;
+    lk_step_msg msg;
+    uint64_t no;
+} head;
+static head H[4];
 
-static lk_status cluster_step(lk_cluster *c, lk_model *m, const int32_t *t, int n, int pos0, float *full,
-                              char *err) {
-    return cluster_step_pen(c, m, t, n, pos0, full, NULL, NULL, err);
+static head *head_of(lk_model *m) {
+    for (int i = 0; i < 4; i++)
+        if (H[i].m == m) return &H[i];
+    LK_ASSERT(0);
+    return NULL;
 }
 
 static int g_batch = 8;
+
+/* Queues slot 0's settings (sp, or greedy without penalties) and the
+ * candidates each rank sends (0: what the sampler needs). */
+static lk_status head_params(head *h, const lk_sampler_params *sp, int n_cand, char *err) {
+    lk_step_op op = {.kind = LK_STEP_OP_PARAMS, .seq = 0, .a = n_cand};
+    lk_sampler_params_default(&op.sp);
+    op.sp.temp = 0;
+    if (sp) op.sp = *sp;
+    lk_status st = lk_step_apply(h->st, &op, err, LK_ERRLEN);
+    if (!st) h->msg.ops[h->msg.n_ops++] = op;
+    return st;
+}
 
 static lk_status open_head(lk_cluster_opts *o, lk_cluster **c, lk_model **m, char *err) {
     lk_slice sl;
@@ -82,13 +86,94 @@ static lk_status open_head(lk_cluster_opts *o, lk_cluster **c, lk_model **m, cha
     o->n_ctx = 64;
     o->n_batch = g_batch;
     o->n_threads = 1;
+    o->max_seqs = 1;
     lk_status st = lk_cluster_open(o, F.g, &F.dims, c, &sl, err, LK_ERRLEN);
     if (st) return st;
-    lk_model_params mp = {.n_ctx = 64, .n_batch = g_batch, .n_threads = 1};
+    lk_model_params mp = {.n_ctx = 64, .n_batch = g_batch, .n_threads = 1, .max_seqs = 1};
     if ((st = lk_model_load(F.g, &sl, &mp, m, err, LK_ERRLEN))) { lk_cluster_close(*c); return st; }
-    lk_tp_hooks h;
-    lk_cluster_hooks(*c, &h);
-    lk_model_set_hooks(*m, &h);
+    head *h = NULL;
+    for (int i = 0; i < 4 && !h; i++)
+        if (!H[i].m) h = &H[i];
+    LK_ASSERT(h);
+    *h = (head){.m = *m, .c = *c};
+    lk_step_params sp = {.m = *m, .mesh = lk_cluster_mesh(*c), .tp = lk_cluster_comm(*c)};
+    if ((st = lk_step_create(&sp, &h->st, err, LK_ERRLEN))) { lk_model_free(*m); lk_cluster_close(*c); h->m = NULL; return st; }
+    lk_step_msg_init(&h->msg, 1, g_batch);
+    return head_params(h, NULL, (int)F.cfg.n_vocab, err);
+}
+
+static void close_head(lk_cluster *c, lk_model *m) {
+    head *h = head_of(m);
+    char err[LK_ERRLEN];
+    lk_step_msg_clear(&h->msg);
+    h->msg.end = true;
+    h->msg.no = h->no++;
+    lk_step_send(h->st, &h->msg, err, sizeof err);
+    lk_step_free(h->st);
+    lk_step_msg_free(&h->msg);
+    lk_model_free(m);
+    lk_cluster_close(c);
+    h->m = NULL;
+}
+
+/* Sends one step (tokens t[0..n) appended to slot 0 at pos0, sampling if
+ * `sample`), without running the head's share. */
+static lk_status head_send(head *h, const int32_t *t, int n, int pos0, bool sample, char *err) {
+    lk_status st;
+    if (pos0 < lk_model_seq_len(h->m, 0)) {
+        lk_step_op op = {.kind = LK_STEP_OP_KEEP, .seq = 0, .a = pos0};
+        if ((st = lk_step_apply(h->st, &op, err, LK_ERRLEN))) return st;
+        h->msg.ops[h->msg.n_ops++] = op;
+    }
+    h->msg.n_items = 1;
+    h->msg.items[0] = (lk_step_item){.seq = 0, .pos0 = pos0, .n = n, .sample = sample};
+    memcpy(h->msg.tokens, t, sizeof(int32_t) * (size_t)n);
+    h->msg.n_tok = n;
+    h->msg.no = h->no++;
+    char why[LK_ERRLEN];
+    if ((st = lk_step_send(h->st, &h->msg, why, sizeof why)))
+        snprintf(err, LK_ERRLEN, "%s", lk_cluster_explain(h->c, why));
+    return st;
+}
+
+/* The head's share of the step just sent, and the merged candidates. */
+static lk_status head_finish(head *h, bool sample, char *err) {
+    char why[LK_ERRLEN];
+    lk_status st = lk_step_run(h->st, &h->msg, true, why, sizeof why);
+    lk_step_msg_clear(&h->msg);
+    if (!st) st = lk_step_collect(h->st, why, sizeof why);
+    if (st) snprintf(err, LK_ERRLEN, "%s", lk_cluster_explain(h->c, why));
+    (void)sample;
+    return st;
+}
+
+/* Feeds t[0..n) at pos0 in batches of the model's size; after the last,
+ * ids/vals get the merged candidates (best first) and the count. */
+static lk_status head_forward(head *h, const int32_t *t, int n, int pos0, const int32_t **ids, const float **vals,
+                              int *got, char *err) {
+    const int B = lk_model_n_batch(h->m);
+    for (int i = 0; i < n; i += B) {
+        int nb = LK_MIN(B, n - i);
+        bool last = i + nb == n;
+        lk_status st = head_send(h, t + i, nb, pos0 + i, last, err);
+        if (!st) st = head_finish(h, last, err);
+        if (st) return st;
+    }
+    *got = lk_step_n_results(h->st) ? lk_step_result(h->st, 0, NULL, ids, vals) : 0;
+    return LK_OK;
+}
+
+static lk_status cluster_step(lk_cluster *c, lk_model *m, const int32_t *t, int n, int pos0, float *full,
+                              char *err) {
+    (void)c;
+    const int32_t *ids;
+    const float *vals;
+    int got = 0;
+    lk_status st = head_forward(head_of(m), t, n, pos0, &ids, &vals, &got, err);
+    if (st) return st;
+    for (int i = 0; i < F.cfg.n_vocab; i++) full[i] = NAN;
+    for (int i = 0; i < got; i++)
+        if (ids[i] >= 0 && ids[i] < F.cfg.n_vocab) full[ids[i]] = vals[i];
     return LK_OK;
 }
 
@@ -126,8 +211,7 @@ TEST(tp_matches_one_node) {
             st = cluster_step(c, m, toks + 5, 1, 5, full, err); /* decode: uses every rank's KV cache */
             bad = compare(full, F.ref[1], (int)F.cfg.n_vocab, &d);
             CHECKF(!st && bad == 0, "N=%d %s decode: %d bad, max diff %g", N, tr[k], bad, d);
-            lk_model_free(m);
-            lk_cluster_close(c);
+            close_head(c, m);
         }
     }
 }
@@ -143,8 +227,7 @@ TEST(uneven_weights) {
     double d = 0;
     lk_status st = cluster_step(c, m, toks, 5, 0, full, err);
     CHECKF(!st && compare(full, F.ref[0], (int)F.cfg.n_vocab, &d) == 0, "%s max diff %g", st ? err : "", d);
-    lk_model_free(m);
-    lk_cluster_close(c);
+    close_head(c, m);
 }
 
 /* Compact all-reduce wire formats end to end: the logits move by the
@@ -176,47 +259,44 @@ TEST(wire_formats_accuracy) {
         printf("  wire %-4s tp 2: max |logit - one node| %.4f (prefill), %.4f (decode); same argmax: %s\n", w[k], d, d2,
                same_top ? "yes" : "no");
         CHECKF(!st && d <= tol[k] && d2 <= tol[k], "%s: %s", w[k], st ? err : "too far");
-        lk_model_free(m);
-        lk_cluster_close(c);
+        close_head(c, m);
     }
 }
 
-/* Sampling penalties applied by every rank to its own vocabulary rows give
- * exactly the one-node penalised logits. */
+/* Sampling penalties applied by every rank to its own vocabulary rows (the
+ * window: the tokens the slot holds, which every rank records) give exactly
+ * the one-node penalised logits. */
 TEST(penalties_match_one_node) {
     lk_cluster_opts o = {.local = 3};
     lk_cluster *c;
     lk_model *m;
     char err[LK_ERRLEN];
     if (open_head(&o, &c, &m, err)) { CHECKF(0, "%s", err); return; }
-    /* the window: tokens of every rank's vocabulary slice, some repeated */
-    int32_t hist[8] = {403, 301, 52, 7, 99, 403, 500, 2};
     lk_sampler_params sp;
     lk_sampler_params_default(&sp);
+    sp.temp = 0;
     sp.repeat_penalty = 1.3f;
     sp.freq_penalty = 0.2f;
     sp.presence_penalty = -0.4f; /* negative: raises logits, so candidates must be chosen after penalising */
     sp.penalty_last_n = 8;
+    CHECK(head_params(head_of(m), &sp, (int)F.cfg.n_vocab, err) == LK_OK);
     lk_sampler *s = lk_sampler_create(&sp);
-    for (int i = 0; i < 8; i++) lk_sampler_accept(s, hist[i]);
-    lk_cluster_penalties pen = {sp.repeat_penalty, sp.freq_penalty, sp.presence_penalty, hist, 8};
+    for (int i = 0; i < 5; i++) lk_sampler_accept(s, toks[i]);
     float full[NV_MAX], ref[NV_MAX];
-    lk_status st = cluster_step_pen(c, m, toks, 5, 0, full, &pen, s, err);
+    lk_status st = cluster_step(c, m, toks, 5, 0, full, err);
     memcpy(ref, F.ref[0], sizeof ref);
     lk_sampler_penalize(s, ref, 0, F.cfg.n_vocab);
     double d = 0;
     CHECKF(!st && compare(full, ref, (int)F.cfg.n_vocab, &d) == 0, "%s max diff %g", st ? err : "", d);
     double bite = 0; /* the penalties did change something */
-    for (int i = 0; i < 8; i++) bite = fmax(bite, fabs(ref[hist[i]] - F.ref[0][hist[i]]));
+    for (int i = 0; i < 5; i++) bite = fmax(bite, fabs(ref[toks[i]] - F.ref[0][toks[i]]));
     CHECKF(bite > 0.05, "largest change %g", bite);
     lk_sampler_free(s);
-    lk_model_free(m);
-    lk_cluster_close(c);
+    close_head(c, m);
 }
 
-/* lk_cluster_forward, the engine's entry point: a prompt longer than the
- * batch (three STEPs), then a decode step; the merged candidates are the
- * one-node top 10 in order. */
+/* A prompt longer than the batch (three steps), then a decode step; the
+ * merged candidates are the one-node top 10 in order. */
 TEST(forward_candidates) {
     g_batch = 2;
     lk_cluster_opts o = {.local = 3};
@@ -226,20 +306,26 @@ TEST(forward_candidates) {
     lk_status st = open_head(&o, &c, &m, err);
     g_batch = 8;
     if (st) { CHECKF(0, "%s", err); return; }
+    lk_sampler_params sp;
+    lk_sampler_params_default(&sp);
+    sp.top_k = 10;
+    CHECK(head_params(head_of(m), &sp, 0, err) == LK_OK);
     for (int step = 0; step < 2; step++) {
-        int32_t ids[10], rids[10];
-        float vals[10], rvals[10];
+        int32_t rids[10];
+        float rvals[10];
+        const int32_t *ids;
+        const float *vals;
         int got = 0;
-        st = step == 0 ? lk_cluster_forward(c, m, toks, 5, 0, 10, NULL, ids, vals, &got, err, sizeof err)
-                       : lk_cluster_forward(c, m, toks + 5, 1, 5, 10, NULL, ids, vals, &got, err, sizeof err);
-        CHECKF(st == LK_OK && got == 10, "%s", err);
+        st = step == 0 ? head_forward(head_of(m), toks, 5, 0, &ids, &vals, &got, err)
+                       : head_forward(head_of(m), toks + 5, 1, 5, &ids, &vals, &got, err);
+        CHECKF(st == LK_OK && got == 10, "%s (%d)", err, got);
+        if (st) break;
         int rn = lk_sampler_top(F.ref[step], 0, F.cfg.n_vocab, rids, rvals, 10);
         int bad = 0;
         for (int i = 0; i < rn && i < got; i++) bad += ids[i] != rids[i] || fabsf(vals[i] - rvals[i]) > 1e-3f;
         CHECKF(bad == 0, "step %d: %d of the top 10 differ (first: %d vs %d)", step, bad, ids[0], rids[0]);
     }
-    lk_model_free(m);
-    lk_cluster_close(c);
+    close_head(c, m);
 }
 
 /* Pipeline stages, alone and combined with TP: the full candidate list
@@ -256,20 +342,14 @@ TEST(pipeline_matches_one_node) {
         g_batch = 8;
         if (st) { CHECKF(0, "tp %d pp %d: %s", L[k].tp, L[k].pp, err); continue; }
         int nv = (int)F.cfg.n_vocab;
-        static int32_t ids[NV_MAX];
-        static float vals[NV_MAX], full[NV_MAX];
+        static float full[NV_MAX];
         for (int step = 0; step < 2; step++) {
-            int got = 0;
-            st = step == 0 ? lk_cluster_forward(c, m, toks, 5, 0, nv, NULL, ids, vals, &got, err, sizeof err)
-                           : lk_cluster_forward(c, m, toks + 5, 1, 5, nv, NULL, ids, vals, &got, err, sizeof err);
-            for (int i = 0; i < nv; i++) full[i] = NAN;
-            for (int i = 0; i < got; i++) full[ids[i]] = vals[i];
+            st = step == 0 ? cluster_step(c, m, toks, 5, 0, full, err) : cluster_step(c, m, toks + 5, 1, 5, full, err);
             double d = 0;
-            CHECKF(!st && got == nv && compare(full, F.ref[step], nv, &d) == 0, "tp %d pp %d step %d: %s (max diff %g)",
+            CHECKF(!st && compare(full, F.ref[step], nv, &d) == 0, "tp %d pp %d step %d: %s (max diff %g)",
                    L[k].tp, L[k].pp, step, st ? err : "", d);
         }
-        lk_model_free(m);
-        lk_cluster_close(c);
+        close_head(c, m);
     }
 }
 
@@ -290,8 +370,7 @@ TEST(killed_worker_named) {
     CHECKF(s < 2.0, "took %.2f s", s);
     /* the dead one is named first, not the survivor that reported it */
     CHECKF(!strncmp(lk_cluster_error(c), "lost worker rank 2 (127.0.0.1:", 30), "%s", lk_cluster_error(c));
-    lk_model_free(m);
-    lk_cluster_close(c);
+    close_head(c, m);
 }
 
 /* A frozen worker (alive socket, no answers): declared dead by heartbeats
@@ -315,8 +394,7 @@ TEST(frozen_worker_named) {
            strstr(lk_cluster_error(c), "stopped answering heartbeats") && strstr(lk_cluster_error(c), "all-reduce layer"),
            "%s", lk_cluster_error(c));
     kill(pid, SIGKILL);
-    lk_model_free(m);
-    lk_cluster_close(c);
+    close_head(c, m);
 }
 
 /* Workers that wait a long time on a slow head are not declared dead (and
@@ -327,19 +405,15 @@ TEST(slow_is_not_dead) {
     lk_model *m;
     char err[LK_ERRLEN];
     if (open_head(&o, &c, &m, err)) { CHECKF(0, "%s", err); return; }
-    int32_t t[5];
-    memcpy(t, toks, sizeof t);
-    CHECK(lk_cluster_step(c, t, 5, 0, 0, NULL, err, sizeof err) == LK_OK);
+    CHECK(head_send(head_of(m), toks, 5, 0, false, err) == LK_OK);
     usleep(1500000); /* the worker sits in its first all-reduce for 1.5 s */
-    float logits[NV_MAX];
-    lk_status st = lk_model_forward(m, t, 5, 0, 0, logits);
-    CHECKF(st == LK_OK, "%s", lk_cluster_error(c));
+    lk_status st = head_finish(head_of(m), false, err);
+    CHECKF(st == LK_OK, "%s", err);
     float full[NV_MAX];
     double d = 0;
     st = cluster_step(c, m, toks + 5, 1, 5, full, err);
     CHECKF(!st && compare(full, F.ref[1], (int)F.cfg.n_vocab, &d) == 0, "%s", st ? err : "");
-    lk_model_free(m);
-    lk_cluster_close(c);
+    close_head(c, m);
 }
 
 /* ---- a long-running worker daemon ------------------------------------------------ */
@@ -421,8 +495,7 @@ TEST(daemon_survives_heads_and_garbage) {
         lk_model *m2;
         st = open_head(&o2, &c2, &m2, err);
         CHECKF(st != LK_OK && strstr(err, "busy"), "%s", err);
-        lk_model_free(m);
-        lk_cluster_close(c);
+        close_head(c, m);
     }
 
     /* 5. a head that freezes in the middle of a step (the worker sits in an
@@ -434,9 +507,7 @@ TEST(daemon_survives_heads_and_garbage) {
         lk_cluster *c3;
         lk_model *m3;
         if (open_head(&o3, &c3, &m3, err)) _exit(2);
-        int32_t t[5];
-        memcpy(t, toks, sizeof t);
-        lk_cluster_step(c3, t, 5, 0, 0, NULL, err, sizeof err);
+        head_send(head_of(m3), toks, 5, 0, false, err);
         raise(SIGSTOP); /* never runs its own share */
         _exit(0);
     }
@@ -451,8 +522,7 @@ TEST(daemon_survives_heads_and_garbage) {
     double waited = (double)(lk_time_ns() - t0) / 1e9;
     CHECKF(st == LK_OK && waited < 3.0, "after a frozen head: %s (%.1f s)", st ? err : "ok", waited);
     if (!st) {
-        lk_model_free(m);
-        lk_cluster_close(c);
+        close_head(c, m);
     }
     kill(frozen, SIGKILL);
     waitpid(frozen, &ws, 0);
@@ -517,8 +587,7 @@ TEST(daemon_model_cache) {
         double dd = 0;
         st = cluster_step(c, m, toks, 5, 0, full, err);
         CHECKF(!st && compare(full, F.ref[0], (int)F.cfg.n_vocab, &dd) == 0, "round %d: %s", round, st ? err : "");
-        lk_model_free(m);
-        lk_cluster_close(c);
+        close_head(c, m);
         glob_t gl;
         if (glob(pattern, 0, NULL, &gl) == 0 && gl.gl_pathc == 1) snprintf(cached, sizeof cached, "%s", gl.gl_pathv[0]);
         globfree(&gl);

@@ -46,11 +46,14 @@ static size_t run_slice(const lk_gguf *g, const lk_slice *s, float *out, char *e
         if (s->pp_rank == 0) lk_model_embed(m, toks + pos0, nt, x);
         else
             for (int64_t i = 0; i < nt * (int64_t)c->n_embd; i++) x[i] = sinf((float)(i + pos0) * 0.37f);
-        lk_model_layers(m, x, nt, pos0);
+        lk_batch_item it = {0, pos0, nt};
+        if (lk_model_batch(m, &it, 1, err, LK_ERRLEN)) { lk_model_free(m); return 0; }
+        lk_model_layers(m, x);
         memcpy(out + n, x, (size_t)nt * c->n_embd * sizeof(float));
         n += (size_t)nt * c->n_embd;
         if (s->pp_rank == s->pp_size - 1) {
-            lk_model_logits(m, x, nt, 1, out + n);
+            int32_t last = nt - 1;
+            lk_model_logits(m, x, &last, 1, out + n);
             n += (size_t)(s->vocab1 - s->vocab0);
         }
     }

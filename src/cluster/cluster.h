@@ -49,8 +49,10 @@
 #define LK_WIRE_MAGIC   0x31574b4cu /* "LKW1" little-endian */
 /* 2: INFO ends with the seal mode and cipher offer, VERDICT with a MAC over
  * both INFO frames (required), and sealed links may follow the handshake.
- * A version-1 peer is refused with both numbers. */
-#define LK_WIRE_VERSION 2
+ * 3: LOAD carries the sequence slots and KV budget; steps (many sequences
+ * each) go over the data mesh instead of STEP frames on the control link.
+ * A peer of another version is refused with both numbers. */
+#define LK_WIRE_VERSION 3
 #define LK_WIRE_HDR     24
 #define LK_WIRE_MAX     (64u << 20) /* largest payload of any frame */
 
@@ -67,8 +69,8 @@ typedef enum {
     LK_MSG_PONG    = 17, /* u64 nonce */
     LK_MSG_LOAD    = 18, /* model path + identity + slice + mesh layout */
     LK_MSG_LOADED  = 19, /* u8 ok, reason */
-    LK_MSG_STEP    = 20, /* tokens, n, pos0, n_out */
-    LK_MSG_RESULT  = 21, /* per-step answer (argmax / top-k) */
+    LK_MSG_STEP    = 20, /* retired in version 3: steps travel over the data mesh (step/step.h) */
+    LK_MSG_RESULT  = 21, /* retired */
     LK_MSG_BYE     = 22, /* orderly end of a session */
     LK_MSG_MESH    = 23, /* every rank's data address: build the mesh */
     LK_MSG_READY   = 24, /* u8 ok, reason: mesh built */
@@ -263,19 +265,21 @@ lk_status lk_cluster_bench(const char *workers, const uint8_t *key, const lk_ben
  *   head -> worker  MESH   every rank's data address; all ranks build the
  *                          authenticated mesh (shm between local ranks)
  *   worker -> head  READY  ok / reason
- *   head -> worker  STEP   n, pos0, n_cand, penalties, tokens[n], window:
- *                          every rank runs its slice of the forward pass
- *                          (all-reduces over the mesh), applies the sampling
- *                          penalties to its vocabulary rows, then gathers its
- *                          n_cand best (id, logit) pairs to rank 0 over the mesh
+ *   then the steps, over the data mesh (step/step.h: rank 0 sends each step
+ *                          to every rank; all run their part of it; the
+ *                          last stage's candidates go to rank 0), until a
+ *                          step marked "end";
  *   head -> worker  BYE    end of session (the worker waits for the next head)
  *   both ways       PING   every 250 ms (worker) / 500 ms (head): liveness.
- * The worker sends its PINGs from a separate thread, so a long prefill never
- * looks like death; the head declares a worker dead after dead_after_ms
- * (1.5 s) without one, or at once when its connection closes, names it, and
- * shuts its sockets so no wait outlives that. A worker whose head goes
- * silent for head_silence_ms (10 s) during a step cuts the session the same
- * way and waits for the next head.
+ * While a worker runs steps, a second thread of its session owns the control
+ * connection: it sends its PINGs and reads the head's, so neither a long
+ * prefill nor a long wait for the next request looks like death, however
+ * long a generation runs. The head declares a worker dead after
+ * dead_after_ms (1.5 s) without a PING, or at once when its connection
+ * closes, names it, and shuts its sockets so no wait outlives that. A worker
+ * that hears nothing from its head for head_silence_ms (10 s) cuts its
+ * sockets the same way (the step it waits in fails) and waits for the next
+ * head.
  *
  * Layout: rank r = stage * tp + tp_rank; the head is rank 0 (stage 0). With
  * pp > 1 each stage's TP group all-reduces inside itself, every rank passes
@@ -313,6 +317,8 @@ typedef struct {
     const char *layers_split;  /* "3,2": layers per pipeline stage, or NULL (even) */
     const char *transport;     /* "auto" (NULL), "tcp", "shm" */
     int         n_ctx, n_batch, n_threads; /* per rank (threads 0: cores / local ranks) */
+    int         max_seqs;      /* sequence slots (0: 1) */
+    int64_t     kv_tokens;     /* KV positions in every rank's page pool (0: max_seqs x n_ctx) */
     bool        kv_f16;
     const char *wire;          /* all-reduce wire format: "f32" (NULL), "f16", "bf16", "q8" */
     int64_t     dead_after_ms; /* 0: 1500 */
@@ -327,44 +333,13 @@ lk_status lk_cluster_open(const lk_cluster_opts *o, const lk_gguf *g, const lk_p
                           lk_cluster **out, lk_slice *head_slice, char *err, size_t errlen);
 void lk_cluster_close(lk_cluster *c);
 int  lk_cluster_n_ranks(const lk_cluster *c);
-void lk_cluster_hooks(lk_cluster *c, lk_tp_hooks *h);
-/* Sampling penalties every rank applies to its vocabulary slice before
- * choosing candidates (as lk_sampler_penalize on one node), so the merged
- * candidates are exactly the one-node ones. hist: the penalty window. */
-typedef struct {
-    float repeat, freq, presence;
-    const int32_t *hist;
-    int n_hist;                /* at most LK_CLUSTER_MAX_HIST */
-} lk_cluster_penalties;
-#define LK_CLUSTER_MAX_HIST 4096
-
-/* Tells every worker to run tokens[0..n) at pos0 (n <= n_batch: one forward
- * call) and to gather its n_cand best candidates (0: none, a prefill batch
- * whose logits nobody needs) after applying pen (NULL: none); then the head
- * runs its own forward pass. */
-lk_status lk_cluster_step(lk_cluster *c, const int32_t *tokens, int n, int pos0, int n_cand,
-                          const lk_cluster_penalties *pen, char *err, size_t errlen);
-/* After the head's forward pass (pp = 1 only; lk_cluster_forward handles
- * every layout): every rank's n_cand candidates (best first) into ids/vals
- * [n_ranks * n_cand], rank 0's being ids0/vals0. A rank with fewer real
- * candidates pads with id -1. */
-lk_status lk_cluster_gather(lk_cluster *c, const int32_t *ids0, const float *vals0, int n_cand,
-                            int32_t *ids, float *vals, char *err, size_t errlen);
-/* The whole head side of one engine step, built on the two calls above:
- * feeds tokens[0..n) at pos0 in batches of the model's n_batch (every rank
- * runs every batch), and after the last one merges every rank's n_cand best
- * candidates of the last position, penalised by pen (NULL: none), into
- * ids/vals: n_cand of them (fewer only if the vocabulary is smaller), best
- * first, ties to the lower id; *n_out gets the count. m is the head's model,
- * loaded with the head slice and lk_cluster_hooks. */
-lk_status lk_cluster_forward(lk_cluster *c, lk_model *m, const int32_t *tokens, int n, int pos0, int n_cand,
-                             const lk_cluster_penalties *pen, int32_t *ids, float *vals, int *n_out,
-                             char *err, size_t errlen);
-
-/* Seconds the head spent waiting on the network (all-reduces, pipeline
- * hand-offs, candidate gathering) during the last lk_cluster_forward: the
- * rest of the step is compute. */
-double lk_cluster_last_comm_s(const lk_cluster *c);
+/* The session's data mesh and the head's TP group over it (stage 0), for
+ * the rank step (step/step.h), which carries every step from here on. */
+lk_mesh *lk_cluster_mesh(lk_cluster *c);
+lk_comm *lk_cluster_comm(lk_cluster *c);
+/* The message for a failed step: what the monitor knows (a worker's closed
+ * connection or silence, named) before the failed operation's detail. */
+const char *lk_cluster_explain(lk_cluster *c, const char *detail);
 
 /* What went wrong, naming the worker (host, rank), and the layer and
  * operation when a collective failed. */

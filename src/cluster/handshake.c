@@ -11,7 +11,7 @@
 #ifndef LK_BUILD_ID
 /* The Makefile may pass the source revision; without it, the protocol
  * version stands in (builds of one protocol then count as compatible). */
-#define LK_BUILD_ID "lockstep-proto2"
+#define LK_BUILD_ID "lockstep-proto3"
 #endif
 
 const char *lk_build_id(void) { return LK_BUILD_ID; }

@@ -24,13 +24,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define MAX_CAND 65536
-
 typedef struct {
     char      addr[LK_ADDR_LEN];
     lk_link  *link;
     lk_chan   ch;
-    pthread_mutex_t mu;          /* sends: the main thread's STEPs, the monitor's PINGs */
+    pthread_mutex_t mu;          /* sends: the main thread's BYE, the monitor's PINGs */
     _Atomic uint64_t last_seen;  /* lk_time_ns of the last frame from it */
     bool      idle;              /* set-up: answered, sends only heartbeats until MESH */
     atomic_int dead;
@@ -54,17 +52,6 @@ struct lk_cluster {
     char      detail[LK_ERRLEN]; /* the failed operation's own message */
     char      err[2 * LK_ERRLEN + 8];
     uint8_t   key[LK_KEY_BYTES];
-    uint8_t  *stepbuf;           /* (1 MiB) */
-    uint8_t  *pairs;             /* (n * MAX_CAND * 8) */
-    uint8_t  *mine;              /* (MAX_CAND * 8) */
-    /* lk_cluster_forward's buffers, sized on first use */
-    float    *logits;            /* (head's vocabulary rows) */
-    int32_t  *cids, *aids;       /* (MAX_CAND), (n * MAX_CAND) */
-    float    *cvals, *avals;
-    int64_t   logits_n;
-    lk_sampler *pen;             /* the head's copy of the penalties */
-    uint64_t  comm_ns;           /* network wait during the current/last forward */
-    lk_sampler_params pen_p;
 };
 
 /* ---- failure bookkeeping ---------------------------------------------------------- */
@@ -632,6 +619,7 @@ lk_status lk_cluster_open(const lk_cluster_opts *o, const lk_gguf *g, const lk_p
     for (int r = 1; r < c->n; r++) {
         lk_load_msg L = {.rank = r, .n_ranks = c->n, .tp = tp, .slice = slices[r], .n_ctx = o->n_ctx,
                          .n_batch = o->n_batch, .n_threads = o->n_threads, .kv_f16 = o->kv_f16, .shm = (uint8_t)shm,
+                         .max_seqs = o->max_seqs, .kv_tokens = o->kv_tokens,
                          .wire = (uint8_t)wire};
         snprintf(L.model_name, sizeof L.model_name, "%s", base);
         if (!realpath(path, L.model_path)) snprintf(L.model_path, sizeof L.model_path, "%s", path);
@@ -649,9 +637,6 @@ lk_status lk_cluster_open(const lk_cluster_opts *o, const lk_gguf *g, const lk_p
      * against a bug. */
     lk_comm_set_timeout_ms(c->comm, 600000);
     lk_comm_set_wire(c->comm, wire);
-    c->stepbuf = lk_xmalloc_aligned(1u << 20);
-    c->pairs = lk_xmalloc((size_t)c->n * MAX_CAND * 8);
-    c->mine = lk_xmalloc(MAX_CAND * 8);
     uint64_t now = lk_time_ns();
     for (int r = 1; r < c->n; r++) atomic_store(&c->w[r].last_seen, now);
     pthread_create(&c->mon, NULL, monitor_main, c);
@@ -694,15 +679,6 @@ void lk_cluster_close(lk_cluster *c) {
     }
     for (int r = 0; r < LK_MAX_RANKS; r++) pthread_mutex_destroy(&c->w[r].mu);
     pthread_mutex_destroy(&c->err_mu);
-    free(c->stepbuf);
-    free(c->pairs);
-    free(c->mine);
-    free(c->logits);
-    free(c->cids);
-    free(c->aids);
-    free(c->cvals);
-    free(c->avals);
-    lk_sampler_free(c->pen);
     free(c);
 }
 
@@ -711,215 +687,12 @@ int lk_cluster_local_pid(const lk_cluster *c, int rank) {
     return rank > 0 && rank < c->n ? (int)c->kids[rank] : 0;
 }
 
-double lk_cluster_last_comm_s(const lk_cluster *c) { return (double)c->comm_ns * 1e-9; }
+lk_mesh *lk_cluster_mesh(lk_cluster *c) { return c->mesh; }
+lk_comm *lk_cluster_comm(lk_cluster *c) { return c->comm; }
 
-static lk_status hook(void *ctx, float *x, int64_t n, int layer, const char *what) {
-    lk_cluster *c = ctx;
-    uint64_t t0 = lk_time_ns();
-    lk_status st = lk_comm_allreduce_sum(c->comm, x, n, layer, what);
-    c->comm_ns += lk_time_ns() - t0;
-    if (st) set_err(c, lk_comm_last_error(c->comm));
-    return st;
-}
-
-void lk_cluster_hooks(lk_cluster *c, lk_tp_hooks *h) {
-    h->ctx = c;
-    h->allreduce_sum = hook;
-}
-
-static uint32_t f32_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-lk_status lk_cluster_step(lk_cluster *c, const int32_t *tokens, int n, int pos0, int n_cand,
-                          const lk_cluster_penalties *pen, char *err, size_t errlen) {
-    int nh = pen ? pen->n_hist : 0;
-    if (n < 1 || n > LK_STEP_MAX_TOKENS || pos0 < 0 || n_cand < 0 || n_cand > MAX_CAND || nh < 0 ||
-        nh > LK_CLUSTER_MAX_HIST)
-        return lk_fail(err, errlen, LK_ERR_ARG, "cluster step: %d tokens at %d, %d candidates, %d penalised", n, pos0,
-                       n_cand, nh);
-    uint8_t *b = c->stepbuf;
-    lk_wbuf w = {b, 1u << 20, 0, true};
-    lk_wb_u32(&w, (uint32_t)n);
-    lk_wb_u32(&w, (uint32_t)pos0);
-    lk_wb_u32(&w, (uint32_t)n_cand);
-    lk_wb_u32(&w, (uint32_t)nh);
-    lk_wb_u32(&w, f32_bits(pen ? pen->repeat : 1.0f));
-    lk_wb_u32(&w, f32_bits(pen ? pen->freq : 0.0f));
-    lk_wb_u32(&w, f32_bits(pen ? pen->presence : 0.0f));
-    lk_wb_bytes(&w, tokens, (uint32_t)n * 4);
-    if (nh) lk_wb_bytes(&w, pen->hist, (uint32_t)nh * 4);
-    LK_ASSERT(w.ok);
-    char why[LK_ERRLEN];
-    for (int r = 1; r < c->n; r++) {
-        if (atomic_load(&c->w[r].dead)) {
-            set_err(c, NULL);
-            return lk_fail(err, errlen, LK_ERR_PEER, "%s", lk_cluster_error(c));
-        }
-        lk_status st = send_to(c, r, LK_MSG_STEP, b, w.len, 5000, why, sizeof why);
-        if (st) {
-            char msg[2 * LK_ERRLEN];
-            snprintf(msg, sizeof msg, "sending STEP to worker rank %d (%s): %s", r, c->w[r].addr, why);
-            set_err(c, msg);
-            return lk_fail(err, errlen, st, "%s", lk_cluster_error(c));
-        }
-    }
-    return LK_OK;
-}
-
-lk_status lk_cluster_gather(lk_cluster *c, const int32_t *ids0, const float *vals0, int n_cand, int32_t *ids,
-                            float *vals, char *err, size_t errlen) {
-    LK_ASSERT(n_cand >= 0 && n_cand <= MAX_CAND && c->pp == 1);
-    for (int i = 0; i < n_cand; i++) {
-        memcpy(c->mine + 8 * i, &ids0[i], 4);
-        memcpy(c->mine + 8 * i + 4, &vals0[i], 4);
-    }
-    if (lk_comm_gather(c->comm, c->mine, (size_t)n_cand * 8, c->pairs, 0, "candidates")) {
-        set_err(c, lk_comm_last_error(c->comm));
-        return lk_fail(err, errlen, LK_ERR_NET, "%s", lk_cluster_error(c));
-    }
-    for (int i = 0; i < c->n * n_cand; i++) {
-        memcpy(&ids[i], c->pairs + 8 * (size_t)i, 4);
-        memcpy(&vals[i], c->pairs + 8 * (size_t)i + 4, 4);
-    }
-    return LK_OK;
-}
-
-static lk_status merge_candidates(lk_cluster *c, int nl, int n_cand, int32_t *ids, float *vals, int *n_out);
-
-lk_status lk_cluster_forward(lk_cluster *c, lk_model *m, const int32_t *tokens, int n, int pos0, int n_cand,
-                             const lk_cluster_penalties *pen, int32_t *ids, float *vals, int *n_out,
-                             char *err, size_t errlen) {
-    *n_out = 0;
-    if (n_cand < 1 || n_cand > MAX_CAND || n < 1)
-        return lk_fail(err, errlen, LK_ERR_ARG, "cluster forward: %d tokens, %d candidates", n, n_cand);
-    const lk_slice *sl = lk_model_slice(m);
-    int64_t nv = sl->vocab1 - sl->vocab0;
-    if (!c->logits || c->logits_n < nv) {
-        /* once per session: the head's slice does not change */
-        free(c->logits);
-        c->logits = lk_xmalloc(sizeof(float) * (size_t)nv);
-        c->logits_n = nv;
-    }
-    if (!c->cids) {
-        c->cids = lk_xmalloc(sizeof(int32_t) * MAX_CAND);
-        c->cvals = lk_xmalloc(sizeof(float) * MAX_CAND);
-        c->aids = lk_xmalloc(sizeof(int32_t) * (size_t)c->n * MAX_CAND);
-        c->avals = lk_xmalloc(sizeof(float) * (size_t)c->n * MAX_CAND);
-    }
-    const int B = lk_model_n_batch(m);
-    const int64_t d = lk_model_cfg(m)->n_embd;
-    lk_status st;
-    char why[LK_ERRLEN];
-    c->comm_ns = 0;
-    uint64_t t0;
-    for (int i = 0; i < n; i += B) {
-        int nb = LK_MIN(B, n - i);
-        bool last = i + nb == n;
-        if ((st = lk_cluster_step(c, tokens + i, nb, pos0 + i, last ? n_cand : 0, last ? pen : NULL, err, errlen)))
-            return st;
-        if (c->pp == 1) {
-            st = lk_model_forward(m, tokens + i, nb, pos0 + i, last ? 1 : 0, c->logits);
-        } else {
-            /* Stage 0: embed, our layers, hand the rows to the next stage. */
-            float *x = lk_model_hidden(m);
-            st = lk_model_embed(m, tokens + i, nb, x);
-            if (!st) st = lk_model_layers(m, x, nb, pos0 + i);
-            if (st) {
-                set_err(c, NULL);
-                return lk_fail(err, errlen, st, "%s", lk_cluster_error(c));
-            }
-            t0 = lk_time_ns();
-            st = lk_link_send(lk_mesh_link(c->mesh, c->tp), x, sizeof(float) * (size_t)(nb * d),
-                              lk_deadline_ms(600000), why, sizeof why);
-            c->comm_ns += lk_time_ns() - t0;
-            if (st) {
-                char msg[2 * LK_ERRLEN];
-                snprintf(msg, sizeof msg, "pipeline: passing %d rows to stage 1: %s", nb, why);
-                set_err(c, msg);
-                return lk_fail(err, errlen, st, "%s", lk_cluster_error(c));
-            }
-        }
-        if (st) {
-            set_err(c, NULL);
-            return lk_fail(err, errlen, st, "%s", lk_cluster_error(c));
-        }
-    }
-    if (c->pp > 1) {
-        /* The last stage's TP ranks send their candidates to us directly. */
-        lk_xfer xf[LK_MAX_RANKS];
-        int base = (c->pp - 1) * c->tp;
-        for (int t = 0; t < c->tp; t++)
-            xf[t] = (lk_xfer){.link = lk_mesh_link(c->mesh, base + t), .is_send = false,
-                              .buf = c->pairs + (size_t)t * n_cand * 8, .n = (size_t)n_cand * 8};
-        t0 = lk_time_ns();
-        st = lk_xfer_run(xf, c->tp, lk_deadline_ms(600000), why, sizeof why);
-        c->comm_ns += lk_time_ns() - t0;
-        if (st) {
-            char msg[2 * LK_ERRLEN];
-            snprintf(msg, sizeof msg, "pipeline: candidates from the last stage: %s", why);
-            set_err(c, msg);
-            return lk_fail(err, errlen, st, "%s", lk_cluster_error(c));
-        }
-        for (int i = 0; i < c->tp * n_cand; i++) {
-            memcpy(&c->aids[i], c->pairs + 8 * (size_t)i, 4);
-            memcpy(&c->avals[i], c->pairs + 8 * (size_t)i + 4, 4);
-        }
-        return merge_candidates(c, c->tp, n_cand, ids, vals, n_out);
-    }
-    if (pen && pen->n_hist) {
-        /* the same sampler code the workers run on their rows */
-        lk_sampler_params sp;
-        lk_sampler_params_default(&sp);
-        sp.repeat_penalty = pen->repeat;
-        sp.freq_penalty = pen->freq;
-        sp.presence_penalty = pen->presence;
-        sp.penalty_last_n = LK_CLUSTER_MAX_HIST;
-        if (!c->pen || c->pen_p.repeat_penalty != sp.repeat_penalty || c->pen_p.freq_penalty != sp.freq_penalty ||
-            c->pen_p.presence_penalty != sp.presence_penalty) {
-            lk_sampler_free(c->pen);
-            c->pen = lk_sampler_create(&sp);
-            c->pen_p = sp;
-        }
-        lk_sampler_reset(c->pen);
-        for (int i = 0; i < pen->n_hist; i++) lk_sampler_accept(c->pen, pen->hist[i]);
-        lk_sampler_penalize(c->pen, c->logits, sl->vocab0, nv);
-    }
-    int got = lk_sampler_top(c->logits, sl->vocab0, nv, c->cids, c->cvals, n_cand);
-    for (int i = got; i < n_cand; i++) c->cids[i] = -1, c->cvals[i] = 0;
-    t0 = lk_time_ns();
-    st = lk_cluster_gather(c, c->cids, c->cvals, n_cand, c->aids, c->avals, err, errlen);
-    c->comm_ns += lk_time_ns() - t0;
-    if (st) return st;
-    return merge_candidates(c, c->n, n_cand, ids, vals, n_out);
-}
-
-/* Merges nl lists of n_cand in aids/avals, each sorted best first (id -1
- * ends a short list), into the overall best n_cand. */
-static lk_status merge_candidates(lk_cluster *c, int nl, int n_cand, int32_t *ids, float *vals, int *n_out) {
-    int at[LK_MAX_RANKS] = {0}, k = 0;
-    while (k < n_cand) {
-        int best = -1;
-        for (int r = 0; r < nl; r++) {
-            if (at[r] >= n_cand) continue;
-            int32_t id = c->aids[r * n_cand + at[r]];
-            if (id < 0) continue;
-            float v = c->avals[r * n_cand + at[r]];
-            if (best < 0) { best = r; continue; }
-            int32_t bid = c->aids[best * n_cand + at[best]];
-            float bv = c->avals[best * n_cand + at[best]];
-            if (v > bv || (v == bv && id < bid)) best = r;
-        }
-        if (best < 0) break;
-        ids[k] = c->aids[best * n_cand + at[best]];
-        vals[k] = c->avals[best * n_cand + at[best]];
-        at[best]++;
-        k++;
-    }
-    *n_out = k;
-    return LK_OK;
+const char *lk_cluster_explain(lk_cluster *c, const char *detail) {
+    set_err(c, detail);
+    return lk_cluster_error(c);
 }
 
 lk_status lk_cluster_bench(const char *workers, const uint8_t *key, const lk_bench_cfg *cfg, lk_mesh_shm shm,

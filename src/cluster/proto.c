@@ -45,6 +45,7 @@ uint32_t lk_proto_load_encode(const lk_load_msg *m, uint8_t *buf, uint32_t cap) 
     lk_wb_bytes(&w, m->model_id, LK_MODEL_ID_BYTES);
     lk_wb_u32(&w, (uint32_t)m->n_ctx); lk_wb_u32(&w, (uint32_t)m->n_batch); lk_wb_u32(&w, (uint32_t)m->n_threads);
     lk_wb_u8(&w, m->kv_f16); lk_wb_u8(&w, m->shm); lk_wb_u8(&w, m->wire);
+    lk_wb_u32(&w, (uint32_t)m->max_seqs); lk_wb_u64(&w, (uint64_t)m->kv_tokens);
     LK_ASSERT(w.ok);
     return w.len;
 }
@@ -59,7 +60,8 @@ bool lk_proto_load_decode(const uint8_t *buf, uint32_t len, lk_load_msg *m) {
     lk_rb_bytes(&r, m->model_id, LK_MODEL_ID_BYTES);
     m->n_ctx = (int32_t)lk_rb_u32(&r); m->n_batch = (int32_t)lk_rb_u32(&r); m->n_threads = (int32_t)lk_rb_u32(&r);
     m->kv_f16 = lk_rb_u8(&r); m->shm = lk_rb_u8(&r); m->wire = lk_rb_u8(&r);
-    return r.ok && r.pos == r.len && m->n_ranks >= 2 && m->n_ranks <= LK_MAX_RANKS && m->rank >= 1 &&
+    m->max_seqs = (int32_t)lk_rb_u32(&r); m->kv_tokens = (int64_t)lk_rb_u64(&r);
+    return r.ok && m->max_seqs >= 0 && m->max_seqs <= (1 << 16) && m->kv_tokens >= 0 && m->kv_tokens <= ((int64_t)1 << 40) && r.pos == r.len && m->n_ranks >= 2 && m->n_ranks <= LK_MAX_RANKS && m->rank >= 1 &&
            m->rank < m->n_ranks && m->tp >= 1 && m->tp <= m->n_ranks && slice_sane(&m->slice) &&
            !strchr(m->model_name, '/') && m->model_name[0] && m->model_name[0] != '.' && m->n_ctx >= 0 &&
            m->n_ctx <= (1 << 24) && m->n_batch >= 0 && m->n_batch <= (1 << 16) && m->n_threads >= 0 &&

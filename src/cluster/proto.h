@@ -1,5 +1,5 @@
 /* proto — the payloads of the session messages (LOAD, LOADED, FILE, MESH, READY,
- * STEP, PING) shared by worker.c and head.c. Internal to the cluster part.
+ * PING) shared by worker.c and head.c. Internal to the cluster part.
  * Decoders validate every field a peer sent and return false on anything
  * malformed; the caller then refuses with the message type named. */
 #ifndef LK_CLUSTER_PROTO_H
@@ -22,6 +22,8 @@ typedef struct {
     int32_t  n_ctx, n_batch, n_threads;
     uint8_t  kv_f16, shm;      /* lk_mesh_shm */
     uint8_t  wire;             /* lk_wire_fmt of all-reduce payloads */
+    int32_t  max_seqs;         /* sequence slots */
+    int64_t  kv_tokens;        /* KV positions in the page pool (0: max_seqs x n_ctx) */
 } lk_load_msg;
 
 typedef struct {
@@ -83,10 +85,5 @@ void lk_proto_ranges_hash(const lk_ranges *l, uint64_t size, uint8_t out[32]);
 void lk_proto_digest_init(crypto_generichash_state *st, uint64_t size);
 /* The same over a whole file (the worker's cache check). */
 void lk_proto_digest_file(const lk_gguf *g, const lk_ranges *l, uint8_t out[32]);
-
-/* STEP: u32 n, pos0, n_cand, n_hist; f32 repeat, freq, presence penalties;
- * then n token ids and n_hist penalty-window ids. Header fixed at 28 bytes. */
-#define LK_STEP_HDR 28
-#define LK_STEP_MAX_TOKENS ((int)((1u << 20) - LK_STEP_HDR) / 4 - LK_CLUSTER_MAX_HIST)
 
 #endif

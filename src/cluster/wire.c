@@ -30,8 +30,6 @@ uint32_t lk_wire_max_payload(uint16_t type) {
     case LK_MSG_PING: case LK_MSG_PONG: return 16;
     case LK_MSG_LOAD: return 64 * 1024;
     case LK_MSG_LOADED: return 1024;
-    case LK_MSG_STEP: return 1u << 20;          /* up to 256k token ids */
-    case LK_MSG_RESULT: return LK_WIRE_MAX;     /* logits rows in the worst case */
     case LK_MSG_BYE: return 1024;
     case LK_MSG_MESH: return 64 * 1024;
     case LK_MSG_READY: return 1024;

@@ -9,6 +9,7 @@
 #include "cluster/proto.h"
 #include "model/model.h"
 #include "sampler/sampler.h"
+#include "step/step.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -24,11 +25,11 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <netdb.h>
+#include <poll.h>
 #include <time.h>
 #include <unistd.h>
 
 #define MAX_HANDSHAKES 16
-#define MAX_CAND 65536
 
 #define MAX_VERIFIED 32
 
@@ -64,6 +65,7 @@ typedef struct {
     pthread_cond_t hb_cv;
     bool hb_stop;
     pthread_t hb;
+    bool hb_joined;
     char head[96];
     /* loaded state */
     lk_load_msg load;
@@ -72,12 +74,9 @@ typedef struct {
     int mesh_lfd;
     lk_mesh *mesh;
     lk_comm *comm;
-    float *logits;          /* (vocab1 - vocab0) */
-    int32_t *ids;           /* (MAX_CAND) */
-    float *vals;            /* (MAX_CAND) */
-    uint8_t *pairs;         /* (MAX_CAND * 8): gathered to rank 0 */
-    lk_sampler *pen;        /* applies the head's penalties to our slice */
-    _Atomic uint64_t step_since; /* lk_time_ns when the current STEP began; 0 between steps */
+    lk_step *step;          /* the rank step, once the mesh is built */
+    lk_step_msg msg;        /* the step being run */
+    atomic_int stepping;    /* the session thread runs steps: the heartbeat thread owns the control link */
     bool bench;             /* a netbench session: mesh only, no model */
     bool want_file;         /* asked the head for our slices */
     bool xfer_failed;       /* refused them midway: drop DATA until the head gives up */
@@ -91,7 +90,6 @@ typedef struct {
     uint64_t xfer_t0;
     crypto_generichash_state hs; /* digest of the bytes received */
     lk_bench_msg bmsg;
-    lk_sampler_params pen_p;
 } session;
 
 /* Messages from the link already start with the peer's address; when we
@@ -108,49 +106,84 @@ static lk_status send_locked(session *s, uint16_t type, const void *p, uint32_t 
     return st;
 }
 
-/* While the session thread computes a STEP it reads nothing, so a head that
- * froze (or lost its network) would keep it in a collective until that
- * deadline. The head pings every 500 ms; if no new byte reaches the control
- * socket for head_silence_ms during a step, cut our sockets so the step
- * fails now and the session ends. */
-static void watch_head(session *s, int *last_avail, uint64_t *last_news) {
-    uint64_t since = atomic_load(&s->step_since), now = lk_time_ns();
-    int fd = lk_tcp_fd(s->link), avail = 0;
-    if (!since) { *last_news = now; *last_avail = -1; return; }
-    if (ioctl(fd, FIONREAD, &avail) == 0 && avail != *last_avail) { *last_avail = avail; *last_news = now; }
-    int64_t silence = s->w->o->head_silence_ms > 0 ? s->w->o->head_silence_ms : 10000;
-    if ((int64_t)(now - *last_news) < silence * 1000000) return;
-    lk_log(LK_LOG_WARN, "worker: head %s silent for %lld ms during a step: abandoning it", s->head, (long long)silence);
-    shutdown(fd, SHUT_RDWR);
+/* Cuts the data links (mesh sockets), so the step the session thread waits
+ * in fails now: the head is gone or silent. */
+static void cut_mesh(session *s) {
     for (int r = 0; s->mesh && r < lk_mesh_size(s->mesh); r++)
         if (r != lk_mesh_rank(s->mesh)) shutdown(lk_tcp_fd(lk_mesh_ctl(s->mesh, r)), SHUT_RDWR);
-    *last_news = now;
 }
 
+/* The session's second thread. It sends a PING every 250 ms, so the head
+ * hears from us however long a step computes. Once the session thread runs
+ * steps (they arrive over the mesh), it also owns every read of the control
+ * link: the head's PINGs (every 500 ms) are its signs of life, a BYE or a
+ * closed link ends the session, and head_silence_ms without a frame means
+ * the head froze or lost its network: the mesh is cut so the step loop
+ * fails at once instead of waiting forever. Steps count as life only
+ * through the PINGs, which the head sends whatever it computes, so a
+ * generation of any length is never mistaken for silence. */
 static void *heartbeat_main(void *p) {
     session *s = p;
-    uint64_t k = 0, last_news = lk_time_ns();
-    int last_avail = -1;
-    pthread_mutex_lock(&s->hb_mu);
-    while (!s->hb_stop) {
-        pthread_mutex_unlock(&s->hb_mu);
-        watch_head(s, &last_avail, &last_news);
-        uint8_t b[8];
-        for (int i = 0; i < 8; i++) b[i] = (uint8_t)(k >> (8 * i));
-        k++;
-        char err[LK_ERRLEN];
-        if (send_locked(s, LK_MSG_PING, b, 8, err, sizeof err)) {
-            pthread_mutex_lock(&s->hb_mu);
-            break; /* the session thread will notice the dead connection too */
-        }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 250 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+    uint64_t k = 0, next_ping = 0, last_news = lk_time_ns();
+    int64_t silence = s->w->o->head_silence_ms > 0 ? s->w->o->head_silence_ms : 10000;
+    char err[LK_ERRLEN];
+    for (;;) {
         pthread_mutex_lock(&s->hb_mu);
-        if (!s->hb_stop) pthread_cond_timedwait(&s->hb_cv, &s->hb_mu, &ts);
+        bool stop = s->hb_stop;
+        pthread_mutex_unlock(&s->hb_mu);
+        if (stop) break;
+        uint64_t now = lk_time_ns();
+        if (now >= next_ping) {
+            next_ping = now + 250000000ull;
+            uint8_t b[8];
+            for (int i = 0; i < 8; i++) b[i] = (uint8_t)(k >> (8 * i));
+            k++;
+            if (send_locked(s, LK_MSG_PING, b, 8, err, sizeof err)) {
+                cut_mesh(s); /* the session thread notices the dead connection too */
+                break;
+            }
+        }
+        if (!atomic_load(&s->stepping)) {
+            /* set-up: the session thread reads the control link; wait a little */
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 50 * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+            pthread_mutex_lock(&s->hb_mu);
+            if (!s->hb_stop) pthread_cond_timedwait(&s->hb_cv, &s->hb_mu, &ts);
+            pthread_mutex_unlock(&s->hb_mu);
+            last_news = lk_time_ns();
+            continue;
+        }
+        struct pollfd pf = {.fd = lk_tcp_fd(s->link), .events = POLLIN};
+        int pr = poll(&pf, 1, 50);
+        now = lk_time_ns();
+        if (pr > 0) {
+            uint8_t buf[1024];
+            lk_frame_hdr h;
+            lk_status st = lk_chan_recv(&s->ch, &h, buf, sizeof buf, lk_deadline_ms(5000), err, sizeof err);
+            if (st) {
+                lk_log(LK_LOG_WARN, "worker: head %s: %s: ending the session", s->head, unprefixed(err, s->head));
+                cut_mesh(s);
+                break;
+            }
+            last_news = now;
+            if (h.type == LK_MSG_BYE) {
+                lk_log(LK_LOG_INFO, "worker: head %s said goodbye", s->head);
+                cut_mesh(s); /* normally the end step came first and nothing waits */
+                break;
+            }
+            if (h.type != LK_MSG_PING) {
+                lk_log(LK_LOG_WARN, "worker: head %s sent an unexpected %s during steps", s->head, lk_msg_name(h.type));
+                cut_mesh(s);
+                break;
+            }
+        } else if ((int64_t)(now - last_news) > silence * 1000000) {
+            lk_log(LK_LOG_WARN, "worker: head %s silent for %lld ms: abandoning its session", s->head, (long long)silence);
+            cut_mesh(s);
+            break;
+        }
     }
-    pthread_mutex_unlock(&s->hb_mu);
     return NULL;
 }
 
@@ -158,6 +191,8 @@ static void xfer_drop(session *s);
 
 static void session_free_model(session *s) {
     xfer_drop(s); /* an interrupted transfer leaves nothing behind */
+    lk_step_free(s->step); /* before the comm whose hooks it set */
+    s->step = NULL;
     lk_comm_free(s->comm);
     s->comm = NULL;
     lk_mesh_free(s->mesh);
@@ -168,11 +203,9 @@ static void session_free_model(session *s) {
     s->m = NULL;
     lk_gguf_close(s->g);
     s->g = NULL;
-    free(s->logits); s->logits = NULL;
-    free(s->ids); s->ids = NULL;
-    free(s->vals); s->vals = NULL;
-    free(s->pairs); s->pairs = NULL;
-    lk_sampler_free(s->pen); s->pen = NULL;
+    lk_step_free(s->step);
+    s->step = NULL;
+    lk_step_msg_free(&s->msg);
 }
 
 /* The address our side of the control connection has: the head reached us
@@ -227,15 +260,12 @@ static lk_status try_model(session *s, const char *path, char *err, size_t errle
 /* With the model open in s->g: the slice, the buffers, the mesh listener. */
 static lk_status finish_load(session *s, const char *path, lk_loaded_msg *rep, char *err, size_t errlen) {
     const lk_load_msg *L = &s->load;
-    lk_model_params mp = {.n_ctx = L->n_ctx, .n_batch = L->n_batch, .kv_f16 = L->kv_f16,
+    lk_model_params mp = {.n_ctx = L->n_ctx, .n_batch = L->n_batch, .kv_f16 = L->kv_f16, .max_seqs = L->max_seqs,
+                          .kv_tokens = L->kv_tokens,
                           .n_threads = s->w->o->n_threads ? s->w->o->n_threads : L->n_threads};
     lk_status st = lk_model_load(s->g, &L->slice, &mp, &s->m, err, errlen);
     if (st) return st;
     const lk_slice *sl = lk_model_slice(s->m);
-    s->logits = lk_xmalloc(sizeof(float) * (size_t)(sl->vocab1 - sl->vocab0));
-    s->ids = lk_xmalloc(sizeof(int32_t) * MAX_CAND);
-    s->vals = lk_xmalloc(sizeof(float) * MAX_CAND);
-    s->pairs = lk_xmalloc(8 * MAX_CAND);
     if ((st = open_mesh_listener(s, rep, err, errlen))) return st;
     lk_log(LK_LOG_INFO, "worker: rank %d of %d loaded %s: layers %d-%d, heads %d-%d, ffn rows %lld-%lld, vocab %lld-%lld",
            L->rank, L->n_ranks, path, sl->layer0, sl->layer1 - 1, sl->head0, sl->head1 - 1, (long long)sl->ff0,
@@ -831,90 +861,39 @@ static lk_status do_mesh(session *s, const uint8_t *p, uint32_t len, char *err, 
      * found by closed connections, and the head by its heartbeats. */
     lk_comm_set_timeout_ms(s->comm, 120000);
     lk_comm_set_wire(s->comm, (lk_wire_fmt)s->load.wire);
-    lk_comm_reserve(s->comm, (int64_t)lk_model_n_batch(s->m) * lk_model_cfg(s->m)->n_embd);
-    lk_tp_hooks h;
-    lk_comm_tp_hooks(s->comm, &h);
-    lk_model_set_hooks(s->m, &h);
+    lk_step_params sp = {.m = s->m, .mesh = s->mesh, .tp = s->comm};
+    if ((st = lk_step_create(&sp, &s->step, err, errlen))) return st;
+    lk_step_msg_init(&s->msg, lk_model_max_seqs(s->m), lk_model_n_batch(s->m));
     return LK_OK;
 }
 
-static lk_status do_step(session *s, const uint8_t *p, uint32_t len, char *err, size_t errlen) {
-    if (!s->comm) return lk_fail(err, errlen, LK_ERR_FORMAT, "STEP before the mesh is built");
-    lk_rbuf r = {p, len, 0, true};
-    uint32_t n = lk_rb_u32(&r), pos0 = lk_rb_u32(&r), n_cand = lk_rb_u32(&r), nh = lk_rb_u32(&r);
-    uint32_t rb = lk_rb_u32(&r), fb = lk_rb_u32(&r), pb = lk_rb_u32(&r);
-    const lk_model_config *cfg = lk_model_cfg(s->m);
-    if (!r.ok || n < 1 || n > (uint32_t)lk_model_n_batch(s->m) || nh > LK_CLUSTER_MAX_HIST ||
-        len != LK_STEP_HDR + 4 * (n + nh) || (uint64_t)pos0 + n > (uint64_t)lk_model_n_ctx(s->m) || n_cand > MAX_CAND)
-        return lk_fail(err, errlen, LK_ERR_FORMAT, "malformed STEP (n %u, pos0 %u, candidates %u)", n, pos0, n_cand);
-    /* Ids sit after the 28-byte header, 4-aligned in our buffer. */
-    const int32_t *tokens = (const int32_t *)(const void *)(p + LK_STEP_HDR);
-    const int32_t *hist = tokens + n;
-    for (uint32_t i = 0; i < n + nh; i++)
-        if (tokens[i] < 0 || tokens[i] >= cfg->n_vocab)
-            return lk_fail(err, errlen, LK_ERR_FORMAT, "STEP token %d outside the vocabulary", tokens[i]);
-    lk_sampler_params sp;
-    lk_sampler_params_default(&sp);
-    memcpy(&sp.repeat_penalty, &rb, 4);
-    memcpy(&sp.freq_penalty, &fb, 4);
-    memcpy(&sp.presence_penalty, &pb, 4);
-    if (!isfinite(sp.repeat_penalty) || sp.repeat_penalty <= 0 || !isfinite(sp.freq_penalty) ||
-        !isfinite(sp.presence_penalty))
-        return lk_fail(err, errlen, LK_ERR_FORMAT, "malformed STEP penalties");
-    const lk_slice *sl = lk_model_slice(s->m);
-    lk_status st;
-    if (sl->pp_size == 1) {
-        st = lk_model_forward(s->m, tokens, (int)n, (int)pos0, n_cand ? 1 : 0, s->logits);
-        if (st) return lk_fail(err, errlen, st, "forward pass at position %u: %s", pos0, lk_comm_last_error(s->comm));
-    } else {
-        /* A pipeline stage: rows come from the same TP rank of the stage
-         * before (or from the tokens), and go on to the next one. */
-        float *x = lk_model_hidden(s->m);
-        size_t rows = sizeof(float) * (size_t)n * (size_t)cfg->n_embd;
-        int me = sl->pp_rank * sl->tp_size + sl->tp_rank;
-        char why[LK_ERRLEN] = "";
-        if (sl->pp_rank == 0) st = lk_model_embed(s->m, tokens, (int)n, x);
-        else st = lk_link_recv(lk_mesh_link(s->mesh, me - sl->tp_size), x, rows, lk_deadline_ms(120000), why, sizeof why);
-        if (st) return lk_fail(err, errlen, st, "pipeline stage %d: input rows: %s", sl->pp_rank, why);
-        if ((st = lk_model_layers(s->m, x, (int)n, (int)pos0)))
-            return lk_fail(err, errlen, st, "forward pass at position %u: %s", pos0, lk_comm_last_error(s->comm));
-        if (sl->pp_rank < sl->pp_size - 1) {
-            if ((st = lk_link_send(lk_mesh_link(s->mesh, me + sl->tp_size), x, rows, lk_deadline_ms(120000), why,
-                                   sizeof why)))
-                return lk_fail(err, errlen, st, "pipeline stage %d: passing rows on: %s", sl->pp_rank, why);
-            return LK_OK;
+/* The session from READY on: steps from rank 0 over the mesh until one
+ * says "end" (or the mesh fails: the head died, or the heartbeat thread cut
+ * it). Idle waits are unbounded: a server may wait hours for a request;
+ * liveness is the heartbeat thread's business. */
+static void step_loop(session *s) {
+    char err[LK_ERRLEN];
+    atomic_store(&s->stepping, 1);
+    for (;;) {
+        lk_status st = lk_step_recv(s->step, &s->msg, lk_deadline_ms(365LL * 24 * 3600 * 1000), err, sizeof err);
+        if (!st && s->msg.end) {
+            /* BYE follows on the control link: the heartbeat thread reads
+             * it (or sees the link close, or the head fall silent) and
+             * ends; leaving before it would look like a crash to the head */
+            lk_log(LK_LOG_DEBUG, "worker: head %s ended its steps", s->head);
+            pthread_join(s->hb, NULL);
+            s->hb_joined = true;
+            return;
         }
-        if (!n_cand) return LK_OK;
-        if ((st = lk_model_logits(s->m, x, (int)n, 1, s->logits))) return st;
-    }
-    if (!n_cand) return LK_OK;
-    if (nh) {
-        /* The one-node sampler's own penalty code on our slice, so the
-         * merged candidates are exactly the one-node ones. The sampler is
-         * rebuilt only when the penalties change (once per request). */
-        if (!s->pen || s->pen_p.repeat_penalty != sp.repeat_penalty || s->pen_p.freq_penalty != sp.freq_penalty ||
-            s->pen_p.presence_penalty != sp.presence_penalty) {
-            lk_sampler_free(s->pen);
-            sp.penalty_last_n = LK_CLUSTER_MAX_HIST;
-            s->pen = lk_sampler_create(&sp);
-            s->pen_p = sp;
+        if (!st) st = lk_step_run(s->step, &s->msg, false, err, sizeof err);
+        if (st) {
+            lk_log(LK_LOG_WARN, "worker: step for %s failed: %s", s->head, err);
+            pthread_mutex_lock(&s->send_mu);
+            lk_chan_send_error(&s->ch, err);
+            pthread_mutex_unlock(&s->send_mu);
+            return;
         }
-        lk_sampler_reset(s->pen);
-        for (uint32_t i = 0; i < nh; i++) lk_sampler_accept(s->pen, hist[i]);
-        lk_sampler_penalize(s->pen, s->logits, sl->vocab0, sl->vocab1 - sl->vocab0);
     }
-    int got = lk_sampler_top(s->logits, sl->vocab0, sl->vocab1 - sl->vocab0, s->ids, s->vals, (int)n_cand);
-    for (uint32_t i = 0; i < n_cand; i++) {
-        int32_t id = (int)i < got ? s->ids[i] : -1;
-        float v = (int)i < got ? s->vals[i] : 0.0f;
-        memcpy(s->pairs + 8 * i, &id, 4);
-        memcpy(s->pairs + 8 * i + 4, &v, 4);
-    }
-    if (sl->pp_size > 1) /* the head is not in the last stage's group: straight to rank 0 */
-        return lk_link_send(lk_mesh_link(s->mesh, 0), s->pairs, 8 * (size_t)n_cand, lk_deadline_ms(120000), err, errlen);
-    if (lk_comm_gather(s->comm, s->pairs, 8 * n_cand, NULL, 0, "candidates"))
-        return lk_fail(err, errlen, LK_ERR_NET, "%s", lk_comm_last_error(s->comm));
-    return LK_OK;
 }
 
 static void run_session(session *s) {
@@ -978,7 +957,11 @@ static void run_session(session *s) {
             lk_wb_str(&w, why);
             if (st) lk_log(LK_LOG_WARN, "worker: mesh for %s failed: %s", s->head, why);
             if (send_locked(s, LK_MSG_READY, out, w.len, err, sizeof err) || st) break;
-            if (s->bench) {
+            if (!s->bench) {
+                step_loop(s);
+                break;
+            }
+            {
                 /* Our part of the benchmark, then wait for BYE. */
                 if ((st = lk_bench_run(s->mesh, &s->bmsg.cfg, NULL, err, sizeof err))) {
                     lk_log(LK_LOG_WARN, "worker: benchmark for %s failed: %s", s->head, err);
@@ -986,19 +969,6 @@ static void run_session(session *s) {
                 }
                 lk_mesh_free(s->mesh);
                 s->mesh = NULL;
-            }
-            continue;
-        }
-        if (h.type == LK_MSG_STEP) {
-            atomic_store(&s->step_since, lk_time_ns());
-            st = do_step(s, buf, h.len, err, sizeof err);
-            atomic_store(&s->step_since, 0);
-            if (st) {
-                lk_log(LK_LOG_WARN, "worker: step for %s failed: %s", s->head, err);
-                pthread_mutex_lock(&s->send_mu);
-                lk_chan_send_error(&s->ch, err);
-                pthread_mutex_unlock(&s->send_mu);
-                break;
             }
             continue;
         }
@@ -1013,7 +983,7 @@ static void run_session(session *s) {
     s->hb_stop = true;
     pthread_cond_signal(&s->hb_cv);
     pthread_mutex_unlock(&s->hb_mu);
-    pthread_join(s->hb, NULL);
+    if (!s->hb_joined) pthread_join(s->hb, NULL);
     session_free_model(s);
     free(buf);
     lk_log(LK_LOG_INFO, "worker: session with %s over; ready for the next head", s->head);

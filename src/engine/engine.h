@@ -23,6 +23,9 @@ typedef struct {
     int   n_ctx;            /* 0: model's, capped */
     int   n_batch;          /* 0: 512 */
     bool  kv_f16;
+    int   max_seqs;         /* sequence slots (0: 1; `--parallel`) */
+    int64_t kv_budget;      /* KV positions shared by all sequences (0: from free memory, see lk_engine_open) */
+    int64_t kv_budget_bytes;/* or: bytes of KV cache for the whole model (all ranks), converted to positions */
     /* cluster layout (all zero/NULL: one node) */
     const char *workers;    /* "host:port,host:port" */
     const char *key_file;
@@ -47,18 +50,84 @@ int      lk_engine_n_ranks(const lk_engine *e);
 int      lk_engine_threads(const lk_engine *e);     /* threads of this rank's pool */
 uint64_t lk_engine_weight_bytes(const lk_engine *e);  /* this rank's (the head's) weights read per token */
 
-/* Feeds tokens[0..n) at positions pos0.. (any n: split into batches), then
- * picks the next token with the sampler from the last position. Does not
- * call lk_sampler_accept. */
+/* ---- many sequences per step ---------------------------------------------------
+ *
+ * Sequences are slots [0, lk_engine_max_seqs). Every rank keeps, per slot,
+ * the KV pages of its layers and heads, the token ids the slot holds and the
+ * slot's sampling settings (every rank applies the penalties to its own
+ * vocabulary rows). Slot operations are queued here and travel with the next
+ * submitted step to every rank, which applies them, in order, before that
+ * step's forward pass.
+ *
+ * A step is a list of items, each a run of tokens appended to one slot (a
+ * decode token, or a chunk of a prompt: chunked prefill); a slot appears at
+ * most once per step. Every weight matrix is read once per step for all its
+ * tokens. Items that `sample` produce the slot's next token (penalties, then
+ * the slot's sampler on the head over every rank's best candidates).
+ *
+ * Pipelines: with pp stages, lk_engine_depth() steps may be in flight:
+ * submit several (on disjoint slots), then collect them oldest first; stages
+ * work on different steps at once. With one stage depth is 1 and submit
+ * computes the whole step.
+ *
+ * A slot's logits do not depend on what else is in the step (batch
+ * invariance: every kernel gives a token's row the same bits whatever the
+ * number of tokens beside it), so greedy output does not change with load. */
+
+int     lk_engine_max_seqs(const lk_engine *e);
+int     lk_engine_n_batch(const lk_engine *e);      /* most tokens per step, all items together */
+int     lk_engine_depth(const lk_engine *e);        /* steps that may be in flight (pipeline stages) */
+int     lk_engine_page_tokens(const lk_engine *e);  /* positions per KV page */
+int64_t lk_engine_pages_total(const lk_engine *e);
+/* Free pages once the queued operations and the submitted steps are applied. */
+int64_t lk_engine_pages_free(const lk_engine *e);
+/* Positions slot `seq` holds once the queued operations and submitted steps are applied. */
+int     lk_engine_seq_len(const lk_engine *e, int seq);
+/* Pages appending n tokens to seq (after everything queued) would take:
+ * new pages, and copies of pages it shares with another slot. */
+int64_t lk_engine_pages_needed(const lk_engine *e, int seq, int n);
+
+/* Queued slot operations (errors: a bad slot or length, named).
+ *  - params: the slot's sampling settings from now on (its penalty window is
+ *    rebuilt from the tokens it holds); n_cand > 0 overrides the number of
+ *    candidates each rank sends (tests ask for the whole vocabulary).
+ *  - keep: keep the first n positions (0 frees every page).
+ *  - fork: dst holds the first n positions of src (whole pages shared,
+ *    copied on the first write: a shared system prompt, the next chat turn).
+ *    dst keeps its own sampling settings. */
+lk_status lk_engine_seq_params(lk_engine *e, int seq, const lk_sampler_params *sp, int n_cand, char *err, size_t errlen);
+lk_status lk_engine_seq_keep(lk_engine *e, int seq, int n, char *err, size_t errlen);
+lk_status lk_engine_seq_fork(lk_engine *e, int dst, int src, int n, char *err, size_t errlen);
+
+typedef struct {
+    int seq;
+    int n;                  /* tokens, >= 1 */
+    const int32_t *tokens;  /* appended at positions seq_len .. seq_len+n-1 */
+    bool sample;            /* produce the next token from the last one */
+} lk_engine_item;
+
+/* Checks the items (slots, vocabulary, context, pages: a clear error and
+ * nothing sent), sends the step to every rank and runs the head's part. */
+lk_status lk_engine_submit(lk_engine *e, const lk_engine_item *items, int n_items, char *err, size_t errlen);
+/* Finishes the oldest submitted step: next[i] is item i's new token (-1
+ * where it does not sample). After it, lk_engine_candidates gives item i's
+ * merged candidates (best first) until the next collect. */
+lk_status lk_engine_collect(lk_engine *e, int32_t *next, char *err, size_t errlen);
+int       lk_engine_candidates(const lk_engine *e, int item, const int32_t **ids, const float **vals);
+/* submit + collect. */
+lk_status lk_engine_batch(lk_engine *e, const lk_engine_item *items, int n_items, int32_t *next, char *err,
+                          size_t errlen);
+
+/* ---- one sequence (slot 0): the convenience the single-stream commands use ----
+ * Feeds tokens[0..n) at positions pos0.. (any n: split into batches; pos0
+ * below the slot's length first drops the positions from pos0 on), then
+ * picks the next token with the sampler `s` (its settings are sent to the
+ * ranks when they change; its own history is not used: the ranks keep the
+ * slot's). Does not call lk_sampler_accept. */
 lk_status lk_engine_step(lk_engine *e, const int32_t *tokens, int n, int pos0, lk_sampler *s,
                          int32_t *next, char *err, size_t errlen);
 
-/* Full logits for the last n_out of tokens[0..n) (tests, diagnostics); only
- * for n <= n_batch. logits is [n_out][n_vocab]. */
-lk_status lk_engine_logits(lk_engine *e, const int32_t *tokens, int n, int pos0, int n_out,
-                           float *logits, char *err, size_t errlen);
-
-/* Time split of the last step (seconds): compute and communication. */
+/* Time split of the last collected step (seconds): compute and communication. */
 void lk_engine_last_timing(const lk_engine *e, double *compute_s, double *comm_s);
 
 #endif

@@ -64,10 +64,12 @@ float lk_vec_dot_f16(const float *a, const uint16_t *b, int64_t n);
 void  lk_vec_axpy_f16(float *y, float a, const uint16_t *x, int64_t n);
 /* x[i] = e^(x[i] - sub); returns the sum (in double). Within 2 ulp of expf. */
 double lk_vec_exp_sum(float *x, int64_t n, float sub);
-/* Attention's weighted sum for nq <= 4 queries: out[q][i] = sum over p <
+/* Attention's weighted sum for nq <= 4 queries: out[q][i] += sum over p <
  * npos of S[q][p] * V[p][i] (V rows hd floats apart, out rows out_stride,
- * S rows s_stride). Equal to an lk_vec_axpy_f32 per position from zero;
- * a query that sees fewer positions passes S = 0 for the rest. */
+ * S rows s_stride). Equal to an lk_vec_axpy_f32 per position, in order, onto
+ * what out holds: the KV cache's pages are summed one call after another
+ * (out zeroed before the first) with the bits of one long call. A query
+ * that sees fewer positions passes S = 0 for the rest. */
 void   lk_vec_attn_av_f32(float *out, size_t out_stride, const float *S, size_t s_stride, const float *V,
                           int64_t npos, int nq, int64_t hd);
 /* gate[i] = silu(gate[i]) * up[i] (lk_swiglu) */

@@ -159,7 +159,7 @@ AVX512 static void av4_avx512(float *out, size_t os, const float *S, size_t ss, 
     for (; i + 64 <= hd; i += 64) {
         __m512 acc[4][4];
         for (int q = 0; q < 4; q++)
-            for (int c = 0; c < 4; c++) acc[q][c] = _mm512_setzero_ps();
+            for (int c = 0; c < 4; c++) acc[q][c] = q < nq ? _mm512_loadu_ps(out + q * os + i + 16 * c) : _mm512_setzero_ps();
         for (int64_t p = 0; p < npos; p++) {
             const float *v = V + p * hd + i;
             __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16);
@@ -179,13 +179,13 @@ AVX512 static void av4_avx512(float *out, size_t os, const float *S, size_t ss, 
     }
     for (; i + 16 <= hd; i += 16) /* head sizes that are not a multiple of 64 */
         for (int q = 0; q < nq; q++) {
-            __m512 a = _mm512_setzero_ps();
+            __m512 a = _mm512_loadu_ps(out + q * os + i);
             for (int64_t p = 0; p < npos; p++) a = _mm512_fmadd_ps(_mm512_set1_ps(S[q * ss + p]), _mm512_loadu_ps(V + p * hd + i), a);
             _mm512_storeu_ps(out + q * os + i, a);
         }
     for (; i < hd; i++) /* axpy_avx512's scalar tail: not fused */
         for (int q = 0; q < nq; q++) {
-            float a = 0;
+            float a = out[q * os + i];
             for (int64_t p = 0; p < npos; p++) a += S[q * ss + p] * V[p * hd + i];
             out[q * os + i] = a;
         }
@@ -239,7 +239,6 @@ void lk_vec_swiglu(float *gate, const float *up, int64_t n) { ops()->swiglu(gate
 static void av4_generic(float *out, size_t os, const float *S, size_t ss, const float *V, int64_t npos, int nq,
                         int64_t hd) {
     for (int q = 0; q < nq; q++) {
-        memset(out + q * os, 0, sizeof(float) * (size_t)hd);
         for (int64_t p = 0; p < npos; p++) ops()->axpy(out + q * os, S[q * ss + p], V + p * hd, hd);
     }
 }

@@ -48,9 +48,24 @@ struct lk_model {
     lk_mat wout;
     layer_w *layers;        /* (layer1 - layer0) */
     float *rope_cos, *rope_sin; /* (n_ctx, rope_dim/2) */
-    /* KV cache: (layers here, KV, n_ctx, hd), F32 or F16 */
+    /* KV cache: n_pages pages of (layers here, KV heads here, LK_KV_PAGE, hd)
+     * keys and as many values, F32 or F16 */
     bool kv_f16;
     void *kcache, *vcache;
+    size_t page_elems;      /* elements of one page (keys or values) */
+    int64_t n_pages, n_free;
+    int32_t *page_ref;      /* (n_pages) slots pointing at each page */
+    int32_t *free_pages;    /* (n_pages) stack of free pages, n_free of them */
+    int max_seqs, max_pps;  /* slots; pages per slot at most (n_ctx / LK_KV_PAGE rounded up) */
+    int32_t *ptab;          /* (max_seqs, max_pps) page of each slot's positions, -1: none */
+    int32_t *seq_len;       /* (max_seqs) */
+    /* the current batch (lk_model_batch) */
+    lk_batch_item *items;   /* (n_batch) */
+    int32_t *item_row0;     /* (n_batch + 1) first row of each item */
+    int32_t *row_item, *row_pos; /* (n_batch) item and position of each row */
+    int64_t *task0;         /* (n_batch + 1) first attention task of each item */
+    int32_t *out_rows;      /* (n_batch) lk_model_forward's logits rows */
+    int n_items, n_rows;
     /* scratch, sized at load */
     float *x, *xb, *q, *k, *v, *att, *o, *hg, *hu;
     float *scores;          /* (threads, ATT_QB, n_ctx) */
@@ -290,6 +305,8 @@ void lk_model_free(lk_model *m) {
     free(m->layers);
     free(m->rope_cos); free(m->rope_sin);
     free(m->kcache); free(m->vcache);
+    free(m->page_ref); free(m->free_pages); free(m->ptab); free(m->seq_len);
+    free(m->items); free(m->item_row0); free(m->row_item); free(m->row_pos); free(m->task0); free(m->out_rows);
     free(m->x); free(m->xb); free(m->q); free(m->k); free(m->v); free(m->att); free(m->o);
     free(m->hg); free(m->hu); free(m->scores); free(m->act);
     free(m);
@@ -521,10 +538,30 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
         }
     }
 
-    size_t kv_elems = (size_t)nl * m->nkv * m->n_ctx * hd;
+    m->max_seqs = p && p->max_seqs > 0 ? p->max_seqs : 1;
+    m->max_pps = (m->n_ctx + LK_KV_PAGE - 1) / LK_KV_PAGE;
+    int64_t kv_tokens = p && p->kv_tokens > 0 ? p->kv_tokens : (int64_t)m->max_seqs * m->n_ctx;
+    m->n_pages = LK_MAX((kv_tokens + LK_KV_PAGE - 1) / LK_KV_PAGE, 1);
+    m->page_elems = (size_t)nl * m->nkv * LK_KV_PAGE * hd;
     size_t esz = m->kv_f16 ? 2 : 4;
-    m->kcache = lk_xcalloc(kv_elems, esz);
-    m->vcache = lk_xcalloc(kv_elems, esz);
+    /* calloc: pages never written are zeros (a copy of a page copies its
+     * unwritten tail too; nothing ever reads it) */
+    m->kcache = m->page_elems ? lk_xcalloc((size_t)m->n_pages * m->page_elems, esz) : NULL;
+    m->vcache = m->page_elems ? lk_xcalloc((size_t)m->n_pages * m->page_elems, esz) : NULL;
+    m->page_ref = lk_xcalloc((size_t)m->n_pages, sizeof(int32_t));
+    m->free_pages = lk_xmalloc(sizeof(int32_t) * (size_t)m->n_pages);
+    /* popped from the end: page 0 first */
+    for (int64_t i = 0; i < m->n_pages; i++) m->free_pages[i] = (int32_t)(m->n_pages - 1 - i);
+    m->n_free = m->n_pages;
+    m->ptab = lk_xmalloc(sizeof(int32_t) * (size_t)m->max_seqs * m->max_pps);
+    for (size_t i = 0; i < (size_t)m->max_seqs * m->max_pps; i++) m->ptab[i] = -1;
+    m->seq_len = lk_xcalloc((size_t)m->max_seqs, sizeof(int32_t));
+    m->items = lk_xmalloc(sizeof(lk_batch_item) * (size_t)m->n_batch);
+    m->item_row0 = lk_xmalloc(sizeof(int32_t) * (size_t)(m->n_batch + 1));
+    m->row_item = lk_xmalloc(sizeof(int32_t) * (size_t)m->n_batch);
+    m->row_pos = lk_xmalloc(sizeof(int32_t) * (size_t)m->n_batch);
+    m->task0 = lk_xmalloc(sizeof(int64_t) * (size_t)(m->n_batch + 1));
+    m->out_rows = lk_xmalloc(sizeof(int32_t) * (size_t)m->n_batch);
 
     const size_t B = (size_t)m->n_batch;
     m->x = lk_xmalloc_aligned(sizeof(float) * B * d);
@@ -551,6 +588,140 @@ int lk_model_threads(const lk_model *m) { return lk_pool_size(m->pool); }
 void lk_model_set_hooks(lk_model *m, const lk_tp_hooks *h) { if (h) m->hooks = *h; else memset(&m->hooks, 0, sizeof m->hooks); }
 uint64_t lk_model_weight_bytes(const lk_model *m) { return m->weight_bytes; }
 float *lk_model_hidden(lk_model *m) { return m->x; }
+
+/* ---- sequences and pages ---- */
+
+int lk_model_max_seqs(const lk_model *m) { return m->max_seqs; }
+int lk_model_seq_len(const lk_model *m, int seq) { return seq >= 0 && seq < m->max_seqs ? m->seq_len[seq] : 0; }
+int64_t lk_model_pages_total(const lk_model *m) { return m->n_pages; }
+int64_t lk_model_pages_free(const lk_model *m) { return m->n_free; }
+
+static int32_t *ptab_of(const lk_model *m, int seq) { return m->ptab + (size_t)seq * m->max_pps; }
+
+static void page_release(lk_model *m, int32_t pg) {
+    LK_ASSERT(pg >= 0 && pg < m->n_pages && m->page_ref[pg] > 0);
+    if (--m->page_ref[pg] == 0) m->free_pages[m->n_free++] = pg;
+}
+
+int64_t lk_model_pages_needed(const lk_model *m, int seq, int n) {
+    if (seq < 0 || seq >= m->max_seqs || n <= 0) return 0;
+    const int32_t *pt = ptab_of(m, seq);
+    int pos0 = m->seq_len[seq];
+    int64_t need = 0;
+    for (int j = pos0 / LK_KV_PAGE; j <= (pos0 + n - 1) / LK_KV_PAGE && j < m->max_pps; j++)
+        if (pt[j] < 0 || m->page_ref[pt[j]] > 1) need++;
+    return need;
+}
+
+static lk_status check_seq(const lk_model *m, int seq, const char *what, char *err, size_t errlen) {
+    if (seq < 0 || seq >= m->max_seqs)
+        return lk_fail(err, errlen, LK_ERR_ARG, "%s: sequence slot %d out of range (%d slots)", what, seq, m->max_seqs);
+    return LK_OK;
+}
+
+lk_status lk_model_seq_keep(lk_model *m, int seq, int n, char *err, size_t errlen) {
+    lk_status st = check_seq(m, seq, "keep", err, errlen);
+    if (st) return st;
+    if (n < 0 || n > m->seq_len[seq])
+        return lk_fail(err, errlen, LK_ERR_ARG, "keep: slot %d holds %d positions, cannot keep %d", seq, m->seq_len[seq], n);
+    int32_t *pt = ptab_of(m, seq);
+    for (int j = (n + LK_KV_PAGE - 1) / LK_KV_PAGE; j < m->max_pps && pt[j] >= 0; j++) {
+        page_release(m, pt[j]);
+        pt[j] = -1;
+    }
+    m->seq_len[seq] = n;
+    return LK_OK;
+}
+
+lk_status lk_model_seq_fork(lk_model *m, int dst, int src, int n, char *err, size_t errlen) {
+    lk_status st;
+    if ((st = check_seq(m, dst, "fork", err, errlen)) || (st = check_seq(m, src, "fork", err, errlen))) return st;
+    if (dst == src || n < 0 || n > m->seq_len[src])
+        return lk_fail(err, errlen, LK_ERR_ARG, "fork: slot %d from slot %d (%d positions) with %d positions", dst, src,
+                       m->seq_len[src], n);
+    if ((st = lk_model_seq_keep(m, dst, 0, err, errlen))) return st;
+    const int32_t *ps = ptab_of(m, src);
+    int32_t *pd = ptab_of(m, dst);
+    for (int j = 0; j < (n + LK_KV_PAGE - 1) / LK_KV_PAGE; j++) {
+        pd[j] = ps[j];
+        m->page_ref[ps[j]]++;
+    }
+    m->seq_len[dst] = n;
+    return LK_OK;
+}
+
+/* Makes positions [pos0, pos0+n) of seq writable: new pages, and private
+ * copies of shared ones. The caller checked the free count. */
+static void pages_take(lk_model *m, int seq, int pos0, int n) {
+    int32_t *pt = ptab_of(m, seq);
+    const size_t bytes = m->page_elems * (m->kv_f16 ? 2 : 4);
+    for (int j = pos0 / LK_KV_PAGE; j <= (pos0 + n - 1) / LK_KV_PAGE; j++) {
+        if (pt[j] >= 0 && m->page_ref[pt[j]] == 1) continue;
+        LK_ASSERT(m->n_free > 0);
+        int32_t pg = m->free_pages[--m->n_free];
+        m->page_ref[pg] = 1;
+        if (pt[j] >= 0) { /* copy on write */
+            if (bytes) {
+                memcpy((char *)m->kcache + (size_t)pg * bytes, (char *)m->kcache + (size_t)pt[j] * bytes, bytes);
+                memcpy((char *)m->vcache + (size_t)pg * bytes, (char *)m->vcache + (size_t)pt[j] * bytes, bytes);
+            }
+            page_release(m, pt[j]);
+        }
+        pt[j] = pg;
+    }
+}
+
+lk_status lk_model_batch(lk_model *m, const lk_batch_item *items, int n_items, char *err, size_t errlen) {
+    m->n_items = m->n_rows = 0;
+    if (n_items < 1 || n_items > m->n_batch)
+        return lk_fail(err, errlen, LK_ERR_ARG, "batch of %d items (1..%d)", n_items, m->n_batch);
+    int rows = 0;
+    int64_t need = 0;
+    for (int i = 0; i < n_items; i++) {
+        const lk_batch_item *it = &items[i];
+        lk_status st = check_seq(m, it->seq, "batch", err, errlen);
+        if (st) return st;
+        for (int k = 0; k < i; k++)
+            if (items[k].seq == it->seq)
+                return lk_fail(err, errlen, LK_ERR_ARG, "batch: slot %d appears twice", it->seq);
+        if (it->n < 1 || it->n > m->n_batch - rows)
+            return lk_fail(err, errlen, LK_ERR_ARG, "batch: item %d has %d tokens; the batch holds %d", i, it->n, m->n_batch);
+        if (it->pos0 != m->seq_len[it->seq])
+            return lk_fail(err, errlen, LK_ERR_ARG, "batch: slot %d holds %d positions but item %d starts at %d", it->seq,
+                           m->seq_len[it->seq], i, it->pos0);
+        if ((int64_t)it->pos0 + it->n > m->n_ctx)
+            return lk_fail(err, errlen, LK_ERR_ARG, "context full: positions %d..%d of slot %d do not fit in --ctx %d",
+                           it->pos0, it->pos0 + it->n - 1, it->seq, m->n_ctx);
+        rows += it->n;
+        need += lk_model_pages_needed(m, it->seq, it->n);
+    }
+    if (need > m->n_free)
+        return lk_fail(err, errlen, LK_ERR_NOMEM, "KV cache full: the batch needs %lld pages, %lld of %lld are free (--kv-budget)",
+                       (long long)need, (long long)m->n_free, (long long)m->n_pages);
+    int64_t tasks = 0;
+    rows = 0;
+    for (int i = 0; i < n_items; i++) {
+        const lk_batch_item *it = &items[i];
+        pages_take(m, it->seq, it->pos0, it->n);
+        m->seq_len[it->seq] = it->pos0 + it->n;
+        m->items[i] = *it;
+        m->item_row0[i] = rows;
+        m->task0[i] = tasks;
+        for (int t = 0; t < it->n; t++) {
+            m->row_item[rows + t] = i;
+            m->row_pos[rows + t] = it->pos0 + t;
+        }
+        rows += it->n;
+        tasks += (int64_t)((it->n + ATT_QB - 1) / ATT_QB) * m->nh;
+    }
+    m->item_row0[n_items] = rows;
+    m->task0[n_items] = tasks;
+    m->n_items = n_items;
+    m->n_rows = rows;
+    return LK_OK;
+}
+
+int lk_model_batch_rows(const lk_model *m) { return m->n_rows; }
 
 /* ---------------------------------------------------------------- forward */
 
@@ -586,19 +757,24 @@ static void rope(const lk_model *m, float *v, int pos) {
 
 typedef struct {
     lk_model *m;
-    int li, n, pos0;
+    int li;
 } attn_job;
 
-/* Offset (in elements) of the cached keys/values that query head h of layer
- * li (both local to this rank) attends to. */
-static size_t kv_base(const lk_model *m, int li, int h) {
+/* Offset (in elements, into kcache/vcache) of the LK_KV_PAGE keys/values
+ * of page j of slot seq for KV head kvh of layer li (both local). */
+static size_t kv_page_kv(const lk_model *m, int seq, int j, int li, int kvh) {
+    const int32_t pg = ptab_of(m, seq)[j];
+    return (size_t)pg * m->page_elems + ((size_t)li * m->nkv + (size_t)kvh) * LK_KV_PAGE * m->cfg.head_dim;
+}
+/* ... for the KV head that query head h (local) attends to. */
+static size_t kv_page(const lk_model *m, int seq, int j, int li, int h) {
     const int group = m->cfg.n_head / m->cfg.n_head_kv;
-    const int kvh = (m->sl.head0 + h) / group - m->sl.kv_head0;
-    return ((size_t)li * m->nkv + (size_t)kvh) * m->n_ctx * m->cfg.head_dim;
+    return kv_page_kv(m, seq, j, li, (m->sl.head0 + h) / group - m->sl.kv_head0);
 }
 
-/* F16 cache: one task per (token, head). Tasks are dealt round-robin: token
- * t attends to pos0+t+1 positions, so contiguous ranges gave the last thread
+/* F16 cache: one task per (row, head), pages walked in order (the same
+ * arithmetic as one contiguous cache). Tasks are dealt round-robin: a row
+ * attends to pos+1 positions, so contiguous ranges gave the last thread
  * ~3x the work of the first in a 512-token prefill. */
 static void attn_f16_fn(void *arg, int ith, int nth) {
     attn_job *j = arg;
@@ -606,53 +782,69 @@ static void attn_f16_fn(void *arg, int ith, int nth) {
     const int hd = m->cfg.head_dim;
     const float scale = 1.0f / sqrtf((float)hd);
     float *sc = m->scores + (size_t)ith * ATT_QB * m->n_ctx;
-    for (int64_t task = ith; task < (int64_t)j->n * m->nh; task += nth) {
+    for (int64_t task = ith; task < (int64_t)m->n_rows * m->nh; task += nth) {
         int t = (int)(task / m->nh), h = (int)(task % m->nh);
-        int npos = j->pos0 + t + 1;
+        int seq = m->items[m->row_item[t]].seq, npos = m->row_pos[t] + 1;
         const float *q = m->q + ((size_t)t * m->nh + h) * hd;
-        const size_t base = kv_base(m, j->li, h);
-        const uint16_t *k = (const uint16_t *)m->kcache + base, *v = (const uint16_t *)m->vcache + base;
-        for (int p = 0; p < npos; p++) sc[p] = lk_vec_dot_f16(q, k + (size_t)p * hd, hd) * scale;
+        for (int pg = 0; pg * LK_KV_PAGE < npos; pg++) {
+            const uint16_t *k = (const uint16_t *)m->kcache + kv_page(m, seq, pg, j->li, h);
+            int np = LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE);
+            for (int p = 0; p < np; p++) sc[pg * LK_KV_PAGE + p] = lk_vec_dot_f16(q, k + (size_t)p * hd, hd) * scale;
+        }
         lk_softmax(sc, npos);
         float *out = m->att + ((size_t)t * m->nh + h) * hd;
         memset(out, 0, sizeof(float) * hd);
-        for (int p = 0; p < npos; p++) lk_vec_axpy_f16(out, sc[p], v + (size_t)p * hd, hd);
+        for (int pg = 0; pg * LK_KV_PAGE < npos; pg++) {
+            const uint16_t *v = (const uint16_t *)m->vcache + kv_page(m, seq, pg, j->li, h);
+            int np = LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE);
+            for (int p = 0; p < np; p++) lk_vec_axpy_f16(out, sc[pg * LK_KV_PAGE + p], v + (size_t)p * hd, hd);
+        }
     }
 }
 
-/* F32 cache (prefill and decode): one task per (head, block of ATT_QB queries).
- * The block's scores against every key it may see are one F32 matrix
- * product (keys as weight rows, queries as tokens), instead of one short
- * dot-product call per (query, key): attention was a third of a 512-token
- * prefill. Scores past a query's causal limit are computed and ignored. */
+/* F32 cache (prefill and decode): one task per (item, head, block of ATT_QB
+ * of the item's queries). The block's scores against every key it may see
+ * are F32 matrix products, one per page (keys as weight rows, queries as
+ * tokens), instead of one short dot-product call per (query, key):
+ * attention was a third of a 512-token prefill. Scores past a query's
+ * causal limit are computed and ignored. Blocks never mix sequences, so a
+ * row's arithmetic depends on its own sequence only. */
 static void attn_block_fn(void *arg, int ith, int nth) {
     attn_job *j = arg;
     lk_model *m = j->m;
     const int hd = m->cfg.head_dim;
     const float scale = 1.0f / sqrtf((float)hd);
     float *S = m->scores + (size_t)ith * ATT_QB * m->n_ctx;
-    const int nqb = (j->n + ATT_QB - 1) / ATT_QB;
-    for (int64_t task = ith; task < (int64_t)nqb * m->nh; task += nth) {
-        int qb = (int)(task / m->nh), h = (int)(task % m->nh);
-        int t0 = qb * ATT_QB, t1 = LK_MIN(j->n, t0 + ATT_QB);
-        const size_t base = kv_base(m, j->li, h);
-        int nmax = j->pos0 + t1;
-        lk_quant_matmul(LK_TYPE_F32, hd, nmax, (const float *)m->kcache + base, sizeof(float) * (size_t)hd, t1 - t0,
-                        m->q + ((size_t)t0 * m->nh + h) * hd, sizeof(float) * (size_t)m->nh * hd, S,
-                        (size_t)m->n_ctx);
+    const int64_t ntask = m->task0[m->n_items];
+    int it = 0;
+    for (int64_t task = ith; task < ntask; task += nth) {
+        while (task >= m->task0[it + 1]) it++;
+        const lk_batch_item *item = &m->items[it];
+        const int64_t local = task - m->task0[it];
+        const int qb = (int)(local / m->nh), h = (int)(local % m->nh);
+        const int t0 = qb * ATT_QB, t1 = LK_MIN(item->n, t0 + ATT_QB), r0 = m->item_row0[it];
+        const int nmax = item->pos0 + t1;
+        for (int pg = 0; pg * LK_KV_PAGE < nmax; pg++)
+            lk_quant_matmul(LK_TYPE_F32, hd, LK_MIN(LK_KV_PAGE, nmax - pg * LK_KV_PAGE),
+                            (const float *)m->kcache + kv_page(m, item->seq, pg, j->li, h), sizeof(float) * (size_t)hd,
+                            t1 - t0, m->q + ((size_t)(r0 + t0) * m->nh + h) * hd, sizeof(float) * (size_t)m->nh * hd,
+                            S + (size_t)pg * LK_KV_PAGE, (size_t)m->n_ctx);
         for (int t = t0; t < t1; t++) {
             float *sc = S + (size_t)(t - t0) * m->n_ctx;
-            int npos = j->pos0 + t + 1;
+            int npos = item->pos0 + t + 1;
             for (int p = 0; p < npos; p++) sc[p] *= scale;
             lk_softmax(sc, npos);
             for (int p = npos; p < nmax; p++) sc[p] = 0; /* beyond its causal limit */
         }
-        /* weighted sums of values, 4 queries per pass over the value rows */
+        /* weighted sums of values, 4 queries per pass over each page's value rows */
         for (int t = t0; t < t1; t += 4) {
-            int nq = LK_MIN(4, t1 - t);
-            lk_vec_attn_av_f32(m->att + ((size_t)t * m->nh + h) * hd, (size_t)m->nh * hd,
-                               S + (size_t)(t - t0) * m->n_ctx, (size_t)m->n_ctx, (const float *)m->vcache + base,
-                               j->pos0 + t + nq, nq, hd);
+            int nq = LK_MIN(4, t1 - t), npos = item->pos0 + t + nq;
+            float *out = m->att + ((size_t)(r0 + t) * m->nh + h) * hd;
+            for (int q = 0; q < nq; q++) memset(out + (size_t)q * m->nh * hd, 0, sizeof(float) * hd);
+            for (int pg = 0; pg * LK_KV_PAGE < npos; pg++)
+                lk_vec_attn_av_f32(out, (size_t)m->nh * hd, S + (size_t)(t - t0) * m->n_ctx + (size_t)pg * LK_KV_PAGE,
+                                   (size_t)m->n_ctx, (const float *)m->vcache + kv_page(m, item->seq, pg, j->li, h),
+                                   LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE), nq, hd);
         }
     }
 }
@@ -662,11 +854,12 @@ static lk_status allreduce(lk_model *m, float *x, int64_t n, int layer, const ch
     return m->hooks.allreduce_sum(m->hooks.ctx, x, n, layer, what);
 }
 
-/* This rank's share of attention for layer li: o = Wo_slice . attn(x). A
- * rank without heads contributes zeros. */
-static void attention(lk_model *m, int li, const float *x, int n, int pos0) {
+/* This rank's share of attention for layer li over the current batch:
+ * o = Wo_slice . attn(x). A rank without heads contributes zeros. */
+static void attention(lk_model *m, int li, const float *x) {
     const lk_model_config *c = &m->cfg;
     const layer_w *w = &m->layers[li];
+    const int n = m->n_rows;
     const int64_t d = c->n_embd, hd = c->head_dim;
     const int64_t qd = (int64_t)m->nh * hd, kvd = (int64_t)m->nkv * hd;
     if (m->nh == 0) {
@@ -684,21 +877,21 @@ static void attention(lk_model *m, int li, const float *x, int n, int pos0) {
         lk_matmul(m->pool, &w->wk, m->xb, d, n, m->k, kvd, m->act);
         lk_matmul(m->pool, &w->wv, m->xb, d, n, m->v, kvd, m->act);
     }
-    const size_t layer_off = (size_t)li * m->nkv * m->n_ctx * hd;
     for (int t = 0; t < n; t++) {
         float *q = m->q + t * qd, *k = m->k + t * kvd, *v = m->v + t * kvd;
+        const int pos = m->row_pos[t], seq = m->items[m->row_item[t]].seq;
         if (w->bq) {
             for (int64_t i = 0; i < qd; i++) q[i] += w->bq[i];
             for (int64_t i = 0; i < kvd; i++) { k[i] += w->bk[i]; v[i] += w->bv[i]; }
         }
         for (int h = 0; h < m->nh; h++) {
             if (w->q_norm) lk_rmsnorm(q + h * hd, q + h * hd, w->q_norm, hd, c->rms_eps);
-            rope(m, q + h * hd, pos0 + t);
+            rope(m, q + h * hd, pos);
         }
         for (int h = 0; h < m->nkv; h++) {
             if (w->k_norm) lk_rmsnorm(k + h * hd, k + h * hd, w->k_norm, hd, c->rms_eps);
-            rope(m, k + h * hd, pos0 + t);
-            size_t at = layer_off + ((size_t)h * m->n_ctx + pos0 + t) * hd;
+            rope(m, k + h * hd, pos);
+            size_t at = kv_page_kv(m, seq, pos / LK_KV_PAGE, li, h) + (size_t)(pos % LK_KV_PAGE) * hd;
             if (m->kv_f16) {
                 uint16_t *kc = (uint16_t *)m->kcache + at, *vc = (uint16_t *)m->vcache + at;
                 for (int i = 0; i < hd; i++) { kc[i] = lk_fp32_to_fp16(k[h * hd + i]); vc[i] = lk_fp32_to_fp16(v[h * hd + i]); }
@@ -708,7 +901,7 @@ static void attention(lk_model *m, int li, const float *x, int n, int pos0) {
             }
         }
     }
-    attn_job aj = { m, li, n, pos0 };
+    attn_job aj = { m, li };
     lk_pool_run(m->pool, m->kv_f16 ? attn_f16_fn : attn_block_fn, &aj);
     lk_matmul(m->pool, &w->wo, m->att, qd, n, m->o, d, m->act);
 }
@@ -735,14 +928,14 @@ static void ffn(lk_model *m, int li, const float *x, int n) {
     lk_matmul(m->pool, &w->w2, m->hg, m->nff, n, m->o, d, m->act);
 }
 
-lk_status lk_model_layers(lk_model *m, float *x, int n, int pos0) {
-    LK_ASSERT(n > 0 && n <= m->n_batch);
-    LK_ASSERT(pos0 >= 0 && pos0 + n <= m->n_ctx); /* callers check the context */
+lk_status lk_model_layers(lk_model *m, float *x) {
+    LK_ASSERT(m->n_rows > 0); /* lk_model_batch first */
+    const int n = m->n_rows;
     const int64_t nd = (int64_t)n * m->cfg.n_embd;
     lk_status st;
     for (int li = 0; li < m->sl.layer1 - m->sl.layer0; li++) {
         const int layer = m->sl.layer0 + li;
-        attention(m, li, x, n, pos0);
+        attention(m, li, x);
         if ((st = allreduce(m, m->o, nd, layer, "attention output all-reduce"))) return st;
         for (int64_t i = 0; i < nd; i++) x[i] += m->o[i];
         ffn(m, li, x, n);
@@ -752,18 +945,29 @@ lk_status lk_model_layers(lk_model *m, float *x, int n, int pos0) {
     return LK_OK;
 }
 
-lk_status lk_model_logits(lk_model *m, const float *x, int n, int n_out, float *logits) {
-    LK_ASSERT(n_out >= 0 && n_out <= n && n <= m->n_batch);
+lk_status lk_model_logits(lk_model *m, const float *x, const int32_t *rows, int n_rows, float *logits) {
+    LK_ASSERT(n_rows >= 0 && n_rows <= m->n_batch);
     const int64_t d = m->cfg.n_embd;
-    const float *xs = x + (size_t)(n - n_out) * d;
-    for (int t = 0; t < n_out; t++) lk_rmsnorm(m->xb + t * d, xs + t * d, m->out_norm, d, m->cfg.rms_eps);
-    lk_matmul(m->pool, &m->wout, m->xb, d, n_out, logits, m->nvoc, m->act);
+    for (int t = 0; t < n_rows; t++) {
+        LK_ASSERT(rows[t] >= 0 && rows[t] < m->n_batch);
+        lk_rmsnorm(m->xb + t * d, x + (size_t)rows[t] * d, m->out_norm, d, m->cfg.rms_eps);
+    }
+    lk_matmul(m->pool, &m->wout, m->xb, d, n_rows, logits, m->nvoc, m->act);
     return LK_OK;
 }
 
 lk_status lk_model_forward(lk_model *m, const int32_t *tokens, int n, int pos0, int n_out, float *logits) {
+    LK_ASSERT(n_out >= 0 && n_out <= n);
+    char err[LK_ERRLEN];
     lk_status st;
+    if (pos0 < m->seq_len[0] && (st = lk_model_seq_keep(m, 0, pos0, err, sizeof err))) return st;
+    lk_batch_item it = {0, pos0, n};
+    if ((st = lk_model_batch(m, &it, 1, err, sizeof err))) {
+        lk_log(LK_LOG_ERROR, "%s", err);
+        return st;
+    }
     if ((st = lk_model_embed(m, tokens, n, m->x))) return st;
-    if ((st = lk_model_layers(m, m->x, n, pos0))) return st;
-    return lk_model_logits(m, m->x, n, n_out, logits);
+    if ((st = lk_model_layers(m, m->x))) return st;
+    for (int r = 0; r < n_out; r++) m->out_rows[r] = n - n_out + r;
+    return lk_model_logits(m, m->x, m->out_rows, n_out, logits);
 }

@@ -14,7 +14,8 @@
  * biases and the embedding table are read from the GGUF mapping. A worker
  * that received its slices over the network maps a sparse copy of the file
  * holding only the bytes lk_model_slice_bytes lists.
- * All scratch is sized at load; the forward pass allocates nothing.
+ * All scratch is sized at load (for n_batch tokens); the forward pass
+ * allocates nothing.
  *
  * Threading: one thread drives an lk_model (calls forward); it fans work out
  * to its own thread pool. */
@@ -51,8 +52,10 @@ lk_status lk_model_config_read(const lk_gguf *g, lk_model_config *cfg, char *err
 void lk_model_plan_dims(const lk_gguf *g, const lk_model_config *cfg, lk_plan_dims *d);
 
 typedef struct {
-    int     n_ctx;        /* KV cache positions (0: model's, capped at 4096) */
-    int     n_batch;      /* most tokens per forward call (0: 512) */
+    int     n_ctx;        /* positions per sequence (0: model's, capped at 4096) */
+    int     n_batch;      /* most tokens per forward call, all sequences together (0: 512) */
+    int     max_seqs;     /* sequence slots (0: 1) */
+    int64_t kv_tokens;    /* KV positions in the page pool, shared by all slots (0: max_seqs * n_ctx) */
     bool    kv_f16;       /* F16 KV cache (default F32) */
     int     n_threads;    /* 0: all cores */
     lk_pool *pool;        /* optional shared pool (then n_threads is ignored) */
@@ -75,20 +78,57 @@ void lk_model_set_hooks(lk_model *m, const lk_tp_hooks *h);
 /* Bytes of weights this rank reads per decoded token. */
 uint64_t lk_model_weight_bytes(const lk_model *m);
 
+/* ---- sequences and the paged KV cache ----------------------------------------
+ * The cache is a pool of pages of LK_KV_PAGE positions, each holding the
+ * keys and values of those positions for every layer and KV head of this
+ * rank (PagedAttention's idea). A sequence slot holds a list of pages and a
+ * length; slots come and go without moving anything, and a prefix is shared
+ * by pointing two slots at the same pages (reference counted; a shared page
+ * is copied when a slot first writes into it). Every rank of a cluster
+ * applies the same operations in the same order, so their pools agree page
+ * for page and the head's counts speak for all.
+ * Per-sequence state beside the pages (recurrent states of linear-attention
+ * layers) will live here too, created, reset and freed with the slot. */
+#define LK_KV_PAGE 32
+int     lk_model_max_seqs(const lk_model *m);
+int     lk_model_seq_len(const lk_model *m, int seq);
+int64_t lk_model_pages_total(const lk_model *m);
+int64_t lk_model_pages_free(const lk_model *m);
+/* Pages that appending n positions to seq would take (new and copied). */
+int64_t lk_model_pages_needed(const lk_model *m, int seq, int n);
+/* Keeps the first n positions of seq (n <= its length; 0 frees every page). */
+lk_status lk_model_seq_keep(lk_model *m, int seq, int n, char *err, size_t errlen);
+/* dst (emptied first) shares the first n positions of src. */
+lk_status lk_model_seq_fork(lk_model *m, int dst, int src, int n, char *err, size_t errlen);
+
+/* One forward pass is a batch of items: item i appends rows
+ * [row0_i, row0_i + n) of x (items in order, rows consecutive) to slot seq
+ * at positions pos0 .. pos0+n-1, where pos0 must be the slot's length. */
+typedef struct { int32_t seq, pos0, n; } lk_batch_item;
+
+/* Validates the batch (slots distinct and in range, positions, n_batch,
+ * pages: errors name the item) and takes the pages it writes (copying
+ * shared ones). The slots' lengths grow at once. The forward pass below then
+ * runs on this batch. */
+lk_status lk_model_batch(lk_model *m, const lk_batch_item *items, int n_items, char *err, size_t errlen);
+int  lk_model_batch_rows(const lk_model *m);   /* rows of the current batch */
+
 /* The forward pass, in three steps so pipeline stages can run parts of it.
- * x is a [n][n_embd] F32 buffer (lk_model_hidden gives one sized n_batch).
+ * x is a [rows][n_embd] F32 buffer (lk_model_hidden gives one sized n_batch).
  *  - embed: token ids -> x (first stage);
- *  - layers: runs this slice's layers [layer0, layer1) on x for positions
- *    pos0 .. pos0+n-1 of the (single) sequence, writing the KV cache;
- *  - logits: final norm + this rank's vocabulary rows for the last `n_out`
- *    rows of x; logits is [n_out][vocab1 - vocab0].
+ *  - layers: runs this slice's layers [layer0, layer1) on x for the current
+ *    batch (lk_model_batch), writing the KV cache;
+ *  - logits: final norm + this rank's vocabulary rows for the rows listed
+ *    (rows[i] < batch rows); logits is [n_rows][vocab1 - vocab0].
+ * Every row's result depends on its own sequence only (batch invariance).
  * A failing hook (peer died) returns its status; the message is the hook's. */
 lk_status lk_model_embed(lk_model *m, const int32_t *tokens, int n, float *x);
-lk_status lk_model_layers(lk_model *m, float *x, int n, int pos0);
-lk_status lk_model_logits(lk_model *m, const float *x, int n, int n_out, float *logits);
+lk_status lk_model_layers(lk_model *m, float *x);
+lk_status lk_model_logits(lk_model *m, const float *x, const int32_t *rows, int n_rows, float *logits);
 float *lk_model_hidden(lk_model *m);  /* scratch [n_batch][n_embd] owned by the model */
 
-/* One node convenience: embed + layers + logits for the last n_out tokens. */
+/* One sequence in slot 0 (tests, tools): drops positions from pos0 on, then
+ * embed + layers + logits for the last n_out of tokens[0..n), n <= n_batch. */
 lk_status lk_model_forward(lk_model *m, const int32_t *tokens, int n, int pos0,
                            int n_out, float *logits);
 

@@ -56,6 +56,8 @@ void lk_sampler_free(lk_sampler *s) {
     free(s);
 }
 
+const lk_sampler_params *lk_sampler_get_params(const lk_sampler *s) { return &s->p; }
+
 bool lk_sampler_greedy(const lk_sampler *s) { return s->p.temp <= 0 || s->p.top_k == 1; }
 
 int lk_sampler_n_candidates(const lk_sampler *s) {

@@ -32,6 +32,7 @@ void lk_sampler_params_default(lk_sampler_params *p);
 typedef struct lk_sampler lk_sampler;
 lk_sampler *lk_sampler_create(const lk_sampler_params *p);
 void        lk_sampler_free(lk_sampler *s);
+const lk_sampler_params *lk_sampler_get_params(const lk_sampler *s);
 /* Most candidates a pick needs from each slice (top_k, or a cap when top_k is off). */
 int         lk_sampler_n_candidates(const lk_sampler *s);
 bool        lk_sampler_greedy(const lk_sampler *s);
