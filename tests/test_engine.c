@@ -1,0 +1,277 @@
+/* The batched engine (engine.h) on one node and on local clusters of real
+ * processes: a sequence's logits do not depend on what else is in the step
+ * (batch invariance, bit for bit), pipelined steps in flight give the
+ * sequential tokens, shared prefixes (fork, copy on write) give the logits
+ * of a fresh computation, bad steps are refused with a clear message, and
+ * the head allocates nothing per step. */
+#include "lk_test.h"
+#include "engine/engine.h"
+
+#include <math.h>
+#include <signal.h>
+#include <string.h>
+
+#define NV 512 /* stories260K */
+
+static const int32_t P[4][6] = {{1, 403, 407, 261, 378, 7}, {1, 52, 99, 301, 12, 400},
+                                {1, 7, 7, 7, 7, 7}, {1, 300, 200, 100, 50, 25}};
+
+static lk_engine *open_engine(const char *model, int local, int tp, int pp, int max_seqs, int64_t kv, char *err) {
+    lk_engine_opts o = {.model_path = lk_td(model), .n_threads = 1, .n_ctx = 128, .n_batch = 32, .max_seqs = max_seqs,
+                        .kv_budget = kv, .local = local, .tp = tp, .pp = pp};
+    lk_engine *e = NULL;
+    if (lk_engine_open(&o, &e, err, LK_ERRLEN)) return NULL;
+    return e;
+}
+
+/* Every slot greedy, asking each rank for all its vocabulary rows. */
+static bool all_params(lk_engine *e, int n_cand, char *err) {
+    lk_sampler_params sp;
+    lk_sampler_params_default(&sp);
+    sp.temp = 0;
+    for (int s = 0; s < lk_engine_max_seqs(e); s++)
+        if (lk_engine_seq_params(e, s, &sp, n_cand, err, LK_ERRLEN)) return false;
+    return true;
+}
+
+/* The merged candidates of item i as a full row (NaN where missing). */
+static void row_of(lk_engine *e, int i, float *full) {
+    const int32_t *ids;
+    const float *vals;
+    int n = lk_engine_candidates(e, i, &ids, &vals);
+    for (int k = 0; k < NV; k++) full[k] = NAN;
+    for (int k = 0; k < n; k++) full[ids[k]] = vals[k];
+}
+
+static bool same_bits(const float *a, const float *b, int n) { return !memcmp(a, b, sizeof(float) * (size_t)n); }
+
+/* Sequence 0's logits after its prompt and three decode tokens, alone, then
+ * with other sequences beside it in every step (prompts of other lengths,
+ * decode tokens of others), in several slot orders: the same bits. */
+static void invariance(const char *model, int local, int tp, int pp) {
+    char err[LK_ERRLEN];
+    static float ref[4][NV], got[NV];
+    for (int mode = 0; mode < 3; mode++) {
+        lk_engine *e = open_engine(model, local, tp, pp, 4, 0, err);
+        CHECKF(e != NULL, "%s: %s", model, err);
+        if (!e) return;
+        CHECK(all_params(e, NV, err));
+        int32_t cur[4];
+        /* mode 0: alone in slot 0; 1: with 3 others, first; 2: with 3 others, last, in slot 3 */
+        const int me = mode == 2 ? 3 : 0;
+        lk_engine_item it[4];
+        int n = 0;
+        if (mode == 2)
+            for (int s = 0; s < 3; s++) it[n++] = (lk_engine_item){.seq = s, .n = 2 + s, .tokens = P[s + 1], .sample = true};
+        it[n++] = (lk_engine_item){.seq = me, .n = 6, .tokens = P[0], .sample = true};
+        if (mode == 1)
+            for (int s = 1; s < 4; s++) it[n++] = (lk_engine_item){.seq = s, .n = 1 + s, .tokens = P[s], .sample = true};
+        int32_t next[4];
+        lk_status st = lk_engine_batch(e, it, n, next, err, LK_ERRLEN);
+        CHECKF(st == LK_OK, "%s mode %d: %s", model, mode, err);
+        if (st) { lk_engine_close(e); return; }
+        int mine = mode == 2 ? n - 1 : 0;
+        row_of(e, mine, got);
+        if (mode == 0) memcpy(ref[0], got, sizeof got);
+        else CHECKF(same_bits(ref[0], got, NV), "%s tp %d pp %d: prompt logits differ in a batch (mode %d)", model, tp, pp, mode);
+        for (int i = 0; i < n; i++) cur[i] = next[i];
+        for (int step = 1; step <= 3; step++) {
+            for (int i = 0; i < n; i++) it[i] = (lk_engine_item){.seq = it[i].seq, .n = 1, .tokens = &cur[i], .sample = true};
+            st = lk_engine_batch(e, it, n, next, err, LK_ERRLEN);
+            CHECKF(st == LK_OK, "%s: %s", model, err);
+            if (st) break;
+            row_of(e, mine, got);
+            if (mode == 0) memcpy(ref[step], got, sizeof got);
+            else CHECKF(same_bits(ref[step], got, NV), "%s tp %d pp %d: decode %d logits differ in a batch (mode %d)", model,
+                        tp, pp, step, mode);
+            for (int i = 0; i < n; i++) cur[i] = next[i];
+        }
+        lk_engine_close(e);
+    }
+}
+
+TEST(batch_invariance_one_node) {
+    invariance("models/stories260K.gguf", 0, 0, 0);
+    invariance("models/stories260K-q8_0.gguf", 0, 0, 0);
+    invariance("models/stories260K-q4_0.gguf", 0, 0, 0);
+}
+
+TEST(batch_invariance_clusters) {
+    invariance("models/stories260K.gguf", 2, 2, 1);
+    invariance("models/stories260K.gguf", 2, 1, 2);
+}
+
+/* Copy on write: slot 1 forks slot 0's first 5 positions (the fifth page
+ * position is mid-page, so the shared page is copied at the first write),
+ * both continue differently; each gets the logits a fresh slot computes. */
+TEST(fork_shares_prefix) {
+    char err[LK_ERRLEN];
+    lk_engine *e = open_engine("models/stories260K.gguf", 0, 0, 0, 3, 0, err);
+    CHECKF(e != NULL, "%s", err);
+    if (!e) return;
+    CHECK(all_params(e, NV, err));
+    static float a[NV], b[NV], fa[NV], fb[NV];
+    int32_t next[2];
+    lk_engine_item it = {.seq = 0, .n = 5, .tokens = P[0], .sample = false};
+    CHECK(lk_engine_batch(e, &it, 1, next, err, LK_ERRLEN) == LK_OK);
+    int64_t free0 = lk_engine_pages_free(e);
+    CHECK(lk_engine_seq_fork(e, 1, 0, 5, err, LK_ERRLEN) == LK_OK);
+    CHECK(lk_engine_pages_free(e) == free0); /* shared, not copied */
+    CHECK(lk_engine_pages_needed(e, 1, 1) == 1); /* the shared page is copied at the first write */
+    int32_t ta = 99, tb = 100;
+    lk_engine_item two[2] = {{.seq = 0, .n = 1, .tokens = &ta, .sample = true}, {.seq = 1, .n = 1, .tokens = &tb, .sample = true}};
+    CHECK(lk_engine_batch(e, two, 2, next, err, LK_ERRLEN) == LK_OK);
+    row_of(e, 0, a);
+    row_of(e, 1, b);
+    /* fresh: slot 2 computes each continuation from scratch */
+    int32_t seq_a[6], seq_b[6];
+    memcpy(seq_a, P[0], 5 * sizeof(int32_t));
+    memcpy(seq_b, P[0], 5 * sizeof(int32_t));
+    seq_a[5] = ta;
+    seq_b[5] = tb;
+    lk_engine_item f = {.seq = 2, .n = 6, .tokens = seq_a, .sample = true};
+    CHECK(lk_engine_batch(e, &f, 1, next, err, LK_ERRLEN) == LK_OK);
+    row_of(e, 0, fa);
+    CHECK(lk_engine_seq_keep(e, 2, 0, err, LK_ERRLEN) == LK_OK);
+    f.tokens = seq_b;
+    CHECK(lk_engine_batch(e, &f, 1, next, err, LK_ERRLEN) == LK_OK);
+    row_of(e, 0, fb);
+    CHECK(same_bits(a, fa, NV));
+    CHECK(same_bits(b, fb, NV));
+    /* keep 0 on every slot returns every page */
+    for (int s = 0; s < 3; s++) CHECK(lk_engine_seq_keep(e, s, 0, err, LK_ERRLEN) == LK_OK);
+    CHECK(lk_engine_pages_free(e) == lk_engine_pages_total(e));
+    lk_engine_close(e);
+}
+
+/* Two micro-batches in flight on a 2-stage pipeline: the same tokens as one
+ * step at a time on one node. */
+TEST(pipeline_in_flight) {
+    char err[LK_ERRLEN];
+    int32_t want[4][12], got[4][12];
+    for (int mode = 0; mode < 2; mode++) {
+        lk_engine *e = mode ? open_engine("models/stories260K.gguf", 2, 1, 2, 4, 0, err)
+                            : open_engine("models/stories260K.gguf", 0, 0, 0, 4, 0, err);
+        CHECKF(e != NULL, "%s", err);
+        if (!e) return;
+        CHECK(all_params(e, 0, err));
+        CHECK(lk_engine_depth(e) == (mode ? 2 : 1));
+        int32_t (*out)[12] = mode ? got : want;
+        int32_t cur[4];
+        /* group g holds slots 2g, 2g+1 */
+        for (int g = 0; g < 2; g++) {
+            lk_engine_item it[2] = {{.seq = 2 * g, .n = 6, .tokens = P[2 * g], .sample = true},
+                                    {.seq = 2 * g + 1, .n = 6, .tokens = P[2 * g + 1], .sample = true}};
+            CHECK(lk_engine_batch(e, it, 2, cur + 2 * g, err, LK_ERRLEN) == LK_OK);
+        }
+        for (int s = 0; s < 4; s++) out[s][0] = cur[s];
+        for (int k = 1; k < 12; k++) {
+            lk_engine_item it[2][2];
+            for (int g = 0; g < 2; g++)
+                for (int j = 0; j < 2; j++)
+                    it[g][j] = (lk_engine_item){.seq = 2 * g + j, .n = 1, .tokens = &cur[2 * g + j], .sample = true};
+            lk_status st = LK_OK;
+            int32_t nx[2][2];
+            if (mode) { /* both groups in flight, then collected oldest first */
+                st = lk_engine_submit(e, it[0], 2, err, LK_ERRLEN);
+                if (!st) st = lk_engine_submit(e, it[1], 2, err, LK_ERRLEN);
+                if (!st) st = lk_engine_collect(e, nx[0], err, LK_ERRLEN);
+                if (!st) st = lk_engine_collect(e, nx[1], err, LK_ERRLEN);
+            } else {
+                st = lk_engine_batch(e, it[0], 2, nx[0], err, LK_ERRLEN);
+                if (!st) st = lk_engine_batch(e, it[1], 2, nx[1], err, LK_ERRLEN);
+            }
+            CHECKF(st == LK_OK, "%s", err);
+            if (st) break;
+            for (int g = 0; g < 2; g++)
+                for (int j = 0; j < 2; j++) cur[2 * g + j] = out[2 * g + j][k] = nx[g][j];
+        }
+        lk_engine_close(e);
+    }
+    CHECK(!memcmp(want, got, sizeof want));
+}
+
+/* Bad steps are refused before anything is sent, naming what was wrong;
+ * the engine goes on working afterwards. */
+TEST(bad_steps_refused) {
+    char err[LK_ERRLEN];
+    lk_engine *e = open_engine("models/stories260K.gguf", 2, 2, 1, 2, 64, err); /* 64 positions: 2 pages */
+    CHECKF(e != NULL, "%s", err);
+    if (!e) return;
+    CHECK(all_params(e, 0, err));
+    int32_t t[40] = {1, 2, 3}, bad = 600, next[2];
+    struct { lk_engine_item it[2]; int n; const char *want; } cases[] = {
+        {{{.seq = 5, .n = 1, .tokens = t}}, 1, "slot 5 out of range"},
+        {{{.seq = 0, .n = 1, .tokens = t}, {.seq = 0, .n = 1, .tokens = t}}, 2, "appears twice"},
+        {{{.seq = 0, .n = 1, .tokens = &bad}}, 1, "outside the vocabulary"},
+        {{{.seq = 0, .n = 33, .tokens = t}}, 1, "the batch holds 32"},
+        {{{.seq = 0, .n = 0, .tokens = t}}, 1, "no tokens"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        err[0] = 0;
+        lk_status st = lk_engine_batch(e, cases[k].it, cases[k].n, next, err, LK_ERRLEN);
+        CHECKF(st != LK_OK && strstr(err, cases[k].want), "case %zu: %s", k, err);
+    }
+    /* the KV budget: two slots of 32 positions fill both pages */
+    lk_engine_item a = {.seq = 0, .n = 32, .tokens = t, .sample = false}, b = {.seq = 1, .n = 1, .tokens = t, .sample = true};
+    CHECK(lk_engine_batch(e, &a, 1, next, err, LK_ERRLEN) == LK_OK);
+    a.n = 1;
+    CHECK(lk_engine_batch(e, &b, 1, next, err, LK_ERRLEN) == LK_OK);
+    lk_status st = lk_engine_batch(e, &a, 1, next, err, LK_ERRLEN);
+    CHECKF(st != LK_OK && strstr(err, "KV cache full"), "%s", err);
+    CHECK(lk_engine_seq_keep(e, 0, 99, err, LK_ERRLEN) != LK_OK && strstr(err, "holds 32 positions"));
+    /* still working */
+    CHECK(lk_engine_seq_keep(e, 0, 0, err, LK_ERRLEN) == LK_OK);
+    st = lk_engine_batch(e, &b, 1, next, err, LK_ERRLEN);
+    CHECKF(st == LK_OK && next[0] >= 0 && next[0] < NV, "%s", err);
+    lk_engine_close(e);
+}
+
+/* The head allocates nothing per step: four sequences decoding together on
+ * a 2-rank TP cluster and on a 2-stage pipeline (both in flight), counted
+ * through the linker's --wrap (local workers are children of this process
+ * and count their own). */
+TEST(no_allocation_per_step) {
+    char err[LK_ERRLEN];
+    struct { int local, tp, pp; } L[3] = {{0, 0, 0}, {2, 2, 1}, {2, 1, 2}};
+    for (int k = 0; k < 3; k++) {
+        lk_engine *e = open_engine("models/stories260K.gguf", L[k].local, L[k].tp, L[k].pp, 4, 0, err);
+        CHECKF(e != NULL, "%s", err);
+        if (!e) return;
+        CHECK(all_params(e, 0, err));
+        int32_t cur[4];
+        lk_engine_item it[4];
+        for (int s = 0; s < 4; s++) it[s] = (lk_engine_item){.seq = s, .n = 6, .tokens = P[s], .sample = true};
+        CHECK(lk_engine_batch(e, it, 4, cur, err, LK_ERRLEN) == LK_OK);
+        long before = lk_test_allocs();
+        lk_status st = LK_OK;
+        for (int step = 0; step < 40 && !st; step++) {
+            for (int s = 0; s < 4; s++) it[s] = (lk_engine_item){.seq = s, .n = 1, .tokens = &cur[s], .sample = true};
+            if (lk_engine_depth(e) > 1) {
+                st = lk_engine_submit(e, it, 2, err, LK_ERRLEN);
+                if (!st) st = lk_engine_submit(e, it + 2, 2, err, LK_ERRLEN);
+                if (!st) st = lk_engine_collect(e, cur, err, LK_ERRLEN);
+                if (!st) st = lk_engine_collect(e, cur + 2, err, LK_ERRLEN);
+            } else {
+                st = lk_engine_batch(e, it, 4, cur, err, LK_ERRLEN);
+            }
+        }
+        long after = lk_test_allocs();
+        CHECKF(st == LK_OK, "%s", err);
+        CHECKF(after == before, "local %d tp %d pp %d: %ld allocations in 40 steps of 4 sequences", L[k].local, L[k].tp,
+               L[k].pp, after - before);
+        lk_engine_close(e);
+    }
+}
+
+int main(void) {
+    signal(SIGPIPE, SIG_IGN);
+    lk_log_set_level(LK_LOG_ERROR);
+    RUN(batch_invariance_one_node);
+    RUN(batch_invariance_clusters);
+    RUN(fork_shares_prefix);
+    RUN(pipeline_in_flight);
+    RUN(bad_steps_refused);
+    RUN(no_allocation_per_step);
+    return lk_test_end();
+}
