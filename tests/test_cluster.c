@@ -96,7 +96,7 @@ static lk_status open_head(lk_cluster_opts *o, lk_cluster **c, lk_model **m, cha
         if (!H[i].m) h = &H[i];
     LK_ASSERT(h);
     *h = (head){.m = *m, .c = *c};
-    lk_step_params sp = {.m = *m, .mesh = lk_cluster_mesh(*c), .tp = lk_cluster_comm(*c)};
+    lk_step_params sp = {.m = *m, .mesh = lk_cluster_mesh(*c), .tp = lk_cluster_comm(*c), .plan = lk_cluster_plan(*c)};
     if ((st = lk_step_create(&sp, &h->st, err, LK_ERRLEN))) { lk_model_free(*m); lk_cluster_close(*c); h->m = NULL; return st; }
     lk_step_msg_init(&h->msg, 1, g_batch);
     return head_params(h, NULL, (int)F.cfg.n_vocab, err);

@@ -337,6 +337,7 @@ int  lk_cluster_n_ranks(const lk_cluster *c);
  * the rank step (step/step.h), which carries every step from here on. */
 lk_mesh *lk_cluster_mesh(lk_cluster *c);
 lk_comm *lk_cluster_comm(lk_cluster *c);
+const lk_slice *lk_cluster_plan(const lk_cluster *c); /* every rank's slice, by rank */
 /* The message for a failed step: what the monitor knows (a worker's closed
  * connection or silence, named) before the failed operation's detail. */
 const char *lk_cluster_explain(lk_cluster *c, const char *detail);

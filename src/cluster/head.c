@@ -688,6 +688,7 @@ int lk_cluster_local_pid(const lk_cluster *c, int rank) {
 }
 
 lk_mesh *lk_cluster_mesh(lk_cluster *c) { return c->mesh; }
+const lk_slice *lk_cluster_plan(const lk_cluster *c) { return c->slices; }
 lk_comm *lk_cluster_comm(lk_cluster *c) { return c->comm; }
 
 const char *lk_cluster_explain(lk_cluster *c, const char *detail) {

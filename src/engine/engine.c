@@ -102,7 +102,8 @@ lk_status lk_engine_open(const lk_engine_opts *o, lk_engine **out, char *err, si
         }
     }
     if ((st = lk_model_load(e->g, slice, &mp, &e->m, err, errlen))) { lk_engine_close(e); return st; }
-    lk_step_params sp = { .m = e->m, .mesh = e->c ? lk_cluster_mesh(e->c) : NULL, .tp = e->c ? lk_cluster_comm(e->c) : NULL };
+    lk_step_params sp = { .m = e->m, .mesh = e->c ? lk_cluster_mesh(e->c) : NULL, .tp = e->c ? lk_cluster_comm(e->c) : NULL,
+                          .plan = e->c ? lk_cluster_plan(e->c) : NULL };
     if ((st = lk_step_create(&sp, &e->st, err, errlen))) { lk_engine_close(e); return st; }
     lk_step_msg_init(&e->msg, lk_model_max_seqs(e->m), lk_model_n_batch(e->m));
     e->depth = LK_MIN(lk_model_slice(e->m)->pp_size, LK_STEP_MAX_DEPTH);

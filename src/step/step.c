@@ -15,6 +15,7 @@ typedef struct {
     int n_out;          /* sampling items */
     int32_t *seq, *k;   /* (max items) their slots and candidate counts */
     int64_t total_k;
+    bool got;           /* its candidates are in `all` already (pp > 1) */
 } flight;
 
 struct lk_step {
@@ -22,6 +23,7 @@ struct lk_step {
     lk_mesh *mesh;
     lk_comm *tp;
     const lk_slice *sl;
+    int64_t voc[64][2]; /* rank 0: the vocabulary rows of each last-stage TP rank (for checking candidates) */
     int rank, n_ranks, max_seqs, n_batch, n_ctx;
     int64_t n_vocab, nvoc;
     /* per slot */
@@ -189,6 +191,11 @@ lk_status lk_step_create(const lk_step_params *p, lk_step **out, char *err, size
     s->n_vocab = lk_model_cfg(p->m)->n_vocab;
     s->nvoc = s->sl->vocab1 - s->sl->vocab0;
     s->depth = s->sl->pp_size;
+    for (int t = 0; t < s->sl->tp_size; t++) {
+        const lk_slice *ls = p->plan ? &p->plan[(s->sl->pp_size - 1) * s->sl->tp_size + t] : NULL;
+        s->voc[t][0] = ls ? ls->vocab0 : 0;
+        s->voc[t][1] = ls ? ls->vocab1 : s->n_vocab;
+    }
     const int max_items = LK_MIN(s->max_seqs, s->n_batch);
     s->smp = lk_xcalloc((size_t)s->max_seqs, sizeof(lk_sampler *));
     s->ncand = lk_xcalloc((size_t)s->max_seqs, sizeof(int32_t));
@@ -417,6 +424,7 @@ lk_status lk_step_run(lk_step *s, const lk_step_msg *msg, bool ops_applied, char
         f = &s->fl[(s->fl_head + s->fl_n) % LK_STEP_MAX_DEPTH];
         f->n_out = 0;
         f->total_k = 0;
+        f->got = false;
         for (int i = 0; i < msg->n_items; i++)
             if (msg->items[i].sample) {
                 f->seq[f->n_out] = msg->items[i].seq;
@@ -444,8 +452,23 @@ lk_status lk_step_run(lk_step *s, const lk_step_msg *msg, bool ops_applied, char
     if ((st = lk_model_layers(s->m, x)))
         return lk_fail(err, errlen, st, "forward pass of step %llu: %s", (unsigned long long)msg->no, s->comm_err);
     if (sl->pp_rank < sl->pp_size - 1) {
+        lk_xfer xf[65];
+        int nx = 0;
+        xf[nx++] = (lk_xfer){.link = lk_mesh_link(s->mesh, s->rank + sl->tp_size), .is_send = true, .buf = x, .n = row_bytes};
+        /* Rank 0 with an older step in flight takes its candidates while
+         * these rows go out: the last stage sends them before it reads our
+         * rows, and rows plus candidates may not both fit the links'
+         * buffers (each side would wait on the other). */
+        flight *old = s->rank == 0 && s->fl_n > 1 ? &s->fl[s->fl_head] : NULL;
+        if (old && old->total_k && !old->got) {
+            const size_t bytes = 8 * (size_t)old->total_k;
+            for (int t = 0; t < sl->tp_size; t++)
+                xf[nx++] = (lk_xfer){.link = lk_mesh_link(s->mesh, (sl->pp_size - 1) * sl->tp_size + t), .is_send = false,
+                                     .buf = s->all + (size_t)t * bytes, .n = bytes};
+            old->got = true;
+        }
         t0 = lk_time_ns();
-        st = lk_link_send(lk_mesh_link(s->mesh, s->rank + sl->tp_size), x, row_bytes, lk_deadline_ms(600000), why, sizeof why);
+        st = lk_xfer_run(xf, nx, lk_deadline_ms(600000), why, sizeof why);
         s->comm_ns += lk_time_ns() - t0;
         if (st) return lk_fail(err, errlen, st, "pipeline stage %d: passing rows on: %s", sl->pp_rank, why);
         return LK_OK;
@@ -488,7 +511,7 @@ lk_status lk_step_collect(lk_step *s, char *err, size_t errlen) {
         } else {
             memcpy(s->all, s->pairs, bytes);
         }
-    } else {
+    } else if (!f->got) {
         lk_xfer xf[64];
         for (int t = 0; t < nl; t++)
             xf[t] = (lk_xfer){.link = lk_mesh_link(s->mesh, base + t), .is_send = false, .buf = s->all + (size_t)t * bytes, .n = bytes};
@@ -513,9 +536,10 @@ lk_status lk_step_collect(lk_step *s, char *err, size_t errlen) {
                 memcpy(&id, pp + 8 * c, 4);
                 memcpy(&v, pp + 8 * c + 4, 4);
                 if (id == -1) { pad = true; continue; }
-                if (pad || id < 0 || id >= s->n_vocab || !isfinite(v))
-                    return lk_fail(err, errlen, LK_ERR_FORMAT, "rank %d sent a bad candidate for slot %d: id %d, value %g",
-                                   base + l, f->seq[i], id, (double)v);
+                if (pad || id < s->voc[l][0] || id >= s->voc[l][1] || !isfinite(v))
+                    return lk_fail(err, errlen, LK_ERR_FORMAT,
+                                   "rank %d sent a bad candidate for slot %d: id %d (its rows %lld..%lld), value %g", base + l,
+                                   f->seq[i], id, (long long)s->voc[l][0], (long long)s->voc[l][1] - 1, (double)v);
             }
         }
         while (n < k) {

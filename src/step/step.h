@@ -94,6 +94,7 @@ typedef struct {
     lk_model *m;            /* this rank's slice, loaded */
     lk_mesh  *mesh;         /* NULL: one node */
     lk_comm  *tp;           /* this rank's TP group over mesh (NULL: one node) */
+    const lk_slice *plan;   /* rank 0: every rank's slice (candidates are checked against their rows) */
 } lk_step_params;
 
 /* Sizes every buffer (no allocation per step afterwards) and points the
