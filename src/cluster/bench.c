@@ -60,8 +60,8 @@ lk_status lk_bench_run(lk_mesh *mesh, const lk_bench_cfg *c, FILE *out, char *er
                peer ? peer->ops->name : "-", peer && peer->spin_ns ? "on" : "off", lk_wire_fmt_name(c->wire),
                lk_build_id());
         fprintf(out, "%-9s %-22s %-11s | all-reduce median / p99 (us)        %s\n", "", "ping-pong one-way (us)", "", "");
-        fprintf(out, "%-9s %9s %9s %11s | %-15s %-15s %-15s %s\n", "size", "median", "p99", "MB/s", "exchange",
-               "doubling", "ring", "auto");
+        fprintf(out, "%-9s %9s %9s %11s | %-15s %-15s %-15s %-15s %s\n", "size", "median", "p99", "MB/s", "exchange",
+               "doubling", "ring", "scatter", "auto");
     }
     for (int si = 0; si < c->nsizes && !rc; si++) {
         size_t bytes = c->sizes[si];
@@ -88,9 +88,9 @@ lk_status lk_bench_run(lk_mesh *mesh, const lk_bench_cfg *c, FILE *out, char *er
             }
         }
         if (!rc && lk_comm_barrier(comm)) rc = lk_fail(err, errlen, LK_ERR_NET, "%s", lk_comm_last_error(comm)) != LK_OK;
-        double ar_med[4] = {0}, ar_p99[4] = {0};
+        double ar_med[5] = {0}, ar_p99[5] = {0};
         int64_t nf = (int64_t)((bytes + 3) / 4);
-        for (int a = LK_AR_EXCHANGE; a <= LK_AR_RING && !rc && n > 1; a++) {
+        for (int a = LK_AR_EXCHANGE; a <= LK_AR_SCATTER && !rc && n > 1; a++) {
             if (a == LK_AR_RING && nf < n) continue;
             lk_comm_set_algo(comm, (lk_ar_algo)a);
             for (int i = -warm; i < reps && !rc; i++) {
@@ -113,18 +113,18 @@ lk_status lk_bench_run(lk_mesh *mesh, const lk_bench_cfg *c, FILE *out, char *er
             if (!rc && lk_comm_barrier(comm)) rc = lk_fail(err, errlen, LK_ERR_NET, "%s", lk_comm_last_error(comm)) != LK_OK;
         }
         if (!rc && rank == 0 && out) {
-            char sz[32], cell[3][32];
+            char sz[32], cell[4][32];
             fmt_size(bytes, sz, sizeof sz);
-            for (int a = 1; a <= 3; a++) {
+            for (int a = 1; a <= 4; a++) {
                 if (ar_med[a] > 0) snprintf(cell[a - 1], 32, "%.1f / %.1f", ar_med[a], ar_p99[a]);
                 else snprintf(cell[a - 1], 32, "-");
             }
             if (c->allreduce_only || n < 2)
-                fprintf(out, "%-9s %9s %9s %11s | %-15s %-15s %-15s %s\n", sz, "-", "-", "-", cell[0], cell[1], cell[2],
-                       lk_ar_algo_name(lk_comm_pick(n, bytes)));
+                fprintf(out, "%-9s %9s %9s %11s | %-15s %-15s %-15s %-15s %s\n", sz, "-", "-", "-", cell[0], cell[1], cell[2],
+                       cell[3], lk_ar_algo_name(lk_comm_pick(n, bytes)));
             else
-                fprintf(out, "%-9s %9.2f %9.2f %11.1f | %-15s %-15s %-15s %s\n", sz, pp_med, pp_p99,
-                       (double)bytes / pp_med, cell[0], cell[1], cell[2], lk_ar_algo_name(lk_comm_pick(n, bytes)));
+                fprintf(out, "%-9s %9.2f %9.2f %11.1f | %-15s %-15s %-15s %-15s %s\n", sz, pp_med, pp_p99,
+                       (double)bytes / pp_med, cell[0], cell[1], cell[2], cell[3], lk_ar_algo_name(lk_comm_pick(n, bytes)));
             fflush(out);
         }
     }

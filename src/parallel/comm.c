@@ -44,19 +44,25 @@ const char *lk_ar_algo_name(lk_ar_algo a) {
     case LK_AR_EXCHANGE: return "exchange";
     case LK_AR_DOUBLING: return "doubling";
     case LK_AR_RING: return "ring";
+    case LK_AR_SCATTER: return "scatter";
     }
     return "?";
 }
 
-/* Thresholds: below 64 KiB the round count dominates, so exchange (1 round)
- * while the N-1 outgoing copies stay cheap (N <= 4), else doubling. From
- * 64 KiB the ring wins even for 2 ranks (netbench, 2 ranks, shm / tcp
- * loopback: 64 KiB 28 / 36 us against 37 / 42 us for exchange, 1 MiB 480 /
- * 1108 us against 724 / 1268 us): each rank sums and moves only its 1/N
- * chunks instead of whole vectors. */
+/* Batch invariance decides first: a token's sum must not depend on how
+ * many tokens share the payload, so automatic picks are only the two
+ * algorithms that add every element in rank order 0..N-1 from the same
+ * (wire-rounded) partials: exchange below 64 KiB (1 round: the round count
+ * dominates small vectors) and scatter from there (each rank sums and moves
+ * only 1/N of the vector, like the ring: netbench, 2 ranks, shm / tcp
+ * loopback, the ring at 64 KiB 28 / 36 us against 37 / 42 us for exchange,
+ * 1 MiB 480 / 1108 us against 724 / 1268 us). They give the same bits, so
+ * the step size may cross the threshold freely. The ring (chunk k summed
+ * from rank k on) and doubling (halves added pairwise) order their sums
+ * otherwise; they remain for netbench and forced use. */
 lk_ar_algo lk_comm_pick(int n_ranks, size_t bytes) {
-    if (bytes < 64 * 1024) return n_ranks <= 4 ? LK_AR_EXCHANGE : LK_AR_DOUBLING;
-    return LK_AR_RING;
+    (void)n_ranks;
+    return bytes < 64 * 1024 ? LK_AR_EXCHANGE : LK_AR_SCATTER;
 }
 
 lk_status lk_comm_create(lk_mesh *mesh, const int *ranks, int n, lk_comm **out, char *err, size_t errlen) {
@@ -549,6 +555,69 @@ static lk_status ar_ring(lk_comm *c, float *x, int64_t n, uint64_t dl, char *why
     return LK_OK;
 }
 
+/* Scatter chunks start on 32-element boundaries, so the Q8 wire format's
+ * blocks fall as they do over the whole vector and every element is
+ * rounded exactly as exchange rounds it. */
+static inline int64_t chunk32(int64_t n, int N, int k) { return k >= N ? n : (n * k / N) / 32 * 32; }
+
+/* Reduce-scatter by direct exchange, then all-gather: rank k receives
+ * chunk k of every partial (wire format), adds the N of them in rank order
+ * like exchange does, and sends the sum to everyone in f32 (not re-encoded,
+ * so every rank ends with exchange's bits). */
+static lk_status ar_scatter(lk_comm *c, float *x, int64_t n, uint64_t dl, char *why, size_t wl) {
+    const int N = c->n, me = c->me;
+    const bool cw = compact(c);
+    size_t eb = lk_wire_bytes(c->wire, n);
+    uint8_t *mine = cw ? c->wbuf + (size_t)me * eb : NULL;
+    if (cw) { /* encode once, round our own partial as the wire does */
+        wire_encode(c->wire, x, n, mine);
+        wire_decode(c->wire, mine, n, x);
+    }
+    const int64_t m0 = chunk32(n, N, me), m1 = chunk32(n, N, me + 1), mn = m1 - m0;
+    /* peer r's chunk `me` lands in scratch slot (r < me ? r : r - 1), encoded in wbuf slot r */
+    int nx = 0;
+    for (int r = 0; r < N; r++) {
+        if (r == me) continue;
+        int64_t r0 = chunk32(n, N, r), r1 = chunk32(n, N, r + 1);
+        if (r1 > r0) {
+            size_t off = 0;
+            if (cw) off = lk_wire_bytes(c->wire, r0);
+            c->xf[nx++] = xsend(c->links[r], cw ? (void *)(mine + off) : (void *)(x + r0),
+                                lk_wire_bytes(c->wire, r1 - r0));
+        }
+        if (mn > 0) {
+            float *slot = c->scratch + (int64_t)(r < me ? r : r - 1) * n;
+            c->xf[nx++] = xrecv(c->links[r], cw ? (void *)(c->wbuf + (size_t)r * eb) : (void *)slot,
+                                lk_wire_bytes(c->wire, mn));
+        }
+    }
+    lk_status st = lk_xfer_run(c->xf, nx, dl, why, wl);
+    if (st) return st;
+    if (mn > 0) {
+        const float *part[64] = {0};
+        LK_ASSERT(N >= 2 && N <= 64);
+        for (int r = 0; r < N; r++) {
+            if (r == me) { part[r] = x + m0; continue; }
+            float *slot = c->scratch + (int64_t)(r < me ? r : r - 1) * n;
+            if (cw) wire_decode(c->wire, c->wbuf + (size_t)r * eb, mn, slot);
+            part[r] = slot;
+        }
+        /* ((p0 + p1) + p2)... as exchange; the accumulator is rank 0's slot unless we are rank 0 */
+        float *acc = (float *)part[0];
+        for (int r = 1; r < N; r++)
+            for (int64_t i = 0; i < mn; i++) acc[i] += part[r][i];
+        if (acc != x + m0) memcpy(x + m0, acc, (size_t)mn * sizeof(float));
+    }
+    nx = 0;
+    for (int r = 0; r < N; r++) {
+        if (r == me) continue;
+        int64_t r0 = chunk32(n, N, r), r1 = chunk32(n, N, r + 1);
+        if (mn > 0) c->xf[nx++] = xsend(c->links[r], x + m0, (size_t)mn * sizeof(float));
+        if (r1 > r0) c->xf[nx++] = xrecv(c->links[r], x + r0, (size_t)(r1 - r0) * sizeof(float));
+    }
+    return lk_xfer_run(c->xf, nx, dl, why, wl);
+}
+
 lk_status lk_comm_allreduce_sum(lk_comm *c, float *x, int64_t n, int layer, const char *what) {
     if (c->n == 1 || n <= 0) return LK_OK;
     size_t bytes = (size_t)n * sizeof(float);
@@ -562,6 +631,7 @@ lk_status lk_comm_allreduce_sum(lk_comm *c, float *x, int64_t n, int layer, cons
     uint64_t dl = deadline(c);
     lk_status st = a == LK_AR_EXCHANGE ? ar_exchange(c, x, n, dl, why, sizeof why)
                  : a == LK_AR_DOUBLING ? ar_doubling(c, x, n, dl, why, sizeof why)
+                 : a == LK_AR_SCATTER  ? ar_scatter(c, x, n, dl, why, sizeof why)
                                        : ar_ring(c, x, n, dl, why, sizeof why);
     if (st) {
         char lay[32] = "";

@@ -70,10 +70,12 @@ lk_status lk_plan_make_split(const lk_plan_dims *d, int tp, int pp, const double
  * connection closed by peer while receiving 16384 bytes (got 0)").
  *
  * Determinism: all-reduce results are bitwise identical on every rank and do
- * not depend on timing. The exchange algorithm sums partials in rank order
- * 0..N-1; recursive doubling adds (lower half + upper half) at each level;
- * the ring accumulates chunk c in the fixed order c, c+1, ..., c-1. The
- * algorithm depends only on (N, bytes), so every rank picks the same one. */
+ * not depend on timing. The exchange and scatter algorithms sum partials in
+ * rank order 0..N-1 (the same bits, whatever the payload size: what batch
+ * invariance needs, so lk_comm_pick chooses only between them); recursive
+ * doubling adds (lower half + upper half) at each level; the ring
+ * accumulates chunk c in the fixed order c, c+1, ..., c-1. The algorithm
+ * depends only on (N, bytes), so every rank picks the same one. */
 typedef struct lk_mesh lk_mesh;
 typedef struct lk_comm lk_comm;
 
@@ -81,7 +83,9 @@ typedef enum {
     LK_AR_AUTO = 0,   /* by size and N (lk_comm_pick) */
     LK_AR_EXCHANGE,   /* one round: everyone sends its partial to everyone */
     LK_AR_DOUBLING,   /* log2(N) rounds of pairwise exchange */
-    LK_AR_RING,       /* 2(N-1) rounds of 1/N chunks: bandwidth-optimal, for prefill */
+    LK_AR_RING,       /* 2(N-1) rounds of 1/N chunks: bandwidth-optimal */
+    LK_AR_SCATTER,    /* 2 rounds: chunk k of every partial to rank k, which adds them in rank
+                         order and sends the sum back: exchange's bits at the ring's bytes */
 } lk_ar_algo;
 const char *lk_ar_algo_name(lk_ar_algo a);
 lk_ar_algo  lk_comm_pick(int n_ranks, size_t bytes);
