@@ -109,7 +109,7 @@ static void ar_rank(rank_ctx *c) {
 
 /* The exact float result each algorithm promises, computed independently. */
 static float expect_exact(lk_ar_algo algo, int N, int64_t n, int64_t i) {
-    if (algo == LK_AR_EXCHANGE || (algo == LK_AR_RING && n < N)) {
+    if (algo == LK_AR_EXCHANGE || algo == LK_AR_SCATTER || (algo == LK_AR_RING && n < N)) {
         float s = val(0, i);
         for (int r = 1; r < N; r++) s += val(r, i);
         return s;
@@ -164,10 +164,12 @@ static void check_allreduce(int N, lk_ar_algo algo, lk_mesh_shm shm) {
 TEST(allreduce_exchange) { for (int N = 2; N <= 4; N++) check_allreduce(N, LK_AR_EXCHANGE, LK_MESH_SHM_OFF); }
 TEST(allreduce_doubling) { for (int N = 2; N <= 4; N++) check_allreduce(N, LK_AR_DOUBLING, LK_MESH_SHM_OFF); }
 TEST(allreduce_ring)     { for (int N = 2; N <= 4; N++) check_allreduce(N, LK_AR_RING, LK_MESH_SHM_OFF); }
+TEST(allreduce_scatter)  { for (int N = 2; N <= MAXR; N++) check_allreduce(N, LK_AR_SCATTER, LK_MESH_SHM_OFF); }
 TEST(allreduce_shm)      {
     check_allreduce(3, LK_AR_EXCHANGE, LK_MESH_SHM_FORCE);
     check_allreduce(4, LK_AR_RING, LK_MESH_SHM_FORCE);
     check_allreduce(3, LK_AR_DOUBLING, LK_MESH_SHM_FORCE);
+    check_allreduce(3, LK_AR_SCATTER, LK_MESH_SHM_FORCE);
 }
 
 /* Compact wire formats: still bitwise identical on every rank; the error
@@ -202,12 +204,38 @@ static void check_wire(int N, lk_ar_algo algo, lk_wire_fmt wire, double tol) {
     for (int r = 0; r < N; r++) free(a.res[r][0]);
 }
 
+/* Batch invariance across the automatic choice: exchange (small payloads)
+ * and scatter (large ones) give the same bits in every wire format, so a
+ * token's sum does not depend on how many tokens share the payload. */
+TEST(exchange_and_scatter_agree) {
+    for (int w = LK_WIRE_F32; w <= LK_WIRE_Q8; w++)
+        for (int N = 2; N <= 4; N++) {
+            ar_arg a, b;
+            memset(&a, 0, sizeof a);
+            memset(&b, 0, sizeof b);
+            a.algo = LK_AR_EXCHANGE;
+            b.algo = LK_AR_SCATTER;
+            a.wire = b.wire = (lk_wire_fmt)w;
+            run_ranks(N, LK_MESH_SHM_OFF, ar_rank, &a);
+            run_ranks(N, LK_MESH_SHM_OFF, ar_rank, &b);
+            int diff = 0;
+            for (int k = 0; k < NSIZES; k++)
+                for (int r = 0; r < N; r++) {
+                    diff += memcmp(a.res[r][k], b.res[r][k], sizeof(float) * (size_t)sizes[k]) != 0;
+                    free(a.res[r][k]);
+                    free(b.res[r][k]);
+                }
+            CHECKF(diff == 0, "wire %s N=%d: %d results differ between exchange and scatter", lk_wire_fmt_name((lk_wire_fmt)w),
+                   N, diff);
+        }
+}
+
 TEST(compact_wire_formats) {
     /* Rounding bounds: f16 has 11 significant bits, bf16 8, q8 ~7 relative
      * to each block's largest value; partial sums are rounded once per hop. */
     const double tol[4] = {0, 2e-3, 1.5e-2, 3e-2};
     for (int w = LK_WIRE_F16; w <= LK_WIRE_Q8; w++)
-        for (int algo = LK_AR_EXCHANGE; algo <= LK_AR_RING; algo++)
+        for (int algo = LK_AR_EXCHANGE; algo <= LK_AR_SCATTER; algo++)
             for (int N = 3; N <= 4; N++) check_wire(N, (lk_ar_algo)algo, (lk_wire_fmt)w, tol[w]);
     CHECK(lk_wire_bytes(LK_WIRE_Q8, 64) == 68 && lk_wire_bytes(LK_WIRE_Q8, 33) == 34 + 3 &&
           lk_wire_bytes(LK_WIRE_F16, 10) == 20);
@@ -216,9 +244,9 @@ TEST(compact_wire_formats) {
 TEST(pick_by_size_and_ranks) {
     CHECK(lk_comm_pick(2, 16384) == LK_AR_EXCHANGE);
     CHECK(lk_comm_pick(4, 16384) == LK_AR_EXCHANGE);
-    CHECK(lk_comm_pick(8, 16384) == LK_AR_DOUBLING);
-    CHECK(lk_comm_pick(4, 8 << 20) == LK_AR_RING);
-    CHECK(lk_comm_pick(2, 8 << 20) == LK_AR_RING);
+    CHECK(lk_comm_pick(8, 16384) == LK_AR_EXCHANGE); /* rank order: batch invariance */
+    CHECK(lk_comm_pick(4, 8 << 20) == LK_AR_SCATTER);
+    CHECK(lk_comm_pick(2, 8 << 20) == LK_AR_SCATTER);
     CHECK(lk_comm_pick(3, 64 * 1024 - 4) == LK_AR_EXCHANGE);
 }
 
@@ -334,7 +362,9 @@ int main(void) {
     RUN(allreduce_exchange);
     RUN(allreduce_doubling);
     RUN(allreduce_ring);
+    RUN(allreduce_scatter);
     RUN(allreduce_shm);
+    RUN(exchange_and_scatter_agree);
     RUN(compact_wire_formats);
     RUN(broadcast_gather_barrier_argmax);
     RUN(peer_leaves_named);
