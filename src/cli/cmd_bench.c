@@ -1,8 +1,15 @@
 /* lockstep bench — prefill and decode speed next to the memory-bandwidth
- * bound measured in the same process just before (llama-bench style).
+ * bound measured in the same process just before (llama-bench style), on one
+ * node or a cluster (the same flags as run: --local N --tp/--pp, --workers).
  *
- * Decode reads every weight once per token, so tok/s <= bandwidth / weight
- * bytes per token; decode_bound_fraction says how close the kernels get. */
+ * Decode reads every weight once per step, so with one sequence
+ * tok/s <= bandwidth / weight bytes per token; decode_bound_fraction says how
+ * close the kernels get. With S sequences decoding together (--seqs) a step
+ * carries S tokens for the same weight reads, so the memory bound is S times
+ * higher, and the matrix kernels' own rate caps it: the bound is the lower of
+ * S x the memory bound and the prefill rate measured in the same row (the
+ * GEMM's rate with these threads). In a cluster the weight bytes are the
+ * head's slice (--local ranks share one machine's bandwidth). */
 #include "cli/cli.h"
 #include "engine/engine.h"
 #include "kernels/membw.h"
@@ -39,25 +46,118 @@ static int parse_list(const char *s, int *out, int cap) {
     return n;
 }
 
+/* ======================================================================
+ * feeding S sequences (slots 0..S-1) through the engine
+ * ==================================================================== */
+
+typedef struct {
+    lk_engine      *e;
+    int             S, depth, n_batch;
+    lk_engine_item *items;   /* (depth x S) the steps in flight */
+    int            *n_items; /* (depth) */
+    int32_t        *next;    /* (S) */
+    bool           *busy;    /* (S) in a step in flight */
+    int            *left, *fed;
+    int32_t       **toks;    /* (S) each sequence's tokens (positions 0..) */
+} driver;
+
+/* Feeds every sequence its next left[i] tokens: each step gives each
+ * sequence not already in flight up to `chunk` tokens (sampling at the end
+ * of its tokens, or every token when chunk is 1), within the batch, and at
+ * most per_step sequences, so that with pipeline stages depth steps on
+ * different sequences are in flight at once. */
+static lk_status drive(driver *d, int chunk, int per_step, char *err, size_t errlen) {
+    int head = 0, flight = 0;
+    lk_status st;
+    for (;;) {
+        while (flight < d->depth) {
+            int k = (head + flight) % d->depth, m = 0, budget = d->n_batch;
+            lk_engine_item *it = d->items + (size_t)k * d->S;
+            for (int i = 0; i < d->S && m < per_step && budget > 0; i++) {
+                if (d->busy[i] || d->left[i] == 0) continue;
+                int n = LK_MIN(LK_MIN(chunk, d->left[i]), budget);
+                it[m++] = (lk_engine_item){ .seq = i, .n = n, .tokens = d->toks[i] + d->fed[i],
+                                            .sample = n == d->left[i] || chunk == 1 };
+                d->busy[i] = true;
+                d->fed[i] += n;
+                d->left[i] -= n;
+                budget -= n;
+            }
+            if (m == 0) break;
+            d->n_items[k] = m;
+            if ((st = lk_engine_submit(d->e, it, m, err, errlen))) return st;
+            flight++;
+        }
+        if (flight == 0) return LK_OK;
+        if ((st = lk_engine_collect(d->e, d->next, err, errlen))) return st;
+        for (int j = 0; j < d->n_items[head]; j++) d->busy[d->items[(size_t)head * d->S + j].seq] = false;
+        head = (head + 1) % d->depth;
+        flight--;
+    }
+}
+
+/* One repetition with S sequences: each prefills its own p-token prompt
+ * (or one token when p is 0), then all decode n tokens together. */
+static lk_status rep_seqs(driver *d, int S, int p, int n, double *pp, double *tg, char *err, size_t errlen) {
+    lk_status st;
+    d->S = S;
+    for (int i = 0; i < S; i++) {
+        if ((st = lk_engine_seq_keep(d->e, i, 0, err, errlen))) return st;
+        d->fed[i] = 0;
+        d->left[i] = p > 0 ? p : 1;
+        d->busy[i] = false;
+    }
+    int share = (S + LK_MIN(d->depth, S) - 1) / LK_MIN(d->depth, S);
+    double t0 = lk_time_s();
+    if ((st = drive(d, d->n_batch, d->depth > 1 ? share : S, err, errlen))) return st;
+    *pp = p > 0 ? (double)S * p / (lk_time_s() - t0) : 0;
+    if (n > 0) {
+        for (int i = 0; i < S; i++) d->left[i] = n;
+        t0 = lk_time_s();
+        if ((st = drive(d, 1, share, err, errlen))) return st;
+        *tg = (double)S * n / (lk_time_s() - t0);
+    }
+    return LK_OK;
+}
+
+/* ======================================================================
+ * the command
+ * ==================================================================== */
+
 int lk_cmd_bench(int argc, char **argv) {
-    const char *model = NULL, *threads_s = NULL;
-    int64_t p = 512, n = 128, reps = 3, bw_mib = 0;
-    bool json = false, csv = false, md = false, kv_f16 = false;
+    const char *model = NULL, *threads_s = NULL, *seqs_s = NULL;
+    const char *workers = NULL, *key_file = NULL, *transport = NULL, *wire = NULL, *tp_weights = NULL, *layers_split = NULL;
+    int64_t p = 512, n = 128, reps = 3, bw_mib = 0, local = 0, tp = 0, pp_stages = 0;
+    bool json = false, csv = false, md = false, kv_f16 = false, seal = false;
     const lk_opt opts[] = {
         { "--model", "-m", LK_OPT_STR, &model, "FILE", "GGUF model (required)" },
-        { "--threads", "-t", LK_OPT_STR, &threads_s, "N[,N..]", "thread counts to measure (default: all cores)" },
-        { "--n-prompt", "-p", LK_OPT_INT, &p, "N", "prompt tokens for the prefill test; 0 = skip (default 512)" },
-        { "--n-gen", "-n", LK_OPT_INT, &n, "N", "tokens to decode; 0 = skip (default 128)" },
+        { "--threads", "-t", LK_OPT_STR, &threads_s, "N[,N..]", "thread counts to measure, per rank (default: all cores, shared by --local ranks)" },
+        { "--n-prompt", "-p", LK_OPT_INT, &p, "N", "prompt tokens for the prefill test (per sequence); 0 = skip (default 512)" },
+        { "--n-gen", "-n", LK_OPT_INT, &n, "N", "tokens to decode (per sequence); 0 = skip (default 128)" },
+        { "--seqs", "-s", LK_OPT_STR, &seqs_s, "S[,S..]",
+          "sequences decoding together, e.g. 1,4,16: each prefills its own -p prompt, then all decode -n tokens; "
+          "tg is the aggregate tok/s (default 1)" },
         { "--reps", "-r", LK_OPT_INT, &reps, "N", "repetitions; median, min and max are reported (default 3)" },
         { "--kv-f16", NULL, LK_OPT_FLAG, &kv_f16, NULL, "F16 KV cache" },
         { "--bw-mib", NULL, LK_OPT_INT, &bw_mib, "MIB", "bandwidth probe buffer (default: 8 x last-level cache, >= 512 MiB)" },
-        { "--json", NULL, LK_OPT_FLAG, &json, NULL, "one JSON object per thread count" },
+        { "--workers", "-w", LK_OPT_STR, &workers, "LIST", "cluster workers host:port,host:port,..." },
+        { "--key-file", NULL, LK_OPT_STR, &key_file, "FILE", "cluster key (lockstep keygen)" },
+        { "--local", NULL, LK_OPT_INT, &local, "N", "start a local cluster of N ranks (head included)" },
+        { "--tp", NULL, LK_OPT_INT, &tp, "N", "tensor-parallel ranks" },
+        { "--pp", NULL, LK_OPT_INT, &pp_stages, "N", "pipeline stages (with several sequences, stages work on different ones at once)" },
+        { "--tp-weights", NULL, LK_OPT_STR, &tp_weights, "W,W,..", "relative share of each TP rank" },
+        { "--layers-split", NULL, LK_OPT_STR, &layers_split, "N,N,..", "layers per pipeline stage" },
+        { "--transport", NULL, LK_OPT_STR, &transport, "NAME", "auto | tcp | shm (default auto)" },
+        { "--wire", NULL, LK_OPT_STR, &wire, "FMT", "all-reduce wire format: f32 (default), f16, bf16, q8" },
+        { "--seal", NULL, LK_OPT_FLAG, &seal, NULL, "seal the cluster's TCP links (see 'lockstep run --help')" },
+        { "--json", NULL, LK_OPT_FLAG, &json, NULL, "one JSON object per row (thread count x seqs)" },
         { "--csv", NULL, LK_OPT_FLAG, &csv, NULL, "CSV rows" },
         { "--md", NULL, LK_OPT_FLAG, &md, NULL, "a Markdown table (default)" },
         { NULL, NULL, 0, NULL, NULL, NULL },
     };
     const char *pos[1];
-    int np = lk_args_parse("bench", "-m FILE [-t N,N] [-p 512] [-n 128] [-r REPS] [--json|--csv|--md]", opts, argc, argv, pos, 0);
+    int np = lk_args_parse("bench", "-m FILE [-t N,N] [-p 512] [-n 128] [--seqs 1,4,16] [-r REPS] [cluster flags] [--json|--csv|--md]",
+                           opts, argc, argv, pos, 0);
     if (np == LK_ARGS_HELP) return 0;
     if (np < 0) return 2;
     if (!model) { fprintf(stderr, "lockstep bench: -m FILE is required (see 'lockstep bench --help')\n"); return 2; }
@@ -65,67 +165,91 @@ int lk_cmd_bench(int argc, char **argv) {
         fprintf(stderr, "lockstep bench: -p, -n and -r must be sensible (p, n >= 0, not both 0; 1 <= r <= 1000)\n");
         return 2;
     }
-    int tlist[16], nt = 1;
+    if (local < 0 || tp < 0 || pp_stages < 0) {
+        fprintf(stderr, "lockstep bench: --local, --tp and --pp must be >= 0\n");
+        return 2;
+    }
+    int tlist[16], nt = 1, slist[16], ns = 1;
     tlist[0] = 0;
+    slist[0] = 1;
     if (threads_s && (nt = parse_list(threads_s, tlist, 16)) < 0) {
         fprintf(stderr, "lockstep bench: --threads expects a list like 1,2,4, got '%s'\n", threads_s);
         return 2;
     }
+    if (seqs_s && (ns = parse_list(seqs_s, slist, 16)) < 0) {
+        fprintf(stderr, "lockstep bench: --seqs expects a list like 1,4,16 (each 1..4096), got '%s'\n", seqs_s);
+        return 2;
+    }
+    int smax = 1;
+    for (int i = 0; i < ns; i++) smax = LK_MAX(smax, slist[i]);
     if ((int)json + (int)csv + (int)md > 1) { fprintf(stderr, "lockstep bench: choose one of --json, --csv, --md\n"); return 2; }
-    if (csv) printf("model,threads,prefill_tok_s,prefill_min,prefill_max,decode_tok_s,decode_min,decode_max,mem_bw_gbs,weight_bytes_per_token,decode_bound_tok_s,decode_bound_fraction\n");
+    if (csv) printf("model,threads,seqs,ranks,prefill_tok_s,prefill_min,prefill_max,decode_tok_s,decode_min,decode_max,mem_bw_gbs,weight_bytes_per_token,decode_bound_tok_s,decode_bound_fraction\n");
     else if (!json) {
-        printf("| model | threads | pp%lld tok/s | tg%lld tok/s | mem bw GB/s | weights MiB/token | bound tok/s | decode / bound |\n", (long long)p, (long long)n);
-        printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
+        printf("| model | threads | seqs | pp%lld tok/s | tg%lld tok/s | mem bw GB/s | weights MiB/token | bound tok/s | decode / bound |\n", (long long)p, (long long)n);
+        printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     }
     const char *base = strrchr(model, '/') ? strrchr(model, '/') + 1 : model;
     int rc = 0;
-    for (int ti = 0; ti < nt; ti++) {
+    for (int ti = 0; ti < nt && rc == 0; ti++) {
         char err[LK_ERRLEN];
-        lk_engine_opts eo = { .model_path = model, .n_threads = tlist[ti], .n_ctx = (int)(p + n + 1),
-                              .n_batch = p > 0 ? (int)p : 1, .kv_f16 = kv_f16 };
+        /* every sequence gets its whole context: p + n positions and the sampled last token */
+        int ctx = (int)(p + n + 1);
+        lk_engine_opts eo = { .model_path = model, .n_threads = tlist[ti], .n_ctx = ctx,
+                              .n_batch = (int)LK_MAX(LK_MAX(p, (int64_t)smax), 1), .kv_f16 = kv_f16, .max_seqs = smax,
+                              .kv_budget = (int64_t)smax * (ctx + 64), /* a page of slack per sequence (pages are 32 or 64) */
+                              .workers = workers, .key_file = key_file, .local = (int)local, .tp = (int)tp,
+                              .pp = (int)pp_stages, .tp_weights = tp_weights, .layers_split = layers_split,
+                              .transport = transport, .wire = wire, .seal = seal };
         lk_engine *e = NULL;
         if (lk_engine_open(&eo, &e, err, sizeof err)) { fprintf(stderr, "lockstep bench: %s\n", err); return 1; }
-        int threads = tlist[ti] ? tlist[ti] : lk_engine_threads(e);
+        int threads = tlist[ti] ? tlist[ti] : lk_engine_threads(e), ranks = lk_engine_n_ranks(e);
         /* the bound, measured now, with as many threads as the model uses */
         size_t llc = lk_membw_llc_bytes();
         size_t bw_bytes = bw_mib ? (size_t)bw_mib << 20 : LK_MAX((size_t)512 << 20, 8 * llc);
         double bw = lk_membw_read_gbs(threads, bw_bytes, 5);
         const int64_t nv = lk_engine_cfg(e)->n_vocab;
-        int32_t *toks = lk_xmalloc(sizeof(int32_t) * (size_t)(p + n + 1));
-        for (int64_t i = 0; i < p + n + 1; i++) toks[i] = (int32_t)((i * 7919 + 13) % nv);
+        driver d = { .e = e, .depth = LK_MAX(1, lk_engine_depth(e)), .n_batch = lk_engine_n_batch(e) };
+        d.items = lk_xcalloc((size_t)d.depth * smax, sizeof(lk_engine_item));
+        d.n_items = lk_xcalloc((size_t)d.depth, sizeof(int));
+        d.next = lk_xcalloc((size_t)smax, sizeof(int32_t));
+        d.busy = lk_xcalloc((size_t)smax, sizeof(bool));
+        d.left = lk_xcalloc((size_t)smax, sizeof(int));
+        d.fed = lk_xcalloc((size_t)smax, sizeof(int));
+        d.toks = lk_xcalloc((size_t)smax, sizeof(int32_t *));
+        for (int i = 0; i < smax; i++) {
+            d.toks[i] = lk_xmalloc(sizeof(int32_t) * (size_t)ctx);
+            for (int64_t k = 0; k < ctx; k++) d.toks[i][k] = (int32_t)(((k + 131 * i) * 7919 + 13) % nv);
+        }
         lk_sampler_params sp;
         lk_sampler_params_default(&sp);
         sp.temp = 0;
-        lk_sampler *s = lk_sampler_create(&sp);
-        double *pp = lk_xcalloc((size_t)reps, sizeof(double)), *tg = lk_xcalloc((size_t)reps, sizeof(double));
-        int32_t next;
         lk_status st = LK_OK;
+        for (int i = 0; i < smax && !st; i++) st = lk_engine_seq_params(e, i, &sp, 0, err, sizeof err);
         /* warm-up: page in the weights and settle the thread pool */
-        st = lk_engine_step(e, toks, 1, 0, s, &next, err, sizeof err);
-        for (int r = 0; r < reps && st == LK_OK; r++) {
-            if (p > 0) {
-                double t0 = lk_time_s();
-                st = lk_engine_step(e, toks, (int)p, 0, s, &next, err, sizeof err);
-                pp[r] = (double)p / (lk_time_s() - t0);
+        double w1, w2;
+        if (!st) st = rep_seqs(&d, 1, 1, 0, &w1, &w2, err, sizeof err);
+        double *pp = lk_xcalloc((size_t)reps, sizeof(double)), *tg = lk_xcalloc((size_t)reps, sizeof(double));
+        for (int si = 0; si < ns && !st; si++) {
+            int S = slist[si];
+            memset(pp, 0, sizeof(double) * (size_t)reps);
+            memset(tg, 0, sizeof(double) * (size_t)reps);
+            for (int r = 0; r < reps && st == LK_OK; r++) {
+                st = rep_seqs(&d, S, (int)p, (int)n, &pp[r], &tg[r], err, sizeof err);
+                if (!json && !csv) fprintf(stderr, "\rbench: threads %d seqs %d rep %d/%lld", threads, S, r + 1, (long long)reps);
             }
-            if (n > 0 && st == LK_OK) {
-                double t0 = lk_time_s();
-                for (int64_t i = 0; i < n && st == LK_OK; i++)
-                    st = lk_engine_step(e, &toks[p + i], 1, (int)(p + i), s, &next, err, sizeof err);
-                tg[r] = (double)n / (lk_time_s() - t0);
-            }
-            if (!json && !csv) fprintf(stderr, "\rbench: threads %d rep %d/%lld", threads, r + 1, (long long)reps);
-        }
-        if (!json && !csv) fprintf(stderr, "\r%40s\r", "");
-        if (st) { fprintf(stderr, "lockstep bench: %s\n", err); rc = 1; }
-        stat3 P = stats(pp, (int)reps), T = stats(tg, (int)reps);
-        double wb = (double)lk_engine_weight_bytes(e);
-        double bound = bw > 0 ? bw * 1e9 / wb : 0, frac = bound > 0 ? T.med / bound : 0;
-        if (rc == 0) {
+            if (!json && !csv) fprintf(stderr, "\r%48s\r", "");
+            if (st) break;
+            stat3 P = stats(pp, (int)reps), T = stats(tg, (int)reps);
+            double wb = (double)lk_engine_weight_bytes(e);
+            double bound = bw > 0 ? S * bw * 1e9 / wb : 0;
+            if (S > 1 && P.med > 0) bound = LK_MIN(bound, P.med);
+            double frac = bound > 0 ? T.med / bound : 0;
             if (json) {
                 json_t *o = json_object();
                 json_object_set_new(o, "model", json_string(base));
                 json_object_set_new(o, "threads", json_integer(threads));
+                json_object_set_new(o, "seqs", json_integer(S));
+                json_object_set_new(o, "ranks", json_integer(ranks));
                 json_object_set_new(o, "n_prompt", json_integer(p));
                 json_object_set_new(o, "n_gen", json_integer(n));
                 json_object_set_new(o, "reps", json_integer(reps));
@@ -144,18 +268,21 @@ int lk_cmd_bench(int argc, char **argv) {
                 free(str);
                 json_decref(o);
             } else if (csv) {
-                printf("%s,%d,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.0f,%.2f,%.3f\n", base, threads, P.med, P.min, P.max,
-                       T.med, T.min, T.max, bw, wb, bound, frac);
+                printf("%s,%d,%d,%d,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.0f,%.2f,%.3f\n", base, threads, S, ranks, P.med,
+                       P.min, P.max, T.med, T.min, T.max, bw, wb, bound, frac);
             } else {
-                printf("| %s | %d | %.1f (%.1f–%.1f) | %.2f (%.2f–%.2f) | %.1f | %.1f | %.2f | %.0f %% |\n", base, threads,
-                       P.med, P.min, P.max, T.med, T.min, T.max, bw, wb / (1 << 20), bound, 100 * frac);
+                char where[32] = "";
+                if (ranks > 1) snprintf(where, sizeof where, " (%d ranks)", ranks);
+                printf("| %s%s | %d | %d | %.1f (%.1f–%.1f) | %.2f (%.2f–%.2f) | %.1f | %.1f | %.2f | %.0f %% |\n", base,
+                       where, threads, S, P.med, P.min, P.max, T.med, T.min, T.max, bw, wb / (1 << 20), bound, 100 * frac);
             }
             fflush(stdout);
         }
-        free(pp); free(tg); free(toks);
-        lk_sampler_free(s);
+        if (st) { fprintf(stderr, "lockstep bench: %s\n", err); rc = 1; }
+        free(pp); free(tg);
+        for (int i = 0; i < smax; i++) free(d.toks[i]);
+        free(d.toks); free(d.items); free(d.n_items); free(d.next); free(d.busy); free(d.left); free(d.fed);
         lk_engine_close(e);
-        if (rc) break;
     }
     return rc;
 }

@@ -2,11 +2,13 @@
  * rendered with the model's chat template (or --chat-template).
  *
  * Each turn: the whole conversation is rendered by the template (ending with
- * the opening of an assistant turn), tokenised, and only the tokens after the
- * prefix the KV cache already holds are fed (positions continue where the
- * cache agrees, so a long conversation costs one new turn per turn, not the
- * whole history). The reply streams to stdout until an end-of-generation
- * token, -n tokens, or a full context, and joins the history as text.
+ * the opening of an assistant turn), tokenised, and sent to the session
+ * (session/session.h) as one request: the session continues the sequence
+ * that holds the previous turn, feeding only the tokens after the prefix it
+ * shares with the new prompt (so a long conversation costs one new turn per
+ * turn, not the whole history). The reply streams to stdout until an
+ * end-of-generation token, -n tokens, or a full context, and joins the
+ * history as text.
  *
  * Input is one user turn per line on stdin (a line ending in '\' continues on
  * the next), so it works piped as well as typed; "> " is shown only when
@@ -14,6 +16,7 @@
  * Replies go to stdout; everything else (notes, errors, timings) to stderr. */
 #include "cli/cli.h"
 #include "engine/engine.h"
+#include "session/session.h"
 #include "tokenizer/chat_template.h"
 #include "cli/genflags.h"
 #include "tokenizer/tokenizer.h"
@@ -93,15 +96,14 @@ typedef struct {
 typedef struct {
     lk_engine    *e;
     lk_tokenizer *tok;
-    lk_sampler   *s;
+    lk_session   *ses;            /* one sequence; the previous turn's KV stays in it for reuse */
+    lk_sampler_params sp;
     const char   *tmpl;           /* the template source (points into argv, the GGUF or static data) */
     char         *bos_text, *eos_text;
     turn         *h;              /* the conversation, oldest first; h[0] may be the system prompt */
     int           n_h, cap_h;
-    ids_t         kv;             /* the tokens whose keys/values the cache holds, positions 0..kv.n */
     int           n_ctx;
     int64_t       n_predict;      /* < 0: until end of turn or a full context */
-    bool          reuse;          /* reuse the cache's common prefix (off: feed all, for checking) */
     bool          verbose;
     /* totals for the summary line */
     int           n_replies;
@@ -273,78 +275,64 @@ static lk_status fit_prompt(chat *c, ids_t *prompt, char *err, size_t errlen) {
  * one reply
  * ==================================================================== */
 
-/* Feeds the prompt (after the prefix the cache shares with it) and streams
- * the reply; *reply is its text (malloc'd). A failing engine (a peer gone)
- * returns its status: the cache is then in an unknown state. */
+/* The reply as it streams: to stdout and into its text. Ctrl-C stops it
+ * after the token being written (the session ends it as "stopped"). */
+static bool reply_token(void *user, lk_request *r, int32_t token, const char *piece, int n) {
+    str_t *text = user;
+    if (n > 0) {
+        str_put(text, piece, (size_t)n);
+        fwrite(piece, 1, (size_t)n, stdout);
+        fflush(stdout);
+    }
+    if (token < 0 || !g_interrupted) return true;
+    g_interrupted = 0;
+    return false;
+}
+
+/* Sends the prompt as one request and streams the reply; *reply is its text
+ * (malloc'd). A failing engine (a peer gone) returns its status: the session
+ * can then run nothing more. */
 static lk_status generate(chat *c, const ids_t *prompt, char **reply, char *err, size_t errlen) {
-    int n_p = prompt->n, common = 0;
-    if (c->reuse)
-        while (common < c->kv.n && common < n_p && c->kv.v[common] == prompt->v[common]) common++;
-    if (common == n_p) common--;  /* the last prompt token is fed again: its logits pick the first reply token */
-    lk_sampler_reset(c->s);
-    for (int i = 0; i < n_p; i++) lk_sampler_accept(c->s, prompt->v[i]);
-
-    /* the cache holds prompt[0..common) already; from here on kv mirrors what is fed */
-    c->kv.n = 0;
-    int32_t next = -1;
-    double t0 = lk_time_s();
-    lk_status st = lk_engine_step(c->e, prompt->v + common, n_p - common, common, c->s, &next, err, errlen);
-    if (st) return st;
-    c->t_prefill += lk_time_s() - t0;
-    c->n_fed += n_p - common;
-    c->n_reused += common;
-    ids_put(&c->kv, prompt->v, n_p);
-
-    lk_detok dt;
-    lk_detok_init(&dt, c->tok);
-    int32_t piece_cap = 3 * (lk_tokenizer_max_piece(c->tok) + 4); /* enough for any token (tokenizer.h) */
-    char *piece = lk_xmalloc((size_t)piece_cap);
     str_t text = { 0 };
     str_put(&text, "", 0);
-    int n_gen = 0, pos = n_p;
-    const char *why = "end of turn";
-    t0 = lk_time_s();
-    for (;;) {
-        n_gen++;
-        lk_sampler_accept(c->s, next);
-        if (lk_tokenizer_is_eog(c->tok, next)) break;
-        int32_t k = lk_detok_push(&dt, next, piece, piece_cap);
-        if (k > 0) {
-            str_put(&text, piece, (size_t)k);
-            fwrite(piece, 1, (size_t)k, stdout);
-            fflush(stdout);
-        }
-        if (c->n_predict >= 0 && n_gen >= c->n_predict) { why = "-n limit"; break; }
-        if (g_interrupted) { g_interrupted = 0; why = "interrupted"; break; }
-        if (pos + 1 > c->n_ctx) { why = "context full"; break; }
-        int32_t fed = next;
-        if ((st = lk_engine_step(c->e, &fed, 1, pos++, c->s, &next, err, errlen))) break;
-        ids_put(&c->kv, &fed, 1);
+    lk_request_params rp = { .prompt = prompt->v, .n_prompt = prompt->n, .sampling = c->sp,
+                             .max_new = c->n_predict >= 0 ? (int)LK_MIN(c->n_predict, 1 << 30) : -1,
+                             .on_token = reply_token, .user = &text };
+    lk_request *r = lk_session_submit(c->ses, &rp, err, errlen);
+    if (!r) {
+        free(text.p);
+        return LK_ERR_ARG;
     }
-    c->t_decode += lk_time_s() - t0;
-    int32_t k = lk_detok_flush(&dt, piece, piece_cap);
-    if (k > 0) {
-        str_put(&text, piece, (size_t)k);
-        fwrite(piece, 1, (size_t)k, stdout);
-    }
+    lk_status st = lk_session_run(c->ses, err, errlen);
     fputc('\n', stdout);
     fflush(stdout);
-    free(piece);
-    c->n_gen += n_gen;
-    c->n_steps += n_gen - 1;
+    lk_request_info in;
+    lk_request_get(r, &in);
+    if (in.n_gen > 0) {
+        c->t_prefill += in.t_first - in.t_start;
+        c->t_decode += in.t_done - in.t_first;
+    }
+    c->n_fed += in.n_prompt - in.n_reused;
+    c->n_reused += in.n_reused;
+    c->n_gen += in.n_gen;
+    c->n_steps += LK_MAX(in.n_gen - 1, 0);
     c->n_replies++;
+    lk_session_release(c->ses, r);
     if (st) {
         free(text.p);
-        c->kv.n = 0;
         return st;
     }
-    if (!strcmp(why, "interrupted")) fprintf(stderr, "lockstep chat: reply interrupted (Ctrl-C); it stays in the conversation\n");
-    if (!strcmp(why, "context full"))
+    const char *why = in.finish == LK_FINISH_EOG ? "end of turn" : in.finish == LK_FINISH_LENGTH ? "-n limit"
+                    : in.finish == LK_FINISH_STOPPED ? "interrupted" : lk_finish_to_string(in.finish);
+    if (in.finish == LK_FINISH_STOPPED) fprintf(stderr, "lockstep chat: reply interrupted (Ctrl-C); it stays in the conversation\n");
+    if (in.finish == LK_FINISH_CTX)
         fprintf(stderr, "lockstep chat: the context of %d tokens (--ctx) is full: the reply was cut; "
                         "the next turn drops the oldest messages (or /reset)\n", c->n_ctx);
+    if (in.finish == LK_FINISH_KV)
+        fprintf(stderr, "lockstep chat: the KV cache (--kv-budget) is full: the reply was cut\n");
     if (c->verbose)
         fprintf(stderr, "lockstep debug: turn: prompt %d tokens (%d reused from the cache, %d fed), reply %d tokens (%s)\n",
-                n_p, common, n_p - common, n_gen, why);
+                in.n_prompt, in.n_reused, in.n_prompt - in.n_reused, in.n_gen, why);
     *reply = text.p;
     return LK_OK;
 }
@@ -478,7 +466,7 @@ int lk_cmd_chat(int argc, char **argv) {
         return 1;
     }
 
-    chat c = { .n_predict = n_predict, .reuse = !no_reuse, .verbose = verbose };
+    chat c = { .n_predict = n_predict, .verbose = verbose, .sp = sp };
     int rc = 0;
     bool tty = isatty(STDIN_FILENO);
     if (tty) sigint_mode(true);
@@ -522,7 +510,11 @@ int lk_cmd_chat(int argc, char **argv) {
     c.bos_text = copy_token_text(c.tok, lk_tokenizer_bos(c.tok));
     c.eos_text = copy_token_text(c.tok, lk_tokenizer_eos(c.tok));
     c.n_ctx = lk_engine_n_ctx(c.e);
-    c.s = lk_sampler_create(&sp);
+    if (lk_session_create(c.e, c.tok, &(lk_session_opts){ .parallel = 1, .no_reuse = no_reuse }, &c.ses, err, sizeof err)) {
+        fprintf(stderr, "lockstep chat: %s\n", err);
+        rc = 1;
+        goto out;
+    }
     if (system_prompt) chat_push(&c, "system", system_prompt);
 
     if (tty) {
@@ -556,7 +548,14 @@ int lk_cmd_chat(int argc, char **argv) {
             fputc('\n', stderr);
         }
         char *reply = NULL;
-        if (generate(&c, &prompt, &reply, err, sizeof err)) {
+        lk_status st = generate(&c, &prompt, &reply, err, sizeof err);
+        if (st == LK_ERR_ARG) {    /* this turn cannot be sent (the KV budget): the chat goes on */
+            fprintf(stderr, "lockstep chat: %s; not sent\n", err);
+            chat_drop(&c, c.n_h - 1, c.n_h);
+            rc = 1;
+            continue;
+        }
+        if (st) {
             fprintf(stderr, "lockstep chat: %s\n", err);
             rc = 1;
             free(line);
@@ -574,10 +573,9 @@ int lk_cmd_chat(int argc, char **argv) {
 out:
     chat_drop(&c, 0, c.n_h);
     free(c.h);
-    free(c.kv.v);
     free(c.bos_text);
     free(c.eos_text);
-    lk_sampler_free(c.s);
+    lk_session_free(c.ses);
     lk_tokenizer_free(c.tok);
     lk_engine_close(c.e);
     free(tmpl_owned);

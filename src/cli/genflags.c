@@ -1,6 +1,8 @@
 #include "cli/genflags.h"
 
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -32,6 +34,9 @@ void lk_genflags_opts(lk_genflags *f, lk_opt *opts, int *n, int cap) {
         { "--ctx", "-c", LK_OPT_INT, &f->ctx, "N", "context length / KV cache size (default: model's, at most 4096)" },
         { "--batch", "-b", LK_OPT_INT, &f->batch, "N", "most prompt tokens per forward pass (default 512)" },
         { "--kv-f16", NULL, LK_OPT_FLAG, &f->kv_f16, NULL, "store the KV cache in F16 (half the memory)" },
+        { "--kv-budget", NULL, LK_OPT_STR, &f->kv_budget, "N",
+          "KV cache shared by all sequences: N positions, or bytes with a K/M/G suffix (e.g. 2G: the whole model's "
+          "KV on one node; cluster ranks each hold their share) (default: from free memory)" },
         { "--workers", "-w", LK_OPT_STR, &f->workers, "LIST", "cluster workers host:port,host:port,..." },
         { "--key-file", NULL, LK_OPT_STR, &f->key_file, "FILE", "cluster key (lockstep keygen)" },
         { "--local", NULL, LK_OPT_INT, &f->local, "N", "start a local cluster of N ranks (head included)" },
@@ -49,6 +54,28 @@ void lk_genflags_opts(lk_genflags *f, lk_opt *opts, int *n, int cap) {
     }
 }
 
+/* "4096" (positions) or "512M", "2G", "1.5GiB" (bytes, binary units):
+ * *bytes says which. */
+static bool parse_budget(const char *s, int64_t *v, bool *bytes) {
+    char *end;
+    errno = 0;
+    double x = strtod(s, &end);
+    if (end == s || errno || !(x >= 1)) return false;
+    double mul = 1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1024.0; end++; break;
+    case 'm': case 'M': mul = 1048576.0; end++; break;
+    case 'g': case 'G': mul = 1073741824.0; end++; break;
+    case 't': case 'T': mul = 1099511627776.0; end++; break;
+    }
+    *bytes = mul > 1;
+    if (*bytes && *end == 'i') end++;  /* "GiB" */
+    if (*bytes && (*end == 'B' || *end == 'b')) end++;
+    if (*end || x * mul > 1e18 || (!*bytes && x != (double)(int64_t)x)) return false;
+    *v = (int64_t)(x * mul);
+    return true;
+}
+
 bool lk_genflags_finish(lk_genflags *f, const char *cmd, lk_engine_opts *eo, lk_sampler_params *sp) {
     const char *bad = f->threads < 0 ? "--threads" : f->ctx < 0 ? "--ctx" : f->batch < 0 ? "--batch"
                     : f->top_k < 0 ? "--top-k" : f->last_n < 0 ? "--penalty-last-n" : f->local < 0 ? "--local"
@@ -59,9 +86,17 @@ bool lk_genflags_finish(lk_genflags *f, const char *cmd, lk_engine_opts *eo, lk_
         fprintf(stderr, "lockstep %s: %s is out of range (see 'lockstep %s --help')\n", cmd, bad, cmd);
         return false;
     }
+    int64_t kv_budget = 0;
+    bool kv_bytes = false;
+    if (f->kv_budget && !parse_budget(f->kv_budget, &kv_budget, &kv_bytes)) {
+        fprintf(stderr, "lockstep %s: --kv-budget '%s': expected positions (e.g. 16384) or bytes with a K/M/G suffix "
+                        "(e.g. 2G)\n", cmd, f->kv_budget);
+        return false;
+    }
     if (f->seed < 0) f->seed = (int64_t)(time(NULL) ^ getpid());
     *eo = (lk_engine_opts){ .model_path = f->model, .n_threads = (int)f->threads, .n_ctx = (int)f->ctx,
-                            .n_batch = (int)f->batch, .kv_f16 = f->kv_f16, .workers = f->workers, .key_file = f->key_file,
+                            .n_batch = (int)f->batch, .kv_f16 = f->kv_f16, .kv_budget = kv_bytes ? 0 : kv_budget,
+                            .kv_budget_bytes = kv_bytes ? kv_budget : 0, .workers = f->workers, .key_file = f->key_file,
                             .local = (int)f->local, .tp = (int)f->tp, .pp = (int)f->pp, .tp_weights = f->tp_weights,
                             .layers_split = f->layers_split, .transport = f->transport, .wire = f->wire,
                             .seal = f->seal };

@@ -9,7 +9,7 @@
 #include "sampler/sampler.h"
 
 typedef struct {
-    const char *model, *workers, *key_file, *tp_weights, *layers_split, *transport, *wire;
+    const char *model, *workers, *key_file, *tp_weights, *layers_split, *transport, *wire, *kv_budget;
     int64_t threads, ctx, batch, top_k, seed, last_n, local, tp, pp;
     double temp, top_p, min_p, rep, freq, pres;
     bool kv_f16, seal;
@@ -26,7 +26,8 @@ void lk_genflags_init(lk_genflags *f);
  * terminates the table with a zero entry. */
 void lk_genflags_opts(lk_genflags *f, lk_opt *opts, int *n, int cap);
 /* Checks ranges (a one-line error naming the command, false on failure),
- * picks the seed and fills the engine options and sampler parameters. */
+ * picks the seed and fills the engine options and sampler parameters
+ * (--kv-budget: positions, or bytes with a K/M/G suffix). */
 bool lk_genflags_finish(lk_genflags *f, const char *cmd, lk_engine_opts *eo, lk_sampler_params *sp);
 
 #endif
