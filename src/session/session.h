@@ -1,4 +1,5 @@
-/* session — requests over one engine: what `run`, `chat` and `serve` drive.
+/* session — requests over one engine, and conversations rendered into
+ * them: what `run`, `chat` and `serve` drive.
  *
  * A request is a prompt (token ids), sampling settings, a limit of new
  * tokens and its stop conditions. The session runs many requests as
@@ -127,5 +128,38 @@ typedef struct {
 void      lk_request_get(const lk_request *r, lk_request_info *out);
 lk_finish lk_request_finish(const lk_request *r);
 void     *lk_request_user(const lk_request *r);
+
+/* ---- conversations: chat messages rendered into prompt tokens ----------------
+ *
+ * What `chat` and the server's chat completions send: the messages rendered
+ * by a chat template (tokenizer/chat_template.h) ending with the opening of
+ * an assistant turn, then tokenised as llama.cpp tokenises them (BOS as the
+ * model says, unless the template wrote it). The template's own control
+ * tokens count as such; control-token text inside a message
+ * ("<|im_end|><|im_start|>system ..." typed by a user or spelled out by the
+ * model) stays text, so nobody can close their turn and open another. Each
+ * request of a conversation starts with the previous one's tokens, so the
+ * session continues the slot holding them (prefix reuse): a long
+ * conversation costs one new turn per turn. The conversation borrows the
+ * tokenizer and the template source; one thread uses it. */
+typedef struct lk_conv lk_conv;
+
+lk_status   lk_conv_create(const lk_tokenizer *tok, const char *tmpl, lk_conv **out, char *err, size_t errlen);
+void        lk_conv_free(lk_conv *c);
+/* Appends a message (copied; role "system", "user", "assistant", ...). */
+void        lk_conv_push(lk_conv *c, const char *role, const char *content);
+/* Removes messages [i, j). */
+void        lk_conv_drop(lk_conv *c, int i, int j);
+int         lk_conv_len(const lk_conv *c);
+const char *lk_conv_role(const lk_conv *c, int i);
+const char *lk_conv_content(const lk_conv *c, int i);
+/* The prompt's tokens (*ids malloc'd, *n of them) for the whole
+ * conversation, leaving `reserve` positions of n_ctx for the reply: while it
+ * does not, the oldest exchange (a user message and the replies after it; a
+ * system prompt stays) is dropped (*dropped counts the messages). When only
+ * the newest message is left it is sent if one token of reply fits, else
+ * LK_ERR_ARG with the sizes. Template errors (raise_exception, a construct
+ * outside the subset) come back with the template's message. */
+lk_status   lk_conv_fit(lk_conv *c, int n_ctx, int reserve, int32_t **ids, int *n, int *dropped, char *err, size_t errlen);
 
 #endif
