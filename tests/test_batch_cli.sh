@@ -159,6 +159,22 @@ for lay in "" "--local 2 --pp 2"; do
     else no "$name" "$(diff "$T/batch" "$T/alone" | head -n 4)" "$(tail -n 2 "$T/err")"; fi
 done
 
+# ---- one system prompt: the later prompts fork its pages, tokens as alone ----------
+SYS="Once upon a time, there was a little girl named Lily. She loved to play outside in the sun with her friends. One day, she saw a big red ball in the park."
+: >"$T/shared"; : >"$T/alone"
+for q in "She ran to get it." "Tom came to play." "The sun was hot." "A dog barked."; do
+    echo "$SYS $q" >>"$T/shared"
+    "$L" run -m "$M" -p "$SYS $q" -n 24 --temp 0 --json -t 1 2>/dev/null | ids generated_ids >>"$T/alone"
+done
+for lay in "" "--local 2 --pp 2"; do
+    name=shared_prefix$(echo "$lay" | tr -c 'a-z0-9' _ | sed 's/__*/_/g; s/_$//')
+    # shellcheck disable=SC2086
+    "$L" run -m "$M" --prompts-file "$T/shared" -n 24 --temp 0 --json -t 1 $lay 2>"$T/err" | ids generated_ids >"$T/batch"
+    reused=$(sed -n 's/.*(\([0-9]*\) reused).*/\1/p' "$T/err")
+    if cmp -s "$T/batch" "$T/alone" && [ "${reused:-0}" -ge 96 ]; then ok "$name"
+    else no "$name" "reused ${reused:-?} positions (want 3 x 32 at least)" "$(diff "$T/batch" "$T/alone" | head -n 4)"; fi
+done
+
 # ---- text blocks in input order ---------------------------------------------------
 printf 'Once upon a time\nThe little dog\n' >"$T/two"
 expect blocks 0 "$L" run -m "$M" --prompts-file "$T/two" -n 12 --temp 0 -t 1

@@ -388,6 +388,29 @@ static void prefix_reuse(layout l, int n_slots) {
         }
         free(q.v); free(qa.v); free(qb.v);
     }
+    /* 5. two requests with one (new) system prompt arriving together: the
+     * second waits for the first to compute the shared pages, then forks them */
+    {
+        ids q = encode(tok, "Mia had a little cat named Tom. Every morning the cat sat by the window and looked at the "
+                            "birds in the big green tree. One day a bird flew down to the grass. ");
+        ids qa = concat(q, tail1.v + 1, tail1.n - 1), qb = concat(q, tail3.v + 1, tail3.n - 1);
+        rp = greedy(qa, 10, &w);
+        lk_request *ra = lk_session_submit(s, &rp, err, sizeof err);
+        rp = greedy(qb, 10, &w);
+        lk_request *rb = lk_session_submit(s, &rp, err, sizeof err);
+        CHECKF(ra && rb && lk_session_run(s, err, sizeof err) == LK_OK, "%s", err);
+        int c = 0;
+        while (c < qb.n - 1 && qb.v[c] == qa.v[c]) c++;
+        lk_request_info ib;
+        lk_request_get(rb, &ib);
+        CHECKF(ib.n_reused >= c - c % page && ib.n_reused <= c && c >= page,
+               "arriving together: %d reused of a shared prefix of %d", ib.n_reused, c);
+        alone(ref, qa, 10, want);
+        same_tokens(ra, want, 10, "together, first", where);
+        alone(ref, qb, 10, want);
+        same_tokens(rb, want, 10, "together, second", where);
+        free(q.v); free(qa.v); free(qb.v);
+    }
     printf("  prefix reuse (%s): reused %d, %d, %d positions of prompts of %d, %d, %d\n", where, i1.n_reused, i3.n_reused,
            i2.n_reused, i1.n_prompt, i3.n_prompt, i2.n_prompt);
     free(turn.v);

@@ -355,6 +355,21 @@ static int best_match(const lk_session *s, const lk_request *r, int *common) {
     return best;
 }
 
+/* Whether a running request is still computing a prompt prefix r shares
+ * with it, whole pages more than the c positions r could reuse now: then r
+ * waits for it (two prompts with one system prompt arriving together: the
+ * second forks the first's pages instead of computing them beside it). */
+static bool prefix_coming(const lk_session *s, const lk_request *r, int c) {
+    for (int i = 0; i < s->n_run; i++) {
+        const lk_request *a = s->run[i];
+        int n = LK_MIN(a->n_prompt, r->n_prompt - 1), k = 0;
+        while (k < n && a->prompt[k] == r->prompt[k]) k++;
+        k -= k % s->page;
+        if (k > c && s->slots[a->seq].done < k) return true;
+    }
+    return false;
+}
+
 /* The KEPT slot used least recently, other than a and b; -1 if none. */
 static int lru_kept(const lk_session *s, int a, int b) {
     int best = -1;
@@ -381,7 +396,9 @@ static lk_status evict(lk_session *s, int i, char *err, size_t errlen) {
  *     slot sharing the longest prefix when that covers at least a whole page
  *     (shared pages cost nothing; a page partly shared is copied on the
  *     first write, so less is not worth it), or continues it when the slot
- *     given up is that very slot.
+ *     given up is that very slot;
+ *   - it waits while a running request is still computing whole pages of
+ *     a prefix they share (prefix_coming).
  * Pages: those it may take (prompt + max_new, minus the whole pages it
  * shares) must fit beside what the running requests were promised; KEPT
  * slots are given up for them, least recently used first. When nothing runs
@@ -392,6 +409,7 @@ static lk_status admit_one(lk_session *s, bool *started, char *err, size_t errle
     lk_request *r = s->wait_head;
     if (!r || s->n_run >= s->parallel) return LK_OK;
     int c = 0, src = s->reuse ? best_match(s, r, &c) : -1, dst = -1;
+    if (s->reuse && prefix_coming(s, r, c)) return LK_OK;
     lk_status st;
     /* a continuation: the prompt covers all the slot holds (or all but its
      * last position, which has to be fed again for its logits) */
