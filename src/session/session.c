@@ -185,6 +185,10 @@ lk_request *lk_session_submit(lk_session *s, const lk_request_params *p, char *e
         lk_fail(err, errlen, LK_ERR_PEER, "the engine failed earlier; no request can run");
         return NULL;
     }
+    if (p->n_cand < 0) {
+        lk_fail(err, errlen, LK_ERR_ARG, "n_cand must be >= 0 (got %d)", p->n_cand);
+        return NULL;
+    }
     if (!p->prompt || p->n_prompt <= 0) {
         lk_fail(err, errlen, LK_ERR_ARG, "the prompt is empty");
         return NULL;
@@ -525,6 +529,7 @@ static int build(lk_session *s, step_rec *rec) {
      * flight may still free some (then they wait) */
     if (rec->n == 0 && s->n_flight == 0)
         for (int i = s->n_run - 1; i >= 0; i--) {
+            if (i >= s->n_run) continue;  /* a callback ended others */
             lk_request *r = s->run[i];
             if (!r->in_flight && (r->has_next || r->fed < r->n_prompt)) finish(s, r, LK_FINISH_KV);
         }

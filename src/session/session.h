@@ -75,7 +75,7 @@ typedef struct {
     lk_sampler_params sampling;
     int   max_new;               /* most new tokens; < 0: until a stop or a full context */
     bool  ignore_eos;            /* keep going after end-of-generation tokens */
-    int   n_cand;                /* > 0: candidates each rank sends (tests ask for the whole vocabulary) */
+    int   n_cand;                /* > 0: candidates each rank sends (at most the engine's 1024; 0: the sampler's) */
     lk_request_cb on_token;      /* optional */
     void *user;
 } lk_request_params;
