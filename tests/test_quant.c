@@ -5,12 +5,15 @@
  * f32 master with ggml's reference quantisers, so requantising the master
  * must reproduce them byte for byte, and every quantised file must
  * dequantise to the master within its type's error bound); (3) independent
- * double-precision computations for the dot products. */
+ * double-precision computations for the dot products; (4) child processes
+ * started with LK_SIMD for the program's one SIMD level. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "lk_test.h"
 #include "gguf/gguf.h"
@@ -437,6 +440,85 @@ TEST(matmul_prefill_gemm_edges) {
 }
 
 /* ===================================================================== */
+/* One SIMD level for the whole program                                   */
+
+/* The other dispatchers' levels (kernels/vec.c, the wire codecs of
+ * parallel/comm.c, kernels/membw.c). Their headers are other parts' to
+ * change, so the getters are declared here for now. */
+const char *lk_vec_simd_name(void);
+const char *lk_wire_simd_name(void);
+const char *lk_membw_simd_name(void);
+
+/* What a child started with LK_SIMD prints (main's --simd-child). */
+static int simd_child(void) {
+    printf("cpu=%s quant=%s vec=%s wire=%s membw=%s\n", lk_simd_level_name(lk_cpu()->level),
+           lk_quant_simd_name(), lk_vec_simd_name(), lk_wire_simd_name(), lk_membw_simd_name());
+    return 0;
+}
+
+/* Runs this program with LK_SIMD=value and --simd-child (a fresh process:
+ * the probe is made once per process); its stdout and stderr into out. */
+static bool run_simd_child(const char *value, char *out, size_t len) {
+    int fd[2];
+    if (pipe(fd)) return false;
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) return false;
+    if (pid == 0) {
+        dup2(fd[1], 1);
+        dup2(fd[1], 2);
+        close(fd[0]);
+        close(fd[1]);
+        setenv("LK_SIMD", value, 1);
+        execl("/proc/self/exe", "test_quant", "--simd-child", (char *)NULL);
+        _exit(127);
+    }
+    close(fd[1]);
+    size_t got = 0;
+    ssize_t r;
+    while (got + 1 < len && (r = read(fd[0], out + got, len - 1 - got)) > 0) got += (size_t)r;
+    out[got] = 0;
+    close(fd[0]);
+    int status;
+    return waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+TEST(simd_env_reaches_every_dispatch) {
+    char out[2048], want[256];
+    const char *best = lk_simd_level_name(lk_cpu()->best);
+    /* scalar: every dispatcher, and no warning */
+    CHECK(run_simd_child("scalar", out, sizeof out));
+    CHECKF(!strcmp(out, "cpu=scalar quant=scalar vec=scalar wire=scalar membw=scalar\n"), "LK_SIMD=scalar: %s", out);
+    /* every level the CPU runs: each dispatcher at it (the codecs have no
+     * AVX-512 code) */
+    for (int l = LK_SIMD_AVX2; l < LK_SIMD_LEVELS; l++) {
+        if (!lk_cpu_runs_level((lk_simd_level)l)) continue;
+        const char *name = lk_simd_level_name((lk_simd_level)l);
+        CHECK(run_simd_child(name, out, sizeof out));
+        snprintf(want, sizeof want, "cpu=%s quant=%s vec=%s wire=avx2 membw=%s\n", name, name, name, name);
+        CHECKF(!strcmp(out, want), "LK_SIMD=%s: %s", name, out);
+    }
+    /* an unknown name: one warning naming it and the level used instead */
+    CHECK(run_simd_child("avx9000", out, sizeof out));
+    snprintf(want, sizeof want, "LK_SIMD=avx9000: unknown level (scalar|avx2|avx512); using %s\n", best);
+    CHECKF(strstr(out, want) != NULL, "%s", out);
+    snprintf(want, sizeof want, "cpu=%s quant=%s ", best, best);
+    CHECKF(strstr(out, want) != NULL, "%s", out);
+    /* a level this CPU lacks: the warning names the missing features, and no
+     * dispatcher goes above the level it names */
+    if (!lk_cpu_runs_level(LK_SIMD_AVX512)) {
+        CHECK(run_simd_child("avx512", out, sizeof out));
+        CHECKF(strstr(out, "LK_SIMD=avx512: this CPU lacks it (no ") != NULL, "%s", out);
+        snprintf(want, sizeof want, "); using %s\n", best);
+        CHECKF(strstr(out, want) != NULL, "%s", out);
+        snprintf(want, sizeof want, "cpu=%s quant=%s ", best, best);
+        CHECKF(strstr(out, want) != NULL, "%s", out);
+        const char *line = strstr(out, "cpu=");
+        CHECKF(line && !strstr(line, "avx512"), "%s", out);
+    }
+}
+
+/* ===================================================================== */
 /* Real files: llama-quantize's output vs the F32 master                  */
 
 /* Requantising the master with our Q8_0 / Q4_0 quantisers must reproduce
@@ -578,7 +660,8 @@ TEST(membw_probe) {
     CHECKF(llc == 0 || (llc >= ((size_t)64 << 10) && llc < ((size_t)64 << 30)), "llc %zu", llc);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--simd-child")) return simd_child();
     RUN(traits);
     RUN(quantize_known_vectors);
     RUN(quantize_roundtrip_bounds);
@@ -587,6 +670,7 @@ int main(void) {
     RUN(matmul_vs_double_scalar);
     RUN(matmul_vs_double_all_levels);
     RUN(matmul_prefill_gemm_edges);
+    RUN(simd_env_reaches_every_dispatch);
     RUN(requantize_matches_llama_quantize);
     RUN(dequantize_real_files_vs_master);
     RUN(membw_probe);

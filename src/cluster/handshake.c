@@ -18,24 +18,22 @@ const char *lk_build_id(void) { return LK_BUILD_ID; }
 
 /* The features that change which kernels run, and so the exact bits of a
  * result: two ranks computing with different SIMD paths would make
- * "bitwise identical on every rank" false. */
+ * "bitwise identical on every rank" false. From the program's one CPU probe
+ * (lk_cpu); the names and their order are what earlier builds sent. */
 const char *lk_cpu_features(void) {
     static char buf[160];
     static _Atomic int done;
     if (done) return buf;
     char tmp[160] = "";
 #if defined(__x86_64__)
+    static const uint32_t named[] = {LK_CPU_AVX2, LK_CPU_FMA, LK_CPU_F16C, LK_CPU_AVX512F,
+                                     LK_CPU_AVX512BW, LK_CPU_AVX512VNNI, LK_CPU_AVX512BF16};
     strcat(tmp, "x86_64");
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2")) strcat(tmp, " avx2");
-    if (__builtin_cpu_supports("fma")) strcat(tmp, " fma");
-    if (__builtin_cpu_supports("f16c")) strcat(tmp, " f16c");
-    if (__builtin_cpu_supports("avx512f")) strcat(tmp, " avx512f");
-    if (__builtin_cpu_supports("avx512bw")) strcat(tmp, " avx512bw");
-    if (__builtin_cpu_supports("avx512vnni")) strcat(tmp, " avx512vnni");
-#if __GNUC__ >= 12
-    if (__builtin_cpu_supports("avx512bf16")) strcat(tmp, " avx512bf16");
-#endif
+    for (size_t i = 0; i < sizeof named / sizeof named[0]; i++)
+        if (lk_cpu()->feat & named[i]) {
+            strcat(tmp, " ");
+            strcat(tmp, lk_cpu_feature_name(named[i]));
+        }
 #elif defined(__aarch64__)
     strcat(tmp, "aarch64");
 #else

@@ -6,7 +6,8 @@
  *   - anything from outside (file, peer, client, flag) -> a status returned to
  *     the caller plus a one-line message written into the caller's
  *     `char *err, size_t errlen` buffer naming what was wrong.
- * Process-wide singletons only: the log level. Everything is thread-safe. */
+ * Process-wide singletons only: the log level and the CPU probe. Everything
+ * is thread-safe. */
 #ifndef LK_COMMON_H
 #define LK_COMMON_H
 
@@ -77,6 +78,44 @@ static inline float lk_bf16_to_fp32(uint16_t h) {
     return v.f;
 }
 uint16_t lk_fp32_to_bf16(float f);
+
+/* ---- CPU features and the SIMD level (cpu.c) -------------------------------
+ * The one CPU probe of the program, made on first use (any thread). Every
+ * SIMD dispatch chooses its variant from it: the quant kernels take `level`,
+ * other kernel families (kernels/vec.c, kernels/membw.c, the wire codecs of
+ * parallel/comm.c) ask lk_cpu_can() for the features their code needs, and
+ * the handshake names `feat` to peers.
+ *
+ * LK_SIMD=scalar|avx2|avx512 in the environment picks the level for the
+ * whole process and caps every family at it. An unknown name, or a level
+ * the CPU lacks, is one warning on stderr naming it (and the missing
+ * features) and the level used instead. */
+enum {
+    LK_CPU_AVX = 1u << 0,   LK_CPU_AVX2 = 1u << 1,   LK_CPU_FMA = 1u << 2,    LK_CPU_F16C = 1u << 3,
+    LK_CPU_BMI1 = 1u << 4,  LK_CPU_BMI2 = 1u << 5,   LK_CPU_AVX512F = 1u << 6, LK_CPU_AVX512BW = 1u << 7,
+    LK_CPU_AVX512VL = 1u << 8, LK_CPU_AVX512DQ = 1u << 9, LK_CPU_AVX512VNNI = 1u << 10,
+    LK_CPU_AVX512VBMI = 1u << 11, LK_CPU_GFNI = 1u << 12, LK_CPU_AVX512BF16 = 1u << 13,
+};
+/* Whole levels, in order: avx2 = AVX2+FMA+F16C+BMI1/2 (Haswell, Zen 1 on);
+ * avx512 adds AVX-512 F/BW/VL/DQ/VNNI/VBMI and GFNI (Ice Lake, Sapphire
+ * Rapids, Zen 4 on). */
+typedef enum { LK_SIMD_SCALAR = 0, LK_SIMD_AVX2 = 1, LK_SIMD_AVX512 = 2, LK_SIMD_LEVELS = 3 } lk_simd_level;
+typedef struct {
+    uint32_t      feat;  /* LK_CPU_* bits the CPU has and the OS enables */
+    lk_simd_level best;  /* the highest whole level the CPU runs */
+    lk_simd_level level; /* the level in force: LK_SIMD's when the CPU runs it, else best */
+    lk_simd_level cap;   /* no kernel above this: `level` when LK_SIMD is set, else avx512
+                            (a family whose code needs fewer features than a whole level,
+                            such as vec.c's AVX-512 F+VL code, may then go above `level`) */
+} lk_cpu_info;
+const lk_cpu_info *lk_cpu(void);
+/* May a kernel of nominal level l that needs features `need` run? */
+bool        lk_cpu_can(lk_simd_level l, uint32_t need);
+/* Does the CPU run every kernel of level l (whatever LK_SIMD says)? */
+bool        lk_cpu_runs_level(lk_simd_level l);
+const char *lk_simd_level_name(lk_simd_level l);            /* "scalar", "avx2", "avx512" */
+bool        lk_simd_level_parse(const char *s, lk_simd_level *out);
+const char *lk_cpu_feature_name(uint32_t bit);              /* LK_CPU_AVX2 -> "avx2" */
 
 #define LK_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define LK_MAX(a, b) ((a) > (b) ? (a) : (b))

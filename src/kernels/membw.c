@@ -51,11 +51,19 @@ static uint64_t read_scalar(const uint8_t *p, size_t n) {
 
 typedef uint64_t (*read_fn)(const uint8_t *, size_t);
 
+/* From the program's CPU probe, so LK_SIMD caps the probe as it caps the
+ * kernels whose speed it bounds. */
 static read_fn pick_reader(void) {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return read_avx512;
-    if (__builtin_cpu_supports("avx2")) return read_avx2;
+    if (lk_cpu_can(LK_SIMD_AVX512, LK_CPU_AVX512F)) return read_avx512;
+    if (lk_cpu_can(LK_SIMD_AVX2, LK_CPU_AVX2)) return read_avx2;
     return read_scalar;
+}
+
+/* The level of the read loop lk_membw_read_gbs uses, so tests can check
+ * that LK_SIMD reaches it. Declared by its users until membw.h carries it. */
+const char *lk_membw_simd_name(void) {
+    read_fn rd = pick_reader();
+    return rd == read_avx512 ? "avx512" : rd == read_avx2 ? "avx2" : "scalar";
 }
 
 /* ---- threads: every pass starts at a barrier so all threads stream at once;

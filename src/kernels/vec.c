@@ -194,6 +194,7 @@ static void av4_generic(float *out, size_t os, const float *S, size_t ss, const 
                         int64_t hd);
 
 typedef struct {
+    const char *name; /* the SIMD level these kernels belong to */
     float (*dot)(const float *, const float *, int64_t);
     void (*axpy)(float *, float, const float *, int64_t);
     float (*dot_f16)(const float *, const uint16_t *, int64_t);
@@ -203,30 +204,41 @@ typedef struct {
     void (*av4)(float *, size_t, const float *, size_t, const float *, int64_t, int, int64_t);
 } vec_ops;
 
-static vec_ops g_ops;
+/* Chosen once from the program's CPU probe (lk_cpu: LK_SIMD caps it). The
+ * AVX-512 code needs only F and VL besides the AVX2 set, so it runs on CPUs
+ * below the quant kernels' avx512 level too, unless LK_SIMD says otherwise. */
+static vec_ops g_table;
+static const vec_ops *_Atomic g_ops;
 
 static void pick(void) {
-    __builtin_cpu_init();
-    const char *env = getenv("LK_SIMD");
-    bool scalar = env && !strcmp(env, "scalar"), avx2_only = env && !strcmp(env, "avx2");
-    g_ops = (vec_ops){ dot_scalar, axpy_scalar, dot_f16_scalar, axpy_f16_scalar, expsum_scalar, swiglu_scalar, av4_generic };
-    if (scalar) return;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-        g_ops = (vec_ops){ dot_avx2, axpy_avx2, dot_f16_avx2, axpy_f16_avx2, expsum_scalar, swiglu_scalar, av4_generic };
-    if (!avx2_only && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) {
-        g_ops.dot = dot_avx512;
-        g_ops.axpy = axpy_avx512;
-        g_ops.expsum = expsum_avx512;
-        g_ops.swiglu = swiglu_avx512;
-        g_ops.av4 = av4_avx512;
+    const uint32_t avx2 = LK_CPU_AVX2 | LK_CPU_FMA | LK_CPU_F16C;
+    vec_ops o = { "scalar", dot_scalar, axpy_scalar, dot_f16_scalar, axpy_f16_scalar, expsum_scalar, swiglu_scalar,
+                  av4_generic };
+    if (lk_cpu_can(LK_SIMD_AVX2, avx2))
+        o = (vec_ops){ "avx2", dot_avx2, axpy_avx2, dot_f16_avx2, axpy_f16_avx2, expsum_scalar, swiglu_scalar, av4_generic };
+    if (lk_cpu_can(LK_SIMD_AVX512, avx2 | LK_CPU_AVX512F | LK_CPU_AVX512VL)) {
+        o.name = "avx512";
+        o.dot = dot_avx512;
+        o.axpy = axpy_avx512;
+        o.expsum = expsum_avx512;
+        o.swiglu = swiglu_avx512;
+        o.av4 = av4_avx512;
     }
+    g_table = o;
+    g_ops = &g_table;
 }
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static inline const vec_ops *ops(void) {
-    if (!g_ops.dot) pthread_once(&g_once, pick);
-    return &g_ops;
+    const vec_ops *o = g_ops;
+    if (__builtin_expect(o == NULL, 0)) { pthread_once(&g_once, pick); o = g_ops; }
+    return o;
 }
+
+/* Which level the vector kernels run ("scalar", "avx2", "avx512"), so tests
+ * can check that LK_SIMD reaches them. Declared by its users until
+ * kernels.h (another part's header) carries it. */
+const char *lk_vec_simd_name(void) { return ops()->name; }
 
 float lk_vec_dot_f32(const float *a, const float *b, int64_t n) { return ops()->dot(a, b, n); }
 void lk_vec_axpy_f32(float *y, float a, const float *x, int64_t n) { ops()->axpy(y, a, x, n); }

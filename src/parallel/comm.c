@@ -170,16 +170,13 @@ __attribute__((target("avx,f16c"))) static void f16_decode_f16c(const uint8_t *i
         y[i] = lk_fp16_to_fp32(h);
     }
 }
-static bool have_f16c(void) {
-    static int v = -1; /* benign race: every thread computes the same value */
-    if (v < 0) v = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
-    return v;
-}
-static bool have_avx2(void) {
-    static int v = -1;
-    if (v < 0) v = __builtin_cpu_supports("avx2");
-    return v;
-}
+/* The codecs' SIMD paths, chosen from the program's CPU probe (lk_cpu, so
+ * LK_SIMD=scalar turns them off with every other kernel). F16C counts as
+ * part of the avx2 level though it came earlier (Ivy Bridge): it still
+ * runs where the CPU has it without AVX2, unless LK_SIMD caps it. Every
+ * path gives the scalar code's bytes, so peers at different levels agree. */
+static bool have_f16c(void) { return lk_cpu_can(LK_SIMD_AVX2, LK_CPU_AVX | LK_CPU_F16C); }
+static bool have_avx2(void) { return lk_cpu_can(LK_SIMD_AVX2, LK_CPU_AVX2); }
 
 /* 16 floats -> 16 BF16, same rounding as bf16_round below. Returns how many
  * were done (a multiple of 16); the caller finishes the tail. */
@@ -261,6 +258,11 @@ static bool have_f16c(void) { return false; }
 static void f16_encode_f16c(const float *x, int64_t n, uint8_t *out) { (void)x; (void)n; (void)out; }
 static void f16_decode_f16c(const uint8_t *in, int64_t n, float *y) { (void)in; (void)n; (void)y; }
 #endif
+
+/* Which SIMD the codecs use: "avx2" (F16 by F16C, BF16 and Q8 by AVX2),
+ * "f16c" (F16 only) or "scalar", so tests can check that LK_SIMD reaches
+ * them. Declared by its users until parallel.h carries it. */
+const char *lk_wire_simd_name(void) { return have_avx2() && have_f16c() ? "avx2" : have_f16c() ? "f16c" : "scalar"; }
 
 /* Little-endian hosts only (as the GGUF reader): 16-bit values are stored
  * in host order. */

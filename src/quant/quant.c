@@ -503,52 +503,22 @@ void lk_quant_run_tiles(const lk_tileset *ts, int64_t n, int64_t nrows, const vo
 /* Dispatch                                                                */
 /* ===================================================================== */
 
-/* The process-wide singleton of this part (CPU features): one table per level,
- * built once; `g_active` points at one of them. Switching levels
- * (lk_quant_set_simd, tests and benchmarks) swaps a pointer to a table that
- * never changes, so a concurrent caller sees either the old or the new one. */
-static lk_quant_ops g_levels[3];
+/* One table per level, built once; `g_active` points at one of them: the
+ * level of the program's CPU probe (lk_cpu, which also honours LK_SIMD).
+ * Switching levels (lk_quant_set_simd, tests and benchmarks) swaps a pointer
+ * to a table that never changes, so a concurrent caller sees either the old
+ * or the new one. */
+static lk_quant_ops g_levels[LK_SIMD_LEVELS];
 static const lk_quant_ops *_Atomic g_active;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
-static bool level_available(int lvl) {
-    __builtin_cpu_init();
-    if (lvl == 0) return true;
-    if (lvl == 1)
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-               __builtin_cpu_supports("f16c");
-    return level_available(1) && __builtin_cpu_supports("avx512f") &&
-           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("gfni");
-}
-
-static int level_from_name(const char *s) {
-    if (!s) return -1;
-    if (!strcmp(s, "scalar")) return 0;
-    if (!strcmp(s, "avx2")) return 1;
-    if (!strcmp(s, "avx512")) return 2;
-    return -1;
-}
-
 static void init_once(void) {
-    lk_quant_fill_scalar(&g_levels[0]);
-    g_levels[1] = g_levels[0];
-    lk_quant_fill_avx2(&g_levels[1]);
-    g_levels[2] = g_levels[1];
-    lk_quant_fill_avx512(&g_levels[2]);
-    int best = level_available(2) ? 2 : level_available(1) ? 1 : 0;
-    const char *env = getenv("LK_SIMD");
-    if (env && *env) {
-        int want = level_from_name(env);
-        if (want < 0)
-            lk_log(LK_LOG_WARN, "LK_SIMD=%s: unknown level (scalar|avx2|avx512); using %s", env,
-                   g_levels[best].name);
-        else if (!level_available(want))
-            lk_log(LK_LOG_WARN, "LK_SIMD=%s: this CPU lacks it; using %s", env, g_levels[best].name);
-        else best = want;
-    }
-    g_active = &g_levels[best];
+    lk_quant_fill_scalar(&g_levels[LK_SIMD_SCALAR]);
+    g_levels[LK_SIMD_AVX2] = g_levels[LK_SIMD_SCALAR];
+    lk_quant_fill_avx2(&g_levels[LK_SIMD_AVX2]);
+    g_levels[LK_SIMD_AVX512] = g_levels[LK_SIMD_AVX2];
+    lk_quant_fill_avx512(&g_levels[LK_SIMD_AVX512]);
+    g_active = &g_levels[lk_cpu()->level];
 }
 
 void lk_quant_init(void) { pthread_once(&g_once, init_once); }
@@ -563,8 +533,8 @@ const char *lk_quant_simd_name(void) { return ops_get()->name; }
 
 bool lk_quant_set_simd(const char *level) {
     lk_quant_init();
-    int l = level_from_name(level);
-    if (l < 0 || !level_available(l)) return false;
+    lk_simd_level l;
+    if (!lk_simd_level_parse(level, &l) || !lk_cpu_runs_level(l)) return false;
     g_active = &g_levels[l];
     return true;
 }

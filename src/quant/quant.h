@@ -4,9 +4,10 @@
  * Owns: the GGML type ids and their block layouts (facts of the GGUF format),
  * dequantisation, quantisation (activations, and `lockstep quantize`), and the
  * row-block matrix kernels that every matmul in lockstep ends in. SIMD variants
- * (AVX-512 VNNI/BF16, AVX2+FMA, scalar) are chosen once at run time from CPU
- * features (lk_quant_init, called implicitly); LK_SIMD=scalar|avx2|avx512 in
- * the environment forces a level (for tests and benchmarks).
+ * (AVX-512 VNNI/BF16, AVX2+FMA, scalar) are chosen once at run time: the
+ * level of the program's CPU probe (lk_cpu in lk_common.h, which honours
+ * LK_SIMD=scalar|avx2|avx512 for tests and benchmarks; lk_quant_init, called
+ * implicitly).
  *
  * Activations: a weight of type T is multiplied with activations quantised to
  * lk_type_vec_dot(T) exactly as ggml does (Q8_0 for Q4_0/Q8_0, Q8_K for the
@@ -78,7 +79,7 @@ void lk_quant_matmul(lk_type wt, int64_t n, int64_t nrows, const void *w, size_t
 
 /* Which SIMD level is active: "avx512" (needs AVX-512 F/BW/VL/DQ/VNNI/VBMI
  * and GFNI: Ice Lake, Sapphire Rapids, Zen 4 and later; BF16 used where
- * present), "avx2" (AVX2 + FMA + F16C) or "scalar". */
+ * present), "avx2" (AVX2 + FMA + F16C + BMI1/2) or "scalar". */
 const char *lk_quant_simd_name(void);
 void        lk_quant_init(void);
 /* Switches the active level ("scalar", "avx2", "avx512") for the whole process

@@ -821,6 +821,5 @@ void lk_quant_fill_avx512(lk_quant_ops *ops) {
     ops->mm[LK_TYPE_Q6_K] = mm_q6k;
     ops->mm[LK_TYPE_F32] = mm_f32;
     ops->mm[LK_TYPE_F16] = mm_f16;
-    __builtin_cpu_init();
-    ops->mm[LK_TYPE_BF16] = __builtin_cpu_supports("avx512bf16") ? mm_bf : mm_bfc;
+    ops->mm[LK_TYPE_BF16] = (lk_cpu()->feat & LK_CPU_AVX512BF16) ? mm_bf : mm_bfc;
 }
