@@ -16,7 +16,9 @@
  *    integer domain with vpdpwssd (i16-sized dot x scale per lane), mins
  *    through the activation's bsums.
  *  - every decode tile streams 4 rows with software prefetch of the tiles
- *    ahead (pf_range).
+ *    ahead (pf_range); so do the register tiles of a few tokens (a batch of
+ *    2-4 sequences decoding together is as memory-bound as one: without it
+ *    two sequences decoded slower in total than one).
  *  - prefill: from a few tokens on (per type, quant_impl.h) the GEMM of
  *    quant_gemm_avx512.c (weights packed per call into L1 panels, reused by
  *    up to 128 tokens); below that, R rows x T tokens register tiles here,
@@ -174,7 +176,7 @@ LK_T512 static LK_INL void q4q8_tile(const int R, const int T, const bool is_q8,
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *p = w + r * ws + (size_t)g * 4 * wbb;
-            if (T == 1) pf_range(p, R * ws, 4 * wbb);
+            pf_range(p, R * ws, 4 * wbb);
             W[r] = is_q8 ? q80_wload(&tb, p) : q40_wload(&tb, p);
         }
 #pragma GCC unroll 4
@@ -526,6 +528,7 @@ LK_T512 static LK_INL void kq_tile(const int R, const int T, const int kind, int
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
                 const uint8_t *wp = w + r * ws + (size_t)i * bb;
+                pf_range(wp, R * ws, bb);
                 kwgrp W = kind == 4 ? q4k_wload(&kt, wp) : kind == 5 ? q5k_wload(&kt, wp) : q6k_wload(&kt, wp);
 #pragma GCC unroll 4
                 for (int t = 0; t < T; t++) {
@@ -641,7 +644,7 @@ LK_T512 static LK_INL void fl_tile(const int R, const int T, const int kind, int
         __m512 w0[4], w1[4];
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-            if (T == 1) pf_range(w + r * ws + i * es, R * ws, 32 * es);
+            pf_range(w + r * ws + i * es, R * ws, 32 * es);
             w0[r] = fl_load(kind, w + r * ws + i * es, 0xFFFF);
             w1[r] = fl_load(kind, w + r * ws + (i + 16) * es, 0xFFFF);
         }
@@ -690,7 +693,7 @@ LK_T512BF static LK_INL void bf_tile(const int R, const int T, int64_t n, const 
         __m512i wv[4];
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-            if (T == 1) pf_range(w + r * ws + i * 2, R * ws, 64);
+            pf_range(w + r * ws + i * 2, R * ws, 64);
             wv[r] = _mm512_maskz_loadu_epi16(m, w + r * ws + i * 2);
         }
 #pragma GCC unroll 4
