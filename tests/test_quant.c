@@ -5,8 +5,9 @@
  * f32 master with ggml's reference quantisers, so requantising the master
  * must reproduce them byte for byte, and every quantised file must
  * dequantise to the master within its type's error bound); (3) independent
- * double-precision computations for the dot products; (4) child processes
- * started with LK_SIMD for the program's one SIMD level. */
+ * double-precision computations for the dot products; (4) the kernel itself
+ * at other batch sizes (batch invariance), and child processes started with
+ * LK_SIMD for the program's one SIMD level. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -439,6 +440,63 @@ TEST(matmul_prefill_gemm_edges) {
     lk_quant_set_simd("scalar");
 }
 
+/* Batch invariance: the engine multiplies many sequences' tokens in one call,
+ * and a sequence's logits must not depend on what else is in the batch. So a
+ * token's row must come out with the same bits whatever the call's token
+ * count: decode (1), the small-batch tiles (2-4), the AVX-512 GEMMs (from 5,
+ * 10 or 16 tokens) and their tails. Each ntok below walks the 40 tokens in
+ * chunks of ntok (and a shorter last chunk), against one 40-token call.
+ * Shapes: 37 rows (4-row tiles and a leftover row), Q4_0/Q8_0 rows with 3
+ * blocks past the last group of 4 and rows past the AVX-512 decode's column
+ * chunk (12288 elements); float rows with an odd tail and rows long enough
+ * for the AVX-512 float GEMM. */
+static int check_batch_invariance(lk_type t, int64_t n, int64_t nrows) {
+    enum { NT = 40 };
+    static const int64_t chunks[] = {1, 2, 3, 4, 5, 7, 16, 17, 33};
+    lk_type at = lk_type_vec_dot(t);
+    size_t wrb, arb;
+    LK_ASSERT(lk_type_row_bytes(t, n, &wrb) && lk_type_row_bytes(at, n, &arb));
+    uint8_t *w = malloc(wrb * (size_t)nrows), *a = malloc(arb * NT);
+    float *mag = malloc((size_t)n * 4), *x = malloc((size_t)n * 4);
+    float *ref = malloc(sizeof(float) * (size_t)nrows * NT), *got = malloc(sizeof(float) * (size_t)nrows * NT);
+    for (int64_t r = 0; r < nrows; r++) random_weights(t, n, w + (size_t)r * wrb, mag);
+    for (int k = 0; k < NT; k++) {
+        for (int64_t i = 0; i < n; i++) x[i] = rnd_gauss();
+        lk_quantize_row_act(at, x, a + (size_t)k * arb, n); /* as lk_matmul makes them */
+    }
+    lk_quant_matmul(t, n, nrows, w, wrb, NT, a, arb, ref, (size_t)nrows);
+    int bad = 0;
+    for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
+        for (int64_t t0 = 0; t0 < NT; t0 += chunks[c])
+            lk_quant_matmul(t, n, nrows, w, wrb, LK_MIN(chunks[c], NT - t0), a + (size_t)t0 * arb, arb,
+                            got + (size_t)t0 * (size_t)nrows, (size_t)nrows);
+        for (int64_t i = 0; i < nrows * NT; i++)
+            if (memcmp(&got[i], &ref[i], sizeof(float)) && bad++ < 3)
+                printf("  %s %s n=%lld ntok=%lld: token %lld row %lld is %.9g, %.9g in the 40-token call\n",
+                       lk_quant_simd_name(), lk_type_name(t), (long long)n, (long long)chunks[c],
+                       (long long)(i / nrows), (long long)(i % nrows), got[i], ref[i]);
+    }
+    free(w); free(a); free(mag); free(x); free(ref); free(got);
+    return bad;
+}
+
+TEST(matmul_batch_invariant) {
+    const char *levels[] = {"scalar", "avx2", "avx512"};
+    for (int l = 0; l < 3; l++) {
+        if (!lk_quant_set_simd(levels[l])) { printf("  (no %s on this CPU)\n", levels[l]); continue; }
+        for (size_t i = 0; i < sizeof k_wtypes / sizeof k_wtypes[0]; i++) {
+            lk_type t = k_wtypes[i];
+            int64_t bs = lk_type_block_size(t);
+            int64_t ns[2] = {bs == 1 ? 357 : bs == 32 ? 32 * 11 : 256 * 3,
+                             bs == 1 ? 2048 + 7 : bs == 32 ? 32 * 389 : 256 * 13};
+            for (int k = 0; k < 2; k++)
+                CHECKF(check_batch_invariance(t, ns[k], 37) == 0, "%s %s n=%lld", levels[l], lk_type_name(t),
+                       (long long)ns[k]);
+        }
+    }
+    lk_quant_set_simd("scalar");
+}
+
 /* ===================================================================== */
 /* One SIMD level for the whole program                                   */
 
@@ -670,6 +728,7 @@ int main(int argc, char **argv) {
     RUN(matmul_vs_double_scalar);
     RUN(matmul_vs_double_all_levels);
     RUN(matmul_prefill_gemm_edges);
+    RUN(matmul_batch_invariant);
     RUN(simd_env_reaches_every_dispatch);
     RUN(requantize_matches_llama_quantize);
     RUN(dequantize_real_files_vs_master);

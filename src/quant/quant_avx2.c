@@ -101,12 +101,18 @@ LK_T2 static LK_INL void q4q8_tile2(const int R, const int T, const bool is_q8, 
         for (int t = 0; t < T; t++) y[t * ys + r] = hsum8(acc[r][t]);
 }
 
-/* Decode (one token), R rows, 4 blocks per step: the 4 blocks' i32 sums of
- * a row are folded by a tree of 3 hadds into one vector [b0 b1 b2 b3 | b0 b1
- * b2 b3] (half-block sums), so the int->float conversion, the scale multiply
- * and the FMA happen once per 4 blocks instead of per block, and the 4
- * scales come from one fp16 conversion; the activation's scales and Q4_0
- * offset corrections are folded the same way once for all R rows. */
+/* Decode (one token), R rows, 4 blocks per step. Batch invariance: a
+ * token's result must not depend on how many tokens share the call, so this
+ * does the float arithmetic of q4q8_tile2 exactly (per block, 8 i32 lanes ->
+ * float, times wd*ad, FMA into 8 lanes; one hsum8 at the end; blocks past
+ * the last group of 4 the same way), which is also the order of llama.cpp's
+ * AVX2 vec_dot and of its llamafile tinyBLAS, which made the references.
+ * (Folding 4 blocks' sums with hadds before one conversion and FMA saves a
+ * few uops per block, but gives other bits than the tiles.) What is shared
+ * is integer work and bookkeeping: the activation's Q4_0 offset corrections
+ * once per block for all R rows, each row's 4 scales from one fp16
+ * conversion (h4) and one multiply, broadcast per block by an in-lane
+ * permute. */
 LK_T2 static LK_INL __m128 h4(const uint8_t *p, size_t stride) {
     __m128i v = _mm_cvtsi32_si128(lk_ld_u16(p));
     v = _mm_insert_epi16(v, lk_ld_u16(p + stride), 1);
@@ -115,62 +121,67 @@ LK_T2 static LK_INL __m128 h4(const uint8_t *p, size_t stride) {
     return _mm_cvtph_ps(v);
 }
 
-LK_T2 static LK_INL __m256i fold4(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
-    return _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+/* One weight block against one activation block: 8 exact i32 lane sums,
+ * the integers q4q8_tile2 forms (neg8: that block's Q4_0 correction). |w|
+ * by vpabsb, not vpsignb(w, w) as there (the same bytes, -128 included):
+ * Q8_0 decode is short of vector integer ports on Zen 3, and this measured
+ * a few per cent faster there. */
+LK_T2 static LK_INL __m256i q4q8_block_sum(const bool is_q8, const uint8_t *b, __m256i aq, __m256i neg8) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i p16;
+    if (is_q8) {
+        __m256i wv = _mm256_loadu_si256((const __m256i *)(b + 2));
+        p16 = _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(aq, wv));
+        return _mm256_madd_epi16(p16, ones);
+    }
+    p16 = _mm256_maddubs_epi16(q40_unpack(b), aq);
+    return _mm256_add_epi32(_mm256_madd_epi16(p16, ones), neg8);
 }
 
 LK_T2 static LK_INL void q4q8_dec2(const int R, const bool is_q8, int64_t n, const uint8_t *w, size_t ws,
                                    const uint8_t *a, float *y) {
     const int64_t nb = n / LK_QK, ng = nb / 4;
     const size_t wbb = is_q8 ? LK_Q80_BYTES : LK_Q40_BYTES;
-    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[4];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < ng; g++) {
         const uint8_t *ap = a + (size_t)g * 4 * LK_Q80_BYTES;
-        __m256i aq[4];
+        __m256i aq[4], neg[4];
 #pragma GCC unroll 4
-        for (int k = 0; k < 4; k++) aq[k] = _mm256_loadu_si256((const __m256i *)(ap + k * LK_Q80_BYTES + 2));
-        __m256i neg = _mm256_setzero_si256();
-        if (!is_q8) {
-            __m256i c[4];
-#pragma GCC unroll 4
-            for (int k = 0; k < 4; k++) c[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(8), aq[k]), ones);
-            neg = _mm256_sub_epi32(neg, fold4(c[0], c[1], c[2], c[3]));
+        for (int k = 0; k < 4; k++) {
+            a80 A = a80_load(ap + k * LK_Q80_BYTES, !is_q8);
+            aq[k] = A.q;
+            neg[k] = A.neg8;
         }
         const __m128 da = h4(ap, LK_Q80_BYTES);
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *p = w + r * ws + (size_t)g * 4 * wbb;
             pf_range(p + R * ws, 4 * wbb);
-            __m256i P[4];
-#pragma GCC unroll 4
-            for (int k = 0; k < 4; k++) {
-                const uint8_t *b = p + k * wbb;
-                __m256i p16;
-                if (is_q8) {
-                    __m256i wv = _mm256_loadu_si256((const __m256i *)(b + 2));
-                    p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(aq[k], wv));
-                } else {
-                    p16 = _mm256_maddubs_epi16(q40_unpack(b), aq[k]);
-                }
-                P[k] = _mm256_madd_epi16(p16, ones);
-            }
-            __m256i s = _mm256_add_epi32(fold4(P[0], P[1], P[2], P[3]), neg);
-            __m128 sc = _mm_mul_ps(h4(p, wbb), da);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set_m128(sc, sc), acc[r]);
+            __m128 sc4 = _mm_mul_ps(h4(p, wbb), da);
+            __m256 sc = _mm256_set_m128(sc4, sc4);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4q8_block_sum(is_q8, p, aq[0], neg[0])),
+                                     _mm256_permute_ps(sc, 0x00), acc[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4q8_block_sum(is_q8, p + wbb, aq[1], neg[1])),
+                                     _mm256_permute_ps(sc, 0x55), acc[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4q8_block_sum(is_q8, p + 2 * wbb, aq[2], neg[2])),
+                                     _mm256_permute_ps(sc, 0xAA), acc[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4q8_block_sum(is_q8, p + 3 * wbb, aq[3], neg[3])),
+                                     _mm256_permute_ps(sc, 0xFF), acc[r]);
         }
     }
-    const int64_t tail = (nb - ng * 4) * LK_QK;
+    for (int64_t b = ng * 4; b < nb; b++) {
+        a80 A = a80_load(a + (size_t)b * LK_Q80_BYTES, !is_q8);
 #pragma GCC unroll 4
-    for (int r = 0; r < R; r++) {
-        float v = hsum8(acc[r]);
-        if (tail)
-            v += lk_quant_dot_scalar(is_q8 ? LK_TYPE_Q8_0 : LK_TYPE_Q4_0, tail,
-                                     w + r * ws + (size_t)ng * 4 * wbb, a + (size_t)ng * 4 * LK_Q80_BYTES);
-        y[r] = v;
+        for (int r = 0; r < R; r++) {
+            const uint8_t *p = w + r * ws + (size_t)b * wbb;
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4q8_block_sum(is_q8, p, A.q, A.neg8)),
+                                     _mm256_set1_ps(h2f(p) * A.d), acc[r]);
+        }
     }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) y[r] = hsum8(acc[r]);
 }
 
 /* ===================================================================== */

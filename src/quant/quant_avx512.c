@@ -29,7 +29,18 @@
  * unsigned) and the offset is removed with a per-lane correction computed
  * from the activations only: sum (q-8)*a = sum q*a - 8*sum a. Integer sums
  * per block are exact; only the float scaling and summation order differ
- * from the scalar reference. */
+ * from the scalar reference.
+ *
+ * Not batch invariant yet (the scalar and AVX2 levels are: test_quant's
+ * matmul_batch_invariant fails here). A token's bits depend on the call's
+ * token count because three paths sum in three orders: decode (Q4_0 4-row
+ * blocks and Q4_K/Q5_K 4-row blocks add each block's lanes in integers and
+ * transpose rows into lanes; Q4_0/Q8_0 rows over 12288 elements add column
+ * chunks into y), the R x T tiles (16 lanes per row and token, one FMA per
+ * group or super-block), and the GEMMs from LK_GEMM_MIN_TOK* tokens
+ * (quant_gemm_avx512.c: per row a block's whole integer sum, multiply and
+ * add per block, K blocks added into y; floats sum along the row). Making
+ * them agree means one order per type for all three. */
 #include <immintrin.h>
 
 #include "quant/quant_impl.h"
