@@ -78,7 +78,7 @@ LK_T2 static LK_INL void q4q8_tile2(const int R, const int T, const bool is_q8, 
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *p = w + r * ws + (size_t)b * wbb;
-            if (T == 1 && (b & 1) == 0) pf_range(p + R * ws, 64);
+            if ((b & 1) == 0) pf_range(p + R * ws, 64);
             wv[r] = is_q8 ? _mm256_loadu_si256((const __m256i *)(p + 2)) : q40_unpack(p);
             wd[r] = h2f(p);
         }
@@ -288,7 +288,7 @@ LK_T2 static LK_INL void kq_tile2(const int R, const int T, const int kind, int6
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *wp = w + r * ws + (size_t)i * bb;
-            if (T == 1) pf_range(wp + R * ws, bb);
+            pf_range(wp + R * ws, bb);
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++)
                 k_block2(kind, wp, a + t * as + (size_t)i * LK_Q8K_BYTES, &acc[r][t], &accm[r][t]);
@@ -331,7 +331,7 @@ LK_T2 static LK_INL void fl_tile2(const int R, const int T, const int kind, int6
         __m256 wv[4];
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-            if (T == 1 && (i & 15) == 0) pf_range(w + (r + R) * ws + i * es, 16 * es);
+            if ((i & 15) == 0) pf_range(w + (r + R) * ws + i * es, 16 * es);
             wv[r] = fl_load2(kind, w + r * ws + i * es);
         }
 #pragma GCC unroll 4
