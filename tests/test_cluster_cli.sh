@@ -257,3 +257,10 @@ has seal_netbench_workers_header "$T/out" '^netbench: 2 ranks, data over tcp\+se
 expect seal_netbench_no_key 2 "$L" netbench --addrs 127.0.0.1:1,127.0.0.1:2 --rank 0 --seal
 has seal_netbench_no_key_msg "$T/err" '--seal needs --key-file'
 kill "$WK"
+
+# a worker whose SIMD level differs (LK_SIMD) computes other bits: refused,
+# both strings named
+LK_SIMD=scalar start_worker "$T/simd.log"
+expect simd_mismatch_refused 1 "$L" run -m "$M" -p hi -n 2 --workers "127.0.0.1:$WP" --key-file "$T/k1"
+has simd_mismatch_msg "$T/err" 'CPU feature mismatch: head has \[[^]]*simd=[a-z0-9]+\], worker has \[[^]]*simd=scalar\]'
+kill "$WK"

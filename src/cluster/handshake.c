@@ -19,7 +19,7 @@ const char *lk_build_id(void) { return LK_BUILD_ID; }
 /* The features that change which kernels run, and so the exact bits of a
  * result: two ranks computing with different SIMD paths would make
  * "bitwise identical on every rank" false. From the program's one CPU probe
- * (lk_cpu); the names and their order are what earlier builds sent. */
+ * (lk_cpu), with the SIMD level in force ("simd=avx2"). */
 const char *lk_cpu_features(void) {
     static char buf[160];
     static _Atomic int done;
@@ -39,6 +39,10 @@ const char *lk_cpu_features(void) {
 #else
     strcat(tmp, "other");
 #endif
+    /* the level in force too: two ranks of one CPU model run different
+     * kernels when LK_SIMD differs (a mismatch, named with both strings) */
+    strcat(tmp, " simd=");
+    strcat(tmp, lk_simd_level_name(lk_cpu()->level));
     memcpy(buf, tmp, sizeof buf); /* same bytes from any racing thread */
     done = 1;
     return buf;
