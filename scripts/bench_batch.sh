@@ -7,11 +7,16 @@
 # bound, capped by the row's own prefill (GEMM) rate.
 #   scripts/bench_batch.sh [DIR] [THREADS]
 # DIR: where the models go (default /tmp/lockstep-bench); THREADS: the
-# one-node thread counts (default 1,2). Run it on a quiet machine.
+# one-node thread counts (default 1,2); P, N: prompt and decode tokens per
+# sequence (default 32, 32); SEQS: the one-node sequence counts (default
+# 1,2,4,8,16). Run it on a quiet machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 D=${1:-/tmp/lockstep-bench}
 TH=${2:-1,2}
+P=${P:-32}
+N=${N:-32}
+SEQS=${SEQS:-1,2,4,8,16}
 L=build/lockstep
 make -s build/lockstep
 mkdir -p "$D"
@@ -21,9 +26,9 @@ done
 echo "# $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores; $(date -u +%FT%TZ); uptime: $(uptime | sed 's/.*load/load/')"
 for t in q4_0 q4_k; do
     echo "## one node, $t"
-    $L bench -m "$D/tl-$t.gguf" -t "$TH" -p 32 -n 32 --seqs 1,2,4,8,16 -r 3 --md
+    $L bench -m "$D/tl-$t.gguf" -t "$TH" -p "$P" -n "$N" --seqs "$SEQS" -r 3 --md
     echo "## --local 2 --tp 2, 1 thread per rank, $t"
-    $L bench -m "$D/tl-$t.gguf" -t 1 -p 32 -n 32 --seqs 1,4,16 -r 3 --local 2 --tp 2 --md
+    $L bench -m "$D/tl-$t.gguf" -t 1 -p "$P" -n "$N" --seqs 1,4,16 -r 3 --local 2 --tp 2 --md
     echo "## --local 2 --pp 2, 1 thread per rank, $t"
-    $L bench -m "$D/tl-$t.gguf" -t 1 -p 32 -n 32 --seqs 1,8 -r 3 --local 2 --pp 2 --md
+    $L bench -m "$D/tl-$t.gguf" -t 1 -p "$P" -n "$N" --seqs 1,8 -r 3 --local 2 --pp 2 --md
 done
