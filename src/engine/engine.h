@@ -90,7 +90,8 @@ int64_t lk_engine_pages_needed(const lk_engine *e, int seq, int n);
 /* Queued slot operations (errors: a bad slot or length, named).
  *  - params: the slot's sampling settings from now on (its penalty window is
  *    rebuilt from the tokens it holds); n_cand > 0 overrides the number of
- *    candidates each rank sends (tests ask for the whole vocabulary).
+ *    candidates each rank sends, at most LK_STEP_MAX_CAND (1024): tests of
+ *    small vocabularies ask for all of it to rebuild full logits rows.
  *  - keep: keep the first n positions (0 frees every page).
  *  - fork: dst holds the first n positions of src (whole pages shared,
  *    copied on the first write: a shared system prompt, the next chat turn).
