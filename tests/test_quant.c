@@ -17,6 +17,8 @@
 #include <unistd.h>
 
 #include "lk_test.h"
+#include "parallel/parallel.h"
+#include "kernels/kernels.h"
 #include "gguf/gguf.h"
 #include "kernels/membw.h"
 #include "quant/quant.h"
@@ -509,12 +511,6 @@ TEST(matmul_batch_invariant) {
 /* ===================================================================== */
 /* One SIMD level for the whole program                                   */
 
-/* The other dispatchers' levels (kernels/vec.c, the wire codecs of
- * parallel/comm.c, kernels/membw.c). Their headers are other parts' to
- * change, so the getters are declared here for now. */
-const char *lk_vec_simd_name(void);
-const char *lk_wire_simd_name(void);
-const char *lk_membw_simd_name(void);
 
 /* What a child started with LK_SIMD prints (main's --simd-child). */
 static int simd_child(void) {

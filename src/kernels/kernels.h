@@ -74,6 +74,8 @@ void   lk_vec_attn_av_f32(float *out, size_t out_stride, const float *S, size_t 
                           int64_t npos, int nq, int64_t hd);
 /* gate[i] = silu(gate[i]) * up[i] (lk_swiglu) */
 void   lk_vec_swiglu(float *gate, const float *up, int64_t n);
+/* The SIMD level the vector kernels above run at ("scalar", "avx2", "avx512"). */
+const char *lk_vec_simd_name(void);
 
 /* ---- elementwise ---- */
 void lk_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);

@@ -22,5 +22,7 @@ double lk_membw_read_gbs(int n_threads, size_t bytes, int passes);
 /* Size of the last-level cache in bytes as the OS reports it (sysfs), or 0 if
  * unknown: callers size the probe at a multiple of it. */
 size_t lk_membw_llc_bytes(void);
+/* The SIMD level of the probe's read loop ("scalar", "avx2", "avx512"). */
+const char *lk_membw_simd_name(void);
 
 #endif

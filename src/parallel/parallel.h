@@ -125,6 +125,8 @@ const char *lk_wire_fmt_name(lk_wire_fmt f);
 bool        lk_wire_fmt_parse(const char *s, lk_wire_fmt *f); /* "f32", "f16", "bf16", "q8" */
 size_t      lk_wire_bytes(lk_wire_fmt f, int64_t n);          /* encoded size of n floats */
 void        lk_comm_set_wire(lk_comm *c, lk_wire_fmt f);
+/* The SIMD the wire codecs use ("scalar", "f16c", "avx2"). */
+const char *lk_wire_simd_name(void);
 /* Points the forward pass's hook at this comm. */
 void lk_comm_tp_hooks(lk_comm *c, lk_tp_hooks *h);
 
