@@ -51,10 +51,12 @@ static uint64_t mem_available(void) {
     return (uint64_t)kb * 1024;
 }
 
-/* KV positions for the page pool: asked for in positions or bytes, or by
- * default every slot's full context, as far as half of the free memory
- * (measured before loading: the weights take their share first) allows,
- * but never less than one full context. */
+/* KV positions for the page pool: asked for in positions or bytes (of the
+ * whole model's cache, all layers and KV heads), or by default every slot's
+ * full context as far as half of the head's MemAvailable allows, read
+ * before the weights load (so the other half is left for them and the rest
+ * of the system), but never less than one full context. Every rank gets the
+ * same number of positions: the pools must agree page for page. */
 static int64_t kv_positions(const lk_engine_opts *o, const lk_model_config *cfg, int n_ctx, int max_seqs) {
     const int64_t per_pos = 2LL * cfg->n_layer * cfg->n_head_kv * cfg->head_dim * (o->kv_f16 ? 2 : 4);
     if (o->kv_budget > 0) return o->kv_budget;
