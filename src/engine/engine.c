@@ -33,6 +33,7 @@ struct lk_engine {
     /* lk_engine_step (slot 0) */
     lk_sampler_params leg_sp;
     bool leg_set;
+    bool caller_picks;      /* lk_engine_step: the caller's sampler picks, not the slot's */
 };
 
 static bool is_cluster(const lk_engine_opts *o) {
@@ -302,7 +303,7 @@ lk_status lk_engine_collect(lk_engine *e, int32_t *next, char *err, size_t errle
         const float *vals;
         int n = lk_step_result(e->st, f->res[i], &seq, &ids, &vals);
         /* the slot's sampler on the head picks (its random state is the slot's) */
-        if (next) next[i] = lk_sampler_pick(lk_step_sampler(e->st, seq), (int32_t *)ids, (float *)vals, n);
+        if (next) next[i] = e->caller_picks ? -1 : lk_sampler_pick(lk_step_sampler(e->st, seq), (int32_t *)ids, (float *)vals, n);
     }
     e->last_n_items = f->n_items;
     e->busy_s += lk_time_s() - t0;
@@ -348,7 +349,10 @@ lk_status lk_engine_step(lk_engine *e, const int32_t *tokens, int n, int pos0, l
     for (int i = 0; i < n; i += B) {
         lk_engine_item it = {.seq = 0, .n = LK_MIN(B, n - i), .tokens = tokens + i, .sample = i + B >= n};
         int32_t tok;
-        if ((st = lk_engine_batch(e, &it, 1, &tok, err, errlen))) return st;
+        e->caller_picks = true;
+        st = lk_engine_batch(e, &it, 1, &tok, err, errlen);
+        e->caller_picks = false;
+        if (st) return st;
         comm += e->t_comm;
         comp += e->t_compute;
     }
