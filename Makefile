@@ -1,6 +1,6 @@
 # lockstep build. `make` -> build/lockstep; `make test` -> every test, plain and
 # under ASan+UBSan, ending with the runner's "N passed, N failed" line.
-# Every .c under src/ is part of the build (folders mirror DESIGN.md's parts);
+# Every .c under src/ is part of the build (folders mirror the parts of docs/ARCHITECTURE.md);
 # src/cli/ holds the program's entry point, everything else is the library that
 # the tests link. SIMD variants are selected per function with target
 # attributes and dispatched at run time, so no file needs special flags.

@@ -1,7 +1,7 @@
 /* membw — how fast this machine streams memory into one or more cores.
  *
- * Decode on a CPU is bounded by memory bandwidth (DESIGN.md, "Measuring
- * ourselves"): `lockstep bench` divides the weight bytes a token reads by this
+ * Decode on a CPU is bounded by memory bandwidth (BENCHMARKS.md states every
+ * figure against it): `lockstep bench` divides the weight bytes a token reads by this
  * figure to print the fraction of the bound a kernel reaches.
  *
  * The probe reads (never writes) a buffer with the widest SIMD loads the CPU
