@@ -17,20 +17,31 @@ TEST_SRC := $(wildcard tests/test_*.c)
 HDR      := $(shell find src -name '*.h') $(wildcard tests/*.h)
 # B: the build folder (several people building at once each use their own).
 B        ?= build
+# One line per file; V=1 prints the whole commands.
+ifeq ($(V),1)
+Q :=
+else
+Q := @
+endif
+# make install [PREFIX=/usr/local] [DESTDIR=]: the program into $(DESTDIR)$(PREFIX)/bin.
+PREFIX   ?= /usr/local
 
 all: $(B)/lockstep
 
 # --- plain build -------------------------------------------------------------
 $(B)/obj/%.o: src/%.c $(HDR)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS) -c $< -o $@
 $(B)/liblockstep.a: $(patsubst src/%.c,$(B)/obj/%.o,$(LIB_SRC))
 	@rm -f $@; ar rcs $@ $^
 $(B)/lockstep: $(patsubst src/%.c,$(B)/obj/%.o,$(CLI_SRC)) $(B)/liblockstep.a
-	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+	@$(if $(Q),echo "  LINK    $@")
+	$(Q)$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 $(B)/tests/%: tests/%.c $(B)/liblockstep.a $(HDR)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Itests $< $(B)/liblockstep.a -o $@ $(LDLIBS) -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc
+	@$(if $(Q),echo "  TEST    $@")
+	$(Q)$(CC) $(CFLAGS) -Itests $< $(B)/liblockstep.a -o $@ $(LDLIBS) -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc
 
 # micro-benchmarks, built on demand only: make B=build $(B)/bench/bench_quant
 $(B)/bench/%: bench/%.c $(B)/liblockstep.a $(HDR)
@@ -40,14 +51,17 @@ $(B)/bench/%: bench/%.c $(B)/liblockstep.a $(HDR)
 # --- sanitizer build (ASan + UBSan) -----------------------------------------
 $(B)/asan/obj/%.o: src/%.c $(HDR)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(SAN) -c $< -o $@
+	@$(if $(Q),echo "  CC asan $<")
+	$(Q)$(CC) $(CFLAGS) $(SAN) -c $< -o $@
 $(B)/asan/liblockstep.a: $(patsubst src/%.c,$(B)/asan/obj/%.o,$(LIB_SRC))
 	@rm -f $@; ar rcs $@ $^
 $(B)/asan/lockstep: $(patsubst src/%.c,$(B)/asan/obj/%.o,$(CLI_SRC)) $(B)/asan/liblockstep.a
-	$(CC) $(CFLAGS) $(SAN) $^ -o $@ $(LDLIBS)
+	@$(if $(Q),echo "  LINK    $@")
+	$(Q)$(CC) $(CFLAGS) $(SAN) $^ -o $@ $(LDLIBS)
 $(B)/asan/tests/%: tests/%.c $(B)/asan/liblockstep.a $(HDR)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(SAN) -Itests $< $(B)/asan/liblockstep.a -o $@ $(LDLIBS) -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc
+	@$(if $(Q),echo "  TEST    $@")
+	$(Q)$(CC) $(CFLAGS) $(SAN) -Itests $< $(B)/asan/liblockstep.a -o $@ $(LDLIBS) -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc
 
 TESTS      := $(patsubst tests/%.c,$(B)/tests/%,$(TEST_SRC))
 ASAN_TESTS := $(patsubst tests/%.c,$(B)/asan/tests/%,$(TEST_SRC))
@@ -56,8 +70,13 @@ tests: $(B)/lockstep $(B)/asan/lockstep $(TESTS) $(ASAN_TESTS)
 test: tests
 	@B=$(B) tests/run.sh
 asan: $(B)/asan/lockstep $(ASAN_TESTS)
+install: $(B)/lockstep
+	install -d $(DESTDIR)$(PREFIX)/bin
+	install -m 755 $(B)/lockstep $(DESTDIR)$(PREFIX)/bin/lockstep
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/bin/lockstep
 clean:
 	rm -rf build
 
-.PHONY: all tests test asan clean
+.PHONY: all tests test asan install uninstall clean
 .SECONDARY:
