@@ -17,6 +17,9 @@
  * control link every few milliseconds; EOF or an error there means the peer
  * is gone. */
 #include "transport/transport.h"
+#include <pthread.h>
+#include <signal.h>
+#include <dirent.h>
 
 #include <errno.h>
 #include <fcntl.h>
@@ -168,6 +171,40 @@ static const lk_link_ops shm_ops = {
     .close = shm_close,
 };
 
+/* Segments are named /lockstep-<creator pid>-<n>-<random> and unlinked as
+ * soon as both sides mapped them; a creator killed inside that window
+ * leaves its segment behind. Each process sweeps such leftovers once, before
+ * it first creates one: a segment of ours whose creator no longer exists
+ * (kill(pid, 0) says ESRCH; a reused pid keeps it, which errs on the safe
+ * side) is unlinked. Returns how many were removed. */
+int lk_shm_sweep_stale(void) {
+    DIR *d = opendir("/dev/shm");
+    if (!d) return 0;
+    int removed = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int pid = 0;
+        unsigned n = 0, rnd = 0;
+        char tail;
+        if (sscanf(e->d_name, "lockstep-%d-%u-%8x%c", &pid, &n, &rnd, &tail) != 3 || pid <= 0) continue;
+        if (kill(pid, 0) == 0 || errno != ESRCH) continue;
+        struct stat sb;
+        char path[300];
+        snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
+        if (stat(path, &sb) != 0 || sb.st_uid != geteuid()) continue;
+        char name[300];
+        snprintf(name, sizeof name, "/%s", e->d_name);
+        if (shm_unlink(name) == 0) {
+            lk_log(LK_LOG_INFO, "shm: removed %s, left by process %d, which is gone", name, pid);
+            removed++;
+        }
+    }
+    closedir(d);
+    return removed;
+}
+
+static void sweep_once(void) { lk_shm_sweep_stale(); }
+
 /* Control message that offers the segment: fixed size, validated. */
 typedef struct {
     uint32_t magic, ring_bytes;
@@ -187,6 +224,8 @@ lk_status lk_shm_pair(lk_link *ctl, bool creator, size_t ring_bytes, uint64_t de
     size_t map_len = 0;
     lk_status st;
     if (creator) {
+        static pthread_once_t swept = PTHREAD_ONCE_INIT;
+        pthread_once(&swept, sweep_once);
         static _Atomic unsigned counter;
         uint32_t rnd = (uint32_t)lk_time_ns() ^ (uint32_t)getpid() * 2654435761u;
         o.magic = SHM_MAGIC;

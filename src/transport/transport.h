@@ -126,6 +126,10 @@ bool lk_addr_split(const char *addr, char *host, size_t hostlen, int *port);
  * per direction (power of two; 0 = 1 MiB). */
 lk_status lk_shm_pair(lk_link *ctl, bool creator, size_t ring_bytes, uint64_t deadline_ns,
                       lk_link **out, char *err, size_t errlen);
+/* Unlinks /dev/shm segments of this user left by lockstep processes that no
+ * longer exist (a creator killed while its peer was mapping); lk_shm_pair
+ * does it once per process. Returns how many it removed. */
+int lk_shm_sweep_stale(void);
 
 /* --- sealed links (seal.c) ---------------------------------------------- */
 
