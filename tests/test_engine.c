@@ -6,11 +6,14 @@
  * the head allocates nothing per step. */
 #include "lk_test.h"
 #include "engine/engine.h"
+#include "gguf/gguf.h"
 
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #define NV 512 /* stories260K */
 
@@ -265,6 +268,42 @@ TEST(no_allocation_per_step) {
     }
 }
 
+/* A model whose output norm holds a NaN: the step fails naming the slot
+ * and position, on one node and through a worker, instead of sampling. */
+TEST(non_finite_logits_named) {
+    char err[LK_ERRLEN];
+    lk_gguf *g = NULL;
+    CHECK(lk_gguf_open(lk_td("models/stories260K.gguf"), &g, err, sizeof err) == LK_OK);
+    if (!g) return;
+    const lk_gguf_tensor *t = lk_gguf_find_tensor(g, "output_norm.weight");
+    uint64_t at = lk_gguf_data_offset(g) + t->offset;
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/lk-nan-%d.gguf", (int)getpid());
+    FILE *f = fopen(path, "wb");
+    fwrite(lk_gguf_file_bytes(g), 1, lk_gguf_file_size(g), f);
+    float nan = NAN;
+    fseek(f, (long)at + 4 * 3, SEEK_SET);
+    fwrite(&nan, 4, 1, f);
+    fclose(f);
+    lk_gguf_close(g);
+    for (int local = 0; local <= 2; local += 2) {
+        lk_engine_opts o = {.model_path = path, .n_threads = 1, .n_ctx = 64, .n_batch = 16, .max_seqs = 1, .local = local,
+                            .tp = local ? 2 : 0};
+        lk_engine *e = NULL;
+        CHECKF(lk_engine_open(&o, &e, err, sizeof err) == LK_OK, "%s", err);
+        if (!e) continue;
+        CHECK(all_params(e, 0, err));
+        lk_engine_item it = {.seq = 0, .n = 5, .tokens = P[0], .sample = true};
+        int32_t next;
+        err[0] = 0;
+        lk_status st = lk_engine_batch(e, &it, 1, &next, err, sizeof err);
+        CHECKF(st != LK_OK && strstr(err, "non-finite logit") && strstr(err, "slot 0 at position 4"), "local %d: %s",
+               local, err);
+        lk_engine_close(e);
+    }
+    unlink(path);
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     /* The AVX-512 kernels are not batch invariant yet (decode, 2-4 token
@@ -284,5 +323,6 @@ int main(void) {
     RUN(pipeline_in_flight);
     RUN(bad_steps_refused);
     RUN(no_allocation_per_step);
+    RUN(non_finite_logits_named);
     return lk_test_end();
 }

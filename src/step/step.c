@@ -357,8 +357,13 @@ static lk_status check_items(lk_step *s, const lk_step_msg *msg, char *err, size
     return LK_OK;
 }
 
-/* Candidates of every sampling row of the batch into s->pairs (last stage). */
-static int64_t candidates(lk_step *s, const lk_step_msg *msg, const float *x) {
+/* Candidates of every sampling row of the batch into s->pairs (last
+ * stage); *total gets their count. A row with a NaN or infinite logit
+ * (weights or activations overflowed: a broken file, or a kernel bug) fails
+ * the step naming the slot and position, instead of sampling garbage: a
+ * scan of the rank's vocabulary rows, cheap beside the output matrix. */
+static lk_status candidates(lk_step *s, const lk_step_msg *msg, const float *x, int64_t *total, char *err,
+                            size_t errlen) {
     int n_out = 0, row = 0;
     for (int i = 0; i < msg->n_items; i++) {
         row += msg->items[i].n;
@@ -371,8 +376,18 @@ static int64_t candidates(lk_step *s, const lk_step_msg *msg, const float *x) {
         lk_model_logits(s->m, x, s->rows + i0, nr, s->logits);
         for (int r = 0; r < nr; r++) {
             while (!msg->items[oi].sample) oi++;
-            int seq = msg->items[oi++].seq, k = s->ncand[seq];
+            const lk_step_item *it = &msg->items[oi++];
+            int seq = it->seq, k = s->ncand[seq];
             float *lg = s->logits + (size_t)r * s->nvoc;
+            float acc = 0;
+            for (int64_t v = 0; v < s->nvoc; v++) acc += lg[v] * 0.0f; /* NaN or inf anywhere makes it NaN */
+            if (acc != 0)
+                for (int64_t v = 0; v < s->nvoc; v++)
+                    if (!isfinite(lg[v]))
+                        return lk_fail(err, errlen, LK_ERR_FORMAT,
+                                       "non-finite logit %g for token %lld of slot %d at position %d: the model's weights or "
+                                       "activations overflowed (a damaged file?)",
+                                       (double)lg[v], (long long)(s->sl->vocab0 + v), seq, it->pos0 + it->n - 1);
             lk_sampler_penalize(s->smp[seq], lg, s->sl->vocab0, s->nvoc);
             int got = lk_sampler_top(lg, s->sl->vocab0, s->nvoc, s->ids, s->vals, k);
             for (int c = 0; c < k; c++, at++) {
@@ -383,7 +398,8 @@ static int64_t candidates(lk_step *s, const lk_step_msg *msg, const float *x) {
             }
         }
     }
-    return at;
+    *total = at;
+    return LK_OK;
 }
 
 lk_status lk_step_run(lk_step *s, const lk_step_msg *msg, bool ops_applied, char *err, size_t errlen) {
@@ -473,7 +489,8 @@ lk_status lk_step_run(lk_step *s, const lk_step_msg *msg, bool ops_applied, char
         if (st) return lk_fail(err, errlen, st, "pipeline stage %d: passing rows on: %s", sl->pp_rank, why);
         return LK_OK;
     }
-    int64_t total = candidates(s, msg, x);
+    int64_t total = 0;
+    if ((st = candidates(s, msg, x, &total, err, errlen))) return st;
     if (s->rank == 0 || !total) return LK_OK; /* rank 0 gathers in collect */
     t0 = lk_time_ns();
     if (sl->pp_size > 1) /* rank 0 is not in the last stage's group: straight to it */
