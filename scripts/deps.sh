@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages lockstep builds and tests with (as root, or via sudo).
 set -euo pipefail
-pkgs="build-essential libsodium-dev libjansson-dev libicu-dev iproute2 procps"
+pkgs="build-essential clang libsodium-dev libjansson-dev libicu-dev iproute2 procps"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 [ -z "$missing" ] && exit 0
