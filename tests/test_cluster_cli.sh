@@ -264,3 +264,38 @@ LK_SIMD=scalar start_worker "$T/simd.log"
 expect simd_mismatch_refused 1 "$L" run -m "$M" -p hi -n 2 --workers "127.0.0.1:$WP" --key-file "$T/k1"
 has simd_mismatch_msg "$T/err" 'CPU feature mismatch: head has \[[^]]*simd=[a-z0-9]+\], worker has \[[^]]*simd=scalar\]'
 kill "$WK"
+
+# a closed port (the worker just stopped): retried within the deadline, then
+# named as refused, with the address, not as "Connection timed out"
+start_worker "$T/gone.log"
+CP=$WP
+kill "$WK"; wait "$WK" 2>/dev/null
+expect closed_port_refused 1 "$L" run -m "$M" -p hi -n 2 --workers "127.0.0.1:$CP" --key-file "$T/k1"
+has closed_port_refused_msg "$T/err" "worker rank 1: connect to 127\.0\.0\.1:$CP: connection refused \([0-9]+ attempts in [0-9.]+ s\): is a worker listening on 127\.0\.0\.1:$CP\?"
+
+# another file under the model's name in --model-dir: the mismatch names the
+# worker's file and its size, and the two ids differ in print
+mkdir -p "$T/other"
+cp "$TD/models/stories260K-q8_0.gguf" "$T/other/stories260K.gguf"
+start_worker "$T/other.log" --model-dir "$T/other"
+expect model_mismatch_refused 1 "$L" run -m "$M" -p hi -n 2 --workers "127.0.0.1:$WP" --key-file "$T/k1"
+OSIZE=$(stat -c %s "$T/other/stories260K.gguf")
+has model_mismatch_msg "$T/err" "model mismatch: head has ([0-9a-f]{16}|[0-9a-f]{64}), worker has ([0-9a-f]{16}|[0-9a-f]{64}) \($T/other/stories260K\.gguf, $OSIZE bytes\)"
+kill "$WK"
+
+# many refused connections from one address: a bounded number of WARN lines,
+# then one line counting the rest
+start_worker "$T/flood.log"
+for _ in $(seq 40); do
+    exec 5<>"/dev/tcp/127.0.0.1/$WP" && exec 5>&-
+done
+for _ in $(seq 160); do grep -q 'more refused from' "$T/flood.log" && break; sleep 0.05; done
+n=$(grep -c 'refused 127\.0\.0\.1:' "$T/flood.log")
+if [ "$n" -ge 1 ] && [ "$n" -le 3 ]; then ok flood_refusals_bounded
+else no flood_refusals_bounded "$n refusal lines" "$(head -n 5 "$T/flood.log")"; fi
+m=$(sed -n 's/.*worker: \([0-9]*\) more refused from 127\.0\.0\.1 in the last [0-9.]* s (latest: .*)$/\1/p' "$T/flood.log" |
+    awk '{s += $1} END {print s}')
+if [ -n "$m" ] && [ "$m" -gt 0 ] && [ $((m + n)) -eq 40 ]; then ok flood_refusals_counted
+else no flood_refusals_counted "summary '$m' + $n lines, want 40" "$(tail -n 3 "$T/flood.log")"; fi
+if kill -0 "$WK" 2>/dev/null; then ok flood_worker_still_up; else no flood_worker_still_up; fi
+kill "$WK"

@@ -83,6 +83,28 @@ TEST(addr_split) {
     CHECK(lk_tcp_connect("bogus", lk_deadline_ms(100), &l, err, sizeof err) == LK_ERR_ARG && strstr(err, "bogus"));
 }
 
+/* A port nobody listens on: retried until the deadline (a worker may still
+ * be starting), then reported as refused with the address and the time
+ * spent, not as "Connection timed out" (which the last attempt, cut short
+ * by the deadline, would otherwise say). */
+TEST(tcp_connect_refused) {
+    char err[LK_ERRLEN], addr[32];
+    int lfd, port;
+    LK_ASSERT(!lk_tcp_listen("127.0.0.1:0", &lfd, &port, err, sizeof err));
+    close(lfd); /* the port is now closed: connects are refused */
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    lk_link *l = NULL;
+    uint64_t t0 = lk_time_ns();
+    lk_status st = lk_tcp_connect(addr, lk_deadline_ms(300), &l, err, sizeof err);
+    double ms = (double)(lk_time_ns() - t0) / 1e6;
+    CHECK(st == LK_ERR_NET && !l);
+    CHECKF(ms >= 290 && ms < 2000, "gave up after %.0f ms", ms);
+    char want[96];
+    snprintf(want, sizeof want, "is a worker listening on %s?", addr);
+    CHECKF(strstr(err, "connection refused") && strstr(err, want) && strstr(err, " s)"), "%s", err);
+    CHECKF(!strstr(err, "timed out"), "%s", err);
+}
+
 typedef struct {
     lk_link *l;
     size_t n, piece;
@@ -296,6 +318,7 @@ int main(void) {
     signal(SIGPIPE, SIG_IGN);
     lk_log_set_level(LK_LOG_WARN);
     RUN(addr_split);
+    RUN(tcp_connect_refused);
     RUN(tcp_partial_reads);
     RUN(tcp_deadline_and_close);
     RUN(tcp_full_duplex_large);

@@ -151,6 +151,12 @@ void lk_key_generate(char hex[2 * LK_KEY_BYTES + 1]);
 void lk_cluster_model_id(const lk_gguf *g, uint8_t id[LK_MODEL_ID_BYTES]);
 /* "3f2a91c0d4e5b6a7" (first 8 bytes) into buf. */
 const char *lk_cluster_model_id_short(const uint8_t id[LK_MODEL_ID_BYTES], char *buf, size_t len);
+/* Two ids of a mismatch, written so that they visibly differ: the first 8
+ * bytes of each where those differ, else all 32 bytes (LK_MODEL_ID_HEX - 1
+ * hex digits), never two equal strings for two different ids. */
+#define LK_MODEL_ID_HEX (2 * LK_MODEL_ID_BYTES + 1)
+void lk_cluster_model_id_pair(const uint8_t a[LK_MODEL_ID_BYTES], const uint8_t b[LK_MODEL_ID_BYTES],
+                              char ahex[LK_MODEL_ID_HEX], char bhex[LK_MODEL_ID_HEX]);
 
 /* ---- handshake ----------------------------------------------------------------- */
 

@@ -9,6 +9,7 @@
 
 #include <sodium.h>
 #include <stdio.h>
+#include <string.h>
 
 #define SAMPLE 4096
 
@@ -57,4 +58,24 @@ const char *lk_cluster_model_id_short(const uint8_t id[LK_MODEL_ID_BYTES], char 
     for (int i = 0; i < 8; i++) snprintf(hex + 2 * i, 3, "%02x", id[i]);
     snprintf(buf, len, "%s", hex);
     return buf;
+}
+
+static void hex_bytes(const uint8_t *id, int n, char *out) {
+    static const char digits[] = "0123456789abcdef";
+    for (int i = 0; i < n; i++) {
+        out[2 * i] = digits[id[i] >> 4];
+        out[2 * i + 1] = digits[id[i] & 15];
+    }
+    out[2 * n] = 0;
+}
+
+/* Eight bytes tell two different BLAKE2b ids apart all but never; the rule
+ * still has to hold for any two ids (a damaged cache entry, a peer's INFO),
+ * since two equal strings in a "mismatch" message send the reader hunting
+ * for a bug that is not there. */
+void lk_cluster_model_id_pair(const uint8_t a[LK_MODEL_ID_BYTES], const uint8_t b[LK_MODEL_ID_BYTES],
+                              char ahex[LK_MODEL_ID_HEX], char bhex[LK_MODEL_ID_HEX]) {
+    int n = memcmp(a, b, 8) ? 8 : LK_MODEL_ID_BYTES;
+    hex_bytes(a, n, ahex);
+    hex_bytes(b, n, bhex);
 }

@@ -42,6 +42,23 @@ typedef struct {
     struct timespec mtime, ctime;
 } vstamp;
 
+/* A worker open to the network hears from scanners, from clients of other
+ * protocols, and from someone holding its port with junk: one WARN line per
+ * refused connection would let any of them fill the log (and bury the one
+ * refusal that matters, a head with the wrong key). Per source host, the
+ * first REFUSE_BURST refusals of a window are written in full; the rest are
+ * counted and summed up in one line when the window ends. */
+#define REFUSE_HOSTS 32
+#define REFUSE_BURST 3
+#define REFUSE_WINDOW_NS 5000000000ull
+
+typedef struct {
+    char host[64];      /* without the port: a flood comes from fresh ports */
+    uint64_t t0;        /* the window's first refusal (0: slot free) */
+    int logged, more;   /* refusals written in full, and counted only */
+    char last[200];     /* the latest refusal counted only: "ADDR: reason" */
+} refuse_rec;
+
 typedef struct {
     const lk_worker_opts *o;
     atomic_int busy;        /* a session is running */
@@ -53,6 +70,10 @@ typedef struct {
      * thread (one session at a time). */
     vstamp verified[MAX_VERIFIED];
     int n_verified;
+    /* Refusals logged, per source host (log_refusal): connection threads
+     * and the accept loop write them, so they share a lock. */
+    pthread_mutex_t refuse_mu;
+    refuse_rec refuse[REFUSE_HOSTS];
 } worker;
 
 typedef struct {
@@ -97,6 +118,60 @@ typedef struct {
 static const char *unprefixed(const char *msg, const char *name) {
     size_t n = strlen(name);
     return !strncmp(msg, name, n) && msg[n] == ':' && msg[n + 1] == ' ' ? msg + n + 2 : msg;
+}
+
+/* Ends rec's window: the refusals it counted but did not write, in one
+ * line. Called with refuse_mu held. */
+static void refuse_close(refuse_rec *r, uint64_t now) {
+    if (r->more)
+        lk_log(LK_LOG_WARN, "worker: %d more refused from %s in the last %.1f s (latest: %s)", r->more, r->host,
+               (double)(now - r->t0) / 1e9, r->last);
+    memset(r, 0, sizeof *r);
+}
+
+/* Closes every window older than REFUSE_WINDOW_NS: the accept loop calls
+ * it at every turn (at least every 200 ms), so a burst's summary comes
+ * soon after the burst, not at the next refusal. */
+static void refuse_flush(worker *w) {
+    uint64_t now = lk_time_ns();
+    pthread_mutex_lock(&w->refuse_mu);
+    for (int i = 0; i < REFUSE_HOSTS; i++)
+        if (w->refuse[i].t0 && now - w->refuse[i].t0 >= REFUSE_WINDOW_NS) refuse_close(&w->refuse[i], now);
+    pthread_mutex_unlock(&w->refuse_mu);
+}
+
+/* "worker: refused PEER: REASON", within the per-host budget above. */
+static void log_refusal(worker *w, const char *peer, const char *reason) {
+    char host[64];
+    int port;
+    if (!lk_addr_split(peer, host, sizeof host, &port)) snprintf(host, sizeof host, "%s", peer);
+    /* The link's and the handshake's messages may each have named the peer. */
+    for (const char *q; (q = unprefixed(reason, peer)) != reason;) reason = q;
+    uint64_t now = lk_time_ns();
+    pthread_mutex_lock(&w->refuse_mu);
+    refuse_rec *r = NULL, *oldest = &w->refuse[0];
+    for (int i = 0; i < REFUSE_HOSTS && !r; i++) {
+        refuse_rec *e = &w->refuse[i];
+        if (e->t0 && now - e->t0 >= REFUSE_WINDOW_NS) refuse_close(e, now);
+        if (e->t0 && !strcmp(e->host, host)) r = e;
+        else if (e->t0 < oldest->t0 && oldest->t0) oldest = e; /* a free slot (t0 0) stays the pick */
+    }
+    if (!r) {
+        /* More hosts refused at once than slots: the oldest window ends
+         * early (its count is written, not lost). */
+        r = oldest;
+        if (r->t0) refuse_close(r, now);
+        snprintf(r->host, sizeof r->host, "%s", host);
+        r->t0 = now;
+    }
+    if (r->logged < REFUSE_BURST) {
+        r->logged++;
+        lk_log(LK_LOG_WARN, "worker: refused %s: %s", peer, reason);
+    } else {
+        r->more++;
+        snprintf(r->last, sizeof r->last, "%s: %s", peer, reason);
+    }
+    pthread_mutex_unlock(&w->refuse_mu);
 }
 
 static lk_status send_locked(session *s, uint16_t type, const void *p, uint32_t len, char *err, size_t errlen) {
@@ -248,11 +323,13 @@ static lk_status try_model(session *s, const char *path, char *err, size_t errle
     uint8_t id[LK_MODEL_ID_BYTES];
     lk_cluster_model_id(s->g, id);
     if (memcmp(id, s->load.model_id, sizeof id)) {
-        char a[40], b[40];
+        char a[LK_MODEL_ID_HEX], b[LK_MODEL_ID_HEX];
+        lk_cluster_model_id_pair(s->load.model_id, id, a, b);
+        unsigned long long size = (unsigned long long)lk_gguf_file_size(s->g);
         lk_gguf_close(s->g);
         s->g = NULL;
-        return lk_fail(err, errlen, LK_ERR_MISMATCH, "model mismatch: head has %s, worker has %s (%s)",
-                       lk_cluster_model_id_short(s->load.model_id, a, sizeof a), lk_cluster_model_id_short(id, b, sizeof b), path);
+        return lk_fail(err, errlen, LK_ERR_MISMATCH, "model mismatch: head has %s, worker has %s (%s, %llu bytes)", a,
+                       b, path, size);
     }
     return LK_OK;
 }
@@ -1031,9 +1108,9 @@ static void serve_conn(worker *w, lk_link *link) {
     if (!st && peer.sealed)
         lk_log(LK_LOG_INFO, "worker: head %s: link sealed (%s)", s->head, lk_seal_cipher_name(peer.cipher));
     if (st) {
-        lk_log(LK_LOG_WARN, "worker: refused %s: %s", link->peer_addr, unprefixed(err, link->peer_addr));
+        log_refusal(w, link->peer_addr, err);
     } else if (!claim(w)) {
-        lk_log(LK_LOG_WARN, "worker: refused %s: busy with another head", link->peer_addr);
+        log_refusal(w, link->peer_addr, "busy with another head");
         lk_chan_send_error(&s->ch, "worker busy: serving another head");
     } else {
         run_session(s);
@@ -1056,7 +1133,7 @@ static void *conn_main(void *p) {
 }
 
 lk_status lk_worker_serve(const lk_worker_opts *o, char *err, size_t errlen) {
-    worker w = {.o = o};
+    worker w = {.o = o, .refuse_mu = PTHREAD_MUTEX_INITIALIZER};
     int lfd = o->listen_fd, port = 0;
     bool own = false;
     if (lfd < 0) {
@@ -1068,6 +1145,7 @@ lk_status lk_worker_serve(const lk_worker_opts *o, char *err, size_t errlen) {
     char why[LK_ERRLEN];
     for (;;) {
         if (o->once && atomic_load(&w.sessions) > 0) break;
+        refuse_flush(&w);
         lk_link *l;
         if (lk_tcp_accept(lfd, lk_deadline_ms(200), &l, why, sizeof why)) continue;
         if (o->once) {
@@ -1076,7 +1154,7 @@ lk_status lk_worker_serve(const lk_worker_opts *o, char *err, size_t errlen) {
             continue;
         }
         if (atomic_load(&w.handshakes) >= MAX_HANDSHAKES) {
-            lk_log(LK_LOG_WARN, "worker: refused %s: too many connections in progress", l->peer_addr);
+            log_refusal(&w, l->peer_addr, "too many connections in progress");
             lk_link_close(l);
             continue;
         }

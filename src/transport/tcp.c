@@ -169,17 +169,35 @@ lk_status lk_tcp_connect(const char *addr, uint64_t deadline_ns, lk_link **out, 
     lk_status st = resolve(addr, false, &res, err, errlen);
     if (st) return st;
     int why = 0, fd = -1;
+    /* What the peer answered last: the attempt cut short by the deadline
+     * ends in ETIMEDOUT, but a port that refused every attempt before it
+     * must be reported as refused, not as a silent host. */
+    int seen = 0, tries = 0;
+    uint64_t t0 = lk_time_ns();
     /* A peer that is still starting refuses: retry until the deadline. */
     for (;;) {
-        for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) fd = try_connect(ai, deadline_ns, &why);
+        for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
+            fd = try_connect(ai, deadline_ns, &why);
+            tries++;
+            if (fd < 0 && why != ETIMEDOUT) seen = why;
+        }
         if (fd >= 0 || lk_time_ns() >= deadline_ns) break;
         if (why != ECONNREFUSED && why != EAGAIN && why != ENETUNREACH && why != EHOSTUNREACH) break;
         sleep_ms(20);
     }
     freeaddrinfo(res);
-    if (fd < 0)
-        return lk_fail(err, errlen, why == ETIMEDOUT ? LK_ERR_TIMEOUT : LK_ERR_NET, "connect to %s: %s",
-                       addr, strerror(why));
+    if (fd < 0) {
+        double s = (double)(lk_time_ns() - t0) / 1e9;
+        if (why == ETIMEDOUT && seen) why = seen;
+        if (why == ECONNREFUSED)
+            return lk_fail(err, errlen, LK_ERR_NET,
+                           "connect to %s: connection refused (%d attempts in %.1f s): is a worker listening on %s?",
+                           addr, tries, s, addr);
+        if (why == ETIMEDOUT)
+            return lk_fail(err, errlen, LK_ERR_TIMEOUT, "connect to %s: timed out after %.1f s without an answer (host down, or packets dropped?)",
+                           addr, s);
+        return lk_fail(err, errlen, LK_ERR_NET, "connect to %s: %s (%d attempts in %.1f s)", addr, strerror(why), tries, s);
+    }
     *out = lk_tcp_wrap(fd, addr);
     return LK_OK;
 }
