@@ -575,6 +575,151 @@ TEST(crafted_duplicates_and_nesting) {
     CHECK(lk_gguf_open(tmpdir, &g, err, sizeof err) == LK_ERR_IO);
 }
 
+/* A file with general.alignment 1 and one tensor of `type` and `ne0`
+ * elements whose data lies at file byte data_off + `off`, where `off` is
+ * chosen so that the data starts `mis` bytes past a multiple of 8 (0:
+ * aligned). Two padding bytes stand before it inside the data section. */
+static bb align1_file(uint32_t type, uint64_t ne0, size_t nbytes, unsigned mis) {
+    bb x = {0};
+    put(&x, "GGUF", 4); p_u32(&x, 3); p_u64(&x, 1); p_u64(&x, 2);
+    p_str(&x, "general.architecture"); p_u32(&x, LK_GGUF_STRING); p_str(&x, "llama");
+    p_str(&x, "general.alignment"); p_u32(&x, LK_GGUF_UINT32); p_u32(&x, 1);
+    p_str(&x, "blk.0.attn_norm.weight"); p_u32(&x, 1); p_u64(&x, ne0); p_u32(&x, type);
+    size_t off_at = x.n;
+    p_u64(&x, 0);
+    size_t data_off = x.n; /* alignment 1: no padding after the tensor infos */
+    uint64_t off = 8 + ((mis + 8 - data_off % 8) % 8); /* (data_off + off) % 8 == mis */
+    patch64(&x, off_at, off);
+    while (x.n < data_off + off) put(&x, "", 1);
+    for (size_t i = 0; i < nbytes; i++) put(&x, "\x3f", 1);
+    return x;
+}
+
+/* general.alignment = 1 is valid GGUF, but an f32 tensor must still start on
+ * a 4-byte boundary (norm weights are read as float *; UBSan reported a
+ * misaligned load in lk_rmsnorm), f16/bf16 on 2 bytes; block types are read
+ * byte-wise and may start anywhere. */
+TEST(crafted_misaligned_tensor_data) {
+    char err[LK_ERRLEN];
+    bb x = align1_file(LK_TYPE_F32, 4, 16, 1);
+    CHECK(try_open(x.b, x.n, err, sizeof err) == LK_ERR_FORMAT);
+    CHECKF(strstr(err, "'blk.0.attn_norm.weight'") && strstr(err, "(f32)") && strstr(err, "not aligned to 4 bytes") &&
+           strstr(err, "general.alignment 1") && strstr(err, "data at byte"), "%s", err);
+    free(x.b);
+    for (unsigned mis = 1; mis < 8; mis++) {
+        x = align1_file(LK_TYPE_F32, 4, 16, mis);
+        lk_status st = try_open(x.b, x.n, err, sizeof err);
+        CHECKF(mis % 4 ? st == LK_ERR_FORMAT : st == LK_OK, "f32 %u past 8: %d %s", mis, st, err);
+        free(x.b);
+        x = align1_file(LK_TYPE_F16, 4, 8, mis);
+        st = try_open(x.b, x.n, err, sizeof err);
+        CHECKF(mis % 2 ? st == LK_ERR_FORMAT && strstr(err, "not aligned to 2 bytes") : st == LK_OK,
+               "f16 %u past 8: %d %s", mis, st, err);
+        free(x.b);
+        x = align1_file(LK_TYPE_BF16, 4, 8, mis);
+        st = try_open(x.b, x.n, err, sizeof err);
+        CHECKF(mis % 2 ? st == LK_ERR_FORMAT : st == LK_OK, "bf16 %u past 8: %d %s", mis, st, err);
+        free(x.b);
+        x = align1_file(LK_TYPE_Q8_0, 32, 34, mis); /* blocks: any address */
+        st = try_open(x.b, x.n, err, sizeof err);
+        CHECKF(st == LK_OK, "q8_0 %u past 8: %d %s", mis, st, err);
+        free(x.b);
+    }
+    /* aligned f32 in an alignment-1 file opens, and its data is aligned */
+    x = align1_file(LK_TYPE_F32, 4, 16, 4);
+    const char *p = tmp_path("align1.gguf");
+    write_file(p, x.b, x.n);
+    lk_gguf *g = open_ok(p);
+    if (g) {
+        const lk_gguf_tensor *t = lk_gguf_find_tensor(g, "blk.0.attn_norm.weight");
+        CHECK(t && lk_gguf_alignment(g) == 1 && (uintptr_t)t->data % 4 == 0);
+        lk_gguf_close(g);
+    }
+    free(x.b);
+}
+
+/* True if s holds a terminal control byte: C0 other than \t and \n, DEL, or
+ * a C1 character (U+0080..U+009F in UTF-8). */
+static bool has_control(const char *s) {
+    for (const uint8_t *p = (const uint8_t *)s; *p; p++)
+        if ((*p < 0x20 && *p != '\t' && *p != '\n') || *p == 0x7f || (p[0] == 0xc2 && p[1] >= 0x80 && p[1] < 0xa0))
+            return true;
+    return false;
+}
+
+TEST(sanitize_text_from_files) {
+    char out[64];
+    static const struct { const char *in, *want; } cases[] = {
+        {"plain text", "plain text"},
+        {"\x1b[2Jclear", "\\x1b[2Jclear"},
+        {"bell\a del\x7f", "bell\\x07 del\\x7f"},
+        {"h\xc3\xa9llo \xe2\x96\x81 \xf0\x9f\x98\x80", "h\xc3\xa9llo \xe2\x96\x81 \xf0\x9f\x98\x80"}, /* UTF-8 kept */
+        {"csi\xc2\x9b" "2J", "csi\\xc2\\x9b2J"},      /* C1 CSI: escaped */
+        {"\xff\xfe bad", "\\xff\\xfe bad"},           /* not UTF-8 */
+        {"\xc0\xaf over", "\\xc0\\xaf over"},         /* overlong '/' */
+        {"\xed\xa0\x80 sur", "\\xed\\xa0\\x80 sur"},  /* surrogate */
+        {"cut \xe2\x96", "cut \\xe2\\x96"},           /* truncated character */
+        {"a\\b\nc\td", "a\\\\b\\nc\\td"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        size_t n = strlen(cases[i].in);
+        CHECK(lk_str_sanitize(out, sizeof out, cases[i].in, n) == n);
+        CHECKF(!strcmp(out, cases[i].want), "case %zu: '%s'", i, out);
+        CHECK(!has_control(out));
+    }
+    /* a NUL inside the bytes is escaped, not an end */
+    CHECK(lk_str_sanitize(out, sizeof out, "a\0b", 3) == 3 && !strcmp(out, "a\\x00b"));
+    /* a small buffer: never half an escape or half a character */
+    CHECK(lk_str_sanitize(out, 6, "ab\x1b" "cd", 5) == 2 && !strcmp(out, "ab"));
+    CHECK(lk_str_sanitize(out, 7, "ab\x1b" "cd", 5) == 3 && !strcmp(out, "ab\\x1b"));
+    CHECK(lk_str_sanitize(out, 4, "a\xe2\x96\x81", 4) == 1 && !strcmp(out, "a"));
+    CHECK(lk_str_sanitize(out, 1, "abc", 3) == 0 && !out[0]);
+
+    /* through the reader: a key, a string value, string-array elements and a
+     * tensor name with escapes are shown escaped by kv_format and in errors */
+    bb x = {0};
+    put(&x, "GGUF", 4); p_u32(&x, 3); p_u64(&x, 2); p_u64(&x, 3);
+    p_str(&x, "general.name"); p_u32(&x, LK_GGUF_STRING); p_str(&x, "\x1b]0;title\a\x1b[2J\"q\" \xc2\x9b" "31m");
+    p_str(&x, "k\x1b[31m"); p_u32(&x, LK_GGUF_UINT32); p_u32(&x, 1);
+    p_str(&x, "tokenizer.ggml.tokens"); p_u32(&x, LK_GGUF_ARRAY); p_u32(&x, LK_GGUF_STRING); p_u64(&x, 2);
+    p_str(&x, "\x1b[2J"); p_str(&x, "\xe2\x96\x81ok");
+    p_str(&x, "t\x1b[2J"); p_u32(&x, 1); p_u64(&x, 4); p_u32(&x, 0); p_u64(&x, 0);
+    p_str(&x, "t\x1b[2J"); p_u32(&x, 1); p_u64(&x, 4); p_u32(&x, 0); p_u64(&x, 32);
+    p_pad(&x, 32);
+    for (int i = 0; i < 16; i++) p_u32(&x, 0);
+    char err[LK_ERRLEN];
+    CHECK(try_open(x.b, x.n, err, sizeof err) == LK_ERR_FORMAT);
+    CHECKF(strstr(err, "duplicate tensor name 't\\x1b[2J'") && !has_control(err), "%s", err);
+    free(x.b);
+    x = (bb){0};
+    put(&x, "GGUF", 4); p_u32(&x, 3); p_u64(&x, 0); p_u64(&x, 3);
+    p_str(&x, "general.name"); p_u32(&x, LK_GGUF_STRING); p_str(&x, "\x1b]0;title\a\x1b[2J\"q\" \xc2\x9b" "31m");
+    p_str(&x, "k\x1b[31m"); p_u32(&x, LK_GGUF_UINT32); p_u32(&x, 1);
+    p_str(&x, "tokenizer.ggml.tokens"); p_u32(&x, LK_GGUF_ARRAY); p_u32(&x, LK_GGUF_STRING); p_u64(&x, 2);
+    p_str(&x, "\x1b[2J"); p_str(&x, "\xe2\x96\x81ok");
+    const char *p = tmp_path("esc.gguf");
+    write_file(p, x.b, x.n);
+    lk_gguf *g = open_ok(p);
+    if (g) {
+        char buf[400];
+        lk_gguf_kv_format(g, 0, buf, sizeof buf);
+        CHECKF(!strcmp(buf, "\"\\x1b]0;title\\x07\\x1b[2J\\\"q\\\" \\xc2\\x9b31m\""), "%s", buf);
+        lk_gguf_kv_format(g, 2, buf, sizeof buf);
+        CHECKF(!strcmp(buf, "[string x 2] \"\\x1b[2J\", \"\xe2\x96\x81ok\""), "%s", buf);
+        for (size_t len = 1; len < 40; len++) { /* cut anywhere: still no control byte, still terminated */
+            lk_gguf_kv_format(g, 0, buf, len);
+            CHECKF(strlen(buf) < len && !has_control(buf), "%zu: %s", len, buf);
+        }
+        lk_gguf_close(g);
+    }
+    /* a duplicate key with escapes is named escaped */
+    patch64(&x, 16, 4);
+    p_str(&x, "k\x1b[31m"); p_u32(&x, LK_GGUF_UINT32); p_u32(&x, 2);
+    CHECK(try_open(x.b, x.n, err, sizeof err) == LK_ERR_FORMAT);
+    CHECKF(strstr(err, "duplicate key 'k\\x1b[31m'") && !has_control(err), "%s", err);
+    free(x.b);
+}
+
 /* ---- writer ------------------------------------------------------------------ */
 
 /* Copying every key/value and tensor of a file written by llama.cpp's tools
@@ -1121,6 +1266,8 @@ int main(void) {
     RUN(crafted_malformed);
     RUN(crafted_duplicates_and_nesting);
     RUN(crafted_random_corruption);
+    RUN(crafted_misaligned_tensor_data);
+    RUN(sanitize_text_from_files);
     RUN(writer_reproduces_llama_cpp_files);
     RUN(writer_round_trip);
     RUN(quantize_matches_llama_quantize);

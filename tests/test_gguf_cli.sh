@@ -65,6 +65,35 @@ expect quant_one_arg 2 "$L" quantize "$TD/models/stories260K.gguf" --type q8_0
 expect quant_bad_input 1 "$L" quantize "$T/bad.gguf" "$T/q.gguf" --type q8_0
 [ ! -e "$T/q.gguf" ] && ok quant_no_partial_output || no quant_no_partial_output "$T/q.gguf left behind"
 
+# Text from a GGUF never reaches the terminal raw: an architecture, a name, a
+# key and a token piece carrying terminal escapes (clear screen, set title,
+# a C1 CSI) are printed escaped by `info` and in the unsupported-architecture
+# error. The file is written byte by byte (little-endian counts).
+u32() { printf "$(printf '\\x%02x\\x%02x\\x%02x\\x%02x' $(($1 & 255)) $(($1 >> 8 & 255)) $(($1 >> 16 & 255)) $(($1 >> 24 & 255)))"; }
+u64() { u32 "$1"; u32 0; }
+gstr() { local LC_ALL=C; u64 "${#1}"; printf '%s' "$1"; } # ${#1}: bytes under LC_ALL=C
+{
+    printf 'GGUF'; u32 3; u64 0; u64 4
+    gstr general.architecture; u32 8; gstr $'ll\x1b[2Jama\x07'
+    gstr general.name; u32 8; gstr $'\x1b]0;pwned\x07\x1b[2J name \xc2\x9b31m'
+    gstr $'key\x1b[31m'; u32 4; u32 7
+    gstr tokenizer.ggml.tokens; u32 9; u32 8; u64 2; gstr $'\x1b[2J'; gstr $'\xe2\x96\x81ok'
+} >"$T/esc.gguf"
+# no_ctl NAME FILE : FILE holds no control byte but tab and newline, no DEL, no C1
+no_ctl() {
+    if LC_ALL=C grep -qP '[\x00-\x08\x0b-\x1f\x7f]|\xc2[\x80-\x9f]' "$2"; then
+        no "$1" "raw control bytes in:" "$(od -c "$2" | grep -E '033|302' | head -n 4)"
+    else ok "$1"; fi
+}
+expect info_escapes 0 "$L" info "$T/esc.gguf"
+no_ctl info_escapes_no_raw "$T/out"
+has info_escapes_arch "$T/out" '^architecture: ll\\x1b\[2Jama\\x07  \(name "\\x1b]0;pwned\\x07\\x1b\[2J name \\xc2\\x9b31m"\)$'
+has info_escapes_key "$T/out" '^  key\\x1b\[31m +u32 +7$'
+has info_escapes_piece "$T/out" 'tokenizer.ggml.tokens +array +\[string x 2\] "\\x1b\[2J", "▁ok"'
+expect run_escaped_arch 1 "$L" run -m "$T/esc.gguf" -p hi -n 1
+no_ctl run_escaped_arch_no_raw "$T/err"
+has run_escaped_arch_message "$T/err" "architecture 'll\\\\x1b\[2Jama\\\\x07' is not supported"
+
 # Optional: real llama.cpp loads what gen-model and quantize write and
 # generates from it. Needs node and node-llama-cpp installed somewhere
 # (e.g. `npm i -E node-llama-cpp@3.21.1 --prefix DIR`); set LK_NODE_LLAMA=DIR.

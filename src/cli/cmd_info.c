@@ -38,12 +38,18 @@ static void print_shape(const lk_gguf *g) {
         printf("architecture: (none: general.architecture is missing)\n");
         return;
     }
-    char arch[128];
+    /* arch builds the keys looked up below; what is printed from the file
+     * goes through lk_str_sanitize, so its escapes cannot reach the terminal */
+    char arch[128], sa[128], sn[201];
     snprintf(arch, sizeof arch, "%.*s", (int)LK_MIN(alen, sizeof arch - 1), a);
+    lk_str_sanitize(sa, sizeof sa, a, alen);
     const char *name = NULL;
     size_t nlen = 0;
-    printf("architecture: %s", arch);
-    if (lk_gguf_get_str(g, "general.name", &name, &nlen)) printf("  (name \"%.*s\")", (int)LK_MIN(nlen, 200), name);
+    printf("architecture: %s", sa);
+    if (lk_gguf_get_str(g, "general.name", &name, &nlen)) {
+        lk_str_sanitize(sn, sizeof sn, name, nlen);
+        printf("  (name \"%s\")", sn);
+    }
     printf("\n");
     static const struct { const char *label, *suffix; } ints[] = {
         {"n_embd", "embedding_length"}, {"n_layer", "block_count"}, {"n_head", "attention.head_count"},
@@ -73,8 +79,13 @@ static void print_shape(const lk_gguf *g) {
     if (lk_gguf_get_str(g, "tokenizer.ggml.model", &tm, &tml)) {
         const char *pre = NULL;
         size_t pl = 0;
-        printf("tokenizer:    %.*s", (int)LK_MIN(tml, 64), tm);
-        if (lk_gguf_get_str(g, "tokenizer.ggml.pre", &pre, &pl)) printf(" (pre %.*s)", (int)LK_MIN(pl, 64), pre);
+        char st[65];
+        lk_str_sanitize(st, sizeof st, tm, tml);
+        printf("tokenizer:    %s", st);
+        if (lk_gguf_get_str(g, "tokenizer.ggml.pre", &pre, &pl)) {
+            lk_str_sanitize(st, sizeof st, pre, pl);
+            printf(" (pre %s)", st);
+        }
         printf(", %" PRIu64 " tokens\n", n_vocab);
     }
 }
@@ -89,7 +100,7 @@ int lk_cmd_info(int argc, char **argv) {
     };
     const char *pos[1];
     int np = lk_args_parse("info", "[-m] FILE [--tensors]", opts, argc, argv, pos, 1);
-    if (np == LK_ARGS_HELP) return 0;
+    if (np == LK_ARGS_HELP || np == LK_ARGS_VERSION) return 0;
     if (np < 0) return 2;
     if (np == 1) {
         if (model) {
@@ -144,9 +155,11 @@ int lk_cmd_info(int argc, char **argv) {
     int64_t nkv = lk_gguf_n_kv(g);
     printf("metadata:     %" PRId64 " keys\n", nkv);
     for (int64_t i = 0; i < nkv; i++) {
-        char val[400];
+        char val[400], key[256]; /* kv_format escapes the values; the key is the file's too */
         lk_gguf_kv_format(g, i, val, sizeof val);
-        printf("  %-42s %-6s %s\n", lk_gguf_kv_key(g, i), lk_gguf_vtype_name(lk_gguf_kv_type(g, i)), val);
+        const char *k = lk_gguf_kv_key(g, i);
+        lk_str_sanitize(key, sizeof key, k, strlen(k));
+        printf("  %-42s %-6s %s\n", key, lk_gguf_vtype_name(lk_gguf_kv_type(g, i)), val);
     }
     if (tensors) {
         printf("tensor list:\n");
@@ -157,7 +170,9 @@ int lk_cmd_info(int argc, char **argv) {
             for (int d = 0; d < t->n_dims; d++)
                 n += snprintf(shape + n, sizeof shape - (size_t)n, "%s%" PRIu64, d ? ", " : "", t->ne[d]);
             snprintf(shape + n, sizeof shape - (size_t)n, "]");
-            printf("  %-40s %-6s %-22s %12" PRIu64 " bytes  @ %" PRIu64 "\n", t->name, lk_type_name(t->type), shape,
+            char name[256];
+            lk_str_sanitize(name, sizeof name, t->name, strlen(t->name));
+            printf("  %-40s %-6s %-22s %12" PRIu64 " bytes  @ %" PRIu64 "\n", name, lk_type_name(t->type), shape,
                    t->nbytes, lk_gguf_data_offset(g) + t->offset);
         }
     }

@@ -38,6 +38,55 @@ void lk_assert_fail(const char *expr, const char *file, int line) {
     abort();
 }
 
+/* Length of the valid UTF-8 character at p (n bytes left), 0 if the bytes
+ * there are not one (overlong forms, surrogates and code points past
+ * U+10FFFF are invalid, as in RFC 3629). */
+static size_t utf8_len(const uint8_t *p, size_t n) {
+    uint8_t c = p[0];
+    size_t len;
+    uint32_t cp, min;
+    if (c < 0x80) return 1;
+    if (c >= 0xc2 && c <= 0xdf) { len = 2; cp = c & 0x1f; min = 0x80; }
+    else if (c >= 0xe0 && c <= 0xef) { len = 3; cp = c & 0x0f; min = 0x800; }
+    else if (c >= 0xf0 && c <= 0xf4) { len = 4; cp = c & 0x07; min = 0x10000; }
+    else return 0;
+    if (len > n) return 0;
+    for (size_t i = 1; i < len; i++) {
+        if ((p[i] & 0xc0) != 0x80) return 0;
+        cp = cp << 6 | (p[i] & 0x3f);
+    }
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+    return len;
+}
+
+size_t lk_str_sanitize(char *out, size_t outlen, const void *s, size_t n) {
+    LK_ASSERT(outlen > 0);
+    const uint8_t *p = s;
+    size_t i = 0, o = 0;
+    while (i < n) {
+        char esc[8];
+        const char *piece;
+        size_t len = utf8_len(p + i, n - i), plen;
+        bool c1 = len == 2 && p[i] == 0xc2 && p[i + 1] < 0xa0; /* U+0080..U+009F */
+        if (len == 1 && p[i] == '\\') { piece = "\\\\"; plen = 2; }
+        else if (len == 1 && p[i] == '\n') { piece = "\\n"; plen = 2; }
+        else if (len == 1 && p[i] == '\t') { piece = "\\t"; plen = 2; }
+        else if (len == 0 || c1 || (len == 1 && (p[i] < 0x20 || p[i] == 0x7f))) {
+            /* one byte escaped; a C1 character's second byte follows as its own escape */
+            snprintf(esc, sizeof esc, "\\x%02x", p[i]);
+            piece = esc;
+            plen = 4;
+            len = 1;
+        } else { piece = (const char *)p + i; plen = len; }
+        if (o + plen > outlen - 1) break;
+        memcpy(out + o, piece, plen);
+        o += plen;
+        i += len;
+    }
+    out[o] = 0;
+    return i;
+}
+
 static int g_log_level = LK_LOG_INFO;
 void lk_log_set_level(int level) { g_log_level = level; }
 int lk_log_level(void) { return g_log_level; }

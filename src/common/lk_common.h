@@ -49,6 +49,18 @@ void lk_log_set_level(int level);
 int  lk_log_level(void);
 void lk_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Text from outside (a GGUF string, a tensor name) made safe to print on a
+ * terminal, by the rule peer text already follows (printable, no escapes):
+ * valid UTF-8 is kept; control characters (C0, DEL and the C1 range
+ * U+0080..U+009F, which some terminals obey as escapes too) and bytes that
+ * are not valid UTF-8 are written as \xNN, so ESC [2J prints as the 7
+ * characters \x1b[2J (newline and tab as \n and \t, the backslash itself as
+ * \\, so the text reads back unambiguously). Writes a
+ * NUL-terminated string of at most outlen-1 bytes (outlen > 0), never
+ * cutting an escape or a character, and returns the number of input bytes
+ * it covers (n when everything fit). */
+size_t lk_str_sanitize(char *out, size_t outlen, const void *s, size_t n);
+
 /* Monotonic clock. */
 double   lk_time_s(void);
 uint64_t lk_time_ns(void);

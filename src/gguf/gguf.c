@@ -38,6 +38,13 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "GGUF reading assumes 
 #define ARRAY_MAX_DEPTH  8        /* arrays of arrays of ... */
 #define ALIGN_MAX        (1u << 20)
 
+/* A key or tensor name from the file as it may appear in a message: control
+ * bytes and escapes shown escaped (lk_str_sanitize), cut to fit buf. */
+static const char *safe(char *buf, size_t len, const char *s) {
+    lk_str_sanitize(buf, len, s, strlen(s));
+    return buf;
+}
+
 typedef struct {
     char         *key;      /* NUL-terminated copy, (key_len + 1) */
     lk_gguf_vtype type;
@@ -252,7 +259,8 @@ static lk_status parse_kvs(lk_gguf *g, cur *c, uint64_t n_kv) {
         kv->key = lk_xmalloc(kl + 1);
         memcpy(kv->key, c->p + ko, kl);
         kv->key[kl] = 0;
-        snprintf(c->what, sizeof c->what, "key/value %" PRIu64 " '%.100s'", i, kv->key);
+        char sk[101];
+        snprintf(c->what, sizeof c->what, "key/value %" PRIu64 " '%s'", i, safe(sk, sizeof sk, kv->key));
         if (memchr(kv->key, 0, kl))
             return lk_fail(c->err, c->errlen, LK_ERR_FORMAT, "%s: %s: key contains a NUL byte", c->path, c->what);
         uint64_t tat = c->off;
@@ -282,10 +290,11 @@ static lk_status parse_kvs(lk_gguf *g, cur *c, uint64_t n_kv) {
     g->kv_sorted = lk_xmalloc((size_t)(g->n_kv ? g->n_kv : 1) * sizeof *g->kv_sorted);
     for (int64_t i = 0; i < g->n_kv; i++) g->kv_sorted[i] = (name_idx){g->kv[i].key, i};
     qsort(g->kv_sorted, (size_t)g->n_kv, sizeof *g->kv_sorted, cmp_name_idx);
+    char sk[201];
     for (int64_t i = 1; i < g->n_kv; i++)
         if (!strcmp(g->kv_sorted[i - 1].name, g->kv_sorted[i].name))
-            return lk_fail(c->err, c->errlen, LK_ERR_FORMAT, "%s: duplicate key '%.200s' (key/values %" PRId64 " and %" PRId64 ")",
-                           c->path, g->kv_sorted[i].name, LK_MIN(g->kv_sorted[i - 1].idx, g->kv_sorted[i].idx),
+            return lk_fail(c->err, c->errlen, LK_ERR_FORMAT, "%s: duplicate key '%s' (key/values %" PRId64 " and %" PRId64 ")",
+                           c->path, safe(sk, sizeof sk, g->kv_sorted[i].name), LK_MIN(g->kv_sorted[i - 1].idx, g->kv_sorted[i].idx),
                            LK_MAX(g->kv_sorted[i - 1].idx, g->kv_sorted[i].idx));
     return LK_OK;
 }
@@ -307,7 +316,8 @@ static lk_status parse_tensor_infos(lk_gguf *g, cur *c, uint64_t n_tensors) {
         memcpy(name, c->p + no, nl);
         name[nl] = 0;
         t->name = name;
-        snprintf(c->what, sizeof c->what, "tensor %" PRIu64 " '%.100s'", i, name);
+        char sn[101];
+        snprintf(c->what, sizeof c->what, "tensor %" PRIu64 " '%s'", i, safe(sn, sizeof sn, name));
         if (nl == 0 || memchr(name, 0, nl))
             return lk_fail(c->err, c->errlen, LK_ERR_FORMAT, "%s: %s: %s name at byte %" PRIu64, c->path, c->what,
                            nl ? "NUL byte in" : "empty", no - 8);
@@ -350,10 +360,11 @@ static lk_status parse_tensor_infos(lk_gguf *g, cur *c, uint64_t n_tensors) {
     g->t_sorted = lk_xmalloc((size_t)(g->n_tensors ? g->n_tensors : 1) * sizeof *g->t_sorted);
     for (int64_t i = 0; i < g->n_tensors; i++) g->t_sorted[i] = (name_idx){g->t[i].name, i};
     qsort(g->t_sorted, (size_t)g->n_tensors, sizeof *g->t_sorted, cmp_name_idx);
+    char sn[201];
     for (int64_t i = 1; i < g->n_tensors; i++)
         if (!strcmp(g->t_sorted[i - 1].name, g->t_sorted[i].name))
-            return lk_fail(c->err, c->errlen, LK_ERR_FORMAT, "%s: duplicate tensor name '%.200s' (tensors %" PRId64 " and %" PRId64 ")",
-                           c->path, g->t_sorted[i].name, LK_MIN(g->t_sorted[i - 1].idx, g->t_sorted[i].idx),
+            return lk_fail(c->err, c->errlen, LK_ERR_FORMAT, "%s: duplicate tensor name '%s' (tensors %" PRId64 " and %" PRId64 ")",
+                           c->path, safe(sn, sizeof sn, g->t_sorted[i].name), LK_MIN(g->t_sorted[i - 1].idx, g->t_sorted[i].idx),
                            LK_MAX(g->t_sorted[i - 1].idx, g->t_sorted[i].idx));
     return LK_OK;
 }
@@ -364,21 +375,42 @@ static int cmp_off(const void *a, const void *b, void *ctx) {
     return x < y ? -1 : x > y;
 }
 
+/* The alignment the data of a tensor of type t needs in memory. Element
+ * types (f32, f16, bf16, i8..i64, f64) are read through pointers of their
+ * element type (norm weights and biases as float *, the float kernels'
+ * loads), so their data must be aligned to the element size; a misaligned
+ * one is undefined behaviour (UBSan: misaligned load in lk_rmsnorm) and may
+ * fault. Block types are read byte-wise (quant_impl.h: every multi-byte
+ * field through memcpy), so any address does. The mapping starts on a page,
+ * so a file offset with this alignment gives an aligned address. */
+static uint64_t type_align(uint32_t t) {
+    return lk_type_block_size(t) == 1 ? lk_type_block_bytes(t) : 1;
+}
+
 static lk_status check_data(lk_gguf *g, char *err, size_t errlen) {
+    char sn[201];
     for (int64_t i = 0; i < g->n_tensors; i++) {
         lk_gguf_tensor *t = &g->t[i];
         if (t->offset % g->alignment)
             return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: tensor %" PRId64 " '%s': offset %" PRIu64
-                           " is not a multiple of the alignment %" PRIu32, g->path, i, t->name, t->offset, g->alignment);
+                           " is not a multiple of the alignment %" PRIu32, g->path, i, safe(sn, sizeof sn, t->name),
+                           t->offset, g->alignment);
         uint64_t a, e;
         if (!lk_add_ok(g->data_off, t->offset, &a) || !lk_add_ok(a, t->nbytes, &e))
             return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: tensor %" PRId64 " '%s': offset %" PRIu64
-                           " (+ %" PRIu64 " bytes) lies past end of file (%" PRIu64 " bytes)", g->path, i, t->name,
-                           t->offset, t->nbytes, g->size);
+                           " (+ %" PRIu64 " bytes) lies past end of file (%" PRIu64 " bytes)", g->path, i,
+                           safe(sn, sizeof sn, t->name), t->offset, t->nbytes, g->size);
         if (e > g->size)
             return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: tensor %" PRId64 " '%s': data [%" PRIu64 ", %" PRIu64
-                           ") extends past end of file (%" PRIu64 " bytes)", g->path, i, t->name,
+                           ") extends past end of file (%" PRIu64 " bytes)", g->path, i, safe(sn, sizeof sn, t->name),
                            a, a + t->nbytes, g->size);
+        uint64_t need = type_align(t->type);
+        if (a % need)
+            return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: tensor %" PRId64 " '%s' (%s): data at byte %" PRIu64
+                           " of the file (offset %" PRIu64 " in the data section, general.alignment %" PRIu32
+                           ") is not aligned to %" PRIu64 " bytes, as %s data must be; rewrite the file with the"
+                           " default alignment 32", g->path, i, safe(sn, sizeof sn, t->name), lk_type_name(t->type),
+                           a, t->offset, g->alignment, need, lk_type_name(t->type));
         t->data = g->map + a;
     }
     if (g->n_tensors < 2) return LK_OK;
@@ -388,11 +420,13 @@ static lk_status check_data(lk_gguf *g, char *err, size_t errlen) {
     lk_status st = LK_OK;
     for (int64_t k = 1; k < g->n_tensors && !st; k++) {
         const lk_gguf_tensor *p = &g->t[ord[k - 1]], *q = &g->t[ord[k]];
-        if (p->offset + p->nbytes > q->offset)
+        if (p->offset + p->nbytes > q->offset) {
+            char sq[201];
             st = lk_fail(err, errlen, LK_ERR_FORMAT, "%s: tensors %" PRId64 " '%s' [%" PRIu64 ", %" PRIu64 ") and %" PRId64
                          " '%s' [%" PRIu64 ", %" PRIu64 ") overlap (offsets relative to the data section)",
-                         g->path, ord[k - 1], p->name, p->offset, p->offset + p->nbytes, ord[k], q->name,
-                         q->offset, q->offset + q->nbytes);
+                         g->path, ord[k - 1], safe(sn, sizeof sn, p->name), p->offset, p->offset + p->nbytes, ord[k],
+                         safe(sq, sizeof sq, q->name), q->offset, q->offset + q->nbytes);
+        }
     }
     free(ord);
     return st;
@@ -664,15 +698,22 @@ static void sb_printf(sbuf *s, const char *fmt, ...) {
     if (n > 0) s->pos = LK_MIN(s->pos + (size_t)n, s->len - 1);
 }
 
-/* A string value, quoted, control bytes escaped, cut after `max` bytes. */
+/* A string value, quoted, cut after about `max` bytes: escapes, control
+ * bytes and invalid UTF-8 escaped as lk_str_sanitize does, quotes as \". */
 static void sb_str(sbuf *s, const uint8_t *p, uint64_t n, uint64_t max) {
     sb_printf(s, "\"");
-    for (uint64_t i = 0; i < n && i < max; i++) {
-        uint8_t ch = p[i];
-        if (ch == '"' || ch == '\\') sb_printf(s, "\\%c", ch);
-        else if (ch == '\n') sb_printf(s, "\\n");
-        else if (ch < 0x20 || ch == 0x7f) sb_printf(s, "\\x%02x", ch);
-        else sb_printf(s, "%c", ch);
+    uint64_t i = 0, end = LK_MIN(n, max);
+    while (i < end && s->pos + 1 < s->len) {
+        const uint8_t *q = memchr(p + i, '"', (size_t)(end - i));
+        uint64_t span = q ? (uint64_t)(q - p) - i : end - i;
+        size_t done = lk_str_sanitize(s->b + s->pos, s->len - s->pos, p + i, (size_t)span);
+        s->pos += strlen(s->b + s->pos);
+        i += done;
+        if (done < span) return; /* buffer full */
+        if (q) {
+            sb_printf(s, "\\\"");
+            i++;
+        }
     }
     sb_printf(s, n > max ? "\"..." : "\"");
 }

@@ -42,7 +42,11 @@ typedef struct {
 } lk_gguf_tensor;
 
 /* Opens and validates the whole file (header, every key/value, every tensor
- * info, data ranges inside the file, no overlaps, known types). */
+ * info, data ranges inside the file, no overlaps, known types, and data
+ * aligned as its type is read: f32 on 4 bytes, f16/bf16 on 2, element types
+ * on their size, blocks anywhere; general.alignment = 1 is accepted, a
+ * tensor it leaves misaligned is refused with its name and byte offset).
+ * Messages quote the file's names through lk_str_sanitize. */
 lk_status lk_gguf_open(const char *path, lk_gguf **out, char *err, size_t errlen);
 void      lk_gguf_close(lk_gguf *g);
 

@@ -135,9 +135,13 @@ lk_status lk_model_config_read(const lk_gguf *g, lk_model_config *c, char *err, 
     if (!strcmp(c->arch_name, "llama") || !strcmp(c->arch_name, "mistral")) c->arch = LK_ARCH_LLAMA;
     else if (!strcmp(c->arch_name, "qwen2")) c->arch = LK_ARCH_QWEN2;
     else if (!strcmp(c->arch_name, "qwen3")) c->arch = LK_ARCH_QWEN3;
-    else return lk_fail(err, errlen, LK_ERR_UNSUPPORTED,
-                        "%s: architecture '%s' is not supported (supported: llama, mistral, qwen2, qwen3)",
-                        lk_gguf_path(g), c->arch_name);
+    else {
+        char sa[101]; /* the file's bytes, escapes shown escaped */
+        lk_str_sanitize(sa, sizeof sa, arch, alen);
+        return lk_fail(err, errlen, LK_ERR_UNSUPPORTED,
+                       "%s: architecture '%s' is not supported (supported: llama, mistral, qwen2, qwen3)",
+                       lk_gguf_path(g), sa);
+    }
     const char *a = c->arch_name;
     int64_t v;
     lk_status st;
@@ -180,9 +184,12 @@ lk_status lk_model_config_read(const lk_gguf *g, lk_model_config *c, char *err, 
     char key[160];
     snprintf(key, sizeof key, "%s.rope.scaling.type", a);
     if (lk_gguf_get_str(g, key, &rs, &rslen) && !(rslen == 4 && !memcmp(rs, "none", 4)) &&
-        !(rslen == 6 && !memcmp(rs, "linear", 6)))
-        return lk_fail(err, errlen, LK_ERR_UNSUPPORTED, "%s: rope scaling type '%.*s' is not supported (none, linear)",
-                       lk_gguf_path(g), (int)rslen, rs);
+        !(rslen == 6 && !memcmp(rs, "linear", 6))) {
+        char ss[101];
+        lk_str_sanitize(ss, sizeof ss, rs, rslen);
+        return lk_fail(err, errlen, LK_ERR_UNSUPPORTED, "%s: rope scaling type '%s' is not supported (none, linear)",
+                       lk_gguf_path(g), ss);
+    }
     snprintf(key, sizeof key, "%s.rope.scaling.factor", a);
     if (lk_gguf_get_f64(g, key, &f) && f != 1.0 && f != 0.0)
         return lk_fail(err, errlen, LK_ERR_UNSUPPORTED, "%s: rope scaling factor %g is not supported yet", lk_gguf_path(g), f);
