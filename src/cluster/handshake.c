@@ -229,11 +229,6 @@ static lk_status seal_start(lk_chan *c, bool initiator, lk_seal_cipher cipher, c
     return LK_OK;
 }
 
-static void hexid(const uint8_t *id, bool has, char *buf, size_t len) {
-    if (!has) snprintf(buf, len, "no model");
-    else lk_cluster_model_id_short(id, buf, len);
-}
-
 lk_status lk_handshake(lk_chan *c, bool initiator, const lk_hs_params *p, lk_hs_peer *peer,
                        char *err, size_t errlen) {
     sodium_ready();
@@ -318,9 +313,8 @@ lk_status lk_handshake(lk_chan *c, bool initiator, const lk_hs_params *p, lk_hs_
     else if (strcmp(peer->cpu, p->cpu))
         snprintf(reason, sizeof reason, "CPU feature mismatch: %s has [%s], %s has [%s]", me, p->cpu, them, peer->cpu);
     else if (p->has_model && peer->has_model && sodium_memcmp(p->model_id, peer->model_id, LK_MODEL_ID_BYTES)) {
-        char a[40], b[40];
-        hexid(p->model_id, p->has_model, a, sizeof a);
-        hexid(peer->model_id, peer->has_model, b, sizeof b);
+        char a[LK_MODEL_ID_HEX], b[LK_MODEL_ID_HEX]; /* enough bytes that two different ids differ */
+        lk_cluster_model_id_pair(p->model_id, peer->model_id, a, b);
         snprintf(reason, sizeof reason, "model mismatch: %s has %s, %s has %s", me, a, them, b);
     } else if ((p->seal == LK_SEAL_ON && peer->seal == LK_SEAL_OFF) ||
                (p->seal == LK_SEAL_OFF && peer->seal == LK_SEAL_ON)) {
