@@ -94,9 +94,9 @@ gen --temp 0.9 --seed 7 --repeat-penalty 1.3 --presence-penalty -0.5 >"$T/one_s.
 if gen --temp 0.9 --seed 7 --repeat-penalty 1.3 --presence-penalty -0.5 --local 3 >"$T/many_s.txt" &&
    cmp -s "$T/one_s.txt" "$T/many_s.txt"; then ok run_sampled_local_3
 else no run_sampled_local_3 "$(head -c 200 "$T/many_s.txt")"; fi
-expect run_workers_no_key 1 "$L" run -m "$M" -p hi -n 2 --workers "127.0.0.1:$PORT"
+expect run_workers_no_key 2 "$L" run -m "$M" -p hi -n 2 --workers "127.0.0.1:$PORT"
 has run_workers_no_key_msg "$T/err" '--workers needs --key-file' 
-expect run_bad_layout 1 "$L" run -m "$M" -p hi -n 2 --local 3 --tp 2
+expect run_bad_layout 2 "$L" run -m "$M" -p hi -n 2 --local 3 --tp 2
 has run_bad_layout_msg "$T/err" 'does not match the 3 ranks'
 
 # A worker without the model (an empty --model-dir) and an empty cache gets

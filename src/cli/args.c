@@ -14,6 +14,11 @@ void lk_args_usage(const char *cmd, const char *synopsis, const lk_opt *opts) {
         printf("  %-26s %s\n", left, o->help);
     }
     printf("  %-26s %s\n", "-h, --help", "show this help");
+    printf("  %-26s %s\n", "--version", "print the version and exit");
+}
+
+void lk_print_version(void) {
+    printf("lockstep %s (built %s)\n", LK_VERSION, __DATE__);
 }
 
 static const lk_opt *find_opt(const lk_opt *opts, const char *name, size_t len) {
@@ -33,6 +38,10 @@ int lk_args_parse(const char *cmd, const char *synopsis, const lk_opt *opts,
         if (!only_pos && (!strcmp(a, "-h") || !strcmp(a, "--help"))) {
             lk_args_usage(cmd, synopsis, opts);
             return LK_ARGS_HELP;
+        }
+        if (!only_pos && !strcmp(a, "--version")) {
+            lk_print_version();
+            return LK_ARGS_VERSION;
         }
         if (!only_pos && !strcmp(a, "--")) { only_pos = true; continue; }
         if (only_pos || a[0] != '-' || a[1] == 0 || (a[1] >= '0' && a[1] <= '9')) {

@@ -23,7 +23,11 @@ typedef struct {
  * name). Positional arguments are stored into pos (at most max_pos).
  * Returns the number of positionals, LK_ARGS_HELP after printing the usage
  * for --help/-h, or LK_ARGS_ERROR after printing a one-line error and a hint. */
-enum { LK_ARGS_HELP = -1, LK_ARGS_ERROR = -2 };
+/* --version (every command, like llama.cpp's) prints LK_VERSION and returns
+ * LK_ARGS_VERSION: the caller exits 0 without doing anything. */
+enum { LK_ARGS_HELP = -1, LK_ARGS_ERROR = -2, LK_ARGS_VERSION = -3 };
+#define LK_VERSION "0.1.0"
+void lk_print_version(void);
 int  lk_args_parse(const char *cmd, const char *synopsis, const lk_opt *opts,
                    int argc, char **argv, const char **pos, int max_pos);
 void lk_args_usage(const char *cmd, const char *synopsis, const lk_opt *opts);

@@ -158,7 +158,7 @@ int lk_cmd_bench(int argc, char **argv) {
     const char *pos[1];
     int np = lk_args_parse("bench", "-m FILE [-t N,N] [-p 512] [-n 128] [--seqs 1,4,16] [-r REPS] [cluster flags] [--json|--csv|--md]",
                            opts, argc, argv, pos, 0);
-    if (np == LK_ARGS_HELP) return 0;
+    if (np == LK_ARGS_HELP || np == LK_ARGS_VERSION) return 0;
     if (np < 0) return 2;
     if (!model) { fprintf(stderr, "lockstep bench: -m FILE is required (see 'lockstep bench --help')\n"); return 2; }
     if (p < 0 || n < 0 || reps < 1 || reps > 1000 || bw_mib < 0 || (p == 0 && n == 0) || p + n + 1 > 1 << 20) {

@@ -228,6 +228,7 @@ int lk_cmd_chat(int argc, char **argv) {
     opts[no] = (lk_opt){ 0 };
     const char *pos[1];
     int np = lk_args_parse("chat", SYNOPSIS, opts, argc, argv, pos, 0);
+    if (np == LK_ARGS_VERSION) return 0;
     if (np == LK_ARGS_HELP) {
         printf("\nIn the chat: /reset starts a new conversation (the system prompt stays), /quit or end of input ends;\n"
                "a line ending in \\ continues on the next line. Control-token text typed in a message (e.g. <|im_end|>)\n"

@@ -267,6 +267,7 @@ int lk_cmd_gen_model(int argc, char **argv) {
     };
     const char *syn = "--shape NAME -o FILE [--type f32|f16|q8_0|q4_0|q4_k] [--layers N] [--seed S] [--vocab GGUF]";
     int np = lk_args_parse("gen-model", syn, opts, argc, argv, NULL, 0);
+    if (np == LK_ARGS_VERSION) return 0;
     if (np == LK_ARGS_HELP) { list_shapes(stdout); return 0; }
     if (np < 0) return 2;
     if (list) { list_shapes(stdout); return 0; }

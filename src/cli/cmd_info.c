@@ -100,7 +100,7 @@ int lk_cmd_info(int argc, char **argv) {
     };
     const char *pos[1];
     int np = lk_args_parse("info", "[-m] FILE [--tensors]", opts, argc, argv, pos, 1);
-    if (np == LK_ARGS_HELP) return 0;
+    if (np == LK_ARGS_HELP || np == LK_ARGS_VERSION) return 0;
     if (np < 0) return 2;
     if (np == 1) {
         if (model) {

@@ -10,7 +10,7 @@
 int lk_cmd_keygen(int argc, char **argv) {
     const lk_opt opts[] = {{0}};
     int np = lk_args_parse("keygen", "> cluster.key", opts, argc, argv, NULL, 0);
-    if (np == LK_ARGS_HELP) return 0;
+    if (np == LK_ARGS_HELP || np == LK_ARGS_VERSION) return 0;
     if (np < 0) return 2;
     char hex[2 * LK_KEY_BYTES + 1];
     lk_key_generate(hex);

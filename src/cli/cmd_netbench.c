@@ -92,7 +92,7 @@ int lk_cmd_netbench(int argc, char **argv) {
     const char *syn = "--local N | --workers H:P,... --key-file F | --addrs H:P,... --rank R  [--transport auto|tcp|shm] "
                       "[--sizes LIST] [--seal]";
     int np = lk_args_parse("netbench", syn, opts, argc, argv, NULL, 0);
-    if (np == LK_ARGS_HELP) return 0;
+    if (np == LK_ARGS_HELP || np == LK_ARGS_VERSION) return 0;
     if (np < 0) return 2;
     bench_cfg c = {.lfd = -1, .cfg = {.iters = iters, .allreduce_only = ar_only}};
     if (!strcmp(transport, "auto")) c.shm = LK_MESH_SHM_AUTO;

@@ -96,7 +96,7 @@ int lk_cmd_quantize(int argc, char **argv) {
     };
     const char *pos[2];
     int np = lk_args_parse("quantize", "IN.gguf OUT.gguf --type q8_0|q4_0", opts, argc, argv, pos, 2);
-    if (np == LK_ARGS_HELP) return 0;
+    if (np == LK_ARGS_HELP || np == LK_ARGS_VERSION) return 0;
     if (np < 0) return 2;
     if (np != 2) {
         fprintf(stderr, "lockstep quantize: need an input and an output file (usage: lockstep quantize IN OUT --type q8_0|q4_0)\n");

@@ -143,10 +143,11 @@ static void print_json(const job *j, int64_t seed, int ranks, double t_load) {
     json_object_set_new(o, "ranks", json_integer(ranks));
     json_t *tm = json_object();
     json_object_set_new(tm, "load_s", json_real(t_load));
-    json_object_set_new(tm, "prefill_s", json_real(t.prefill_s));
-    json_object_set_new(tm, "prefill_tok_s", json_real(t.prefill_tps));
-    json_object_set_new(tm, "decode_s", json_real(t.decode_s));
-    json_object_set_new(tm, "decode_tok_s", json_real(t.decode_tps));
+    /* nothing generated: the prompt was not fed, so there is no speed to give */
+    json_object_set_new(tm, "prefill_s", t.n_gen > 0 ? json_real(t.prefill_s) : json_null());
+    json_object_set_new(tm, "prefill_tok_s", t.n_gen > 0 ? json_real(t.prefill_tps) : json_null());
+    json_object_set_new(tm, "decode_s", t.n_gen > 1 ? json_real(t.decode_s) : json_null());
+    json_object_set_new(tm, "decode_tok_s", t.n_gen > 1 ? json_real(t.decode_tps) : json_null());
     json_object_set_new(tm, "decode_network_wait_s", json_real(t.comm_s));
     json_object_set_new(o, "timings", tm);
     char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
@@ -173,10 +174,34 @@ static void print_block(const job *j, int index, int n_jobs) {
  * the command
  * ==================================================================== */
 
-static const char *SYNOPSIS = "-m FILE (-p TEXT | --prompts-file FILE [--parallel N]) [options]";
+static const char *SYNOPSIS = "-m FILE (-p TEXT | -f FILE | --prompts-file FILE [--parallel N]) [options]";
+
+/* The whole of a file, or of stdin for "-" (-p - and -f -): the prompt,
+ * newlines included, as llama.cpp's --file reads it. */
+static char *slurp(const char *what, const char *path, size_t *len, char *err, size_t errlen) {
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!f) {
+        lk_fail(err, errlen, LK_ERR_IO, "%s %s: %s", what, path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 4096, n = 0, k;
+    char *buf = lk_xmalloc(cap);
+    while ((k = fread(buf + n, 1, cap - n - 1, f)) > 0)
+        if ((n += k) + 1 == cap) buf = lk_xrealloc(buf, cap *= 2);
+    bool bad = ferror(f);
+    if (f != stdin) fclose(f);
+    if (bad) {
+        free(buf);
+        lk_fail(err, errlen, LK_ERR_IO, "%s %s: read failed", what, path);
+        return NULL;
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
 
 int lk_cmd_run(int argc, char **argv) {
-    const char *prompt = NULL, *prompts_file = NULL;
+    const char *prompt = NULL, *prompts_file = NULL, *prompt_file = NULL;
     int64_t n_predict = 128, parallel = -1;  /* -1: not given */
     bool json = false, no_bos = false, verbose = false, ignore_eos = false;
     lk_genflags f;
@@ -184,14 +209,16 @@ int lk_cmd_run(int argc, char **argv) {
     lk_opt opts[48];
     int no = 0;
     const lk_opt own[] = {
-        { "--prompt", "-p", LK_OPT_STR, &prompt, "TEXT", "prompt text (this or --prompts-file is required)" },
-        { "--prompts-file", "-f", LK_OPT_STR, &prompts_file, "FILE",
+        { "--prompt", "-p", LK_OPT_STR, &prompt, "TEXT", "prompt text; - reads it from stdin (this, -f or --prompts-file is required)" },
+        { "--file", "-f", LK_OPT_STR, &prompt_file, "FILE", "the prompt is the whole of FILE (- for stdin)" },
+        { "--prompts-file", NULL, LK_OPT_STR, &prompts_file, "FILE",
           "run every prompt of FILE as concurrent sequences: one prompt per line, or JSON lines {\"prompt\": \"...\"} "
           "(for prompts with newlines; other keys are ignored); blank lines are skipped; results in input order" },
         { "--parallel", NULL, LK_OPT_INT, &parallel, "N",
           "most sequences at once (engine slots; default: every prompt of the file, at most --batch: a step "
           "decodes one token of each); the others wait their turn" },
-        { "--n-predict", "-n", LK_OPT_INT, &n_predict, "N", "tokens to generate per prompt (default 128)" },
+        { "--n-predict", "-n", LK_OPT_INT, &n_predict, "N",
+          "tokens to generate per prompt; -1 = until end of generation or a full context (default 128)" },
         { "--no-bos", NULL, LK_OPT_FLAG, &no_bos, NULL, "do not add the BOS token" },
         { "--ignore-eos", NULL, LK_OPT_FLAG, &ignore_eos, NULL, "keep generating after end-of-generation tokens" },
         { "--json", NULL, LK_OPT_FLAG, &json, NULL,
@@ -203,6 +230,7 @@ int lk_cmd_run(int argc, char **argv) {
     opts[no] = (lk_opt){ 0 };
     const char *pos[1];
     int np = lk_args_parse("run", SYNOPSIS, opts, argc, argv, pos, 0);
+    if (np == LK_ARGS_VERSION) return 0;
     if (np == LK_ARGS_HELP) {
         printf("\nWith --prompts-file every prompt is a sequence of its own: each step decodes one token of every\n"
                "running sequence and fills the rest of the batch (--batch) with prompt chunks. Every prompt gets the\n"
@@ -211,17 +239,18 @@ int lk_cmd_run(int argc, char **argv) {
         return 0;
     }
     if (np < 0) return 2;
-    if (!f.model || (!prompt && !prompts_file)) {
+    if (!f.model || (!prompt && !prompts_file && !prompt_file)) {
         fprintf(stderr, "lockstep run: %s is required (see 'lockstep run --help')\n",
-                !f.model ? "-m FILE" : "-p TEXT or --prompts-file FILE");
+                !f.model ? "-m FILE" : "-p TEXT, -f FILE or --prompts-file FILE");
         return 2;
     }
-    if (prompt && prompts_file) {
-        fprintf(stderr, "lockstep run: give -p TEXT or --prompts-file FILE, not both\n");
+    if ((prompt != NULL) + (prompts_file != NULL) + (prompt_file != NULL) > 1) {
+        fprintf(stderr, "lockstep run: give one of -p TEXT, -f FILE or --prompts-file FILE\n");
         return 2;
     }
-    if (n_predict < 0) {
-        fprintf(stderr, "lockstep run: -n must be >= 0\n");
+    if (n_predict < -1) {
+        fprintf(stderr, "lockstep run: -n %lld: give N >= 0, or -1 for until end of generation or a full context\n",
+                (long long)n_predict);
         return 2;
     }
     if (parallel != -1 && (parallel < 1 || parallel > 4096)) {
@@ -244,6 +273,15 @@ int lk_cmd_run(int argc, char **argv) {
             free(js);
             return 2;
         }
+    } else if (prompt_file || !strcmp(prompt, "-")) {
+        size_t len = 0;
+        char *text = slurp(prompt_file ? "-f" : "-p", prompt_file ? prompt_file : "-", &len, err, sizeof err);
+        if (!text) {
+            fprintf(stderr, "lockstep run: %s\n", err);
+            return 2;
+        }
+        add_job(&js, &n_jobs, &(int){ 0 }, text, len, 0);
+        free(text);
     } else {
         add_job(&js, &n_jobs, &(int){ 0 }, prompt, strlen(prompt), 0);
     }
@@ -287,7 +325,7 @@ int lk_cmd_run(int argc, char **argv) {
             break;
         }
         j->stream = !json && !prompts_file;
-        lk_request_params rp = { .prompt = j->ids, .n_prompt = j->n_ids, .sampling = sp, .max_new = (int)LK_MIN(n_predict, 1 << 30),
+        lk_request_params rp = { .prompt = j->ids, .n_prompt = j->n_ids, .sampling = sp, .max_new = n_predict < 0 ? -1 : (int)LK_MIN(n_predict, 1 << 30),
                                  .ignore_eos = ignore_eos, .on_token = on_token, .user = j };
         if (!(j->r = lk_session_submit(ses, &rp, err, sizeof err))) {
             fprintf(stderr, "lockstep run: %s%s\n", where, err);
@@ -327,8 +365,18 @@ int lk_cmd_run(int argc, char **argv) {
             printf("\n");
             fflush(stdout); /* before the stderr summary, also when stdout is a pipe */
         }
-        fprintf(stderr, "lockstep: load %.2f s | prefill %d tokens %.1f tok/s | decode %d tokens %.1f tok/s | %d rank%s | seed %lld\n",
-                t_load, js[0].n_ids, t.prefill_tps, t.n_gen, t.decode_tps, ranks, ranks > 1 ? "s" : "", (long long)seed);
+        /* speeds only where something was measured: -n 0 feeds nothing, one
+         * token has no decode step */
+        char speed[160];
+        if (t.n_gen == 0)
+            snprintf(speed, sizeof speed, "prompt %d tokens, nothing generated%s", js[0].n_ids, n_predict == 0 ? " (-n 0)" : "");
+        else if (t.n_gen == 1)
+            snprintf(speed, sizeof speed, "prefill %d tokens %.1f tok/s | decode 1 token", t.n_fed, t.prefill_tps);
+        else
+            snprintf(speed, sizeof speed, "prefill %d tokens %.1f tok/s | decode %d tokens %.1f tok/s", t.n_fed,
+                     t.prefill_tps, t.n_gen, t.decode_tps);
+        fprintf(stderr, "lockstep: load %.2f s | %s | %d rank%s | seed %lld\n", t_load, speed, ranks, ranks > 1 ? "s" : "",
+                (long long)seed);
         if (ranks > 1 && t.n_gen > 1)
             fprintf(stderr, "lockstep: decode per token %.2f ms = compute %.2f ms + network wait %.2f ms (head's view)\n",
                     1e3 * t.decode_s / (t.n_gen - 1), 1e3 * (t.decode_s - t.comm_s) / (t.n_gen - 1),

@@ -51,7 +51,7 @@ int lk_cmd_tokenize(int argc, char **argv) {
     const char *pos[1];
     const char *syn = "-m FILE [--ids] [--no-bos] [--special] TEXT | -f FILE";
     int np = lk_args_parse("tokenize", syn, opts, argc, argv, pos, 1);
-    if (np == LK_ARGS_HELP) return 0;
+    if (np == LK_ARGS_HELP || np == LK_ARGS_VERSION) return 0;
     if (np < 0) return 2;
     if (!model) {
         fprintf(stderr, "lockstep tokenize: no model given (usage: lockstep tokenize %s)\n", syn);

@@ -50,7 +50,7 @@ int lk_cmd_worker(int argc, char **argv) {
     };
     int np = lk_args_parse("worker", "--listen HOST:PORT --key-file FILE [--threads N] [--model-dir DIR] [--cache-dir DIR [--cache-max SIZE]] [--seal]", opts, argc,
                            argv, NULL, 0);
-    if (np == LK_ARGS_HELP) return 0;
+    if (np == LK_ARGS_HELP || np == LK_ARGS_VERSION) return 0;
     if (np < 0) return 2;
     if (!listen || !key_file) {
         fprintf(stderr, "lockstep worker: %s is required (see 'lockstep worker --help')\n",

@@ -1,8 +1,10 @@
 #include "cli/genflags.h"
+#include "parallel/parallel.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -15,7 +17,9 @@ const char lk_seal_help[] =
     "16 KiB 8.5 -> 28 / 35 us; check yours with netbench --seal). Same-host shm links stay unsealed";
 
 void lk_genflags_init(lk_genflags *f) {
-    *f = (lk_genflags){ .top_k = 40, .seed = -1, .last_n = 64, .temp = 0.8, .top_p = 0.95, .min_p = 0.05, .rep = 1.0 };
+    /* --tp/--pp -1: not given (the cluster picks); 0 given is an error */
+    *f = (lk_genflags){ .top_k = 40, .seed = -1, .last_n = 64, .temp = 0.8, .top_p = 0.95, .min_p = 0.05, .rep = 1.0,
+                        .tp = -1, .pp = -1 };
 }
 
 void lk_genflags_opts(lk_genflags *f, lk_opt *opts, int *n, int cap) {
@@ -32,6 +36,7 @@ void lk_genflags_opts(lk_genflags *f, lk_opt *opts, int *n, int cap) {
         { "--seed", NULL, LK_OPT_INT, &f->seed, "S", "random seed (default: from the clock, printed)" },
         { "--threads", "-t", LK_OPT_INT, &f->threads, "N", "threads per rank (default: all cores, shared by --local ranks)" },
         { "--ctx", "-c", LK_OPT_INT, &f->ctx, "N", "context length / KV cache size (default: model's, at most 4096)" },
+        { "--ctx-size", NULL, LK_OPT_INT, &f->ctx, "N", "same as --ctx (llama.cpp's name)" },
         { "--batch", "-b", LK_OPT_INT, &f->batch, "N", "most prompt tokens per forward pass (default 512)" },
         { "--kv-f16", NULL, LK_OPT_FLAG, &f->kv_f16, NULL, "store the KV cache in F16 (half the memory)" },
         { "--kv-budget", NULL, LK_OPT_STR, &f->kv_budget, "N",
@@ -76,16 +81,88 @@ static bool parse_budget(const char *s, int64_t *v, bool *bytes) {
     return true;
 }
 
+/* cluster/proto.h's LK_MAX_RANKS (the protocol's bound; proto.h is the
+ * cluster's private header). */
+enum { LK_CLUSTER_MAX_RANKS = 64 };
+
+/* The number of HOST:PORT entries of --workers (empty entries do not count). */
+static int count_workers(const char *w) {
+    int n = 0;
+    for (const char *p = w; *p;) {
+        size_t len = strcspn(p, ",");
+        n += len > 0;
+        p += len + (p[len] == ',');
+    }
+    return n;
+}
+
+/* The cluster layout the flags ask for, checked before anything starts
+ * (the same rule as the cluster's: a missing --tp or --pp is what makes
+ * tp x pp equal the ranks). Messages name only flags the user gave. */
+static bool check_layout(const lk_genflags *f, const char *cmd) {
+    const bool workers = f->workers && *f->workers;
+    if (workers && f->local > 1) {
+        fprintf(stderr, "lockstep %s: give --workers or --local, not both\n", cmd);
+        return false;
+    }
+    if (workers && !f->key_file) {
+        fprintf(stderr, "lockstep %s: --workers needs --key-file (make one with 'lockstep keygen')\n", cmd);
+        return false;
+    }
+    if (f->local > LK_CLUSTER_MAX_RANKS) {
+        fprintf(stderr, "lockstep %s: --local %lld: at most %d ranks\n", cmd, (long long)f->local, LK_CLUSTER_MAX_RANKS);
+        return false;
+    }
+    const int ranks = workers ? 1 + count_workers(f->workers) : f->local > 1 ? (int)f->local : 1;
+    const char *who = workers ? "--workers" : "--local";
+    char given[64];
+    if (f->tp > 0 && f->pp > 0) snprintf(given, sizeof given, "--tp %lld x --pp %lld", (long long)f->tp, (long long)f->pp);
+    else if (f->tp > 0) snprintf(given, sizeof given, "--tp %lld", (long long)f->tp);
+    else snprintf(given, sizeof given, "--pp %lld", (long long)f->pp);
+    if (ranks == 1) {
+        if (f->tp > 1 || f->pp > 1) {
+            fprintf(stderr, "lockstep %s: %s needs ranks: give --local N or --workers LIST\n", cmd, given);
+            return false;
+        }
+        return true;
+    }
+    if (f->tp < 0 && f->pp < 0) return true;
+    const int64_t tp = f->tp > 0 ? f->tp : ranks / f->pp, pp = f->pp > 0 ? f->pp : ranks / f->tp;
+    if (ranks % (f->tp > 0 ? f->tp : f->pp) || tp * pp != ranks) {
+        if (workers)
+            fprintf(stderr, "lockstep %s: %s does not match the %d ranks of --workers (the head and %d worker%s)\n", cmd,
+                    given, ranks, ranks - 1, ranks > 2 ? "s" : "");
+        else
+            fprintf(stderr, "lockstep %s: %s does not match the %d ranks of %s %d\n", cmd, given, ranks, who, ranks);
+        return false;
+    }
+    return true;
+}
+
 bool lk_genflags_finish(lk_genflags *f, const char *cmd, lk_engine_opts *eo, lk_sampler_params *sp) {
-    const char *bad = f->threads < 0 ? "--threads" : f->ctx < 0 ? "--ctx" : f->batch < 0 ? "--batch"
+    /* --ctx: positions are int32 everywhere; the memory it needs is checked
+     * when the model is opened (lk_engine_open) */
+    const char *bad = f->threads < 0 ? "--threads" : f->ctx < 0 || f->ctx > LK_CTX_MAX ? "--ctx" : f->batch < 0 ? "--batch"
                     : f->top_k < 0 ? "--top-k" : f->last_n < 0 ? "--penalty-last-n" : f->local < 0 ? "--local"
-                    : f->tp < 0 ? "--tp" : f->pp < 0 ? "--pp" : f->temp < 0 ? "--temp"
+                    : f->tp == 0 || f->tp < -1 ? "--tp" : f->pp == 0 || f->pp < -1 ? "--pp" : f->temp < 0 ? "--temp"
                     : !(f->top_p > 0 && f->top_p <= 1) ? "--top-p" : !(f->min_p >= 0 && f->min_p <= 1) ? "--min-p"
                     : !(f->rep > 0) ? "--repeat-penalty" : NULL;
     if (bad) {
-        fprintf(stderr, "lockstep %s: %s is out of range (see 'lockstep %s --help')\n", cmd, bad, cmd);
+        const char *range = !strcmp(bad, "--ctx") ? " (0 = the model's, at most 1073741824)"
+                          : !strcmp(bad, "--tp") || !strcmp(bad, "--pp") ? " (at least 1)" : "";
+        fprintf(stderr, "lockstep %s: %s is out of range%s (see 'lockstep %s --help')\n", cmd, bad, range, cmd);
         return false;
     }
+    if (f->transport && strcmp(f->transport, "auto") && strcmp(f->transport, "tcp") && strcmp(f->transport, "shm")) {
+        fprintf(stderr, "lockstep %s: --transport must be auto, tcp or shm (got '%s')\n", cmd, f->transport);
+        return false;
+    }
+    lk_wire_fmt wire;
+    if (f->wire && !lk_wire_fmt_parse(f->wire, &wire)) {
+        fprintf(stderr, "lockstep %s: --wire must be f32, f16, bf16 or q8 (got '%s')\n", cmd, f->wire);
+        return false;
+    }
+    if (!check_layout(f, cmd)) return false;
     int64_t kv_budget = 0;
     bool kv_bytes = false;
     if (f->kv_budget && !parse_budget(f->kv_budget, &kv_budget, &kv_bytes)) {
@@ -97,7 +174,7 @@ bool lk_genflags_finish(lk_genflags *f, const char *cmd, lk_engine_opts *eo, lk_
     *eo = (lk_engine_opts){ .model_path = f->model, .n_threads = (int)f->threads, .n_ctx = (int)f->ctx,
                             .n_batch = (int)f->batch, .kv_f16 = f->kv_f16, .kv_budget = kv_bytes ? 0 : kv_budget,
                             .kv_budget_bytes = kv_bytes ? kv_budget : 0, .workers = f->workers, .key_file = f->key_file,
-                            .local = (int)f->local, .tp = (int)f->tp, .pp = (int)f->pp, .tp_weights = f->tp_weights,
+                            .local = (int)f->local, .tp = (int)LK_MAX(f->tp, 0), .pp = (int)LK_MAX(f->pp, 0), .tp_weights = f->tp_weights,
                             .layers_split = f->layers_split, .transport = f->transport, .wire = f->wire,
                             .seal = f->seal };
     lk_sampler_params_default(sp);

@@ -20,6 +20,9 @@ typedef struct {
  * [--seal]'; the figures are in genflags.c). */
 extern const char lk_seal_help[];
 
+/* --ctx's upper bound (positions are int32; memory is checked at open). */
+#define LK_CTX_MAX (1 << 30)
+
 /* Defaults (llama.cpp's sampling defaults; seed -1 = from the clock). */
 void lk_genflags_init(lk_genflags *f);
 /* Appends the shared options to opts[*n..] (cap entries in all); the caller

@@ -68,6 +68,10 @@ int main(int argc, char **argv) {
         usage(stdout);
         return argc < 2 ? 2 : 0;
     }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        lk_print_version();
+        return 0;
+    }
     int (*fn)(int, char **) = lookup(argv[1]);
     if (!fn) {
         bool known = false;

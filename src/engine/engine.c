@@ -71,6 +71,42 @@ static int64_t kv_positions(const lk_engine_opts *o, const lk_model_config *cfg,
     return want;
 }
 
+static double gib(double bytes) { return bytes / (1024.0 * 1024 * 1024); }
+
+/* What --ctx and the KV budget cost this machine, checked against
+ * MemAvailable before anything is allocated: the KV cache (positions x
+ * layers x KV heads x head_dim x K and V x 4 bytes, 2 with --kv-f16), the
+ * RoPE tables (ctx x rope_dim floats) and the attention scores (threads x
+ * 16 x ctx floats). Allocations are lazy, so an oversized context would
+ * otherwise be found only as the tables are written (minutes of paging, then
+ * an abort). On one node (or --local ranks, which share this machine) the
+ * whole KV counts; with --workers each rank holds its share, so the head
+ * counts its tables and an even share. */
+static lk_status check_memory(const lk_engine_opts *o, const lk_model_config *cfg, int n_ctx, int64_t kv, char *err,
+                              size_t errlen) {
+    const double per_pos = 2.0 * cfg->n_layer * cfg->n_head_kv * cfg->head_dim * (o->kv_f16 ? 2 : 4);
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const bool remote = o->workers && *o->workers;
+    int ranks = 1;
+    if (remote)
+        for (const char *p = o->workers; *p; p++) ranks += *p == ',';
+    const int local = !remote && o->local > 1 ? o->local : 1;
+    const double threads = o->n_threads > 0 ? (double)o->n_threads * local : (double)LK_MAX(cores, 1);
+    const double kv_bytes = (double)kv * per_pos / ranks;
+    const double tables = local * (double)n_ctx * cfg->rope_dim * 4 + threads * 16.0 * n_ctx * 4;
+    const uint64_t avail = mem_available();
+    if (!avail || kv_bytes + tables <= (double)avail) return LK_OK;
+    const bool budget = o->kv_budget > 0 || o->kv_budget_bytes > 0;
+    char what[64];
+    if (budget) snprintf(what, sizeof what, "--kv-budget (%lld positions)", (long long)kv);
+    else snprintf(what, sizeof what, "--ctx %d", n_ctx);
+    return lk_fail(err, errlen, LK_ERR_NOMEM,
+                   "%s needs %.2f GiB (KV cache %lld positions x %.0f bytes = %.2f GiB%s, RoPE and attention "
+                   "tables %.2f GiB) but %.2f GiB of memory is available: lower %s%s", what, gib(kv_bytes + tables),
+                   (long long)kv, per_pos, gib(kv_bytes), remote ? " on the head" : "", gib(tables), gib((double)avail),
+                   budget ? "--kv-budget" : "--ctx", o->kv_f16 ? "" : " or add --kv-f16");
+}
+
 lk_status lk_engine_open(const lk_engine_opts *o, lk_engine **out, char *err, size_t errlen) {
     *out = NULL;
     if (!is_cluster(o) && (o->tp > 1 || o->pp > 1))
@@ -85,6 +121,10 @@ lk_status lk_engine_open(const lk_engine_opts *o, lk_engine **out, char *err, si
     const int max_seqs = o->max_seqs > 0 ? o->max_seqs : 1;
     const int n_ctx = o->n_ctx > 0 ? o->n_ctx : LK_MIN(cfg.n_ctx_train, 4096);
     const int64_t kv = kv_positions(o, &cfg, n_ctx, max_seqs);
+    if ((st = check_memory(o, &cfg, n_ctx, kv, err, errlen))) { lk_engine_close(e); return st; }
+    if (o->n_ctx > cfg.n_ctx_train)
+        lk_log(LK_LOG_WARN, "--ctx %d is beyond the %d positions the model was trained on: text past them may degrade",
+               o->n_ctx, cfg.n_ctx_train);
     lk_model_params mp = { .n_ctx = o->n_ctx, .n_batch = o->n_batch, .kv_f16 = o->kv_f16, .n_threads = o->n_threads,
                            .max_seqs = max_seqs, .kv_tokens = kv };
     lk_slice head_slice, *slice = NULL;
