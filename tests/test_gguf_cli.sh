@@ -93,6 +93,10 @@ has info_escapes_piece "$T/out" 'tokenizer.ggml.tokens +array +\[string x 2\] "\
 expect run_escaped_arch 1 "$L" run -m "$T/esc.gguf" -p hi -n 1
 no_ctl run_escaped_arch_no_raw "$T/err"
 has run_escaped_arch_message "$T/err" "architecture 'll\\\\x1b\[2Jama\\\\x07' is not supported"
+# token pieces printed by tokenize: a byte-fallback ESC comes out escaped
+expect tokenize_escapes 0 "$L" tokenize -m ../shared/testdata/models/stories260K.gguf "$(printf 'a\x1b[2Jb')"
+no_ctl tokenize_escapes_no_raw "$T/out"
+has tokenize_escapes_piece "$T/out" "-> '\\\\x1b'$"
 
 # Optional: real llama.cpp loads what gen-model and quantize write and
 # generates from it. Needs node and node-llama-cpp installed somewhere

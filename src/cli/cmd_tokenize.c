@@ -102,12 +102,15 @@ int lk_cmd_tokenize(int argc, char **argv) {
         printf("]\n");
     } else {
         int32_t cap = lk_tokenizer_max_piece(t) + 1;
-        char *piece = lk_xmalloc((size_t)cap);
+        char *piece = lk_xmalloc((size_t)cap), *safe = lk_xmalloc(4 * (size_t)cap + 8);
         for (int32_t i = 0; i < n; i++) {
             int32_t m = lk_tokenizer_piece(t, ids[i], true, piece, cap);
-            printf("%6d -> '%.*s'\n", ids[i], m > 0 ? m : 0, piece);
+            /* pieces come from the file: escaped, never raw control bytes */
+            lk_str_sanitize(safe, 4 * (size_t)cap + 8, piece, (size_t)(m > 0 ? m : 0));
+            printf("%6d -> '%s'\n", ids[i], safe);
         }
         free(piece);
+        free(safe);
     }
     if (timing)
         fprintf(stderr, "tokenize: %zu bytes -> %d tokens in %.3f ms (%.1f MiB/s)\n", len, n, dt * 1e3,

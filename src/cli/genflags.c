@@ -9,12 +9,9 @@
 #include <unistd.h>
 
 const char lk_seal_help[] =
-    "seal every cluster TCP link after the handshake: AEAD records (AES-256-GCM where both ends have AES-NI, "
-    "else ChaCha20-Poly1305), so tampering, injection or replay fails the link, naming the peer (a worker with "
-    "--seal refuses heads without it; a worker without it seals when the head asks). Cost: every byte is "
-    "encrypted and decrypted once (netbench --local 2 --transport tcp on a 2-core VM, plain -> AES-GCM / "
-    "ChaCha: one-way 64 B 3.3 -> 3.6 / 4.0 us, 8 KiB 5.4 -> 15 / 18 us; all-reduce 8 KiB 6.6 -> 16 / 20 us, "
-    "16 KiB 8.5 -> 28 / 35 us; check yours with netbench --seal). Same-host shm links stay unsealed";
+    "seal every cluster TCP link after the handshake (AES-256-GCM or ChaCha20-Poly1305 records): tampering, "
+    "injection or replay fails the link naming the peer; a worker with --seal refuses heads without it, one "
+    "without seals when asked; same-host shm links stay unsealed (cost: BENCHMARKS.md, 'netbench --seal')";
 
 void lk_genflags_init(lk_genflags *f) {
     /* --tp/--pp -1: not given (the cluster picks); 0 given is an error */
