@@ -61,6 +61,9 @@ void lk_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)
  * it covers (n when everything fit). */
 size_t lk_str_sanitize(char *out, size_t outlen, const void *s, size_t n);
 
+/* MemAvailable from /proc/meminfo in bytes (0 if unknown). */
+uint64_t lk_mem_available(void);
+
 /* Monotonic clock. */
 double   lk_time_s(void);
 uint64_t lk_time_ns(void);

@@ -40,18 +40,6 @@ static bool is_cluster(const lk_engine_opts *o) {
     return (o->workers && *o->workers) || o->local > 1;
 }
 
-/* MemAvailable in bytes (0: unknown). */
-static uint64_t mem_available(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return 0;
-    char line[256];
-    unsigned long long kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
-    fclose(f);
-    return (uint64_t)kb * 1024;
-}
-
 /* KV positions for the page pool: asked for in positions or bytes (of the
  * whole model's cache, all layers and KV heads), or by default every slot's
  * full context as far as half of the head's MemAvailable allows, read
@@ -63,7 +51,7 @@ static int64_t kv_positions(const lk_engine_opts *o, const lk_model_config *cfg,
     if (o->kv_budget > 0) return o->kv_budget;
     if (o->kv_budget_bytes > 0) return LK_MAX(o->kv_budget_bytes / per_pos, 1);
     int64_t want = (int64_t)max_seqs * n_ctx;
-    uint64_t avail = mem_available();
+    uint64_t avail = lk_mem_available();
     if (avail) {
         int64_t fits = (int64_t)(avail / 2) / per_pos;
         if (want > fits) want = LK_MAX(fits, (int64_t)n_ctx);
@@ -94,7 +82,7 @@ static lk_status check_memory(const lk_engine_opts *o, const lk_model_config *cf
     const double threads = o->n_threads > 0 ? (double)o->n_threads * local : (double)LK_MAX(cores, 1);
     const double kv_bytes = (double)kv * per_pos / ranks;
     const double tables = local * (double)n_ctx * cfg->rope_dim * 4 + threads * 16.0 * n_ctx * 4;
-    const uint64_t avail = mem_available();
+    const uint64_t avail = lk_mem_available();
     if (!avail || kv_bytes + tables <= (double)avail) return LK_OK;
     const bool budget = o->kv_budget > 0 || o->kv_budget_bytes > 0;
     char what[64];

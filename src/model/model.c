@@ -390,18 +390,6 @@ static void copy_fn(void *arg, int ith, int nth) {
     }
 }
 
-/* MemAvailable from /proc/meminfo in bytes (0 if unknown). */
-static uint64_t mem_available(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return 0;
-    char line[256];
-    unsigned long long kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
-    fclose(f);
-    return (uint64_t)kb * 1024;
-}
-
 static void weights_to_arena(lk_model *m, lk_mat **mats, int n) {
     if (n == 0 || !thp_available()) return;
     const size_t huge = (size_t)2 << 20;
@@ -412,7 +400,7 @@ static void weights_to_arena(lk_model *m, lk_mat **mats, int n) {
     }
     /* A model larger than free memory still runs from the file mapping
      * (paged in and out by the kernel); an anonymous copy would not fit. */
-    uint64_t avail = mem_available();
+    uint64_t avail = lk_mem_available();
     if (avail && total > avail / 10 * 9) {
         lk_log(LK_LOG_WARN, "model: %zu MiB of weights but %llu MiB of memory available: keeping them on the file "
                             "mapping (slower decode)", total >> 20, (unsigned long long)(avail >> 20));
