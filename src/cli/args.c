@@ -102,3 +102,21 @@ int lk_args_parse(const char *cmd, const char *synopsis, const lk_opt *opts,
     }
     return npos;
 }
+
+bool lk_parse_units(const char *s, double *num, double *mul, bool *b) {
+    char *end;
+    errno = 0;
+    *num = strtod(s, &end);
+    if (end == s || errno) return false;
+    *mul = 1;
+    switch (*end) {
+    case 'k': case 'K': *mul = 1024.0; end++; break;
+    case 'm': case 'M': *mul = 1048576.0; end++; break;
+    case 'g': case 'G': *mul = 1073741824.0; end++; break;
+    case 't': case 'T': *mul = 1099511627776.0; end++; break;
+    }
+    if (*mul > 1 && *end == 'i') end++; /* "GiB" */
+    *b = *end == 'B' || *end == 'b';
+    if (*b) end++;
+    return *end == 0;
+}

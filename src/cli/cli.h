@@ -33,6 +33,12 @@ int  lk_args_parse(const char *cmd, const char *synopsis, const lk_opt *opts,
 void lk_args_usage(const char *cmd, const char *synopsis, const lk_opt *opts);
 
 /* Subcommands (each in its own file under src/cli/). */
+/* A number with an optional binary unit: "123", "1.5G", "512MiB", "64GB",
+ * "100B". *num gets the number, *mul the unit (1024 for K, ... 2^40 for T;
+ * 1 without one), *b whether a trailing B followed. False when the number
+ * is malformed or anything else follows; ranges are the caller's. */
+bool lk_parse_units(const char *s, double *num, double *mul, bool *b);
+
 int lk_cmd_run(int argc, char **argv);
 int lk_cmd_info(int argc, char **argv);
 int lk_cmd_quantize(int argc, char **argv);

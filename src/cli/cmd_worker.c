@@ -15,20 +15,9 @@
 
 /* "64G", "500M", "1024K", "123" (bytes); binary units. */
 static bool parse_size(const char *s, uint64_t *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || errno || !(v >= 0)) return false;
-    double mul = 1;
-    switch (*end) {
-    case 'k': case 'K': mul = 1024.0; end++; break;
-    case 'm': case 'M': mul = 1048576.0; end++; break;
-    case 'g': case 'G': mul = 1073741824.0; end++; break;
-    case 't': case 'T': mul = 1099511627776.0; end++; break;
-    }
-    if (mul > 1 && *end == 'i') end++; /* "GiB" */
-    if (*end == 'B' || *end == 'b') end++;
-    if (*end || v * mul > 1e18 || v * mul < 1) return false;
+    double v, mul;
+    bool b;
+    if (!lk_parse_units(s, &v, &mul, &b) || !(v >= 0) || v * mul > 1e18 || v * mul < 1) return false;
     *out = (uint64_t)(v * mul);
     return true;
 }

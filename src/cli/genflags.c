@@ -59,21 +59,11 @@ void lk_genflags_opts(lk_genflags *f, lk_opt *opts, int *n, int cap) {
 /* "4096" (positions) or "512M", "2G", "1.5GiB" (bytes, binary units):
  * *bytes says which. */
 static bool parse_budget(const char *s, int64_t *v, bool *bytes) {
-    char *end;
-    errno = 0;
-    double x = strtod(s, &end);
-    if (end == s || errno || !(x >= 1)) return false;
-    double mul = 1;
-    switch (*end) {
-    case 'k': case 'K': mul = 1024.0; end++; break;
-    case 'm': case 'M': mul = 1048576.0; end++; break;
-    case 'g': case 'G': mul = 1073741824.0; end++; break;
-    case 't': case 'T': mul = 1099511627776.0; end++; break;
-    }
+    double x, mul;
+    bool b;
+    if (!lk_parse_units(s, &x, &mul, &b) || !(x >= 1) || (b && mul == 1)) return false;
     *bytes = mul > 1;
-    if (*bytes && *end == 'i') end++;  /* "GiB" */
-    if (*bytes && (*end == 'B' || *end == 'b')) end++;
-    if (*end || x * mul > 1e18 || (!*bytes && x != (double)(int64_t)x)) return false;
+    if (x * mul > 1e18 || (!*bytes && x != (double)(int64_t)x)) return false;
     *v = (int64_t)(x * mul);
     return true;
 }
