@@ -278,8 +278,6 @@ static void session_free_model(session *s) {
     s->m = NULL;
     lk_gguf_close(s->g);
     s->g = NULL;
-    lk_step_free(s->step);
-    s->step = NULL;
     lk_step_msg_free(&s->msg);
 }
 
