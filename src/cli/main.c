@@ -19,6 +19,7 @@ WEAK int lk_cmd_netbench(int, char **);
 WEAK int lk_cmd_serve(int, char **);
 WEAK int lk_cmd_plan(int, char **);
 WEAK int lk_cmd_doctor(int, char **);
+WEAK int lk_cmd_linkemu(int, char **);
 
 static const struct {
     const char *name;
@@ -37,6 +38,7 @@ static const struct {
     {"serve", "OpenAI-compatible HTTP server"},
     {"plan", "predict tok/s per layout for a model and a network"},
     {"doctor", "measure every node and link of a cluster"},
+    {"linkemu", "relay TCP with a set one-way delay and rate (emulate a network)"},
 };
 
 static int (*lookup(const char *name))(int, char **) {
@@ -53,6 +55,7 @@ static int (*lookup(const char *name))(int, char **) {
     if (!strcmp(name, "serve")) return lk_cmd_serve;
     if (!strcmp(name, "plan")) return lk_cmd_plan;
     if (!strcmp(name, "doctor")) return lk_cmd_doctor;
+    if (!strcmp(name, "linkemu")) return lk_cmd_linkemu;
     return NULL;
 }
 
