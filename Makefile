@@ -7,7 +7,7 @@
 CC      ?= cc
 OPT     ?= -O2
 CFLAGS  += -std=c11 -D_GNU_SOURCE -g $(OPT) -Wall -Wextra -Wno-unused-parameter -pthread -Isrc
-LDLIBS  += -lsodium -ljansson -licuuc -lm -pthread
+LDLIBS  += -lmicrohttpd -lsodium -ljansson -licuuc -lm -pthread
 SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
 SRC      := $(shell find src -name '*.c' | sort)

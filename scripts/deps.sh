@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Installs the Debian packages lockstep builds and tests with (as root, or via sudo).
 set -euo pipefail
-pkgs="build-essential clang libsodium-dev libjansson-dev libicu-dev iproute2 procps"
+pkgs="build-essential clang libsodium-dev libjansson-dev libicu-dev libmicrohttpd-dev iproute2 procps"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+# Node.js and npm run the server's client tests (the official openai package);
+# a machine that has them from elsewhere (nodesource) keeps its own.
+command -v node >/dev/null 2>&1 || missing="$missing nodejs"
+command -v npm >/dev/null 2>&1 || missing="$missing npm"
 [ -z "$missing" ] && exit 0
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
 export DEBIAN_FRONTEND=noninteractive

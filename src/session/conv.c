@@ -11,7 +11,8 @@
 #include <string.h>
 
 typedef struct {
-    char *role, *content;  /* malloc'd */
+    char *role, *content;  /* malloc'd; content NULL: `none` (an assistant turn that only calls tools) */
+    char *fields;          /* malloc'd JSON object of extra members (tool_calls, ...) or NULL */
     bool  plain;           /* holds control-token text: its tokens are made with parse_special off */
 } turn;
 
@@ -19,6 +20,7 @@ struct lk_conv {
     const lk_tokenizer *tok;
     const char         *tmpl;               /* borrowed */
     char               *bos_text, *eos_text;
+    char               *extra;              /* JSON object of extra template variables (tools) or NULL */
     turn               *h;                  /* oldest first */
     int                 n_h, cap_h;
 };
@@ -65,6 +67,7 @@ void lk_conv_free(lk_conv *c) {
     free(c->h);
     free(c->bos_text);
     free(c->eos_text);
+    free(c->extra);
     free(c);
 }
 
@@ -95,9 +98,18 @@ static bool has_control_text(const lk_tokenizer *tok, const char *text) {
     return differ;
 }
 
-void lk_conv_push(lk_conv *c, const char *role, const char *content) {
+void lk_conv_push(lk_conv *c, const char *role, const char *content) { lk_conv_push_ex(c, role, content, NULL); }
+
+void lk_conv_push_ex(lk_conv *c, const char *role, const char *content, const char *fields_json) {
     if (c->n_h == c->cap_h) c->h = lk_xrealloc(c->h, sizeof(turn) * (size_t)(c->cap_h = 2 * c->cap_h + 8));
-    c->h[c->n_h++] = (turn){ lk_xstrdup(role), lk_xstrdup(content), has_control_text(c->tok, content) };
+    c->h[c->n_h++] = (turn){ lk_xstrdup(role), content ? lk_xstrdup(content) : NULL,
+                             fields_json ? lk_xstrdup(fields_json) : NULL,
+                             content && has_control_text(c->tok, content) };
+}
+
+void lk_conv_set_extra(lk_conv *c, const char *extra_json) {
+    free(c->extra);
+    c->extra = extra_json ? lk_xstrdup(extra_json) : NULL;
 }
 
 void lk_conv_drop(lk_conv *c, int i, int j) {
@@ -106,6 +118,7 @@ void lk_conv_drop(lk_conv *c, int i, int j) {
     for (int k = i; k < j; k++) {
         free(c->h[k].role);
         free(c->h[k].content);
+        free(c->h[k].fields);
     }
     memmove(c->h + i, c->h + j, sizeof(turn) * (size_t)(c->n_h - j));
     c->n_h -= j - i;
@@ -113,8 +126,9 @@ void lk_conv_drop(lk_conv *c, int i, int j) {
 
 static lk_status render(const lk_conv *c, const char *const *content, char **out, char *err, size_t errlen) {
     lk_chat_msg *m = lk_xmalloc(sizeof(lk_chat_msg) * (size_t)(c->n_h ? c->n_h : 1));
-    for (int i = 0; i < c->n_h; i++) m[i] = (lk_chat_msg){ c->h[i].role, content ? content[i] : c->h[i].content, NULL };
-    lk_status st = lk_chat_render(c->tmpl, m, c->n_h, true, c->bos_text, c->eos_text, out, err, errlen);
+    for (int i = 0; i < c->n_h; i++)
+        m[i] = (lk_chat_msg){ c->h[i].role, content ? content[i] : c->h[i].content, c->h[i].fields };
+    lk_status st = lk_chat_render_ex(c->tmpl, m, c->n_h, true, c->bos_text, c->eos_text, c->extra, out, err, errlen);
     free(m);
     return st;
 }

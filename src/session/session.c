@@ -78,6 +78,7 @@ struct lk_session {
     lk_request         *all;        /* every unreleased request */
     step_rec           *steps;      /* (depth) ring */
     int                 head, n_flight;
+    int                 cb_item;    /* the collected step's item whose token a callback is handed (-1: none) */
     char               *piece;      /* (piece_cap) one token's text */
     int32_t             piece_cap;
     uint64_t            clock;
@@ -140,6 +141,7 @@ lk_status lk_session_create(lk_engine *e, const lk_tokenizer *tok, const lk_sess
     }
     s->piece_cap = tok ? 3 * (lk_tokenizer_max_piece(tok) + 4) : 16; /* enough for any token (tokenizer.h) */
     s->piece = lk_xmalloc((size_t)s->piece_cap);
+    s->cb_item = -1;
     *out = s;
     return LK_OK;
 }
@@ -318,6 +320,12 @@ void lk_request_get(const lk_request *r, lk_request_info *o) {
                             .decode_comm_s = r->comm };
 }
 lk_finish lk_request_finish(const lk_request *r) { return r->finish; }
+
+int lk_request_candidates(const lk_request *r, const int32_t **ids, const float **vals) {
+    const lk_session *s = r->s;
+    if (s->cb_item < 0 || !r->in_cb) return 0;
+    return lk_engine_candidates(s->e, s->cb_item, ids, vals);
+}
 void *lk_request_user(const lk_request *r) { return r->user; }
 
 /* ======================================================================
@@ -595,7 +603,9 @@ static lk_status collect(lk_session *s, char *err, size_t errlen) {
     for (int i = 0; i < rec->n; i++) {
         lk_request *r = rec->reqs[i];
         r->in_flight = false;
+        s->cb_item = i;
         if (rec->items[i].sample) deliver(s, r, rec->next[i]);
+        s->cb_item = -1;
         else if (r->cancel) finish(s, r, LK_FINISH_CANCELLED);
     }
     return LK_OK;

@@ -127,6 +127,11 @@ typedef struct {
 } lk_request_info;
 void      lk_request_get(const lk_request *r, lk_request_info *out);
 lk_finish lk_request_finish(const lk_request *r);
+/* Inside the token callback of a generated token: the candidates it was
+ * picked from (merged over the ranks, best first, values are the logits
+ * after the penalties, before temperature); returns their count (0 outside
+ * such a callback). Request n_cand to get more than the sampler needs. */
+int       lk_request_candidates(const lk_request *r, const int32_t **ids, const float **vals);
 void     *lk_request_user(const lk_request *r);
 
 /* ---- conversations: chat messages rendered into prompt tokens ----------------
@@ -148,6 +153,13 @@ lk_status   lk_conv_create(const lk_tokenizer *tok, const char *tmpl, lk_conv **
 void        lk_conv_free(lk_conv *c);
 /* Appends a message (copied; role "system", "user", "assistant", ...). */
 void        lk_conv_push(lk_conv *c, const char *role, const char *content);
+/* As lk_conv_push, with the message's other members as the template sees
+ * them (fields_json: a JSON object such as {"tool_calls": [...]} or
+ * {"tool_call_id": "..."}; NULL for none); content may be NULL (`none`). */
+void        lk_conv_push_ex(lk_conv *c, const char *role, const char *content, const char *fields_json);
+/* Extra template variables for every render (a JSON object such as
+ * {"tools": [...]}; NULL: none). Copied. */
+void        lk_conv_set_extra(lk_conv *c, const char *extra_json);
 /* Removes messages [i, j). */
 void        lk_conv_drop(lk_conv *c, int i, int j);
 int         lk_conv_len(const lk_conv *c);
