@@ -605,8 +605,8 @@ static lk_status collect(lk_session *s, char *err, size_t errlen) {
         r->in_flight = false;
         s->cb_item = i;
         if (rec->items[i].sample) deliver(s, r, rec->next[i]);
-        s->cb_item = -1;
         else if (r->cancel) finish(s, r, LK_FINISH_CANCELLED);
+        s->cb_item = -1;
     }
     return LK_OK;
 }
