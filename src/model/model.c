@@ -27,21 +27,61 @@
 #include <unistd.h>
 
 /* Prefill attention takes queries in blocks of ATT_QB (attn_block_fn). */
-enum { ATT_QB = 16 };
+/* ROW_ALIGN: rows handed to a thread in multiples of 16 (64-byte lines of y), as kernels/ops.c does. */
+enum { ATT_QB = 16, ROW_ALIGN = 16 };
+
+/* One FFN's slice: gate and up rows [f0, f1) of this rank, down's matching
+ * columns. An expert is one slab of the 3-D tensors. */
+typedef struct { lk_mat w1, w3, w2; } ffn_w;
 
 typedef struct {
     const float *attn_norm, *ffn_norm;     /* (d) */
     const float *q_norm, *k_norm;          /* (hd) qwen3 */
     const float *bq, *bk, *bv;             /* (H*hd), (KV*hd) qwen2, already offset to the slice */
     lk_mat wq, wk, wv, wo, w1, w2, w3;
+    /* mixture-of-experts layer (moe): the router and exp_probs_b are whole
+     * on every rank (every rank routes every token, the same way); each
+     * expert and the shared expert are sliced like a dense FFN */
+    bool moe;
+    lk_mat wr;                             /* ffn_gate_inp [E, d] */
+    const float *exp_b;                    /* (E) selection bias, or NULL */
+    ffn_w *ex;                             /* (E) */
+    ffn_w sh;                              /* shared expert (rows 0: none) */
 } layer_w;
+
+/* Scratch of the mixture-of-experts FFN, sized at load for n_batch tokens.
+ * A "slot" is one (token, expert) pair: slots are grouped by expert in
+ * expert order (within an expert, tokens in batch order), then one slot
+ * per token for the shared expert, so every expert's tokens are
+ * consecutive rows for the matrix kernel. */
+typedef struct {
+    float   *logits;     /* (B, E) router logits */
+    float   *probs;      /* (E) one row's scores */
+    int32_t *sel;        /* (B, k) chosen experts, best first */
+    float   *wgt;        /* (B, k) their weights */
+    int32_t *row_slot;   /* (B, k) slot of (token, j) */
+    int32_t *slot_row;   /* (B*k + B) token of each slot */
+    int32_t *cnt, *off;  /* (E + 1) tokens per expert, first slot of each */
+    int32_t *act;        /* (E + 1) experts with tokens in this batch (then the shared one, index E) */
+    int      n_act;
+    void    *ain;        /* (slots, ain_stride) quantised FFN input per slot */
+    void    *adn;        /* (slots, adn_stride) quantised SwiGLU output per slot */
+    size_t   ain_stride, adn_stride;
+    float   *hg, *hu;    /* (slots, fmax) gate/up outputs */
+    float   *eo;         /* (slots, d) each slot's expert output */
+    int64_t  fmax;
+} moe_scratch;
 
 struct lk_model {
     lk_model_config cfg;
     lk_slice sl;
     int n_ctx, n_batch;
     int nh, nkv;            /* local heads, local kv heads */
-    int64_t nff, nvoc;      /* local FFN rows, local vocab rows */
+    int64_t nff, nvoc;      /* local dense FFN rows, local vocab rows */
+    lk_ffn_ranges fr;       /* FFN rows of each kind here (dense, expert, shared) */
+    int64_t nfe, nfs;       /* local expert rows, local shared-expert rows */
+    moe_scratch ms;
+    lk_route_trace trace;
     const lk_gguf *g;
     const lk_gguf_tensor *tok_embd;
     const float *out_norm;
@@ -123,6 +163,22 @@ static lk_status check_tensor(const lk_gguf *g, const char *name, int64_t ne0, i
     return LK_OK;
 }
 
+/* The same for a 3-D expert tensor [ne0, ne1, ne2]: ne2 slabs of ne1 rows. */
+static lk_status check_tensor3(const lk_gguf *g, const char *name, int64_t ne0, int64_t ne1, int64_t ne2,
+                               char *err, size_t errlen) {
+    const lk_gguf_tensor *t = lk_gguf_find_tensor(g, name);
+    if (!t) return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: missing tensor '%s'", lk_gguf_path(g), name);
+    if (t->n_dims != 3 || (int64_t)t->ne[0] != ne0 || (int64_t)t->ne[1] != ne1 || (int64_t)t->ne[2] != ne2)
+        return lk_fail(err, errlen, LK_ERR_FORMAT,
+                       "%s: tensor '%s' has shape [%llu, %llu, %llu] (%d dims), expected [%lld, %lld, %lld]",
+                       lk_gguf_path(g), name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
+                       (unsigned long long)t->ne[2], t->n_dims, (long long)ne0, (long long)ne1, (long long)ne2);
+    if (!lk_type_supported(t->type))
+        return lk_fail(err, errlen, LK_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s, which lockstep cannot compute with yet",
+                       lk_gguf_path(g), name, lk_type_name(t->type));
+    return LK_OK;
+}
+
 lk_status lk_model_config_read(const lk_gguf *g, lk_model_config *c, char *err, size_t errlen) {
     memset(c, 0, sizeof *c);
     const char *arch;
@@ -135,20 +191,32 @@ lk_status lk_model_config_read(const lk_gguf *g, lk_model_config *c, char *err, 
     if (!strcmp(c->arch_name, "llama") || !strcmp(c->arch_name, "mistral")) c->arch = LK_ARCH_LLAMA;
     else if (!strcmp(c->arch_name, "qwen2")) c->arch = LK_ARCH_QWEN2;
     else if (!strcmp(c->arch_name, "qwen3")) c->arch = LK_ARCH_QWEN3;
+    else if (!strcmp(c->arch_name, "qwen3moe")) c->arch = LK_ARCH_QWEN3MOE;
+    else if (!strcmp(c->arch_name, "glm4moe")) c->arch = LK_ARCH_GLM4MOE;
     else {
         char sa[101]; /* the file's bytes, escapes shown escaped */
         lk_str_sanitize(sa, sizeof sa, arch, alen);
         return lk_fail(err, errlen, LK_ERR_UNSUPPORTED,
-                       "%s: architecture '%s' is not supported (supported: llama, mistral, qwen2, qwen3)",
-                       lk_gguf_path(g), sa);
+                       "%s: architecture '%s' is not supported (supported: llama, mistral, qwen2, qwen3, qwen3moe, "
+                       "glm4moe)", lk_gguf_path(g), sa);
     }
+    const bool moe = c->arch == LK_ARCH_QWEN3MOE || c->arch == LK_ARCH_GLM4MOE;
     const char *a = c->arch_name;
     int64_t v;
+    double f;
     lk_status st;
     if ((st = need_i64(g, a, "embedding_length", 1, 1 << 20, &v, err, errlen))) return st;
     c->n_embd = (int)v;
     if ((st = need_i64(g, a, "block_count", 1, 4096, &v, err, errlen))) return st;
-    c->n_layer = (int)v;
+    c->n_layer = c->n_layer_file = (int)v;
+    /* GLM-4.5's converter appends its NextN (multi-token prediction) block
+     * to block_count; plain decoding runs only the blocks before it. */
+    if (meta_i64(g, a, "nextn_predict_layers", &v) && v > 0) {
+        if (v >= c->n_layer)
+            return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: %s.nextn_predict_layers = %lld leaves no layers of %d",
+                           lk_gguf_path(g), a, (long long)v, c->n_layer);
+        c->n_layer -= (int)v;
+    }
     if ((st = need_i64(g, a, "attention.head_count", 1, 4096, &v, err, errlen))) return st;
     c->n_head = (int)v;
     if (meta_i64(g, a, "attention.head_count_kv", &v)) {
@@ -157,8 +225,73 @@ lk_status lk_model_config_read(const lk_gguf *g, lk_model_config *c, char *err, 
                            lk_gguf_path(g), a, (long long)v, c->n_head);
         c->n_head_kv = (int)v;
     } else c->n_head_kv = c->n_head;
-    if ((st = need_i64(g, a, "feed_forward_length", 1, 1 << 24, &v, err, errlen))) return st;
-    c->n_ff = v;
+    if (moe) {
+        /* qwen3moe files carry the dense intermediate_size in
+         * feed_forward_length although no layer uses it: experts are sized
+         * by expert_feed_forward_length, as llama.cpp does. */
+        if ((st = need_i64(g, a, "expert_count", 1, 4096, &v, err, errlen))) return st;
+        c->n_expert = (int)v;
+        if ((st = need_i64(g, a, "expert_used_count", 1, c->n_expert, &v, err, errlen))) return st;
+        c->n_expert_used = (int)v;
+        c->n_ff = meta_i64(g, a, "feed_forward_length", &v) && v > 0 && v <= (1 << 24) ? v : 0;
+        if (meta_i64(g, a, "expert_feed_forward_length", &v)) {
+            if (v < 1 || v > (1 << 24))
+                return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: %s.expert_feed_forward_length = %lld out of range",
+                               lk_gguf_path(g), a, (long long)v);
+            c->n_ff_exp = v;
+        } else if (c->n_ff > 0) {
+            c->n_ff_exp = c->n_ff / c->n_expert_used; /* llama.cpp's fallback */
+        } else {
+            return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: missing metadata key %s.expert_feed_forward_length",
+                           lk_gguf_path(g), a);
+        }
+        if (meta_i64(g, a, "expert_shared_count", &v)) {
+            if (v < 0 || v > 64)
+                return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: %s.expert_shared_count = %lld out of range",
+                               lk_gguf_path(g), a, (long long)v);
+            c->n_expert_shared = (int)v;
+        }
+        c->n_ff_shexp = c->n_ff_exp * c->n_expert_shared;
+        if (meta_i64(g, a, "leading_dense_block_count", &v)) {
+            if (v < 0 || v > c->n_layer)
+                return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: %s.leading_dense_block_count = %lld out of range",
+                               lk_gguf_path(g), a, (long long)v);
+            c->n_dense_lead = (int)v;
+        }
+        if (c->n_dense_lead > 0 && c->n_ff < 1)
+            return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: %d dense layers but no %s.feed_forward_length",
+                           lk_gguf_path(g), c->n_dense_lead, a);
+        if (c->arch == LK_ARCH_QWEN3MOE) {
+            /* llama.cpp's qwen3moe graph: softmax, always normalised, no scale (no key switches these) */
+            c->gating = LK_GATE_SOFTMAX;
+            c->weights_norm = true;
+            c->weights_scale = 0;
+        } else {
+            c->gating = LK_GATE_SIGMOID; /* llama.cpp's default for glm4moe when the key is 0 or missing */
+            if (meta_i64(g, a, "expert_gating_func", &v) && v != 0) {
+                if (v != LK_GATE_SOFTMAX && v != LK_GATE_SIGMOID)
+                    return lk_fail(err, errlen, LK_ERR_UNSUPPORTED, "%s: %s.expert_gating_func = %lld is not supported "
+                                   "(1 softmax, 2 sigmoid)", lk_gguf_path(g), a, (long long)v);
+                c->gating = (lk_gating)v;
+            }
+            bool b;
+            char key[160];
+            snprintf(key, sizeof key, "%s.expert_weights_norm", a);
+            c->weights_norm = lk_gguf_get_bool(g, key, &b) && b;
+            c->weights_scale = meta_f64(g, a, "expert_weights_scale", &f) ? (float)f : 0.0f;
+            if (!(c->weights_scale >= 0 && c->weights_scale < 1e6))
+                return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: %s.expert_weights_scale %g out of range",
+                               lk_gguf_path(g), a, (double)c->weights_scale);
+            if (meta_i64(g, a, "expert_group_count", &v) && v > 1)
+                return lk_fail(err, errlen, LK_ERR_UNSUPPORTED, "%s: group-limited routing (%s.expert_group_count = "
+                               "%lld) is not supported yet", lk_gguf_path(g), a, (long long)v);
+        }
+        c->n_ff_split = c->n_ff_exp;
+    } else {
+        if ((st = need_i64(g, a, "feed_forward_length", 1, 1 << 24, &v, err, errlen))) return st;
+        c->n_ff = v;
+        c->n_ff_split = v;
+    }
     c->head_dim = c->n_embd / c->n_head;
     if (meta_i64(g, a, "attention.key_length", &v)) {
         int64_t vl = v;
@@ -170,7 +303,6 @@ lk_status lk_model_config_read(const lk_gguf *g, lk_model_config *c, char *err, 
     if (c->head_dim < 2 || c->head_dim % 2)
         return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: head dimension %d must be even", lk_gguf_path(g), c->head_dim);
     c->n_ctx_train = meta_i64(g, a, "context_length", &v) && v > 0 && v < (1 << 24) ? (int)v : 2048;
-    double f;
     c->rms_eps = meta_f64(g, a, "attention.layer_norm_rms_epsilon", &f) ? (float)f : 1e-5f;
     if (!(c->rms_eps > 0 && c->rms_eps < 1))
         return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: rms epsilon %g out of range", lk_gguf_path(g), (double)c->rms_eps);
@@ -194,8 +326,15 @@ lk_status lk_model_config_read(const lk_gguf *g, lk_model_config *c, char *err, 
     if (lk_gguf_get_f64(g, key, &f) && f != 1.0 && f != 0.0)
         return lk_fail(err, errlen, LK_ERR_UNSUPPORTED, "%s: rope scaling factor %g is not supported yet", lk_gguf_path(g), f);
     c->rope_neox = c->arch != LK_ARCH_LLAMA;
-    c->has_qkv_bias = c->arch == LK_ARCH_QWEN2;
-    c->has_qk_norm = c->arch == LK_ARCH_QWEN3;
+    c->has_qkv_bias = c->arch == LK_ARCH_QWEN2 || c->arch == LK_ARCH_GLM4MOE;
+    /* GLM-4.5-Air has no Q/K norms, GLM-4.5 has them: llama.cpp loads them when present */
+    c->has_qk_norm = c->arch == LK_ARCH_QWEN3 || c->arch == LK_ARCH_QWEN3MOE ||
+                     (c->arch == LK_ARCH_GLM4MOE && lk_gguf_find_tensor(g, "blk.0.attn_q_norm.weight"));
+    if (moe) {
+        char n[64];
+        snprintf(n, sizeof n, "blk.%d.exp_probs_b.bias", c->n_dense_lead);
+        c->has_exp_probs_b = lk_gguf_find_tensor(g, n) != NULL;
+    }
 
     /* tensors */
     const lk_gguf_tensor *emb = lk_gguf_find_tensor(g, "token_embd.weight");
@@ -218,10 +357,29 @@ lk_status lk_model_config_read(const lk_gguf *g, lk_model_config *c, char *err, 
         T("attn_k.weight", d, kvd, false);
         T("attn_v.weight", d, kvd, false);
         T("attn_output.weight", qd, d, false);
-        T("ffn_norm.weight", d, 0, true);
-        T("ffn_gate.weight", d, c->n_ff, false);
-        T("ffn_up.weight", d, c->n_ff, false);
-        T("ffn_down.weight", c->n_ff, d, false);
+        /* glm4moe's pre-FFN norm is named post_attention_norm */
+        T(c->arch == LK_ARCH_GLM4MOE ? "post_attention_norm.weight" : "ffn_norm.weight", d, 0, true);
+        if (lk_model_layer_moe(c, l)) {
+            const int64_t E = c->n_expert, fe = c->n_ff_exp;
+            T("ffn_gate_inp.weight", d, E, false);
+            if (c->has_exp_probs_b) T("exp_probs_b.bias", E, 0, true);
+#define T3(name, ne0, ne1) \
+            do { snprintf(n, sizeof n, "blk.%d.%s", l, name); \
+                 if ((st = check_tensor3(g, n, ne0, ne1, E, err, errlen))) return st; } while (0)
+            T3("ffn_gate_exps.weight", d, fe);
+            T3("ffn_up_exps.weight", d, fe);
+            T3("ffn_down_exps.weight", fe, d);
+#undef T3
+            if (c->n_expert_shared) {
+                T("ffn_gate_shexp.weight", d, c->n_ff_shexp, false);
+                T("ffn_up_shexp.weight", d, c->n_ff_shexp, false);
+                T("ffn_down_shexp.weight", c->n_ff_shexp, d, false);
+            }
+        } else {
+            T("ffn_gate.weight", d, c->n_ff, false);
+            T("ffn_up.weight", d, c->n_ff, false);
+            T("ffn_down.weight", c->n_ff, d, false);
+        }
         if (c->has_qkv_bias) {
             T("attn_q.bias", qd, 0, true);
             T("attn_k.bias", kvd, 0, true);
@@ -247,29 +405,81 @@ static int64_t lcm64(int64_t a, int64_t b) {
     return a / x * b;
 }
 
+/* Cuts of an FFN's rows must fall on its down projection's blocks (it is
+ * cut along its input columns), in every layer that has one. */
+static int64_t down_align(const lk_gguf *g, const lk_model_config *c, const char *name) {
+    int64_t a = 1;
+    for (int l = 0; l < c->n_layer; l++) {
+        char n[96];
+        snprintf(n, sizeof n, "blk.%d.%s", l, name);
+        a = lcm64(a, block_of(g, n));
+    }
+    return a;
+}
+
 void lk_model_plan_dims(const lk_gguf *g, const lk_model_config *c, lk_plan_dims *d) {
     memset(d, 0, sizeof *d);
     d->n_layer = c->n_layer;
     d->n_head = c->n_head;
     d->n_head_kv = c->n_head_kv;
-    d->n_ff = c->n_ff;
+    d->n_ff = c->n_ff_split;
     d->n_vocab = c->n_vocab;
     /* Wo and W2 are cut along their input columns: a cut must fall on a
      * quantisation block, so heads go in groups of block/head_dim and FFN
-     * rows in multiples of the block. Output rows need no alignment. */
-    int64_t wo_blk = 1, w2_blk = 1;
+     * rows in multiples of the block. Output rows need no alignment. The
+     * plan cuts the experts' rows in a mixture (n_ff_split); the dense and
+     * shared FFNs follow (lk_model_ffn_ranges). */
+    int64_t wo_blk = 1;
     for (int l = 0; l < c->n_layer; l++) {
         char n[96];
         snprintf(n, sizeof n, "blk.%d.attn_output.weight", l);
         wo_blk = lcm64(wo_blk, block_of(g, n));
-        snprintf(n, sizeof n, "blk.%d.ffn_down.weight", l);
-        w2_blk = lcm64(w2_blk, block_of(g, n));
     }
     int64_t ha = 1;
     while ((ha * c->head_dim) % wo_blk) ha++;
     d->head_align = (int)ha;
-    d->ff_align = w2_blk;
+    d->ff_align = down_align(g, c, c->n_expert ? "ffn_down_exps.weight" : "ffn_down.weight");
     d->vocab_align = 1;
+}
+
+/* A cut c of [0, n_ff_split) mapped onto an FFN of W rows whose cuts must
+ * fall on multiples of a (model.h, lk_ffn_ranges). */
+static int64_t ff_map(int64_t c, int64_t n, int64_t W, int64_t a) {
+    if (W <= 0 || n <= 0) return 0;
+    const int64_t U = (W + a - 1) / a;
+    int64_t r = (2 * c * U + n) / (2 * n);
+    return LK_MIN(W, a * r);
+}
+
+void lk_model_ffn_ranges(const lk_gguf *g, const lk_model_config *c, int64_t ff0, int64_t ff1, lk_ffn_ranges *r) {
+    const int64_t n = c->n_ff_split;
+    memset(r, 0, sizeof *r);
+    if (c->n_expert == 0) {
+        r->dense0 = ff0, r->dense1 = ff1;
+        return;
+    }
+    int64_t ad = down_align(g, c, "ffn_down.weight"), ae = down_align(g, c, "ffn_down_exps.weight"),
+            as = down_align(g, c, "ffn_down_shexp.weight");
+    if (c->n_dense_lead > 0) r->dense0 = ff_map(ff0, n, c->n_ff, ad), r->dense1 = ff_map(ff1, n, c->n_ff, ad);
+    r->exp0 = ff_map(ff0, n, c->n_ff_exp, ae), r->exp1 = ff_map(ff1, n, c->n_ff_exp, ae);
+    if (c->n_expert_shared) r->sh0 = ff_map(ff0, n, c->n_ff_shexp, as), r->sh1 = ff_map(ff1, n, c->n_ff_shexp, as);
+}
+
+void lk_model_param_counts(const lk_gguf *g, const lk_model_config *c, uint64_t *total, uint64_t *active) {
+    uint64_t all = 0, act = 0;
+    for (int64_t i = 0; i < lk_gguf_n_tensors(g); i++) {
+        const lk_gguf_tensor *t = lk_gguf_tensor_at(g, i);
+        uint64_t ne = t->n_elements;
+        all += ne;
+        int l = -1;
+        if (sscanf(t->name, "blk.%d.", &l) == 1 && l >= c->n_layer) continue; /* NextN blocks: never run */
+        if (strstr(t->name, "_exps.")) act += ne / (uint64_t)c->n_expert * (uint64_t)c->n_expert_used;
+        else if (!strcmp(t->name, "token_embd.weight")) act += (uint64_t)c->n_embd; /* one row per token */
+        else act += ne;
+    }
+    if (c->tied_output) act += (uint64_t)c->n_embd * (uint64_t)c->n_vocab; /* the output reads all of token_embd */
+    *total = all;
+    *active = act;
 }
 
 /* ---------------------------------------------------------------- load */
@@ -288,6 +498,24 @@ static lk_mat mat_cols(const lk_gguf_tensor *t, int64_t c0, int64_t c1) {
     LK_ASSERT(c0 == 0 || lk_type_row_bytes(t->type, c0, &off));
     return (lk_mat){ .type = (lk_type)t->type, .cols = c1 - c0, .rows = (int64_t)t->ne[1],
                      .data = (const char *)t->data + off, .row_stride = rb };
+}
+
+/* Rows [r0, r1) of slab e of a 3-D tensor (expert e). */
+static lk_mat mat_slab_rows(const lk_gguf_tensor *t, int e, int64_t r0, int64_t r1) {
+    size_t rb = 0;
+    LK_ASSERT(lk_type_row_bytes(t->type, (int64_t)t->ne[0], &rb));
+    return (lk_mat){ .type = (lk_type)t->type, .cols = (int64_t)t->ne[0], .rows = r1 - r0,
+                     .data = (const char *)t->data + ((size_t)e * t->ne[1] + (size_t)r0) * rb, .row_stride = rb };
+}
+
+/* Columns [c0, c1) of every row of slab e (c0 on a block boundary). */
+static lk_mat mat_slab_cols(const lk_gguf_tensor *t, int e, int64_t c0, int64_t c1) {
+    size_t rb = 0, off = 0;
+    LK_ASSERT(lk_type_row_bytes(t->type, (int64_t)t->ne[0], &rb));
+    LK_ASSERT(c0 % lk_type_block_size(t->type) == 0);
+    LK_ASSERT(c0 == 0 || lk_type_row_bytes(t->type, c0, &off));
+    return (lk_mat){ .type = (lk_type)t->type, .cols = c1 - c0, .rows = (int64_t)t->ne[1],
+                     .data = (const char *)t->data + (size_t)e * t->ne[1] * rb + off, .row_stride = rb };
 }
 
 static uint64_t mat_bytes(const lk_mat *m) {
@@ -309,13 +537,18 @@ void lk_model_free(lk_model *m) {
     if (!m) return;
     if (m->arena) munmap(m->arena, m->arena_len);
     if (m->own_pool) lk_pool_free(m->pool);
-    free(m->layers);
     free(m->rope_cos); free(m->rope_sin);
     free(m->kcache); free(m->vcache);
     free(m->page_ref); free(m->free_pages); free(m->ptab); free(m->seq_len);
     free(m->items); free(m->item_row0); free(m->row_item); free(m->row_pos); free(m->task0); free(m->out_rows);
     free(m->x); free(m->xb); free(m->q); free(m->k); free(m->v); free(m->att); free(m->o);
     free(m->hg); free(m->hu); free(m->scores); free(m->act);
+    if (m->layers)
+        for (int i = 0; i < m->sl.layer1 - m->sl.layer0; i++) free(m->layers[i].ex);
+    free(m->ms.logits); free(m->ms.probs); free(m->ms.sel); free(m->ms.wgt); free(m->ms.row_slot);
+    free(m->ms.slot_row); free(m->ms.cnt); free(m->ms.off); free(m->ms.act); free(m->ms.ain); free(m->ms.adn);
+    free(m->ms.hg); free(m->ms.hu); free(m->ms.eo);
+    free(m->layers);
     free(m);
 }
 
@@ -329,7 +562,7 @@ static lk_status check_slice(const lk_model_config *c, const lk_slice *s, char *
                     s->kv_head0 >= 0 && s->kv_head0 < s->kv_head1 && s->kv_head1 <= c->n_head_kv &&
                     s->kv_head0 <= s->head0 / group && s->kv_head1 > (s->head1 - 1) / group;
     bool ok = heads_ok && s->layer0 >= 0 && s->layer0 < s->layer1 && s->layer1 <= c->n_layer &&
-              s->ff0 >= 0 && s->ff0 <= s->ff1 && s->ff1 <= c->n_ff && (s->ff1 > s->ff0 || s->head1 > s->head0) &&
+              s->ff0 >= 0 && s->ff0 <= s->ff1 && s->ff1 <= c->n_ff_split && (s->ff1 > s->ff0 || s->head1 > s->head0) &&
               s->vocab0 >= 0 && s->vocab0 < s->vocab1 && s->vocab1 <= c->n_vocab;
     if (!ok)
         return lk_fail(err, errlen, LK_ERR_ARG,
@@ -431,6 +664,8 @@ static void weights_to_arena(lk_model *m, lk_mat **mats, int n) {
     free(off);
 }
 
+static void moe_scratch_alloc(lk_model *m);
+
 lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_params *p,
                         lk_model **out, char *err, size_t errlen) {
     *out = NULL;
@@ -443,16 +678,26 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
     if (slice) sl = *slice;
     else lk_slice_full(&dims, &sl);
     if ((st = check_slice(&cfg, &sl, err, errlen))) return st;
+    lk_ffn_ranges fr;
+    lk_model_ffn_ranges(g, &cfg, sl.ff0, sl.ff1, &fr);
     /* column cuts must be on block boundaries */
     for (int l = sl.layer0; l < sl.layer1; l++) {
         int64_t bo = lk_type_block_size(tensor(g, l, "attn_output.weight")->type);
-        int64_t bd = lk_type_block_size(tensor(g, l, "ffn_down.weight")->type);
         if (((int64_t)sl.head0 * cfg.head_dim) % bo || (((int64_t)sl.head1 * cfg.head_dim) % bo && sl.head1 != cfg.n_head))
             return lk_fail(err, errlen, LK_ERR_ARG, "heads [%d,%d) cut blk.%d.attn_output.weight inside a %lld-element block",
                            sl.head0, sl.head1, l, (long long)bo);
-        if (sl.ff0 % bd || (sl.ff1 % bd && sl.ff1 != cfg.n_ff))
-            return lk_fail(err, errlen, LK_ERR_ARG, "FFN rows [%lld,%lld) cut blk.%d.ffn_down.weight inside a %lld-element block",
-                           (long long)sl.ff0, (long long)sl.ff1, l, (long long)bd);
+        const bool moe = lk_model_layer_moe(&cfg, l);
+        const struct { const char *name; int64_t f0, f1, w; } cuts[2] = {
+            { moe ? "ffn_down_exps.weight" : "ffn_down.weight", moe ? fr.exp0 : fr.dense0, moe ? fr.exp1 : fr.dense1,
+              moe ? cfg.n_ff_exp : cfg.n_ff },
+            { "ffn_down_shexp.weight", fr.sh0, fr.sh1, cfg.n_ff_shexp },
+        };
+        for (int k = 0; k < (moe && cfg.n_expert_shared ? 2 : 1); k++) {
+            int64_t bd = lk_type_block_size(tensor(g, l, cuts[k].name)->type);
+            if (cuts[k].f0 % bd || (cuts[k].f1 % bd && cuts[k].f1 != cuts[k].w))
+                return lk_fail(err, errlen, LK_ERR_ARG, "FFN rows [%lld,%lld) cut blk.%d.%s inside a %lld-element block",
+                               (long long)cuts[k].f0, (long long)cuts[k].f1, l, cuts[k].name, (long long)bd);
+        }
     }
 
     lk_model *m = lk_xcalloc(1, sizeof *m);
@@ -461,7 +706,10 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
     m->g = g;
     m->nh = sl.head1 - sl.head0;
     m->nkv = sl.kv_head1 - sl.kv_head0;
-    m->nff = sl.ff1 - sl.ff0;
+    m->fr = fr;
+    m->nff = fr.dense1 - fr.dense0;
+    m->nfe = fr.exp1 - fr.exp0;
+    m->nfs = fr.sh1 - fr.sh0;
     m->nvoc = sl.vocab1 - sl.vocab0;
     m->n_ctx = p && p->n_ctx > 0 ? p->n_ctx : LK_MIN(cfg.n_ctx_train, 4096);
     m->n_batch = p && p->n_batch > 0 ? p->n_batch : 512;
@@ -482,14 +730,37 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
         int l = sl.layer0 + i;
         layer_w *w = &m->layers[i];
         w->attn_norm = tensor(g, l, "attn_norm.weight")->data;
-        w->ffn_norm = tensor(g, l, "ffn_norm.weight")->data;
+        w->ffn_norm = tensor(g, l, cfg.arch == LK_ARCH_GLM4MOE ? "post_attention_norm.weight" : "ffn_norm.weight")->data;
         w->wq = mat_rows(tensor(g, l, "attn_q.weight"), sl.head0 * hd, sl.head1 * hd);
         w->wk = mat_rows(tensor(g, l, "attn_k.weight"), sl.kv_head0 * hd, sl.kv_head1 * hd);
         w->wv = mat_rows(tensor(g, l, "attn_v.weight"), sl.kv_head0 * hd, sl.kv_head1 * hd);
         w->wo = mat_cols(tensor(g, l, "attn_output.weight"), sl.head0 * hd, sl.head1 * hd);
-        w->w1 = mat_rows(tensor(g, l, "ffn_gate.weight"), sl.ff0, sl.ff1);
-        w->w3 = mat_rows(tensor(g, l, "ffn_up.weight"), sl.ff0, sl.ff1);
-        w->w2 = mat_cols(tensor(g, l, "ffn_down.weight"), sl.ff0, sl.ff1);
+        if (lk_model_layer_moe(&cfg, l)) {
+            const int E = cfg.n_expert, k = cfg.n_expert_used;
+            w->moe = true;
+            w->wr = mat_rows(tensor(g, l, "ffn_gate_inp.weight"), 0, E);
+            if (cfg.has_exp_probs_b) w->exp_b = tensor(g, l, "exp_probs_b.bias")->data;
+            w->ex = lk_xcalloc((size_t)E, sizeof(ffn_w));
+            const lk_gguf_tensor *tg = tensor(g, l, "ffn_gate_exps.weight"), *tu = tensor(g, l, "ffn_up_exps.weight"),
+                                 *td = tensor(g, l, "ffn_down_exps.weight");
+            for (int e = 0; e < E; e++) {
+                w->ex[e].w1 = mat_slab_rows(tg, e, fr.exp0, fr.exp1);
+                w->ex[e].w3 = mat_slab_rows(tu, e, fr.exp0, fr.exp1);
+                w->ex[e].w2 = mat_slab_cols(td, e, fr.exp0, fr.exp1);
+            }
+            m->weight_bytes += mat_bytes(&w->wr) + (uint64_t)k * (mat_bytes(&w->ex[0].w1) + mat_bytes(&w->ex[0].w3) +
+                                                                  mat_bytes(&w->ex[0].w2));
+            if (cfg.n_expert_shared) {
+                w->sh.w1 = mat_rows(tensor(g, l, "ffn_gate_shexp.weight"), fr.sh0, fr.sh1);
+                w->sh.w3 = mat_rows(tensor(g, l, "ffn_up_shexp.weight"), fr.sh0, fr.sh1);
+                w->sh.w2 = mat_cols(tensor(g, l, "ffn_down_shexp.weight"), fr.sh0, fr.sh1);
+                m->weight_bytes += mat_bytes(&w->sh.w1) + mat_bytes(&w->sh.w3) + mat_bytes(&w->sh.w2);
+            }
+        } else {
+            w->w1 = mat_rows(tensor(g, l, "ffn_gate.weight"), fr.dense0, fr.dense1);
+            w->w3 = mat_rows(tensor(g, l, "ffn_up.weight"), fr.dense0, fr.dense1);
+            w->w2 = mat_cols(tensor(g, l, "ffn_down.weight"), fr.dense0, fr.dense1);
+        }
         if (cfg.has_qkv_bias) {
             w->bq = (const float *)tensor(g, l, "attn_q.bias")->data + sl.head0 * hd;
             w->bk = (const float *)tensor(g, l, "attn_k.bias")->data + sl.kv_head0 * hd;
@@ -503,14 +774,22 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
                            mat_bytes(&w->w1) + mat_bytes(&w->w2) + mat_bytes(&w->w3);
     }
     {
-        lk_mat **mats = lk_xmalloc(sizeof(lk_mat *) * (size_t)(7 * nl + 1));
+        /* per layer: 7 attention/dense matrices, the router, 3 per expert and 3 shared */
+        const size_t per = 7 + 1 + 3 * (size_t)cfg.n_expert + 3;
+        lk_mat **mats = lk_xmalloc(sizeof(lk_mat *) * (per * (size_t)nl + 1));
         int nm = 0;
         if (sl.pp_rank == sl.pp_size - 1) mats[nm++] = &m->wout;
         for (int i = 0; i < nl; i++) {
             layer_w *w = &m->layers[i];
-            lk_mat *all[7] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w1, &w->w3, &w->w2};
-            for (int k = 0; k < 7; k++)
+            lk_mat *all[11] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w1, &w->w3, &w->w2, &w->wr,
+                               &w->sh.w1, &w->sh.w3, &w->sh.w2};
+            for (int k = 0; k < 11; k++)
                 if (all[k]->rows > 0 && all[k]->cols > 0) mats[nm++] = all[k];
+            for (int e = 0; w->moe && e < cfg.n_expert; e++) {
+                lk_mat *ex[3] = {&w->ex[e].w1, &w->ex[e].w3, &w->ex[e].w2};
+                for (int k = 0; k < 3; k++)
+                    if (ex[k]->rows > 0 && ex[k]->cols > 0) mats[nm++] = ex[k];
+            }
         }
         weights_to_arena(m, mats, nm);
         free(mats);
@@ -571,6 +850,7 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
     m->scores = lk_xmalloc_aligned(sizeof(float) * (size_t)lk_pool_size(m->pool) * ATT_QB * m->n_ctx);
     int64_t maxcols = LK_MAX(LK_MAX(d, m->nff), (int64_t)m->nh * hd);
     m->act = lk_xmalloc_aligned(lk_matmul_scratch_bytes(maxcols, (int64_t)B));
+    if (cfg.n_expert) moe_scratch_alloc(m);
     *out = m;
     return LK_OK;
 }
@@ -923,6 +1203,271 @@ static void ffn(lk_model *m, int li, const float *x, int n) {
     lk_matmul(m->pool, &w->w2, m->hg, m->nff, n, m->o, d, m->act);
 }
 
+/* ---- mixture of experts ----------------------------------------------------
+ * One MoE layer over the batch's n tokens, in four pool dispatches whatever
+ * the number of experts:
+ *   1. router logits for all tokens (F32 matmul, whole router on every rank);
+ *      routing itself (softmax or sigmoid, top-k, weights) is a serial pass
+ *      of O(n * E * k) on thread 0, then tokens are grouped by expert;
+ *   2. the FFN input of every (token, expert) slot quantised once to the
+ *      expert's activation type (serial for a few slots);
+ *   3. gate and up of every active expert and the shared expert: each thread
+ *      takes its rows of each, so every active expert's rows are read once
+ *      per step for all of its tokens; SwiGLU on the thread's own rows;
+ *   4. the SwiGLU outputs quantised, then down of every active expert by
+ *      output rows, and each thread combines its own output rows:
+ *      o = w_1 e_1 + ... + w_k e_k (+ shared), in the router's order, as
+ *      llama.cpp adds them.
+ * A token's arithmetic does not depend on which other tokens share its
+ * experts (the matrix kernels are batch invariant), so the MoE FFN keeps the
+ * engine's batch invariance. */
+
+static void moe_scratch_alloc(lk_model *m) {
+    const lk_model_config *c = &m->cfg;
+    moe_scratch *ms = &m->ms;
+    const size_t B = (size_t)m->n_batch, E = (size_t)c->n_expert, k = (size_t)c->n_expert_used, d = (size_t)c->n_embd;
+    const size_t slots = B * k + (c->n_expert_shared ? B : 0);
+    ms->fmax = LK_MAX(LK_MAX(m->nfe, m->nfs), 1);
+    size_t ain = 64, adn = 64;
+    for (int i = 0; i < m->sl.layer1 - m->sl.layer0; i++) {
+        const layer_w *w = &m->layers[i];
+        if (!w->moe) continue;
+        const lk_mat *in[2] = {&w->ex[0].w1, &w->sh.w1}, *dn[2] = {&w->ex[0].w2, &w->sh.w2};
+        for (int j = 0; j < 2; j++) {
+            size_t rb = 0;
+            if (in[j]->rows > 0 && lk_type_row_bytes(lk_type_vec_dot(in[j]->type), (int64_t)d, &rb)) ain = LK_MAX(ain, rb);
+            if (dn[j]->cols > 0 && lk_type_row_bytes(lk_type_vec_dot(dn[j]->type), dn[j]->cols, &rb)) adn = LK_MAX(adn, rb);
+        }
+    }
+    ms->ain_stride = (ain + 63) & ~(size_t)63;
+    ms->adn_stride = (adn + 63) & ~(size_t)63;
+    ms->logits = lk_xmalloc(sizeof(float) * B * E);
+    ms->probs = lk_xmalloc(sizeof(float) * E);
+    ms->sel = lk_xmalloc(sizeof(int32_t) * B * k);
+    ms->wgt = lk_xmalloc(sizeof(float) * B * k);
+    ms->row_slot = lk_xmalloc(sizeof(int32_t) * B * k);
+    ms->slot_row = lk_xmalloc(sizeof(int32_t) * slots);
+    ms->cnt = lk_xmalloc(sizeof(int32_t) * (E + 1));
+    ms->off = lk_xmalloc(sizeof(int32_t) * (E + 1));
+    ms->act = lk_xmalloc(sizeof(int32_t) * (E + 1));
+    ms->ain = lk_xmalloc_aligned(ms->ain_stride * slots);
+    ms->adn = lk_xmalloc_aligned(ms->adn_stride * slots);
+    ms->hg = lk_xmalloc_aligned(sizeof(float) * slots * (size_t)ms->fmax);
+    ms->hu = lk_xmalloc_aligned(sizeof(float) * slots * (size_t)ms->fmax);
+    ms->eo = lk_xmalloc_aligned(sizeof(float) * slots * d);
+}
+
+/* Chooses row t's experts from its router logits (model.h, lk_model_config). */
+static void route_row(const lk_model *m, const layer_w *w, const float *logit, int32_t *sel, float *wgt) {
+    const lk_model_config *c = &m->cfg;
+    const int E = c->n_expert, k = c->n_expert_used;
+    float *p = m->ms.probs;
+    if (c->gating == LK_GATE_SOFTMAX) {
+        memcpy(p, logit, sizeof(float) * (size_t)E);
+        lk_softmax(p, E);
+    } else {
+        for (int e = 0; e < E; e++) p[e] = 1.0f / (1.0f + expf(-logit[e]));
+    }
+    /* top k by p (+ the selection bias), best first, ties to the lower id */
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        float bs = 0;
+        for (int e = 0; e < E; e++) {
+            bool taken = false;
+            for (int i = 0; i < j; i++) taken |= sel[i] == e;
+            if (taken) continue;
+            float sc = w->exp_b ? p[e] + w->exp_b[e] : p[e];
+            if (best < 0 || sc > bs) best = e, bs = sc;
+        }
+        sel[j] = best;
+        wgt[j] = p[best]; /* the unbiased score: the bias only chooses */
+    }
+    if (c->weights_norm) {
+        double sum = 0;
+        for (int j = 0; j < k; j++) sum += wgt[j];
+        const float den = LK_MAX((float)sum, 6.103515625e-5f); /* llama.cpp's clamp */
+        for (int j = 0; j < k; j++) wgt[j] /= den;
+    }
+    if (c->weights_scale != 0.0f && c->weights_scale != 1.0f)
+        for (int j = 0; j < k; j++) wgt[j] *= c->weights_scale;
+}
+
+typedef struct {
+    lk_model *m;
+    const layer_w *w;
+    int n;
+} moe_job;
+
+/* Group gi of the active list: its weights, first slot, tokens and rows here. */
+static const ffn_w *moe_group(const lk_model *m, const layer_w *w, int gi, int *s0, int *ns, int64_t *F) {
+    const moe_scratch *ms = &m->ms;
+    const int e = ms->act[gi];
+    *s0 = ms->off[e];
+    *ns = ms->cnt[e];
+    if (e == m->cfg.n_expert) {
+        *F = m->nfs;
+        return &w->sh;
+    }
+    *F = m->nfe;
+    return &w->ex[e];
+}
+
+static void moe_quant_in_fn(void *arg, int ith, int nth) {
+    moe_job *j = arg;
+    lk_model *m = j->m;
+    const moe_scratch *ms = &m->ms;
+    const int64_t d = m->cfg.n_embd;
+    const int routed = j->n * m->cfg.n_expert_used, slots = routed + (m->nfs > 0 ? j->n : 0);
+    const lk_type te = lk_type_vec_dot(j->w->ex[0].w1.type), ts = lk_type_vec_dot(j->w->sh.w1.type);
+    int64_t a, b;
+    lk_split_range(slots, 1, ith, nth, &a, &b);
+    for (int64_t s = a; s < b; s++) {
+        if (s < routed && m->nfe == 0) continue;
+        lk_quantize_row_act(s < routed ? te : ts, m->xb + (size_t)ms->slot_row[s] * d,
+                            (char *)ms->ain + (size_t)s * ms->ain_stride, d);
+    }
+}
+
+static void moe_gate_up_fn(void *arg, int ith, int nth) {
+    moe_job *j = arg;
+    lk_model *m = j->m;
+    const moe_scratch *ms = &m->ms;
+    const int64_t d = m->cfg.n_embd, fm = ms->fmax;
+    for (int gi = 0; gi < ms->n_act; gi++) {
+        int s0, ns;
+        int64_t F, r0, r1;
+        const ffn_w *f = moe_group(m, j->w, gi, &s0, &ns, &F);
+        lk_split_range(F, ROW_ALIGN, ith, nth, &r0, &r1);
+        if (r1 <= r0 || ns == 0) continue;
+        const void *a = (const char *)ms->ain + (size_t)s0 * ms->ain_stride;
+        float *hg = ms->hg + (size_t)s0 * fm + r0, *hu = ms->hu + (size_t)s0 * fm + r0;
+        lk_quant_matmul(f->w1.type, d, r1 - r0, (const char *)f->w1.data + (size_t)r0 * f->w1.row_stride,
+                        f->w1.row_stride, ns, a, ms->ain_stride, hg, (size_t)fm);
+        lk_quant_matmul(f->w3.type, d, r1 - r0, (const char *)f->w3.data + (size_t)r0 * f->w3.row_stride,
+                        f->w3.row_stride, ns, a, ms->ain_stride, hu, (size_t)fm);
+        for (int t = 0; t < ns; t++) lk_swiglu(hg + (size_t)t * fm, hu + (size_t)t * fm, r1 - r0);
+    }
+}
+
+static void moe_quant_dn_fn(void *arg, int ith, int nth) {
+    moe_job *j = arg;
+    lk_model *m = j->m;
+    const moe_scratch *ms = &m->ms;
+    const int routed = j->n * m->cfg.n_expert_used, slots = routed + (m->nfs > 0 ? j->n : 0);
+    const lk_type te = lk_type_vec_dot(j->w->ex[0].w2.type), ts = lk_type_vec_dot(j->w->sh.w2.type);
+    int64_t a, b;
+    lk_split_range(slots, 1, ith, nth, &a, &b);
+    for (int64_t s = a; s < b; s++) {
+        if (s < routed && m->nfe == 0) continue;
+        lk_quantize_row_act(s < routed ? te : ts, ms->hg + (size_t)s * ms->fmax,
+                            (char *)ms->adn + (size_t)s * ms->adn_stride, s < routed ? m->nfe : m->nfs);
+    }
+}
+
+static void moe_down_fn(void *arg, int ith, int nth) {
+    moe_job *j = arg;
+    lk_model *m = j->m;
+    const moe_scratch *ms = &m->ms;
+    const int64_t d = m->cfg.n_embd;
+    const int k = m->cfg.n_expert_used;
+    int64_t r0, r1;
+    lk_split_range(d, ROW_ALIGN, ith, nth, &r0, &r1);
+    if (r1 <= r0) return;
+    for (int gi = 0; gi < ms->n_act; gi++) {
+        int s0, ns;
+        int64_t F;
+        const ffn_w *f = moe_group(m, j->w, gi, &s0, &ns, &F);
+        if (F == 0 || ns == 0) continue;
+        lk_quant_matmul(f->w2.type, F, r1 - r0, (const char *)f->w2.data + (size_t)r0 * f->w2.row_stride,
+                        f->w2.row_stride, ns, (const char *)ms->adn + (size_t)s0 * ms->adn_stride, ms->adn_stride,
+                        ms->eo + (size_t)s0 * d + r0, (size_t)d);
+    }
+    /* this thread's output rows of every token: the weighted experts in the
+     * router's order, then the shared expert */
+    for (int t = 0; t < j->n; t++) {
+        float *o = m->o + (size_t)t * d;
+        if (m->nfe > 0) {
+            const float *e0 = ms->eo + (size_t)ms->row_slot[t * k] * d;
+            const float w0 = ms->wgt[t * k];
+            for (int64_t i = r0; i < r1; i++) o[i] = w0 * e0[i];
+            for (int q = 1; q < k; q++) {
+                const float *eq = ms->eo + (size_t)ms->row_slot[t * k + q] * d;
+                const float wq = ms->wgt[t * k + q];
+                for (int64_t i = r0; i < r1; i++) o[i] += wq * eq[i];
+            }
+        } else {
+            memset(o + r0, 0, sizeof(float) * (size_t)(r1 - r0));
+        }
+        if (m->nfs > 0) {
+            const float *sh = ms->eo + (size_t)ms->off[m->cfg.n_expert] * d + (size_t)t * d;
+            for (int64_t i = r0; i < r1; i++) o[i] += sh[i];
+        }
+    }
+}
+
+/* This rank's share of a MoE layer's FFN into m->o (see above). */
+static void moe_ffn(lk_model *m, int li, const float *x, int n) {
+    const lk_model_config *c = &m->cfg;
+    const layer_w *w = &m->layers[li];
+    moe_scratch *ms = &m->ms;
+    const int64_t d = c->n_embd;
+    const int E = c->n_expert, k = c->n_expert_used, layer = m->sl.layer0 + li;
+    if (m->nfe == 0 && m->nfs == 0 && !m->trace.logits) {
+        memset(m->o, 0, sizeof(float) * (size_t)n * d);
+        return;
+    }
+    for (int t = 0; t < n; t++) lk_rmsnorm(m->xb + t * d, x + t * d, w->ffn_norm, d, c->rms_eps);
+    lk_matmul(m->pool, &w->wr, m->xb, d, n, ms->logits, E, m->act);
+    for (int t = 0; t < n; t++) route_row(m, w, ms->logits + (size_t)t * E, ms->sel + t * k, ms->wgt + t * k);
+    if (m->trace.logits) {
+        const size_t base = (size_t)layer * m->n_batch;
+        memcpy(m->trace.logits + base * E, ms->logits, sizeof(float) * (size_t)n * E);
+        memcpy(m->trace.experts + base * k, ms->sel, sizeof(int32_t) * (size_t)n * k);
+        memcpy(m->trace.weights + base * k, ms->wgt, sizeof(float) * (size_t)n * k);
+        if (m->nfe == 0 && m->nfs == 0) {
+            memset(m->o, 0, sizeof(float) * (size_t)n * d);
+            return;
+        }
+    }
+    /* group the (token, expert) pairs by expert: a counting sort */
+    memset(ms->cnt, 0, sizeof(int32_t) * (size_t)(E + 1));
+    for (int i = 0; i < n * k; i++) ms->cnt[ms->sel[i]]++;
+    int32_t acc = 0;
+    ms->n_act = 0;
+    for (int e = 0; e < E; e++) {
+        ms->off[e] = acc;
+        acc += ms->cnt[e];
+        if (ms->cnt[e] && m->nfe > 0) ms->act[ms->n_act++] = e;
+        ms->cnt[e] = 0; /* refilled below as a cursor */
+    }
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < k; j++) {
+            const int e = ms->sel[t * k + j], s = ms->off[e] + ms->cnt[e]++;
+            ms->slot_row[s] = t;
+            ms->row_slot[t * k + j] = s;
+        }
+    if (m->nfs > 0) {
+        ms->off[E] = n * k;
+        ms->cnt[E] = n;
+        for (int t = 0; t < n; t++) ms->slot_row[n * k + t] = t;
+        ms->act[ms->n_act++] = E;
+    }
+    moe_job j = { m, w, n };
+    const int slots = n * k + (m->nfs > 0 ? n : 0);
+    const bool par = slots >= 4 && lk_pool_size(m->pool) > 1;
+    if (par) lk_pool_run(m->pool, moe_quant_in_fn, &j);
+    else moe_quant_in_fn(&j, 0, 1);
+    lk_pool_run(m->pool, moe_gate_up_fn, &j);
+    if (par) lk_pool_run(m->pool, moe_quant_dn_fn, &j);
+    else moe_quant_dn_fn(&j, 0, 1);
+    lk_pool_run(m->pool, moe_down_fn, &j);
+}
+
+void lk_model_trace_routing(lk_model *m, const lk_route_trace *t) {
+    if (t) m->trace = *t;
+    else memset(&m->trace, 0, sizeof m->trace);
+}
+
 lk_status lk_model_layers(lk_model *m, float *x) {
     LK_ASSERT(m->n_rows > 0); /* lk_model_batch first */
     const int n = m->n_rows;
@@ -933,7 +1478,8 @@ lk_status lk_model_layers(lk_model *m, float *x) {
         attention(m, li, x);
         if ((st = allreduce(m, m->o, nd, layer, "attention output all-reduce"))) return st;
         for (int64_t i = 0; i < nd; i++) x[i] += m->o[i];
-        ffn(m, li, x, n);
+        if (m->layers[li].moe) moe_ffn(m, li, x, n);
+        else ffn(m, li, x, n);
         if ((st = allreduce(m, m->o, nd, layer, "FFN output all-reduce"))) return st;
         for (int64_t i = 0; i < nd; i++) x[i] += m->o[i];
     }

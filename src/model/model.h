@@ -1,5 +1,5 @@
 /* model — architectures (llama, qwen2, qwen3; mistral and TinyLlama are
- * llama) as one forward pass over *this rank's slice* of every weight, and
+ * llama; the mixtures of experts qwen3moe and glm4moe) as one forward pass over *this rank's slice* of every weight, and
  * the KV cache for the slice's KV heads.
  *
  * The same code runs one node (slice = everything, no hooks) and every rank
@@ -27,7 +27,11 @@
 #include "parallel/parallel.h"
 #include "kernels/kernels.h"
 
-typedef enum { LK_ARCH_LLAMA, LK_ARCH_QWEN2, LK_ARCH_QWEN3 } lk_arch;
+typedef enum { LK_ARCH_LLAMA, LK_ARCH_QWEN2, LK_ARCH_QWEN3, LK_ARCH_QWEN3MOE, LK_ARCH_GLM4MOE } lk_arch;
+
+/* How a mixture-of-experts layer turns router logits into expert weights
+ * (llama.cpp's expert_gating_func: 1 softmax, 2 sigmoid). */
+typedef enum { LK_GATE_SOFTMAX = 1, LK_GATE_SIGMOID = 2 } lk_gating;
 
 typedef struct {
     lk_arch arch;
@@ -42,14 +46,50 @@ typedef struct {
     bool    has_rope_freqs;   /* llama3 rope_freqs.weight factors */
     bool    tied_output;      /* output = token_embd */
     bool    has_qkv_bias;     /* qwen2 */
-    bool    has_qk_norm;      /* qwen3 */
+    bool    has_qk_norm;      /* qwen3, qwen3moe, glm4moe (optional there) */
+    /* Mixture of experts (n_expert = 0: dense). Layers [0, n_dense_lead)
+     * have a dense SwiGLU FFN of n_ff rows; the others route each token to
+     * n_expert_used of n_expert experts of n_ff_exp rows (3-D tensors
+     * ffn_{gate,up,down}_exps, expert e = slab e) and add a shared expert of
+     * n_ff_shexp rows when n_expert_shared > 0. Routing: logits =
+     * ffn_gate_inp . h; p = softmax or sigmoid of them; the top n_expert_used
+     * of p (+ exp_probs_b when present: the bias only chooses); weights = the
+     * chosen p, divided by their sum when weights_norm, times weights_scale
+     * when it is neither 0 nor 1. */
+    int     n_expert, n_expert_used, n_expert_shared, n_dense_lead;
+    int64_t n_ff_exp, n_ff_shexp;
+    lk_gating gating;
+    bool    weights_norm;
+    float   weights_scale;
+    bool    has_exp_probs_b;
+    int     n_layer_file;     /* block_count: n_layer + NextN (MTP) blocks, never run */
+    /* The FFN rows a plan cuts (lk_slice ff0/ff1): n_ff for dense models,
+     * n_ff_exp for mixtures; every other FFN width of the model follows in
+     * proportion (lk_model_ffn_ranges). */
+    int64_t n_ff_split;
 } lk_model_config;
+
+static inline bool lk_model_layer_moe(const lk_model_config *c, int l) { return c->n_expert > 0 && l >= c->n_dense_lead; }
 
 /* Reads the configuration from metadata and checks every tensor exists with
  * the expected shape and a supported type (clear error naming the tensor). */
 lk_status lk_model_config_read(const lk_gguf *g, lk_model_config *cfg, char *err, size_t errlen);
 /* Plan dimensions (with block alignments from the weight types). */
 void lk_model_plan_dims(const lk_gguf *g, const lk_model_config *cfg, lk_plan_dims *d);
+
+/* The rows of each kind of FFN a slice holds. A plan cuts [0, n_ff_split)
+ * (ff0, ff1); each kind of width W whose down projection has blocks of a
+ * elements maps a cut c to a * round(c * ceil(W / a) / n_ff_split), capped
+ * at W. The map is monotone and takes 0 to 0 and n_ff_split to W, so the
+ * ranks' ranges of every kind are contiguous, disjoint and cover it, cut on
+ * block boundaries. Used by the loader and by lk_model_slice_bytes alike. */
+typedef struct { int64_t dense0, dense1, exp0, exp1, sh0, sh1; } lk_ffn_ranges;
+void lk_model_ffn_ranges(const lk_gguf *g, const lk_model_config *c, int64_t ff0, int64_t ff1, lk_ffn_ranges *r);
+
+/* Parameters: all, and those one token reads (attention, dense FFNs, the
+ * router, n_expert_used experts and the shared expert, embedding row and
+ * output): what `info` prints. */
+void lk_model_param_counts(const lk_gguf *g, const lk_model_config *c, uint64_t *total, uint64_t *active);
 
 typedef struct {
     int     n_ctx;        /* positions per sequence (0: model's, capped at 4096) */
@@ -75,8 +115,17 @@ int  lk_model_n_ctx(const lk_model *m);
 int  lk_model_n_batch(const lk_model *m);
 int  lk_model_threads(const lk_model *m);
 void lk_model_set_hooks(lk_model *m, const lk_tp_hooks *h);
-/* Bytes of weights this rank reads per decoded token. */
+/* Bytes of weights this rank reads per decoded token (for a mixture:
+ * n_expert_used experts' slices, not all of them). */
 uint64_t lk_model_weight_bytes(const lk_model *m);
+
+/* Routing trace (tests): when set, every MoE layer of every forward pass
+ * writes, for each batch row r and layer l (absolute),
+ * logits[(l * n_batch + r) * n_expert + e] (router logits),
+ * experts[(l * n_batch + r) * n_expert_used + j] (chosen, best first) and
+ * weights[...] (their final weights). NULL clears it. */
+typedef struct { float *logits; int32_t *experts; float *weights; } lk_route_trace;
+void lk_model_trace_routing(lk_model *m, const lk_route_trace *t);
 
 /* ---- sequences and the paged KV cache ----------------------------------------
  * The cache is a pool of pages of LK_KV_PAGE positions, each holding the
