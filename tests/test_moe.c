@@ -124,6 +124,27 @@ static double min_gap(json_t *routing, size_t rrow, int E, int k) {
     return g;
 }
 
+/* Greedy steps of a case worth comparing: up to and including the first
+ * whose reference top-1 margin is below 2x the logit tolerance or that
+ * follows a routing decision closer than the gap tolerance (there a correct
+ * engine may branch, so only that last step may differ). */
+static int comparable_steps(const moe_case *mc, json_t *c, int E, int k, bool prompt_gaps) {
+    json_t *margins = json_object_get(c, "generated_top1_margin"), *groute = json_object_get(c, "generation_routing");
+    int ngen = (int)json_array_size(json_object_get(c, "generated_token_ids"));
+    json_t *proute = json_object_get(c, "prompt_routing");
+    int n = (int)json_array_size(json_object_get(c, "prompt_token_ids"));
+    /* without a routing trace (a cluster run), a prompt near-tie may have branched unseen */
+    for (int i = 0; prompt_gaps && i < n; i++)
+        if (min_gap(proute, (size_t)i, E, k) < mc->gap_tol) return 1;
+    for (int s = 0; s < ngen; s++) {
+        /* token s comes from the step that fed token s - 1 (routing row s - 1) */
+        bool tie = num(margins, (size_t)s) < 2 * mc->logit_max ||
+                   (s >= 1 && min_gap(groute, (size_t)s - 1, E, k) < mc->gap_tol);
+        if (tie) return s + 1;
+    }
+    return ngen;
+}
+
 static void check_moe(const moe_case *mc, int n_threads) {
     char err[LK_ERRLEN];
     lk_gguf *g = NULL;
@@ -184,13 +205,8 @@ static void check_moe(const moe_case *mc, int n_threads) {
         /* greedy decoding, up to the first near-tie of logits or routing */
         json_t *gen = json_object_get(c, "generated_token_ids"), *margins = json_object_get(c, "generated_top1_margin");
         json_t *groute = json_object_get(c, "generation_routing");
-        int ngen = (int)json_array_size(gen), comparable = upto == n ? ngen : 0, matched = 0;
-        for (int s = 0; s < comparable; s++) {
-            /* token s comes from the step that fed token s - 1 (routing row s - 1) */
-            bool tie = num(margins, (size_t)s) < 2 * mc->logit_max ||
-                       (s >= 1 && min_gap(groute, (size_t)s - 1, tb.E, tb.k) < mc->gap_tol);
-            if (tie) { comparable = s + 1; break; }
-        }
+        (void)margins;
+        int ngen = (int)json_array_size(gen), comparable = upto == n ? comparable_steps(mc, c, tb.E, tb.k, false) : 0, matched = 0;
         const float *last = logits + (size_t)(n - 1) * nv;
         float *step = malloc(sizeof(float) * nv);
         for (int s = 0; s < comparable; s++) {
@@ -241,9 +257,97 @@ TEST(qwen3moe_f16_reference) { check_moe(&qwen3moe_f16, 1); }
 TEST(qwen3moe_f16_two_threads) { check_moe(&qwen3moe_f16, 2); }
 TEST(glm4moe_f16_reference) { check_moe(&glm4moe_f16, 2); }
 
+/* ---- cluster layouts, through the program as a user runs it ---- */
+
+static const char *bin(void) { return getenv("LOCKSTEP") && *getenv("LOCKSTEP") ? getenv("LOCKSTEP") : "build/lockstep"; }
+
+/* `lockstep run --json` output as JSON (caller decrefs), or NULL with the stderr tail in err. */
+static json_t *run_json(const char *model, const char *prompt, int n, const char *layout, char *err, size_t errlen) {
+    char cmd[2048], errpath[64], ppath[64];
+    snprintf(errpath, sizeof errpath, "/tmp/lk_moe_%d.err", (int)getpid());
+    snprintf(ppath, sizeof ppath, "/tmp/lk_moe_%d.prompt", (int)getpid());
+    FILE *pf = fopen(ppath, "w"); /* the prompts hold quotes and newlines: through a file */
+    if (!pf) { snprintf(err, errlen, "cannot write %s", ppath); return NULL; }
+    fputs(prompt, pf);
+    fclose(pf);
+    snprintf(cmd, sizeof cmd, "%s run -m %s -f %s -n %d --temp 0 --json -t 1 %s 2>%s", bin(), model, ppath, n,
+             layout, errpath);
+    FILE *p = popen(cmd, "r");
+    if (!p) { snprintf(err, errlen, "popen failed"); return NULL; }
+    static char out[1 << 16];
+    size_t len = fread(out, 1, sizeof out - 1, p);
+    out[len] = 0;
+    int rc = pclose(p);
+    json_error_t je;
+    json_t *o = rc == 0 ? json_loads(out, JSON_ALLOW_NUL, &je) : NULL;
+    if (!o) {
+        char tail[400] = "";
+        FILE *f = fopen(errpath, "r");
+        if (f) {
+            size_t k = fread(tail, 1, sizeof tail - 1, f);
+            tail[k] = 0;
+            fclose(f);
+        }
+        snprintf(err, errlen, "'%.300s' exit %d: %.400s", cmd, rc, tail);
+    }
+    remove(errpath);
+    remove(ppath);
+    return o;
+}
+
+/* Every layout the issue names, one node included, must give llama.cpp's
+ * greedy tokens (up to the first near-tie) for every reference prompt. */
+static void check_layouts(const moe_case *mc, const char *const *layouts, int n_layouts) {
+    json_error_t je;
+    json_t *ref = json_load_file(lk_td(mc->json), JSON_ALLOW_NUL, &je);
+    CHECKF(ref, "%s", je.text);
+    if (!ref) return;
+    json_t *moe = json_object_get(ref, "moe");
+    int E = (int)json_integer_value(json_object_get(moe, "n_expert")), k = (int)json_integer_value(json_object_get(moe, "n_expert_used"));
+    char err[1024];
+    for (int l = 0; l < n_layouts; l++) {
+        int tokens = 0, compared = 0;
+        size_t ci;
+        json_t *c;
+        json_array_foreach(json_object_get(ref, "cases"), ci, c) {
+            json_t *want = json_object_get(c, "generated_token_ids");
+            int comparable = comparable_steps(mc, c, E, k, true);
+            json_t *o = run_json(lk_td(mc->gguf), json_string_value(json_object_get(c, "prompt")), comparable,
+                                 layouts[l], err, sizeof err);
+            CHECKF(o, "%s", err);
+            if (!o) continue;
+            CHECKF(json_equal(json_object_get(o, "prompt_ids"), json_object_get(c, "prompt_token_ids")),
+                   "%s %s case %zu: prompt tokenised differently", mc->gguf, layouts[l], ci);
+            json_t *got = json_object_get(o, "generated_ids");
+            int same = 0, ng = (int)json_array_size(got);
+            while (same < ng && same < comparable &&
+                   json_integer_value(json_array_get(got, (size_t)same)) == json_integer_value(json_array_get(want, (size_t)same)))
+                same++;
+            /* only the last comparable step may branch */
+            CHECKF(ng == comparable && same >= comparable - 1, "%s %s case %zu: first difference at token %d of %d",
+                   mc->gguf, layouts[l], ci, same, comparable);
+            tokens += same, compared += comparable;
+            json_decref(o);
+        }
+        printf("  %-30s %-28s %d/%d greedy tokens as llama.cpp\n", mc->gguf, *layouts[l] ? layouts[l] : "(one node)",
+               tokens, compared);
+    }
+    json_decref(ref);
+}
+
+static const char *const moe_layouts[] = {
+    "", "--local 2 --tp 2 --transport shm", "--local 3 --tp 3 --transport tcp", "--local 2 --pp 2 --transport shm",
+    "--local 4 --tp 2 --pp 2 --transport tcp",
+};
+
+TEST(qwen3moe_f16_layouts) { check_layouts(&qwen3moe_f16, moe_layouts, 5); }
+TEST(glm4moe_f16_layouts) { check_layouts(&glm4moe_f16, moe_layouts, 5); }
+
 int main(void) {
     RUN(qwen3moe_f16_reference);
     RUN(qwen3moe_f16_two_threads);
     RUN(glm4moe_f16_reference);
+    RUN(qwen3moe_f16_layouts);
+    RUN(glm4moe_f16_layouts);
     return lk_test_end();
 }

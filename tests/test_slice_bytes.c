@@ -119,7 +119,8 @@ static void check_model(const char *rel, int *layouts_checked, double *worst_fra
 TEST(slices_read_only_their_bytes) {
     const char *models[] = {"models/stories260K.gguf", "synth/synth-llama-q4_0.gguf", "synth/synth-llama-q4_k_m.gguf",
                             "synth/synth-qwen2-f32.gguf", "synth/synth-qwen3-q8_0.gguf",
-                            "synth/synth-llama-tied-f16.gguf", "synth/synth-llama3rope-f32.gguf"};
+                            "synth/synth-llama-tied-f16.gguf", "synth/synth-llama3rope-f32.gguf",
+                            "synth/synth-qwen3moe-f16.gguf", "synth/synth-glm4moe-f16.gguf"};
     int checked = 0;
     double worst = 0;
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) check_model(models[i], &checked, &worst);

@@ -14,7 +14,12 @@
  *                         Wq rows of its heads, Wk/Wv rows of its KV heads,
  *                         the q/k/v biases of those rows;
  *                         Wo: its heads' columns of every row;
- *                         W1/W3 rows [ff0, ff1); W2: those columns of every row.
+ *                         W1/W3 rows [ff0, ff1); W2: those columns of every row;
+ *   each MoE layer        the router (ffn_gate_inp) and exp_probs_b, whole
+ *                         (every rank routes every token); of every expert
+ *                         slab its rows of gate/up and its columns of down;
+ *                         the shared expert likewise. Which rows of each
+ *                         kind of FFN a slice holds: lk_model_ffn_ranges.
  * Norms are listed even where a slice without heads (or FFN rows) skips them:
  * a few KiB, and one rule less to get wrong. */
 #include "model/model.h"
@@ -126,6 +131,26 @@ static lk_status cols(walk *w, const lk_gguf_tensor *t, int64_t c0, int64_t c1) 
     return LK_OK;
 }
 
+/* Rows [r0, r1) of slab e of a 3-D tensor, and columns [c0, c1) of every
+ * row of slab e. */
+static void slab_rows(walk *w, const lk_gguf_tensor *t, int e, int64_t r0, int64_t r1) {
+    size_t rb = 0;
+    LK_ASSERT(lk_type_row_bytes(t->type, (int64_t)t->ne[0], &rb));
+    lk_ranges_add(w->out, base(w, t) + ((uint64_t)e * t->ne[1] + (uint64_t)r0) * rb, (uint64_t)(r1 - r0) * rb);
+}
+
+static lk_status slab_cols(walk *w, const lk_gguf_tensor *t, int e, int64_t c0, int64_t c1) {
+    if (c0 == c1) return LK_OK;
+    size_t rb = 0, a = 0, b = 0;
+    LK_ASSERT(lk_type_row_bytes(t->type, (int64_t)t->ne[0], &rb));
+    if (!lk_type_row_bytes(t->type, c0, &a) || !lk_type_row_bytes(t->type, c1, &b))
+        return lk_fail(w->err, w->errlen, LK_ERR_ARG, "columns [%lld,%lld) cut tensor '%s' inside a %lld-element block",
+                       (long long)c0, (long long)c1, t->name, (long long)lk_type_block_size(t->type));
+    uint64_t at = base(w, t) + (uint64_t)e * t->ne[1] * rb;
+    for (uint64_t r = 0; r < t->ne[1]; r++) lk_ranges_add(w->out, at + r * rb + a, b - a);
+    return LK_OK;
+}
+
 lk_status lk_model_slice_bytes(const lk_gguf *g, const lk_slice *s, lk_ranges *out, char *err, size_t errlen) {
     lk_model_config c;
     lk_status st = lk_model_config_read(g, &c, err, errlen);
@@ -133,7 +158,7 @@ lk_status lk_model_slice_bytes(const lk_gguf *g, const lk_slice *s, lk_ranges *o
     bool fits = s->pp_size >= 1 && s->pp_rank >= 0 && s->pp_rank < s->pp_size && s->layer0 >= 0 &&
                 s->layer0 < s->layer1 && s->layer1 <= c.n_layer && s->head0 >= 0 && s->head0 <= s->head1 &&
                 s->head1 <= c.n_head && s->kv_head0 >= 0 && s->kv_head0 <= s->kv_head1 && s->kv_head1 <= c.n_head_kv &&
-                s->ff0 >= 0 && s->ff0 <= s->ff1 && s->ff1 <= c.n_ff && s->vocab0 >= 0 && s->vocab0 <= s->vocab1 &&
+                s->ff0 >= 0 && s->ff0 <= s->ff1 && s->ff1 <= c.n_ff_split && s->vocab0 >= 0 && s->vocab0 <= s->vocab1 &&
                 s->vocab1 <= c.n_vocab;
     if (!fits)
         return lk_fail(err, errlen, LK_ERR_ARG,
@@ -143,6 +168,8 @@ lk_status lk_model_slice_bytes(const lk_gguf *g, const lk_slice *s, lk_ranges *o
                        (long long)s->vocab0, (long long)s->vocab1);
     walk w = {g, out, err, errlen};
     const int64_t hd = c.head_dim;
+    lk_ffn_ranges fr;
+    lk_model_ffn_ranges(g, &c, s->ff0, s->ff1, &fr);
     lk_ranges_add(out, 0, LK_MIN(lk_gguf_data_offset(g), lk_gguf_file_size(g)));
     const lk_gguf_tensor *emb = find(&w, -1, "token_embd.weight");
     if (s->pp_rank == 0) whole(&w, emb);
@@ -154,13 +181,32 @@ lk_status lk_model_slice_bytes(const lk_gguf *g, const lk_slice *s, lk_ranges *o
     for (int l = s->layer0; l < s->layer1; l++) {
         whole(&w, find(&w, l, "attn_norm.weight"));
         whole(&w, find(&w, l, "ffn_norm.weight"));
+        whole(&w, find(&w, l, "post_attention_norm.weight")); /* glm4moe's pre-FFN norm */
         rows(&w, find(&w, l, "attn_q.weight"), s->head0 * hd, s->head1 * hd);
         rows(&w, find(&w, l, "attn_k.weight"), s->kv_head0 * hd, s->kv_head1 * hd);
         rows(&w, find(&w, l, "attn_v.weight"), s->kv_head0 * hd, s->kv_head1 * hd);
         if ((st = cols(&w, find(&w, l, "attn_output.weight"), s->head0 * hd, s->head1 * hd))) break;
-        rows(&w, find(&w, l, "ffn_gate.weight"), s->ff0, s->ff1);
-        rows(&w, find(&w, l, "ffn_up.weight"), s->ff0, s->ff1);
-        if ((st = cols(&w, find(&w, l, "ffn_down.weight"), s->ff0, s->ff1))) break;
+        if (lk_model_layer_moe(&c, l)) {
+            whole(&w, find(&w, l, "ffn_gate_inp.weight"));
+            whole(&w, find(&w, l, "exp_probs_b.bias"));
+            const lk_gguf_tensor *tg = find(&w, l, "ffn_gate_exps.weight"), *tu = find(&w, l, "ffn_up_exps.weight"),
+                                 *td = find(&w, l, "ffn_down_exps.weight");
+            for (int e = 0; e < c.n_expert && !st; e++) {
+                slab_rows(&w, tg, e, fr.exp0, fr.exp1);
+                slab_rows(&w, tu, e, fr.exp0, fr.exp1);
+                st = slab_cols(&w, td, e, fr.exp0, fr.exp1);
+            }
+            if (st) break;
+            if (c.n_expert_shared) {
+                rows(&w, find(&w, l, "ffn_gate_shexp.weight"), fr.sh0, fr.sh1);
+                rows(&w, find(&w, l, "ffn_up_shexp.weight"), fr.sh0, fr.sh1);
+                if ((st = cols(&w, find(&w, l, "ffn_down_shexp.weight"), fr.sh0, fr.sh1))) break;
+            }
+        } else {
+            rows(&w, find(&w, l, "ffn_gate.weight"), fr.dense0, fr.dense1);
+            rows(&w, find(&w, l, "ffn_up.weight"), fr.dense0, fr.dense1);
+            if ((st = cols(&w, find(&w, l, "ffn_down.weight"), fr.dense0, fr.dense1))) break;
+        }
         if (c.has_qkv_bias) {
             elems_f32(&w, find(&w, l, "attn_q.bias"), s->head0 * hd, s->head1 * hd);
             elems_f32(&w, find(&w, l, "attn_k.bias"), s->kv_head0 * hd, s->kv_head1 * hd);
