@@ -3,6 +3,7 @@
  * the header (the data stays unmapped pages), so it is instant on any size. */
 #include "cli/cli.h"
 #include "gguf/gguf.h"
+#include "model/model.h"
 #include "quant/quant.h"
 
 #include <inttypes.h>
@@ -90,6 +91,12 @@ static void print_shape(const lk_gguf *g) {
     }
 }
 
+static void fmt_params(uint64_t n, char *buf, size_t len) {
+    if (n >= 1000000000) snprintf(buf, len, "%.2f B", (double)n / 1e9);
+    else if (n >= 1000000) snprintf(buf, len, "%.2f M", (double)n / 1e6);
+    else snprintf(buf, len, "%" PRIu64, n);
+}
+
 int lk_cmd_info(int argc, char **argv) {
     const char *model = NULL;
     bool tensors = false;
@@ -145,6 +152,22 @@ int lk_cmd_info(int argc, char **argv) {
     else snprintf(pc, sizeof pc, "%" PRIu64, params);
     printf("tensors:      %" PRId64 ", %s, %s parameters (%.2f bits per weight)\n", nt, hb, pc,
            params ? 8.0 * (double)total / (double)params : 0.0);
+    /* What one token reads: for a mixture, n_expert_used of the experts
+     * (what sets decode speed), not the total that sets memory. */
+    lk_model_config cfg;
+    if (lk_model_config_read(g, &cfg, err, sizeof err) == LK_OK) {
+        uint64_t all = 0, active = 0;
+        lk_model_param_counts(g, &cfg, &all, &active);
+        char ta[32], tb[32];
+        fmt_params(all, ta, sizeof ta);
+        fmt_params(active, tb, sizeof tb);
+        printf("parameters:   %s total, %s active per token", ta, tb);
+        if (cfg.n_expert)
+            printf(" (%d of %d experts of %" PRId64 " rows%s, %d leading dense layer%s)", cfg.n_expert_used,
+                   cfg.n_expert, cfg.n_ff_exp, cfg.n_expert_shared ? " + shared" : "", cfg.n_dense_lead,
+                   cfg.n_dense_lead == 1 ? "" : "s");
+        printf("\n");
+    }
     for (int ty = 0; ty < NT; ty++) {
         if (!count[ty]) continue;
         human_bytes(bytes[ty], hb, sizeof hb);
