@@ -38,6 +38,7 @@ int lk_cmd_serve(int argc, char **argv) {
     const char *host = "127.0.0.1", *key_path = NULL, *name = NULL, *tmpl_name = NULL;
     int64_t port = 8080, parallel = 4, queue = 64, max_tokens = -1, max_body_kb = 8192, timeout = 30, max_conns = 1000,
             http_threads = 2, retries = 0;
+    double retry_s = 2;
     bool no_reuse = false, verbose = false;
     char tmpl_help[512];
     snprintf(tmpl_help, sizeof tmpl_help,
@@ -60,7 +61,8 @@ int lk_cmd_serve(int argc, char **argv) {
         { "--max-conns", NULL, LK_OPT_INT, &max_conns, "N", "open connections at most (default 1000)" },
         { "--http-threads", NULL, LK_OPT_INT, &http_threads, "N", "threads parsing and writing HTTP (default 2)" },
         { "--max-retries", NULL, LK_OPT_INT, &retries, "N",
-          "after the engine fails (a rank lost), tries to reopen it this often, then exits (default 0: forever, every 2 s)" },
+          "after the engine fails (a rank lost), tries to reopen it this often, then exits (default 0: forever)" },
+        { "--retry-interval", NULL, LK_OPT_F64, &retry_s, "S", "seconds between those attempts (default 2)" },
         { "--no-kv-reuse", NULL, LK_OPT_FLAG, &no_reuse, NULL, "no prefix cache: every request computes its whole prompt" },
         { "--verbose", "-v", LK_OPT_FLAG, &verbose, NULL, "log every request" },
     };
@@ -79,7 +81,7 @@ int lk_cmd_serve(int argc, char **argv) {
                "conversation's next turn and shared system prompts reuse the KV cache of earlier requests.\n"
                "Sampling flags above are the defaults of requests that do not set their own.\n"
                "When a cluster rank is lost, running requests end with an error naming it, /health says degraded,\n"
-               "and the server reopens the cluster every 2 s: a --local cluster restarts its ranks itself; with\n"
+               "and the server reopens the cluster (every --retry-interval): a --local cluster restarts its ranks itself; with\n"
                "--workers, restart the lost worker and the server reconnects.\n"
                "Example: lockstep serve -m model.gguf --local 2 --tp 2 --port 8080\n"
                "         curl http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' \\\n"
@@ -103,6 +105,10 @@ int lk_cmd_serve(int argc, char **argv) {
                     (long long)ranges[i].lo, (long long)ranges[i].hi, (long long)ranges[i].v);
             return 2;
         }
+    if (!(retry_s >= 0.01 && retry_s <= 3600)) {
+        fprintf(stderr, "lockstep serve: --retry-interval must be between 0.01 and 3600 seconds\n");
+        return 2;
+    }
     if (max_tokens < -1 || max_tokens == 0) {
         fprintf(stderr, "lockstep serve: --max-tokens must be -1 or positive\n");
         return 2;
@@ -142,6 +148,7 @@ int lk_cmd_serve(int argc, char **argv) {
     so.http_threads = (int)http_threads;
     so.no_reuse = no_reuse;
     so.max_retries = (int)retries;
+    so.retry_s = retry_s;
     if (verbose) lk_log_set_level(LK_LOG_DEBUG);
     /* a connection is a file descriptor: as many as the limit allows */
     struct rlimit rl;

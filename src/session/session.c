@@ -620,7 +620,10 @@ lk_status lk_session_step(lk_session *s, bool *busy, char *err, size_t errlen) {
     while (s->n_flight < s->depth) {
         step_rec *rec = &s->steps[(s->head + s->n_flight) % s->depth];
         if (build(s, rec) == 0) break;
-        if ((st = lk_engine_submit(s->e, rec->items, rec->n, err, errlen))) return fail_all(s, st);
+        if ((st = lk_engine_submit(s->e, rec->items, rec->n, err, errlen))) {
+            for (int i = 0; i < rec->n; i++) rec->reqs[i]->in_flight = false;  /* built, never sent */
+            return fail_all(s, st);
+        }
         s->n_flight++;
     }
     if (s->n_flight > 0 && (st = collect(s, err, errlen))) return st;
