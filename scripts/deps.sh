@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages lockstep builds and tests with (as root, or via sudo).
 set -euo pipefail
-pkgs="build-essential clang libsodium-dev libjansson-dev libicu-dev libmicrohttpd-dev iproute2 procps"
+pkgs="build-essential clang libsodium-dev libjansson-dev libicu-dev libmicrohttpd-dev iproute2 procps curl"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 # Node.js and npm run the server's client tests (the official openai package);
