@@ -32,7 +32,8 @@ int main(int argc, char **argv) {
     printf("membw: LLC %zu MiB, probe %zu MiB: 1 thread %.2f GB/s, 2 threads %.2f GB/s\n",
            llc >> 20, probe_bytes >> 20, bw1, bw2);
     lk_type types[] = {LK_TYPE_Q4_0, LK_TYPE_Q8_0, LK_TYPE_Q4_K, LK_TYPE_Q5_K, LK_TYPE_Q6_K,
-                       LK_TYPE_F16, LK_TYPE_BF16, LK_TYPE_F32};
+                       LK_TYPE_F16, LK_TYPE_BF16, LK_TYPE_F32, LK_TYPE_Q5_0, LK_TYPE_Q5_1,
+                       LK_TYPE_Q2_K, LK_TYPE_Q3_K, LK_TYPE_IQ4_XS};
     const char *levels[] = {"scalar", "avx2", "avx512"};
     const char *only = getenv("BENCH_LEVEL");
     const char *only_t = getenv("BENCH_TYPE");
@@ -59,7 +60,7 @@ int main(int argc, char **argv) {
             }
         else {
             size_t bb = lk_type_block_bytes(t);
-            size_t doff = t == LK_TYPE_Q6_K ? 208 : 0;
+            size_t doff = t == LK_TYPE_Q6_K ? 208 : 0; /* the fp16 scale (IQ4_XS: at 0) */
             for (size_t b = 0; b < mat / bb; b++) {
                 uint16_t h = 0x2000 | (uint16_t)(rnd() & 0x3ff);
                 memcpy(w + b * bb + doff, &h, 2);

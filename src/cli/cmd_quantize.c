@@ -1,20 +1,51 @@
-/* lockstep quantize — rewrite a GGUF with its 2-D weights in q8_0 or q4_0.
+/* lockstep quantize — rewrite a GGUF with its 2-D weights quantised, choosing
+ * per-tensor types as llama-quantize does for the same file type (for an F32
+ * source the result is byte-identical to llama-quantize's: the quantisers
+ * are ggml's reference algorithms, used when there is no importance matrix).
  *
- * Follows llama-quantize's choices for these two types, so the result is what
- * llama.cpp users expect (for an F32 source it is byte-identical to
- * llama-quantize's output):
- *   - 2-D (and higher) "*weight" tensors whose rows are whole 32-blocks are
- *     converted (dequantised to F32 first, then lk_quantize_row); the MoE
- *     router (ffn_gate_inp) is never quantised;
- *   - a quantisable weight whose row is not whole blocks becomes F16;
- *   - the output projection (output.weight, or token_embd.weight when the
- *     embeddings are tied) stays at higher precision: llama.cpp gives it Q6_K
- *     (Q8_0 when rows are not 256-multiples); lockstep writes Q8_0;
- *   - everything else (norms, biases, 1-D) is copied verbatim;
- *   - every key/value is copied in order, then general.quantization_version = 2
- *     and general.file_type (Q8_0 = 7, Q4_0 = 2) are set;
- *   - tensors are written in llama.cpp's order: tensors outside blocks first,
- *     then block by block (by layer number), by name within each. */
+ *   --type   base     general.file_type   per-tensor rules (below)
+ *   q8_0     Q8_0      7                  -
+ *   q4_0     Q4_0      2                  output Q6_K
+ *   q5_0     Q5_0      8                  output Q6_K
+ *   q5_1     Q5_1      9                  output Q6_K
+ *   q2_k     Q2_K     10                  output Q6_K; attn_v Q4_K if heads/kv_heads >= 4, else
+ *                                         Q3_K; ffn_down* Q3_K; attn_output Q3_K
+ *   q2_k_s   Q2_K     21                  output Q6_K; attn_v Q4_K if heads/kv_heads >= 4;
+ *                                         ffn_down* Q4_K in the first n_layer/8 layers
+ *   q3_k_s   Q3_K     11                  output Q6_K
+ *   q3_k_m   Q3_K     12                  output Q6_K; attn_v Q5_K for the first 2, then Q4_K;
+ *   (= q3_k)                              ffn_down* Q5_K in the first n_layer/16 layers, then
+ *                                         Q4_K; attn_output Q4_K; attn_qkv Q4_K
+ *   q3_k_l   Q3_K     13                  output Q6_K; attn_v Q5_K; ffn_down* Q5_K;
+ *                                         attn_output Q5_K; attn_qkv Q4_K
+ *   q4_k_s   Q4_K     14                  output Q6_K; attn_v Q5_K for the first 4; ffn_down*
+ *                                         Q5_K in the first n_layer/8 layers
+ *   q4_k_m   Q4_K     15                  output Q6_K; attn_v and ffn_down* Q6_K where
+ *   (= q4_k)                              use_more_bits(i, n); attn_qkv Q5_K
+ *   q5_k_s   Q5_K     16                  output Q6_K
+ *   q5_k_m   Q5_K     17                  output Q6_K; attn_v, ffn_down* Q6_K where
+ *   (= q5_k)                              use_more_bits(i, n); attn_qkv Q6_K
+ *   q6_k     Q6_K     18                  -
+ *
+ * use_more_bits(i, n) = i < n/8 || i >= 7n/8 || (i - n/8) % 3 == 2, with i the
+ * layer of the tensor (attn_v: its index among the attn_v tensors) and n the
+ * block count. "output" is output.weight, or token_embd.weight when there is
+ * no output.weight (tied embeddings). Models with 8 experts (Mixtral-like):
+ * attn_k and attn_v Q8_0, and attn_output Q5_K for q2_k, q3_k_s, q3_k_m,
+ * q4_k_s, q4_k_m. Rows that are not whole blocks of the chosen type take
+ * llama-quantize's fallback: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0
+ * (output rows not whole 256-blocks: Q8_0); Q2_K and Q3_K -> IQ4_NL there,
+ * which lockstep cannot write: it uses Q5_0 instead (1 bit more per weight
+ * on those tensors; say so when it happens); F16 if even that does not fit.
+ * Not reproduced: llama-quantize's 70B-model attn_v bump (Q3_K/Q4_K ->
+ * Q5_K, for LLM_TYPE_70B) and the Falcon-specific rules.
+ *
+ * Which tensors are quantised: 2-D (and higher) "*weight" tensors, except
+ * norms, the MoE router (ffn_gate_inp) and ssm_conv1d; everything else
+ * (norms, biases, 1-D) is copied verbatim. Every key/value is copied in
+ * order, then general.quantization_version = 2 and general.file_type are
+ * set; tensors are written in llama.cpp's order: tensors outside blocks
+ * first, then block by block (by layer number), by name within each. */
 #include "cli/cli.h"
 #include "gguf/gguf.h"
 #include "quant/quant.h"
@@ -24,6 +55,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -51,15 +83,119 @@ static bool ends_with(const char *s, const char *suffix) {
     return n >= m && !strcmp(s + n - m, suffix);
 }
 
-/* The output type of one tensor (see the file comment). */
-static uint32_t choose_type(const lk_gguf *g, const lk_gguf_tensor *t, lk_type target) {
-    bool quantisable = t->n_dims >= 2 && ends_with(t->name, "weight") && !strstr(t->name, "ffn_gate_inp.weight");
-    if (!quantisable) return t->type;
-    bool is_output = !strcmp(t->name, "output.weight") ||
-                     (!strcmp(t->name, "token_embd.weight") && !lk_gguf_find_tensor(g, "output.weight"));
-    lk_type want = is_output ? LK_TYPE_Q8_0 : target;
-    if (t->ne[0] % (uint64_t)lk_type_block_size(want)) want = LK_TYPE_F16;
-    return want;
+/* ---- the per-tensor rules of llama-quantize (see the file comment) ---------- */
+
+typedef struct {
+    const char *name;   /* --type value */
+    lk_type     base;   /* default type of quantised tensors */
+    uint32_t    ftype;  /* llama_ftype, written to general.file_type */
+} qspec;
+
+static const qspec k_specs[] = {
+    {"q8_0", LK_TYPE_Q8_0, 7},    {"q4_0", LK_TYPE_Q4_0, 2},    {"q5_0", LK_TYPE_Q5_0, 8},
+    {"q5_1", LK_TYPE_Q5_1, 9},    {"q2_k", LK_TYPE_Q2_K, 10},   {"q2_k_s", LK_TYPE_Q2_K, 21},
+    {"q3_k_s", LK_TYPE_Q3_K, 11}, {"q3_k_m", LK_TYPE_Q3_K, 12}, {"q3_k", LK_TYPE_Q3_K, 12},
+    {"q3_k_l", LK_TYPE_Q3_K, 13}, {"q4_k_s", LK_TYPE_Q4_K, 14}, {"q4_k_m", LK_TYPE_Q4_K, 15},
+    {"q4_k", LK_TYPE_Q4_K, 15},   {"q5_k_s", LK_TYPE_Q5_K, 16}, {"q5_k_m", LK_TYPE_Q5_K, 17},
+    {"q5_k", LK_TYPE_Q5_K, 17},   {"q6_k", LK_TYPE_Q6_K, 18},
+};
+enum { FT_Q2_K = 10, FT_Q3_K_S = 11, FT_Q3_K_M = 12, FT_Q3_K_L = 13, FT_Q4_K_S = 14, FT_Q4_K_M = 15,
+       FT_Q5_K_M = 17, FT_Q2_K_S = 21 };
+
+/* Facts of the model the rules read, and the attn_v counter. */
+typedef struct {
+    int64_t n_layer, n_expert, n_gqa; /* block count; expert count (0: dense); heads per KV head */
+    int64_t n_attn_v, i_attn_v;       /* attn_v tensors in the file; those seen so far */
+    bool    has_output;
+    int     n_fallback_q50;           /* Q2_K/Q3_K rows that llama-quantize would make IQ4_NL */
+} qstate;
+
+static int64_t kv_int(const lk_gguf *g, const char *arch, size_t alen, const char *suffix, int64_t dflt) {
+    char key[256];
+    snprintf(key, sizeof key, "%.*s.%s", (int)alen, arch, suffix);
+    int64_t v;
+    return lk_gguf_get_i64(g, key, &v) ? v : dflt;
+}
+
+static void qstate_init(const lk_gguf *g, qstate *qs) {
+    memset(qs, 0, sizeof *qs);
+    const char *arch = "";
+    size_t alen = 0;
+    lk_gguf_get_str(g, "general.architecture", &arch, &alen);
+    qs->n_layer = kv_int(g, arch, alen, "block_count", 0);
+    qs->n_expert = kv_int(g, arch, alen, "expert_count", 0);
+    int64_t nh = kv_int(g, arch, alen, "attention.head_count", 1);
+    int64_t nkv = kv_int(g, arch, alen, "attention.head_count_kv", nh); /* absent or per-layer: MHA */
+    qs->n_gqa = nkv > 0 ? nh / nkv : 1;
+    qs->has_output = lk_gguf_find_tensor(g, "output.weight") != NULL;
+    for (int64_t i = 0; i < lk_gguf_n_tensors(g); i++) {
+        const char *n = lk_gguf_tensor_at(g, i)->name;
+        if (strstr(n, "attn_v.weight") || strstr(n, "attn_qkv.weight") || strstr(n, "attn_kv_b.weight")) qs->n_attn_v++;
+    }
+}
+
+static bool use_more_bits(int64_t i, int64_t n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
+static bool quantisable(const lk_gguf_tensor *t) {
+    return t->n_dims >= 2 && ends_with(t->name, "weight") && !strstr(t->name, "_norm.weight") &&
+           !strstr(t->name, "ffn_gate_inp.weight") && !strstr(t->name, "ssm_conv1d.weight");
+}
+
+/* The output type of one tensor (llama-quantize's llama_tensor_get_type for
+ * the file types above). Called in write order (attn_v counter). */
+static uint32_t choose_type(qstate *qs, const lk_gguf_tensor *t, const qspec *sp) {
+    if (!quantisable(t)) return t->type;
+    const char *name = t->name;
+    const uint32_t ft = sp->ftype;
+    const int64_t nx = (int64_t)t->ne[0], il = layer_of(name), nl = qs->n_layer;
+    lk_type ty = sp->base;
+    if (!strcmp(name, "output.weight") || (!qs->has_output && !strcmp(name, "token_embd.weight"))) {
+        if (nx % lk_type_block_size(ty)) ty = LK_TYPE_Q8_0;
+        else if (ty != LK_TYPE_Q8_0) ty = LK_TYPE_Q6_K;
+    } else if (!strcmp(name, "token_embd.weight")) {
+        /* rules only for IQ and TQ types */
+    } else if (strstr(name, "attn_v.weight")) {
+        if (ft == FT_Q2_K) ty = qs->n_gqa >= 4 ? LK_TYPE_Q4_K : LK_TYPE_Q3_K;
+        else if (ft == FT_Q2_K_S && qs->n_gqa >= 4) ty = LK_TYPE_Q4_K;
+        else if (ft == FT_Q3_K_M) ty = qs->i_attn_v < 2 ? LK_TYPE_Q5_K : LK_TYPE_Q4_K;
+        else if (ft == FT_Q3_K_L) ty = LK_TYPE_Q5_K;
+        else if ((ft == FT_Q4_K_M || ft == FT_Q5_K_M) && use_more_bits(qs->i_attn_v, qs->n_attn_v)) ty = LK_TYPE_Q6_K;
+        else if (ft == FT_Q4_K_S && qs->i_attn_v < 4) ty = LK_TYPE_Q5_K;
+        if (qs->n_expert == 8) ty = LK_TYPE_Q8_0;
+        qs->i_attn_v++;
+    } else if (strstr(name, "attn_k.weight")) {
+        if (qs->n_expert == 8) ty = LK_TYPE_Q8_0;
+    } else if (strstr(name, "ffn_down")) {
+        if (ft == FT_Q2_K) ty = LK_TYPE_Q3_K;
+        else if (ft == FT_Q2_K_S) { if (il < nl / 8) ty = LK_TYPE_Q4_K; }
+        else if (ft == FT_Q3_K_M) ty = il < nl / 16 ? LK_TYPE_Q5_K : LK_TYPE_Q4_K;
+        else if (ft == FT_Q3_K_L) ty = LK_TYPE_Q5_K;
+        else if (ft == FT_Q4_K_M) { if (use_more_bits(il, nl)) ty = LK_TYPE_Q6_K; }
+        else if (ft == FT_Q5_K_M && use_more_bits(il, nl)) ty = LK_TYPE_Q6_K;
+        else if (ft == FT_Q4_K_S && il < nl / 8) ty = LK_TYPE_Q5_K;
+    } else if (strstr(name, "attn_output.weight")) {
+        if (qs->n_expert == 8) {
+            if (ft == FT_Q2_K || ft == FT_Q3_K_S || ft == FT_Q3_K_M || ft == FT_Q4_K_S || ft == FT_Q4_K_M)
+                ty = LK_TYPE_Q5_K;
+        } else if (ft == FT_Q2_K) ty = LK_TYPE_Q3_K;
+        else if (ft == FT_Q3_K_M) ty = LK_TYPE_Q4_K;
+        else if (ft == FT_Q3_K_L) ty = LK_TYPE_Q5_K;
+    } else if (strstr(name, "attn_qkv.weight")) {
+        if (ft == FT_Q3_K_M || ft == FT_Q3_K_L) ty = LK_TYPE_Q4_K;
+        else if (ft == FT_Q4_K_M) ty = LK_TYPE_Q5_K;
+        else if (ft == FT_Q5_K_M) ty = LK_TYPE_Q6_K;
+    }
+    if (nx % lk_type_block_size(ty)) { /* llama-quantize's fallback types */
+        switch (ty) {
+        case LK_TYPE_Q2_K: case LK_TYPE_Q3_K: ty = LK_TYPE_Q5_0; qs->n_fallback_q50++; break; /* IQ4_NL there */
+        case LK_TYPE_Q4_K: ty = LK_TYPE_Q5_0; break;
+        case LK_TYPE_Q5_K: ty = LK_TYPE_Q5_1; break;
+        case LK_TYPE_Q6_K: ty = LK_TYPE_Q8_0; break;
+        default: break;
+        }
+        if (nx % lk_type_block_size(ty)) ty = LK_TYPE_F16;
+    }
+    return ty;
 }
 
 /* ---- row conversion, a chunk at a time, across threads ---------------------- */
@@ -89,22 +225,28 @@ int lk_cmd_quantize(int argc, char **argv) {
     int64_t threads = 0;
     bool quiet = false;
     const lk_opt opts[] = {
-        {"--type", NULL, LK_OPT_STR, &type_name, "TYPE", "q8_0 or q4_0 (required)"},
+        {"--type", NULL, LK_OPT_STR, &type_name, "TYPE",
+         "q8_0, q4_0, q5_0, q5_1, q2_k, q2_k_s, q3_k_s, q3_k_m (= q3_k), q3_k_l, q4_k_s, q4_k_m (= q4_k), "
+         "q5_k_s, q5_k_m (= q5_k) or q6_k: llama-quantize's per-tensor mixes (required)"},
         {"--threads", "-t", LK_OPT_INT, &threads, "N", "converter threads (default: CPUs, at most 16)"},
         {"--quiet", "-q", LK_OPT_FLAG, &quiet, NULL, "no progress line"},
         {0},
     };
     const char *pos[2];
-    int np = lk_args_parse("quantize", "IN.gguf OUT.gguf --type q8_0|q4_0", opts, argc, argv, pos, 2);
+    int np = lk_args_parse("quantize", "IN.gguf OUT.gguf --type TYPE", opts, argc, argv, pos, 2);
     if (np == LK_ARGS_HELP || np == LK_ARGS_VERSION) return 0;
     if (np < 0) return 2;
     if (np != 2) {
-        fprintf(stderr, "lockstep quantize: need an input and an output file (usage: lockstep quantize IN OUT --type q8_0|q4_0)\n");
+        fprintf(stderr, "lockstep quantize: need an input and an output file (usage: lockstep quantize IN OUT --type TYPE)\n");
         return 2;
     }
-    lk_type target;
-    if (!type_name || !lk_type_from_name(type_name, &target) || (target != LK_TYPE_Q8_0 && target != LK_TYPE_Q4_0)) {
-        fprintf(stderr, "lockstep quantize: --type must be q8_0 or q4_0 (got '%s')\n", type_name ? type_name : "nothing");
+    const qspec *spec = NULL;
+    for (size_t k = 0; type_name && k < sizeof k_specs / sizeof k_specs[0]; k++)
+        if (!strcasecmp(type_name, k_specs[k].name)) spec = &k_specs[k];
+    if (!spec) {
+        fprintf(stderr, "lockstep quantize: --type must be one of q8_0 q4_0 q5_0 q5_1 q2_k q2_k_s q3_k_s q3_k_m q3_k "
+                        "q3_k_l q4_k_s q4_k_m q4_k q5_k_s q5_k_m q5_k q6_k (got '%s')\n",
+                type_name ? type_name : "nothing");
         return 2;
     }
     if (threads < 0 || threads > 256) {
@@ -132,7 +274,14 @@ int lk_cmd_quantize(int argc, char **argv) {
     uint64_t total_in = 0, max_ne0 = 1;
     for (int64_t i = 0; i < nt; i++) {
         const lk_gguf_tensor *t = lk_gguf_tensor_at(g, i);
-        qt[i] = (qtensor){t, choose_type(g, t, target), layer_of(t->name)};
+        qt[i] = (qtensor){t, t->type, layer_of(t->name)};
+    }
+    qsort(qt, (size_t)nt, sizeof *qt, cmp_order);
+    qstate qs;
+    qstate_init(g, &qs);
+    for (int64_t i = 0; i < nt; i++) {
+        const lk_gguf_tensor *t = qt[i].src;
+        qt[i].type = choose_type(&qs, t, spec); /* in write order: the attn_v rules count */
         total_in += t->nbytes;
         if (qt[i].type != t->type) {
             max_ne0 = LK_MAX(max_ne0, t->ne[0]);
@@ -145,7 +294,9 @@ int lk_cmd_quantize(int argc, char **argv) {
             }
         }
     }
-    qsort(qt, (size_t)nt, sizeof *qt, cmp_order);
+    if (qs.n_fallback_q50 && !quiet)
+        fprintf(stderr, "lockstep quantize: %d tensor(s) with rows that are not whole 256-blocks get Q5_0 "
+                        "(llama-quantize would write IQ4_NL, which lockstep cannot)\n", qs.n_fallback_q50);
 
     lk_gguf_writer *w = NULL;
     if (lk_gguf_writer_open(out, &w, err, sizeof err) != LK_OK) {
@@ -156,7 +307,7 @@ int lk_cmd_quantize(int argc, char **argv) {
     }
     for (int64_t i = 0; i < lk_gguf_n_kv(g); i++) lk_gguf_writer_copy_kv(w, g, i);
     lk_gguf_writer_set_u32(w, "general.quantization_version", 2);
-    lk_gguf_writer_set_u32(w, "general.file_type", target == LK_TYPE_Q8_0 ? 7 : 2);
+    lk_gguf_writer_set_u32(w, "general.file_type", spec->ftype);
     for (int64_t i = 0; i < nt; i++) lk_gguf_writer_add_tensor(w, qt[i].src->name, qt[i].type, qt[i].src->n_dims, qt[i].src->ne);
     lk_status st = lk_gguf_writer_begin_data(w, err, sizeof err);
 

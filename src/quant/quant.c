@@ -90,6 +90,7 @@ bool lk_type_supported(uint32_t t) {
     switch (t) {
     case LK_TYPE_F32: case LK_TYPE_F16: case LK_TYPE_BF16: case LK_TYPE_Q8_0:
     case LK_TYPE_Q4_0: case LK_TYPE_Q4_K: case LK_TYPE_Q5_K: case LK_TYPE_Q6_K:
+    case LK_TYPE_Q5_0: case LK_TYPE_Q5_1: case LK_TYPE_Q2_K: case LK_TYPE_Q3_K: case LK_TYPE_IQ4_XS:
         return true;
     default:
         return false;
@@ -109,8 +110,10 @@ bool lk_type_from_name(const char *name, lk_type *out) {
 
 lk_type lk_type_vec_dot(lk_type t) {
     switch (t) {
-    case LK_TYPE_Q4_0: case LK_TYPE_Q8_0: return LK_TYPE_Q8_0;
-    case LK_TYPE_Q4_K: case LK_TYPE_Q5_K: case LK_TYPE_Q6_K: return LK_TYPE_Q8_K;
+    case LK_TYPE_Q4_0: case LK_TYPE_Q8_0: case LK_TYPE_Q5_0: return LK_TYPE_Q8_0;
+    case LK_TYPE_Q5_1: return LK_TYPE_Q8_1; /* its min needs the activation sum */
+    case LK_TYPE_Q4_K: case LK_TYPE_Q5_K: case LK_TYPE_Q6_K:
+    case LK_TYPE_Q2_K: case LK_TYPE_Q3_K: case LK_TYPE_IQ4_XS: return LK_TYPE_Q8_K;
     case LK_TYPE_F16: return LK_TYPE_F16;
     case LK_TYPE_BF16: return LK_TYPE_BF16;
     case LK_TYPE_F32: return LK_TYPE_F32;
@@ -221,7 +224,9 @@ void lk_dequantize_row(lk_type t, const void *src, float *dst, int64_t n) {
     case LK_TYPE_Q5_K: deq_q5_k(s, dst, nb); break;
     case LK_TYPE_Q6_K: deq_q6_k(s, dst, nb); break;
     case LK_TYPE_Q8_K: deq_q8_k(s, dst, nb); break;
-    default: LK_ASSERT(!"lk_dequantize_row: unsupported type");
+    default:
+        if (lk_q5_dequantize(t, s, dst, nb) || lk_k23_dequantize(t, s, dst, nb)) break;
+        LK_ASSERT(!"lk_dequantize_row: unsupported type");
     }
 }
 
@@ -427,7 +432,12 @@ float lk_quant_dot_scalar(lk_type t, int64_t n, const void *w, const void *a) {
     case LK_TYPE_Q4_K: return dot_q4_k(n, w, a);
     case LK_TYPE_Q5_K: return dot_q5_k(n, w, a);
     case LK_TYPE_Q6_K: return dot_q6_k(n, w, a);
-    default: LK_ASSERT(!"lk_quant_dot_scalar: unsupported type"); return 0;
+    default: {
+        float r;
+        if (lk_q5_dot_scalar(t, n, w, a, &r) || lk_k23_dot_scalar(t, n, w, a, &r)) return r;
+        LK_ASSERT(!"lk_quant_dot_scalar: unsupported type");
+        return 0;
+    }
     }
 }
 
@@ -473,6 +483,8 @@ void lk_quant_fill_scalar(lk_quant_ops *ops) {
     ops->quant[LK_TYPE_Q8_K] = quant_q8_k;
     ops->quant[LK_TYPE_Q4_K] = lk_quantize_row_q4_k;
     ops->act[LK_TYPE_Q8_0] = lk_act_q8_0_scalar;
+    lk_q5_fill_scalar(ops);
+    lk_k23_fill_scalar(ops);
 }
 
 void lk_quant_run_tiles(const lk_tileset *ts, int64_t n, int64_t nrows, const void *w, size_t ws,
@@ -516,8 +528,12 @@ static void init_once(void) {
     lk_quant_fill_scalar(&g_levels[LK_SIMD_SCALAR]);
     g_levels[LK_SIMD_AVX2] = g_levels[LK_SIMD_SCALAR];
     lk_quant_fill_avx2(&g_levels[LK_SIMD_AVX2]);
+    lk_q5_fill_avx2(&g_levels[LK_SIMD_AVX2]);
+    lk_k23_fill_avx2(&g_levels[LK_SIMD_AVX2]);
     g_levels[LK_SIMD_AVX512] = g_levels[LK_SIMD_AVX2];
     lk_quant_fill_avx512(&g_levels[LK_SIMD_AVX512]);
+    lk_q5_fill_avx512(&g_levels[LK_SIMD_AVX512]);
+    lk_k23_fill_avx512(&g_levels[LK_SIMD_AVX512]);
     g_active = &g_levels[lk_cpu()->level];
 }
 

@@ -10,9 +10,9 @@
  * implicitly).
  *
  * Activations: a weight of type T is multiplied with activations quantised to
- * lk_type_vec_dot(T) exactly as ggml does (Q8_0 for Q4_0/Q8_0, Q8_K for the
- * K-quants, F16 for F16, BF16 for BF16, F32 for F32), so results track
- * llama.cpp's to rounding noise.
+ * lk_type_vec_dot(T) exactly as ggml does (Q8_0 for Q4_0/Q8_0/Q5_0, Q8_1 for
+ * Q5_1, Q8_K for the K-quants and IQ4_XS, F16 for F16, BF16 for BF16, F32 for
+ * F32), so results track llama.cpp's to rounding noise.
  *
  * Callers: kernels (matmul splits rows across threads and calls
  * lk_quant_matmul on row ranges), model (embedding lookup via dequantize),
@@ -54,9 +54,10 @@ lk_type lk_type_vec_dot(lk_type t);
 
 /* Row conversions. n must be a whole number of blocks of the type. */
 void lk_dequantize_row(lk_type t, const void *src, float *dst, int64_t n);
-/* Supported targets: F32, F16, BF16, Q8_0, Q4_0, Q8_K (activations and
- * `lockstep quantize`); others LK_ASSERT. Bit-exact with ggml's reference
- * quantisers. */
+/* Supported targets: F32, F16, BF16, Q8_0, Q4_0, Q8_K, Q8_1 (activations)
+ * and the weight types of `lockstep quantize` (Q4_K, Q5_0, Q5_1, Q2_K, Q3_K,
+ * Q5_K, Q6_K); others LK_ASSERT. The algorithms of ggml's reference
+ * quantisers (what llama-quantize runs without an importance matrix). */
 void lk_quantize_row(lk_type t, const float *src, void *dst, int64_t n);
 bool lk_quantize_supported(lk_type t);
 /* Activation quantisation, as llama.cpp's x86 build quantises activations
@@ -64,7 +65,8 @@ bool lk_quantize_supported(lk_type t);
  * quantiser, which llama-quantize uses for weights) only for Q8_0: the SIMD
  * path computes the inverse scale as 127/max|x| (not 1/d) and rounds half to
  * even; matching it keeps Q8_0/Q4_0 logits within 2e-6 of llama.cpp instead of
- * int8 rounding flips of 0.07. Other types delegate to lk_quantize_row. */
+ * int8 rounding flips of 0.07. Q8_1 (Q5_1's activations) likewise, with
+ * s = d*sum(q). Other types delegate to lk_quantize_row. */
 void lk_quantize_row_act(lk_type t, const float *src, void *dst, int64_t n);
 
 /* The matrix kernel. W has `nrows` rows of `n` elements of type wt, row r at

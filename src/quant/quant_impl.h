@@ -31,6 +31,25 @@ enum {
     LK_Q8K_QS = 4, LK_Q8K_BS = 260,
 };
 
+/* The types of quant_q5.c and quant_k23.c (what big MoE files use):
+ *   Q5_0 (22 B):   fp16 d | u8 qh[4] | u8 qs[16]     q_j = (qs[j]&15) | bit j of qh << 4,
+ *                  q_{j+16} = (qs[j]>>4) | bit j+16 of qh << 4 (qh little-endian u32); x = d*(q-16)
+ *   Q5_1 (24 B):   fp16 d | fp16 m | u8 qh[4] | u8 qs[16]   q as Q5_0, x = d*q + m
+ *   Q8_1 (36 B):   fp16 d | fp16 s | i8 qs[32]      x = d*q; s = d*sum(q) (Q5_1's activations)
+ *   Q2_K (84 B):   u8 scales[16] | u8 qs[64] | fp16 d | fp16 dmin   16 sub-blocks of 16: scale
+ *                  low nibble, min high nibble; element 128n+32j+l = (qs[32n+l] >> 2j) & 3;
+ *                  x = d*sc*q - dmin*m
+ *   Q3_K (110 B):  u8 hmask[32] | u8 qs[64] | u8 scales[12] | fp16 d   low 2 bits as Q2_K, bit
+ *                  e/32 of hmask[e%32] set: +0, clear: -4; 16 signed 6-bit scales (-32)
+ *   IQ4_XS (136 B): fp16 d | u16 scales_h | u8 scales_l[4] | u8 qs[128]   8 sub-blocks of 32,
+ *                  6-bit scales (-32), 4-bit indices into the IQ4_NL table (lk_iq4nl_values) */
+enum {
+    LK_Q50_BYTES = 22, LK_Q51_BYTES = 24, LK_Q81_BYTES = 36,
+    LK_Q2K_BYTES = 84, LK_Q2K_QS = 16, LK_Q2K_D = 80,
+    LK_Q3K_BYTES = 110, LK_Q3K_QS = 32, LK_Q3K_SC = 96, LK_Q3K_D = 108,
+    LK_IQ4XS_BYTES = 136, LK_IQ4XS_SH = 2, LK_IQ4XS_SL = 4, LK_IQ4XS_QS = 8,
+};
+
 static inline uint16_t lk_ld_u16(const void *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 static inline int16_t  lk_ld_i16(const void *p) { int16_t v; memcpy(&v, p, 2); return v; }
 static inline float    lk_ld_f32(const void *p) { float v; memcpy(&v, p, 4); return v; }
@@ -127,5 +146,20 @@ void lk_act_q8_0_avx512(const float *x, void *dst, int64_t n);
 
 /* quant_kq.c: ggml's reference Q4_K quantiser (weights). */
 void lk_quantize_row_q4_k(const float *x, void *dst, int64_t n);
+
+/* quant_q5.c (Q5_0, Q5_1, Q8_1) and quant_k23.c (Q2_K, Q3_K, IQ4_XS; the
+ * Q5_K and Q6_K weight quantisers the Q2_K/Q3_K mixes need): their
+ * dequantisers and scalar dots (false: not one of the file's types), and
+ * the entries they add to each level's table. */
+bool lk_q5_dequantize(lk_type t, const uint8_t *src, float *dst, int64_t nb);
+bool lk_q5_dot_scalar(lk_type t, int64_t n, const uint8_t *w, const uint8_t *a, float *out);
+void lk_q5_fill_scalar(lk_quant_ops *ops);
+void lk_q5_fill_avx2(lk_quant_ops *ops);
+void lk_q5_fill_avx512(lk_quant_ops *ops);
+bool lk_k23_dequantize(lk_type t, const uint8_t *src, float *dst, int64_t nb);
+bool lk_k23_dot_scalar(lk_type t, int64_t n, const uint8_t *w, const uint8_t *a, float *out);
+void lk_k23_fill_scalar(lk_quant_ops *ops);
+void lk_k23_fill_avx2(lk_quant_ops *ops);
+void lk_k23_fill_avx512(lk_quant_ops *ops);
 
 #endif
