@@ -916,9 +916,13 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     }
     if (r->state == ST_NEW) {
         if (*upload_size) {
-            /* a body over the limit or too slow is answered at once (the
-             * library then reads no more and closes the connection) */
-            if (r->body.n + *upload_size > s->o.max_body) {
+            /* a body over the limit or too slow: the rest is dropped and the
+             * error answered when the body ends (libmicrohttpd 0.9 refuses a
+             * response queued while a body arrives, and the connection then
+             * closes without one); the reaper ends a body that never ends */
+            if (r->err_status) {
+                /* dropped */
+            } else if (r->body.n + *upload_size > s->o.max_body) {
                 r->err_status = 413;
                 snprintf(r->err, sizeof r->err, "the body is over the limit of %zu bytes", s->o.max_body);
             } else if (lk_time_s() - r->t_accept > s->o.request_timeout) {
@@ -927,11 +931,6 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
                          s->o.request_timeout);
             } else srv_buf_put(&r->body, upload, *upload_size);
             *upload_size = 0;
-            if (r->err_status) {
-                r->state = ST_DONE;
-                r->answered = true;
-                return send_error(c, s, r->err_status, r->err, NULL);
-            }
             return MHD_YES;
         }
         /* the whole request is here */
