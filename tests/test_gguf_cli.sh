@@ -60,7 +60,7 @@ expect gen_unwritable 1 "$L" gen-model --shape tiny -q -o /nonexistent-dir/x.ggu
 expect quant_q8 0 "$L" quantize "$TD/models/stories260K.gguf" "$T/q8.gguf" --type q8_0
 cmp -s "$T/q8.gguf" "$TD/models/stories260K-q8_0.gguf" && ok quant_q8_identical || no quant_q8_identical "differs from llama-quantize's output"
 expect quant_no_type 2 "$L" quantize "$TD/models/stories260K.gguf" "$T/q.gguf"
-expect quant_bad_type 2 "$L" quantize "$TD/models/stories260K.gguf" "$T/q.gguf" --type q4_k
+expect quant_bad_type 2 "$L" quantize "$TD/models/stories260K.gguf" "$T/q.gguf" --type q4_1
 expect quant_one_arg 2 "$L" quantize "$TD/models/stories260K.gguf" --type q8_0
 expect quant_bad_input 1 "$L" quantize "$T/bad.gguf" "$T/q.gguf" --type q8_0
 [ ! -e "$T/q.gguf" ] && ok quant_no_partial_output || no quant_no_partial_output "$T/q.gguf left behind"

@@ -1,11 +1,13 @@
 /* lockstep quantize — rewrite a GGUF with its 2-D weights quantised, choosing
  * per-tensor types as llama-quantize does for the same file type (for an F32
- * source the result is byte-identical to llama-quantize's: the quantisers
+ * source the result is byte-identical to llama-quantize's, but for q4_0's
+ * output matrix (below): the quantisers
  * are ggml's reference algorithms, used when there is no importance matrix).
  *
  *   --type   base     general.file_type   per-tensor rules (below)
  *   q8_0     Q8_0      7                  -
- *   q4_0     Q4_0      2                  output Q6_K
+ *   q4_0     Q4_0      2                  output Q8_0 (llama-quantize: Q6_K; lockstep's q4_0
+ *                                         files kept what they were before it had Q6_K)
  *   q5_0     Q5_0      8                  output Q6_K
  *   q5_1     Q5_1      9                  output Q6_K
  *   q2_k     Q2_K     10                  output Q6_K; attn_v Q4_K if heads/kv_heads >= 4, else
@@ -150,7 +152,7 @@ static uint32_t choose_type(qstate *qs, const lk_gguf_tensor *t, const qspec *sp
     const int64_t nx = (int64_t)t->ne[0], il = layer_of(name), nl = qs->n_layer;
     lk_type ty = sp->base;
     if (!strcmp(name, "output.weight") || (!qs->has_output && !strcmp(name, "token_embd.weight"))) {
-        if (nx % lk_type_block_size(ty)) ty = LK_TYPE_Q8_0;
+        if (nx % lk_type_block_size(ty) || ty == LK_TYPE_Q4_0) ty = LK_TYPE_Q8_0; /* q4_0: see the file comment */
         else if (ty != LK_TYPE_Q8_0) ty = LK_TYPE_Q6_K;
     } else if (!strcmp(name, "token_embd.weight")) {
         /* rules only for IQ and TQ types */
