@@ -75,6 +75,30 @@ install: $(B)/lockstep
 	install -m 755 $(B)/lockstep $(DESTDIR)$(PREFIX)/bin/lockstep
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/bin/lockstep
+# --- fuzzing (clang: libFuzzer + ASan + UBSan) -------------------------------
+# make fuzz -> $(B)/fuzz/fuzz_* and their seed corpora, generated from the test
+# data into $(B)/fuzz/seeds/NAME/; fuzz/README.md says how to run them.
+FUZZ_CC  ?= clang
+FUZZ     := $(patsubst fuzz/%.c,$(B)/fuzz/%,$(wildcard fuzz/fuzz_*.c))
+$(B)/fuzz/obj/%.o: src/%.c $(HDR)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC fuzz $<")
+	$(Q)$(FUZZ_CC) $(CFLAGS) $(SAN) -fsanitize=fuzzer-no-link -c $< -o $@
+# quant/'s kernels and quantisers come from the plain build: they parse
+# nothing, and instrumented the SIMD ones take many minutes to compile.
+FUZZ_PLAIN := $(wildcard src/quant/quant_*.c)
+$(B)/fuzz/liblockstep.a: $(patsubst src/%.c,$(B)/fuzz/obj/%.o,$(filter-out $(FUZZ_PLAIN),$(LIB_SRC))) \
+                         $(patsubst src/%.c,$(B)/obj/%.o,$(FUZZ_PLAIN))
+	@rm -f $@; ar rcs $@ $^
+$(B)/fuzz/fuzz_%: fuzz/fuzz_%.c $(wildcard fuzz/*.h) $(B)/fuzz/liblockstep.a $(HDR)
+	@$(if $(Q),echo "  FUZZ    $@")
+	$(Q)$(FUZZ_CC) $(CFLAGS) $(SAN) -fsanitize=fuzzer $< $(B)/fuzz/liblockstep.a -o $@ $(LDLIBS)
+$(B)/fuzz/seedgen: fuzz/seedgen.c $(B)/liblockstep.a $(HDR)
+	$(Q)$(CC) $(CFLAGS) $< $(B)/liblockstep.a -o $@ $(LDLIBS)
+fuzz: $(FUZZ) $(B)/fuzz/seedgen
+	@rm -rf $(B)/fuzz/seeds && $(B)/fuzz/seedgen $(B)/fuzz/seeds
+.PHONY: fuzz
+
 clean:
 	rm -rf build
 
