@@ -18,8 +18,10 @@ void lk_cluster_model_id(const lk_gguf *g, uint8_t id[LK_MODEL_ID_BYTES]) {
     crypto_generichash_state st;
     crypto_generichash_init(&st, NULL, 0, LK_MODEL_ID_BYTES);
     const uint8_t *file = lk_gguf_file_bytes(g);
-    uint64_t size = lk_gguf_file_size(g), data = lk_gguf_data_offset(g);
-    LK_ASSERT(data <= size);
+    /* A file without tensors (a vocabulary) may end before its padded data
+     * offset (gguf.h), so the bytes before the data are those in the file:
+     * the same range lk_cluster_model_id_ranges gives. */
+    uint64_t size = lk_gguf_file_size(g), data = LK_MIN(lk_gguf_data_offset(g), size);
     uint8_t sz[8];
     for (int i = 0; i < 8; i++) sz[i] = (uint8_t)(size >> (8 * i));
     crypto_generichash_update(&st, sz, sizeof sz);
