@@ -8,7 +8,8 @@
 # Environment: LOCKSTEP (default build/lockstep), LLAMA_SERVER (path of
 # llama-server; scripts/llamacpp.sh builds one; unset: lockstep rows only),
 # THREADS (default: the cores), N_TOK (decode tokens per request, default
-# 64), REQ_X (requests per level = REQ_X x concurrency, default 2).
+# 64), REQ_X (requests per level = REQ_X x concurrency, default 2), WORDS
+# (prompt words, default 16).
 # The memory-bandwidth bound of one token, measured in the same run, is
 # printed first (lockstep bench).
 set -euo pipefail
@@ -19,16 +20,17 @@ L=${LOCKSTEP:-build/lockstep}
 TH=${THREADS:-$(nproc)}
 N_TOK=${N_TOK:-64}
 REQ_X=${REQ_X:-2}
+WORDS=${WORDS:-16}
 MAXC=$(tr ',' '\n' <<<"$LEVELS" | sort -n | tail -1)
 CTX=$((N_TOK + 512))
 PORT=${PORT:-18555}
 echo "# $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores; $(date -u +%FT%TZ); $(uptime | sed 's/.*load/load/')"
-echo "# model $M; $N_TOK tokens per request, $REQ_X x concurrency requests per level, $TH threads"
+echo "# model $M; $WORDS-word prompts, $N_TOK tokens per request, $REQ_X x concurrency requests per level, $TH threads"
 "$L" bench -m "$M" -t "$TH" -p 16 -n 16 -r 1 --md 2>/dev/null | grep -E '^\| (model|[^-])' | sed 's/^/# bound (lockstep bench, same run): /' || true
 
 wait_ready() { # URL PID
     for _ in $(seq 600); do
-        curl -sf "$1/health" >/dev/null 2>&1 && return 0
+        python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/health', timeout=2)" "$1" 2>/dev/null && return 0
         kill -0 "$2" 2>/dev/null || return 1
         sleep 0.2
     done
@@ -38,7 +40,7 @@ wait_ready() { # URL PID
 run_levels() { # NAME URL
     for c in ${LEVELS//,/ }; do
         printf '%s ' "$1"
-        python3 bench/serve_load.py --url "$2" -c "$c" -n $((REQ_X * c < 4 ? 4 : REQ_X * c)) --max-tokens "$N_TOK" || true
+        python3 bench/serve_load.py --url "$2" -c "$c" -n $((REQ_X * c < 4 ? 4 : REQ_X * c)) --max-tokens "$N_TOK" --prompt-words "$WORDS" || true
     done
 }
 

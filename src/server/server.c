@@ -129,9 +129,9 @@ static void update_safe(srv_req *r) {
     size_t n = r->text.n, safe = n - lk_srv_stop_holdback(r->text.p, n, r->stop, r->n_stop);
     if (r->tools) {
         if (r->tool_at == SIZE_MAX || r->tool_at >= n) {
-            size_t from = n > r->scan + 16 ? r->scan : 0;  /* a marker is < 16 bytes: older text was ruled out */
-            size_t t = lk_srv_tool_start(r->text.p, n, from);
+            size_t t = lk_srv_tool_start(r->text.p, n, r->tool_scan);
             r->tool_at = t < n ? t : SIZE_MAX;
+            r->tool_scan = n > 16 ? n - 16 : 0;  /* a marker is < 16 bytes: text before was ruled out */
         }
         if (r->tool_at != SIZE_MAX) safe = LK_MIN(safe, r->tool_at);
     }
@@ -203,7 +203,7 @@ static bool on_token(void *user, lk_request *lr, int32_t tok, const char *piece,
     /* the next search starts where a stop string could still begin */
     size_t longest = 0;
     for (int i = 0; i < r->n_stop; i++) longest = LK_MAX(longest, strlen(r->stop[i]));
-    r->scan = r->text.n > longest ? r->text.n - longest + 1 : 0;
+    r->scan = longest && r->text.n >= longest ? r->text.n - longest + 1 : 0;
     if (tok >= 0) {
         update_safe(r);
         if (r->stream) srv_wake_conn(r);

@@ -57,7 +57,8 @@ struct srv_req {
     srv_buf            text;              /* all generated text so far */
     size_t             safe;              /* text[0, safe) may be shown: no stop string or tool call can start before */
     size_t             scan;              /* stop strings were searched up to here */
-    size_t             tool_at;           /* where a tool call may start (text.n when none) */
+    size_t             tool_at;           /* where a tool call may start (SIZE_MAX when none) */
+    size_t             tool_scan;         /* tool markers were ruled out before here */
     srv_lp            *lp;
     int                n_lp, cap_lp;
     int                finish;            /* LK_FINISH_* (+ SRV_FINISH_STOP for a stop string) */
