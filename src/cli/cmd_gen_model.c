@@ -27,17 +27,22 @@ typedef struct {
     uint32_t n_ctx;
     float rope_base, eps;
     bool tied, qk_norm; /* tied: no output.weight; qk_norm: per-head RMS norms on Q and K (qwen3) */
+    /* mixture of experts (qwen3moe): every layer routes to n_expert_used of
+     * n_expert experts of n_ff_exp rows; n_ff is then only the metadata key
+     * real files carry (the dense intermediate_size), no tensor uses it */
+    int64_t n_expert, n_expert_used, n_ff_exp;
 } shape_t;
 
 /* Published hyper-parameters of each model (config.json of the originals). */
 static const shape_t k_shapes[] = {
-    {"tiny", "llama", 256, 2, 8, 2, 32, 768, 512, 2048, 10000.0f, 1e-5f, false, false},
-    {"tinyllama-1.1b", "llama", 2048, 22, 32, 4, 64, 5632, 32000, 2048, 10000.0f, 1e-5f, false, false},
-    {"llama3.2-1b", "llama", 2048, 16, 32, 8, 64, 8192, 128256, 131072, 500000.0f, 1e-5f, true, false},
-    {"llama3-8b", "llama", 4096, 32, 32, 8, 128, 14336, 128256, 8192, 500000.0f, 1e-5f, false, false},
-    {"llama3-70b", "llama", 8192, 80, 64, 8, 128, 28672, 128256, 8192, 500000.0f, 1e-5f, false, false},
-    {"qwen3-0.6b", "qwen3", 1024, 28, 16, 8, 128, 3072, 151936, 40960, 1e6f, 1e-6f, true, true},
-    {"qwen3-8b", "qwen3", 4096, 36, 32, 8, 128, 12288, 151936, 40960, 1e6f, 1e-6f, false, true},
+    {"tiny", "llama", 256, 2, 8, 2, 32, 768, 512, 2048, 10000.0f, 1e-5f, false, false, 0, 0, 0},
+    {"tinyllama-1.1b", "llama", 2048, 22, 32, 4, 64, 5632, 32000, 2048, 10000.0f, 1e-5f, false, false, 0, 0, 0},
+    {"llama3.2-1b", "llama", 2048, 16, 32, 8, 64, 8192, 128256, 131072, 500000.0f, 1e-5f, true, false, 0, 0, 0},
+    {"llama3-8b", "llama", 4096, 32, 32, 8, 128, 14336, 128256, 8192, 500000.0f, 1e-5f, false, false, 0, 0, 0},
+    {"llama3-70b", "llama", 8192, 80, 64, 8, 128, 28672, 128256, 8192, 500000.0f, 1e-5f, false, false, 0, 0, 0},
+    {"qwen3-0.6b", "qwen3", 1024, 28, 16, 8, 128, 3072, 151936, 40960, 1e6f, 1e-6f, true, true, 0, 0, 0},
+    {"qwen3-8b", "qwen3", 4096, 36, 32, 8, 128, 12288, 151936, 40960, 1e6f, 1e-6f, false, true, 0, 0, 0},
+    {"qwen3-30b-a3b", "qwen3moe", 2048, 48, 32, 4, 128, 6144, 151936, 40960, 1e6f, 1e-6f, false, true, 128, 8, 768},
 };
 enum { N_SHAPES = sizeof k_shapes / sizeof k_shapes[0] };
 
@@ -45,7 +50,7 @@ typedef struct {
     char     name[64];
     uint32_t type;
     int      n_dims;
-    uint64_t ne[2];   /* [in, out] */
+    uint64_t ne[3];   /* [in, out, experts] (ne[2] = 1 unless 3-D) */
     bool     norm;    /* 1-D scale vector: values near 1 */
     uint64_t hash;    /* of the name: seeds the rows */
 } gtensor;
@@ -65,14 +70,19 @@ static int64_t build_tensors(const shape_t *s, uint32_t wtype, gtensor *out) {
     do {                                                                                  \
         gtensor *t = &out[n++];                                                           \
         snprintf(t->name, sizeof t->name, "%s", nm);                                     \
-        t->n_dims = 2, t->ne[0] = (uint64_t)(in), t->ne[1] = (uint64_t)(o), t->norm = false; \
+        t->n_dims = 2, t->ne[0] = (uint64_t)(in), t->ne[1] = (uint64_t)(o), t->ne[2] = 1, t->norm = false; \
         t->type = (uint64_t)(in) % (uint64_t)lk_type_block_size(wtype) ? LK_TYPE_F16 : wtype; \
+    } while (0)
+#define ADD3(nm, in, o, ne2)                                                              \
+    do {                                                                                  \
+        ADD2(nm, in, o);                                                                  \
+        out[n - 1].n_dims = 3, out[n - 1].ne[2] = (uint64_t)(ne2);                        \
     } while (0)
 #define ADD1(nm, len)                                                                     \
     do {                                                                                  \
         gtensor *t = &out[n++];                                                           \
         snprintf(t->name, sizeof t->name, "%s", nm);                                     \
-        t->n_dims = 1, t->ne[0] = (uint64_t)(len), t->ne[1] = 1, t->norm = true;          \
+        t->n_dims = 1, t->ne[0] = (uint64_t)(len), t->ne[1] = 1, t->ne[2] = 1, t->norm = true; \
         t->type = LK_TYPE_F32;                                                            \
     } while (0)
     ADD2("token_embd.weight", s->n_embd, s->n_vocab);
@@ -89,15 +99,25 @@ static int64_t build_tensors(const shape_t *s, uint32_t wtype, gtensor *out) {
             ADD1(NM("attn_k_norm.weight"), s->head_dim);
         }
         ADD1(NM("ffn_norm.weight"), s->n_embd);
-        ADD2(NM("ffn_gate.weight"), s->n_embd, s->n_ff);
-        ADD2(NM("ffn_up.weight"), s->n_embd, s->n_ff);
-        ADD2(NM("ffn_down.weight"), s->n_ff, s->n_embd);
+        if (s->n_expert) {
+            /* the router stays F32, as llama-quantize leaves it */
+            ADD2(NM("ffn_gate_inp.weight"), s->n_embd, s->n_expert);
+            out[n - 1].type = LK_TYPE_F32;
+            ADD3(NM("ffn_gate_exps.weight"), s->n_embd, s->n_ff_exp, s->n_expert);
+            ADD3(NM("ffn_up_exps.weight"), s->n_embd, s->n_ff_exp, s->n_expert);
+            ADD3(NM("ffn_down_exps.weight"), s->n_ff_exp, s->n_embd, s->n_expert);
+        } else {
+            ADD2(NM("ffn_gate.weight"), s->n_embd, s->n_ff);
+            ADD2(NM("ffn_up.weight"), s->n_embd, s->n_ff);
+            ADD2(NM("ffn_down.weight"), s->n_ff, s->n_embd);
+        }
 #undef NM
     }
     ADD1("output_norm.weight", s->n_embd);
     if (!s->tied) ADD2("output.weight", s->n_embd, s->n_vocab);
 #undef ADD1
 #undef ADD2
+#undef ADD3
     for (int64_t i = 0; i < n; i++) out[i].hash = fnv1a(out[i].name);
     return n;
 }
@@ -232,9 +252,11 @@ static void list_shapes(FILE *f) {
     fprintf(f, "shapes:\n");
     for (int i = 0; i < N_SHAPES; i++) {
         const shape_t *s = &k_shapes[i];
-        fprintf(f, "  %-15s %-6s n_embd %5" PRId64 ", %2" PRId64 " layers, %2" PRId64 "/%" PRId64 " heads, n_ff %5" PRId64
-                ", vocab %6" PRId64 "%s\n", s->name, s->arch, s->n_embd, s->n_layer, s->n_head, s->n_head_kv,
-                s->n_ff, s->n_vocab, s->tied ? ", tied" : "");
+        fprintf(f, "  %-15s %-8s n_embd %5" PRId64 ", %2" PRId64 " layers, %2" PRId64 "/%" PRId64 " heads, n_ff %5" PRId64
+                ", vocab %6" PRId64 "%s", s->name, s->arch, s->n_embd, s->n_layer, s->n_head, s->n_head_kv,
+                s->n_expert ? s->n_ff_exp : s->n_ff, s->n_vocab, s->tied ? ", tied" : "");
+        if (s->n_expert) fprintf(f, ", %" PRId64 " of %" PRId64 " experts", s->n_expert_used, s->n_expert);
+        fprintf(f, "\n");
     }
 }
 
@@ -350,6 +372,11 @@ int lk_cmd_gen_model(int argc, char **argv) {
     lk_gguf_writer_set_f32(w, AK("rope.freq_base"), s.rope_base);
     lk_gguf_writer_set_u32(w, AK("rope.dimension_count"), (uint32_t)s.head_dim);
     lk_gguf_writer_set_u32(w, AK("vocab_size"), (uint32_t)s.n_vocab);
+    if (s.n_expert) {
+        lk_gguf_writer_set_u32(w, AK("expert_count"), (uint32_t)s.n_expert);
+        lk_gguf_writer_set_u32(w, AK("expert_used_count"), (uint32_t)s.n_expert_used);
+        lk_gguf_writer_set_u32(w, AK("expert_feed_forward_length"), (uint32_t)s.n_ff_exp);
+    }
 #undef AK
     lk_gguf_writer_set_u32(w, "general.file_type", file_type_of(wtype));
     lk_gguf_writer_set_u32(w, "general.quantization_version", 2);
@@ -361,7 +388,7 @@ int lk_cmd_gen_model(int argc, char **argv) {
         set_synthetic_vocab(w, s.n_vocab);
     }
 
-    int64_t max_t = 4 + s.n_layer * 11;
+    int64_t max_t = 4 + s.n_layer * 13;
     gtensor *ts = lk_xcalloc((size_t)max_t, sizeof *ts);
     int64_t nt = build_tensors(&s, wtype, ts);
     LK_ASSERT(nt <= max_t);
@@ -370,7 +397,7 @@ int lk_cmd_gen_model(int argc, char **argv) {
         lk_gguf_writer_add_tensor(w, ts[i].name, ts[i].type, ts[i].n_dims, ts[i].ne);
         size_t rb;
         LK_ASSERT(lk_type_row_bytes(ts[i].type, (int64_t)ts[i].ne[0], &rb));
-        total += rb * ts[i].ne[1];
+        total += rb * ts[i].ne[1] * ts[i].ne[2];
     }
     lk_status st = lk_gguf_writer_begin_data(w, err, sizeof err);
 
@@ -398,7 +425,8 @@ int lk_cmd_gen_model(int argc, char **argv) {
             const gtensor *t = &ts[i];
             size_t rb;
             lk_type_row_bytes(t->type, (int64_t)t->ne[0], &rb);
-            uint64_t r1 = LK_MIN(t->ne[1], r0 + LK_MAX(1, CHUNK / rb)), nr = r1 - r0;
+            const uint64_t rows = t->ne[1] * t->ne[2]; /* an expert tensor's slabs one after another */
+            uint64_t r1 = LK_MIN(rows, r0 + LK_MAX(1, CHUNK / rb)), nr = r1 - r0;
             int use = (int)LK_MIN((uint64_t)nth, nr);
             for (int k = 0; k < use; k++) {
                 uint64_t a = r0 + nr * (uint64_t)k / (uint64_t)use, b = r0 + nr * (uint64_t)(k + 1) / (uint64_t)use;
@@ -409,7 +437,7 @@ int lk_cmd_gen_model(int argc, char **argv) {
             for (int k = use; k < nth; k++) running[k] = false;
             produced = nr * rb;
             r0 = r1;
-            if (r0 == t->ne[1]) { i++; r0 = 0; }
+            if (r0 == rows) { i++; r0 = 0; }
         }
         /* meanwhile, write the previous chunk */
         if (pending) st = lk_gguf_writer_write(w, buf[cur ^ 1], pending, err, sizeof err);
