@@ -14,11 +14,11 @@
  * lane's 4 quants), so the 8 i32 lanes of a block's sum are exactly those
  * of ggml's signed arithmetic. Batch invariance: every output takes, per
  * block, one int->float conversion of those lanes and one FMA with the
- * product of the two scales into 8 (AVX2) or 2x8 (AVX-512: two blocks per
- * vector) float lanes, in block order, then one horizontal sum (Q5_1 adds
- * its sum of m*s, kept in float per row and token, at the end); the decode
- * and prefill tiles differ only in how many rows and tokens share a step,
- * never in that arithmetic. */
+ * product of the two scales into 8 float lanes (AVX2; AVX-512: 4 lanes of
+ * a 16-lane vector per block, 4 blocks per step), in block order, then one
+ * horizontal sum (Q5_1 adds its sum of m*s at the end); the decode and
+ * prefill tiles differ only in how many rows and tokens share a step, never
+ * in that arithmetic. */
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
@@ -346,87 +346,146 @@ void lk_q5_fill_avx2(lk_quant_ops *ops) {
 }
 
 /* ===================================================================== */
-/* AVX-512 (F, BW, VL, VNNI)                                               */
+/* AVX-512 (F, BW, VL, DQ, VNNI, VBMI, GFNI)                               */
 /* ===================================================================== */
 
-/* Two blocks per 512-bit vector: 256-bit half h holds block 2k+h, whose 8
- * i32 lanes vpdpbusd forms exactly as the AVX2 code's vpmaddubsw +
- * vpmaddwd; each half is scaled by its own block's scales. An odd last
- * block fills the low half only (the high half's weights and activations
- * are zero: it adds 0*scale = +0 to lanes that are already sums). The
- * scalar reference defines the values; this file's AVX-512 code was written
- * on a machine without AVX-512 (tests/test_quant_types.c runs it wherever
- * the CPU has it). */
-#define LK_T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi,bmi2")))
+/* Groups of 4 blocks per 512-bit vector, as quant_avx512.c's Q4_0: 128-bit
+ * lane k holds block k, `lo` its elements 0..15 and `hi` 16..31 (weights
+ * and activations alike), so vpdpbusd gives 4 i32 lanes per block and one
+ * vector of 16 scales (d_w * d_a, each 4 times) scales them. One two-table
+ * byte permute (vpermt2b) gathers the 4 blocks' nibbles out of their packed
+ * 22/24-byte records, another their 4 qh words, whose bits become two byte
+ * masks (elements 0..15 and 16..31 of the 4 blocks) that add the fifth bit
+ * (16) under mask. Blocks past the last group of 4 go through the scalar
+ * code (per row and token, added at the end: the same in every tile).
+ * Q5_1's min term m*s (4 lanes per block, so 4 times each) is summed in a
+ * vector of its own and scaled by 1/4 at the end (exact). */
+#define LK_T512                                                                                \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,avx2,fma," \
+                          "f16c,bmi,bmi2,gfni")))
 
-LK_T512 static LK_INL __m256i q5_unpack512(const uint8_t *p) {
-    __m128i qs = _mm_loadu_si128((const __m128i *)(p + 4));
-    __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(qs), _mm_srli_epi16(qs, 4), 1);
-    uint32_t qh;
-    memcpy(&qh, p, 4);
-    /* bit e of qh -> bit 4 of byte e: a mask register does the bit test */
-    __m256i h = _mm256_maskz_mov_epi8((__mmask32)qh, _mm256_set1_epi8(0x10));
-    return _mm256_ternarylogic_epi32(v, _mm256_set1_epi8(0x0F), h, 0xEA); /* (v & 0x0F) | h */
+/* permute tables, by kind (0: Q5_0 / Q8_0, 1: Q5_1 / Q8_1); built at fill */
+static uint8_t k5_qs[2][64], k5_qh[2][64], k5_d[2][64], k5_m[64];
+static uint8_t k8_lo[2][64], k8_hi[2][64], k8_d[2][64], k8_s[64];
+
+/* Index of byte x of a 4-block record group in the two-table [p | p + off]. */
+static uint8_t t2(int x, int off) { return (uint8_t)(x < 64 ? x : x - off + 64); }
+
+static void build_tables5(void) {
+    for (int kind = 0; kind < 2; kind++) {
+        const int wbb = kind ? LK_Q51_BYTES : LK_Q50_BYTES, ho = kind ? 4 : 2, qo = ho + 4;
+        const int woff = 4 * wbb - 64; /* second load of a weight group */
+        const int abb = kind ? LK_Q81_BYTES : LK_Q80_BYTES, aq = kind ? 4 : 2;
+        for (int i = 0; i < 64; i++) {
+            int k = i / 16, j = i % 16;
+            k5_qs[kind][i] = t2(wbb * k + qo + j, woff);
+            /* bytes 2k, 2k+1: qh_k bits 0..15; bytes 8+2k, 9+2k: bits 16..31 */
+            k5_qh[kind][i] = i < 16 ? t2(wbb * ((i % 8) / 2) + ho + (i / 8) * 2 + (i & 1), woff) : 0;
+            /* 16 words: lanes 4k..4k+3 <- block k's fp16 scale (min for k5_m) */
+            k5_d[kind][i] = i < 32 ? t2(wbb * (i / 8) + (i & 1), woff) : 0;
+            if (kind) k5_m[i] = i < 32 ? t2(wbb * (i / 8) + 2 + (i & 1), woff) : 0;
+            /* activations from [p | p+64] (lo, d, s) and [p+h | p+64+h] (hi),
+             * h = 8 (Q8_0) or 16 (Q8_1) */
+            int h = kind ? 16 : 8;
+            k8_lo[kind][i] = (uint8_t)(abb * k + aq + j);
+            k8_hi[kind][i] = (uint8_t)(abb * k + aq + 16 + j - h);
+            k8_d[kind][i] = (uint8_t)(i < 32 ? abb * (i / 8) + (i & 1) : 0);
+            if (kind) k8_s[i] = (uint8_t)(i < 32 ? abb * (i / 8) + 2 + (i & 1) : 0);
+        }
+    }
+}
+
+LK_T512 static LK_INL __m512i hi_nib(__m512i x) {
+    return _mm512_gf2p8affine_epi64_epi8(x, _mm512_set1_epi64(0x1020408000000000ll), 0);
+}
+
+typedef struct { __m512i lo, hi; __m512 d, m; } g5; /* m: Q5_1 mins / Q8_1 sums */
+
+LK_T512 static LK_INL g5 w5_load(const int kind, const uint8_t *p) {
+    const int woff = 4 * (kind ? LK_Q51_BYTES : LK_Q50_BYTES) - 64;
+    __m512i l0 = _mm512_loadu_si512(p), l1 = _mm512_loadu_si512(p + woff);
+    __m512i q = _mm512_permutex2var_epi8(l0, _mm512_loadu_si512(k5_qs[kind]), l1);
+    __m128i qh = _mm512_castsi512_si128(_mm512_permutex2var_epi8(l0, _mm512_loadu_si512(k5_qh[kind]), l1));
+    __mmask64 klo = _cvtu64_mask64((unsigned long long)_mm_cvtsi128_si64(qh));
+    __mmask64 khi = _cvtu64_mask64((unsigned long long)_mm_extract_epi64(qh, 1));
+    const __m512i m0f = _mm512_set1_epi8(0x0F), b16 = _mm512_set1_epi8(16);
+    g5 w;
+    w.lo = _mm512_and_si512(q, m0f);
+    w.hi = hi_nib(q);
+    w.lo = _mm512_mask_add_epi8(w.lo, klo, w.lo, b16);
+    w.hi = _mm512_mask_add_epi8(w.hi, khi, w.hi, b16);
+    w.d = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi8(l0, _mm512_loadu_si512(k5_d[kind]), l1)));
+    w.m = kind ? _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi8(l0, _mm512_loadu_si512(k5_m), l1)))
+               : _mm512_setzero_ps();
+    return w;
+}
+
+/* An activation group; for Q8_0 (Q5_0) m holds nothing and the offset
+ * correction -16 * (sum of each lane's 4 quants) goes in `neg`. */
+LK_T512 static LK_INL g5 a5_load512(const int kind, const uint8_t *p, __m512i *neg) {
+    const int h = kind ? 16 : 8;
+    __m512i a0 = _mm512_loadu_si512(p), a1 = _mm512_loadu_si512(p + 64);
+    __m512i a2 = _mm512_loadu_si512(p + h), a3 = _mm512_loadu_si512(p + 64 + h);
+    g5 a;
+    a.lo = _mm512_permutex2var_epi8(a0, _mm512_loadu_si512(k8_lo[kind]), a1);
+    a.hi = _mm512_permutex2var_epi8(a2, _mm512_loadu_si512(k8_hi[kind]), a3);
+    a.d = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi8(a0, _mm512_loadu_si512(k8_d[kind]), a1)));
+    a.m = kind ? _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi8(a0, _mm512_loadu_si512(k8_s), a1)))
+               : _mm512_setzero_ps();
+    if (kind == 0) {
+        const __m512i k16 = _mm512_set1_epi8(16);
+        __m512i c = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), k16, a.lo), k16, a.hi);
+        *neg = _mm512_sub_epi32(_mm512_setzero_si512(), c);
+    } else {
+        *neg = _mm512_setzero_si512();
+    }
+    return a;
 }
 
 LK_T512 static LK_INL void q5_tile512(const int R, const int T, const int kind, int64_t n, const uint8_t *w,
                                       size_t ws, const uint8_t *a, size_t as, float *y, size_t ys) {
-    const int64_t nb = n / 32;
+    const int64_t nb = n / 32, ng = nb / 4;
     const size_t wbb = kind == 0 ? LK_Q50_BYTES : LK_Q51_BYTES, abb = kind == 0 ? LK_Q80_BYTES : LK_Q81_BYTES;
-    const int qo = kind == 0 ? 2 : 4, aqo = kind == 0 ? 2 : 4;
-    const __m512i k16 = _mm512_set1_epi8(16);
-    __m512 acc[4][4];
-    float sm[4][4];
+    __m512 acc[4][4], accm[4][4];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps(), sm[r][t] = 0;
-    for (int64_t b = 0; b < nb; b += 2) {
-        const bool two = b + 1 < nb;
-        __m512i wv[4];
-        __m512 wd[4];
-        float wm[4][2];
+        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps(), accm[r][t] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < ng; g++) {
+        g5 W[4];
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-            const uint8_t *p = w + r * ws + (size_t)b * wbb;
-            pf_range(p + R * ws, 2 * wbb);
-            __m256i lo = q5_unpack512(p + qo), hi = two ? q5_unpack512(p + wbb + qo) : _mm256_setzero_si256();
-            wv[r] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-            float d0 = _cvtsh_ss(lk_ld_u16(p)), d1 = two ? _cvtsh_ss(lk_ld_u16(p + wbb)) : 0;
-            wd[r] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(d0)), _mm256_set1_ps(d1), 1);
-            wm[r][0] = kind == 1 ? _cvtsh_ss(lk_ld_u16(p + 2)) : 0;
-            wm[r][1] = kind == 1 && two ? _cvtsh_ss(lk_ld_u16(p + wbb + 2)) : 0;
+            const uint8_t *p = w + r * ws + (size_t)g * 4 * wbb;
+            pf_range(p + R * ws, 4 * wbb);
+            W[r] = w5_load(kind, p);
         }
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
-            const uint8_t *ap = a + t * as + (size_t)b * abb;
-            __m256i q0 = _mm256_loadu_si256((const __m256i *)(ap + aqo));
-            __m256i q1 = two ? _mm256_loadu_si256((const __m256i *)(ap + abb + aqo)) : _mm256_setzero_si256();
-            __m512i aq = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
-            float ad0 = _cvtsh_ss(lk_ld_u16(ap)), ad1 = two ? _cvtsh_ss(lk_ld_u16(ap + abb)) : 0;
-            __m512 ad = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(ad0)), _mm256_set1_ps(ad1), 1);
-            __m512i neg = _mm512_setzero_si512();
-            if (kind == 0) neg = _mm512_sub_epi32(neg, _mm512_dpbusd_epi32(_mm512_setzero_si512(), k16, aq));
-            float s0 = 0, s1 = 0;
-            if (kind == 1) {
-                s0 = _cvtsh_ss(lk_ld_u16(ap + 2));
-                s1 = two ? _cvtsh_ss(lk_ld_u16(ap + abb + 2)) : 0;
-            }
+            __m512i neg;
+            g5 A = a5_load512(kind, a + t * as + (size_t)g * 4 * abb, &neg);
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
-                __m512i s = _mm512_dpbusd_epi32(neg, wv[r], aq);
-                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(wd[r], ad), acc[r][t]);
-                if (kind == 1) {
-                    sm[r][t] += wm[r][0] * s0;
-                    if (two) sm[r][t] += wm[r][1] * s1;
-                }
+                __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(neg, W[r].lo, A.lo), W[r].hi, A.hi);
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(W[r].d, A.d), acc[r][t]);
+                if (kind == 1) accm[r][t] = _mm512_fmadd_ps(W[r].m, A.m, accm[r][t]);
             }
         }
     }
+    const int64_t tail = (nb - ng * 4) * 32;
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int t = 0; t < T; t++) y[t * ys + r] = _mm512_reduce_add_ps(acc[r][t]) + sm[r][t];
+        for (int t = 0; t < T; t++) {
+            float v = _mm512_reduce_add_ps(acc[r][t]);
+            if (kind == 1) v += 0.25f * _mm512_reduce_add_ps(accm[r][t]);
+            if (tail) {
+                float s;
+                lk_q5_dot_scalar(kind ? LK_TYPE_Q5_1 : LK_TYPE_Q5_0, tail, w + r * ws + (size_t)ng * 4 * wbb,
+                                 a + t * as + (size_t)ng * 4 * abb, &s);
+                v += s;
+            }
+            y[t * ys + r] = v;
+        }
 }
 
 #define Q50_5(R, T) q5_tile512(R, T, 0, n, w, ws, a, as, y, ys)
@@ -437,6 +496,7 @@ LK_MM_FN(q50a5)
 LK_MM_FN(q51a5)
 
 void lk_q5_fill_avx512(lk_quant_ops *ops) {
+    build_tables5();
     ops->mm[LK_TYPE_Q5_0] = mm_q50a5;
     ops->mm[LK_TYPE_Q5_1] = mm_q51a5;
     ops->act[LK_TYPE_Q8_1] = act_q8_1;
