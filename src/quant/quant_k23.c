@@ -551,16 +551,32 @@ static LK_INL void pf_range(const uint8_t *p, size_t len) {
     for (size_t o = 0; o < len; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
 }
 
-/* The 16 Q3_K scales as stored (0..63, +32) in 16 bytes, from the packed 12
- * with 32-bit operations (one word per 4 scales). */
-static LK_INL void q3k_scales_u(const uint8_t *p, uint8_t out[16]) {
-    uint32_t a[3], o[4];
-    memcpy(a, p, 12);
-    o[0] = (a[0] & 0x0f0f0f0fu) | ((a[2] >> 0) & 0x03030303u) << 4;
-    o[1] = (a[1] & 0x0f0f0f0fu) | ((a[2] >> 2) & 0x03030303u) << 4;
-    o[2] = ((a[0] >> 4) & 0x0f0f0f0fu) | ((a[2] >> 4) & 0x03030303u) << 4;
-    o[3] = ((a[1] >> 4) & 0x0f0f0f0fu) | ((a[2] >> 6) & 0x03030303u) << 4;
-    memcpy(out, o, 16);
+/* The 16 signed Q3_K scales as bytes, unpacked in registers (a scalar
+ * unpack stored to memory and reloaded as a vector stalled on store
+ * forwarding: Q3_K decode ran at a third of the bandwidth): dword k holds
+ * scales 4k..4k+3, low nibbles from bytes 0-7 (k >= 2: their high nibbles),
+ * high 2 bits from bits 2k..2k+1 of bytes 8-11. */
+LK_T2 static LK_INL __m128i q3k_scales_v(const uint8_t *p) {
+    uint32_t a2;
+    memcpy(&a2, p + 8, 4);
+    __m128i x = _mm_shuffle_epi32(_mm_loadl_epi64((const __m128i *)p), 0x44); /* a0 a1 a0 a1 */
+    x = _mm_and_si128(_mm_srlv_epi32(x, _mm_setr_epi32(0, 0, 4, 4)), _mm_set1_epi8(0x0F));
+    __m128i h = _mm_srlv_epi32(_mm_set1_epi32((int)a2), _mm_setr_epi32(0, 2, 4, 6));
+    h = _mm_slli_epi32(_mm_and_si128(h, _mm_set1_epi8(3)), 4);
+    return _mm_sub_epi8(_mm_or_si128(x, h), _mm_set1_epi8(32));
+}
+
+/* The 8 IQ4_XS sub-block scales (-32) as i16: nibbles of scales_l in
+ * sub-block order, the 2-bit highs of scales_h spread to one per byte by
+ * pdep. */
+LK_T2 static LK_INL __m128i iq4xs_scales_v(const uint8_t *b) {
+    uint32_t sl;
+    memcpy(&sl, b + LK_IQ4XS_SL, 4);
+    uint64_t hb = _pdep_u64(lk_ld_u16(b + LK_IQ4XS_SH), 0x0303030303030303ull);
+    __m128i x = _mm_cvtsi32_si128((int)sl), m0f = _mm_set1_epi8(0x0F);
+    __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(x, m0f), _mm_and_si128(_mm_srli_epi16(x, 4), m0f));
+    __m128i ls = _mm_or_si128(nib, _mm_slli_epi16(_mm_cvtsi64_si128((long long)hb), 4));
+    return _mm_sub_epi16(_mm_cvtepu8_epi16(ls), _mm_set1_epi16(32));
 }
 
 /* i16 word pattern selecting scale 2g (low 128-bit lane) and 2g+1 (high)
@@ -587,9 +603,7 @@ LK_T2 static LK_INL void k23_block2(const int kind, const uint8_t *w, const uint
                                     _mm256_set1_ps(lk_ld_h(w + LK_Q2K_D + 2) * da), *accm);
             qs = w + LK_Q2K_QS;
         } else {
-            uint8_t s8[16];
-            q3k_scales_u(w + LK_Q3K_SC, s8);
-            sc16 = _mm256_cvtepi8_epi16(_mm_sub_epi8(_mm_loadu_si128((const __m128i *)s8), _mm_set1_epi8(32)));
+            sc16 = _mm256_cvtepi8_epi16(q3k_scales_v(w + LK_Q3K_SC));
             hm = _mm256_loadu_si256((const __m256i *)w);
             qs = w + LK_Q3K_QS;
         }
@@ -616,6 +630,7 @@ LK_T2 static LK_INL void k23_block2(const int kind, const uint8_t *w, const uint
     } else {
         const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)k_iq4nl));
         const __m256i m0f = _mm256_set1_epi8(0x0F);
+        const __m256i sc = _mm256_broadcastsi128_si256(iq4xs_scales_v(w));
 #pragma GCC unroll 8
         for (int ib = 0; ib < 8; ib++) {
             __m128i q = _mm_loadu_si128((const __m128i *)(w + LK_IQ4XS_QS + 16 * ib));
@@ -623,7 +638,7 @@ LK_T2 static LK_INL void k23_block2(const int kind, const uint8_t *w, const uint
             __m256i wv = _mm256_shuffle_epi8(tab, v);
             __m256i av = _mm256_loadu_si256((const __m256i *)(q8 + 32 * ib));
             __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(av, wv));
-            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, _mm256_set1_epi16((short)iq4xs_scale(w, ib))));
+            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc, _mm256_set1_epi16((short)(0x0100 + 0x0202 * ib)))));
         }
         *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(lk_ld_h(w) * da), *acc);
     }
@@ -732,9 +747,7 @@ LK_T512 static LK_INL void k23_block512(const int kind, const uint8_t *w, const 
                                     _mm256_set1_ps(lk_ld_h(w + LK_Q2K_D + 2) * da), *accm);
             qs = w + LK_Q2K_QS;
         } else {
-            uint8_t s8[16];
-            q3k_scales_u(w + LK_Q3K_SC, s8);
-            sc16 = _mm256_cvtepi8_epi16(_mm_sub_epi8(_mm_loadu_si128((const __m128i *)s8), _mm_set1_epi8(32)));
+            sc16 = _mm256_cvtepi8_epi16(q3k_scales_v(w + LK_Q3K_SC));
             hm = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)w));
             qs = w + LK_Q3K_QS;
         }
@@ -764,6 +777,7 @@ LK_T512 static LK_INL void k23_block512(const int kind, const uint8_t *w, const 
         const __m512i dup = _mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3);
         const __m512i sh = _mm512_setr_epi64(0, 0, 0x0004000400040004ll, 0x0004000400040004ll, 0, 0,
                                              0x0004000400040004ll, 0x0004000400040004ll);
+        const __m512i s32 = _mm512_castsi256_si512(_mm256_cvtepi16_epi32(iq4xs_scales_v(w)));
 #pragma GCC unroll 4
         for (int k = 0; k < 4; k++) {
             __m256i q = _mm256_loadu_si256((const __m256i *)(w + LK_IQ4XS_QS + 32 * k));
@@ -772,8 +786,8 @@ LK_T512 static LK_INL void k23_block512(const int kind, const uint8_t *w, const 
             __m512i av = _mm512_loadu_si512(a + LK_Q8K_QS + 64 * k);
             av = _mm512_mask_sub_epi8(av, _mm512_movepi8_mask(wv), _mm512_setzero_si512(), av);
             __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(wv), av);
-            __m512i sc = _mm512_mask_mov_epi32(_mm512_set1_epi32(iq4xs_scale(w, 2 * k)), 0xFF00,
-                                               _mm512_set1_epi32(iq4xs_scale(w, 2 * k + 1)));
+            __m512i sc = _mm512_permutexvar_epi32(_mm512_mask_mov_epi32(_mm512_set1_epi32(2 * k), 0xFF00,
+                                                                        _mm512_set1_epi32(2 * k + 1)), s32);
             isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(p, sc));
         }
         *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(lk_ld_h(w) * da), *acc);
