@@ -62,8 +62,8 @@ exec 4<>"/dev/tcp/127.0.0.1/$PORT"
 printf 'LKW1\001\000' >&4           # half a header, then silence (left open)
 for _ in $(seq 100); do grep -q 'not a lockstep frame' "$T/wlog" && break; sleep 0.05; done
 has worker_refuses_garbage "$T/wlog" 'refused 127\.0\.0\.1:[0-9]+: .*not a lockstep frame \(magic 47 45 54 20\)'
-for _ in $(seq 140); do grep -q 'receiving 24 bytes (got 6)' "$T/wlog" && break; sleep 0.05; done
-has worker_drops_stalled "$T/wlog" 'refused 127\.0\.0\.1:[0-9]+: .*timeout .*receiving 24 bytes \(got 6\)'
+for _ in $(seq 140); do grep -q 'sent 6 bytes in' "$T/wlog" && break; sleep 0.05; done
+has worker_drops_stalled "$T/wlog" 'refused 127\.0\.0\.1:[0-9]+: timeout: sent 6 bytes in [0-9.]+ s, not enough to authenticate'
 exec 4>&-
 if kill -0 "$WPID" 2>/dev/null; then ok worker_still_up; else no worker_still_up "$(tail -n 5 "$T/wlog")"; fi
 

@@ -509,7 +509,7 @@ static void *mesh_rank_thread(void *p) {
     lk_hs_defaults(&hp, CKEY, r->rank ? "rank 1" : "rank 0");
     hp.seal = LK_SEAL_ON;
     lk_mesh_params mp = {.rank = r->rank, .n = 2, .addrs = r->addrs, .listen_fd = r->lfd, .shm = LK_MESH_SHM_OFF,
-                         .spin_ns = 0, .timeout_ms = 5000, .auth = lk_hs_mesh_auth, .auth_ctx = &hp};
+                         .spin_ns = 0, .timeout_ms = 5000, .auth = &lk_hs_mesh_auth, .auth_ctx = &hp};
     r->st = lk_mesh_create(&mp, &r->mesh, r->err, sizeof r->err);
     return NULL;
 }

@@ -58,7 +58,7 @@ static int run_rank(const bench_cfg *c) {
     if (c->key) {
         lk_hs_defaults(&hp, c->key, c->rank ? "rank" : "rank 0");
         hp.seal = c->seal ? LK_SEAL_ON : LK_SEAL_OFF;
-        mp.auth = lk_hs_mesh_auth;
+        mp.auth = &lk_hs_mesh_auth;
         mp.auth_ctx = &hp;
     }
     lk_mesh *mesh = NULL;

@@ -191,6 +191,9 @@ typedef struct {
     int64_t     timeout_ms;    /* whole handshake (0: 5000) */
     lk_seal_mode seal;         /* LK_SEAL_OFF by default */
     uint8_t     seal_ciphers;  /* bit per lk_seal_cipher offered (0: all this CPU has; tests narrow it) */
+    /* Responder only: our HELLO already went out with this challenge
+     * (lk_hs_mesh_auth.open, at accept) and c->seq_out counts it. */
+    const uint8_t *hello_sent;
 } lk_hs_params;
 
 typedef struct {
@@ -216,10 +219,21 @@ void lk_hs_defaults(lk_hs_params *p, const uint8_t *key, const char *role);
 lk_status lk_handshake(lk_chan *c, bool initiator, const lk_hs_params *p, lk_hs_peer *peer,
                        char *err, size_t errlen);
 
-/* lk_link_auth_fn for lk_mesh_params.auth (ctx: an lk_hs_params): the full
- * handshake on every mesh connection; with sealing agreed it replaces *l by
- * the sealed link. */
-lk_status lk_hs_mesh_auth(void *ctx, lk_link **l, bool initiator, uint64_t deadline_ns, char *err, size_t errlen);
+/* The handshake as an lk_link_auth (transport.h; ctx: an lk_hs_params) for
+ * meshes and gates: connect runs it as the initiator; the responder's
+ * HELLO goes out at accept (open), the gate waits until the initiator's
+ * HELLO and AUTH are in (ready: lk_hs_ready), and accept runs the rest, so
+ * a peer without the key is refused without a wait. With sealing agreed
+ * connect and accept replace *l by the sealed link. refuse sends an ERROR
+ * frame; retry says yes to a peer that answered LK_GATE_BUSY. */
+extern const lk_link_auth lk_hs_mesh_auth;
+/* For a responder whose HELLO is out: 1 when p[0..n) holds all lk_handshake
+ * reads before checking the initiator's proof (or a frame it refuses at
+ * once), 0 when more must come, -1 when it cannot start a handshake (err:
+ * "not a lockstep frame ...", "protocol version mismatch ...", ...). */
+int lk_hs_ready(uint16_t version, const uint8_t *p, size_t n, char *err, size_t errlen);
+/* The peer refused us as LK_GATE_BUSY (a full gate): worth another try. */
+bool lk_hs_busy(lk_status st, const char *err);
 /* "requires sealed links (--seal)" etc., for messages. */
 const char *lk_seal_mode_desc(lk_seal_mode m);
 

@@ -150,6 +150,19 @@ static lk_status recv_type(lk_chan *c, uint16_t type, void *buf, uint32_t min, u
     return LK_OK;
 }
 
+/* A send that failed because the peer closed: it may have said why first
+ * (a busy worker answers with an ERROR frame and closes at once, perhaps
+ * before our HELLO is out). Its reason beats "Broken pipe". */
+static lk_status sent(lk_chan *c, lk_status st, const char *peer, char *err, size_t errlen) {
+    if (st != LK_ERR_NET) return st;
+    lk_frame_hdr h;
+    char why[LK_ERRLEN];
+    uint8_t b[CHALLENGE];
+    if (lk_chan_recv(c, &h, b, sizeof b, lk_deadline_ms(100), why, sizeof why) == LK_ERR_PEER)
+        return lk_fail(err, errlen, LK_ERR_PEER, "%s refused: %s", peer, why);
+    return st;
+}
+
 const char *lk_seal_mode_desc(lk_seal_mode m) {
     return m == LK_SEAL_ON ? "requires sealed links (--seal)"
          : m == LK_SEAL_EITHER ? "seals only when asked (no --seal)" : "does not seal (no --seal)";
@@ -240,10 +253,16 @@ lk_status lk_handshake(lk_chan *c, bool initiator, const lk_hs_params *p, lk_hs_
     lk_link_name(c->link, pname, sizeof pname);
     lk_status st;
 
-    /* 1. challenges */
+    /* 1. challenges (ours may have gone out already: lk_hs_mesh_auth.open) */
     uint8_t mine[CHALLENGE], theirs[CHALLENGE];
-    randombytes_buf(mine, sizeof mine);
-    if ((st = lk_chan_send(c, LK_MSG_HELLO, mine, CHALLENGE, dl, err, errlen))) return st;
+    if (p->hello_sent) {
+        LK_ASSERT(!initiator && c->seq_out == 1);
+        memcpy(mine, p->hello_sent, CHALLENGE);
+    } else {
+        randombytes_buf(mine, sizeof mine);
+        st = lk_chan_send(c, LK_MSG_HELLO, mine, CHALLENGE, dl, err, errlen);
+        if (st) return sent(c, st, pname, err, errlen);
+    }
     if ((st = recv_type(c, LK_MSG_HELLO, theirs, CHALLENGE, CHALLENGE, NULL, dl, pname, err, errlen))) return st;
     const uint8_t *ci = initiator ? mine : theirs, *cr = initiator ? theirs : mine;
     if (sodium_memcmp(mine, theirs, CHALLENGE) == 0)
@@ -253,7 +272,8 @@ lk_status lk_handshake(lk_chan *c, bool initiator, const lk_hs_params *p, lk_hs_
     uint8_t my_proof[32], want[32], got[32];
     proof(p->key, initiator, ci, cr, my_proof);
     proof(p->key, !initiator, ci, cr, want);
-    if (initiator && (st = lk_chan_send(c, LK_MSG_AUTH, my_proof, 32, dl, err, errlen))) return st;
+    if (initiator && (st = lk_chan_send(c, LK_MSG_AUTH, my_proof, 32, dl, err, errlen)))
+        return sent(c, st, pname, err, errlen);
     if ((st = recv_type(c, LK_MSG_AUTH, got, 32, 32, NULL, dl, pname, err, errlen))) {
         if (st == LK_ERR_PEER && initiator) {
             char why[LK_ERRLEN];
@@ -383,7 +403,9 @@ lk_status lk_handshake(lk_chan *c, bool initiator, const lk_hs_params *p, lk_hs_
     return LK_OK;
 }
 
-lk_status lk_hs_mesh_auth(void *ctx, lk_link **l, bool initiator, uint64_t deadline_ns, char *err, size_t errlen) {
+/* ---- lk_hs_mesh_auth: the handshake in steps for a gate (transport.h) -------- */
+
+static lk_status auth_connect(void *ctx, lk_link **l, uint64_t deadline_ns, char *err, size_t errlen) {
     lk_hs_params hp = *(const lk_hs_params *)ctx;
     int64_t left = (int64_t)(deadline_ns - lk_time_ns()) / 1000000;
     if (left < 1) left = 1;
@@ -391,7 +413,84 @@ lk_status lk_hs_mesh_auth(void *ctx, lk_link **l, bool initiator, uint64_t deadl
     lk_chan c;
     lk_chan_init(&c, *l);
     lk_hs_peer peer;
-    lk_status st = lk_handshake(&c, initiator, &hp, &peer, err, errlen);
+    lk_status st = lk_handshake(&c, true, &hp, &peer, err, errlen);
     *l = c.link;
     return st;
 }
+
+bool lk_hs_busy(lk_status st, const char *err) { return st == LK_ERR_PEER && err && strstr(err, LK_GATE_BUSY); }
+
+static bool auth_retry(void *ctx, lk_status st, const char *err) {
+    (void)ctx;
+    return lk_hs_busy(st, err);
+}
+
+/* Our HELLO, at accept: the initiator sends its AUTH only after it. */
+static lk_status auth_open(void *ctx, lk_link *l, uint8_t state[LK_AUTH_STATE], char *err, size_t errlen) {
+    const lk_hs_params *hp = ctx;
+    sodium_ready();
+    randombytes_buf(state, CHALLENGE);
+    lk_chan c;
+    lk_chan_init(&c, l);
+    c.version = hp->version;
+    return lk_chan_send(&c, LK_MSG_HELLO, state, CHALLENGE, lk_deadline_ms(200), err, errlen);
+}
+
+/* Ready once the initiator's HELLO and AUTH are in, or a frame that
+ * lk_handshake refuses without reading further: from then on the
+ * handshake never waits on a peer that has not proved it holds the key.
+ * A first frame other than a HELLO is refused here. */
+int lk_hs_ready(uint16_t version, const uint8_t *p, size_t n, char *err, size_t errlen) {
+    if (n < LK_WIRE_HDR) return 0;
+    lk_frame_hdr h;
+    if (lk_wire_decode_hdr(p, version, &h, err, errlen)) return -1;
+    if (h.type != LK_MSG_HELLO || h.len != CHALLENGE) {
+        lk_fail(err, errlen, LK_ERR_FORMAT, "expected a HELLO frame, got %s of %u bytes", lk_msg_name(h.type), h.len);
+        return -1;
+    }
+    size_t at = LK_WIRE_HDR + CHALLENGE;
+    if (n < at + LK_WIRE_HDR) return 0;
+    if (lk_wire_decode_hdr(p + at, version, &h, NULL, 0)) return 1;
+    /* what lk_chan_recv reads before it can fail: an ERROR's reason, or a
+     * payload that fits AUTH's 32 bytes */
+    size_t need = h.type == LK_MSG_ERROR ? h.len : h.len <= 32 ? h.len : 0;
+    return n >= at + LK_WIRE_HDR + need;
+}
+
+static int auth_ready(void *ctx, const uint8_t *p, size_t n, char *err, size_t errlen) {
+    return lk_hs_ready(((const lk_hs_params *)ctx)->version, p, n, err, errlen);
+}
+
+static lk_status auth_accept(void *ctx, lk_link **l, const uint8_t state[LK_AUTH_STATE], uint64_t deadline_ns,
+                             char *err, size_t errlen) {
+    lk_hs_params hp = *(const lk_hs_params *)ctx;
+    int64_t left = (int64_t)(deadline_ns - lk_time_ns()) / 1000000;
+    if (left < 1) left = 1;
+    if (!hp.timeout_ms || hp.timeout_ms > left) hp.timeout_ms = left;
+    hp.hello_sent = state;
+    lk_chan c;
+    lk_chan_init(&c, *l);
+    c.seq_out = 1; /* the HELLO auth_open sent */
+    lk_hs_peer peer;
+    lk_status st = lk_handshake(&c, false, &hp, &peer, err, errlen);
+    *l = c.link;
+    return st;
+}
+
+static void auth_refuse(void *ctx, lk_link *l, bool opened, const char *why) {
+    lk_chan c;
+    lk_chan_init(&c, l);
+    c.version = ((const lk_hs_params *)ctx)->version;
+    c.seq_out = opened; /* ERROR frames are read whatever their number; keep it right anyway */
+    lk_chan_send_error(&c, why);
+}
+
+const lk_link_auth lk_hs_mesh_auth = {
+    .connect = auth_connect,
+    .retry = auth_retry,
+    .open = auth_open,
+    .ready = auth_ready,
+    .ready_max = LK_WIRE_HDR + CHALLENGE + LK_WIRE_HDR + 1024, /* HELLO, then at most an ERROR's reason */
+    .accept = auth_accept,
+    .refuse = auth_refuse,
+};

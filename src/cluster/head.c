@@ -287,23 +287,49 @@ static lk_status spawn_local(lk_cluster *c, int r, int threads, char *err, size_
     return LK_OK;
 }
 
-/* Connects to every worker address and runs the handshake as the head. */
-static lk_status connect_all(lk_cluster *c, const lk_hs_params *hp, char *err, size_t errlen) {
+/* Connects to worker r and runs the handshake as the head. A worker whose
+ * gate is full of strays answers LK_GATE_BUSY: try again, backing off, for
+ * as long as a connection may take (10 s), then say what it answered. */
+static lk_status connect_one(lk_cluster *c, int r, const lk_hs_params *hp, char *err, size_t errlen) {
     char why[LK_ERRLEN];
     lk_status st;
-    for (int r = 1; r < c->n; r++) {
-        if ((st = lk_tcp_connect(c->w[r].addr, lk_deadline_ms(10000), &c->w[r].link, why, sizeof why)))
+    uint64_t t0 = lk_time_ns(), deadline = lk_deadline_ms(10000);
+    for (int tries = 1;; tries++) {
+        if ((st = lk_tcp_connect(c->w[r].addr, deadline, &c->w[r].link, why, sizeof why)))
             return lk_fail(err, errlen, st, "worker rank %d: %s", r, why);
         c->w[r].link->peer_rank = r;
         lk_chan_init(&c->w[r].ch, c->w[r].link);
         lk_hs_peer peer;
         st = lk_handshake(&c->w[r].ch, true, hp, &peer, why, sizeof why);
         c->w[r].link = c->w[r].ch.link; /* the sealed link, when sealed */
-        if (st) return lk_fail(err, errlen, st, "worker rank %d: %s", r, why);
-        if (peer.sealed)
-            lk_log(LK_LOG_INFO, "cluster: worker rank %d (%s): control link sealed (%s)", r, c->w[r].addr,
-                   lk_seal_cipher_name(peer.cipher));
+        if (!st) {
+            if (tries > 1)
+                lk_log(LK_LOG_INFO, "cluster: worker rank %d (%s) was busy; in after %d attempts (%.1f s)", r,
+                       c->w[r].addr, tries, (double)(lk_time_ns() - t0) / 1e9);
+            if (peer.sealed)
+                lk_log(LK_LOG_INFO, "cluster: worker rank %d (%s): control link sealed (%s)", r, c->w[r].addr,
+                       lk_seal_cipher_name(peer.cipher));
+            return LK_OK;
+        }
+        /* 50 ms, doubling to 800 ms, with jitter so that heads do not retry in step */
+        uint64_t pause_ms = (50u << LK_MIN(tries - 1, 4)) + (uint64_t)(lk_time_ns() % 50);
+        if (!lk_hs_busy(st, why) || lk_time_ns() + pause_ms * 1000000ull >= deadline) {
+            if (tries > 1)
+                return lk_fail(err, errlen, st, "worker rank %d: %s (%d attempts in %.1f s)", r, why, tries,
+                               (double)(lk_time_ns() - t0) / 1e9);
+            return lk_fail(err, errlen, st, "worker rank %d: %s", r, why);
+        }
+        lk_link_close(c->w[r].link);
+        c->w[r].link = NULL;
+        usleep((useconds_t)pause_ms * 1000);
     }
+}
+
+/* Connects to every worker address and runs the handshake as the head. */
+static lk_status connect_all(lk_cluster *c, const lk_hs_params *hp, char *err, size_t errlen) {
+    lk_status st;
+    for (int r = 1; r < c->n; r++)
+        if ((st = connect_one(c, r, hp, err, errlen))) return st;
     return LK_OK;
 }
 
@@ -487,7 +513,7 @@ static lk_status mesh_phase(lk_cluster *c, const lk_gguf *g, const char *refusal
     lk_hs_defaults(&mhp, c->key, "rank 0");
     mhp.seal = c->seal ? LK_SEAL_ON : LK_SEAL_OFF; /* the workers follow their control link */
     lk_mesh_params mp = {.rank = 0, .n = c->n, .addrs = addrs, .listen_fd = lfd, .shm = shm, .spin_ns = spin_ns,
-                         .timeout_ms = 20000, .auth = lk_hs_mesh_auth, .auth_ctx = &mhp};
+                         .timeout_ms = 20000, .auth = &lk_hs_mesh_auth, .auth_ctx = &mhp};
     st = lk_mesh_create(&mp, &c->mesh, why, sizeof why);
     close(lfd);
     if (st) return lk_fail(err, errlen, st, "building the mesh: %s", why);

@@ -1,9 +1,11 @@
 /* The worker daemon: accepts heads, one session at a time, and runs its
  * slice of the model for them (message sequence in cluster.h).
  *
- * Threads: the accept loop hands every connection to a short-lived thread
- * that runs the handshake (so a client that stalls mid-handshake delays
- * nobody); the thread that wins the session runs it; a heartbeat thread per
+ * Threads: the accept loop holds every new connection in a gate (one poll
+ * loop, transport.h) until the head's HELLO and AUTH are in, then hands it
+ * to a short-lived thread that runs the rest of the handshake (so neither a
+ * silent nor a stalling client delays anybody); the thread that wins the
+ * session runs it; a heartbeat thread per
  * session sends PING every 250 ms, so the head hears from us even while a
  * long prefill keeps the session thread busy. */
 #include "cluster/proto.h"
@@ -920,7 +922,7 @@ static lk_status do_mesh(session *s, const uint8_t *p, uint32_t len, char *err, 
     hp.seal = s->sealed ? LK_SEAL_ON : LK_SEAL_OFF;
     lk_mesh_params mp = {.rank = s->load.rank, .n = mm.n, .addrs = addrs, .listen_fd = s->mesh_lfd,
                          .shm = (lk_mesh_shm)s->load.shm, .spin_ns = s->bench ? s->bmsg.spin_ns : -1,
-                         .timeout_ms = 20000, .auth = lk_hs_mesh_auth, .auth_ctx = &hp};
+                         .timeout_ms = 20000, .auth = &lk_hs_mesh_auth, .auth_ctx = &hp};
     lk_status st = lk_mesh_create(&mp, &s->mesh, err, errlen);
     close(s->mesh_lfd);
     s->mesh_lfd = -1;
@@ -1067,6 +1069,7 @@ static void run_session(session *s) {
 typedef struct {
     worker *w;
     lk_link *link;
+    uint8_t hello[LK_AUTH_STATE];
 } conn_arg;
 
 /* Takes the one session slot. A head that reconnects right after its last
@@ -1081,7 +1084,9 @@ static bool claim(worker *w) {
     return false;
 }
 
-static void serve_conn(worker *w, lk_link *link) {
+/* A connection the gate handed out (the head's HELLO and AUTH are in;
+ * our HELLO, with challenge hello, went out at accept). */
+static void serve_conn(worker *w, lk_link *link, const uint8_t *hello) {
     session *s = lk_xcalloc(1, sizeof *s);
     s->w = w;
     s->link = link;
@@ -1092,11 +1097,13 @@ static void serve_conn(worker *w, lk_link *link) {
     pthread_cond_init(&s->hb_cv, NULL);
     snprintf(s->head, sizeof s->head, "%s", link->peer_addr);
     lk_chan_init(&s->ch, link);
+    s->ch.seq_out = 1; /* our HELLO */
     lk_hs_params hp;
     lk_hs_defaults(&hp, w->o->key, "worker");
     hp.seal = w->o->seal ? LK_SEAL_ON : LK_SEAL_EITHER;
-    /* A handshake is a few round trips; a client still mid-way after 3 s is
-     * stalled (or hostile), and each one holds a connection thread. */
+    hp.hello_sent = hello;
+    /* The proof is checked at once (the gate waited for it); only a key
+     * holder gets further, and a few round trips take far less than 3 s. */
     hp.timeout_ms = 3000;
     lk_hs_peer peer;
     char err[LK_ERRLEN];
@@ -1124,11 +1131,13 @@ static void serve_conn(worker *w, lk_link *link) {
 
 static void *conn_main(void *p) {
     conn_arg *a = p;
-    serve_conn(a->w, a->link);
+    serve_conn(a->w, a->link, a->hello);
     atomic_fetch_sub(&a->w->handshakes, 1);
     free(a);
     return NULL;
 }
+
+static void gate_refused(void *ctx, const char *peer, const char *why) { log_refusal(ctx, peer, why); }
 
 lk_status lk_worker_serve(const lk_worker_opts *o, char *err, size_t errlen) {
     worker w = {.o = o, .refuse_mu = PTHREAD_MUTEX_INITIALIZER};
@@ -1140,25 +1149,43 @@ lk_status lk_worker_serve(const lk_worker_opts *o, char *err, size_t errlen) {
         own = true;
         lk_log(LK_LOG_INFO, "worker: listening on %s (port %d)", o->listen, port);
     }
+    /* Every connection waits in the gate, in this thread, until the head's
+     * HELLO and AUTH are in (transport.h): silence, a slow drip or garbage
+     * hold no thread and no slot for long, one address holds at most 8
+     * places, and a full gate answers LK_GATE_BUSY, which heads retry. */
+    lk_hs_params ghp;
+    lk_hs_defaults(&ghp, o->key, "worker");
+    lk_gate_params gp = {.auth = &lk_hs_mesh_auth, .auth_ctx = &ghp, .on_refuse = gate_refused, .refuse_ctx = &w};
+    lk_gate *gate = lk_gate_new(lfd, &gp);
     char why[LK_ERRLEN];
     for (;;) {
         if (o->once && atomic_load(&w.sessions) > 0) break;
         refuse_flush(&w);
         lk_link *l;
-        if (lk_tcp_accept(lfd, lk_deadline_ms(200), &l, why, sizeof why)) continue;
-        if (o->once) {
-            /* A --local child: its head is the only client; no threads. */
-            serve_conn(&w, l);
+        uint8_t hello[LK_AUTH_STATE];
+        lk_status st = lk_gate_next(gate, lk_deadline_ms(200), &l, hello, why, sizeof why);
+        if (st) {
+            if (st != LK_ERR_TIMEOUT) {
+                lk_log(LK_LOG_WARN, "worker: %s", why);
+                usleep(100000);
+            }
             continue;
         }
+        if (o->once) {
+            /* A --local child: its head is the only client; no threads. */
+            serve_conn(&w, l, hello);
+            continue;
+        }
+        /* Only a peer that sent a proof gets here, and checking it takes
+         * no wait: the threads are few and short unless a head holds them. */
         if (atomic_load(&w.handshakes) >= MAX_HANDSHAKES) {
-            log_refusal(&w, l->peer_addr, "too many connections in progress");
-            lk_link_close(l);
+            lk_gate_refuse(gate, l, LK_GATE_BUSY);
             continue;
         }
         conn_arg *a = lk_xmalloc(sizeof *a);
         a->w = &w;
         a->link = l;
+        memcpy(a->hello, hello, sizeof a->hello);
         atomic_fetch_add(&w.handshakes, 1);
         pthread_t t;
         pthread_attr_t at;
@@ -1166,11 +1193,12 @@ lk_status lk_worker_serve(const lk_worker_opts *o, char *err, size_t errlen) {
         pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
         if (pthread_create(&t, &at, conn_main, a)) {
             atomic_fetch_sub(&w.handshakes, 1);
-            lk_link_close(l);
+            lk_gate_refuse(gate, l, LK_GATE_BUSY);
             free(a);
         }
         pthread_attr_destroy(&at);
     }
+    lk_gate_free(gate);
     if (own) close(lfd);
     return LK_OK;
 }

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 struct lk_mesh {
@@ -73,6 +74,49 @@ static lk_status exchange_hello(lk_link *l, const lk_mesh_params *p, int peer, c
     return LK_OK;
 }
 
+/* Without authentication (tests, netbench on loopback) the gate waits for
+ * the initiator's hello, which it sends first. */
+static int hello_ready(void *ctx, const uint8_t *p, size_t n, char *err, size_t errlen) {
+    (void)ctx, (void)p, (void)err, (void)errlen;
+    return n >= sizeof(hello);
+}
+static const lk_link_auth hello_only = {.ready = hello_ready, .ready_max = sizeof(hello)};
+
+/* Connections refused while the mesh is built: the first few logged in
+ * full, the rest counted (a flood must not fill the log), the latest kept
+ * for the message of a setup that times out. */
+#define REFUSALS_LOGGED 3
+typedef struct {
+    int rank, count;
+    char last[LK_ERRLEN];
+} refusals;
+
+static void mesh_refused(void *ctx, const char *peer, const char *why) {
+    refusals *rf = ctx;
+    if (peer) snprintf(rf->last, sizeof rf->last, "%s: %s", peer, why);
+    else snprintf(rf->last, sizeof rf->last, "%s", why);
+    if (rf->count++ < REFUSALS_LOGGED) lk_log(LK_LOG_WARN, "mesh rank %d: refused %s", rf->rank, rf->last);
+}
+
+/* The message of an accept phase that timed out: which ranks never came,
+ * and what came instead. */
+static void missing(const lk_mesh *m, const lk_mesh_params *p, const refusals *rf, char *err, size_t errlen) {
+    char list[256] = "";
+    int k = 0;
+    for (int r = p->rank + 1; r < p->n; r++)
+        if (!m->ctl[r]) {
+            size_t used = strlen(list);
+            if (used < sizeof list - 8) snprintf(list + used, sizeof list - used, "%s%d", k ? ", " : "", r);
+            k++;
+        }
+    char seen[LK_ERRLEN + 80] = "nothing else connected meanwhile";
+    if (rf->count)
+        snprintf(seen, sizeof seen, "refused %d other connection%s meanwhile, the latest %s", rf->count,
+                 rf->count > 1 ? "s" : "", rf->last);
+    lk_fail(err, errlen, LK_ERR_TIMEOUT, "mesh rank %d: rank%s %s never connected within %.1f s (%s)", p->rank,
+            k > 1 ? "s" : "", list, (double)(p->timeout_ms ? p->timeout_ms : 10000) / 1e3, seen);
+}
+
 static lk_mesh *mesh_new(int rank, int n) {
     lk_mesh *m = lk_xcalloc(1, sizeof *m);
     m->rank = rank;
@@ -101,31 +145,55 @@ lk_status lk_mesh_create(const lk_mesh_params *p, lk_mesh **out, char *err, size
     }
     for (int s = 0; s < p->rank && !st; s++) {
         lk_link *l = NULL;
-        st = lk_tcp_connect(p->addrs[s], deadline, &l, err, errlen);
-        if (st) break;
-        l->peer_rank = s;
-        if (p->auth) st = p->auth(p->auth_ctx, &l, true, deadline, err, errlen);
+        for (int tries = 1;; tries++) {
+            st = lk_tcp_connect(p->addrs[s], deadline, &l, err, errlen);
+            if (st) break;
+            l->peer_rank = s;
+            if (p->auth) st = p->auth->connect(p->auth_ctx, &l, deadline, err, errlen);
+            /* a peer whose gate is full of strays says so: try again */
+            if (!st || !p->auth || !p->auth->retry || !p->auth->retry(p->auth_ctx, st, err) ||
+                lk_time_ns() + 100000000ull > deadline)
+                break;
+            lk_link_close(l);
+            l = NULL;
+            struct timespec ts = {0, (long)LK_MIN(tries, 5) * 20000000L};
+            nanosleep(&ts, NULL);
+        }
         if (!st) st = exchange_hello(l, p, s, hosts[p->rank], hosts[s], deadline, err, errlen);
         if (st) { lk_link_close(l); break; }
         m->ctl[s] = l;
     }
+    /* Higher ranks through a gate: strays (scanners, half-open or hostile
+     * connections) wait in one poll loop, cost no turn of this loop, and
+     * are dropped within a second or two; only a connection whose peer has
+     * sent all its first messages is taken, and one without the key then
+     * fails at once. Every legitimate peer may share one address. */
+    refusals rf = {.rank = p->rank};
+    lk_gate_params gp = {.auth = p->auth ? p->auth : &hello_only, .auth_ctx = p->auth_ctx,
+                         .max_per_host = LK_MAX(8, p->n), .on_refuse = mesh_refused, .refuse_ctx = &rf};
+    lk_gate *gate = p->rank < p->n - 1 ? lk_gate_new(lfd, &gp) : NULL;
     for (int got = 0; got < p->n - 1 - p->rank && !st;) {
         lk_link *l = NULL;
-        st = lk_tcp_accept(lfd, deadline, &l, err, errlen);
-        if (st) break;
-        /* A stray connection that stalls may hold us only a few seconds:
-         * the real peers wait in the listen backlog meanwhile. */
+        uint8_t state[LK_AUTH_STATE];
+        st = lk_gate_next(gate, deadline, &l, state, why, sizeof why);
+        if (st) {
+            if (st == LK_ERR_TIMEOUT) missing(m, p, &rf, err, errlen);
+            else lk_fail(err, errlen, st, "mesh rank %d: accepting: %s", p->rank, why);
+            break;
+        }
+        /* The peer has sent its first messages: only a key holder gets
+         * further than checking them, and it answers at once. */
         uint64_t cdl = LK_MIN(deadline, lk_deadline_ms(3000));
-        lk_status a = p->auth ? p->auth(p->auth_ctx, &l, false, cdl, why, sizeof why) : LK_OK;
+        lk_status a = p->auth && p->auth->accept ? p->auth->accept(p->auth_ctx, &l, state, cdl, why, sizeof why) : LK_OK;
         char host[100];
         if (!a) a = exchange_hello(l, p, -1, hosts[p->rank], host, cdl, why, sizeof why);
         if (!a && (l->peer_rank <= p->rank || m->ctl[l->peer_rank]))
             a = lk_fail(why, sizeof why, LK_ERR_MISMATCH, "%s claims rank %d, which is not expected here",
                         l->peer_addr, l->peer_rank);
         if (a) {
-            /* A stray or hostile connection must not break the mesh. */
-            /* why names the peer already (every message here starts with it) */
-            lk_log(LK_LOG_WARN, "mesh rank %d: refused a connection: %s", p->rank, why);
+            /* A stray or hostile connection must not break the mesh; why
+             * names the peer already (every message here starts with it). */
+            mesh_refused(&rf, NULL, why);
             lk_link_close(l);
             continue;
         }
@@ -133,6 +201,9 @@ lk_status lk_mesh_create(const lk_mesh_params *p, lk_mesh **out, char *err, size
         m->ctl[l->peer_rank] = l;
         got++;
     }
+    lk_gate_free(gate);
+    if (rf.count > REFUSALS_LOGGED)
+        lk_log(LK_LOG_WARN, "mesh rank %d: refused %d connections in all (latest: %s)", p->rank, rf.count, rf.last);
     if (st) goto fail;
 
     int here = 1;

@@ -214,7 +214,10 @@ lk_status lk_tcp_listen(const char *addr, int *fd_out, int *port_out, char *err,
         int one = 1;
         /* A restarted worker must be able to bind while old connections sit in TIME_WAIT. */
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 64) == 0) break;
+        /* A long backlog: a flood of connections made while nobody accepts
+         * (a mesh listener before its accept phase) must not crowd out the
+         * peers' SYNs, which would then wait out their retransmit timer. */
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 1024) == 0) break;
         why = errno;
         close(fd);
         fd = -1;
@@ -230,6 +233,13 @@ lk_status lk_tcp_listen(const char *addr, int *fd_out, int *port_out, char *err,
     }
     *fd_out = fd;
     return LK_OK;
+}
+
+/* "host:port" of an accepted peer, for messages. */
+static void peer_name(const struct sockaddr_storage *ss, socklen_t sl, char *name, size_t len) {
+    char host[NI_MAXHOST] = "?", serv[NI_MAXSERV] = "?";
+    getnameinfo((const struct sockaddr *)ss, sl, host, sizeof host, serv, sizeof serv, NI_NUMERICHOST | NI_NUMERICSERV);
+    snprintf(name, len, strchr(host, ':') ? "[%s]:%s" : "%s:%s", host, serv);
 }
 
 lk_status lk_tcp_accept(int listen_fd, uint64_t deadline_ns, lk_link **out, char *err, size_t errlen) {
@@ -250,11 +260,300 @@ lk_status lk_tcp_accept(int listen_fd, uint64_t deadline_ns, lk_link **out, char
             if (errno == EINTR || errno == EAGAIN || errno == ECONNABORTED || errno == EPROTO) continue;
             return lk_fail(err, errlen, LK_ERR_NET, "accept: %s", strerror(errno));
         }
-        char host[NI_MAXHOST] = "?", serv[NI_MAXSERV] = "?";
-        getnameinfo((struct sockaddr *)&ss, sl, host, sizeof host, serv, sizeof serv, NI_NUMERICHOST | NI_NUMERICSERV);
         char name[96];
-        snprintf(name, sizeof name, strchr(host, ':') ? "[%s]:%s" : "%s:%s", host, serv);
+        peer_name(&ss, sl, name, sizeof name);
         *out = lk_tcp_wrap(fd, name);
         return LK_OK;
     }
+}
+
+/* ---- the gate ------------------------------------------------------------------ */
+
+/* A newcomer may take a waiting connection's place when that one has said
+ * nothing for EVICT_SILENT_NS or has not got ready in EVICT_SLOW_NS. An
+ * honest initiator speaks first and at once: its first bytes leave right
+ * behind the ACK that made the connection acceptable, whatever the round
+ * trip, so 10 ms of silence is a stray. Getting ready takes it one round
+ * trip. The one evicted is told LK_GATE_BUSY all the same (it may be an
+ * honest peer on a machine too loaded to write in time). */
+#define EVICT_SILENT_NS 10000000ull
+#define EVICT_SLOW_NS 500000000ull
+
+typedef struct {
+    lk_link *l;
+    uint64_t t0;   /* accepted */
+    size_t seen;   /* bytes received so far (peeked; 0: silent) */
+    uint8_t host[17]; /* address length + bytes: v4, or an IPv6 /64 */
+    bool opened;   /* auth->open ran */
+    uint8_t state[LK_AUTH_STATE];
+} gate_conn;
+
+struct lk_gate {
+    int lfd;
+    lk_gate_params p;
+    gate_conn *c; /* [p.max_pending] */
+    int n;
+    uint8_t *peek; /* [p.auth->ready_max] */
+    struct pollfd *pf; /* [1 + p.max_pending]: the listener, then c */
+    lk_link **rd;      /* [p.max_pending]: readable this turn */
+    bool *rd_ended;    /* [p.max_pending]: ... and the peer closed its side */
+    int refused;
+    char last[LK_ERRLEN + 100]; /* "host:port: why" */
+};
+
+lk_gate *lk_gate_new(int listen_fd, const lk_gate_params *p) {
+    LK_ASSERT(p->auth && p->auth->ready && p->auth->ready_max > 0);
+    lk_gate *g = lk_xcalloc(1, sizeof *g);
+    g->lfd = listen_fd;
+    g->p = *p;
+    if (g->p.first_byte_ms <= 0) g->p.first_byte_ms = 1000;
+    if (g->p.ready_ms <= 0) g->p.ready_ms = 2000;
+    if (g->p.max_pending <= 0) g->p.max_pending = 128;
+    if (g->p.max_per_host <= 0) g->p.max_per_host = 8;
+    g->c = lk_xcalloc((size_t)g->p.max_pending, sizeof *g->c);
+    g->peek = lk_xmalloc(g->p.auth->ready_max);
+    g->pf = lk_xcalloc((size_t)g->p.max_pending + 1, sizeof *g->pf);
+    g->rd = lk_xcalloc((size_t)g->p.max_pending, sizeof *g->rd);
+    g->rd_ended = lk_xcalloc((size_t)g->p.max_pending, sizeof *g->rd_ended);
+    /* accept until EAGAIN in one turn: a burst is taken whole */
+    int fl = fcntl(listen_fd, F_GETFL);
+    if (fl >= 0) (void)fcntl(listen_fd, F_SETFL, fl | O_NONBLOCK);
+    return g;
+}
+
+/* Closes without a reset: what the peer sent is read first (closing with
+ * unread bytes makes the kernel answer RST, which may destroy the ERROR
+ * frame we just sent before the peer reads it), then FIN. */
+static void close_gently(lk_link *l) {
+    int fd = lk_tcp_fd(l);
+    char buf[4096];
+    for (int i = 0; i < 16 && recv(fd, buf, sizeof buf, MSG_DONTWAIT) > 0; i++) {}
+    shutdown(fd, SHUT_WR);
+    lk_link_close(l);
+}
+
+static void note_refusal(lk_gate *g, const char *peer, const char *why) {
+    g->refused++;
+    snprintf(g->last, sizeof g->last, "%s: %s", peer, why);
+    if (g->p.on_refuse) g->p.on_refuse(g->p.refuse_ctx, peer, why);
+}
+
+static void refuse_link(lk_gate *g, lk_link *l, bool opened, const char *why) {
+    if (g->p.auth->refuse) g->p.auth->refuse(g->p.auth_ctx, l, opened, why);
+    note_refusal(g, l->peer_addr, why);
+    close_gently(l);
+}
+
+void lk_gate_refuse(lk_gate *g, lk_link *l, const char *why) { refuse_link(g, l, true, why); }
+
+int lk_gate_refused(const lk_gate *g, char *last, size_t len) {
+    if (last && len) snprintf(last, len, "%s", g->last);
+    return g->refused;
+}
+
+/* Removes connection i (order does not matter). */
+static void gate_drop(lk_gate *g, int i, const char *why) {
+    refuse_link(g, g->c[i].l, g->c[i].opened, why);
+    g->c[i] = g->c[--g->n];
+}
+
+static void host_key(const struct sockaddr_storage *ss, uint8_t key[17]) {
+    memset(key, 0, 17);
+    if (ss->ss_family == AF_INET) {
+        key[0] = 4;
+        memcpy(key + 1, &((const struct sockaddr_in *)ss)->sin_addr, 4);
+    } else if (ss->ss_family == AF_INET6) {
+        const uint8_t *a = ((const struct sockaddr_in6 *)ss)->sin6_addr.s6_addr;
+        static const uint8_t v4mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+        if (!memcmp(a, v4mapped, 12)) {
+            key[0] = 4;
+            memcpy(key + 1, a + 12, 4);
+        } else {
+            key[0] = 8; /* one /64: what one subscriber gets */
+            memcpy(key + 1, a, 8);
+        }
+    }
+}
+
+/* What the peer has sent so far, without consuming it: -1 when the
+ * connection ended (why filled), else the byte count. */
+static ssize_t gate_peek(lk_gate *g, gate_conn *c, char *why, size_t whylen) {
+    ssize_t k = recv(lk_tcp_fd(c->l), g->peek, g->p.auth->ready_max, MSG_PEEK | MSG_DONTWAIT);
+    if (k > 0) {
+        c->seen = (size_t)k;
+        return k;
+    }
+    if (k == 0) {
+        snprintf(why, whylen, "closed the connection after %zu bytes, before authenticating", c->seen);
+        return -1;
+    }
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return (ssize_t)c->seen;
+    snprintf(why, whylen, "%s before authenticating", strerror(errno));
+    return -1;
+}
+
+/* The connection a newcomer may replace (see EVICT_*), among those of its
+ * host (or all, host NULL); -1: none. */
+static int gate_victim(lk_gate *g, const uint8_t *host, uint64_t now) {
+    int silent = -1, slow = -1;
+    char why[128];
+    for (int i = 0; i < g->n; i++) {
+        gate_conn *c = &g->c[i];
+        if (host && memcmp(c->host, host, 17)) continue;
+        if (!c->seen) gate_peek(g, c, why, sizeof why); /* bytes may have come since the last poll */
+        uint64_t age = now - c->t0;
+        if (!c->seen && age >= EVICT_SILENT_NS && (silent < 0 || c->t0 < g->c[silent].t0)) silent = i;
+        if (c->seen && age >= EVICT_SLOW_NS && (slow < 0 || c->t0 < g->c[slow].t0)) slow = i;
+    }
+    return silent >= 0 ? silent : slow;
+}
+
+/* A connection just accepted: admitted (perhaps in another's place) or
+ * told we are busy. */
+static void gate_admit(lk_gate *g, int fd, const struct sockaddr_storage *ss, socklen_t sl) {
+    char name[96];
+    peer_name(ss, sl, name, sizeof name);
+    lk_link *l = lk_tcp_wrap(fd, name);
+    uint8_t host[17];
+    host_key(ss, host);
+    uint64_t now = lk_time_ns();
+    int same = 0;
+    for (int i = 0; i < g->n; i++) same += !memcmp(g->c[i].host, host, 17);
+    if (same >= g->p.max_per_host || g->n >= g->p.max_pending) {
+        int v = gate_victim(g, same >= g->p.max_per_host ? host : NULL, now);
+        if (v < 0) {
+            refuse_link(g, l, false, LK_GATE_BUSY);
+            return;
+        }
+        char why[160];
+        double age = (double)(now - g->c[v].t0) / 1e9;
+        if (g->c[v].seen)
+            snprintf(why, sizeof why, LK_GATE_BUSY " (dropped for a newcomer: %zu bytes in %.3f s)", g->c[v].seen, age);
+        else
+            snprintf(why, sizeof why, LK_GATE_BUSY " (dropped for a newcomer: silent for %.3f s)", age);
+        gate_drop(g, v, why);
+    }
+    gate_conn *c = &g->c[g->n];
+    memset(c, 0, sizeof *c);
+    c->l = l;
+    c->t0 = now;
+    memcpy(c->host, host, 17);
+    char why[LK_ERRLEN];
+    if (g->p.auth->open && g->p.auth->open(g->p.auth_ctx, l, c->state, why, sizeof why)) {
+        note_refusal(g, name, why);
+        lk_link_close(l);
+        return;
+    }
+    c->opened = g->p.auth->open != NULL;
+    g->n++;
+}
+
+/* Wait for more than `have` bytes before poll calls the socket readable
+ * again: peeking leaves the bytes queued, so plain POLLIN would spin. An
+ * ended connection is reported whatever the mark. */
+static void set_lowat(gate_conn *c, size_t have) {
+    int v = (int)have + 1;
+    (void)setsockopt(lk_tcp_fd(c->l), SOL_SOCKET, SO_RCVLOWAT, &v, sizeof v);
+}
+
+lk_status lk_gate_next(lk_gate *g, uint64_t deadline_ns, lk_link **out, uint8_t state[LK_AUTH_STATE], char *err,
+                       size_t errlen) {
+    *out = NULL;
+    struct pollfd *pf = g->pf;
+    lk_status st = LK_OK;
+    char why[LK_ERRLEN];
+    for (;;) {
+        uint64_t now = lk_time_ns();
+        uint64_t first = (uint64_t)g->p.first_byte_ms * 1000000ull, ready = (uint64_t)g->p.ready_ms * 1000000ull;
+        uint64_t wake = deadline_ns;
+        for (int i = 0; i < g->n;) {
+            gate_conn *c = &g->c[i];
+            uint64_t age = now - c->t0;
+            if (!c->seen && age >= first) {
+                snprintf(why, sizeof why, "timeout: sent nothing for %.1f s", (double)age / 1e9);
+                gate_drop(g, i, why);
+                continue;
+            }
+            if (age >= ready) {
+                snprintf(why, sizeof why, "timeout: sent %zu bytes in %.1f s, not enough to authenticate", c->seen,
+                         (double)age / 1e9);
+                gate_drop(g, i, why);
+                continue;
+            }
+            wake = LK_MIN(wake, c->t0 + (c->seen ? ready : first));
+            i++;
+        }
+        if (now >= deadline_ns) {
+            st = lk_fail(err, errlen, LK_ERR_TIMEOUT, "no connection authenticated before the deadline");
+            break;
+        }
+        int np = 0;
+        pf[np++] = (struct pollfd){.fd = g->lfd, .events = POLLIN};
+        for (int i = 0; i < g->n; i++)
+            pf[np++] = (struct pollfd){.fd = lk_tcp_fd(g->c[i].l), .events = POLLIN | POLLRDHUP};
+        int ms = (int)LK_MIN((wake - now + 999999) / 1000000, 1000000ull);
+        int r = poll(pf, (nfds_t)np, ms);
+        if (r < 0 && errno != EINTR) {
+            st = lk_fail(err, errlen, LK_ERR_NET, "poll: %s", strerror(errno));
+            break;
+        }
+        if (r <= 0) continue;
+        /* Readable ones first, by link (dropping one reorders the
+         * table). The first that is ready is handed out; the others stay
+         * readable for the next call. */
+        int nready = 0;
+        for (int k = 1; k < np; k++)
+            if (pf[k].revents) {
+                g->rd[nready] = g->c[k - 1].l;
+                g->rd_ended[nready++] = pf[k].revents & (POLLRDHUP | POLLHUP | POLLERR);
+            }
+        for (int k = 0; k < nready && !*out; k++) {
+            int i = 0;
+            while (i < g->n && g->c[i].l != g->rd[k]) i++;
+            gate_conn *c = &g->c[i];
+            ssize_t n = gate_peek(g, c, why, sizeof why);
+            int rd = n < 0 ? -1 : g->p.auth->ready(g->p.auth_ctx, g->peek, (size_t)n, why, sizeof why);
+            if (rd == 0 && (size_t)n >= g->p.auth->ready_max) {
+                snprintf(why, sizeof why, "sent %zd bytes that do not start a handshake", n);
+                rd = -1;
+            }
+            if (rd == 0 && g->rd_ended[k]) { /* no more can come: poll would report it again and again */
+                snprintf(why, sizeof why, "closed the connection after %zd bytes, before authenticating", n);
+                rd = -1;
+            }
+            if (rd < 0) {
+                gate_drop(g, i, why);
+            } else if (rd == 0) {
+                set_lowat(c, (size_t)n);
+            } else {
+                int one = 1;
+                (void)setsockopt(lk_tcp_fd(c->l), SOL_SOCKET, SO_RCVLOWAT, &one, sizeof one);
+                *out = c->l;
+                memcpy(state, c->state, LK_AUTH_STATE);
+                g->c[i] = g->c[--g->n];
+            }
+        }
+        if (*out) break;
+        if (pf[0].revents) {
+            for (int k = 0; k < 256; k++) {
+                struct sockaddr_storage ss;
+                socklen_t sl = sizeof ss;
+                int fd = accept4(g->lfd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC);
+                if (fd < 0) break; /* EAGAIN, or a connection reset before we took it */
+                gate_admit(g, fd, &ss, sl);
+            }
+        }
+    }
+    return st;
+}
+
+void lk_gate_free(lk_gate *g) {
+    if (!g) return;
+    for (int i = 0; i < g->n; i++) close_gently(g->c[i].l);
+    free(g->c);
+    free(g->peek);
+    free(g->pf);
+    free(g->rd);
+    free(g->rd_ended);
+    free(g);
 }

@@ -160,16 +160,83 @@ lk_seal_cipher lk_seal_cipher_of(const lk_link *l); /* l sealed */
 lk_link *lk_seal_unwrap(lk_link *l);
 bool     lk_seal_is(const lk_link *l);
 
+/* --- authenticating connections ---------------------------------------- */
+
+/* How TCP connections are authenticated before anything else: the cluster
+ * part's handshake (lk_hs_mesh_auth). The accepting side comes in steps so
+ * that one poll loop (lk_gate) can wait for the first bytes of many
+ * connections at once and spend time on a connection only once its peer
+ * has sent all it needs to prove itself: a peer without the key can then
+ * hold a listener up for no longer than one poll turn. */
+#define LK_AUTH_STATE 64 /* bytes an authenticator keeps per accepted connection between steps */
+typedef struct {
+    /* Initiator: the whole exchange on a connection we made. It may replace
+     * *l by a link wrapping it (a sealed link, which then owns the
+     * original); on failure *l is still a link the caller closes. */
+    lk_status (*connect)(void *ctx, lk_link **l, uint64_t deadline_ns, char *err, size_t errlen);
+    /* Whether a failed connect may be tried again on a new connection (the
+     * peer answered LK_GATE_BUSY). NULL: never. */
+    bool (*retry)(void *ctx, lk_status st, const char *err);
+    /* Acceptor, at accept: sends what must go first (never blocks: the
+     * socket is fresh) and fills state. NULL: nothing to send. */
+    lk_status (*open)(void *ctx, lk_link *l, uint8_t state[LK_AUTH_STATE], char *err, size_t errlen);
+    /* Acceptor: p[0..n) is what the peer sent so far (peeked, not
+     * consumed). 1: accept can run now without waiting on the peer before
+     * it knows whether the peer holds the key; 0: wait for more; -1:
+     * refuse (err says why). Decides by ready_max bytes at most. */
+    int (*ready)(void *ctx, const uint8_t *p, size_t n, char *err, size_t errlen);
+    size_t ready_max;
+    /* Acceptor, once ready said 1: the rest of the exchange (like connect,
+     * it may replace *l). NULL: nothing more (the mesh's own hello). */
+    lk_status (*accept)(void *ctx, lk_link **l, const uint8_t state[LK_AUTH_STATE], uint64_t deadline_ns, char *err,
+                        size_t errlen);
+    /* Acceptor, best effort and never blocking: tells a connection why we
+     * drop it (opened: open ran on it). NULL: nothing is said. */
+    void (*refuse)(void *ctx, lk_link *l, bool opened, const char *why);
+} lk_link_auth;
+
+/* --- the gate: accepting connections open to the network ----------------- */
+
+/* A listener's waiting room. It accepts every connection at once and holds
+ * it in one poll loop (no thread, no blocking read) until auth->ready says
+ * the peer has sent enough to be checked, then hands it out. A connection
+ * silent for first_byte_ms, or not ready after ready_ms, is dropped. At
+ * most max_per_host connections of one source address (IPv6: one /64) and
+ * max_pending in all wait; a newcomer beyond that takes the place of the
+ * oldest one of the same address (of any, when all are full) that is silent
+ * and 10 ms old, or sent too little in 500 ms; with none, it is told
+ * LK_GATE_BUSY (an ERROR frame through auth->refuse, then an orderly close,
+ * not a reset) and the peer may try again. */
+#define LK_GATE_BUSY "busy: too many connections waiting to authenticate, try again"
+typedef struct lk_gate lk_gate;
+typedef struct {
+    const lk_link_auth *auth; /* open, ready, refuse */
+    void *auth_ctx;
+    int first_byte_ms;        /* 0: 1000 */
+    int ready_ms;             /* 0: 2000 */
+    int max_pending;          /* 0: 128 */
+    int max_per_host;         /* 0: 8 */
+    /* Every connection dropped or refused ("host:port", why); NULL: none. */
+    void (*on_refuse)(void *ctx, const char *peer, const char *why);
+    void *refuse_ctx;
+} lk_gate_params;
+
+/* listen_fd stays the caller's (it is made non-blocking). */
+lk_gate *lk_gate_new(int listen_fd, const lk_gate_params *p);
+/* The next connection whose peer sent enough, with the state auth->open
+ * left for it; LK_ERR_TIMEOUT at the deadline. */
+lk_status lk_gate_next(lk_gate *g, uint64_t deadline_ns, lk_link **out, uint8_t state[LK_AUTH_STATE], char *err,
+                       size_t errlen);
+/* Refuses (auth->refuse, on_refuse) and closes a connection lk_gate_next
+ * handed out, which the caller cannot take (busy elsewhere). */
+void lk_gate_refuse(lk_gate *g, lk_link *l, const char *why);
+/* Connections dropped or refused so far; the latest "host:port: why" in last. */
+int  lk_gate_refused(const lk_gate *g, char *last, size_t len);
+void lk_gate_free(lk_gate *g); /* closes the connections still waiting; NULL ok */
+
 /* --- mesh --------------------------------------------------------------- */
 
 typedef struct lk_mesh lk_mesh;
-
-/* Called on every new TCP connection of a mesh before anything else (the
- * cluster part's authenticated handshake). Non-OK refuses the peer. It may
- * replace *l by a link wrapping it (a sealed link, which then owns the
- * original); on failure *l is still a link the mesh closes. */
-typedef lk_status (*lk_link_auth_fn)(void *ctx, lk_link **l, bool initiator, uint64_t deadline_ns,
-                                     char *err, size_t errlen);
 
 typedef enum { LK_MESH_SHM_AUTO = 0, LK_MESH_SHM_OFF, LK_MESH_SHM_FORCE } lk_mesh_shm;
 
@@ -180,13 +247,15 @@ typedef struct {
     lk_mesh_shm shm;          /* AUTO: shm to peers on the same host (boot id + hostname) */
     int64_t spin_ns;          /* <0: automatic (see lk_spin_default) */
     uint64_t timeout_ms;      /* to build the mesh (0: 10 s) */
-    lk_link_auth_fn auth;     /* NULL: no authentication (tests, netbench on loopback) */
+    const lk_link_auth *auth; /* NULL: no authentication (tests, netbench on loopback) */
     void *auth_ctx;
 } lk_mesh_params;
 
 /* Rank r connects to every lower rank and accepts every higher one; each
  * connection starts with auth, then a hello (mesh size, both ranks, host
- * identity) that is checked. */
+ * identity) that is checked. Accepting goes through a gate (above), so
+ * stray connections cost the setup nothing; a setup that times out says
+ * which ranks never came and what was refused meanwhile. */
 lk_status lk_mesh_create(const lk_mesh_params *p, lk_mesh **out, char *err, size_t errlen);
 /* A mesh from links the caller already holds (links[rank] is NULL); takes
  * ownership of the links. */
