@@ -971,12 +971,17 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
             r->state = ST_DONE;
             return send_error(c, s, 503, "the server cannot run requests now", NULL);
         }
-        if (s->waiting + s->n_inbox >= s->o.queue) {
-            int q = s->waiting + s->n_inbox;
+        /* every request taken and not finished (the inbox's and the session's,
+         * counted at once; s->waiting lags until the next step) against the
+         * slots plus the queue */
+        int taken = s->n_active + s->n_inbox;
+        if (taken >= s->o.parallel + s->o.queue) {
+            int q = taken - s->o.parallel;
             pthread_mutex_unlock(&s->mu);
             r->state = ST_DONE;
             char msg[200];
-            snprintf(msg, sizeof msg, "the server is busy: %d requests are waiting already (--queue %d); retry later", q, s->o.queue);
+            snprintf(msg, sizeof msg, "the server is busy: %d requests are running and %d waiting already (--parallel %d, --queue %d); retry later",
+                     s->o.parallel, q, s->o.parallel, s->o.queue);
             return send_error(c, s, 429, msg, NULL);
         }
         srv_enqueue(s, r);
