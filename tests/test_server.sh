@@ -12,7 +12,8 @@
 #     abuse.mjs (bad input gets a clear 4xx and the server serves on: malformed
 #     JSON, wrong types, unknown fields, bad max_tokens, bodies and headers over
 #     the limit, prompts over the context, 1-byte-per-second clients, 500 idle
-#     connections, clients that hang up mid-request);
+#     connections, clients that hang up mid-request), and two with small
+#     --parallel and --queue (a burst gets 429 past them);
 #   - load.mjs on the one-node server: LOAD_CLIENTS (32) streaming clients for
 #     LOAD_SECONDS (60) s, outputs equal to the requests run alone, RSS flat;
 #     then a shorter run (ASAN_LOAD_CLIENTS 8 for ASAN_LOAD_SECONDS 15 s) on
@@ -126,10 +127,15 @@ fi
 # ---- bad input -------------------------------------------------------------------
 if start abuse "$L" --temp 0 -t 1 --ctx 256 --max-body-kb 16 --timeout 3; then
     AB_URL=$URL AB_PID=$PID
+    start queue "$L" --temp 0 -t 1 --parallel 2 --queue 1 && Q_URL=$URL Q_PID=$PID
+    start queue0 "$L" --temp 0 -t 1 --parallel 1 --queue 0 && Q0_URL=$URL Q0_PID=$PID
     if start noreuse "$L" --temp 0 -t 1 --no-kv-reuse; then
-        js abuse.mjs --url "$AB_URL" --noreuse-url "$URL" --ctx 256 --max-body-kb 16 --timeout 3
+        js abuse.mjs --url "$AB_URL" --noreuse-url "$URL" --queue-url "${Q_URL:-}" --queue0-url "${Q0_URL:-}" \
+            --ctx 256 --max-body-kb 16 --timeout 3
         finish noreuse "$PID"
     fi
+    [ -n "${Q_PID:-}" ] && finish queue "$Q_PID"
+    [ -n "${Q0_PID:-}" ] && finish queue0 "$Q0_PID"
     finish abuse "$AB_PID"
 fi
 

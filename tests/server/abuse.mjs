@@ -1,7 +1,8 @@
 // Bad input for `lockstep serve` (run by tests/test_server.sh): each case
 // gets a clear 4xx with an OpenAI-style error object, and a normal request
 // succeeds after it.
-//   node abuse.mjs --url URL --noreuse-url URL2 [--timeout S] [--ctx N] [--max-body-kb KB]
+//   node abuse.mjs --url URL --noreuse-url URL2 [--queue-url URL3] [--queue0-url URL4]
+//                  [--timeout S] [--ctx N] [--max-body-kb KB]
 // URL: a server started with --ctx N (256), --max-body-kb KB (16) and
 // --timeout S (3); URL2: one with --no-kv-reuse (every page of a finished
 // or cancelled request goes back to free) and a context of 2048, for the
@@ -275,5 +276,26 @@ await step('disconnect_waiting_response', async () => {
     report('disconnect_waiting_cancelled', steps < LONG, `the request ran on: ${steps} steps`);
     await okAfter('disconnect_waiting_response', U2);
 });
+
+// ---- a bounded queue: past --parallel running and --queue waiting, 429 ------------------------------
+// QUEUE_URL: --parallel 2 --queue 1; QUEUE0_URL: --parallel 1 --queue 0 (none may wait, one runs).
+async function burst(url, n) {
+    const body = { prompt: 'Once upon a time', max_tokens: 600, ignore_eos: true, temperature: 0 };
+    return Promise.all(Array.from({ length: n }, () => post(url, C, body)));
+}
+for (const [name, url, parallel, queue] of [['queue', A['queue-url'], 2, 1], ['queue0', A['queue0-url'], 1, 0]]) {
+    if (!url) continue;
+    await step(name, async () => {
+        const alone = await post(url, C, { prompt: 'Once upon a time', max_tokens: 2 });
+        report(`${name}_idle_serves`, alone.status === 200, `one request on an idle server (--parallel ${parallel} --queue ${queue}): ${alone.status} ${short(alone.text)}`);
+        const rs = await burst(url, 6);
+        const ok = rs.filter((r) => r.status === 200), busy = rs.filter((r) => r.status === 429);
+        const msgs = busy.every((r) => isErrorObj(r.json) && r.json.error.type === 'rate_limit_error' && /--queue/.test(r.json.error.message));
+        report(`${name}_burst_429`, ok.length === parallel + queue && busy.length === 6 - parallel - queue && msgs,
+               `6 at once: want ${parallel + queue} served and ${6 - parallel - queue} x 429 (rate_limit_error naming --queue);`,
+               `got ${rs.map((r) => r.status).join(' ')}: ${short([...new Set(rs.filter((r) => r.status !== 200).map((r) => r.text))])}`);
+        await okAfter(name, url);
+    });
+}
 
 process.exit(failures() ? 1 : 0);
