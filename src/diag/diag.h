@@ -1,0 +1,161 @@
+/* diag — finding out why a cluster is slow before buying hardware or loading
+ * a model: the performance model behind `lockstep plan`, the model's shape
+ * read from a GGUF header alone, and the link emulator behind `lockstep
+ * linkemu`.
+ *
+ * Owns: nothing that runs on the step path. The model is arithmetic over a
+ * shape (lk_diag_shape) and figures of nodes and links (lk_diag_hw); the
+ * emulator is a TCP relay with its own threads. Callers: cli (cmd_plan.c,
+ * cmd_linkemu.c) and the tests. Uses gguf's facts only through quant (type
+ * sizes): the header reader here is its own, because gguf's reader
+ * validates (and needs) the whole file, and `plan` must work on the first
+ * megabytes of a 365 GB download.
+ *
+ * Threading: the model functions are pure; a lk_diag_relay owns one accept
+ * thread and one thread per relayed connection until lk_diag_relay_stop. */
+#ifndef LK_DIAG_H
+#define LK_DIAG_H
+
+#include "common/lk_common.h"
+
+/* ======================================================================
+ * the model's shape
+ * ==================================================================== */
+
+/* What the performance model needs to know of a model: its dimensions and
+ * the bytes and weight elements of each kind of matrix. Per-layer figures
+ * are averages over the layers (files may mix types by layer). */
+typedef struct {
+    char    arch[32], name[64];
+    int64_t n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train;
+    int64_t n_expert, n_expert_used;   /* 0: dense (MoE is not modelled yet) */
+    /* per layer, bytes and elements: */
+    double  qo_bytes, qo_elems;        /* Wq + Wo: split by query heads under TP */
+    double  kv_bytes, kv_elems;        /* Wk + Wv: split by KV heads (replicated past n_head_kv ranks) */
+    double  ffn_bytes, ffn_elems;      /* gate + up + down: split by FFN rows */
+    double  embd_bytes;                /* token_embd: rows gathered on the first stage, never streamed */
+    double  out_bytes, out_elems;      /* output matrix (the embedding when tied), read on the last stage */
+    uint64_t header_bytes;             /* of a GGUF: bytes read to learn all this */
+} lk_diag_shape;
+
+/* Reads the shape from a GGUF file's header, metadata and tensor index only:
+ * the tensor data need not be present (a download's first megabytes do).
+ * Every length is bounded before use; a file that ends inside the header is
+ * an LK_ERR_FORMAT naming the byte offset. */
+lk_status lk_diag_shape_gguf(const char *path, lk_diag_shape *out, char *err, size_t errlen);
+
+/* A built-in shape (the published hyper-parameters gen-model knows, copied
+ * from src/cli/cmd_gen_model.c) with every matrix of type `type` (a GGML
+ * type id; rows that are not whole blocks become F16, as gen-model writes
+ * them). False for an unknown name. */
+bool lk_diag_shape_builtin(const char *name, uint32_t type, lk_diag_shape *out);
+/* The built-in names, NULL past the end. */
+const char *lk_diag_shape_name(int i);
+
+/* ======================================================================
+ * the performance model (perf.c; the formula and its terms are documented
+ * there, beside the code)
+ * ==================================================================== */
+
+typedef struct {
+    double mem_gb;        /* memory of one node */
+    double mem_bw_gbs;    /* rate the decode kernels read weights at, one node (GB/s = 1e9 B/s) */
+    double gflops;        /* rate of the matrix kernels on many tokens, one node (GFLOP/s) */
+    double latency_us;    /* one-way latency of a link (a small message, ping-pong / 2) */
+    double link_gbps;     /* link rate, Gbit/s */
+    /* --local: the ranks are processes on one host. mem_bw_gbs and gflops
+     * are then the host's, shared by the ranks working at the same moment,
+     * and rank_* cap what one rank's threads reach alone (0: no cap). */
+    bool   local;
+    double rank_mem_bw_gbs, rank_gflops;
+    /* all-reduce times measured by netbench, (bytes, us), ascending; used
+     * instead of the latency formula when present */
+    int    n_ar;
+    double ar_bytes[32], ar_us[32];
+    /* A node profile (lk_diag_hw_bench): the whole model's step time at T
+     * tokens as `lockstep bench --json` measured it on one node, split into
+     * the part that shrinks with a rank's share of the rows (a) and the part
+     * that does not (b: what splitting the rows over 2x the threads did not
+     * speed up). Replaces the roofline of mem_bw_gbs and gflops when present. */
+    int    n_prof;
+    double prof_tok[16], prof_a[16], prof_b[16]; /* T ascending; seconds per step */
+    double prof_bytes;                           /* weight bytes per token of the profiled model */
+    double prof_ctx;                             /* mean context of its decode */
+    int    prof_threads;                         /* threads per rank it describes */
+} lk_diag_hw;
+
+typedef struct {
+    int  seqs;     /* S: sequences decoding together (the "S" figures; 1 allowed) */
+    int  ctx;      /* positions in a sequence's KV cache while it decodes */
+    int  prompt;   /* prompt tokens per sequence for the prefill figures */
+    int  n_batch;  /* tokens per step at most (prefill chunks) */
+    bool kv_f16;
+    bool rank_seqs; /* the split and reason describe the S-sequence step (else one sequence's) */
+} lk_diag_run;
+
+typedef enum {
+    LK_BN_MEMORY, LK_BN_COMPUTE, LK_BN_LATENCY, LK_BN_LINK, LK_BN_PIPELINE, LK_BN_CAPACITY,
+} lk_diag_bottleneck;
+const char *lk_diag_bottleneck_name(lk_diag_bottleneck b);  /* "memory", "latency", ... */
+
+typedef struct {
+    int    tp, pp;
+    double decode_tok_s, decode_tok_s_seqs;    /* one sequence; S sequences (aggregate) */
+    double prefill_tok_s, prefill_tok_s_seqs;  /* one prompt; S prompts */
+    double mem_per_node_gb;                    /* the fullest rank's (with --local: the host's total) */
+    bool   fits;
+    /* The one-sequence decode token, split (ms): what the reason quotes. */
+    double t_token_ms;          /* = 1000 / decode_tok_s */
+    double t_mem_ms;            /* reading weights and KV, all stages in turn */
+    double t_compute_ms;        /* what compute adds beyond memory (roofline excess) */
+    double t_latency_ms;        /* round trips: all-reduce rounds, hand-offs, step message, candidates */
+    double t_link_ms;           /* bytes on the wire at the link rate */
+    int    n_allreduce;         /* per token, on the slowest stage path */
+    double allreduce_us;        /* one decode all-reduce */
+    double weight_gb_rank;      /* weights the fullest rank streams per token */
+    int    busy_stages;         /* stages working at once with S sequences */
+    lk_diag_bottleneck bottleneck;     /* of the figure layouts are ranked by */
+    char   reason[200];
+} lk_diag_est;
+
+/* Estimates one layout. tp x pp ranks; run->seqs the S of the *_seqs
+ * figures. Asserts tp, pp >= 1 (callers check user input). */
+void lk_diag_estimate(const lk_diag_shape *s, const lk_diag_hw *hw, const lk_diag_run *run, int tp, int pp,
+                      lk_diag_est *out);
+
+/* Fills hw's latency, link rate and all-reduce table from the text that
+ * `lockstep netbench` prints (its table: size, ping-pong median, p99, MB/s,
+ * all-reduce columns, auto). Fields it cannot find are left alone. */
+lk_status lk_diag_hw_netbench(const char *text, lk_diag_hw *hw, char *err, size_t errlen);
+
+/* Fills hw's node profile from `lockstep bench --json` lines of one node
+ * (ranks 1): the rows of the fewest threads t give step times at T = seqs
+ * (decode) and T = n_prompt (prefill of one sequence); rows of 2t threads,
+ * when present, give the split into a and b (else b = 0). Also sets
+ * mem_bw_gbs to the rate decode reached (weight bytes x tok/s). */
+lk_status lk_diag_hw_bench(const char *text, lk_diag_hw *hw, char *err, size_t errlen);
+
+/* ======================================================================
+ * the link emulator (linkemu.c)
+ * ==================================================================== */
+
+typedef struct {
+    const char *listen;     /* "127.0.0.1:7000" or ":0" style, as lk_tcp_listen takes */
+    const char *to;         /* where each accepted connection is relayed */
+    double delay_us;        /* one-way delay added to every byte, each direction */
+    double rate_gbps;       /* 0: unlimited */
+    double jitter_us;       /* uniform in [-J, +J] on each chunk's delay (order kept) */
+    int    max_conns;       /* 0: unlimited; else stop accepting after this many */
+} lk_diag_relay_cfg;
+
+typedef struct lk_diag_relay lk_diag_relay;
+
+/* Listens, then relays in the background until stopped. *port_out (may be
+ * NULL) gets the port listened on. */
+lk_status lk_diag_relay_start(const lk_diag_relay_cfg *cfg, lk_diag_relay **out, int *port_out, char *err,
+                              size_t errlen);
+/* Connections relayed so far, and bytes in each direction. */
+void      lk_diag_relay_stats(lk_diag_relay *r, int *conns, uint64_t *bytes_fwd, uint64_t *bytes_back);
+void      lk_diag_relay_stop(lk_diag_relay *r);
+
+#endif
