@@ -448,6 +448,33 @@ TEST(moe_batch_invariant_and_no_allocation) {
     }
 }
 
+/* ---- what info prints: total and active parameters ---- */
+
+/* Active = total - the experts a token skips - the embedding rows it does
+ * not look up, from the shapes in the synth README: qwen3moe 2 MoE layers
+ * of 3 x [256, 256, 8] experts, 2 used, vocabulary 601 x 256; glm4moe 2 MoE
+ * layers of 3 x [256, 128, 8], 2 used, vocabulary 605 x 256. */
+TEST(active_parameters) {
+    const struct { const char *file; uint64_t skipped; } cases[] = {
+        { "synth/synth-qwen3moe-f16.gguf", 2ull * 3 * 256 * 256 * 6 + 600ull * 256 },
+        { "synth/synth-glm4moe-f16.gguf", 2ull * 3 * 256 * 128 * 6 + 604ull * 256 },
+    };
+    for (int i = 0; i < 2; i++) {
+        char err[LK_ERRLEN];
+        lk_gguf *g;
+        if (lk_gguf_open(lk_td(cases[i].file), &g, err, sizeof err)) { CHECKF(0, "%s", err); continue; }
+        lk_model_config c;
+        CHECK(lk_model_config_read(g, &c, err, sizeof err) == LK_OK);
+        uint64_t total = 0, active = 0, sum = 0;
+        for (int64_t t = 0; t < lk_gguf_n_tensors(g); t++) sum += lk_gguf_tensor_at(g, t)->n_elements;
+        lk_model_param_counts(g, &c, &total, &active);
+        CHECKF(total == sum && active == total - cases[i].skipped, "%s: total %llu active %llu, want %llu and %llu",
+               cases[i].file, (unsigned long long)total, (unsigned long long)active, (unsigned long long)sum,
+               (unsigned long long)(sum - cases[i].skipped));
+        lk_gguf_close(g);
+    }
+}
+
 /* ---- cluster layouts, through the program as a user runs it ---- */
 
 static const char *bin(void) { return getenv("LOCKSTEP") && *getenv("LOCKSTEP") ? getenv("LOCKSTEP") : "build/lockstep"; }
@@ -542,6 +569,7 @@ int main(void) {
     RUN(glm4moe_q4_k_m_reference);
     RUN(glm4moe_without_bias_is_caught);
     RUN(moe_batch_invariant_and_no_allocation);
+    RUN(active_parameters);
     RUN(qwen3moe_f16_layouts);
     RUN(glm4moe_f16_layouts);
     return lk_test_end();
