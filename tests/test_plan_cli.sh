@@ -85,6 +85,8 @@ for _ in $(seq 50); do grep -q port "$T/le.out" && break; sleep 0.1; done
 PE=$(sed -n 's/linkemu: port \([0-9]*\).*/\1/p' "$T/le.out")
 timeout 40 "$L" netbench --addrs 127.0.0.1:$P0,127.0.0.1:$P1 --rank 0 --transport tcp --sizes 64 --iters 200 >"$T/nb0" 2>&1 &
 PIDS+=($!)
+# rank 1 must not reach the relay before rank 0 listens (the relay would find no one and drop it)
+for _ in $(seq 100); do ss -ltn 2>/dev/null | grep -q ":$P0 " && break; sleep 0.1; done
 timeout 40 "$L" netbench --addrs 127.0.0.1:$PE,127.0.0.1:$P1 --rank 1 --transport tcp --sizes 64 --iters 200 >"$T/nb1" 2>&1
 wait "${PIDS[1]}"
 ow=$(awk '$1 == 64 && $2 == "B" {print $3}' "$T/nb0")
