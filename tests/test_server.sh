@@ -8,7 +8,8 @@
 #   - one node, and a --local 2 --tp 2 cluster with an API key: client.mjs
 #     (models, chat and completions, streamed and not, logprobs, stop strings,
 #     usage, finish reasons, errors; greedy completions equal `lockstep run`);
-#   - --ctx 256 --max-body-kb 16 --timeout 3, and one with --no-kv-reuse:
+#   - on the ASan+UBSan build when there is one (else the plain one):
+#     --ctx 256 --max-body-kb 16 --timeout 3, and one with --no-kv-reuse:
 #     abuse.mjs (bad input gets a clear 4xx and the server serves on: malformed
 #     JSON, wrong types, unknown fields, bad max_tokens, bodies and headers over
 #     the limit, prompts over the context, 1-byte-per-second clients, 500 idle
@@ -124,12 +125,14 @@ if start tp2 "$L" --temp 0 -t 1 --local 2 --tp 2 --api-key-file "$T/key"; then
     finish tp2 "$PID"
 fi
 
-# ---- bad input -------------------------------------------------------------------
-if start abuse "$L" --temp 0 -t 1 --ctx 256 --max-body-kb 16 --timeout 3; then
+# ---- bad input: on the ASan build when there is one (error paths under the sanitizers) ----
+LB=$L
+[ -x "$LA" ] && LB=$LA
+if start abuse "$LB" --temp 0 -t 1 --ctx 256 --max-body-kb 16 --timeout 3; then
     AB_URL=$URL AB_PID=$PID
-    start queue "$L" --temp 0 -t 1 --parallel 2 --queue 1 && Q_URL=$URL Q_PID=$PID
-    start queue0 "$L" --temp 0 -t 1 --parallel 1 --queue 0 && Q0_URL=$URL Q0_PID=$PID
-    if start noreuse "$L" --temp 0 -t 1 --no-kv-reuse; then
+    start queue "$LB" --temp 0 -t 1 --parallel 2 --queue 1 && Q_URL=$URL Q_PID=$PID
+    start queue0 "$LB" --temp 0 -t 1 --parallel 1 --queue 0 && Q0_URL=$URL Q0_PID=$PID
+    if start noreuse "$LB" --temp 0 -t 1 --no-kv-reuse; then
         js abuse.mjs --url "$AB_URL" --noreuse-url "$URL" --queue-url "${Q_URL:-}" --queue0-url "${Q0_URL:-}" \
             --ctx 256 --max-body-kb 16 --timeout 3
         finish noreuse "$PID"
