@@ -80,8 +80,7 @@ static char *slurp(const char *path, char *err, size_t errlen) {
         if (n == cap - 1) {
             if (cap >= (16u << 20)) break;
             cap *= 2;
-            b = realloc(b, cap);
-            LK_ASSERT(b);
+            b = lk_xrealloc(b, cap);
         }
     }
     b[n] = 0;

@@ -115,6 +115,7 @@ typedef struct {
     double t_mem, t_cmp;   /* seconds */
     double ar_lat, ar_link; /* all of the stage's all-reduces */
     int    n_ar;
+    double bw;             /* B/s this rank read at (shared under --local) */
 } stage_cost;
 
 typedef struct {
@@ -152,7 +153,7 @@ static stage_cost stage_step(const ctx_t *c, int st, double T, double Q, double 
         profile_at(hw, T, &a, &b);
         double t = mine / full * (a * c->f + b);
         if (cpos > hw->prof_ctx) t += Q * (cpos - hw->prof_ctx) * kv_pos / bw; /* KV beyond the profiled context */
-        stage_cost r = {.t_mem = T <= 1 ? t : 0, .t_cmp = T <= 1 ? 0 : t};
+        stage_cost r = {.t_mem = T <= 1 ? t : 0, .t_cmp = T <= 1 ? 0 : t, .bw = bw};
         if (c->k > 1) {
             double lat, link;
             allreduce_cost(hw, c->k, T * (double)s->n_embd * 4, &lat, &link);
@@ -166,7 +167,7 @@ static stage_cost stage_step(const ctx_t *c, int st, double T, double Q, double 
         if (hw->rank_mem_bw_gbs > 0) bw = fmin(bw, hw->rank_mem_bw_gbs * 1e9);
         if (hw->rank_gflops > 0) F = fmin(F, hw->rank_gflops * 1e9);
     }
-    stage_cost r = {.t_mem = bytes / bw, .t_cmp = flops / F};
+    stage_cost r = {.t_mem = bytes / bw, .t_cmp = flops / F, .bw = bw};
     if (c->k > 1) {
         double lat, link;
         allreduce_cost(hw, c->k, T * (double)s->n_embd * 4, &lat, &link);
@@ -182,6 +183,7 @@ typedef struct {
     double cycle, roundtrip, slowest;  /* seconds */
     double mem, cmp_excess, lat, link; /* the round trip, split */
     double work;                       /* sum of the stages' times of one step */
+    double bw;                         /* B/s a rank read at */
     int    n_ar, busy, n_mb;
 } cycle_t;
 
@@ -199,6 +201,7 @@ static cycle_t pipeline_cycle(const ctx_t *c, int n_mb, double T, double Q, doub
         y.slowest = fmax(y.slowest, t);
         y.roundtrip += t;
         y.work += t;
+        y.bw = x.bw;
         y.mem += x.t_mem;
         y.cmp_excess += fmax(0, x.t_cmp - x.t_mem);
         y.lat += x.ar_lat;
@@ -314,7 +317,7 @@ void lk_diag_estimate(const lk_diag_shape *s, const lk_diag_hw *hw, const lk_dia
         e->bottleneck = LK_BN_MEMORY;
         snprintf(e->reason, sizeof e->reason,
                  "memory-bound: %.0f MB of weights per rank%s at %.1f GB/s = %.1f ms of a %.1f ms %s",
-                 e->weight_gb_rank * 1e3, pp > 1 ? " per stage" : "", hw->mem_bw_gbs, y->mem * 1e3, tstep * 1e3, unit);
+                 e->weight_gb_rank * 1e3, pp > 1 ? " per stage" : "", y->bw / 1e9, y->mem * 1e3, tstep * 1e3, unit);
     } else if (big == 1) {
         e->bottleneck = LK_BN_COMPUTE;
         snprintf(e->reason, sizeof e->reason,
