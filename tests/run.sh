@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Runs every test program (plain build, then the ASan+UBSan build) and every
-# tests/test_*.sh integration script, counts PASS/FAIL lines, and ends with
-# "N passed, N failed". ONLY=substring runs just the matching programs;
+# tests/test_*.sh integration script, counts PASS/FAIL/SKIP lines, and ends
+# with "N passed, N failed, N skipped", after the list of what was skipped and
+# why (a test skips when it needs the shared test data, LK_TESTDATA, default
+# ../shared/testdata, and that is absent). ONLY=substring runs just the matching programs;
 # B=folder picks the build folder (default build). A program that crashes or exits non-zero without a
 # FAIL line counts as one failure.
 set -u
 cd "$(dirname "$0")/.."
-pass=0; fail=0
+pass=0; fail=0; skip=0; skipped=""
 B=${B:-build}
 export LOCKSTEP=${LOCKSTEP:-$B/lockstep}
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
@@ -17,11 +19,12 @@ run_one() { # label, command...
     local out rc
     local t0=$(date +%s.%N)
     out=$("$@" 2>&1); rc=$?
-    local p f
-    p=$(grep -c '^PASS ' <<<"$out"); f=$(grep -c '^FAIL ' <<<"$out")
+    local p f s
+    p=$(grep -c '^PASS ' <<<"$out"); f=$(grep -c '^FAIL ' <<<"$out"); s=$(grep -c '^SKIP ' <<<"$out")
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; echo "FAIL $label (exit $rc)"; fi
-    pass=$((pass + p)); fail=$((fail + f))
-    printf '== %-40s %3d passed %3d failed  (%.1fs)\n' "$label" "$p" "$f" "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{print b-a}')"
+    pass=$((pass + p)); fail=$((fail + f)); skip=$((skip + s))
+    if [ "$s" -ne 0 ]; then skipped+=$(grep '^SKIP ' <<<"$out" | sed "s|^SKIP |   $label: |")$'\n'; fi
+    printf '== %-40s %3d passed %3d failed %3d skipped  (%.1fs)\n' "$label" "$p" "$f" "$s" "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{print b-a}')"
     if [ "$f" -ne 0 ] || [ -n "${VERBOSE:-}" ]; then sed 's/^/   | /' <<<"$out" | tail -n 60; fi
 }
 for t in $B/tests/test_*; do
@@ -33,5 +36,6 @@ done
 for t in tests/test_*.sh; do
     [ -f "$t" ] && run_one "$(basename "$t")" bash "$t"
 done
-echo "$pass passed, $fail failed"
+if [ "$skip" -ne 0 ]; then printf 'skipped (%d):\n%s' "$skip" "$skipped"; fi
+echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]

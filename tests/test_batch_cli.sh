@@ -12,7 +12,7 @@
 # tests/run.sh with LOCKSTEP set.
 set -u
 L=${LOCKSTEP:-build/lockstep}
-TD=${LK_TESTDATA:-../shared/testdata}
+. tests/lk_td.sh
 T=$(mktemp -d /tmp/lk_batch_cli.XXXXXX)
 trap 'rm -rf "$T"' EXIT
 
@@ -31,7 +31,7 @@ ids() { sed -n "s/.*\"$1\": *\[\([^]]*\)\].*/\1/p" | tr -d ' '; }
 # ref_field FIELD REF.json: that field of each case (the cases' keys are indented by 3 spaces)
 ref_field() { grep -E "^   \"$1\": " "$2" | sed 's/^[^[]*\[//; s/\].*//' | tr -d ' '; }
 
-M=$TD/models/stories260K.gguf
+M=$RD/models/stories260K.gguf
 
 # ---- flags --------------------------------------------------------------------
 "$L" run --help >"$T/help" 2>&1
@@ -87,6 +87,7 @@ for c in "${CASES[@]}"; do
     set -- $c
     model=$TD/$1 ref=$TD/$2 n=$3 tie=$4
     name=$(basename "$1" .gguf)
+    td_need "$name" "$1" "$2" || continue
     if [ ! -f "$model" ] || [ ! -f "$ref" ]; then no "$name" "missing $model or $ref"; continue; fi
     # the reference prompts as JSON lines (their texts are JSON strings already)
     grep -E '^   "prompt": ' "$ref" | sed 's/^ *//; s/,$//; s/^/{/; s/$/}/' >"$T/prompts"
@@ -144,7 +145,7 @@ for c in "${CASES[@]}"; do
 done
 
 # ---- sampled: each prompt's tokens are those of its run alone with the same seed ----
-grep -E '^   "prompt": ' "$TD/reference/stories260K.json" | sed 's/^ *//; s/,$//; s/^/{/; s/$/}/' >"$T/prompts"
+grep -E '^   "prompt": ' "$RD/reference/stories260K.json" | sed 's/^ *//; s/,$//; s/^/{/; s/$/}/' >"$T/prompts"
 S=(--temp 0.9 --top-k 40 --top-p 0.9 --repeat-penalty 1.2 --seed 11 -n 40 --json -t 1)
 : >"$T/alone"
 while IFS= read -r line; do

@@ -11,7 +11,9 @@
 # Run from the repository root by tests/run.sh with LOCKSTEP set.
 set -u
 L=${LOCKSTEP:-build/lockstep}
-M=../shared/testdata/synth/synth-qwen2-f32.gguf
+. tests/lk_td.sh
+M=$TD/synth/synth-qwen2-f32.gguf
+td_need test_chat_cli.sh synth/synth-qwen2-f32.gguf || exit 0
 T=$(mktemp -d /tmp/lk_chat_cli.XXXXXX)
 trap 'rm -rf "$T"' EXIT
 

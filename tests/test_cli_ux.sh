@@ -8,8 +8,8 @@
 # Run from the repository root by tests/run.sh with LOCKSTEP set.
 set -u
 L=${LOCKSTEP:-build/lockstep}
-TD=${LK_TESTDATA:-../shared/testdata}
-M=$TD/models/stories260K.gguf
+. tests/lk_td.sh
+M=$RD/models/stories260K.gguf
 T=$(mktemp -d /tmp/lk_cli_ux.XXXXXX)
 trap 'rm -rf "$T"' EXIT
 

@@ -79,8 +79,8 @@ expect netbench_workers_no_key 2 "$L" netbench --workers "127.0.0.1:$PORT"
 
 # run over a cluster writes exactly what one node writes (greedy, and sampled
 # with penalties): --local TP and PP, and --workers through the daemon
-TD=${LK_TESTDATA:-../shared/testdata}
-M="$TD/models/stories260K.gguf"
+. tests/lk_td.sh
+M="$RD/models/stories260K.gguf"
 gen() { "$L" run -m "$M" -p "Once upon a time" -n 24 "$@" 2>>"$T/run.err"; }
 gen --temp 0 >"$T/one.txt"
 for layout in "--local 2" "--local 3 --pp 3" "--local 4 --tp 2 --pp 2 --transport tcp" \
@@ -276,7 +276,7 @@ has closed_port_refused_msg "$T/err" "worker rank 1: connect to 127\.0\.0\.1:$CP
 # another file under the model's name in --model-dir: the mismatch names the
 # worker's file and its size, and the two ids differ in print
 mkdir -p "$T/other"
-cp "$TD/models/stories260K-q8_0.gguf" "$T/other/stories260K.gguf"
+cp "$RD/models/stories260K-q8_0.gguf" "$T/other/stories260K.gguf"
 start_worker "$T/other.log" --model-dir "$T/other"
 expect model_mismatch_refused 1 "$L" run -m "$M" -p hi -n 2 --workers "127.0.0.1:$WP" --key-file "$T/k1"
 OSIZE=$(stat -c %s "$T/other/stories260K.gguf")

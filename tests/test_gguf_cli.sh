@@ -4,7 +4,7 @@
 # Run from the repository root by tests/run.sh with LOCKSTEP set.
 set -u
 L=${LOCKSTEP:-build/lockstep}
-TD=${LK_TESTDATA:-../shared/testdata}
+. tests/lk_td.sh
 T=$(mktemp -d /tmp/lk_gguf_cli.XXXXXX)
 trap 'rm -rf "$T"' EXIT
 
@@ -21,7 +21,7 @@ has() {
     if grep -Eq -- "$3" "$2"; then ok "$1"; else no "$1" "no line matching '$3' in:" "$(head -n 12 "$2")"; fi
 }
 
-expect info_stories 0 "$L" info -m "$TD/models/stories260K.gguf" --tensors
+expect info_stories 0 "$L" info -m "$RD/models/stories260K.gguf" --tensors
 has info_arch "$T/out" '^architecture: llama'
 has info_shape "$T/out" 'n_embd 64 n_layer 5 n_head 8 n_head_kv 4 .*n_ff 172'
 has info_vocab "$T/out" 'n_vocab 512'
@@ -31,7 +31,7 @@ has info_array "$T/out" 'tokenizer.ggml.tokens +array +\[string x 512\] "<unk>",
 has info_tensor "$T/out" '^  blk.4.ffn_down.weight +f32 +\[172, 64\] +44032 bytes'
 [ "$(grep -c '\.weight ' "$T/out")" -eq 48 ] && ok info_tensor_count || no info_tensor_count "$(grep -c '\.weight ' "$T/out") tensor lines"
 
-expect info_q4_positional 0 "$L" info "$TD/models/stories260K-q4_0.gguf"
+expect info_q4_positional 0 "$L" info "$RD/models/stories260K-q4_0.gguf"
 has info_q4_types "$T/out" '^  q4_0 +31 tensors'
 has info_q4_f16 "$T/out" '^  f16 +5 tensors'
 
@@ -57,11 +57,11 @@ expect gen_bad_layers 2 "$L" gen-model --shape tiny --layers x -o "$T/x.gguf"
 expect gen_unknown_flag 2 "$L" gen-model --shape tiny --frobnicate -o "$T/x.gguf"
 expect gen_unwritable 1 "$L" gen-model --shape tiny -q -o /nonexistent-dir/x.gguf
 
-expect quant_q8 0 "$L" quantize "$TD/models/stories260K.gguf" "$T/q8.gguf" --type q8_0
-cmp -s "$T/q8.gguf" "$TD/models/stories260K-q8_0.gguf" && ok quant_q8_identical || no quant_q8_identical "differs from llama-quantize's output"
-expect quant_no_type 2 "$L" quantize "$TD/models/stories260K.gguf" "$T/q.gguf"
-expect quant_bad_type 2 "$L" quantize "$TD/models/stories260K.gguf" "$T/q.gguf" --type q4_1
-expect quant_one_arg 2 "$L" quantize "$TD/models/stories260K.gguf" --type q8_0
+expect quant_q8 0 "$L" quantize "$RD/models/stories260K.gguf" "$T/q8.gguf" --type q8_0
+cmp -s "$T/q8.gguf" "$RD/models/stories260K-q8_0.gguf" && ok quant_q8_identical || no quant_q8_identical "differs from llama-quantize's output"
+expect quant_no_type 2 "$L" quantize "$RD/models/stories260K.gguf" "$T/q.gguf"
+expect quant_bad_type 2 "$L" quantize "$RD/models/stories260K.gguf" "$T/q.gguf" --type q4_1
+expect quant_one_arg 2 "$L" quantize "$RD/models/stories260K.gguf" --type q8_0
 expect quant_bad_input 1 "$L" quantize "$T/bad.gguf" "$T/q.gguf" --type q8_0
 [ ! -e "$T/q.gguf" ] && ok quant_no_partial_output || no quant_no_partial_output "$T/q.gguf left behind"
 
@@ -94,7 +94,7 @@ expect run_escaped_arch 1 "$L" run -m "$T/esc.gguf" -p hi -n 1
 no_ctl run_escaped_arch_no_raw "$T/err"
 has run_escaped_arch_message "$T/err" "architecture 'll\\\\x1b\[2Jama\\\\x07' is not supported"
 # token pieces printed by tokenize: a byte-fallback ESC comes out escaped
-expect tokenize_escapes 0 "$L" tokenize -m ../shared/testdata/models/stories260K.gguf "$(printf 'a\x1b[2Jb')"
+expect tokenize_escapes 0 "$L" tokenize -m $RD/models/stories260K.gguf "$(printf 'a\x1b[2Jb')"
 no_ctl tokenize_escapes_no_raw "$T/out"
 has tokenize_escapes_piece "$T/out" "-> '\\\\x1b'$"
 

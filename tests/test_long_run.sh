@@ -6,7 +6,7 @@
 # d, so time grows with the square of the length). Run by tests/run.sh.
 set -u
 L=${LOCKSTEP:-build/lockstep}
-M=../shared/testdata/models/stories260K.gguf
+M=testdata/models/stories260K.gguf
 T=$(mktemp -d /tmp/lk_long.XXXXXX)
 trap 'rm -rf "$T"' EXIT
 ok() { echo "PASS $1"; }

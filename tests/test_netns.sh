@@ -23,7 +23,7 @@
 set -u
 L=${LOCKSTEP:-build/lockstep}
 L=$(realpath -m "$L")
-M=../shared/testdata/models/stories260K.gguf
+M=testdata/models/stories260K.gguf
 P="Once upon a time"
 NH=lk_nh_$$ NR=lk_nr_$$ NW=lk_nw_$$
 HEAD_IP=10.231.1.2 RH_IP=10.231.1.1 RW_IP=10.231.2.1 WORK_IP=10.231.2.2
