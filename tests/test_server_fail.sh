@@ -8,7 +8,7 @@
 set -u
 cd "$(dirname "$0")/.."
 L=${LOCKSTEP:-build/lockstep}
-M=../shared/testdata/models/stories260K.gguf
+M=testdata/models/stories260K.gguf
 T=$(mktemp -d)
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$T"; }
