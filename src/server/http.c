@@ -123,10 +123,20 @@ static json_t *error_obj(int st, const char *msg, const char *param) {
  * responses
  * ==================================================================== */
 
+/* An idle kept-alive connection is closed after --timeout (the reaper):
+ * clients that read the hint close theirs first, so a request never meets
+ * a connection being closed under it. */
+static void keep_alive_hint(lk_server *s, struct MHD_Response *resp) {
+    char v[32];
+    snprintf(v, sizeof v, "timeout=%d", (int)LK_MAX(1.0, s->o.request_timeout - 1));
+    MHD_add_response_header(resp, "Keep-Alive", v);
+}
+
 static enum MHD_Result send_text(struct MHD_Connection *c, lk_server *s, int status, const char *type, char *body,
                                  size_t n) {
     struct MHD_Response *resp = MHD_create_response_from_buffer(n, body, MHD_RESPMEM_MUST_FREE);
     MHD_add_response_header(resp, "Content-Type", type);
+    keep_alive_hint(s, resp);
     if (status == 401) MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, resp);
     MHD_destroy_response(resp);
@@ -158,8 +168,8 @@ static enum MHD_Result send_error(struct MHD_Connection *c, lk_server *s, int st
  * ==================================================================== */
 
 typedef struct {
-    char        msg[600];
-    const char *param;
+    char msg[600];
+    char param[80];   /* a copy: the name may point into the request's JSON, freed before the answer */
 } perr;
 
 static bool fail(perr *e, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -168,7 +178,7 @@ static bool fail(perr *e, const char *param, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(e->msg, sizeof e->msg, fmt, ap);
     va_end(ap);
-    e->param = param;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
     return false;
 }
 
@@ -904,8 +914,18 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         r->fd = -1;
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         if (ci) r->fd = ci->connect_fd;
+        /* the request's deadline runs from the connection's start, or on a
+         * kept-alive connection from this request's headers (the idle time
+         * before it is not the client's slowness) */
         conn_ctx *cc = ctx_of(c);
-        r->t_accept = cc ? cc->t_mark : lk_time_s();
+        double now = lk_time_s();
+        r->t_accept = now;
+        if (cc) {
+            pthread_mutex_lock(&s->mu);
+            if (cc->served) cc->t_mark = now;
+            else r->t_accept = cc->t_mark;
+            pthread_mutex_unlock(&s->mu);
+        }
         srv_buf_put(&r->body, "", 0);
         *con_cls = r;
         return MHD_YES;
@@ -956,12 +976,12 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
                      st == SRV_LOADING ? "" : reason);
             return send_error(c, s, 503, msg, NULL);
         }
-        perr e = { { 0 }, NULL };
+        perr e = { { 0 }, { 0 } };
         random_id(r->id, sizeof r->id, r->kind == RQ_CHAT ? "chatcmpl-" : "cmpl-");
         r->created = (long long)time(NULL);
         if (!parse_request(s, r, r->body.p, r->body.n, &e)) {
             r->state = ST_DONE;
-            return send_error(c, s, 400, e.msg, e.param);
+            return send_error(c, s, 400, e.msg, e.param[0] ? e.param : NULL);
         }
         free(r->body.p);
         r->body = (srv_buf){ 0 };
@@ -1005,6 +1025,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
             struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, sse_reader, r, sse_free);
             MHD_add_response_header(resp, "Content-Type", "text/event-stream");
             MHD_add_response_header(resp, "Cache-Control", "no-cache");
+            keep_alive_hint(s, resp);
             srv_count_status(s, 200);
             pthread_mutex_unlock(&s->mu);
             ret = MHD_queue_response(c, 200, resp);
