@@ -99,12 +99,12 @@ pkill -9 -P "$WPID" 2>/dev/null
 has workers_plain_503 "$T/workers.plain" '^HTTP 503'
 has workers_health_degraded "$T/workers.health" '"status":"degraded".*rank 1.*HTTP 503'
 # reopening fails while the worker is away, and says why
-for _ in $(seq 100); do grep -q 'reopening the engine failed' "$T/workers.err" && break; sleep 0.1; done
+for _ in $(seq 400); do grep -q "reopening the engine failed" "$T/workers.err" && break; sleep 0.1; done
 curl -s "$URL/health" >"$T/health3"
 has workers_health_says_reopen_failed "$T/health3" '"status":"degraded","reason":"the engine failed: .*; reopening it failed \(attempt [0-9]+\)'
 "$L" worker --listen "127.0.0.1:$WPORT" --key-file "$T/key" 2>"$T/w2.log" &
 PIDS+=("$!"); disown "$!"
-for _ in $(seq 200); do curl -s "$URL/health" | grep -q '"status":"ok"' && break; sleep 0.1; done
+for _ in $(seq 500); do curl -s "$URL/health" | grep -q "\"status\":\"ok\"" && break; sleep 0.1; done
 curl -s "$URL/health" >"$T/health4"
 has workers_health_back "$T/health4" '"status":"ok"'
 curl -s "$URL/v1/completions" -d "$short" >"$T/after2.json"
