@@ -115,6 +115,13 @@ static void active_remove(lk_server *s, srv_req *r) {
 static void finalize(lk_server *s, srv_req *r) {
     r->safe = r->text.n;
     r->state = ST_DONE;
+    if (lk_log_level() >= LK_LOG_DEBUG) {   /* serve --verbose: a line per request */
+        double now = lk_time_s();
+        lk_log(LK_LOG_DEBUG, "serve: %s %s: prompt %d tokens (%d reused), %d generated, %s%s%s, first token %.3f s, "
+                             "total %.3f s", r->id, r->kind == RQ_CHAT ? "chat" : "completion", r->n_prompt, r->n_reused,
+               r->n_gen, r->err_status ? "error: " : "finish ", r->err_status ? r->err : lk_finish_to_string(r->finish == SRV_FINISH_STOP ? LK_FINISH_STOPPED : (lk_finish)r->finish),
+               r->finish == SRV_FINISH_STOP ? " (stop string)" : "", r->n_gen ? r->t_first - r->t_enq : 0.0, now - r->t_enq);
+    }
     if (!r->err_status) {
         s->prompt_tokens += (uint64_t)r->n_prompt;
         s->gen_tokens += (uint64_t)r->n_gen;
