@@ -44,8 +44,12 @@ expect no_model 2 '' --chat-template chatml
 has no_model_msg "$T/err" '-m FILE is required'
 expect bad_template 2 'hi\n' -m "$M" --chat-template nosuch
 has bad_template_msg "$T/err" "--chat-template nosuch: unknown name \(built-in: .*chatml"
-expect no_template 2 'hi\n' -m "$M"
-has no_template_msg "$T/err" 'no tokenizer.chat_template; choose one with --chat-template NAME'
+# a model without a template falls back to ChatML, with a warning, like llama.cpp
+expect no_template_chatml 0 'hi\n' -m "$M" --temp 0 -n 12 -t 1
+has no_template_warning "$T/err" 'no tokenizer.chat_template: using ChatML \(choose one with --chat-template NAME\)'
+cp "$T/out" "$T/no_template.out"
+expect explicit_chatml 0 'hi\n' "${CT[@]}"
+same no_template_same_as_chatml "$T/no_template.out" "$T/out"
 expect bad_number 2 'hi\n' "${CT[@]}" --top-p 2
 expect missing_file 1 'hi\n' -m "$T/nope.gguf" --chat-template chatml
 

@@ -290,7 +290,13 @@ int lk_cmd_chat(int argc, char **argv) {
             memcpy(tmpl_owned, s, len);
             tmpl_owned[len] = 0;
         }
-        if (lk_chat_template_select(NULL, tmpl_owned, &tmpl, err, sizeof err)) {
+        if (!tmpl_owned) {
+            /* as llama.cpp does: ChatML, said once, so the chat still works */
+            fprintf(stderr, "lockstep chat: warning: the model has no tokenizer.chat_template: using ChatML "
+                            "(choose one with --chat-template NAME)\n");
+            tmpl_name = "chatml";
+        }
+        if (lk_chat_template_select(tmpl_owned ? NULL : tmpl_name, tmpl_owned, &tmpl, err, sizeof err)) {
             fprintf(stderr, "lockstep chat: %s\n", err);
             rc = 2;
             goto out;
