@@ -610,7 +610,7 @@ LK_T2 static LK_INL void k23_block2(const int kind, const uint8_t *w, const uint
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             /* scales 8h..8h+7 in both 128-bit lanes */
-            __m256i sch = _mm256_permute4x64_epi64(sc16, h ? 0xEE : 0x44);
+            __m256i sch = h ? _mm256_permute4x64_epi64(sc16, 0xEE) : _mm256_permute4x64_epi64(sc16, 0x44); /* immediates (clang) */
             __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
 #pragma GCC unroll 4
             for (int g = 0; g < 4; g++) {
