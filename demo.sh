@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 scripts/deps.sh
 make -j"$(nproc)" build/lockstep >/dev/null
-model=../shared/testdata/models/stories260K.gguf
+model=testdata/models/stories260K.gguf   # in the repository (testdata/README.md says where it comes from)
 if [ ! -f "$model" ]; then
     echo "demo: $model not found. Any llama/qwen2/qwen3 GGUF works, e.g. a TinyLlama or"
     echo "      Qwen3 GGUF from Hugging Face: ./demo.sh uses MODEL=path/to/model.gguf if set."
