@@ -5,7 +5,10 @@
 # (nothing is written into the tree). Any crash, leak, UBSan report or
 # timeout fails the run, with the fuzzer's report and the input's path.
 #   fuzz/run.sh [SECONDS per fuzzer, default 20] [build folder, default build]
-# ONLY=substring runs the matching fuzzers only. Run from anywhere; paths are
+# ONLY=substring runs the matching fuzzers only. SEED=N fixes libFuzzer's
+# random seed (CI uses SEED=1, so that a run explores the same inputs each
+# time and a red CI is a change's doing, not the dice's; leave it unset when
+# hunting, to explore new ground each run). Run from anywhere; paths are
 # relative to the repository root, where the fuzzers expect to run.
 set -u
 cd "$(dirname "$0")/.."
@@ -29,7 +32,7 @@ for f in "$B"/fuzz/fuzz_*; do
     mkdir -p "$work/$name"
     # -timeout: one input may take 10 s at most (a hang is a finding too)
     "$f" "$work/$name" "$B/fuzz/seeds/$name" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
-        -max_len=65536 -artifact_prefix="$work/$name-" -print_final_stats=1 >"$work/$name.log" 2>&1
+        -max_len=65536 ${SEED:+-seed="$SEED"} -artifact_prefix="$work/$name-" -print_final_stats=1 >"$work/$name.log" 2>&1
     rc=$?
     stats=$(grep -E '^#[0-9]+.*(DONE|pulse|NEW|REDUCE)' "$work/$name.log" | tail -n 1 | sed 's/^#\([0-9]*\)\s*[A-Z]*\s*/\1 execs, /')
     if [ "$rc" -ne 0 ]; then

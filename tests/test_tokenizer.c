@@ -9,6 +9,7 @@
 #include "tokenizer/tokenizer.h"
 
 #include <jansson.h>
+#include <unistd.h>
 
 static lk_tokenizer *load_tok(const char *path) {
     char err[LK_ERRLEN];
@@ -773,6 +774,41 @@ TEST(edges) {
 }
 
 
+/* A byte-level BPE vocabulary that covers none of a text's bytes: encoding
+ * gives no tokens (llama.cpp drops bytes without a token) and must not touch
+ * the still-empty output (the clean-clone CI's fuzz_gguf found a NULL + 0
+ * there under UBSan). The file written is also fuzz/regress/gguf/bpe_empty.gguf. */
+TEST(bpe_vocab_without_the_bytes) {
+    char path[] = "/tmp/lk_test_bpe_empty.XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd < 0) return;
+    close(fd);
+    char err[LK_ERRLEN];
+    lk_gguf_writer *w = NULL;
+    CHECK(lk_gguf_writer_open(path, &w, err, sizeof err) == LK_OK);
+    if (!w) return;
+    const char *toks[16] = {"a", "b", "ab", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n", "o"};
+    const char *merges[1] = {"a b"};
+    lk_gguf_writer_set_str(w, "general.architecture", "llama");
+    lk_gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2");
+    lk_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, 16);
+    lk_gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, 1);
+    CHECK(lk_gguf_writer_begin_data(w, err, sizeof err) == LK_OK);
+    CHECK(lk_gguf_writer_close(w, err, sizeof err) == LK_OK);
+    lk_tokenizer *t = load_tok(path);
+    unlink(path);
+    CHECK(t != NULL);
+    if (!t) return;
+    int32_t *ids = NULL, n = -1;
+    /* "zz" and "yy": no byte has a token; then "ab" merges */
+    CHECK(lk_tokenizer_encode(t, "zz yy", 5, false, false, &ids, &n, err, sizeof err) == LK_OK && n == 0);
+    free(ids);
+    CHECK(lk_tokenizer_encode(t, "zz ab", 5, false, false, &ids, &n, err, sizeof err) == LK_OK && n == 1 && ids[0] == 2);
+    free(ids);
+    lk_tokenizer_free(t);
+}
+
 /* ---- Unicode facts (ICU) as the pre-tokenisers need them ---- */
 TEST(unicode_categories) {
     CHECK(lk_unicode_flags('a') == LK_CPT_LETTER);
@@ -898,6 +934,7 @@ int main(void) {
     RUN(invalid_bytes);
     RUN(detok_split_character);
     RUN(edges);
+    RUN(bpe_vocab_without_the_bytes);
     RUN(unicode_categories);
     RUN(pretokenizer_splits);
     RUN(other_vocabs_roundtrip);

@@ -152,7 +152,7 @@ static void bytes_put(bytes_t *b, const void *s, size_t n) {
         b->p = lk_xrealloc(b->p, c);
         b->cap = c;
     }
-    memcpy(b->p + b->n, s, n);
+    if (n) memcpy(b->p + b->n, s, n);
     b->n += n;
 }
 
@@ -880,7 +880,10 @@ static bool memo_get(const memo_t *m, const char *k, size_t n, uint64_t h, ids_t
     }
 }
 
-static void memo_put(memo_t *m, const char *k, size_t n, uint64_t h, const int32_t *ids, size_t nids) {
+/* Memoises src->v[first..src->n) (possibly none: src->v may still be NULL)
+ * as the tokens of k[0..n). */
+static void memo_put(memo_t *m, const char *k, size_t n, uint64_t h, const ids_t *src, size_t first) {
+    size_t nids = src->n - first;
     if (m->used >= MEMO_MAX_ENTRIES) return;
     if (!m->e || 2 * (m->used + 1) > m->mask + 1) { /* grow (and rehash) */
         uint32_t cap = m->e ? 2 * (m->mask + 1) : 1024;
@@ -900,7 +903,7 @@ static void memo_put(memo_t *m, const char *k, size_t n, uint64_t h, const int32
     while (m->e[i].klen != UINT32_MAX) i = (i + 1) & m->mask;
     m->e[i] = (memo_e){h, (uint32_t)m->keys.n, (uint32_t)n, (uint32_t)m->vals.n, (uint32_t)nids};
     bytes_put(&m->keys, k, n);
-    for (size_t j = 0; j < nids; j++) ids_push(&m->vals, ids[j]);
+    for (size_t j = first; j < src->n; j++) ids_push(&m->vals, src->v[j]);
     m->used++;
 }
 
@@ -1001,7 +1004,7 @@ static void spm_stretch(const lk_tokenizer *t, spm_ctx *c, const char *s, size_t
     if (memo_get(&c->memo, s, n, h, c->out)) return;
     size_t first = c->out->n;
     spm_tokenize(t, c, s, n);
-    memo_put(&c->memo, s, n, h, c->out->v + first, c->out->n - first);
+    memo_put(&c->memo, s, n, h, c->out, first);
 }
 
 /* Is a cut before the "▁" symbol at b safe? A symbol spanning b would be a
@@ -1138,7 +1141,7 @@ static void bpe_fragment(const lk_tokenizer *t, bpe_ctx *c, const char *s, size_
         if (memo_get(&c->memo, c->word.p, c->word.n, h, c->out)) continue;
         size_t first = c->out->n;
         bpe_word(t, c, c->word.p, c->word.n);
-        memo_put(&c->memo, c->word.p, c->word.n, h, c->out->v + first, c->out->n - first);
+        memo_put(&c->memo, c->word.p, c->word.n, h, c->out, first);
     }
 }
 
