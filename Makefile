@@ -9,6 +9,23 @@ OPT     ?= -O2
 CFLAGS  += -std=c11 -D_GNU_SOURCE -g $(OPT) -Wall -Wextra -Wno-unused-parameter -pthread -Isrc
 LDLIBS  += -lmicrohttpd -lsodium -ljansson -licuuc -lm -pthread
 SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+# Optional HPC stack, used when its Debian -dev package is there (issue 13):
+# UCX (libucx-dev) for --transport ucx, MPI (libopenmpi-dev) for mpirun launch.
+# NO_UCX=1 / NO_MPI=1 build without them.
+ifeq ($(NO_UCX),)
+UCX_LIBS := $(shell pkg-config --libs ucx 2>/dev/null)
+endif
+ifneq ($(UCX_LIBS),)
+CFLAGS  += -DLK_HAVE_UCX $(shell pkg-config --cflags ucx)
+LDLIBS  += $(UCX_LIBS)
+endif
+ifeq ($(NO_MPI),)
+MPI_LIBS := $(shell pkg-config --libs ompi-c 2>/dev/null)
+endif
+ifneq ($(MPI_LIBS),)
+CFLAGS  += -DLK_HAVE_MPI $(shell pkg-config --cflags ompi-c)
+LDLIBS  += $(MPI_LIBS)
+endif
 
 SRC      := $(shell find src -name '*.c' | sort)
 LIB_SRC  := $(filter-out src/cli/%,$(SRC))

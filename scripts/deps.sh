@@ -2,6 +2,8 @@
 # Installs the Debian packages lockstep builds and tests with (as root, or via sudo).
 set -euo pipefail
 pkgs="build-essential clang libsodium-dev libjansson-dev libicu-dev libmicrohttpd-dev iproute2 procps curl"
+# the HPC stack (issue 13): UCX for --transport ucx, Open MPI for mpirun launch
+pkgs="$pkgs libucx-dev openmpi-bin libopenmpi-dev"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 # Node.js and npm run the server's client tests (the official openai package);

@@ -1,5 +1,6 @@
 #include "cli/genflags.h"
 #include "parallel/parallel.h"
+#include "transport/transport.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -46,7 +47,7 @@ void lk_genflags_opts(lk_genflags *f, lk_opt *opts, int *n, int cap) {
         { "--pp", NULL, LK_OPT_INT, &f->pp, "N", "pipeline stages" },
         { "--tp-weights", NULL, LK_OPT_STR, &f->tp_weights, "W,W,..", "relative share of each TP rank (mixed-speed nodes)" },
         { "--layers-split", NULL, LK_OPT_STR, &f->layers_split, "N,N,..", "layers per pipeline stage" },
-        { "--transport", NULL, LK_OPT_STR, &f->transport, "NAME", "auto | tcp | shm (default auto)" },
+        { "--transport", NULL, LK_OPT_STR, &f->transport, "NAME", "auto | tcp | shm | ucx (default auto)" },
         { "--wire", NULL, LK_OPT_STR, &f->wire, "FMT", "all-reduce wire format: f32 (default, exact), f16, bf16, q8" },
         { "--seal", NULL, LK_OPT_FLAG, &f->seal, NULL, lk_seal_help },
     };
@@ -140,8 +141,10 @@ bool lk_genflags_finish(lk_genflags *f, const char *cmd, lk_engine_opts *eo, lk_
         fprintf(stderr, "lockstep %s: %s is out of range%s (see 'lockstep %s --help')\n", cmd, bad, range, cmd);
         return false;
     }
-    if (f->transport && strcmp(f->transport, "auto") && strcmp(f->transport, "tcp") && strcmp(f->transport, "shm")) {
-        fprintf(stderr, "lockstep %s: --transport must be auto, tcp or shm (got '%s')\n", cmd, f->transport);
+    lk_mesh_shm tmode;
+    char terr[LK_ERRLEN];
+    if (lk_transport_parse(f->transport, &tmode, terr, sizeof terr)) {
+        fprintf(stderr, "lockstep %s: %s\n", cmd, terr);
         return false;
     }
     lk_wire_fmt wire;

@@ -588,11 +588,8 @@ lk_status lk_cluster_open(const lk_cluster_opts *o, const lk_gguf *g, const lk_p
                                     o->tp, o->pp, c->n));
     c->tp = tp;
     c->pp = pp;
-    lk_mesh_shm shm = LK_MESH_SHM_AUTO;
-    if (o->transport && !strcmp(o->transport, "tcp")) shm = LK_MESH_SHM_OFF;
-    else if (o->transport && !strcmp(o->transport, "shm")) shm = LK_MESH_SHM_FORCE;
-    else if (o->transport && strcmp(o->transport, "auto"))
-        return open_fail(c, lk_fail(err, errlen, LK_ERR_ARG, "--transport must be auto, tcp or shm"));
+    lk_mesh_shm shm;
+    if ((st = lk_transport_parse(o->transport, &shm, err, errlen))) return open_fail(c, st);
 
     lk_wire_fmt wire = LK_WIRE_F32;
     if (o->wire && !lk_wire_fmt_parse(o->wire, &wire))

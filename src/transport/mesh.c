@@ -215,6 +215,21 @@ lk_status lk_mesh_create(const lk_mesh_params *p, lk_mesh **out, char *err, size
         m->ctl[s]->spin_ns = spin;
         m->data[s] = m->ctl[s];
         bool same = !strcmp(hosts[s], hosts[p->rank]);
+        /* UCX when asked, and by default to another host when this one has
+         * an RDMA device and the build has UCX (ucx.c reports its lanes) */
+        if (p->shm == LK_MESH_UCX || (p->shm == LK_MESH_SHM_AUTO && !same && lk_ucx_built() && lk_rdma_device_present())) {
+            lk_link *ul = NULL;
+            lk_status us = lk_ucx_pair(m->ctl[s], deadline, &ul, why, sizeof why);
+            if (us && (p->shm == LK_MESH_UCX || us == LK_ERR_NET || us == LK_ERR_TIMEOUT)) {
+                st = lk_fail(err, errlen, us, "ucx setup with rank %d: %s", s, why);
+                goto fail;
+            }
+            if (!us) {
+                m->data[s] = ul;
+                continue;
+            }
+            lk_log(LK_LOG_WARN, "mesh rank %d: rank %d (%s) over tcp: ucx failed: %s", p->rank, s, m->ctl[s]->peer_addr, why);
+        }
         if (p->shm == LK_MESH_SHM_OFF || (!same && p->shm == LK_MESH_SHM_AUTO)) {
             bool sealed = lk_seal_is(m->ctl[s]);
             lk_log(LK_LOG_INFO, "mesh rank %d: rank %d (%s) over tcp%s%s%s%s", p->rank, s, m->ctl[s]->peer_addr,

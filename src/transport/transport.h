@@ -10,6 +10,9 @@
  *   - shm.c: two single-producer/single-consumer rings in a shm_open'd segment
  *     per pair of processes on one host (set up over the TCP link, unlinked as
  *     soon as both sides mapped it, so nothing is left behind on a crash).
+ *   - ucx.c: UCP stream endpoints (--transport ucx, when built with UCX):
+ *     InfiniBand/RoCE, shared memory or TCP, as UCX selects; set up over
+ *     the TCP link like shm, and says per peer what UCX chose.
  *   - seal.c: wraps a TCP link after the cluster handshake (opt-in --seal):
  *     AEAD records (AES-256-GCM or ChaCha20-Poly1305), so an on-path
  *     attacker can neither read nor alter, inject, replay or cut the stream
@@ -131,6 +134,24 @@ lk_status lk_shm_pair(lk_link *ctl, bool creator, size_t ring_bytes, uint64_t de
  * does it once per process. Returns how many it removed. */
 int lk_shm_sweep_stale(void);
 
+/* --- UCX (ucx.c) --------------------------------------------------------- */
+
+/* Whether this build has UCX (the Makefile found libucx-dev). */
+bool lk_ucx_built(void);
+/* Like lk_shm_pair: both sides call it at the same point with their TCP
+ * link to the peer; the UCX worker addresses travel over ctl (already
+ * authenticated), then one round trip wires the endpoint up. The lanes UCX
+ * chose ("tcp/lo", "posix/memory", "rc_mlx5/mlx5_0:1") are printed on
+ * stderr ("lockstep: ucx link to rank 1 (...): tcp/lo"), and a warning
+ * follows when the two sides disagree or an RDMA device on this host goes
+ * unused. ctl stays open and is watched for the peer's death. Without
+ * UCX: LK_ERR_ARG, "lockstep was built without UCX ...". */
+lk_status lk_ucx_pair(lk_link *ctl, uint64_t deadline_ns, lk_link **out, char *err, size_t errlen);
+/* The lanes of a UCX link ("tcp/lo"); NULL for any other link. */
+const char *lk_ucx_report(const lk_link *l);
+/* A device under /sys/class/infiniband (InfiniBand or RoCE NIC). */
+bool lk_rdma_device_present(void);
+
 /* --- sealed links (seal.c) ---------------------------------------------- */
 
 /* A sealed link carries the bytes of a TCP link as AEAD records (see seal.c
@@ -238,7 +259,12 @@ void lk_gate_free(lk_gate *g); /* closes the connections still waiting; NULL ok 
 
 typedef struct lk_mesh lk_mesh;
 
-typedef enum { LK_MESH_SHM_AUTO = 0, LK_MESH_SHM_OFF, LK_MESH_SHM_FORCE } lk_mesh_shm;
+/* The data transport of a mesh (named for its first use: shm or not).
+ * LK_MESH_UCX: every peer link over UCX (lk_ucx_pair). */
+typedef enum { LK_MESH_SHM_AUTO = 0, LK_MESH_SHM_OFF, LK_MESH_SHM_FORCE, LK_MESH_UCX } lk_mesh_shm;
+/* --transport NAME -> the mode: auto, tcp, shm, ucx; a name not built in
+ * ("lockstep was built without UCX ...") or unknown is LK_ERR_ARG. */
+lk_status lk_transport_parse(const char *name, lk_mesh_shm *out, char *err, size_t errlen);
 
 typedef struct {
     int rank, n;
