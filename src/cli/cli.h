@@ -39,6 +39,10 @@ void lk_args_usage(const char *cmd, const char *synopsis, const lk_opt *opts);
  * is malformed or anything else follows; ranges are the caller's. */
 bool lk_parse_units(const char *s, double *num, double *mul, bool *b);
 
+/* --threads' upper bound in every command (the cluster protocol's; a
+ * pool's threads are real pthreads, and far more than the CPUs only wait). */
+#define LK_THREADS_MAX 1024
+
 int lk_cmd_run(int argc, char **argv);
 int lk_cmd_info(int argc, char **argv);
 int lk_cmd_quantize(int argc, char **argv);

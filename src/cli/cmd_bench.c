@@ -131,7 +131,7 @@ int lk_cmd_bench(int argc, char **argv) {
     bool json = false, csv = false, md = false, kv_f16 = false, seal = false;
     const lk_opt opts[] = {
         { "--model", "-m", LK_OPT_STR, &model, "FILE", "GGUF model (required)" },
-        { "--threads", "-t", LK_OPT_STR, &threads_s, "N[,N..]", "thread counts to measure, per rank (default: all cores, shared by --local ranks)" },
+        { "--threads", "-t", LK_OPT_STR, &threads_s, "N[,N..]", "thread counts to measure, per rank (default: the physical cores this process may run on, shared by --local ranks)" },
         { "--n-prompt", "-p", LK_OPT_INT, &p, "N", "prompt tokens for the prefill test (per sequence); 0 = skip (default 512)" },
         { "--n-gen", "-n", LK_OPT_INT, &n, "N", "tokens to decode (per sequence); 0 = skip (default 128)" },
         { "--seqs", "-s", LK_OPT_STR, &seqs_s, "S[,S..]",
@@ -175,6 +175,20 @@ int lk_cmd_bench(int argc, char **argv) {
     if (threads_s && (nt = parse_list(threads_s, tlist, 16)) < 0) {
         fprintf(stderr, "lockstep bench: --threads expects a list like 1,2,4, got '%s'\n", threads_s);
         return 2;
+    }
+    for (int i = 0; i < nt; i++)
+        if (tlist[i] > LK_THREADS_MAX) {
+            fprintf(stderr, "lockstep bench: --threads %d is out of range: 1 to %d\n", tlist[i], LK_THREADS_MAX);
+            return 2;
+        }
+    {
+        const int ranks = workers && *workers ? 1 : LK_MAX((int)local, 1);
+        char line[256];
+        if (threads_s) fprintf(stderr, "lockstep bench: threads %s per rank (-t)\n", threads_s);
+        else {
+            lk_threads_describe(LK_MAX(1, lk_threads_default() / ranks), ranks, false, line, sizeof line);
+            fprintf(stderr, "lockstep bench: %s%s\n", line, workers && *workers ? " on the head" : "");
+        }
     }
     if (seqs_s && (ns = parse_list(seqs_s, slist, 16)) < 0) {
         fprintf(stderr, "lockstep bench: --seqs expects a list like 1,4,16 (each 1..4096), got '%s'\n", seqs_s);

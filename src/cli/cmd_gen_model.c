@@ -273,7 +273,7 @@ static uint32_t file_type_of(uint32_t t) {
 
 int lk_cmd_gen_model(int argc, char **argv) {
     const char *shape_name = NULL, *type_name = "q8_0", *out = NULL, *vocab = NULL;
-    int64_t layers = 0, seed = 1, threads = 0;
+    int64_t layers = 0, seed = 1, threads = -1;
     bool list = false, quiet = false;
     const lk_opt opts[] = {
         {"--shape", NULL, LK_OPT_STR, &shape_name, "NAME", "model shape (see --list)"},
@@ -282,7 +282,7 @@ int lk_cmd_gen_model(int argc, char **argv) {
         {"--layers", NULL, LK_OPT_INT, &layers, "N", "override the number of layers (quick runs of big shapes)"},
         {"--seed", NULL, LK_OPT_INT, &seed, "S", "random seed (default 1); same seed, same file"},
         {"--vocab", NULL, LK_OPT_STR, &vocab, "GGUF", "copy the tokenizer.* keys of this file (and its vocab size)"},
-        {"--threads", "-t", LK_OPT_INT, &threads, "N", "generator threads (default: CPUs, at most 16)"},
+        {"--threads", "-t", LK_OPT_INT, &threads, "N", "generator threads (default: the CPUs this process may run on, at most 16)"},
         {"--quiet", "-q", LK_OPT_FLAG, &quiet, NULL, "no progress line"},
         {"--list", NULL, LK_OPT_FLAG, &list, NULL, "list the shapes and exit"},
         {0},
@@ -317,14 +317,14 @@ int lk_cmd_gen_model(int argc, char **argv) {
         fprintf(stderr, "lockstep gen-model: --layers must be 1..1000 (got %" PRId64 ")\n", layers);
         return 2;
     }
-    if (threads < 0 || threads > 256) {
-        fprintf(stderr, "lockstep gen-model: --threads must be 1..256 (got %" PRId64 ")\n", threads);
+    if (threads == 0 || threads < -1 || threads > 256) {
+        fprintf(stderr, "lockstep gen-model: --threads %" PRId64 " is out of range: 1 to 256 (leave it out for the default)\n", threads);
         return 2;
     }
-    if (!threads) {
-        long nc = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = nc < 1 ? 1 : nc > 16 ? 16 : nc;
-    }
+    const bool threads_given = threads > 0;
+    if (!threads_given) threads = LK_MIN(lk_cpus_usable(), 16);
+    fprintf(stderr, "lockstep gen-model: %" PRId64 " thread%s (%s)\n", threads, threads > 1 ? "s" : "",
+            threads_given ? "-t" : "default: the CPUs this process may run on, at most 16");
     shape_t s = *sp;
     if (layers) s.n_layer = layers;
 

@@ -224,13 +224,13 @@ static void *run_qjob(void *arg) {
 
 int lk_cmd_quantize(int argc, char **argv) {
     const char *type_name = NULL;
-    int64_t threads = 0;
+    int64_t threads = -1;
     bool quiet = false;
     const lk_opt opts[] = {
         {"--type", NULL, LK_OPT_STR, &type_name, "TYPE",
          "q8_0, q4_0, q5_0, q5_1, q2_k, q2_k_s, q3_k_s, q3_k_m (= q3_k), q3_k_l, q4_k_s, q4_k_m (= q4_k), "
          "q5_k_s, q5_k_m (= q5_k) or q6_k: llama-quantize's per-tensor mixes (required)"},
-        {"--threads", "-t", LK_OPT_INT, &threads, "N", "converter threads (default: CPUs, at most 16)"},
+        {"--threads", "-t", LK_OPT_INT, &threads, "N", "converter threads (default: the CPUs this process may run on, at most 16)"},
         {"--quiet", "-q", LK_OPT_FLAG, &quiet, NULL, "no progress line"},
         {0},
     };
@@ -251,14 +251,14 @@ int lk_cmd_quantize(int argc, char **argv) {
                 type_name ? type_name : "nothing");
         return 2;
     }
-    if (threads < 0 || threads > 256) {
-        fprintf(stderr, "lockstep quantize: --threads must be 1..256 (got %" PRId64 ")\n", threads);
+    if (threads == 0 || threads < -1 || threads > 256) {
+        fprintf(stderr, "lockstep quantize: --threads %" PRId64 " is out of range: 1 to 256 (leave it out for the default)\n", threads);
         return 2;
     }
-    if (!threads) {
-        long nc = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = nc < 1 ? 1 : nc > 16 ? 16 : nc;
-    }
+    const bool threads_given = threads > 0;
+    if (!threads_given) threads = LK_MIN(lk_cpus_usable(), 16);
+    fprintf(stderr, "lockstep quantize: %" PRId64 " thread%s (%s)\n", threads, threads > 1 ? "s" : "",
+            threads_given ? "-t" : "default: the CPUs this process may run on, at most 16");
     const char *in = pos[0], *out = pos[1];
     struct stat si, so;
     if (stat(in, &si) == 0 && stat(out, &so) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino) {

@@ -24,12 +24,12 @@ static bool parse_size(const char *s, uint64_t *out) {
 
 int lk_cmd_worker(int argc, char **argv) {
     const char *listen = NULL, *key_file = NULL, *model_dir = NULL, *cache_dir = NULL, *cache_max_s = NULL;
-    int64_t threads = 0;
+    int64_t threads = -1;
     bool verbose = false, seal = false;
     const lk_opt opts[] = {
         {"--listen", "-l", LK_OPT_STR, &listen, "HOST:PORT", "where heads connect, e.g. 0.0.0.0:7070 (required)"},
         {"--key-file", NULL, LK_OPT_STR, &key_file, "FILE", "cluster key, the same on every node (required)"},
-        {"--threads", "-t", LK_OPT_INT, &threads, "N", "compute threads (default: what the head asks, else all cores)"},
+        {"--threads", "-t", LK_OPT_INT, &threads, "N", "compute threads (default: what the head asks, else the physical cores this process may run on)"},
         {"--model-dir", NULL, LK_OPT_STR, &model_dir, "DIR", "find models here by file name (default: the head's path)"},
         {"--cache-dir", NULL, LK_OPT_STR, &cache_dir, "DIR", "without the model, have the head send only this worker's slices and keep them here (sparse files by model identity and layout; reused after a restart); without it a missing model is an error"},
         {"--cache-max", NULL, LK_OPT_STR, &cache_max_s, "SIZE", "disk the cache may use, e.g. 500M, 64G (default 64G); the least recently used entries are removed to make room"},
@@ -46,8 +46,9 @@ int lk_cmd_worker(int argc, char **argv) {
                 !listen ? "--listen HOST:PORT" : "--key-file FILE");
         return 2;
     }
-    if (threads < 0 || threads > 1024) {
-        fprintf(stderr, "lockstep worker: --threads must be 0..1024\n");
+    if (threads == 0 || threads < -1 || threads > LK_THREADS_MAX) {
+        fprintf(stderr, "lockstep worker: --threads %lld is out of range: 1 to %d (leave it out for the default)\n",
+                (long long)threads, LK_THREADS_MAX);
         return 2;
     }
     uint64_t cache_max = 0;
@@ -75,6 +76,10 @@ int lk_cmd_worker(int argc, char **argv) {
         fprintf(stderr, "lockstep worker: %s\n", err);
         return 2;
     }
+    char tline[256];
+    lk_threads_describe(threads > 0 ? (int)threads : lk_threads_default(), 1, threads > 0, tline, sizeof tline);
+    fprintf(stderr, "lockstep worker: %s%s\n", threads > 0 ? "" : "what each head asks (-t on the head), else ", tline);
+    if (threads < 0) threads = 0;
     /* A head that vanishes mid-send must not kill us with SIGPIPE. */
     signal(SIGPIPE, SIG_IGN);
     lk_worker_opts o = {.listen = listen, .listen_fd = -1, .key = key, .model_dir = model_dir,

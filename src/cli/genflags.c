@@ -15,9 +15,10 @@ const char lk_seal_help[] =
     "without seals when asked; same-host shm links stay unsealed (cost: BENCHMARKS.md, 'netbench --seal')";
 
 void lk_genflags_init(lk_genflags *f) {
-    /* --tp/--pp -1: not given (the cluster picks); 0 given is an error */
+    /* --tp/--pp/--threads -1: not given (the cluster picks, the default
+     * thread count); 0 given is an error */
     *f = (lk_genflags){ .top_k = 40, .seed = -1, .last_n = 64, .temp = 0.8, .top_p = 0.95, .min_p = 0.05, .rep = 1.0,
-                        .tp = -1, .pp = -1 };
+                        .tp = -1, .pp = -1, .threads = -1 };
 }
 
 void lk_genflags_opts(lk_genflags *f, lk_opt *opts, int *n, int cap) {
@@ -32,7 +33,7 @@ void lk_genflags_opts(lk_genflags *f, lk_opt *opts, int *n, int cap) {
         { "--presence-penalty", NULL, LK_OPT_F64, &f->pres, "F", "subtract F if used recently (default 0)" },
         { "--penalty-last-n", NULL, LK_OPT_INT, &f->last_n, "N", "how many recent tokens penalties see (default 64)" },
         { "--seed", NULL, LK_OPT_INT, &f->seed, "S", "random seed (default: from the clock, printed)" },
-        { "--threads", "-t", LK_OPT_INT, &f->threads, "N", "threads per rank (default: all cores, shared by --local ranks)" },
+        { "--threads", "-t", LK_OPT_INT, &f->threads, "N", "threads per rank (default: the physical cores this process may run on, shared by --local ranks)" },
         { "--ctx", "-c", LK_OPT_INT, &f->ctx, "N", "context length / KV cache size (default: model's, at most 4096)" },
         { "--ctx-size", NULL, LK_OPT_INT, &f->ctx, "N", "same as --ctx (llama.cpp's name)" },
         { "--batch", "-b", LK_OPT_INT, &f->batch, "N", "most prompt tokens per forward pass (default 512)" },
@@ -127,10 +128,34 @@ static bool check_layout(const lk_genflags *f, const char *cmd) {
     return true;
 }
 
+/* --threads: 1..LK_THREADS_MAX when given (more than the CPUs we may run on
+ * is allowed, with a warning); not given, the default for this machine,
+ * split among --local ranks, while --workers ranks choose their own (0 in
+ * the engine options). Says the count on one line either way. */
+static bool check_threads(lk_genflags *f, const char *cmd) {
+    if (f->threads == 0 || f->threads < -1 || f->threads > LK_THREADS_MAX) {
+        fprintf(stderr, "lockstep %s: --threads %lld is out of range: 1 to %d (leave it out for the default, %d here)\n",
+                cmd, (long long)f->threads, LK_THREADS_MAX, lk_threads_default());
+        return false;
+    }
+    const bool given = f->threads > 0, workers = f->workers && *f->workers;
+    const int ranks = !workers && f->local > 1 ? (int)f->local : 1, cpus = lk_cpus_usable();
+    if (!given) f->threads = LK_MAX(1, lk_threads_default() / ranks);
+    char line[256];
+    lk_threads_describe((int)f->threads, ranks, given, line, sizeof line);
+    fprintf(stderr, "lockstep %s: %s%s\n", cmd, line, workers ? " on the head; workers: what -t says, else their own default" : "");
+    if (given && f->threads * ranks > cpus)
+        lk_log(LK_LOG_WARN, "%s: %lld thread%s on %d CPU%s this process may run on: threads will wait for each other",
+               ranks > 1 ? "--threads x --local" : "--threads", (long long)(f->threads * ranks), f->threads * ranks > 1 ? "s" : "",
+               cpus, cpus > 1 ? "s" : "");
+    if (!given && workers) f->threads = 0; /* each worker its own default; the head's engine its own */
+    return true;
+}
+
 bool lk_genflags_finish(lk_genflags *f, const char *cmd, lk_engine_opts *eo, lk_sampler_params *sp) {
     /* --ctx: positions are int32 everywhere; the memory it needs is checked
      * when the model is opened (lk_engine_open) */
-    const char *bad = f->threads < 0 ? "--threads" : f->ctx < 0 || f->ctx > LK_CTX_MAX ? "--ctx" : f->batch < 0 ? "--batch"
+    const char *bad = f->ctx < 0 || f->ctx > LK_CTX_MAX ? "--ctx" : f->batch < 0 ? "--batch"
                     : f->top_k < 0 ? "--top-k" : f->last_n < 0 ? "--penalty-last-n" : f->local < 0 ? "--local"
                     : f->tp == 0 || f->tp < -1 ? "--tp" : f->pp == 0 || f->pp < -1 ? "--pp" : f->temp < 0 ? "--temp"
                     : !(f->top_p > 0 && f->top_p <= 1) ? "--top-p" : !(f->min_p >= 0 && f->min_p <= 1) ? "--min-p"
@@ -160,6 +185,7 @@ bool lk_genflags_finish(lk_genflags *f, const char *cmd, lk_engine_opts *eo, lk_
                         "(e.g. 2G)\n", cmd, f->kv_budget);
         return false;
     }
+    if (!check_threads(f, cmd)) return false;
     if (f->seed < 0) f->seed = (int64_t)(time(NULL) ^ getpid());
     *eo = (lk_engine_opts){ .model_path = f->model, .n_threads = (int)f->threads, .n_ctx = (int)f->ctx,
                             .n_batch = (int)f->batch, .kv_f16 = f->kv_f16, .kv_budget = kv_bytes ? 0 : kv_budget,

@@ -29,7 +29,7 @@ void lk_genflags_init(lk_genflags *f);
  * terminates the table with a zero entry. */
 void lk_genflags_opts(lk_genflags *f, lk_opt *opts, int *n, int cap);
 /* Checks ranges (a one-line error naming the command, false on failure),
- * picks the seed and fills the engine options and sampler parameters
+ * says the thread count on stderr (one line), picks the seed and fills the engine options and sampler parameters
  * (--kv-budget: positions, or bytes with a K/M/G suffix). */
 bool lk_genflags_finish(lk_genflags *f, const char *cmd, lk_engine_opts *eo, lk_sampler_params *sp);
 

@@ -618,8 +618,7 @@ lk_status lk_cluster_open(const lk_cluster_opts *o, const lk_gguf *g, const lk_p
     memcpy(c->slices, slices, sizeof(lk_slice) * (size_t)c->n);
 
     if (o->local > 1 && !o->workers) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        int threads = o->n_threads ? o->n_threads : (int)LK_MAX(1, cores / o->local);
+        int threads = o->n_threads ? o->n_threads : LK_MAX(1, lk_threads_default() / o->local);
         for (int r = 1; r < o->local; r++)
             if ((st = spawn_local(c, r, threads, err, errlen))) return open_fail(c, st);
     }

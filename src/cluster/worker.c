@@ -339,7 +339,7 @@ static lk_status finish_load(session *s, const char *path, lk_loaded_msg *rep, c
     const lk_load_msg *L = &s->load;
     lk_model_params mp = {.n_ctx = L->n_ctx, .n_batch = L->n_batch, .kv_f16 = L->kv_f16, .max_seqs = L->max_seqs,
                           .kv_tokens = L->kv_tokens,
-                          .n_threads = s->w->o->n_threads ? s->w->o->n_threads : L->n_threads};
+                          .n_threads = s->w->o->n_threads ? s->w->o->n_threads : L->n_threads ? L->n_threads : lk_threads_default()};
     lk_status st = lk_model_load(s->g, &L->slice, &mp, &s->m, err, errlen);
     if (st) return st;
     const lk_slice *sl = lk_model_slice(s->m);

@@ -61,8 +61,29 @@ void lk_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)
  * it covers (n when everything fit). */
 size_t lk_str_sanitize(char *out, size_t outlen, const void *s, size_t n);
 
-/* MemAvailable from /proc/meminfo in bytes (0 if unknown). */
+/* ---- what this process may use (limits.c) ----------------------------------
+ * Memory it can still get, in bytes (0 if unknown): MemAvailable from
+ * /proc/meminfo, capped by the room under a cgroup memory limit (limit less
+ * usage, inactive file cache counted free; v1 or v2, any ancestor) and by
+ * RLIMIT_AS less the address space in use. Inside a container MemAvailable
+ * is the host's: the cap is what keeps a KV cache from the OOM killer. */
 uint64_t lk_mem_available(void);
+
+/* CPUs: cpus = those of the affinity mask (sched_getaffinity: taskset, a
+ * cpuset), cores = distinct physical cores among them (SMT siblings count
+ * once), quota = a cgroup CPU quota in CPUs (0: none), threads = the
+ * default thread count: cores, at most the whole CPUs of the quota, >= 1.
+ * Physical cores because decoding is memory-bound and an SMT sibling adds
+ * little but a second thread to wait for at every barrier; a busy machine
+ * then slows a step by one core's share, not by a descheduled thread. */
+typedef struct { int cpus, cores, threads; double quota; } lk_cpu_budget;
+void lk_cpu_budget_get(lk_cpu_budget *b);
+int  lk_threads_default(void);   /* lk_cpu_budget's threads */
+int  lk_cpus_usable(void);       /* cpus, at most the quota rounded up */
+/* "2 threads (default: 2 physical cores of the 2 CPUs this process may run
+ * on)", "1 thread per rank x 2 local ranks (...)" or "... (-t 4)": the line
+ * every command prints at start. */
+void lk_threads_describe(int threads, int ranks, bool given, char *buf, size_t len);
 
 /* Monotonic clock. */
 double   lk_time_s(void);

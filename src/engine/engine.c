@@ -73,13 +73,12 @@ static double gib(double bytes) { return bytes / (1024.0 * 1024 * 1024); }
 static lk_status check_memory(const lk_engine_opts *o, const lk_model_config *cfg, int n_ctx, int64_t kv, char *err,
                               size_t errlen) {
     const double per_pos = 2.0 * cfg->n_layer * cfg->n_head_kv * cfg->head_dim * (o->kv_f16 ? 2 : 4);
-    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
     const bool remote = o->workers && *o->workers;
     int ranks = 1;
     if (remote)
         for (const char *p = o->workers; *p; p++) ranks += *p == ',';
     const int local = !remote && o->local > 1 ? o->local : 1;
-    const double threads = o->n_threads > 0 ? (double)o->n_threads * local : (double)LK_MAX(cores, 1);
+    const double threads = o->n_threads > 0 ? (double)o->n_threads * local : (double)lk_threads_default();
     const double kv_bytes = (double)kv * per_pos / ranks;
     const double tables = local * (double)n_ctx * cfg->rope_dim * 4 + threads * 16.0 * n_ctx * 4;
     const uint64_t avail = lk_mem_available();
@@ -113,8 +112,8 @@ lk_status lk_engine_open(const lk_engine_opts *o, lk_engine **out, char *err, si
     if (o->n_ctx > cfg.n_ctx_train)
         lk_log(LK_LOG_WARN, "--ctx %d is beyond the %d positions the model was trained on: text past them may degrade",
                o->n_ctx, cfg.n_ctx_train);
-    lk_model_params mp = { .n_ctx = o->n_ctx, .n_batch = o->n_batch, .kv_f16 = o->kv_f16, .n_threads = o->n_threads,
-                           .max_seqs = max_seqs, .kv_tokens = kv };
+    lk_model_params mp = { .n_ctx = o->n_ctx, .n_batch = o->n_batch, .kv_f16 = o->kv_f16,
+                           .n_threads = o->n_threads ? o->n_threads : lk_threads_default(), .max_seqs = max_seqs, .kv_tokens = kv };
     lk_slice head_slice, *slice = NULL;
     if (is_cluster(o)) {
         lk_plan_dims dims;
@@ -128,8 +127,7 @@ lk_status lk_engine_open(const lk_engine_opts *o, lk_engine **out, char *err, si
         slice = &head_slice;
         if (!o->n_threads && o->local > 1) {
             /* local ranks share this machine's cores */
-            long cores = sysconf(_SC_NPROCESSORS_ONLN);
-            mp.n_threads = (int)LK_MAX(1, cores / o->local);
+            mp.n_threads = LK_MAX(1, lk_threads_default() / o->local);
         }
     }
     if ((st = lk_model_load(e->g, slice, &mp, &e->m, err, errlen))) { lk_engine_close(e); return st; }

@@ -19,7 +19,7 @@
 
 typedef struct {
     const char *model_path;
-    int   n_threads;        /* 0: all cores */
+    int   n_threads;        /* 0: lk_threads_default() (split among --local ranks; --workers ranks pick their own) */
     int   n_ctx;            /* 0: model's, capped */
     int   n_batch;          /* 0: 512 */
     bool  kv_f16;

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Hardening items of issue 14 through the real program:
+#  - threads: without -t every command uses the physical cores among the
+#    CPUs it may run on (taskset narrows them; the pool really has that many
+#    threads: bench's table reports the engine's pool size), says the count
+#    on one stderr line at start, and -t 0 / negative / huge is a usage
+#    error (exit 2) naming the range in every command;
+#  - text from a hostile GGUF (a chat template that fails to parse, a
+#    tokenizer model name) reaches the terminal with its escapes written as
+#    \xNN, never raw;
+#  - a worker checks its own KV memory before allocating: a head whose share
+#    fits asks a worker with less room (RLIMIT_AS) for a huge context and
+#    hears an error naming the worker and both sizes, instead of a worker
+#    killed by an allocation.
+# Run from the repository root by tests/run.sh with LOCKSTEP set.
+set -u
+L=${LOCKSTEP:-build/lockstep}
+. tests/lk_td.sh
+M=$RD/models/stories260K.gguf
+T=$(mktemp -d /tmp/lk_harden.XXXXXX)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done; rm -rf "$T"; }
+trap cleanup EXIT
+
+ok() { echo "PASS $1"; }
+no() { echo "FAIL $1"; shift; for l in "$@"; do echo "  $l"; done; }
+expect() {
+    local name=$1 code=$2; shift 2
+    "$@" </dev/null >"$T/out" 2>"$T/err"; local rc=$?
+    if [ "$rc" -eq "$code" ]; then ok "$name"; else no "$name" "exit $rc, want $code" "$(tail -n 3 "$T/err")"; fi
+}
+has() {
+    if grep -Eq -- "$3" "$2"; then ok "$1"; else no "$1" "no line matching '$3' in:" "$(head -n 12 "$2")"; fi
+}
+hasnt() {
+    if grep -Eq -- "$3" "$2"; then no "$1" "a line matches '$3':" "$(grep -E -- "$3" "$2" | head -n 3)"; else ok "$1"; fi
+}
+
+# ---- threads ---------------------------------------------------------------------
+# The reference: distinct (package, core) pairs among the CPUs taskset/nproc
+# say we may use, read from sysfs by the shell, not by the program.
+cores_of() { # CPU list "0,1,5" -> physical cores among them
+    local c
+    for c in ${1//,/ }; do
+        echo "$(cat /sys/devices/system/cpu/cpu$c/topology/physical_package_id 2>/dev/null || echo 0)-$(cat /sys/devices/system/cpu/cpu$c/topology/core_id 2>/dev/null || echo $c)"
+    done | sort -u | wc -l
+}
+allowed=$(taskset -pc $$ 2>/dev/null | sed 's/.*: //')
+if [ -z "$allowed" ] || ! command -v taskset >/dev/null; then
+    echo "SKIP threads_default: no taskset"
+else
+    # expand "0-3,6" into "0,1,2,3,6"
+    list=$(echo "$allowed" | tr ',' '\n' | awk -F- '{ if (NF == 2) for (i = $1; i <= $2; i++) print i; else print $1 }' | paste -sd,)
+    want=$(cores_of "$list")
+    quota=$(cat /sys/fs/cgroup/cpu.max 2>/dev/null | awk '$1 != "max" { print int($1 / $2) }')
+    [ -n "$quota" ] && [ "$quota" -ge 1 ] && [ "$quota" -lt "$want" ] && want=$quota
+    expect threads_default_runs 0 "$L" run -m "$M" -p "Once upon a time" -n 2 --temp 0
+    has threads_default_said "$T/err" "^lockstep run: $want threads? \(default: [0-9]+ physical cores? of the [0-9]+ CPUs? this process may run on"
+    # bench's threads column is the engine's pool size
+    expect threads_default_bench 0 "$L" bench -m "$M" -p 8 -n 4 -r 1 --bw-mib 16 --csv
+    got=$(awk -F, 'NR == 2 { print $2 }' "$T/out")
+    if [ "$got" = "$want" ]; then ok threads_default_pool; else no threads_default_pool "pool has '$got' threads, want $want"; fi
+    first=${list%%,*}
+    expect threads_taskset_one 0 taskset -c "$first" "$L" bench -m "$M" -p 8 -n 4 -r 1 --bw-mib 16 --csv
+    got=$(awk -F, 'NR == 2 { print $2 }' "$T/out")
+    if [ "$got" = 1 ]; then ok threads_taskset_pool; else no threads_taskset_pool "pinned to CPU $first, the pool has '$got' threads"; fi
+    has threads_taskset_said "$T/err" '^lockstep bench: 1 thread \(default: 1 physical core of the 1 CPU '
+    if [ "$want" -ge 2 ]; then
+        expect threads_local_split 0 "$L" run -m "$M" -p "Once upon a time" -n 2 --temp 0 --local 2
+        has threads_local_said "$T/err" "^lockstep run: $((want / 2)) threads? per rank x 2 local ranks \(default"
+    else
+        echo "SKIP threads_local_split: one core"
+    fi
+fi
+expect threads_given 0 "$L" run -m "$M" -p "Once upon a time" -n 2 --temp 0 -t 1
+has threads_given_said "$T/err" '^lockstep run: 1 thread \(-t 1\)'
+expect threads_over_cpus 0 "$L" run -m "$M" -p "Once upon a time" -n 2 --temp 0 -t 300
+has threads_over_cpus_warns "$T/err" 'warn: --threads: 300 threads on [0-9]+ CPUs? this process may run on'
+for t in 0 -5 100000; do
+    expect "threads_bad_run_$t" 2 "$L" run -m "$M" -p hi -n 2 -t "$t"
+    has "threads_bad_run_${t}_msg" "$T/err" "--threads $t is out of range: 1 to 1024"
+    expect "threads_bad_chat_$t" 2 "$L" chat -m "$M" --chat-template chatml -t "$t"
+    expect "threads_bad_worker_$t" 2 "$L" worker --listen 127.0.0.1:0 --key-file /nonexistent -t "$t"
+    expect "threads_bad_quantize_$t" 2 "$L" quantize "$M" "$T/q.gguf" --type q8_0 -t "$t"
+    expect "threads_bad_gen_model_$t" 2 "$L" gen-model --shape tiny -o "$T/g.gguf" -t "$t"
+done
+expect threads_bad_bench 2 "$L" bench -m "$M" -t 1,2000
+has threads_bad_bench_msg "$T/err" '--threads 2000 is out of range'
+expect threads_quantize_said 0 "$L" quantize "$M" "$T/q.gguf" --type q8_0 -q
+has threads_quantize_line "$T/err" '^lockstep quantize: [0-9]+ threads? \(default: the CPUs this process may run on'
+expect threads_chat_said 0 bash -c "echo hi | '$L' chat -m '$M' --chat-template chatml -n 2 -t 1"
+has threads_chat_line "$T/err" '^lockstep chat: 1 thread \(-t 1\)'
+"$L" keygen >"$T/key" 2>/dev/null
+"$L" worker --listen 127.0.0.1:0 --key-file "$T/key" >"$T/wout" 2>"$T/werr" &
+PIDS+=($!)
+for _ in $(seq 50); do grep -q 'thread' "$T/werr" && break; sleep 0.1; done
+has threads_worker_said "$T/werr" '^lockstep worker: what each head asks \(-t on the head\), else [0-9]+ threads? \(default'
