@@ -23,6 +23,7 @@ typedef struct {
     double weight_tol;              /* |d weight| where the expert sets agree */
     int min_gen;                    /* greedy tokens that must match per prompt (when comparable) */
     double gen_tol;                 /* logit error assumed for greedy near-ties (0: logit_max) */
+    int groups, groups_used;        /* group-limited routing (deepseek2); 0: none */
 } moe_case;
 
 static int cmp_f(const void *a, const void *b) {
@@ -47,6 +48,32 @@ static double set_gap(const float *sc, int E, int k) {
     memcpy(s, sc, sizeof(float) * (size_t)E);
     qsort(s, (size_t)E, sizeof(float), cmp_f);
     return (double)s[E - k] - (double)s[E - k - 1];
+}
+
+/* The gap that decides a row's expert set. With group-limited routing
+ * (deepseek2, synth README "Near-ties") it is the smaller of the gap between
+ * the last kept and the first dropped group (a group scores the sum of its
+ * two best) and the k-th/(k+1)-th gap among the kept groups' experts. */
+static double sel_gap(const moe_case *mc, const float *sc, int E, int k) {
+    if (mc->groups <= 1) return set_gap(sc, E, k);
+    const int G = mc->groups, per = E / G;
+    float gs[64], kept[256];
+    int order[64];
+    for (int g = 0; g < G; g++) {
+        float s[256];
+        memcpy(s, sc + g * per, sizeof(float) * (size_t)per);
+        qsort(s, (size_t)per, sizeof(float), cmp_f);
+        gs[g] = s[per - 1] + s[per - 2];
+        order[g] = g;
+    }
+    for (int i = 0; i < G; i++) /* groups best first */
+        for (int j = i + 1; j < G; j++)
+            if (gs[order[j]] > gs[order[i]]) { int t = order[i]; order[i] = order[j]; order[j] = t; }
+    double ggap = (double)gs[order[mc->groups_used - 1]] - (double)gs[order[mc->groups_used]];
+    int nk = 0;
+    for (int u = 0; u < mc->groups_used; u++)
+        for (int e = 0; e < per; e++) kept[nk++] = sc[order[u] * per + e];
+    return fmin(ggap, set_gap(kept, nk, k));
 }
 
 typedef struct {
@@ -101,7 +128,7 @@ static bool compare_routing(const moe_case *mc, const trace_buf *t, json_t *rout
         if (!same) {
             float sc[256];
             ref_scores(L, rrow, t->E, sc);
-            double gap = set_gap(sc, t->E, t->k);
+            double gap = sel_gap(mc, sc, t->E, t->k);
             st->sets_differ++;
             CHECKF(gap < mc->gap_tol, "%s %s layer %d: experts differ where the reference gap is %.4f (> %.4f)",
                    mc->json, where, layer, gap, mc->gap_tol);
@@ -113,14 +140,14 @@ static bool compare_routing(const moe_case *mc, const trace_buf *t, json_t *rout
 }
 
 /* The smallest reference gap of one routing row over all MoE layers. */
-static double min_gap(json_t *routing, size_t rrow, int E, int k) {
+static double min_gap(const moe_case *mc, json_t *routing, size_t rrow, int E, int k) {
     double g = INFINITY;
     size_t li;
     json_t *L;
     json_array_foreach(routing, li, L) {
         float sc[256];
         ref_scores(L, rrow, E, sc);
-        g = fmin(g, set_gap(sc, E, k));
+        g = fmin(g, sel_gap(mc, sc, E, k));
     }
     return g;
 }
@@ -136,11 +163,11 @@ static int comparable_steps(const moe_case *mc, json_t *c, int E, int k, bool pr
     int n = (int)json_array_size(json_object_get(c, "prompt_token_ids"));
     /* without a routing trace (a cluster run), a prompt near-tie may have branched unseen */
     for (int i = 0; prompt_gaps && i < n; i++)
-        if (min_gap(proute, (size_t)i, E, k) < mc->gap_tol) return 1;
+        if (min_gap(mc, proute, (size_t)i, E, k) < mc->gap_tol) return 1;
     for (int s = 0; s < ngen; s++) {
         /* token s comes from the step that fed token s - 1 (routing row s - 1) */
         bool tie = num(margins, (size_t)s) < 2 * (mc->gen_tol > 0 ? mc->gen_tol : mc->logit_max) ||
-                   (s >= 1 && min_gap(groute, (size_t)s - 1, E, k) < mc->gap_tol);
+                   (s >= 1 && min_gap(mc, groute, (size_t)s - 1, E, k) < mc->gap_tol);
         if (tie) return s + 1;
     }
     return ngen;
@@ -248,19 +275,19 @@ static void check_moe(const moe_case *mc, int n_threads) {
 /* Tolerances: synth/README.md, "suggested tolerances" of each MoE section
  * (F16 experts with F16-rounded activations as llama.cpp does). */
 static const moe_case qwen3moe_f16 = { "synth/synth-qwen3moe-f16.gguf", "synth/synth-qwen3moe-f16.json",
-                                       1e-2, 5e-3, 1e-2, 1e-2, 3e-3, 8, 0 };
+                                       1e-2, 5e-3, 1e-2, 1e-2, 3e-3, 8, 0, 0, 0 };
 /* glm4moe: 3 layers (one more than qwen3moe) and llama.cpp's own variants
  * spread 0.009 (ubatch_1) to 0.027 (f16_kv); lockstep lands at 0.0121 max,
  * 1.2e-3 median (2026-12-01, AVX2): bound 1.5e-2, the median stays 5e-3. */
 static const moe_case glm4moe_f16 = { "synth/synth-glm4moe-f16.gguf", "synth/synth-glm4moe-f16.json",
-                                      1.5e-2, 5e-3, 1e-2, 3e-3, 5e-3, 8, 0 };
+                                      1.5e-2, 5e-3, 1e-2, 3e-3, 5e-3, 8, 0, 0, 0 };
 
 /* Q4_K_M with ggml-exact activation quantisation (Q8_K for the K-quants,
  * Q8_0 for Q8_0 and Q5_0): median 5e-3, max 0.5; router logits 0.1
  * (qwen3moe) and selection scores 0.02 (glm4moe: llama.cpp's own kernel
  * variants move router logits by up to 0.14, scores by a quarter of it). */
 static const moe_case qwen3moe_q4km = { "synth/synth-qwen3moe-q4_k_m.gguf", "synth/synth-qwen3moe-q4_k_m.json",
-                                        0.5, 5e-3, 0.1, 0.1, 0.05, 4, 0.05 };
+                                        0.5, 5e-3, 0.1, 0.1, 0.05, 4, 0.05, 0, 0 };
 /* glm4moe Q4_K_M: at the AVX2 level prompts 1 and 2 agree to 5e-6 but
  * prompt 3 takes one int8 rounding flip of an activation (max 0.32, median
  * 0.047, as much as llama.cpp's own f16_kv variant; 2026-12-01), which then
@@ -268,9 +295,22 @@ static const moe_case qwen3moe_q4km = { "synth/synth-qwen3moe-q4_k_m.gguf", "syn
  * 5e-7 (max 0.12). Checked with the scalar kernels at the exact bounds; the
  * levels' agreement is test_quant's. */
 static const moe_case glm4moe_q4km = { "synth/synth-glm4moe-q4_k_m.gguf", "synth/synth-glm4moe-q4_k_m.json",
-                                       0.5, 5e-3, 0.2, 0.02, 0.05, 4, 0.05 };
+                                       0.5, 5e-3, 0.2, 0.02, 0.05, 4, 0.05, 0, 0 };
+
+/* deepseek2 (MLA, YaRN, group-limited sigmoid routing; synth README
+ * "Mixture of experts, part 2"): F16 with F16-rounded activations, max
+ * 2e-2 (llama.cpp's ubatch_1 variant: 0.015), router logits 2e-2, weights
+ * 5e-3, every expert set and kept group equal (smallest gap 0.0084). */
+static const moe_case deepseek2_f16 = { "synth/synth-deepseek2-f16.gguf", "synth/synth-deepseek2-f16.json",
+                                        2e-2, 5e-3, 2e-2, 3e-3, 5e-3, 8, 0, 4, 2 };
+/* Q4_K_M with ggml-exact activations (Q8_K; Q8_0 for the Q5_0 attn_k_b,
+ * attn_v_b and the Q8_0/Q5_0 expert fallbacks): median 5e-3, max 0.5. */
+static const moe_case deepseek2_q4km = { "synth/synth-deepseek2-q4_k_m.gguf", "synth/synth-deepseek2-q4_k_m.json",
+                                         0.5, 5e-3, 0.2, 0.02, 0.05, 4, 0.05, 4, 2 };
 
 TEST(qwen3moe_f16_reference) { check_moe(&qwen3moe_f16, 1); }
+TEST(deepseek2_f16_reference) { check_moe(&deepseek2_f16, 2); }
+TEST(deepseek2_q4_k_m_reference) { check_moe(&deepseek2_q4km, 2); }
 TEST(qwen3moe_q4_k_m_reference) { check_moe(&qwen3moe_q4km, 2); }
 TEST(glm4moe_q4_k_m_reference) {
     if (!lk_type_supported(LK_TYPE_Q5_0)) { /* its fallback tensors are Q5_0 (synth README) */
@@ -397,14 +437,95 @@ TEST(glm4moe_without_bias_is_caught) {
     unlink(path);
 }
 
+/* deepseek2 with its YaRN switched off (README: `without_yarn`, a check a
+ * correct engine must NOT match: llama.cpp with rope_scaling_type NONE, no
+ * interpolation and kq_scale 1/sqrt(96)): a copy of the file whose
+ * rope.scaling.type reads "none". Its logits must leave the reference's
+ * tolerance by far, and lockstep running it must give llama.cpp's tokens
+ * for that variant through their first departure from the correct ones. */
+TEST(deepseek2_without_yarn_is_caught) {
+    const moe_case *mc = &deepseek2_f16;
+    char path[128], err[LK_ERRLEN];
+    lk_gguf *g0 = NULL;
+    if (lk_gguf_open(lk_td(mc->gguf), &g0, err, sizeof err)) { CHECKF(0, "%s", err); return; }
+    uint64_t size = lk_gguf_file_size(g0);
+    uint8_t *b = malloc(size);
+    memcpy(b, lk_gguf_file_bytes(g0), size);
+    lk_gguf_close(g0);
+    const char key[] = "deepseek2.rope.scaling.type";
+    uint8_t *k = memmem(b, size, key, sizeof key - 1), *v = k ? memmem(k, 64, "yarn", 4) : NULL;
+    CHECKF(v, "no rope.scaling.type yarn in %s", mc->gguf);
+    if (!v) { free(b); return; }
+    memcpy(v, "none", 4);
+    snprintf(path, sizeof path, "/tmp/lk-moe-noyarn-%d.gguf", (int)getpid());
+    FILE *f = fopen(path, "wb");
+    CHECK(f && fwrite(b, 1, size, f) == size);
+    if (f) fclose(f);
+    free(b);
+    json_error_t je;
+    json_t *ref = json_load_file(lk_td(mc->json), JSON_ALLOW_NUL, &je);
+    lk_gguf *g = NULL;
+    CHECKF(lk_gguf_open(path, &g, err, sizeof err) == LK_OK, "%s", err);
+    lk_model_params mp = { .n_ctx = 512, .n_threads = 2 };
+    lk_model *m = NULL;
+    if (g) CHECKF(lk_model_load(g, NULL, &mp, &m, err, sizeof err) == LK_OK, "%s", err);
+    if (!m || !ref) { json_decref(ref); if (g) lk_gguf_close(g); unlink(path); return; }
+    CHECKF(!lk_model_cfg(m)->rope_yarn && fabsf(lk_model_cfg(m)->kq_scale - 1 / sqrtf(96)) < 1e-7f,
+           "the variant still scales: kq_scale %g", (double)lk_model_cfg(m)->kq_scale);
+    const int64_t nv = lk_model_cfg(m)->n_vocab;
+    double worst = 0;
+    int variant_tokens = 0;
+    size_t ci;
+    json_t *c;
+    json_array_foreach(json_object_get(ref, "cases"), ci, c) {
+        json_t *jids = json_object_get(c, "prompt_token_ids");
+        int n = (int)json_array_size(jids);
+        int32_t toks[512];
+        for (int i = 0; i < n; i++) toks[i] = (int32_t)json_integer_value(json_array_get(jids, i));
+        float *logits = malloc(sizeof(float) * nv * n);
+        CHECK(lk_model_forward(m, toks, n, 0, n, logits) == LK_OK);
+        json_t *rows = json_object_get(c, "prompt_logits_all_positions");
+        for (int i = 0; i < n; i++)
+            for (int64_t j = 0; j < nv; j++)
+                worst = fmax(worst, fabs(logits[i * nv + j] - num(json_array_get(rows, (size_t)i), (size_t)j)));
+        json_t *var = json_object_get(json_object_get(c, "checks"), "without_yarn");
+        json_t *vgen = json_object_get(var, "generated_token_ids"), *fd = json_object_get(var, "first_divergence");
+        if (json_is_integer(fd) && json_is_array(vgen)) {
+            int upto = (int)json_integer_value(fd) + 1, pos = n;
+            const float *last = logits + (size_t)(n - 1) * nv;
+            float *step = malloc(sizeof(float) * nv);
+            for (int s = 0; s < upto; s++) {
+                int32_t best = 0;
+                for (int64_t j = 1; j < nv; j++) if (last[j] > last[best]) best = (int32_t)j;
+                int32_t want = (int32_t)json_integer_value(json_array_get(vgen, (size_t)s));
+                CHECKF(best == want, "YaRN-less variant case %zu step %d: %d, llama.cpp's variant %d", ci, s, best, want);
+                if (best != want) break;
+                variant_tokens++;
+                CHECK(lk_model_forward(m, &want, 1, pos++, 1, step) == LK_OK);
+                last = step;
+            }
+            free(step);
+        }
+        free(logits);
+    }
+    CHECKF(worst > 10 * mc->logit_max, "the YaRN-less variant's logits moved only %.3g", worst);
+    CHECKF(variant_tokens > 0, "no token of llama.cpp's YaRN-less run compared");
+    printf("  YaRN-less deepseek2: max |dlogit| %.2f vs the reference; %d tokens as llama.cpp's YaRN-less run\n", worst,
+           variant_tokens);
+    lk_model_free(m);
+    lk_gguf_close(g);
+    json_decref(ref);
+    unlink(path);
+}
+
 /* ---- batch invariance and no allocation per step ---- */
 
 /* Two sequences in one batch (and a decode step beside a prompt chunk) give
  * each one the bits it gets alone: grouping tokens by expert must not change
  * a token's arithmetic. And no step allocates. */
 TEST(moe_batch_invariant_and_no_allocation) {
-    const char *files[] = { qwen3moe_f16.gguf, glm4moe_f16.gguf };
-    for (int fi = 0; fi < 2; fi++) {
+    const char *files[] = { qwen3moe_f16.gguf, glm4moe_f16.gguf, deepseek2_f16.gguf };
+    for (int fi = 0; fi < 3; fi++) {
         char err[LK_ERRLEN];
         lk_gguf *g = NULL;
         if (lk_gguf_open(lk_td(files[fi]), &g, err, sizeof err)) { CHECKF(0, "%s", err); continue; }
@@ -453,13 +574,15 @@ TEST(moe_batch_invariant_and_no_allocation) {
 /* Active = total - the experts a token skips - the embedding rows it does
  * not look up, from the shapes in the synth README: qwen3moe 2 MoE layers
  * of 3 x [256, 256, 8] experts, 2 used, vocabulary 601 x 256; glm4moe 2 MoE
- * layers of 3 x [256, 128, 8], 2 used, vocabulary 605 x 256. */
+ * layers of 3 x [256, 128, 8], 2 used, vocabulary 605 x 256; deepseek2
+ * the same experts, vocabulary 601 x 256. */
 TEST(active_parameters) {
     const struct { const char *file; uint64_t skipped; } cases[] = {
         { "synth/synth-qwen3moe-f16.gguf", 2ull * 3 * 256 * 256 * 6 + 600ull * 256 },
         { "synth/synth-glm4moe-f16.gguf", 2ull * 3 * 256 * 128 * 6 + 604ull * 256 },
+        { "synth/synth-deepseek2-f16.gguf", 2ull * 3 * 256 * 128 * 6 + 600ull * 256 },
     };
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 3; i++) {
         char err[LK_ERRLEN];
         lk_gguf *g;
         if (lk_gguf_open(lk_td(cases[i].file), &g, err, sizeof err)) { CHECKF(0, "%s", err); continue; }
@@ -560,17 +683,22 @@ static const char *const moe_layouts[] = {
 
 TEST(qwen3moe_f16_layouts) { check_layouts(&qwen3moe_f16, moe_layouts, 5); }
 TEST(glm4moe_f16_layouts) { check_layouts(&glm4moe_f16, moe_layouts, 5); }
+TEST(deepseek2_f16_layouts) { check_layouts(&deepseek2_f16, moe_layouts, 5); }
 
 int main(void) {
     RUN(qwen3moe_f16_reference);
     RUN(qwen3moe_f16_two_threads);
     RUN(glm4moe_f16_reference);
+    RUN(deepseek2_f16_reference);
+    RUN(deepseek2_q4_k_m_reference);
     RUN(qwen3moe_q4_k_m_reference);
     RUN(glm4moe_q4_k_m_reference);
     RUN(glm4moe_without_bias_is_caught);
+    RUN(deepseek2_without_yarn_is_caught);
     RUN(moe_batch_invariant_and_no_allocation);
     RUN(active_parameters);
     RUN(qwen3moe_f16_layouts);
     RUN(glm4moe_f16_layouts);
+    RUN(deepseek2_f16_layouts);
     return lk_test_end();
 }

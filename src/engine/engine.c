@@ -47,7 +47,7 @@ static bool is_cluster(const lk_engine_opts *o) {
  * of the system), but never less than one full context. Every rank gets the
  * same number of positions: the pools must agree page for page. */
 static int64_t kv_positions(const lk_engine_opts *o, const lk_model_config *cfg, int n_ctx, int max_seqs) {
-    const int64_t per_pos = 2LL * cfg->n_layer * cfg->n_head_kv * cfg->head_dim * (o->kv_f16 ? 2 : 4);
+    const int64_t per_pos = cfg->n_layer * cfg->kv_elems * (o->kv_f16 ? 2 : 4); /* MLA: the latent row only */
     if (o->kv_budget > 0) return o->kv_budget;
     if (o->kv_budget_bytes > 0) return LK_MAX(o->kv_budget_bytes / per_pos, 1);
     int64_t want = (int64_t)max_seqs * n_ctx;
@@ -63,7 +63,8 @@ static double gib(double bytes) { return bytes / (1024.0 * 1024 * 1024); }
 
 /* What --ctx and the KV budget cost this machine, checked against
  * MemAvailable before anything is allocated: the KV cache (positions x
- * layers x KV heads x head_dim x K and V x 4 bytes, 2 with --kv-f16), the
+ * layers x KV heads x head_dim x K and V x 4 bytes, 2 with --kv-f16; for
+ * MLA layers x (kv_lora + rope dims) x 4 bytes: cfg->kv_elems), the
  * RoPE tables (ctx x rope_dim floats) and the attention scores (threads x
  * 16 x ctx floats). Allocations are lazy, so an oversized context would
  * otherwise be found only as the tables are written (minutes of paging, then
@@ -72,7 +73,7 @@ static double gib(double bytes) { return bytes / (1024.0 * 1024 * 1024); }
  * counts its tables and an even share. */
 static lk_status check_memory(const lk_engine_opts *o, const lk_model_config *cfg, int n_ctx, int64_t kv, char *err,
                               size_t errlen) {
-    const double per_pos = 2.0 * cfg->n_layer * cfg->n_head_kv * cfg->head_dim * (o->kv_f16 ? 2 : 4);
+    const double per_pos = (double)cfg->n_layer * (double)cfg->kv_elems * (o->kv_f16 ? 2 : 4);
     const bool remote = o->workers && *o->workers;
     int ranks = 1;
     if (remote)

@@ -39,6 +39,15 @@ typedef struct {
     const float *q_norm, *k_norm;          /* (hd) qwen3 */
     const float *bq, *bk, *bv;             /* (H*hd), (KV*hd) qwen2, already offset to the slice */
     lk_mat wq, wk, wv, wo, w1, w2, w3;
+    /* MLA (deepseek2; model.h): the two LoRA-down projections are whole on
+     * every rank that holds heads (the latent is shared by all heads), the
+     * per-head ones hold this rank's heads. hd = v_head, kl = kv_lora. */
+    lk_mat wqa;                            /* attn_q_a [q_lora, d] */
+    lk_mat wkva;                           /* attn_kv_a_mqa [kl + rope, d] */
+    lk_mat wqb;                            /* attn_q_b [H * k_head, q_lora] */
+    lk_mat wkb;                            /* attn_k_b [H * kl, qk_nope]: head h = rows [h kl, (h+1) kl) */
+    lk_mat wvb;                            /* attn_v_b [H * hd, kl] */
+    const float *q_a_norm, *kv_a_norm;     /* (q_lora), (kl) */
     /* mixture-of-experts layer (moe): the router and exp_probs_b are whole
      * on every rank (every rank routes every token, the same way); each
      * expert and the shared expert are sliced like a dense FFN */
@@ -57,6 +66,8 @@ typedef struct {
 typedef struct {
     float   *logits;     /* (B, E) router logits */
     float   *probs;      /* (E) one row's scores */
+    float   *bsel;       /* (E) one row's selection scores (+ bias, groups masked) */
+    float   *gsc;        /* (groups) one row's group scores */
     int32_t *sel;        /* (B, k) chosen experts, best first */
     float   *wgt;        /* (B, k) their weights */
     int32_t *row_slot;   /* (B, k) slot of (token, j) */
@@ -88,8 +99,11 @@ struct lk_model {
     lk_mat wout;
     layer_w *layers;        /* (layer1 - layer0) */
     float *rope_cos, *rope_sin; /* (n_ctx, rope_dim/2) */
-    /* KV cache: n_pages pages of (layers here, KV heads here, LK_KV_PAGE, hd)
-     * keys and as many values, F32 or F16 */
+    /* KV cache: n_pages pages of (layers here, KV heads here, LK_KV_PAGE, ahd)
+     * keys and as many values, F32 or F16. ahd is head_dim, or for MLA the
+     * latent row [c | rope(k_pe)] (kv_lora + rope_dim): then there is no
+     * vcache, the values being the first kv_lora of each key row. */
+    int ahd;
     bool kv_f16;
     void *kcache, *vcache;
     size_t page_elems;      /* elements of one page (keys or values) */
@@ -108,6 +122,11 @@ struct lk_model {
     int n_items, n_rows;
     /* scratch, sized at load */
     float *x, *xb, *q, *k, *v, *att, *o, *hg, *hu;
+    /* MLA scratch: (B, q_lora) (B, kv_lora + rope) (B, H k_head) (B, H hd);
+     * q and att are (B, H, ahd): [q_abs | rope(q_pe)] and the latent sums */
+    float *mqa, *mkva, *mqb, *mvo;
+    void *hact;             /* (threads, B, hact_stride) per-head activations (heads_fn) */
+    size_t hact_stride;
     float *scores;          /* (threads, ATT_QB, n_ctx) */
     void *act;              /* activation quantisation */
     lk_pool *pool;
@@ -179,6 +198,91 @@ static lk_status check_tensor3(const lk_gguf *g, const char *name, int64_t ne0, 
     return LK_OK;
 }
 
+/* deepseek2's attention: MLA with the split attn_k_b/attn_v_b tensors the
+ * current converter writes (the *_mla keys say so; without them llama.cpp
+ * expects the legacy unsplit attn_kv_b and runs plain attention). */
+static lk_status read_mla(const lk_gguf *g, lk_model_config *c, char *err, size_t errlen) {
+    const char *a = c->arch_name;
+    int64_t v, rd;
+    lk_status st;
+    if (!meta_i64(g, a, "attention.key_length_mla", &v) || !meta_i64(g, a, "attention.value_length_mla", &rd))
+        return lk_fail(err, errlen, LK_ERR_UNSUPPORTED, "%s: a %s file without %s.attention.key_length_mla/"
+                       "value_length_mla (the legacy unsplit attn_kv_b) is not supported; convert it again with a "
+                       "current llama.cpp", lk_gguf_path(g), a, a);
+    if (v < 2 || v > 4096 || rd < 2 || rd > 4096 || rd % 2)
+        return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: MLA key length %lld / value length %lld out of range",
+                       lk_gguf_path(g), (long long)v, (long long)rd);
+    c->k_head = (int)v;
+    c->head_dim = (int)rd;
+    if (!meta_i64(g, a, "attention.q_lora_rank", &v) || v == 0)
+        return lk_fail(err, errlen, LK_ERR_UNSUPPORTED, "%s: MLA without a query LoRA (DeepSeek-V2-Lite's attn_q) "
+                       "is not supported", lk_gguf_path(g));
+    if (v < 1 || v > (1 << 16))
+        return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: %s.attention.q_lora_rank = %lld out of range", lk_gguf_path(g),
+                       a, (long long)v);
+    c->q_lora = (int)v;
+    if ((st = need_i64(g, a, "attention.kv_lora_rank", 1, 1 << 16, &v, err, errlen))) return st;
+    c->kv_lora = (int)v;
+    if ((st = need_i64(g, a, "rope.dimension_count", 2, c->k_head - 1, &rd, err, errlen))) return st;
+    if (rd % 2)
+        return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: rope.dimension_count %lld must be even", lk_gguf_path(g),
+                       (long long)rd);
+    c->qk_nope = c->k_head - (int)rd;
+    c->mla = true;
+    c->n_head_kv = 1; /* the latent: one cache row per position, shared by every head */
+    return LK_OK;
+}
+
+/* rope.scaling.*: none and linear with factor 1 anywhere; YaRN for deepseek2
+ * (the only architecture whose YaRN attention factor lockstep knows). */
+static lk_status read_rope_scaling(const lk_gguf *g, lk_model_config *c, char *err, size_t errlen) {
+    const char *a = c->arch_name, *rs;
+    size_t rslen;
+    char key[160];
+    double f;
+    int64_t v;
+    snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+    const bool has = lk_gguf_get_str(g, key, &rs, &rslen);
+    if (has && rslen == 4 && !memcmp(rs, "yarn", 4) && c->arch == LK_ARCH_DEEPSEEK2) {
+        snprintf(key, sizeof key, "%s.rope.scaling.factor", a);
+        if (!lk_gguf_get_f64(g, key, &f) || !(f >= 1 && f <= 1e6))
+            return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: YaRN needs %s.rope.scaling.factor >= 1", lk_gguf_path(g), a);
+        c->yarn_factor = (float)f;
+        if (!meta_i64(g, a, "rope.scaling.original_context_length", &v) || v < 1 || v > (1 << 24))
+            return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: YaRN needs %s.rope.scaling.original_context_length",
+                           lk_gguf_path(g), a);
+        c->yarn_orig_ctx = (int)v;
+        c->yarn_beta_fast = meta_f64(g, a, "rope.scaling.yarn_beta_fast", &f) ? (float)f : 32.0f;
+        c->yarn_beta_slow = meta_f64(g, a, "rope.scaling.yarn_beta_slow", &f) ? (float)f : 1.0f;
+        c->yarn_log_mul = meta_f64(g, a, "rope.scaling.yarn_log_multiplier", &f) ? (float)f : 0.0f;
+        if (!(c->yarn_beta_fast > 0 && c->yarn_beta_slow > 0 && c->yarn_log_mul >= 0 && c->yarn_log_mul < 100))
+            return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: YaRN beta_fast %g, beta_slow %g or log multiplier %g out "
+                           "of range", lk_gguf_path(g), (double)c->yarn_beta_fast, (double)c->yarn_beta_slow,
+                           (double)c->yarn_log_mul);
+        c->rope_yarn = c->yarn_factor > 1;
+        /* DeepSeek's attention factor: the converter stores 0.1 x
+         * mscale_all_dim as the log multiplier, so mscale = 1 + 0.1 x
+         * mscale_all_dim x ln(factor), and scores scale by mscale^2 (the
+         * rotation itself is not rescaled: llama.cpp's attn_factor cancels
+         * ggml's YaRN magnitude factor). */
+        const float mscale = 1.0f + c->yarn_log_mul * logf(c->yarn_factor);
+        c->kq_scale = mscale * mscale / sqrtf((float)c->k_head);
+        return LK_OK;
+    }
+    if (has && !(rslen == 4 && !memcmp(rs, "none", 4)) && !(rslen == 6 && !memcmp(rs, "linear", 6))) {
+        char ss[101];
+        lk_str_sanitize(ss, sizeof ss, rs, rslen);
+        return lk_fail(err, errlen, LK_ERR_UNSUPPORTED, "%s: rope scaling type '%s' is not supported (none, linear%s)",
+                       lk_gguf_path(g), ss, c->arch == LK_ARCH_DEEPSEEK2 ? ", yarn" : "; yarn only for deepseek2");
+    }
+    snprintf(key, sizeof key, "%s.rope.scaling.factor", a);
+    /* a deepseek2 file with its YaRN switched off ("none") keeps its factor, unused */
+    const bool off = c->arch == LK_ARCH_DEEPSEEK2 && has && rslen == 4 && !memcmp(rs, "none", 4);
+    if (!off && lk_gguf_get_f64(g, key, &f) && f != 1.0 && f != 0.0)
+        return lk_fail(err, errlen, LK_ERR_UNSUPPORTED, "%s: rope scaling factor %g is not supported yet", lk_gguf_path(g), f);
+    return LK_OK;
+}
+
 lk_status lk_model_config_read(const lk_gguf *g, lk_model_config *c, char *err, size_t errlen) {
     memset(c, 0, sizeof *c);
     const char *arch;
@@ -193,14 +297,15 @@ lk_status lk_model_config_read(const lk_gguf *g, lk_model_config *c, char *err, 
     else if (!strcmp(c->arch_name, "qwen3")) c->arch = LK_ARCH_QWEN3;
     else if (!strcmp(c->arch_name, "qwen3moe")) c->arch = LK_ARCH_QWEN3MOE;
     else if (!strcmp(c->arch_name, "glm4moe")) c->arch = LK_ARCH_GLM4MOE;
+    else if (!strcmp(c->arch_name, "deepseek2")) c->arch = LK_ARCH_DEEPSEEK2;
     else {
         char sa[101]; /* the file's bytes, escapes shown escaped */
         lk_str_sanitize(sa, sizeof sa, arch, alen);
         return lk_fail(err, errlen, LK_ERR_UNSUPPORTED,
                        "%s: architecture '%s' is not supported (supported: llama, mistral, qwen2, qwen3, qwen3moe, "
-                       "glm4moe)", lk_gguf_path(g), sa);
+                       "glm4moe, deepseek2)", lk_gguf_path(g), sa);
     }
-    const bool moe = c->arch == LK_ARCH_QWEN3MOE || c->arch == LK_ARCH_GLM4MOE;
+    const bool moe = c->arch == LK_ARCH_QWEN3MOE || c->arch == LK_ARCH_GLM4MOE || c->arch == LK_ARCH_DEEPSEEK2;
     const char *a = c->arch_name;
     int64_t v;
     double f;
@@ -267,7 +372,9 @@ lk_status lk_model_config_read(const lk_gguf *g, lk_model_config *c, char *err, 
             c->weights_norm = true;
             c->weights_scale = 0;
         } else {
-            c->gating = LK_GATE_SIGMOID; /* llama.cpp's default for glm4moe when the key is 0 or missing */
+            /* llama.cpp's defaults when the key is 0 or missing: sigmoid for
+             * glm4moe, softmax for deepseek2 (DeepSeek-V2's gating) */
+            c->gating = c->arch == LK_ARCH_DEEPSEEK2 ? LK_GATE_SOFTMAX : LK_GATE_SIGMOID;
             if (meta_i64(g, a, "expert_gating_func", &v) && v != 0) {
                 if (v != LK_GATE_SOFTMAX && v != LK_GATE_SIGMOID)
                     return lk_fail(err, errlen, LK_ERR_UNSUPPORTED, "%s: %s.expert_gating_func = %lld is not supported "
@@ -282,9 +389,23 @@ lk_status lk_model_config_read(const lk_gguf *g, lk_model_config *c, char *err, 
             if (!(c->weights_scale >= 0 && c->weights_scale < 1e6))
                 return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: %s.expert_weights_scale %g out of range",
                                lk_gguf_path(g), a, (double)c->weights_scale);
-            if (meta_i64(g, a, "expert_group_count", &v) && v > 1)
-                return lk_fail(err, errlen, LK_ERR_UNSUPPORTED, "%s: group-limited routing (%s.expert_group_count = "
-                               "%lld) is not supported yet", lk_gguf_path(g), a, (long long)v);
+            c->n_expert_group = c->n_group_used = 1;
+            if (meta_i64(g, a, "expert_group_count", &v) && v > 1) {
+                if (c->arch != LK_ARCH_DEEPSEEK2)
+                    return lk_fail(err, errlen, LK_ERR_UNSUPPORTED, "%s: group-limited routing (%s.expert_group_count = "
+                                   "%lld) is not supported for %s", lk_gguf_path(g), a, (long long)v, a);
+                /* a group scores its best two experts: groups of at least 2 */
+                if (v > c->n_expert || c->n_expert % v || c->n_expert / v < 2)
+                    return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: %s.expert_group_count = %lld does not split %d "
+                                   "experts into groups of 2 or more", lk_gguf_path(g), a, (long long)v, c->n_expert);
+                c->n_expert_group = (int)v;
+                if ((st = need_i64(g, a, "expert_group_used_count", 1, v, &v, err, errlen))) return st;
+                c->n_group_used = (int)v;
+                if ((int64_t)c->n_group_used * (c->n_expert / c->n_expert_group) < c->n_expert_used)
+                    return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: %d groups of %d experts leave fewer than the %d "
+                                   "experts a token uses", lk_gguf_path(g), c->n_group_used,
+                                   c->n_expert / c->n_expert_group, c->n_expert_used);
+            }
         }
         c->n_ff_split = c->n_ff_exp;
     } else {
@@ -293,7 +414,9 @@ lk_status lk_model_config_read(const lk_gguf *g, lk_model_config *c, char *err, 
         c->n_ff_split = v;
     }
     c->head_dim = c->n_embd / c->n_head;
-    if (meta_i64(g, a, "attention.key_length", &v)) {
+    if (c->arch == LK_ARCH_DEEPSEEK2) {
+        if ((st = read_mla(g, c, err, errlen))) return st;
+    } else if (meta_i64(g, a, "attention.key_length", &v)) {
         int64_t vl = v;
         if (v < 1 || v > 4096) return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: %s.attention.key_length = %lld out of range", lk_gguf_path(g), a, (long long)v);
         if (meta_i64(g, a, "attention.value_length", &vl) && vl != v)
@@ -308,24 +431,21 @@ lk_status lk_model_config_read(const lk_gguf *g, lk_model_config *c, char *err, 
         return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: rms epsilon %g out of range", lk_gguf_path(g), (double)c->rms_eps);
     c->rope_base = meta_f64(g, a, "rope.freq_base", &f) ? (float)f : 10000.0f;
     if (!(c->rope_base > 1)) return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: rope.freq_base %g out of range", lk_gguf_path(g), (double)c->rope_base);
-    c->rope_dim = meta_i64(g, a, "rope.dimension_count", &v) ? (int)v : c->head_dim;
-    if (c->rope_dim < 2 || c->rope_dim > c->head_dim || c->rope_dim % 2)
-        return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: rope.dimension_count %d must be even and <= head dim %d", lk_gguf_path(g), c->rope_dim, c->head_dim);
-    const char *rs;
-    size_t rslen;
-    char key[160];
-    snprintf(key, sizeof key, "%s.rope.scaling.type", a);
-    if (lk_gguf_get_str(g, key, &rs, &rslen) && !(rslen == 4 && !memcmp(rs, "none", 4)) &&
-        !(rslen == 6 && !memcmp(rs, "linear", 6))) {
-        char ss[101];
-        lk_str_sanitize(ss, sizeof ss, rs, rslen);
-        return lk_fail(err, errlen, LK_ERR_UNSUPPORTED, "%s: rope scaling type '%s' is not supported (none, linear)",
-                       lk_gguf_path(g), ss);
+    if (c->mla) {
+        /* RoPE turns the rope part of the key (k_pe) and of each query head */
+        if (!meta_i64(g, a, "rope.dimension_count", &v) || v != c->k_head - c->qk_nope)
+            return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: %s.rope.dimension_count must be the %d rope dims of "
+                           "key_length_mla %d", lk_gguf_path(g), a, c->k_head - c->qk_nope, c->k_head);
+        c->rope_dim = (int)v;
+    } else {
+        c->rope_dim = meta_i64(g, a, "rope.dimension_count", &v) ? (int)v : c->head_dim;
+        if (c->rope_dim < 2 || c->rope_dim > c->head_dim || c->rope_dim % 2)
+            return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: rope.dimension_count %d must be even and <= head dim %d", lk_gguf_path(g), c->rope_dim, c->head_dim);
     }
-    snprintf(key, sizeof key, "%s.rope.scaling.factor", a);
-    if (lk_gguf_get_f64(g, key, &f) && f != 1.0 && f != 0.0)
-        return lk_fail(err, errlen, LK_ERR_UNSUPPORTED, "%s: rope scaling factor %g is not supported yet", lk_gguf_path(g), f);
-    c->rope_neox = c->arch != LK_ARCH_LLAMA;
+    c->kq_scale = 1.0f / sqrtf((float)(c->mla ? c->k_head : c->head_dim));
+    c->kv_elems = c->mla ? (int64_t)c->kv_lora + c->rope_dim : 2LL * c->n_head_kv * c->head_dim;
+    if ((st = read_rope_scaling(g, c, err, errlen))) return st;
+    c->rope_neox = c->arch != LK_ARCH_LLAMA && c->arch != LK_ARCH_DEEPSEEK2;
     c->has_qkv_bias = c->arch == LK_ARCH_QWEN2 || c->arch == LK_ARCH_GLM4MOE;
     /* GLM-4.5-Air has no Q/K norms, GLM-4.5 has them: llama.cpp loads them when present */
     c->has_qk_norm = c->arch == LK_ARCH_QWEN3 || c->arch == LK_ARCH_QWEN3MOE ||
@@ -353,9 +473,22 @@ lk_status lk_model_config_read(const lk_gguf *g, lk_model_config *c, char *err, 
         do { snprintf(n, sizeof n, "blk.%d.%s", l, name); \
              if ((st = check_tensor(g, n, ne0, ne1, f32, NULL, err, errlen))) return st; } while (0)
         T("attn_norm.weight", d, 0, true);
-        T("attn_q.weight", d, qd, false);
-        T("attn_k.weight", d, kvd, false);
-        T("attn_v.weight", d, kvd, false);
+        if (c->mla) {
+            const int64_t H = c->n_head;
+            T("attn_q_a.weight", d, c->q_lora, false);
+            T("attn_q_a_norm.weight", c->q_lora, 0, true);
+            T("attn_q_b.weight", c->q_lora, H * c->k_head, false);
+            T("attn_kv_a_mqa.weight", d, c->kv_lora + c->rope_dim, false);
+            T("attn_kv_a_norm.weight", c->kv_lora, 0, true);
+            snprintf(n, sizeof n, "blk.%d.attn_k_b.weight", l);
+            if ((st = check_tensor3(g, n, c->qk_nope, c->kv_lora, H, err, errlen))) return st;
+            snprintf(n, sizeof n, "blk.%d.attn_v_b.weight", l);
+            if ((st = check_tensor3(g, n, c->kv_lora, hd, H, err, errlen))) return st;
+        } else {
+            T("attn_q.weight", d, qd, false);
+            T("attn_k.weight", d, kvd, false);
+            T("attn_v.weight", d, kvd, false);
+        }
         T("attn_output.weight", qd, d, false);
         /* glm4moe's pre-FFN norm is named post_attention_norm */
         T(c->arch == LK_ARCH_GLM4MOE ? "post_attention_norm.weight" : "ffn_norm.weight", d, 0, true);
@@ -543,9 +676,10 @@ void lk_model_free(lk_model *m) {
     free(m->items); free(m->item_row0); free(m->row_item); free(m->row_pos); free(m->task0); free(m->out_rows);
     free(m->x); free(m->xb); free(m->q); free(m->k); free(m->v); free(m->att); free(m->o);
     free(m->hg); free(m->hu); free(m->scores); free(m->act);
+    free(m->mqa); free(m->mkva); free(m->mqb); free(m->mvo); free(m->hact);
     if (m->layers)
         for (int i = 0; i < m->sl.layer1 - m->sl.layer0; i++) free(m->layers[i].ex);
-    free(m->ms.logits); free(m->ms.probs); free(m->ms.sel); free(m->ms.wgt); free(m->ms.row_slot);
+    free(m->ms.logits); free(m->ms.probs); free(m->ms.bsel); free(m->ms.gsc); free(m->ms.sel); free(m->ms.wgt); free(m->ms.row_slot);
     free(m->ms.slot_row); free(m->ms.cnt); free(m->ms.off); free(m->ms.act); free(m->ms.ain); free(m->ms.adn);
     free(m->ms.hg); free(m->ms.hu); free(m->ms.eo);
     free(m->layers);
@@ -666,6 +800,12 @@ static void weights_to_arena(lk_model *m, lk_mat **mats, int n) {
 
 static void moe_scratch_alloc(lk_model *m);
 
+/* ggml's YaRN correction dimension: the pair index whose wavelength makes
+ * n_rot turns over the original context. */
+static float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot, float base) {
+    return (float)n_dims * logf((float)n_ctx_orig / (n_rot * 2 * 3.14159265358979323846f)) / (2 * logf(base));
+}
+
 lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_params *p,
                         lk_model **out, char *err, size_t errlen) {
     *out = NULL;
@@ -731,9 +871,23 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
         layer_w *w = &m->layers[i];
         w->attn_norm = tensor(g, l, "attn_norm.weight")->data;
         w->ffn_norm = tensor(g, l, cfg.arch == LK_ARCH_GLM4MOE ? "post_attention_norm.weight" : "ffn_norm.weight")->data;
-        w->wq = mat_rows(tensor(g, l, "attn_q.weight"), sl.head0 * hd, sl.head1 * hd);
-        w->wk = mat_rows(tensor(g, l, "attn_k.weight"), sl.kv_head0 * hd, sl.kv_head1 * hd);
-        w->wv = mat_rows(tensor(g, l, "attn_v.weight"), sl.kv_head0 * hd, sl.kv_head1 * hd);
+        if (cfg.mla) {
+            /* a rank without heads reads none of the attention */
+            const int64_t any = m->nh > 0, kl = cfg.kv_lora;
+            w->wqa = mat_rows(tensor(g, l, "attn_q_a.weight"), 0, any * cfg.q_lora);
+            w->wkva = mat_rows(tensor(g, l, "attn_kv_a_mqa.weight"), 0, any * (kl + cfg.rope_dim));
+            w->wqb = mat_rows(tensor(g, l, "attn_q_b.weight"), sl.head0 * (int64_t)cfg.k_head, sl.head1 * (int64_t)cfg.k_head);
+            w->wkb = mat_rows(tensor(g, l, "attn_k_b.weight"), sl.head0 * kl, sl.head1 * kl);
+            w->wvb = mat_rows(tensor(g, l, "attn_v_b.weight"), sl.head0 * hd, sl.head1 * hd);
+            w->q_a_norm = tensor(g, l, "attn_q_a_norm.weight")->data;
+            w->kv_a_norm = tensor(g, l, "attn_kv_a_norm.weight")->data;
+            m->weight_bytes += mat_bytes(&w->wqa) + mat_bytes(&w->wkva) + mat_bytes(&w->wqb) + mat_bytes(&w->wkb) +
+                               mat_bytes(&w->wvb);
+        } else {
+            w->wq = mat_rows(tensor(g, l, "attn_q.weight"), sl.head0 * hd, sl.head1 * hd);
+            w->wk = mat_rows(tensor(g, l, "attn_k.weight"), sl.kv_head0 * hd, sl.kv_head1 * hd);
+            w->wv = mat_rows(tensor(g, l, "attn_v.weight"), sl.kv_head0 * hd, sl.kv_head1 * hd);
+        }
         w->wo = mat_cols(tensor(g, l, "attn_output.weight"), sl.head0 * hd, sl.head1 * hd);
         if (lk_model_layer_moe(&cfg, l)) {
             const int E = cfg.n_expert, k = cfg.n_expert_used;
@@ -775,15 +929,15 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
     }
     {
         /* per layer: 7 attention/dense matrices, the router, 3 per expert and 3 shared */
-        const size_t per = 7 + 1 + 3 * (size_t)cfg.n_expert + 3;
+        const size_t per = 7 + 1 + 3 * (size_t)cfg.n_expert + 3 + 5;
         lk_mat **mats = lk_xmalloc(sizeof(lk_mat *) * (per * (size_t)nl + 1));
         int nm = 0;
         if (sl.pp_rank == sl.pp_size - 1) mats[nm++] = &m->wout;
         for (int i = 0; i < nl; i++) {
             layer_w *w = &m->layers[i];
-            lk_mat *all[11] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w1, &w->w3, &w->w2, &w->wr,
-                               &w->sh.w1, &w->sh.w3, &w->sh.w2};
-            for (int k = 0; k < 11; k++)
+            lk_mat *all[16] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w1, &w->w3, &w->w2, &w->wr,
+                               &w->sh.w1, &w->sh.w3, &w->sh.w2, &w->wqa, &w->wkva, &w->wqb, &w->wkb, &w->wvb};
+            for (int k = 0; k < 16; k++)
                 if (all[k]->rows > 0 && all[k]->cols > 0) mats[nm++] = all[k];
             for (int e = 0; w->moe && e < cfg.n_expert; e++) {
                 lk_mat *ex[3] = {&w->ex[e].w1, &w->ex[e].w3, &w->ex[e].w2};
@@ -802,12 +956,31 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
     m->rope_sin = lk_xmalloc(sizeof(float) * (size_t)m->n_ctx * half);
     const float *ff = cfg.has_rope_freqs ? tensor(g, -1, "rope_freqs.weight")->data : NULL;
     const float theta_scale = powf(cfg.rope_base, -2.0f / (float)cfg.rope_dim);
+    /* YaRN (ggml's rope_yarn): pair i mixes theta / factor and theta by
+     * ramp_i = 1 - clamp((i - low) / max(0.001, high - low), 0, 1) over the
+     * correction dims [low, high]; cos and sin carry ggml's magnitude factor
+     * 1 + 0.1 ln(factor) times llama.cpp's attn_factor, its inverse (1 give
+     * or take a rounding: computed as llama.cpp does, in float). */
+    float fs = 1, corr0 = 0, corr1 = 0, ymag = 1;
+    if (cfg.rope_yarn) {
+        fs = 1.0f / cfg.yarn_factor;
+        corr0 = LK_MAX(0.0f, floorf(yarn_corr_dim(cfg.rope_dim, cfg.yarn_orig_ctx, cfg.yarn_beta_fast, cfg.rope_base)));
+        corr1 = LK_MIN((float)(cfg.rope_dim - 1),
+                       ceilf(yarn_corr_dim(cfg.rope_dim, cfg.yarn_orig_ctx, cfg.yarn_beta_slow, cfg.rope_base)));
+        const float mag = 1.0f + 0.1f * logf(1.0f / fs);
+        ymag = (1.0f / mag) * mag;
+    }
     for (int pos = 0; pos < m->n_ctx; pos++) {
         float theta = (float)pos;
         for (int i = 0; i < half; i++) {
             float t = ff ? theta / ff[i] : theta;
-            m->rope_cos[(size_t)pos * half + i] = cosf(t);
-            m->rope_sin[(size_t)pos * half + i] = sinf(t);
+            if (cfg.rope_yarn) {
+                const float y = ((float)i - corr0) / LK_MAX(0.001f, corr1 - corr0);
+                const float ramp = 1 - LK_MIN(1.0f, LK_MAX(0.0f, y));
+                t = fs * t * (1 - ramp) + t * ramp;
+            }
+            m->rope_cos[(size_t)pos * half + i] = cosf(t) * ymag;
+            m->rope_sin[(size_t)pos * half + i] = sinf(t) * ymag;
             theta *= theta_scale;
         }
     }
@@ -816,12 +989,13 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
     m->max_pps = (m->n_ctx + LK_KV_PAGE - 1) / LK_KV_PAGE;
     int64_t kv_tokens = p && p->kv_tokens > 0 ? p->kv_tokens : (int64_t)m->max_seqs * m->n_ctx;
     m->n_pages = LK_MAX((kv_tokens + LK_KV_PAGE - 1) / LK_KV_PAGE, 1);
-    m->page_elems = (size_t)nl * m->nkv * LK_KV_PAGE * hd;
+    m->ahd = cfg.mla ? cfg.kv_lora + cfg.rope_dim : cfg.head_dim;
+    m->page_elems = (size_t)nl * m->nkv * LK_KV_PAGE * m->ahd;
     size_t esz = m->kv_f16 ? 2 : 4;
     /* calloc: pages never written are zeros (a copy of a page copies its
      * unwritten tail too; nothing ever reads it) */
     m->kcache = m->page_elems ? lk_xcalloc((size_t)m->n_pages * m->page_elems, esz) : NULL;
-    m->vcache = m->page_elems ? lk_xcalloc((size_t)m->n_pages * m->page_elems, esz) : NULL;
+    m->vcache = m->page_elems && !cfg.mla ? lk_xcalloc((size_t)m->n_pages * m->page_elems, esz) : NULL;
     m->page_ref = lk_xcalloc((size_t)m->n_pages, sizeof(int32_t));
     m->free_pages = lk_xmalloc(sizeof(int32_t) * (size_t)m->n_pages);
     /* popped from the end: page 0 first */
@@ -840,15 +1014,25 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
     const size_t B = (size_t)m->n_batch;
     m->x = lk_xmalloc_aligned(sizeof(float) * B * d);
     m->xb = lk_xmalloc_aligned(sizeof(float) * B * LK_MAX(d, m->nh * hd));
-    m->q = lk_xmalloc_aligned(sizeof(float) * B * m->nh * hd);
+    m->q = lk_xmalloc_aligned(sizeof(float) * B * m->nh * m->ahd);
     m->k = lk_xmalloc_aligned(sizeof(float) * B * m->nkv * hd);
     m->v = lk_xmalloc_aligned(sizeof(float) * B * m->nkv * hd);
-    m->att = lk_xmalloc_aligned(sizeof(float) * B * m->nh * hd);
+    m->att = lk_xmalloc_aligned(sizeof(float) * B * m->nh * m->ahd);
     m->o = lk_xmalloc_aligned(sizeof(float) * B * d);
     m->hg = lk_xmalloc_aligned(sizeof(float) * B * m->nff);
     m->hu = lk_xmalloc_aligned(sizeof(float) * B * m->nff);
     m->scores = lk_xmalloc_aligned(sizeof(float) * (size_t)lk_pool_size(m->pool) * ATT_QB * m->n_ctx);
     int64_t maxcols = LK_MAX(LK_MAX(d, m->nff), (int64_t)m->nh * hd);
+    if (cfg.mla) {
+        maxcols = LK_MAX(maxcols, cfg.q_lora);
+        m->mqa = lk_xmalloc_aligned(sizeof(float) * B * cfg.q_lora);
+        m->mkva = lk_xmalloc_aligned(sizeof(float) * B * m->ahd);
+        m->mqb = lk_xmalloc_aligned(sizeof(float) * B * m->nh * cfg.k_head);
+        m->mvo = lk_xmalloc_aligned(sizeof(float) * B * m->nh * hd);
+        /* F32 activations are the widest of any type */
+        m->hact_stride = ((size_t)LK_MAX(cfg.qk_nope, cfg.kv_lora) * sizeof(float) + 63) & ~(size_t)63;
+        m->hact = lk_xmalloc_aligned(m->hact_stride * B * (size_t)lk_pool_size(m->pool));
+    }
     m->act = lk_xmalloc_aligned(lk_matmul_scratch_bytes(maxcols, (int64_t)B));
     if (cfg.n_expert) moe_scratch_alloc(m);
     *out = m;
@@ -938,7 +1122,8 @@ static void pages_take(lk_model *m, int seq, int pos0, int n) {
         if (pt[j] >= 0) { /* copy on write */
             if (bytes) {
                 memcpy((char *)m->kcache + (size_t)pg * bytes, (char *)m->kcache + (size_t)pt[j] * bytes, bytes);
-                memcpy((char *)m->vcache + (size_t)pg * bytes, (char *)m->vcache + (size_t)pt[j] * bytes, bytes);
+                if (m->vcache)
+                    memcpy((char *)m->vcache + (size_t)pg * bytes, (char *)m->vcache + (size_t)pt[j] * bytes, bytes);
             }
             page_release(m, pt[j]);
         }
@@ -1039,7 +1224,7 @@ typedef struct {
  * of page j of slot seq for KV head kvh of layer li (both local). */
 static size_t kv_page_kv(const lk_model *m, int seq, int j, int li, int kvh) {
     const int32_t pg = ptab_of(m, seq)[j];
-    return (size_t)pg * m->page_elems + ((size_t)li * m->nkv + (size_t)kvh) * LK_KV_PAGE * m->cfg.head_dim;
+    return (size_t)pg * m->page_elems + ((size_t)li * m->nkv + (size_t)kvh) * LK_KV_PAGE * m->ahd;
 }
 /* ... for the KV head that query head h (local) attends to. */
 static size_t kv_page(const lk_model *m, int seq, int j, int li, int h) {
@@ -1054,8 +1239,9 @@ static size_t kv_page(const lk_model *m, int seq, int j, int li, int h) {
 static void attn_f16_fn(void *arg, int ith, int nth) {
     attn_job *j = arg;
     lk_model *m = j->m;
-    const int hd = m->cfg.head_dim;
-    const float scale = 1.0f / sqrtf((float)hd);
+    const int hd = m->ahd;
+    const float scale = m->cfg.kq_scale;
+    const uint16_t *vcache = m->vcache ? m->vcache : m->kcache; /* MLA: values lead each latent row */
     float *sc = m->scores + (size_t)ith * ATT_QB * m->n_ctx;
     for (int64_t task = ith; task < (int64_t)m->n_rows * m->nh; task += nth) {
         int t = (int)(task / m->nh), h = (int)(task % m->nh);
@@ -1070,7 +1256,7 @@ static void attn_f16_fn(void *arg, int ith, int nth) {
         float *out = m->att + ((size_t)t * m->nh + h) * hd;
         memset(out, 0, sizeof(float) * hd);
         for (int pg = 0; pg * LK_KV_PAGE < npos; pg++) {
-            const uint16_t *v = (const uint16_t *)m->vcache + kv_page(m, seq, pg, j->li, h);
+            const uint16_t *v = vcache + kv_page(m, seq, pg, j->li, h);
             int np = LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE);
             for (int p = 0; p < np; p++) lk_vec_axpy_f16(out, sc[pg * LK_KV_PAGE + p], v + (size_t)p * hd, hd);
         }
@@ -1087,8 +1273,11 @@ static void attn_f16_fn(void *arg, int ith, int nth) {
 static void attn_block_fn(void *arg, int ith, int nth) {
     attn_job *j = arg;
     lk_model *m = j->m;
-    const int hd = m->cfg.head_dim;
-    const float scale = 1.0f / sqrtf((float)hd);
+    const int hd = m->ahd;
+    const float scale = m->cfg.kq_scale;
+    /* MLA: the values are the first kv_lora of each latent row; the sums run
+     * over whole rows (ahd) and the rope tail of the result is unused */
+    const float *vcache = m->vcache ? m->vcache : m->kcache;
     float *S = m->scores + (size_t)ith * ATT_QB * m->n_ctx;
     const int64_t ntask = m->task0[m->n_items];
     int it = 0;
@@ -1118,7 +1307,7 @@ static void attn_block_fn(void *arg, int ith, int nth) {
             for (int q = 0; q < nq; q++) memset(out + (size_t)q * m->nh * hd, 0, sizeof(float) * hd);
             for (int pg = 0; pg * LK_KV_PAGE < npos; pg++)
                 lk_vec_attn_av_f32(out, (size_t)m->nh * hd, S + (size_t)(t - t0) * m->n_ctx + (size_t)pg * LK_KV_PAGE,
-                                   (size_t)m->n_ctx, (const float *)m->vcache + kv_page(m, item->seq, pg, j->li, h),
+                                   (size_t)m->n_ctx, vcache + kv_page(m, item->seq, pg, j->li, h),
                                    LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE), nq, hd);
         }
     }
@@ -1179,6 +1368,115 @@ static void attention(lk_model *m, int li, const float *x) {
     attn_job aj = { m, li };
     lk_pool_run(m->pool, m->kv_f16 ? attn_f16_fn : attn_block_fn, &aj);
     lk_matmul(m->pool, &w->wo, m->att, qd, n, m->o, d, m->act);
+}
+
+/* ---- multi-head latent attention (deepseek2; model.h) ----------------------
+ * Per-head matrices (attn_k_b, attn_v_b): y(t, h) = W_h . x(t, h) for every
+ * token t and local head h, W_h = rows [h R, (h+1) R) of W. One dispatch:
+ * tasks are (head, row chunk), with a head's rows cut into chunks only when
+ * threads outnumber heads; a thread quantises the activations of each head
+ * it takes into its own scratch, and multiplies all n tokens at once, so a
+ * head's rows are read once per step and a token's result does not depend
+ * on the batch. */
+typedef struct {
+    lk_model *m;
+    const lk_mat *w;
+    int64_t R;
+    const float *x;
+    int64_t x_ts, x_hs;       /* x(t, h) at x + t x_ts + h x_hs, w->cols floats */
+    float *y;
+    int64_t y_ts, y_hs;       /* y(t, h) at y + t y_ts + h y_hs, R floats */
+    int n;
+} heads_job;
+
+static void heads_fn(void *arg, int ith, int nth) {
+    heads_job *j = arg;
+    lk_model *m = j->m;
+    const int nh = m->nh, n = j->n;
+    const int per = LK_MAX(1, nth / nh);  /* row chunks per head */
+    const lk_mat *w = j->w;
+    const lk_type at = lk_type_vec_dot(w->type);
+    char *a = (char *)m->hact + (size_t)ith * m->hact_stride * (size_t)m->n_batch;
+    int quantised = -1;
+    for (int task = ith; task < nh * per; task += nth) {
+        const int h = task / per, chunk = task % per;
+        int64_t r0, r1;
+        lk_split_range(j->R, ROW_ALIGN, chunk, per, &r0, &r1);
+        if (r1 <= r0) continue;
+        if (quantised != h) {
+            for (int t = 0; t < n; t++)
+                lk_quantize_row_act(at, j->x + (size_t)t * j->x_ts + (size_t)h * j->x_hs, a + (size_t)t * m->hact_stride,
+                                    w->cols);
+            quantised = h;
+        }
+        lk_quant_matmul(w->type, w->cols, r1 - r0, (const char *)w->data + (size_t)(h * j->R + r0) * w->row_stride,
+                        w->row_stride, n, a, m->hact_stride, j->y + (size_t)h * j->y_hs + r0, (size_t)j->y_ts);
+    }
+}
+
+/* Writes row t's cache row (F32 or F16) at position pos of its slot. */
+static void kv_write_row(lk_model *m, int li, int t, const float *row) {
+    const int pos = m->row_pos[t], seq = m->items[m->row_item[t]].seq;
+    const size_t at = kv_page_kv(m, seq, pos / LK_KV_PAGE, li, 0) + (size_t)(pos % LK_KV_PAGE) * m->ahd;
+    if (m->kv_f16) {
+        uint16_t *kc = (uint16_t *)m->kcache + at;
+        for (int i = 0; i < m->ahd; i++) kc[i] = lk_fp32_to_fp16(row[i]);
+    } else {
+        memcpy((float *)m->kcache + at, row, sizeof(float) * (size_t)m->ahd);
+    }
+}
+
+/* This rank's share of MLA for layer li, in the absorbed form llama.cpp
+ * runs (model.h): the cache holds the latent [c | rope(k_pe)] per position,
+ * each head's query is turned into the latent space (q_abs = W_UK^T q_nope)
+ * and its output taken out of it (W_UV o_latent), so attention itself is
+ * multi-query attention with keys of kv_lora + rope_dim and values of
+ * kv_lora, and no per-head key or value is ever expanded. Under tensor
+ * parallelism every rank with heads computes the (replicated) latent and
+ * caches it; q_b, k_b, v_b and Wo's columns are cut by head. */
+static void attention_mla(lk_model *m, int li, const float *x) {
+    const lk_model_config *c = &m->cfg;
+    const layer_w *w = &m->layers[li];
+    const int n = m->n_rows, nh = m->nh;
+    const int64_t d = c->n_embd, ql = c->q_lora, kl = c->kv_lora, rd = c->rope_dim, kh = c->k_head,
+                  nope = c->qk_nope, ahd = m->ahd, vh = c->head_dim;
+    if (nh == 0) {
+        memset(m->o, 0, sizeof(float) * (size_t)n * d);
+        return;
+    }
+    for (int t = 0; t < n; t++) lk_rmsnorm(m->xb + t * d, x + t * d, w->attn_norm, d, c->rms_eps);
+    const lk_mat *down[2] = {&w->wqa, &w->wkva};
+    if (lk_matmul_can_fuse(down, 2)) {
+        float *const ys[2] = {m->mqa, m->mkva};
+        const int64_t ss[2] = {ql, ahd};
+        lk_matmul_fused(m->pool, down, 2, m->xb, d, n, ys, ss, false, m->act);
+    } else {
+        lk_matmul(m->pool, &w->wqa, m->xb, d, n, m->mqa, ql, m->act);
+        lk_matmul(m->pool, &w->wkva, m->xb, d, n, m->mkva, ahd, m->act);
+    }
+    for (int t = 0; t < n; t++) {
+        float *qa = m->mqa + t * ql, *kv = m->mkva + t * ahd;
+        lk_rmsnorm(qa, qa, w->q_a_norm, ql, c->rms_eps);
+        lk_rmsnorm(kv, kv, w->kv_a_norm, kl, c->rms_eps); /* k_pe is not normalised */
+        rope(m, kv + kl, m->row_pos[t]);
+        kv_write_row(m, li, t, kv);
+    }
+    lk_matmul(m->pool, &w->wqb, m->mqa, ql, n, m->mqb, nh * kh, m->act);
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < nh; h++) {
+            float *qpe = m->mqb + ((size_t)t * nh + h) * kh + nope;
+            rope(m, qpe, m->row_pos[t]);
+            memcpy(m->q + ((size_t)t * nh + h) * ahd + kl, qpe, sizeof(float) * (size_t)rd);
+        }
+    /* q_abs(t, h) = attn_k_b[h] . q_nope(t, h), into the first kl of each query */
+    heads_job kb = { m, &w->wkb, kl, m->mqb, nh * kh, kh, m->q, nh * ahd, ahd, n };
+    lk_pool_run(m->pool, heads_fn, &kb);
+    attn_job aj = { m, li };
+    lk_pool_run(m->pool, m->kv_f16 ? attn_f16_fn : attn_block_fn, &aj);
+    /* o_h = attn_v_b[h] . o_latent(t, h), heads side by side for Wo */
+    heads_job vb = { m, &w->wvb, vh, m->att, nh * ahd, ahd, m->mvo, nh * vh, vh, n };
+    lk_pool_run(m->pool, heads_fn, &vb);
+    lk_matmul(m->pool, &w->wo, m->mvo, nh * vh, n, m->o, d, m->act);
 }
 
 /* This rank's share of the FFN: o = W2_slice . (silu(W1_slice x) * W3_slice x). */
@@ -1243,6 +1541,8 @@ static void moe_scratch_alloc(lk_model *m) {
     ms->adn_stride = (adn + 63) & ~(size_t)63;
     ms->logits = lk_xmalloc(sizeof(float) * B * E);
     ms->probs = lk_xmalloc(sizeof(float) * E);
+    ms->bsel = lk_xmalloc(sizeof(float) * E);
+    ms->gsc = lk_xmalloc(sizeof(float) * (size_t)LK_MAX(c->n_expert_group, 1));
     ms->sel = lk_xmalloc(sizeof(int32_t) * B * k);
     ms->wgt = lk_xmalloc(sizeof(float) * B * k);
     ms->row_slot = lk_xmalloc(sizeof(int32_t) * B * k);
@@ -1268,6 +1568,33 @@ static void route_row(const lk_model *m, const layer_w *w, const float *logit, i
     } else {
         for (int e = 0; e < E; e++) p[e] = 1.0f / (1.0f + expf(-logit[e]));
     }
+    float *b = m->ms.bsel;
+    for (int e = 0; e < E; e++) b[e] = w->exp_b ? p[e] + w->exp_b[e] : p[e];
+    /* group-limited routing (DeepSeek-V3's noaux_tc): a group scores the sum
+     * of its two best selection scores; only the n_group_used best groups
+     * (ties to the lower group) compete, the others are masked out */
+    const int G = c->n_expert_group;
+    if (G > 1 && c->n_group_used < G) {
+        const int per = E / G;
+        float *gs = m->ms.gsc;
+        for (int gi = 0; gi < G; gi++) {
+            const float *bg = b + gi * per;
+            int i1 = 0;
+            for (int e = 1; e < per; e++) if (bg[e] > bg[i1]) i1 = e;
+            int i2 = i1 == 0 ? 1 : 0;
+            for (int e = 0; e < per; e++) if (e != i1 && bg[e] > bg[i2]) i2 = e;
+            gs[gi] = bg[i1] + bg[i2];
+        }
+        for (int u = 0; u < c->n_group_used; u++) { /* the best groups, marked by a score of +inf */
+            int best = -1;
+            for (int gi = 0; gi < G; gi++)
+                if (gs[gi] != INFINITY && (best < 0 || gs[gi] > gs[best])) best = gi;
+            gs[best] = INFINITY;
+        }
+        for (int gi = 0; gi < G; gi++)
+            if (gs[gi] != INFINITY)
+                for (int e = gi * per; e < (gi + 1) * per; e++) b[e] = -INFINITY;
+    }
     /* top k by p (+ the selection bias), best first, ties to the lower id */
     for (int j = 0; j < k; j++) {
         int best = -1;
@@ -1276,7 +1603,7 @@ static void route_row(const lk_model *m, const layer_w *w, const float *logit, i
             bool taken = false;
             for (int i = 0; i < j; i++) taken |= sel[i] == e;
             if (taken) continue;
-            float sc = w->exp_b ? p[e] + w->exp_b[e] : p[e];
+            float sc = b[e];
             if (best < 0 || sc > bs) best = e, bs = sc;
         }
         sel[j] = best;
@@ -1475,7 +1802,8 @@ lk_status lk_model_layers(lk_model *m, float *x) {
     lk_status st;
     for (int li = 0; li < m->sl.layer1 - m->sl.layer0; li++) {
         const int layer = m->sl.layer0 + li;
-        attention(m, li, x);
+        if (m->cfg.mla) attention_mla(m, li, x);
+        else attention(m, li, x);
         if ((st = allreduce(m, m->o, nd, layer, "attention output all-reduce"))) return st;
         for (int64_t i = 0; i < nd; i++) x[i] += m->o[i];
         if (m->layers[li].moe) moe_ffn(m, li, x, n);

@@ -1,5 +1,5 @@
 /* model — architectures (llama, qwen2, qwen3; mistral and TinyLlama are
- * llama; the mixtures of experts qwen3moe and glm4moe) as one forward pass over *this rank's slice* of every weight, and
+ * llama; the mixtures of experts qwen3moe, glm4moe and deepseek2 (MLA)) as one forward pass over *this rank's slice* of every weight, and
  * the KV cache for the slice's KV heads.
  *
  * The same code runs one node (slice = everything, no hooks) and every rank
@@ -27,7 +27,7 @@
 #include "parallel/parallel.h"
 #include "kernels/kernels.h"
 
-typedef enum { LK_ARCH_LLAMA, LK_ARCH_QWEN2, LK_ARCH_QWEN3, LK_ARCH_QWEN3MOE, LK_ARCH_GLM4MOE } lk_arch;
+typedef enum { LK_ARCH_LLAMA, LK_ARCH_QWEN2, LK_ARCH_QWEN3, LK_ARCH_QWEN3MOE, LK_ARCH_GLM4MOE, LK_ARCH_DEEPSEEK2 } lk_arch;
 
 /* How a mixture-of-experts layer turns router logits into expert weights
  * (llama.cpp's expert_gating_func: 1 softmax, 2 sigmoid). */
@@ -63,6 +63,29 @@ typedef struct {
     float   weights_scale;
     bool    has_exp_probs_b;
     int     n_layer_file;     /* block_count: n_layer + NextN (MTP) blocks, never run */
+    /* Group-limited routing (deepseek2): experts in n_expert_group groups of
+     * consecutive ids; a group scores the sum of its best two selection
+     * scores, only the best n_group_used groups compete (1: no groups). */
+    int     n_expert_group, n_group_used;
+    /* Multi-head latent attention (deepseek2, mla): per token
+     *   q  = attn_q_b . rmsnorm(attn_q_a . h)            n_head x (qk_nope + rope_dim)
+     *   kv = attn_kv_a_mqa . h = [c (kv_lora) | k_pe (rope_dim)], c = rmsnorm(c)
+     * and, per head, the absorbed form: q_abs = attn_k_b[h] . q_nope
+     * (kv_lora long), score = (q_abs . c + rope(q_pe) . rope(k_pe)) * kq_scale,
+     * o_h = attn_v_b[h] . sum p c. The cache holds [c | rope(k_pe)] per
+     * position and layer (kv_lora + rope_dim floats, one "KV head"), the
+     * values being its first kv_lora. head_dim is the value head (v_head),
+     * the width each head adds to attn_output's input. */
+    bool    mla;
+    int     q_lora, kv_lora, qk_nope, k_head;  /* k_head = qk_nope + rope_dim */
+    /* YaRN RoPE (rope.scaling.type yarn): theta mixes interpolated
+     * (theta / factor) and extrapolated angles by a ramp over the pairs
+     * between the correction dims of beta_fast and beta_slow. */
+    bool    rope_yarn;
+    float   yarn_factor, yarn_beta_fast, yarn_beta_slow, yarn_log_mul;
+    int     yarn_orig_ctx;
+    float   kq_scale;         /* attention score scale: 1/sqrt(key length), x mscale^2 for DeepSeek's YaRN */
+    int64_t kv_elems;         /* KV cache floats per position and layer, whole model: 2 x KV heads x head_dim, MLA kv_lora + rope_dim */
     /* The FFN rows a plan cuts (lk_slice ff0/ff1): n_ff for dense models,
      * n_ff_exp for mixtures; every other FFN width of the model follows in
      * proportion (lk_model_ffn_ranges). */

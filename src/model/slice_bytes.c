@@ -182,9 +182,21 @@ lk_status lk_model_slice_bytes(const lk_gguf *g, const lk_slice *s, lk_ranges *o
         whole(&w, find(&w, l, "attn_norm.weight"));
         whole(&w, find(&w, l, "ffn_norm.weight"));
         whole(&w, find(&w, l, "post_attention_norm.weight")); /* glm4moe's pre-FFN norm */
-        rows(&w, find(&w, l, "attn_q.weight"), s->head0 * hd, s->head1 * hd);
-        rows(&w, find(&w, l, "attn_k.weight"), s->kv_head0 * hd, s->kv_head1 * hd);
-        rows(&w, find(&w, l, "attn_v.weight"), s->kv_head0 * hd, s->kv_head1 * hd);
+        if (c.mla && s->head1 > s->head0) {
+            /* the latent projections are whole on every rank with heads, the per-head ones cut by head */
+            const int64_t kl = c.kv_lora;
+            whole(&w, find(&w, l, "attn_q_a.weight"));
+            whole(&w, find(&w, l, "attn_q_a_norm.weight"));
+            whole(&w, find(&w, l, "attn_kv_a_mqa.weight"));
+            whole(&w, find(&w, l, "attn_kv_a_norm.weight"));
+            rows(&w, find(&w, l, "attn_q_b.weight"), s->head0 * (int64_t)c.k_head, s->head1 * (int64_t)c.k_head);
+            rows(&w, find(&w, l, "attn_k_b.weight"), s->head0 * kl, s->head1 * kl);
+            rows(&w, find(&w, l, "attn_v_b.weight"), s->head0 * hd, s->head1 * hd);
+        } else if (!c.mla) {
+            rows(&w, find(&w, l, "attn_q.weight"), s->head0 * hd, s->head1 * hd);
+            rows(&w, find(&w, l, "attn_k.weight"), s->kv_head0 * hd, s->kv_head1 * hd);
+            rows(&w, find(&w, l, "attn_v.weight"), s->kv_head0 * hd, s->kv_head1 * hd);
+        }
         if ((st = cols(&w, find(&w, l, "attn_output.weight"), s->head0 * hd, s->head1 * hd))) break;
         if (lk_model_layer_moe(&c, l)) {
             whole(&w, find(&w, l, "ffn_gate_inp.weight"));
