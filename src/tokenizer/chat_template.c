@@ -134,12 +134,16 @@ struct jctx {
     json_t *pending;  /* a parsed JSON document being converted, freed on error */
 };
 
+/* Messages quote the template (names, tokens, raise_exception's text), which
+ * comes from the model file: written through lk_str_sanitize, so its
+ * escapes reach no terminal (a backslash of our own shows as \\). */
 static _Noreturn void fail(jctx *c, lk_status st, int pos, const char *fmt, ...) {
-    char msg[384];
+    char raw[384], msg[384];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
+    lk_str_sanitize(msg, sizeof msg, raw, strlen(raw));
     if (pos >= 0 && c->src) {
         int line = 1, col = 1;
         for (int i = 0; i < pos && (size_t)i < c->srclen; i++) {
@@ -2381,7 +2385,9 @@ static jv call_builtin(jctx *c, int fn, const argv_t *a, int pos) {
     switch (fn) {
     case F_RAISE: {
         jstr *msg = arg_get(a, 0, NULL, &x) ? to_str(c, &x) : cstr(c, "raise_exception called");
-        lk_fail(c->err, c->errlen, LK_ERR_ARG, "chat template rejected the conversation: %s", msg->p);
+        char safe[384];
+        lk_str_sanitize(safe, sizeof safe, msg->p, msg->n);
+        lk_fail(c->err, c->errlen, LK_ERR_ARG, "chat template rejected the conversation: %s", safe);
         c->st = LK_ERR_ARG;
         longjmp(c->jb, 1);
     }

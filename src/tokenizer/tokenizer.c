@@ -343,8 +343,17 @@ static void build_eog(lk_tokenizer *t) {
     }
 }
 
+/* A string of the model file quoted in an error: its escapes and control
+ * bytes written as \xNN (lk_str_sanitize), so a hostile GGUF cannot drive
+ * the terminal of whoever reads the message; at most about 64 bytes. */
+static const char *quote(char *buf, size_t len, const char *s, size_t n) {
+    lk_str_sanitize(buf, len, s, n);
+    return buf;
+}
+
 lk_status lk_tokenizer_load(const lk_gguf *g, lk_tokenizer **out, char *err, size_t errlen) {
     *out = NULL;
+    char q[80];
     const char *model;
     size_t model_len;
     if (!lk_gguf_get_str(g, "tokenizer.ggml.model", &model, &model_len))
@@ -368,8 +377,8 @@ lk_status lk_tokenizer_load(const lk_gguf *g, lk_tokenizer **out, char *err, siz
         size_t pre_len = 7;
         lk_gguf_get_str(g, "tokenizer.ggml.pre", &pre, &pre_len);
         if (!pre_from_name(pre, pre_len, &t->pre, &t->ignore_merges, &t->add_bos)) {
-            st = lk_fail(err, errlen, LK_ERR_UNSUPPORTED, "%s: unknown pre-tokenizer tokenizer.ggml.pre='%.*s'",
-                         lk_gguf_path(g), (int)LK_MIN(pre_len, 64), pre);
+            st = lk_fail(err, errlen, LK_ERR_UNSUPPORTED, "%s: unknown pre-tokenizer tokenizer.ggml.pre='%s'",
+                         lk_gguf_path(g), quote(q, sizeof q, pre, pre_len));
             goto fail;
         }
     } else if (str_is(model, model_len, "bert")) {
@@ -378,8 +387,8 @@ lk_status lk_tokenizer_load(const lk_gguf *g, lk_tokenizer **out, char *err, siz
         t->add_bos = true;
         t->add_sep = true;
     } else {
-        st = lk_fail(err, errlen, LK_ERR_UNSUPPORTED, "%s: unsupported tokenizer.ggml.model '%.*s'",
-                     lk_gguf_path(g), (int)LK_MIN(model_len, 64), model);
+        st = lk_fail(err, errlen, LK_ERR_UNSUPPORTED, "%s: unsupported tokenizer.ggml.model '%s'",
+                     lk_gguf_path(g), quote(q, sizeof q, model, model_len));
         goto fail;
     }
     {
@@ -476,8 +485,8 @@ lk_status lk_tokenizer_load(const lk_gguf *g, lk_tokenizer **out, char *err, siz
         while (t->tab[h] >= 0) {
             int32_t o = t->tab[h];
             if (t->text_len[o] == t->text_len[id] && !memcmp(t->text + t->text_off[o], s, t->text_len[id])) {
-                st = lk_fail(err, errlen, LK_ERR_FORMAT, "%s: duplicate token '%.*s' (ids %d and %d)", lk_gguf_path(g),
-                             (int)LK_MIN(t->text_len[id], 64u), s, o, id);
+                st = lk_fail(err, errlen, LK_ERR_FORMAT, "%s: duplicate token '%s' (ids %d and %d)", lk_gguf_path(g),
+                             quote(q, sizeof q, s, t->text_len[id]), o, id);
                 goto fail;
             }
             h = (h + 1) & t->tab_mask;
