@@ -1,5 +1,6 @@
 /* lockstep — entry point: dispatches to a subcommand. */
 #include "cli/cli.h"
+#include "cluster/launch.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -83,5 +84,11 @@ int main(int argc, char **argv) {
         else fprintf(stderr, "lockstep: unknown command '%s' (see 'lockstep --help')\n", argv[1]);
         return 2;
     }
-    return fn(argc - 2, argv + 2);
+    /* under mpirun/srun a cluster command runs on every rank (launch.h) */
+    int ac = argc - 2, rc;
+    char **av = argv + 2;
+    if ((!strcmp(argv[1], "run") || !strcmp(argv[1], "chat") || !strcmp(argv[1], "serve") || !strcmp(argv[1], "bench")) &&
+        lk_launch_from_env(argv[1], &ac, &av, &rc))
+        return rc;
+    return fn(ac, av);
 }
