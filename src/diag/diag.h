@@ -12,7 +12,12 @@
  * megabytes of a 365 GB download.
  *
  * Threading: the model functions are pure; a lk_diag_relay owns one accept
- * thread and one thread per relayed connection until lk_diag_relay_stop. */
+ * thread and one thread per relayed connection until lk_diag_relay_stop.
+ *
+ * The doctor (doctor.c, behind `lockstep doctor`) is the one part of diag
+ * that runs a cluster: it uses cluster/ (handshake, benchmark sessions) and
+ * engine/ (the cluster opened as run opens it, real decode steps), and
+ * forks worker daemons for --local; it is called by cmd_doctor.c only. */
 #ifndef LK_DIAG_H
 #define LK_DIAG_H
 
@@ -157,5 +162,78 @@ lk_status lk_diag_relay_start(const lk_diag_relay_cfg *cfg, lk_diag_relay **out,
 /* Connections relayed so far, and bytes in each direction. */
 void      lk_diag_relay_stats(lk_diag_relay *r, int *conns, uint64_t *bytes_fwd, uint64_t *bytes_back);
 void      lk_diag_relay_stop(lk_diag_relay *r);
+
+/* ======================================================================
+ * the doctor (doctor.c): every node, every link, the collectives and a
+ * few real decode steps of a cluster, then a verdict
+ * ==================================================================== */
+
+/* What `lockstep doctor` examines: the cluster as `run` would open it. */
+typedef struct {
+    const char *model;        /* the head's GGUF (NULL: no model checks, no decode) */
+    const char *workers;      /* "host:port,..." (with key), or NULL */
+    const char *key_file;     /* with workers */
+    const uint8_t *key;       /* its bytes (lk_key_load), with workers */
+    int         local;        /* ranks started here, head included (0: none) */
+    int         tp, pp;       /* 0: as run derives them (all TP) */
+    int         threads;      /* per rank (0: run's default) */
+    int         ctx;          /* positions for the decode check (0: 256) */
+    const char *transport;    /* "auto" (NULL), "tcp", "shm" */
+    int         iters;        /* ping-pong repetitions per size (0: 200) */
+} lk_doctor_cfg;
+
+#define LK_DOCTOR_MAX_NODES 16
+#define LK_DOCTOR_MAX_CHECKS 64
+
+typedef enum { LK_DOC_PASS, LK_DOC_WARN, LK_DOC_FAIL, LK_DOC_SKIP } lk_doctor_level;
+const char *lk_doctor_level_name(lk_doctor_level l); /* "ok", "warn", "FAIL", "skip" */
+
+typedef struct {
+    char   what[24];          /* "reachable", "agreement", "model", "threads", "memory", "link", ... */
+    int    node;              /* 0: the head; -1: the cluster as a whole */
+    lk_doctor_level level;
+    char   detail[400];       /* the evidence, in words and numbers */
+} lk_doctor_check;
+
+typedef struct {
+    char   addr[64];          /* "this host" for the head */
+    bool   reachable;
+    char   build[64], cpu[160], simd[16];
+    uint32_t version;
+    int    cores;             /* -1: not reported (a remote worker) */
+    int    threads;           /* per rank on this node */
+    double mem_avail_gb;      /* -1: not reported */
+    double clock_offset_us;   /* NAN: not measured */
+    /* the link head <-> this node (node 0: none) */
+    char   transport[16];
+    double lat_us, lat_p99_us, gbps;
+} lk_doctor_node;
+
+typedef struct {
+    int    n_nodes, tp, pp;
+    lk_doctor_node nodes[LK_DOCTOR_MAX_NODES];
+    int    n_checks;
+    lk_doctor_check checks[LK_DOCTOR_MAX_CHECKS];
+    bool   have_model;
+    lk_diag_shape shape;
+    char   model_id[24];
+    double membw_gbs, rank_membw_gbs;    /* this host: all cores, one rank's threads */
+    double ar_bytes, ar_us;              /* the decode all-reduce at the model's size (0: none) */
+    bool   decoded;                      /* the real decode steps ran */
+    double step_ms, comm_ms;             /* median decode step, and its communication wait */
+    double tok_s;
+    int    n_allreduce;                  /* per token (plan's count for the layout) */
+    lk_diag_est est;                     /* plan's estimate for the measured layout */
+    lk_diag_est best;                    /* plan's best layout over these nodes */
+    char   verdict[400];
+    bool   ok;                           /* no check failed */
+} lk_doctor_report;
+
+/* Runs every check, in the order a careful engineer would: each node alone,
+ * agreement, every link, the collective at the model's size, real decode
+ * steps, then the plan and the verdict. Never fails as a whole: what went
+ * wrong is a check of level FAIL (report->ok false). Starts (and ends)
+ * local worker processes for --local. */
+void lk_doctor_run(const lk_doctor_cfg *cfg, lk_doctor_report *r);
 
 #endif

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# lockstep doctor through the real program (issue 12): usage errors (exit 2);
+# a healthy --local 2 cluster (exit 0, JSON with both nodes, a link with its
+# transport and latency, the all-reduce, real decode steps, a verdict and the
+# layout plan recommends); a cluster of two worker daemons where one holds a
+# different model file under the same name (exit 1, the model check fails and
+# names that worker and both identities, the agreeing worker passes); an
+# oversubscribed --local cluster (more threads than cores: named). Run from
+# the repository root by tests/run.sh with LOCKSTEP set.
+set -u
+L=${LOCKSTEP:-build/lockstep}
+. tests/lk_td.sh
+T=$(mktemp -d /tmp/lk_doctor.XXXXXX)
+PIDS=()
+trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done; rm -rf "$T"' EXIT
+
+ok() { echo "PASS $1"; }
+no() { echo "FAIL $1"; shift; for l in "$@"; do echo "  $l"; done; }
+expect() {
+    local name=$1 code=$2; shift 2
+    "$@" </dev/null >"$T/out" 2>"$T/err"; local rc=$?
+    if [ "$rc" -eq "$code" ]; then ok "$name"; else no "$name" "exit $rc, want $code" "$(tail -n 5 "$T/err")" "$(tail -n 8 "$T/out")"; fi
+}
+# jqt NAME FILTER: the JSON in $T/out satisfies FILTER (jq -e)
+jqt() {
+    if [ -s "$T/out" ] && jq -e "$2" "$T/out" >/dev/null 2>&1; then ok "$1"; else no "$1" "jq '$2' is false on:" "$(head -c 1500 "$T/out")"; fi
+}
+M1=$RD/models/stories260K.gguf
+M2=$RD/models/stories260K-q8_0.gguf
+
+# ---- usage ---------------------------------------------------------------------------
+expect doctor_help 0 "$L" doctor --help
+expect doctor_bad_flag 2 "$L" doctor --no-such-flag
+expect doctor_local_and_workers 2 "$L" doctor --local 2 --workers 127.0.0.1:1
+expect doctor_workers_no_key 2 "$L" doctor --workers 127.0.0.1:1
+expect doctor_bad_layout 2 "$L" doctor --local 2 --tp 3
+expect doctor_bad_transport 2 "$L" doctor --local 2 --transport carrier-pigeon
+
+# ---- a healthy local cluster -------------------------------------------------------------
+expect doctor_local2 0 "$L" doctor -m "$M1" --local 2 --iters 50 --json
+jqt doctor_local2_ok '.ok == true and .nodes_n == 2 and (.nodes | length) == 2'
+jqt doctor_local2_link '.nodes[1].transport == "shm" and .nodes[1].latency_us > 0 and .nodes[1].link_gbps > 0'
+jqt doctor_local2_agree '[.checks[] | select(.check == "agreement" and .node == 1 and .result == "ok")] | length == 1'
+jqt doctor_local2_allreduce '.allreduce_bytes == 256 and .allreduce_us > 0'
+jqt doctor_local2_decode '.decode_tok_s > 0 and .decode_step_ms > 0 and .allreduces_per_token > 0'
+jqt doctor_local2_verdict '(.verdict | test("^decode is bound by")) and .recommended.tp >= 1 and .recommended.pp >= 1'
+expect doctor_local2_tcp_text 0 "$L" doctor -m "$M1" --local 2 --transport tcp --iters 50
+if grep -Eq 'link: tcp, [0-9.]+ us one-way' "$T/out" && grep -q '^verdict: decode is bound by' "$T/out" \
+   && grep -q '^plan recommends: --tp [0-9]* --pp [0-9]*' "$T/out" && grep -q '^all checks passed' "$T/out"; then
+    ok doctor_local2_tcp_text_says
+else
+    no doctor_local2_tcp_text_says "$(cat "$T/out")"
+fi
+
+# ---- oversubscribed: more threads than this machine has cores ------------------------------
+NC=$(nproc)
+expect doctor_oversubscribed 1 "$L" doctor --local 2 --threads "$NC" --iters 20 --json
+jqt doctor_oversubscribed_named "[.checks[] | select(.check == \"threads\" and .result == \"fail\" and (.detail | test(\"oversubscribed: 2 ranks x $NC threads\")))] | length == 1"
+
+# ---- a worker with a different model file under the same name -------------------------------
+"$L" keygen >"$T/key"
+mkdir -p "$T/a" "$T/b" "$T/head"
+cp "$M1" "$T/head/m.gguf"; cp "$M1" "$T/a/m.gguf"; cp "$M2" "$T/b/m.gguf"
+start_worker() { # DIR LOG: sets WP to its port (empty if it did not start)
+    "$L" worker --listen 127.0.0.1:0 --key-file "$T/key" --model-dir "$1" --threads 1 </dev/null >/dev/null 2>"$2" &
+    PIDS+=($!)
+    WP=
+    for _ in $(seq 100); do
+        WP=$(sed -n 's/.*listening on .* (port \([0-9]*\)).*/\1/p' "$2" 2>/dev/null)
+        [ -n "$WP" ] && return
+        sleep 0.1
+    done
+}
+start_worker "$T/a" "$T/wa.log"; PA=$WP
+start_worker "$T/b" "$T/wb.log"; PB=$WP
+if [ -z "$PA" ] || [ -z "$PB" ]; then
+    no doctor_mismatch "workers did not start" "$(cat "$T/wa.log" "$T/wb.log")"
+else
+    expect doctor_mismatch 1 "$L" doctor -m "$T/head/m.gguf" --workers "127.0.0.1:$PA,127.0.0.1:$PB" --key-file "$T/key" \
+        --threads 1 --iters 20 --json
+    jqt doctor_mismatch_named '[.checks[] | select(.check == "model" and .result == "fail" and .node == 2
+        and (.detail | test("model mismatch: head has [0-9a-f]+, worker has [0-9a-f]+")))] | length == 1'
+    jqt doctor_mismatch_others_agree '[.checks[] | select(.check == "agreement" and .result == "ok")] | length == 2'
+    jqt doctor_mismatch_links '[.nodes[1:][] | select(.transport != null and .latency_us > 0)] | length == 2'
+fi
