@@ -71,21 +71,21 @@ static void node_self(const lk_doctor_cfg *cfg, int ranks_here, lk_doctor_report
     snprintf(n->cpu, sizeof n->cpu, "%s", lk_cpu_features());
     simd_of(n->cpu, n->simd, sizeof n->simd);
     n->version = LK_WIRE_VERSION;
-    n->cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    if (n->cores < 1) n->cores = 1;
-    /* run's default: the cores shared by the ranks of this host */
-    n->threads = cfg->threads > 0 ? cfg->threads : LK_MAX(1, n->cores / ranks_here);
+    /* the CPUs this process may run on (affinity, cgroup quota); run's
+     * default threads: the physical cores among them, shared by the ranks */
+    n->cores = LK_MAX(1, lk_cpus_usable());
+    n->threads = cfg->threads > 0 ? cfg->threads : LK_MAX(1, lk_threads_default() / ranks_here);
     n->mem_avail_gb = (double)lk_mem_available() / 1e9;
     n->clock_offset_us = 0;
     check(r, 0, "cpu", LK_DOC_PASS, "%s: kernels at %s", n->cpu, n->simd);
     int want = n->threads * ranks_here;
     if (want > n->cores)
         check(r, 0, "threads", LK_DOC_FAIL,
-              "oversubscribed: %d rank%s x %d threads = %d threads on %d cores: a rank that waits for a descheduled "
+              "oversubscribed: %d rank%s x %d threads = %d threads on %d CPUs: a rank that waits for a descheduled "
               "thread stalls every all-reduce (use --threads %d)",
               ranks_here, ranks_here > 1 ? "s" : "", n->threads, want, n->cores, LK_MAX(1, n->cores / ranks_here));
     else
-        check(r, 0, "threads", LK_DOC_PASS, "%d rank%s x %d threads on %d cores", ranks_here, ranks_here > 1 ? "s" : "",
+        check(r, 0, "threads", LK_DOC_PASS, "%d rank%s x %d threads on %d CPUs", ranks_here, ranks_here > 1 ? "s" : "",
               n->threads, n->cores);
     double load = -1;
     FILE *f = fopen("/proc/loadavg", "r");
@@ -94,10 +94,10 @@ static void node_self(const lk_doctor_cfg *cfg, int ranks_here, lk_doctor_report
         fclose(f);
     }
     if (load > n->cores)
-        check(r, 0, "load", LK_DOC_WARN, "load average %.1f on %d cores: other work competes, figures below are low",
+        check(r, 0, "load", LK_DOC_WARN, "load average %.1f on %d CPUs: other work competes, figures below are low",
               load, n->cores);
     else if (load >= 0)
-        check(r, 0, "load", LK_DOC_PASS, "load average %.1f on %d cores", load, n->cores);
+        check(r, 0, "load", LK_DOC_PASS, "load average %.1f on %d CPUs", load, n->cores);
     /* the memory bandwidth decode reads weights at: all cores, and one rank's threads */
     size_t llc = lk_membw_llc_bytes(), bytes = LK_MAX((size_t)64 << 20, 4 * llc);
     r->membw_gbs = lk_membw_read_gbs(n->cores, bytes, 3);
@@ -340,8 +340,7 @@ void lk_doctor_run(const lk_doctor_cfg *cfg0, lk_doctor_report *r) {
             local_key[i] = (uint8_t)v;
         }
         cfg.key = local_key;
-        int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
-        int threads = cfg.threads > 0 ? cfg.threads : LK_MAX(1, cores / cfg.local);
+        int threads = cfg.threads > 0 ? cfg.threads : LK_MAX(1, lk_threads_default() / cfg.local);
         n_pids = spawn_local(LK_MIN(cfg.local - 1, LK_DOCTOR_MAX_NODES - 1), threads, local_key, pids, addrs,
                              sizeof addrs, err, sizeof err);
         if (n_pids < cfg.local - 1) check(r, -1, "local", LK_DOC_FAIL, "starting local ranks: %s", err);
