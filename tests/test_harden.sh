@@ -95,3 +95,29 @@ has threads_chat_line "$T/err" '^lockstep chat: 1 thread \(-t 1\)'
 PIDS+=($!)
 for _ in $(seq 50); do grep -q 'thread' "$T/werr" && break; sleep 0.1; done
 has threads_worker_said "$T/werr" '^lockstep worker: what each head asks \(-t on the head\), else [0-9]+ threads? \(default'
+
+# ---- a worker checks its own KV memory --------------------------------------------
+# The worker may use less memory than the head (here RLIMIT_AS, as a cgroup
+# limit would): the head's own share of --ctx 4000000 fits its machine, the
+# worker's (~3 GiB) does not fit its 1.4 GiB. Before, the worker aborted in
+# an allocation (the daemon gone) and the head heard 'connection closed'.
+if ldd "$L" 2>/dev/null | grep -q libasan; then
+    echo "SKIP worker_ctx_refused: an ASan build cannot run under ulimit -v"
+else
+    (ulimit -v 1500000; exec "$L" worker --listen 127.0.0.1:0 --key-file "$T/key") >"$T/w2out" 2>"$T/w2err" &
+    PIDS+=($!)
+    port=
+    for _ in $(seq 100); do
+        port=$(sed -n 's/.*listening on .*(port \([0-9]*\)).*/\1/p' "$T/w2err" | head -n 1)
+        [ -n "$port" ] && break
+        sleep 0.1
+    done
+    t0=$(date +%s.%N)
+    expect worker_ctx_refused 1 timeout 60 "$L" run -m "$M" -p hi -n 2 --workers "127.0.0.1:$port" --key-file "$T/key" -c 4000000
+    t1=$(date +%s.%N)
+    has worker_ctx_named "$T/err" "worker rank 1 \(127\.0\.0\.1:$port\) .*--ctx 4000000 needs [0-9.]+ GiB on this worker \(its KV cache share: 4000000 positions x 5 layers x [0-9]+ KV heads = [0-9.]+ GiB.* but only [0-9.]+ GiB of memory is available to it"
+    if awk -v a="$t0" -v b="$t1" 'BEGIN{exit !(b - a < 15)}'; then ok worker_ctx_prompt
+    else no worker_ctx_prompt "took $(awk -v a="$t0" -v b="$t1" 'BEGIN{print b-a}') s"; fi
+    # the worker is still there and serves the next head
+    expect worker_after_refusal 0 timeout 60 "$L" run -m "$M" -p "Once upon a time" -n 4 --temp 0 --workers "127.0.0.1:$port" --key-file "$T/key"
+fi

@@ -334,13 +334,48 @@ static lk_status try_model(session *s, const char *path, char *err, size_t errle
     return LK_OK;
 }
 
+/* What the head's --ctx (and KV budget) costs this worker, checked against
+ * the memory it may still get (lk_mem_available: MemAvailable, a cgroup
+ * limit, RLIMIT_AS) before anything is allocated, as the head checks its
+ * own: this rank's share of the KV cache (its layers and KV heads, every
+ * position of the page pool), its RoPE tables and attention scores. The
+ * head checks only its own machine (and an even share for --workers); a
+ * worker with less room would otherwise be killed midway by the kernel or
+ * an allocation, and the head would hear a lost connection. */
+static lk_status check_kv_memory(session *s, const lk_model_params *mp, char *err, size_t errlen) {
+    lk_model_config cfg;
+    lk_status st = lk_model_config_read(s->g, &cfg, err, errlen);
+    if (st) return st;
+    const lk_slice *sl = &s->load.slice;
+    const int n_ctx = mp->n_ctx > 0 ? mp->n_ctx : LK_MIN(cfg.n_ctx_train, 4096);
+    const int64_t kv = mp->kv_tokens > 0 ? mp->kv_tokens : (int64_t)LK_MAX(mp->max_seqs, 1) * n_ctx;
+    const int layers = sl->layer1 - sl->layer0, heads = sl->kv_head1 - sl->kv_head0;
+    const double per_pos = 2.0 * layers * heads * cfg.head_dim * (mp->kv_f16 ? 2 : 4);
+    const double kv_bytes = (double)kv * per_pos, gib = 1024.0 * 1024 * 1024;
+    const double tables = (double)n_ctx * cfg.rope_dim * 4 + (double)mp->n_threads * 16.0 * n_ctx * 4;
+    const uint64_t avail = lk_mem_available();
+    if (!avail || kv_bytes + tables <= (double)avail) return LK_OK;
+    char what[64];
+    if (s->load.kv_tokens > 0 && s->load.kv_tokens != (int64_t)LK_MAX(mp->max_seqs, 1) * n_ctx)
+        snprintf(what, sizeof what, "the KV budget (%lld positions)", (long long)kv);
+    else snprintf(what, sizeof what, "--ctx %d", n_ctx);
+    return lk_fail(err, errlen, LK_ERR_NOMEM,
+                   "%s needs %.2f GiB on this worker (its KV cache share: %lld positions x %d layers x %d KV heads = "
+                   "%.2f GiB, RoPE and attention tables %.2f GiB) but only %.2f GiB of memory is available to it: lower "
+                   "--ctx or --kv-budget%s, or give the worker more memory", what, (kv_bytes + tables) / gib,
+                   (long long)kv, layers, heads, kv_bytes / gib, tables / gib, (double)avail / gib,
+                   mp->kv_f16 ? "" : ", add --kv-f16");
+}
+
 /* With the model open in s->g: the slice, the buffers, the mesh listener. */
 static lk_status finish_load(session *s, const char *path, lk_loaded_msg *rep, char *err, size_t errlen) {
     const lk_load_msg *L = &s->load;
     lk_model_params mp = {.n_ctx = L->n_ctx, .n_batch = L->n_batch, .kv_f16 = L->kv_f16, .max_seqs = L->max_seqs,
                           .kv_tokens = L->kv_tokens,
                           .n_threads = s->w->o->n_threads ? s->w->o->n_threads : L->n_threads ? L->n_threads : lk_threads_default()};
-    lk_status st = lk_model_load(s->g, &L->slice, &mp, &s->m, err, errlen);
+    lk_status st = check_kv_memory(s, &mp, err, errlen);
+    if (st) return st;
+    st = lk_model_load(s->g, &L->slice, &mp, &s->m, err, errlen);
     if (st) return st;
     const lk_slice *sl = lk_model_slice(s->m);
     if ((st = open_mesh_listener(s, rep, err, errlen))) return st;
