@@ -681,9 +681,126 @@ static const char *const moe_layouts[] = {
     "--local 4 --tp 2 --pp 2 --transport tcp",
 };
 
+/* All reference prompts as concurrent sequences (`run --prompts-file`,
+ * JSON lines, `--parallel` all of them), so every step batches the three
+ * sequences' prompt chunks and decode tokens together: each must still give
+ * llama.cpp's greedy tokens up to its first near-tie, in every layout. */
+static void check_batched(const moe_case *mc, const char *const *layouts, int n_layouts) {
+    json_error_t je;
+    json_t *ref = json_load_file(lk_td(mc->json), JSON_ALLOW_NUL, &je);
+    CHECKF(ref, "%s", je.text);
+    if (!ref) return;
+    json_t *moe = json_object_get(ref, "moe"), *cases = json_object_get(ref, "cases");
+    int E = (int)json_integer_value(json_object_get(moe, "n_expert")), k = (int)json_integer_value(json_object_get(moe, "n_expert_used"));
+    const int nc = (int)json_array_size(cases);
+    int comparable[8] = {0}, nmax = 1;
+    char ppath[64], epath[64], cmd[2048];
+    snprintf(ppath, sizeof ppath, "/tmp/lk_moe_batch_%d.jsonl", (int)getpid());
+    snprintf(epath, sizeof epath, "/tmp/lk_moe_batch_%d.err", (int)getpid());
+    FILE *pf = fopen(ppath, "w");
+    CHECK(pf && nc <= 8);
+    if (!pf || nc > 8) { json_decref(ref); return; }
+    for (int ci = 0; ci < nc; ci++) {
+        json_t *c = json_array_get(cases, (size_t)ci);
+        comparable[ci] = comparable_steps(mc, c, E, k, true);
+        nmax = LK_MAX(nmax, comparable[ci]);
+        json_t *line = json_pack("{sO}", "prompt", json_object_get(c, "prompt"));
+        char *txt = json_dumps(line, JSON_COMPACT);
+        fprintf(pf, "%s\n", txt);
+        free(txt);
+        json_decref(line);
+    }
+    fclose(pf);
+    for (int l = 0; l < n_layouts; l++) {
+        snprintf(cmd, sizeof cmd, "%s run -m %s --prompts-file %s --parallel %d -n %d --temp 0 --json -t 1 %s 2>%s", bin(),
+                 lk_td(mc->gguf), ppath, nc, nmax, layouts[l], epath);
+        FILE *p = popen(cmd, "r");
+        if (!p) { CHECKF(0, "popen failed"); continue; }
+        char line[1 << 16];
+        int got_n = 0, tokens = 0, compared = 0;
+        while (got_n < nc && fgets(line, sizeof line, p)) {
+            json_t *o = json_loads(line, JSON_ALLOW_NUL, &je);
+            if (!o) continue;
+            json_t *c = json_array_get(cases, (size_t)got_n);
+            json_t *got = json_object_get(o, "generated_ids"), *want = json_object_get(c, "generated_token_ids");
+            int same = 0, ng = (int)json_array_size(got);
+            while (same < ng && same < comparable[got_n] &&
+                   json_integer_value(json_array_get(got, (size_t)same)) == json_integer_value(json_array_get(want, (size_t)same)))
+                same++;
+            CHECKF(json_equal(json_object_get(o, "prompt_ids"), json_object_get(c, "prompt_token_ids")) &&
+                   same >= comparable[got_n] - 1, "%s batched %s case %d: first difference at token %d of %d", mc->gguf,
+                   layouts[l], got_n, same, comparable[got_n]);
+            tokens += same, compared += comparable[got_n];
+            got_n++;
+            json_decref(o);
+        }
+        int rc = pclose(p);
+        CHECKF(rc == 0 && got_n == nc, "'%s': exit %d, %d of %d results", cmd, rc, got_n, nc);
+        printf("  %-30s batched x%d %-24s %d/%d greedy tokens as llama.cpp\n", mc->gguf, nc,
+               *layouts[l] ? layouts[l] : "(one node)", tokens, compared);
+    }
+    remove(ppath);
+    remove(epath);
+    json_decref(ref);
+}
+
 TEST(qwen3moe_f16_layouts) { check_layouts(&qwen3moe_f16, moe_layouts, 5); }
 TEST(glm4moe_f16_layouts) { check_layouts(&glm4moe_f16, moe_layouts, 5); }
 TEST(deepseek2_f16_layouts) { check_layouts(&deepseek2_f16, moe_layouts, 5); }
+/* Q4_K_M: its Q5_K attn_output keeps all 4 heads (one 256-block) on one TP
+ * rank; the other holds only FFN rows and no latent cache */
+static const char *const q4km_layouts[] = { "--local 2 --tp 2 --transport shm", "--local 2 --pp 2 --transport shm" };
+TEST(deepseek2_q4_k_m_layouts) { check_layouts(&deepseek2_q4km, q4km_layouts, 2); }
+static const char *const batch_layouts[] = { "", "--local 2 --tp 2 --transport shm", "--local 2 --pp 2 --transport shm" };
+TEST(deepseek2_f16_batched) { check_batched(&deepseek2_f16, batch_layouts, 3); }
+
+/* gen-model's deepseek2-tiny (DeepSeek-V3's structure at the synth file's
+ * size, written with the keys the converter writes): lockstep reads back
+ * the configuration gen-model meant (MLA ranks, groups, YaRN), `info`
+ * prints the latent cache, and --local 2 --tp 2 (heads and the latent
+ * split as MLA needs, Q8_0 so heads cut on 32-element blocks) and --pp 2
+ * give one node's tokens. No llama.cpp reference: the synth files above
+ * check the arithmetic; this checks the shape. */
+TEST(deepseek2_gen_model_shape) {
+    char path[128], cmd[1024], err[LK_ERRLEN];
+    snprintf(path, sizeof path, "/tmp/lk-moe-dstiny-%d.gguf", (int)getpid());
+    snprintf(cmd, sizeof cmd, "%s gen-model --shape deepseek2-tiny --type q8_0 -o %s -q -t 1 2>/dev/null", bin(), path);
+    CHECKF(system(cmd) == 0, "'%s' failed", cmd);
+    lk_gguf *g = NULL;
+    if (lk_gguf_open(path, &g, err, sizeof err)) { CHECKF(0, "%s", err); unlink(path); return; }
+    lk_model_config c;
+    CHECKF(lk_model_config_read(g, &c, err, sizeof err) == LK_OK, "%s", err);
+    CHECKF(c.mla && c.q_lora == 256 && c.kv_lora == 128 && c.qk_nope == 64 && c.rope_dim == 32 && c.head_dim == 64 &&
+           c.kv_elems == 160 && c.n_expert_group == 4 && c.n_group_used == 2 && c.n_dense_lead == 1 &&
+           c.n_expert_shared == 2 && c.rope_yarn && c.gating == LK_GATE_SIGMOID && c.has_exp_probs_b &&
+           fabsf(c.kq_scale - 0.1489217f) < 1e-6f,
+           "config read back: mla %d q_lora %d kv_lora %d nope %d rope %d v %d groups %d/%d kq_scale %g", c.mla, c.q_lora,
+           c.kv_lora, c.qk_nope, c.rope_dim, c.head_dim, c.n_expert_group, c.n_group_used, (double)c.kq_scale);
+    lk_gguf_close(g);
+    snprintf(cmd, sizeof cmd, "%s info %s", bin(), path);
+    FILE *p = popen(cmd, "r");
+    char out[8192] = "";
+    size_t len = p ? fread(out, 1, sizeof out - 1, p) : 0;
+    out[len] = 0;
+    if (p) pclose(p);
+    CHECKF(strstr(out, "MLA, 4 heads: q_lora 256, kv_lora 128") && strstr(out, "160 floats per position and layer") &&
+           strstr(out, "4 groups of 2 (the best 2 compete)"), "info does not print the MLA facts:\n%s", out);
+    json_t *ref = NULL;
+    const char *layouts[] = { "", "--local 2 --tp 2 --transport shm", "--local 2 --pp 2 --transport shm" };
+    for (int l = 0; l < 3; l++) {
+        json_t *o = run_json(path, "Once upon a time", 12, layouts[l], err, sizeof err);
+        CHECKF(o, "%s", err);
+        if (!o) continue;
+        if (!ref) ref = o;
+        else {
+            CHECKF(json_equal(json_object_get(o, "generated_ids"), json_object_get(ref, "generated_ids")),
+                   "deepseek2-tiny %s: tokens differ from one node's", layouts[l]);
+            json_decref(o);
+        }
+    }
+    json_decref(ref);
+    unlink(path);
+}
 
 int main(void) {
     RUN(qwen3moe_f16_reference);
@@ -700,5 +817,8 @@ int main(void) {
     RUN(qwen3moe_f16_layouts);
     RUN(glm4moe_f16_layouts);
     RUN(deepseek2_f16_layouts);
+    RUN(deepseek2_q4_k_m_layouts);
+    RUN(deepseek2_f16_batched);
+    RUN(deepseek2_gen_model_shape);
     return lk_test_end();
 }

@@ -21,6 +21,15 @@
 
 /* ---- shapes ---------------------------------------------------------------- */
 
+/* DeepSeek-V3's additions (deepseek2): multi-head latent attention, shared
+ * experts, leading dense layers, group-limited sigmoid routing, YaRN. */
+typedef struct {
+    int64_t q_lora, kv_lora, qk_nope, qk_rope, v_head; /* v_head is also shape_t.head_dim */
+    int64_t n_shared, n_dense_lead, n_group, n_group_used;
+    float weights_scale, yarn_factor;
+    uint32_t yarn_orig_ctx;
+} mla_t;
+
 typedef struct {
     const char *name, *arch;
     int64_t n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_vocab;
@@ -31,18 +40,30 @@ typedef struct {
      * n_expert experts of n_ff_exp rows; n_ff is then only the metadata key
      * real files carry (the dense intermediate_size), no tensor uses it */
     int64_t n_expert, n_expert_used, n_ff_exp;
+    const mla_t *mla;   /* deepseek2 only */
 } shape_t;
+
+/* DeepSeek-V3 (config.json: q_lora_rank 1536, kv_lora_rank 512,
+ * qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128, 1 shared
+ * expert, first_k_dense_replace 3, n_group 8, topk_group 4,
+ * routed_scaling_factor 2.5, rope_scaling yarn factor 40 over 4096,
+ * mscale_all_dim 1); the tiny one has the synth file's ratios with rows
+ * that stay whole blocks of every type where they can. */
+static const mla_t k_dsv3 = {1536, 512, 128, 64, 128, 1, 3, 8, 4, 2.5f, 40.0f, 4096};
+static const mla_t k_ds_tiny = {256, 128, 64, 32, 64, 2, 1, 4, 2, 2.827f, 8.0f, 64};
 
 /* Published hyper-parameters of each model (config.json of the originals). */
 static const shape_t k_shapes[] = {
-    {"tiny", "llama", 256, 2, 8, 2, 32, 768, 512, 2048, 10000.0f, 1e-5f, false, false, 0, 0, 0},
-    {"tinyllama-1.1b", "llama", 2048, 22, 32, 4, 64, 5632, 32000, 2048, 10000.0f, 1e-5f, false, false, 0, 0, 0},
-    {"llama3.2-1b", "llama", 2048, 16, 32, 8, 64, 8192, 128256, 131072, 500000.0f, 1e-5f, true, false, 0, 0, 0},
-    {"llama3-8b", "llama", 4096, 32, 32, 8, 128, 14336, 128256, 8192, 500000.0f, 1e-5f, false, false, 0, 0, 0},
-    {"llama3-70b", "llama", 8192, 80, 64, 8, 128, 28672, 128256, 8192, 500000.0f, 1e-5f, false, false, 0, 0, 0},
-    {"qwen3-0.6b", "qwen3", 1024, 28, 16, 8, 128, 3072, 151936, 40960, 1e6f, 1e-6f, true, true, 0, 0, 0},
-    {"qwen3-8b", "qwen3", 4096, 36, 32, 8, 128, 12288, 151936, 40960, 1e6f, 1e-6f, false, true, 0, 0, 0},
-    {"qwen3-30b-a3b", "qwen3moe", 2048, 48, 32, 4, 128, 6144, 151936, 40960, 1e6f, 1e-6f, false, true, 128, 8, 768},
+    {"tiny", "llama", 256, 2, 8, 2, 32, 768, 512, 2048, 10000.0f, 1e-5f, false, false, 0, 0, 0, NULL},
+    {"tinyllama-1.1b", "llama", 2048, 22, 32, 4, 64, 5632, 32000, 2048, 10000.0f, 1e-5f, false, false, 0, 0, 0, NULL},
+    {"llama3.2-1b", "llama", 2048, 16, 32, 8, 64, 8192, 128256, 131072, 500000.0f, 1e-5f, true, false, 0, 0, 0, NULL},
+    {"llama3-8b", "llama", 4096, 32, 32, 8, 128, 14336, 128256, 8192, 500000.0f, 1e-5f, false, false, 0, 0, 0, NULL},
+    {"llama3-70b", "llama", 8192, 80, 64, 8, 128, 28672, 128256, 8192, 500000.0f, 1e-5f, false, false, 0, 0, 0, NULL},
+    {"qwen3-0.6b", "qwen3", 1024, 28, 16, 8, 128, 3072, 151936, 40960, 1e6f, 1e-6f, true, true, 0, 0, 0, NULL},
+    {"qwen3-8b", "qwen3", 4096, 36, 32, 8, 128, 12288, 151936, 40960, 1e6f, 1e-6f, false, true, 0, 0, 0, NULL},
+    {"qwen3-30b-a3b", "qwen3moe", 2048, 48, 32, 4, 128, 6144, 151936, 40960, 1e6f, 1e-6f, false, true, 128, 8, 768, NULL},
+    {"deepseek-v3", "deepseek2", 7168, 61, 128, 1, 128, 18432, 129280, 163840, 10000.0f, 1e-6f, false, false, 256, 8, 2048, &k_dsv3},
+    {"deepseek2-tiny", "deepseek2", 256, 3, 4, 1, 64, 512, 512, 512, 10000.0f, 1e-6f, false, false, 8, 2, 256, &k_ds_tiny},
 };
 enum { N_SHAPES = sizeof k_shapes / sizeof k_shapes[0] };
 
@@ -90,22 +111,39 @@ static int64_t build_tensors(const shape_t *s, uint32_t wtype, gtensor *out) {
     for (int64_t l = 0; l < s->n_layer; l++) {
 #define NM(suffix) (snprintf(nm, sizeof nm, "blk.%" PRId64 "." suffix, l), nm)
         ADD1(NM("attn_norm.weight"), s->n_embd);
-        ADD2(NM("attn_q.weight"), s->n_embd, q);
-        ADD2(NM("attn_k.weight"), s->n_embd, kv);
-        ADD2(NM("attn_v.weight"), s->n_embd, kv);
+        const mla_t *x = s->mla;
+        if (x) {
+            ADD2(NM("attn_q_a.weight"), s->n_embd, x->q_lora);
+            ADD1(NM("attn_q_a_norm.weight"), x->q_lora);
+            ADD2(NM("attn_q_b.weight"), x->q_lora, s->n_head * (x->qk_nope + x->qk_rope));
+            ADD2(NM("attn_kv_a_mqa.weight"), s->n_embd, x->kv_lora + x->qk_rope);
+            ADD1(NM("attn_kv_a_norm.weight"), x->kv_lora);
+            ADD3(NM("attn_k_b.weight"), x->qk_nope, x->kv_lora, s->n_head);
+            ADD3(NM("attn_v_b.weight"), x->kv_lora, x->v_head, s->n_head);
+        } else {
+            ADD2(NM("attn_q.weight"), s->n_embd, q);
+            ADD2(NM("attn_k.weight"), s->n_embd, kv);
+            ADD2(NM("attn_v.weight"), s->n_embd, kv);
+        }
         ADD2(NM("attn_output.weight"), q, s->n_embd);
         if (s->qk_norm) {
             ADD1(NM("attn_q_norm.weight"), s->head_dim);
             ADD1(NM("attn_k_norm.weight"), s->head_dim);
         }
         ADD1(NM("ffn_norm.weight"), s->n_embd);
-        if (s->n_expert) {
+        if (s->n_expert && (!x || l >= x->n_dense_lead)) {
             /* the router stays F32, as llama-quantize leaves it */
             ADD2(NM("ffn_gate_inp.weight"), s->n_embd, s->n_expert);
             out[n - 1].type = LK_TYPE_F32;
             ADD3(NM("ffn_gate_exps.weight"), s->n_embd, s->n_ff_exp, s->n_expert);
             ADD3(NM("ffn_up_exps.weight"), s->n_embd, s->n_ff_exp, s->n_expert);
             ADD3(NM("ffn_down_exps.weight"), s->n_ff_exp, s->n_embd, s->n_expert);
+            if (x) {
+                ADD1(NM("exp_probs_b.bias"), s->n_expert); /* values near 1: a near-uniform selection bias */
+                ADD2(NM("ffn_gate_shexp.weight"), s->n_embd, s->n_ff_exp * x->n_shared);
+                ADD2(NM("ffn_up_shexp.weight"), s->n_embd, s->n_ff_exp * x->n_shared);
+                ADD2(NM("ffn_down_shexp.weight"), s->n_ff_exp * x->n_shared, s->n_embd);
+            }
         } else {
             ADD2(NM("ffn_gate.weight"), s->n_embd, s->n_ff);
             ADD2(NM("ffn_up.weight"), s->n_embd, s->n_ff);
@@ -364,13 +402,36 @@ int lk_cmd_gen_model(int argc, char **argv) {
     lk_gguf_writer_set_u32(w, AK("feed_forward_length"), (uint32_t)s.n_ff);
     lk_gguf_writer_set_u32(w, AK("attention.head_count"), (uint32_t)s.n_head);
     lk_gguf_writer_set_u32(w, AK("attention.head_count_kv"), (uint32_t)s.n_head_kv);
-    if (s.head_dim * s.n_head != s.n_embd || s.qk_norm) {
+    const mla_t *x = s.mla;
+    if (x) {
+        /* as convert_hf_to_gguf.py writes DeepseekV3ForCausalLM: key/value
+         * lengths of the latent cache, the per-head ones in *_mla */
+        lk_gguf_writer_set_u32(w, AK("attention.key_length"), (uint32_t)(x->kv_lora + x->qk_rope));
+        lk_gguf_writer_set_u32(w, AK("attention.value_length"), (uint32_t)x->kv_lora);
+        lk_gguf_writer_set_u32(w, AK("attention.key_length_mla"), (uint32_t)(x->qk_nope + x->qk_rope));
+        lk_gguf_writer_set_u32(w, AK("attention.value_length_mla"), (uint32_t)x->v_head);
+        lk_gguf_writer_set_u32(w, AK("attention.q_lora_rank"), (uint32_t)x->q_lora);
+        lk_gguf_writer_set_u32(w, AK("attention.kv_lora_rank"), (uint32_t)x->kv_lora);
+        lk_gguf_writer_set_u32(w, AK("leading_dense_block_count"), (uint32_t)LK_MIN(x->n_dense_lead, s.n_layer));
+        lk_gguf_writer_set_u32(w, AK("expert_shared_count"), (uint32_t)x->n_shared);
+        lk_gguf_writer_set_u32(w, AK("expert_group_count"), (uint32_t)x->n_group);
+        lk_gguf_writer_set_u32(w, AK("expert_group_used_count"), (uint32_t)x->n_group_used);
+        lk_gguf_writer_set_u32(w, AK("expert_gating_func"), 2); /* sigmoid */
+        lk_gguf_writer_set_f32(w, AK("expert_weights_scale"), x->weights_scale);
+        lk_gguf_writer_set_bool(w, AK("expert_weights_norm"), true);
+        lk_gguf_writer_set_str(w, AK("rope.scaling.type"), "yarn");
+        lk_gguf_writer_set_f32(w, AK("rope.scaling.factor"), x->yarn_factor);
+        lk_gguf_writer_set_u32(w, AK("rope.scaling.original_context_length"), x->yarn_orig_ctx);
+        lk_gguf_writer_set_f32(w, AK("rope.scaling.yarn_beta_fast"), 32.0f);
+        lk_gguf_writer_set_f32(w, AK("rope.scaling.yarn_beta_slow"), 1.0f);
+        lk_gguf_writer_set_f32(w, AK("rope.scaling.yarn_log_multiplier"), 0.1f); /* 0.1 x mscale_all_dim */
+    } else if (s.head_dim * s.n_head != s.n_embd || s.qk_norm) {
         lk_gguf_writer_set_u32(w, AK("attention.key_length"), (uint32_t)s.head_dim);
         lk_gguf_writer_set_u32(w, AK("attention.value_length"), (uint32_t)s.head_dim);
     }
     lk_gguf_writer_set_f32(w, AK("attention.layer_norm_rms_epsilon"), s.eps);
     lk_gguf_writer_set_f32(w, AK("rope.freq_base"), s.rope_base);
-    lk_gguf_writer_set_u32(w, AK("rope.dimension_count"), (uint32_t)s.head_dim);
+    lk_gguf_writer_set_u32(w, AK("rope.dimension_count"), (uint32_t)(x ? x->qk_rope : s.head_dim));
     lk_gguf_writer_set_u32(w, AK("vocab_size"), (uint32_t)s.n_vocab);
     if (s.n_expert) {
         lk_gguf_writer_set_u32(w, AK("expert_count"), (uint32_t)s.n_expert);
@@ -388,7 +449,7 @@ int lk_cmd_gen_model(int argc, char **argv) {
         set_synthetic_vocab(w, s.n_vocab);
     }
 
-    int64_t max_t = 4 + s.n_layer * 13;
+    int64_t max_t = 4 + s.n_layer * 20;
     gtensor *ts = lk_xcalloc((size_t)max_t, sizeof *ts);
     int64_t nt = build_tensors(&s, wtype, ts);
     LK_ASSERT(nt <= max_t);
@@ -406,7 +467,8 @@ int lk_cmd_gen_model(int argc, char **argv) {
      * writes the previous one, so generation and disk writes overlap. */
     enum { CHUNK = 16 << 20 };
     int nth = (int)threads;
-    int64_t max_ne0 = LK_MAX(LK_MAX(s.n_embd, s.n_ff), s.n_head * s.head_dim);
+    int64_t max_ne0 = 1;
+    for (int64_t k = 0; k < nt; k++) max_ne0 = LK_MAX(max_ne0, (int64_t)ts[k].ne[0]);
     uint8_t *buf[2];
     for (int k = 0; k < 2; k++) buf[k] = lk_xmalloc_aligned(CHUNK + (size_t)max_ne0 * sizeof(float)); /* >= one row */
     float *scratch = lk_xmalloc_aligned((size_t)nth * (size_t)max_ne0 * sizeof(float));

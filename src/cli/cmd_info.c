@@ -7,6 +7,7 @@
 #include "quant/quant.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -97,6 +98,41 @@ static void fmt_params(uint64_t n, char *buf, size_t len) {
     else snprintf(buf, len, "%" PRIu64, n);
 }
 
+/* What the engine will run: routing, multi-head latent attention and its
+ * cache, YaRN. Every figure from the configuration lockstep loads. */
+static void print_model_facts(const lk_model_config *c) {
+    if (c->n_expert) {
+        printf("routing:      %s", c->gating == LK_GATE_SIGMOID ? "sigmoid" : "softmax");
+        if (c->has_exp_probs_b) printf(" + selection bias (exp_probs_b)");
+        if (c->n_expert_group > 1)
+            printf(", %d groups of %d (the best %d compete)", c->n_expert_group, c->n_expert / c->n_expert_group,
+                   c->n_group_used);
+        printf(", top %d", c->n_expert_used);
+        if (c->weights_norm) printf(", weights normalised");
+        if (c->weights_scale != 0.0f && c->weights_scale != 1.0f) printf(" x %g", (double)c->weights_scale);
+        if (c->n_expert_shared) printf(", %d shared expert%s (%" PRId64 " rows)", c->n_expert_shared,
+                                       c->n_expert_shared == 1 ? "" : "s", c->n_ff_shexp);
+        printf("\n");
+    }
+    const double per_layer = (double)c->kv_elems, per_tok = per_layer * c->n_layer * 4;
+    char kb[32];
+    human_bytes((uint64_t)per_tok, kb, sizeof kb);
+    if (c->mla) {
+        const double expanded = (double)c->n_head * (c->k_head + c->head_dim);
+        printf("attention:    MLA, %d heads: q_lora %d, kv_lora %d, key %d (%d nope + %d rope), value %d\n", c->n_head,
+               c->q_lora, c->kv_lora, c->k_head, c->qk_nope, c->rope_dim, c->head_dim);
+        printf("KV cache:     the latent [c | rope(k_pe)]: %.0f floats per position and layer, %s per token in F32 "
+               "(expanded keys and values would be %.0f floats per layer: %.1fx)\n", per_layer, kb, expanded,
+               expanded / per_layer);
+    } else {
+        printf("KV cache:     %.0f floats per position and layer, %s per token in F32\n", per_layer, kb);
+    }
+    if (c->rope_yarn)
+        printf("rope:         YaRN x%g (original context %d, beta_fast %g, beta_slow %g), attention scale %.7g "
+               "(mscale %.7g)\n", (double)c->yarn_factor, c->yarn_orig_ctx, (double)c->yarn_beta_fast,
+               (double)c->yarn_beta_slow, (double)c->kq_scale, 1.0 + (double)c->yarn_log_mul * log(c->yarn_factor));
+}
+
 int lk_cmd_info(int argc, char **argv) {
     const char *model = NULL;
     bool tensors = false;
@@ -167,6 +203,7 @@ int lk_cmd_info(int argc, char **argv) {
                    cfg.n_expert, cfg.n_ff_exp, cfg.n_expert_shared ? " + shared" : "", cfg.n_dense_lead,
                    cfg.n_dense_lead == 1 ? "" : "s");
         printf("\n");
+        print_model_facts(&cfg);
     }
     for (int ty = 0; ty < NT; ty++) {
         if (!count[ty]) continue;
