@@ -21,10 +21,13 @@ expect() {
     "$@" </dev/null >"$T/out" 2>"$T/err"; local rc=$?
     if [ "$rc" -eq "$code" ]; then ok "$name"; else no "$name" "exit $rc, want $code" "$(tail -n 5 "$T/err")" "$(tail -n 8 "$T/out")"; fi
 }
-# jqt NAME FILTER: the JSON in $T/out satisfies FILTER (jq -e)
-jqt() {
-    if [ -s "$T/out" ] && jq -e "$2" "$T/out" >/dev/null 2>&1; then ok "$1"; else no "$1" "jq '$2' is false on:" "$(head -c 1500 "$T/out")"; fi
+# pyt NAME EXPR: the JSON in $T/out (as d) makes the Python expression EXPR true
+pyt() {
+    if [ -s "$T/out" ] && python3 -c "import json,re,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if ($2) else 1)" "$T/out" \
+        >/dev/null 2>&1; then ok "$1"; else no "$1" "false: $2" "$(head -c 1500 "$T/out")"; fi
 }
+# checks whose fields match: chk(d, check=..., result=..., node=..., detail=REGEX) -> how many
+CHK='(lambda d, **k: sum(1 for c in d["checks"] if all((re.search(v, c[f]) if f == "detail" else c[f] == v) for f, v in k.items())))'
 M1=$RD/models/stories260K.gguf
 M2=$RD/models/stories260K-q8_0.gguf
 
@@ -38,12 +41,12 @@ expect doctor_bad_transport 2 "$L" doctor --local 2 --transport carrier-pigeon
 
 # ---- a healthy local cluster -------------------------------------------------------------
 expect doctor_local2 0 "$L" doctor -m "$M1" --local 2 --iters 50 --json
-jqt doctor_local2_ok '.ok == true and .nodes_n == 2 and (.nodes | length) == 2'
-jqt doctor_local2_link '.nodes[1].transport == "shm" and .nodes[1].latency_us > 0 and .nodes[1].link_gbps > 0'
-jqt doctor_local2_agree '[.checks[] | select(.check == "agreement" and .node == 1 and .result == "ok")] | length == 1'
-jqt doctor_local2_allreduce '.allreduce_bytes == 256 and .allreduce_us > 0'
-jqt doctor_local2_decode '.decode_tok_s > 0 and .decode_step_ms > 0 and .allreduces_per_token > 0'
-jqt doctor_local2_verdict '(.verdict | test("^decode is bound by")) and .recommended.tp >= 1 and .recommended.pp >= 1'
+pyt doctor_local2_ok 'd["ok"] is True and d["nodes_n"] == 2 and len(d["nodes"]) == 2'
+pyt doctor_local2_link 'd["nodes"][1]["transport"] == "shm" and d["nodes"][1]["latency_us"] > 0 and d["nodes"][1]["link_gbps"] > 0'
+pyt doctor_local2_agree "$CHK(d, check='agreement', node=1, result='ok') == 1"
+pyt doctor_local2_allreduce 'd["allreduce_bytes"] == 256 and d["allreduce_us"] > 0'
+pyt doctor_local2_decode 'd["decode_tok_s"] > 0 and d["decode_step_ms"] > 0 and d["allreduces_per_token"] > 0'
+pyt doctor_local2_verdict 'd["verdict"].startswith("decode is bound by") and d["recommended"]["tp"] >= 1 and d["recommended"]["pp"] >= 1'
 expect doctor_local2_tcp_text 0 "$L" doctor -m "$M1" --local 2 --transport tcp --iters 50
 if grep -Eq 'link: tcp, [0-9.]+ us one-way' "$T/out" && grep -q '^verdict: decode is bound by' "$T/out" \
    && grep -q '^plan recommends: --tp [0-9]* --pp [0-9]*' "$T/out" && grep -q '^all checks passed' "$T/out"; then
@@ -55,7 +58,7 @@ fi
 # ---- oversubscribed: more threads than this machine has cores ------------------------------
 NC=$(nproc)
 expect doctor_oversubscribed 1 "$L" doctor --local 2 --threads "$NC" --iters 20 --json
-jqt doctor_oversubscribed_named "[.checks[] | select(.check == \"threads\" and .result == \"fail\" and (.detail | test(\"oversubscribed: 2 ranks x $NC threads = [0-9]+ threads on [0-9]+ CPUs\")))] | length == 1"
+pyt doctor_oversubscribed_named "$CHK(d, check='threads', result='fail', detail=r'oversubscribed: 2 ranks x $NC threads = [0-9]+ threads on [0-9]+ CPUs') == 1"
 
 # ---- a worker with a different model file under the same name -------------------------------
 "$L" keygen >"$T/key"
@@ -78,8 +81,23 @@ if [ -z "$PA" ] || [ -z "$PB" ]; then
 else
     expect doctor_mismatch 1 "$L" doctor -m "$T/head/m.gguf" --workers "127.0.0.1:$PA,127.0.0.1:$PB" --key-file "$T/key" \
         --threads 1 --iters 20 --json
-    jqt doctor_mismatch_named '[.checks[] | select(.check == "model" and .result == "fail" and .node == 2
-        and (.detail | test("model mismatch: head has [0-9a-f]+, worker has [0-9a-f]+")))] | length == 1'
-    jqt doctor_mismatch_others_agree '[.checks[] | select(.check == "agreement" and .result == "ok")] | length == 2'
-    jqt doctor_mismatch_links '[.nodes[1:][] | select(.transport != null and .latency_us > 0)] | length == 2'
+    pyt doctor_mismatch_named "$CHK(d, check='model', result='fail', node=2, detail='model mismatch: head has [0-9a-f]+, worker has [0-9a-f]+') == 1"
+    pyt doctor_mismatch_others_agree "$CHK(d, check='agreement', result='ok') == 2"
+    pyt doctor_mismatch_links 'all(n["transport"] and n["latency_us"] > 0 for n in d["nodes"][1:])'
 fi
+
+# ---- run --trace: Chrome trace events of a --local 2 --tp 2 run ------------------------------
+expect trace_run 0 "$L" run -m "$M1" -p "Once upon a time" -n 6 --temp 0 --local 2 --tp 2 --trace "$T/trace.json"
+cp "$T/trace.json" "$T/out" 2>/dev/null || : >"$T/out"
+# spans from both ranks (pid = rank), one step span per generated token on each
+pyt trace_ranks_and_steps 'sorted({e["pid"] for e in d["traceEvents"] if e.get("cat") == "step"}) == [0, 1]
+    and all(sum(1 for e in d["traceEvents"] if e.get("cat") == "step" and e["pid"] == r) == 6 for r in (0, 1))'
+# every collective inside a step span of its own rank; compute spans too
+pyt trace_comm_nested 'all(any(s["pid"] == e["pid"] and s["ts"] - 1e-3 <= e["ts"] and e["ts"] + e["dur"] <= s["ts"] + s["dur"] + 1e-3
+    for s in d["traceEvents"] if s.get("cat") == "step") for e in d["traceEvents"] if e.get("cat") in ("comm", "compute"))
+    and sum(1 for e in d["traceEvents"] if e.get("cat") == "compute") > 0'
+# an all-reduce per layer (stories260K: 5 layers, attention and FFN) on each rank
+pyt trace_layers 'all({e["args"]["layer"] for e in d["traceEvents"] if e.get("cat") == "comm" and e["pid"] == r} >= {0, 1, 2, 3, 4}
+    for r in (0, 1))'
+if ls "$T"/trace.json.part.* >/dev/null 2>&1; then no trace_parts_removed "$(ls "$T")"; else ok trace_parts_removed; fi
+expect trace_bad_path 1 "$L" run -m "$M1" -p "Hi" -n 1 --trace "$T/no/such/dir/t.json"

@@ -5,6 +5,7 @@
 #include "cli/cli.h"
 #include "cli/genflags.h"
 #include "engine/engine.h"
+#include "parallel/trace.h"
 #include "session/session.h"
 #include "tokenizer/tokenizer.h"
 
@@ -201,7 +202,7 @@ static char *slurp(const char *what, const char *path, size_t *len, char *err, s
 }
 
 int lk_cmd_run(int argc, char **argv) {
-    const char *prompt = NULL, *prompts_file = NULL, *prompt_file = NULL;
+    const char *prompt = NULL, *prompts_file = NULL, *prompt_file = NULL, *trace = NULL;
     int64_t n_predict = 128, parallel = -1;  /* -1: not given */
     bool json = false, no_bos = false, verbose = false, ignore_eos = false;
     lk_genflags f;
@@ -224,6 +225,9 @@ int lk_cmd_run(int argc, char **argv) {
         { "--json", NULL, LK_OPT_FLAG, &json, NULL,
           "one JSON object per prompt (prompt_ids, generated_ids, text, seed, ranks, timings) instead of text" },
         { "--verbose", "-v", LK_OPT_FLAG, &verbose, NULL, "more log output" },
+        { "--trace", NULL, LK_OPT_STR, &trace, "FILE",
+          "write Chrome trace events (Perfetto, chrome://tracing) of every step of this host's ranks: steps, compute, "
+          "collectives per layer, one track per rank (workers of --workers are not traced)" },
     };
     lk_genflags_opts(&f, opts, &no, 47);
     for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) opts[no++] = own[i];
@@ -291,6 +295,11 @@ int lk_cmd_run(int argc, char **argv) {
     lk_engine *e = NULL;
     lk_tokenizer *tok = NULL;
     lk_session *ses = NULL;
+    if (trace && lk_trace_start(trace, err, sizeof err)) { /* before the ranks are forked: they inherit it */
+        fprintf(stderr, "lockstep run: %s\n", err);
+        rc = 1;
+        goto out;
+    }
     double t_load = lk_time_s();
     if (lk_engine_open(&eo, &e, err, sizeof err)) {
         fprintf(stderr, "lockstep run: %s\n", err);
@@ -406,5 +415,13 @@ out:
     free(js);
     lk_tokenizer_free(tok);
     lk_engine_close(e);
+    int tr_ranks, tr_events;
+    if (trace && lk_trace_finish(&tr_ranks, &tr_events, err, sizeof err)) {
+        fprintf(stderr, "lockstep run: %s\n", err);
+        rc = rc ? rc : 1;
+    } else if (trace) {
+        fprintf(stderr, "lockstep: trace of %d rank%s (%d events) in %s\n", tr_ranks, tr_ranks == 1 ? "" : "s", tr_events,
+                trace);
+    }
     return rc;
 }

@@ -13,6 +13,7 @@
  * Nothing here allocates after lk_comm_reserve(): scratch and transfer
  * tables are sized once. */
 #include "parallel/parallel.h"
+#include "parallel/trace.h"
 #include "transport/transport.h"
 
 #include <math.h>
@@ -630,11 +631,12 @@ lk_status lk_comm_allreduce_sum(lk_comm *c, float *x, int64_t n, int layer, cons
         lk_comm_reserve(c, n);
     }
     char why[LK_ERRLEN];
-    uint64_t dl = deadline(c);
+    uint64_t dl = deadline(c), t0 = lk_trace_on ? lk_time_ns() : 0;
     lk_status st = a == LK_AR_EXCHANGE ? ar_exchange(c, x, n, dl, why, sizeof why)
                  : a == LK_AR_DOUBLING ? ar_doubling(c, x, n, dl, why, sizeof why)
                  : a == LK_AR_SCATTER  ? ar_scatter(c, x, n, dl, why, sizeof why)
                                        : ar_ring(c, x, n, dl, why, sizeof why);
+    if (lk_trace_on) lk_trace_comm(c->ranks[c->me], "all-reduce", what, layer, bytes, t0, lk_time_ns());
     if (st) {
         char lay[32] = "";
         if (layer >= 0) snprintf(lay, sizeof lay, " layer %d", layer);
@@ -657,7 +659,9 @@ lk_status lk_comm_broadcast(lk_comm *c, void *buf, size_t bytes, int root, const
         c->xf[nx++] = xrecv(c->links[root], buf, bytes);
     }
     char why[LK_ERRLEN];
+    uint64_t t0 = lk_trace_on ? lk_time_ns() : 0;
     lk_status st = lk_xfer_run(c->xf, nx, deadline(c), why, sizeof why);
+    if (lk_trace_on) lk_trace_comm(c->ranks[c->me], "broadcast", what, -1, bytes, t0, lk_time_ns());
     if (st) return failed(c, st, why, "broadcast %s (%zu B from rank %d)", what ? what : "", bytes, root);
     return LK_OK;
 }
@@ -674,7 +678,9 @@ lk_status lk_comm_gather(lk_comm *c, const void *in, size_t bytes, void *out, in
     }
     if (!nx || !bytes) return LK_OK;
     char why[LK_ERRLEN];
+    uint64_t t0 = lk_trace_on ? lk_time_ns() : 0;
     lk_status st = lk_xfer_run(c->xf, nx, deadline(c), why, sizeof why);
+    if (lk_trace_on) lk_trace_comm(c->ranks[c->me], "gather", what, -1, bytes, t0, lk_time_ns());
     if (st) return failed(c, st, why, "gather %s (%zu B to rank %d)", what ? what : "", bytes, root);
     return LK_OK;
 }

@@ -1,5 +1,6 @@
 /* The rank step (step.h). */
 #include "step/step.h"
+#include "parallel/trace.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -404,6 +405,7 @@ static lk_status candidates(lk_step *s, const lk_step_msg *msg, const float *x, 
 
 lk_status lk_step_run(lk_step *s, const lk_step_msg *msg, bool ops_applied, char *err, size_t errlen) {
     lk_status st;
+    if (lk_trace_on) lk_trace_step(s->rank, msg->no, msg->n_tok); /* run --trace (parallel/trace.h) */
     if (!ops_applied)
         for (int i = 0; i < msg->n_ops; i++)
             if ((st = lk_step_apply(s, &msg->ops[i], err, errlen))) return st;
