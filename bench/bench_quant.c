@@ -3,7 +3,8 @@
  *
  *   make B=build build/bench/bench_quant
  *   build/bench/bench_quant [rows cols] [ntok]    (defaults 2048 5632, no prefill)
- *   env: BENCH_LEVEL=scalar|avx2|avx512, BENCH_TYPE=q4_0..., BENCH_BYTES=probe size
+ *   env: BENCH_LEVEL=scalar|avx2|avx512, BENCH_TYPE=q4_0..., BENCH_BYTES=probe size,
+ *        BENCH_GEMM=R,C (the AVX2 GEMM's rows per pass and token chunk; 0 = default; R -1: off)
  *
  * Decode: a 2048 x 5632 matrix (rows x cols) times one activation row. The
  * L3 of a server may hold that matrix, so the benchmark cycles through
@@ -25,6 +26,15 @@ int main(int argc, char **argv) {
     size_t llc = lk_membw_llc_bytes();
     size_t probe_bytes = llc ? 4 * llc : (size_t)1 << 30;
     if (probe_bytes < ((size_t)1 << 30)) probe_bytes = (size_t)1 << 30;
+    const char *genv = getenv("BENCH_GEMM");
+    if (genv) {
+        int gr = 0, gc = 0;
+        if (sscanf(genv, "%d,%d", &gr, &gc) != 2 || gr < -1 || gr > 4 || gc < 0 || gc > 64) {
+            fprintf(stderr, "bench_quant: BENCH_GEMM must be R,C with R -1..4 and C 0..64 (got '%s')\n", genv);
+            return 2;
+        }
+        lk_quant_gemm_avx2_force(gr, gc);
+    }
     const char *env = getenv("BENCH_BYTES");
     if (env) probe_bytes = (size_t)atoll(env);
     double bw1 = lk_membw_read_gbs(1, probe_bytes, 7);

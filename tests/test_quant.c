@@ -200,7 +200,8 @@ TEST(quantize_roundtrip_bounds) {
     free(x); free(y); free(q);
 }
 
-/* Activation quantisers of every SIMD level against the scalar reference
+/* Activation quantisers (and Q4_K's, whose AVX2 scale search must give the
+ * reference's bytes: test_quant_kq checks those on many more blocks) of every SIMD level against the scalar reference
  * (itself checked above and against llama-quantize below): bit-identical,
  * on data with the edge cases of the reference's rules: all-zero blocks,
  * ties at .5, the largest magnitude present with both signs (the first one
@@ -216,7 +217,7 @@ TEST(quantize_levels_bit_exact) {
     x[1024 + 3] = 7; x[1024 + 200] = -7;                          /* +-max, first positive */
     x[1280 + 77] = 1e6f;
     for (int i = 0; i < 32; i++) x[1536 + i] = (float)i / 4 * 127.f / 7.75f; /* exact .5 after scaling */
-    const lk_type ts[] = {LK_TYPE_Q8_0, LK_TYPE_Q8_K, LK_TYPE_Q4_0, LK_TYPE_F16, LK_TYPE_BF16};
+    const lk_type ts[] = {LK_TYPE_Q8_0, LK_TYPE_Q8_K, LK_TYPE_Q4_0, LK_TYPE_F16, LK_TYPE_BF16, LK_TYPE_Q4_K};
     const char *levels[] = {"avx2", "avx512"};
     for (size_t k = 0; k < sizeof ts / sizeof ts[0]; k++) {
         size_t rb;
@@ -508,6 +509,50 @@ TEST(matmul_batch_invariant) {
     lk_quant_set_simd("scalar");
 }
 
+/* The AVX2 prefill GEMM (quant_gemm_avx2.c, from 2 tokens) against the
+ * AVX2 decode kernels (one token per call, quant_avx2.c's register tiles):
+ * the same bits for every (row, token), under every tuning choice it may
+ * take (rows per pass 1..4, token chunks 1..64: passes of fewer rows at the
+ * end, chunks cut short). Shapes: 9 rows (passes of 4 and 2 leave a tail),
+ * Q4_0/Q8_0 rows of 11 blocks (not a multiple of the decode's 4-block
+ * groups), K-quant rows of 3 super-blocks, 37 tokens (past a chunk of 32,
+ * short of 64). */
+TEST(matmul_avx2_gemm_choices_bit_exact) {
+    if (!lk_quant_set_simd("avx2")) { printf("  (no avx2 on this CPU)\n"); return; }
+    static const lk_type types[] = {LK_TYPE_Q4_0, LK_TYPE_Q8_0, LK_TYPE_Q4_K, LK_TYPE_Q5_K, LK_TYPE_Q6_K};
+    static const int chunks[] = {0, 1, 2, 3, 7, 32, 64};
+    enum { NT = 37, NR = 9 };
+    for (size_t q = 0; q < sizeof types / sizeof types[0]; q++) {
+        lk_type t = types[q], at = lk_type_vec_dot(t);
+        int64_t n = lk_type_block_size(t) == 256 ? 256 * 3 : 32 * 11;
+        size_t wrb, arb;
+        LK_ASSERT(lk_type_row_bytes(t, n, &wrb) && lk_type_row_bytes(at, n, &arb));
+        uint8_t *w = malloc(wrb * NR), *a = malloc(arb * NT);
+        float *mag = malloc((size_t)n * 4), *x = malloc((size_t)n * 4);
+        float *ref = malloc(sizeof(float) * NR * NT), *got = malloc(sizeof(float) * NR * NT);
+        for (int r = 0; r < NR; r++) random_weights(t, n, w + (size_t)r * wrb, mag);
+        for (int k = 0; k < NT; k++) {
+            for (int64_t i = 0; i < n; i++) x[i] = rnd_gauss();
+            lk_quantize_row_act(at, x, a + (size_t)k * arb, n);
+        }
+        for (int k = 0; k < NT; k++) /* decode: one token a call */
+            lk_quant_matmul(t, n, NR, w, wrb, 1, a + (size_t)k * arb, arb, ref + k * NR, NR);
+        for (int rows = -1; rows <= 4; rows++) /* -1: GEMM off, the register tiles */
+            for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
+                lk_quant_gemm_avx2_force(rows, chunks[c]);
+                memset(got, 0xff, sizeof(float) * NR * NT);
+                lk_quant_matmul(t, n, NR, w, wrb, NT, a, arb, got, NR);
+                int bad = 0;
+                for (int i = 0; i < NR * NT; i++) bad += memcmp(&got[i], &ref[i], sizeof(float)) != 0;
+                CHECKF(bad == 0, "%s rows %d chunk %d: %d of %d outputs differ from decode's", lk_type_name(t), rows,
+                       chunks[c], bad, NR * NT);
+            }
+        lk_quant_gemm_avx2_force(0, 0);
+        free(w); free(a); free(mag); free(x); free(ref); free(got);
+    }
+    lk_quant_set_simd("scalar");
+}
+
 /* ===================================================================== */
 /* One SIMD level for the whole program                                   */
 
@@ -734,6 +779,7 @@ int main(int argc, char **argv) {
     RUN(matmul_vs_double_all_levels);
     RUN(matmul_prefill_gemm_edges);
     RUN(matmul_batch_invariant);
+    RUN(matmul_avx2_gemm_choices_bit_exact);
     RUN(simd_env_reaches_every_dispatch);
     RUN(requantize_matches_llama_quantize);
     RUN(dequantize_real_files_vs_master);

@@ -79,6 +79,13 @@ void lk_quant_matmul(lk_type wt, int64_t n, int64_t nrows, const void *w, size_t
                      int64_t ntok, const void *a, size_t a_stride,
                      float *y, size_t y_stride);
 
+/* The AVX2 prefill GEMM's tuning choices (quant_gemm_avx2.c): rows per pass
+ * (1..4; -1: GEMM off, the register tiles take 2+ tokens as before it) and
+ * tokens per chunk (1..64); 0 = its default. They change speed,
+ * never results: tests force each one and compare bits; benchmarks try
+ * them. Process-wide. */
+void lk_quant_gemm_avx2_force(int rows, int chunk);
+
 /* Which SIMD level is active: "avx512" (needs AVX-512 F/BW/VL/DQ/VNNI/VBMI
  * and GFNI: Ice Lake, Sapphire Rapids, Zen 4 and later; BF16 used where
  * present), "avx2" (AVX2 + FMA + F16C + BMI1/2) or "scalar". */

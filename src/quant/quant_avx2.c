@@ -490,11 +490,20 @@ LK_TILES_4x3(bf, BF_CALL, bf_4x1, bf_1x1)
                           size_t y_stride) {                                                    \
         lk_quant_run_tiles(&name##_set, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride); \
     }
-LK_MM_FN(q40)
-LK_MM_FN(q80)
-LK_MM_FN(q4k)
-LK_MM_FN(q5k)
-LK_MM_FN(q6k)
+/* 2+ tokens: the prefill GEMM of quant_gemm_avx2.c (the same bits as these
+ * tiles, each weight block decoded once per 32 tokens instead of per tile) */
+#define LK_MM_GEMM_FN(name, GEMM_CALL)                                                          \
+    static void mm_##name(int64_t n, int64_t nrows, const void *w, size_t w_stride,             \
+                          int64_t ntok, const void *a, size_t a_stride, float *y,               \
+                          size_t y_stride) {                                                    \
+        if (ntok >= 2 && lk_quant_gemm_avx2_on()) GEMM_CALL;                                    \
+        else lk_quant_run_tiles(&name##_set, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride); \
+    }
+LK_MM_GEMM_FN(q40, lk_quant_gemm_q4q8_avx2(false, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride))
+LK_MM_GEMM_FN(q80, lk_quant_gemm_q4q8_avx2(true, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride))
+LK_MM_GEMM_FN(q4k, lk_quant_gemm_kq_avx2(4, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride))
+LK_MM_GEMM_FN(q5k, lk_quant_gemm_kq_avx2(5, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride))
+LK_MM_GEMM_FN(q6k, lk_quant_gemm_kq_avx2(6, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride))
 LK_MM_FN(f32)
 LK_MM_FN(f16)
 LK_MM_FN(bf)
@@ -511,4 +520,5 @@ void lk_quant_fill_avx2(lk_quant_ops *ops) {
     ops->mm[LK_TYPE_BF16] = mm_bf;
     ops->quant[LK_TYPE_Q8_0] = quant_q8_0_avx2;
     ops->quant[LK_TYPE_Q8_K] = quant_q8_k_avx2;
+    ops->quant[LK_TYPE_Q4_K] = lk_quantize_row_q4_k_avx2;
 }

@@ -139,6 +139,18 @@ enum { LK_GEMM_MIN_FLOAT_N = 256 };
 void lk_quant_gemm_float_avx512(int kind, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
                                 const void *a, size_t as, float *y, size_t ys);
 
+/* quant_gemm_avx2.c: lk_quant_matmul for Q4_0 / Q8_0 (is_q8) and Q4_K /
+ * Q5_K / Q6_K (kind 4, 5, 6) weights over 2+ tokens on AVX2, with the
+ * decode kernels' bits for every (row, token) (the AVX2 level is batch
+ * invariant). Its tuning choices: lk_quant_gemm_avx2_force (quant.h);
+ * lk_quant_gemm_avx2_on: false when forced off (the register tiles then
+ * take 2+ tokens). */
+void lk_quant_gemm_q4q8_avx2(bool is_q8, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
+                             const void *a, size_t as, float *y, size_t ys);
+bool lk_quant_gemm_avx2_on(void);
+void lk_quant_gemm_kq_avx2(int kind, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
+                           const void *a, size_t as, float *y, size_t ys);
+
 /* quant_act.c: Q8_0 activations as llama.cpp's x86 kernels make them (round
  * half to even; quant[Q8_0] rounds half away from zero, as llama-quantize). */
 void lk_act_q8_0_scalar(const float *x, void *dst, int64_t n);
@@ -146,6 +158,8 @@ void lk_act_q8_0_avx512(const float *x, void *dst, int64_t n);
 
 /* quant_kq.c: ggml's reference Q4_K quantiser (weights). */
 void lk_quantize_row_q4_k(const float *x, void *dst, int64_t n);
+/* The same bytes, its scale search 8 candidates at a time (AVX2 level). */
+void lk_quantize_row_q4_k_avx2(const float *x, void *dst, int64_t n);
 
 /* quant_q5.c (Q5_0, Q5_1, Q8_1) and quant_k23.c (Q2_K, Q3_K, IQ4_XS; the
  * Q5_K and Q6_K weight quantisers the Q2_K/Q3_K mixes need): their

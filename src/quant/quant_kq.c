@@ -75,7 +75,112 @@ static float fit_scale_min(int n, int nmax, const float *x, const float *w, uint
     return scale;
 }
 
-void lk_quantize_row_q4_k(const float *x, void *dst, int64_t n) {
+typedef float (*fit_fn)(int n, int nmax, const float *x, const float *w, uint8_t *L, float *neg_min,
+                        uint8_t *Laux, float rmin, float rdelta, int nstep);
+
+/* The same search, 8 candidate scales at a time in the lanes of a ymm (AVX2;
+ * FMA deliberately not enabled, so no compiler may fuse a multiply and an
+ * add here: every lane does the scalar code's float operations in its order,
+ * so the result is the scalar one bit for bit; test_quant checks the bytes).
+ * The reference's loop is sequential in one way: a candidate that wins
+ * replaces `min`, and the later candidates use the new min (in x - min and
+ * in max - min). So all remaining candidates are tried with the current
+ * min, the first winner in candidate order is taken, and only the ones after
+ * it are tried again with its min; a sub-block sees a few winners, so this
+ * costs a few passes of 3 vectors instead of 21 scalar passes. */
+#define LK_T2 __attribute__((target("avx2")))
+#include <immintrin.h>
+
+LK_T2 static float fit_scale_min_avx2(int n, int nmax, const float *x, const float *w, uint8_t *L, float *neg_min,
+                                      uint8_t *Laux, float rmin, float rdelta, int nstep) {
+    enum { NMAX_N = 32, NMAX_C = 32 };
+    LK_ASSERT(n <= NMAX_N && nstep < NMAX_C);
+    float min = x[0], max = x[0], sum_w = w[0], sum_x = sum_w * x[0];
+    for (int i = 1; i < n; i++) {
+        if (x[i] < min) min = x[i];
+        if (x[i] > max) max = x[i];
+        sum_w += w[i];
+        sum_x += w[i] * x[i];
+    }
+    if (min > 0) min = 0;
+    if (max == min) {
+        memset(L, 0, (size_t)n);
+        *neg_min = -min;
+        return 0.f;
+    }
+    float iscale = nmax / (max - min), scale = 1 / iscale, best = 0;
+    for (int i = 0; i < n; i++) {
+        int l = nearest(iscale * (x[i] - min));
+        L[i] = (uint8_t)(l < 0 ? 0 : l > nmax ? nmax : l);
+        float diff = scale * L[i] + min - x[i];
+        best += w[i] * diff * diff;
+    }
+    (void)Laux;
+    float win_iscale = 0, win_min = 0; /* the last winner's iscale and the min it used */
+    bool won = false;
+    const __m256 zero = _mm256_setzero_ps(), vmax = _mm256_set1_ps((float)nmax);
+    const __m256 vsw = _mm256_set1_ps(sum_w), vsx = _mm256_set1_ps(sum_x);
+    _Alignas(32) float c_err[NMAX_C], c_scale[NMAX_C], c_min[NMAX_C], c_isc[NMAX_C];
+    _Alignas(32) int32_t c_ok[NMAX_C];
+    for (int is0 = 0; is0 <= nstep;) {
+        const float range = max - min;
+        for (int c0 = is0; c0 <= nstep; c0 += 8) {
+            /* lanes: candidates c0..c0+7 (those past nstep are computed and ignored) */
+            __m256 isv = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_set1_epi32(c0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+            __m256 isc = _mm256_div_ps(_mm256_add_ps(_mm256_add_ps(_mm256_set1_ps(rmin), _mm256_mul_ps(_mm256_set1_ps(rdelta), isv)),
+                                                     _mm256_set1_ps((float)nmax)),
+                                       _mm256_set1_ps(range));
+            __m256 sl = zero, sl2 = zero, sxl = zero, lv[NMAX_N];
+            for (int i = 0; i < n; i++) {
+                __m256 l = _mm256_round_ps(_mm256_mul_ps(isc, _mm256_set1_ps(x[i] - min)),
+                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                l = _mm256_min_ps(_mm256_max_ps(l, zero), vmax);
+                lv[i] = l;
+                __m256 wl = _mm256_mul_ps(_mm256_set1_ps(w[i]), l);
+                sl = _mm256_add_ps(sl, wl);
+                sl2 = _mm256_add_ps(sl2, _mm256_mul_ps(wl, l));
+                sxl = _mm256_add_ps(sxl, _mm256_mul_ps(wl, _mm256_set1_ps(x[i])));
+            }
+            __m256 D = _mm256_sub_ps(_mm256_mul_ps(vsw, sl2), _mm256_mul_ps(sl, sl));
+            __m256 tsc = _mm256_div_ps(_mm256_sub_ps(_mm256_mul_ps(vsw, sxl), _mm256_mul_ps(vsx, sl)), D);
+            __m256 tmn = _mm256_div_ps(_mm256_sub_ps(_mm256_mul_ps(sl2, vsx), _mm256_mul_ps(sl, sxl)), D);
+            __m256 pos = _mm256_cmp_ps(tmn, zero, _CMP_GT_OQ);
+            tmn = _mm256_blendv_ps(tmn, zero, pos);
+            tsc = _mm256_blendv_ps(tsc, _mm256_div_ps(sxl, sl2), pos);
+            __m256 err = zero;
+            for (int i = 0; i < n; i++) {
+                __m256 diff = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(tsc, lv[i]), tmn), _mm256_set1_ps(x[i]));
+                err = _mm256_add_ps(err, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(w[i]), diff), diff));
+            }
+            const int k = c0; /* arrays are NMAX_C long: lanes past nstep land in spare slots */
+            _mm256_storeu_ps(c_err + k, err);
+            _mm256_storeu_ps(c_scale + k, tsc);
+            _mm256_storeu_ps(c_min + k, tmn);
+            _mm256_storeu_ps(c_isc + k, isc);
+            _mm256_storeu_si256((__m256i *)(c_ok + k), _mm256_castps_si256(_mm256_cmp_ps(D, zero, _CMP_GT_OQ)));
+        }
+        int win = -1;
+        for (int is = is0; is <= nstep; is++)
+            if (c_ok[is] && c_err[is] < best) { win = is; break; }
+        if (win < 0) break;
+        best = c_err[win];
+        scale = c_scale[win];
+        win_iscale = c_isc[win];
+        win_min = min;
+        min = c_min[win];
+        won = true;
+        is0 = win + 1;
+    }
+    if (won)
+        for (int i = 0; i < n; i++) {
+            int l = nearest(win_iscale * (x[i] - win_min));
+            L[i] = (uint8_t)(l < 0 ? 0 : l > nmax ? nmax : l);
+        }
+    *neg_min = -min;
+    return scale;
+}
+
+static void quantize_row_q4_k(const float *x, void *dst, int64_t n, fit_fn fit) {
     uint8_t *b = dst;
     for (int64_t ib = 0; ib < n / LK_QK_K; ib++, x += LK_QK_K, b += LK_Q4K_BYTES) {
         uint8_t L[LK_QK_K], Laux[32];
@@ -86,7 +191,7 @@ void lk_quantize_row_q4_k(const float *x, void *dst, int64_t n) {
             for (int l = 0; l < 32; l++) sum_x2 += xs[l] * xs[l];
             float av_x = sqrtf(sum_x2 / 32);
             for (int l = 0; l < 32; l++) w[l] = av_x + fabsf(xs[l]);
-            scales[j] = fit_scale_min(32, 15, xs, w, L + 32 * j, &mins[j], Laux, -1.f, 0.1f, 20);
+            scales[j] = fit(32, 15, xs, w, L + 32 * j, &mins[j], Laux, -1.f, 0.1f, 20);
             if (scales[j] > max_scale) max_scale = scales[j];
             if (mins[j] > max_min) max_min = mins[j];
         }
@@ -128,4 +233,10 @@ void lk_quantize_row_q4_k(const float *x, void *dst, int64_t n) {
         for (int j = 0; j < LK_QK_K; j += 64, q += 32)
             for (int l = 0; l < 32; l++) q[l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 4));
     }
+}
+
+void lk_quantize_row_q4_k(const float *x, void *dst, int64_t n) { quantize_row_q4_k(x, dst, n, fit_scale_min); }
+
+void lk_quantize_row_q4_k_avx2(const float *x, void *dst, int64_t n) {
+    quantize_row_q4_k(x, dst, n, fit_scale_min_avx2);
 }

@@ -1,0 +1,323 @@
+/* quant_gemm_avx2.c — prefill (two or more tokens at once) for Q4_0 / Q8_0
+ * (Q8_0 activations) and Q4_K / Q5_K / Q6_K (Q8_K activations) on AVX2 + FMA
+ * + F16C machines (no VNNI, no AVX-512: Zen 1-3, Haswell to Skylake client).
+ * quant_avx2.c's matmul entries call it from 2 tokens on; decode (1 token)
+ * keeps its register tiles.
+ *
+ * The numbers are the decode kernels' bits, not merely close to them. The
+ * AVX2 level is batch invariant (test_quant's matmul_batch_invariant: a
+ * token's outputs do not depend on how many tokens share the call, which the
+ * engine's batched decode relies on), so this GEMM keeps the decode's
+ * arithmetic per (row, token): 8 i32 lanes per block (elements 4i..4i+3 in
+ * lane i), exact integer sums, then per block one conversion and one FMA
+ * with the scale d_w*d_a into 8 float lanes, and the same horizontal sum at
+ * the end. Only where the work is done changes:
+ *
+ *  - Each weight block is unpacked once per token chunk (up to 64 tokens)
+ *    instead of once per register tile of 3 tokens (Q4_0/Q8_0) or once per
+ *    token (the K-quants' 1 x 4 tiles, which re-decoded a super-block's
+ *    nibbles, 5th bits and 6-bit scales for every token): R rows' block is
+ *    decoded into registers / a small L1 buffer, then every token of the
+ *    chunk is multiplied with it.
+ *  - A token's per-block terms (the Q4_0 offset correction -8*sum(a), the
+ *    K-quants' bsum pairs) are made once per R rows.
+ *  - The float accumulators of the (row, token) pairs live in an L1 array
+ *    (R x chunk x 8 floats), so the chunk is not limited by 16 ymm
+ *    registers; each block adds one load and one store per pair.
+ *
+ * Weights are read from memory once per chunk (rows stream in order, R
+ * streams the hardware prefetchers follow); the chunk's activations (64 x
+ * 5632 elements of Q8_0: 388 KB) stay in L2.
+ *
+ * Tuning: R (rows per pass, 1..4) and the token chunk (8..64) change speed,
+ * never results (every (row, token) pair's arithmetic is the same whichever
+ * is chosen); lk_quant_gemm_avx2_force sets them for the test that checks
+ * exactly that. */
+#include <immintrin.h>
+#include <stdatomic.h>
+
+#include "quant/quant_impl.h"
+
+#define LK_T2 __attribute__((target("avx2,fma,f16c,bmi,bmi2")))
+#define LK_INL inline __attribute__((always_inline))
+
+enum { G2_TMAX = 64, G2_RMAX = 4 };
+
+/* forced choices (0: the default): rows per pass, tokens per chunk */
+static _Atomic int g_rows, g_chunk;
+
+void lk_quant_gemm_avx2_force(int rows, int chunk) {
+    LK_ASSERT(rows >= -1 && rows <= G2_RMAX && chunk >= 0 && chunk <= G2_TMAX);
+    atomic_store(&g_rows, rows);
+    atomic_store(&g_chunk, chunk);
+}
+
+bool lk_quant_gemm_avx2_on(void) { return atomic_load(&g_rows) >= 0; }
+
+static void g2_choice(int def_rows, int def_chunk, int *rows, int *chunk) {
+    int r = atomic_load(&g_rows), c = atomic_load(&g_chunk);
+    *rows = r ? r : def_rows;
+    *chunk = c ? c : def_chunk;
+}
+
+/* The horizontal sums of quant_avx2.c, operation for operation. */
+LK_T2 static LK_INL float g2_hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+LK_T2 static LK_INL float g2_hsum4(__m128 m) {
+    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+LK_T2 static LK_INL float g2_h2f(const uint8_t *p) { return _cvtsh_ss(lk_ld_u16(p)); }
+
+/* ===================================================================== */
+/* Q4_0 / Q8_0 x Q8_0                                                      */
+/* ===================================================================== */
+
+/* R rows [r0, r0+R) x tokens [0, tc) of the chunk, all blocks. acc: the
+ * pairs' float lanes, acc[r*G2_TMAX + t]. */
+LK_T2 static LK_INL void q4q8_pass(const int R, const bool is_q8, int64_t nb, const uint8_t *w, size_t ws,
+                                   int tc, const uint8_t *a, size_t as, float *y, size_t ys, __m256 *acc) {
+    const size_t wbb = is_q8 ? LK_Q80_BYTES : LK_Q40_BYTES;
+    const __m256i ones = _mm256_set1_epi16(1), m0f = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8);
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < tc; t++) acc[r * G2_TMAX + t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i wq[G2_RMAX], wabs[G2_RMAX];
+        __m256 wd[G2_RMAX];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const uint8_t *p = w + (size_t)r * ws + (size_t)b * wbb;
+            if (is_q8) {
+                wq[r] = _mm256_loadu_si256((const __m256i *)(p + 2));
+                wabs[r] = _mm256_abs_epi8(wq[r]);
+            } else {
+                /* low nibbles are elements 0..15, high 16..31 */
+                __m128i q = _mm_loadu_si128((const __m128i *)(p + 2));
+                __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
+                wq[r] = wabs[r] = _mm256_and_si256(v, m0f);
+            }
+            wd[r] = _mm256_set1_ps(g2_h2f(p));
+        }
+        for (int t = 0; t < tc; t++) {
+            const uint8_t *ap = a + (size_t)t * as + (size_t)b * LK_Q80_BYTES;
+            const __m256i aq = _mm256_loadu_si256((const __m256i *)(ap + 2));
+            const __m256 ad = _mm256_set1_ps(g2_h2f(ap));
+            __m256i neg8 = _mm256_setzero_si256();
+            if (!is_q8)
+                neg8 = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                        _mm256_madd_epi16(_mm256_maddubs_epi16(eight, aq), ones));
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                __m256i s;
+                if (is_q8)
+                    s = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[r], _mm256_sign_epi8(aq, wq[r])), ones);
+                else
+                    s = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wq[r], aq), ones), neg8);
+                __m256 *pa = &acc[r * G2_TMAX + t];
+                *pa = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(wd[r], ad), *pa);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < tc; t++) y[(size_t)t * ys + (size_t)r] = g2_hsum8(acc[r * G2_TMAX + t]);
+}
+
+#define Q4Q8_PASS(R, Q8)                                                                                     \
+    LK_T2 static void q4q8_pass_##R##_##Q8(int64_t nb, const uint8_t *w, size_t ws, int tc, const uint8_t *a, \
+                                           size_t as, float *y, size_t ys, __m256 *acc) {                  \
+        q4q8_pass(R, Q8, nb, w, ws, tc, a, as, y, ys, acc);                                                  \
+    }
+Q4Q8_PASS(1, 0) Q4Q8_PASS(2, 0) Q4Q8_PASS(3, 0) Q4Q8_PASS(4, 0)
+Q4Q8_PASS(1, 1) Q4Q8_PASS(2, 1) Q4Q8_PASS(3, 1) Q4Q8_PASS(4, 1)
+typedef void (*g2_pass_fn)(int64_t nb, const uint8_t *w, size_t ws, int tc, const uint8_t *a, size_t as, float *y,
+                           size_t ys, __m256 *acc);
+static const g2_pass_fn k_q4q8[2][G2_RMAX] = {
+    {q4q8_pass_1_0, q4q8_pass_2_0, q4q8_pass_3_0, q4q8_pass_4_0},
+    {q4q8_pass_1_1, q4q8_pass_2_1, q4q8_pass_3_1, q4q8_pass_4_1},
+};
+
+/* ===================================================================== */
+/* Q4_K / Q5_K / Q6_K x Q8_K                                               */
+/* ===================================================================== */
+
+/* One super-block of one row, decoded: vector k (0..7) holds the unsigned
+ * quants of elements 32k..32k+31 and s[k] their sub-block scales as i16
+ * (the multipliers of vpmaddwd); Q4_K/Q5_K: the 8 mins as i16; Q6_K: the 16
+ * signed scales as i16 (the -32 offset's correction). */
+typedef struct {
+    __m256i q[8], s[8];
+    __m256i sc6;
+    __m128i mins;
+    float d, dmin;
+} kq_unp;
+
+static LK_INL void g2_k_scales(const uint8_t *q, uint64_t *sc, uint64_t *m) {
+    uint32_t w0, w1, w2;
+    memcpy(&w0, q, 4); memcpy(&w1, q + 4, 4); memcpy(&w2, q + 8, 4);
+    uint32_t sc_lo = w0 & 0x3f3f3f3fu, m_lo = w1 & 0x3f3f3f3fu;
+    uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | ((w0 >> 6) & 0x03030303u) << 4;
+    uint32_t m_hi = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 6) & 0x03030303u) << 4;
+    *sc = sc_lo | (uint64_t)sc_hi << 32;
+    *m = m_lo | (uint64_t)m_hi << 32;
+}
+
+LK_T2 static LK_INL void kq_unpack(const int kind, const uint8_t *w, kq_unp *u) {
+    const __m256i m0f = _mm256_set1_epi8(0x0F);
+    if (kind == 4 || kind == 5) {
+        uint64_t sc, m;
+        g2_k_scales(w + (kind == 4 ? LK_Q4K_SC : LK_Q5K_SC), &sc, &m);
+        __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc)));
+        u->mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m));
+        u->d = g2_h2f(w);
+        u->dmin = g2_h2f(w + 2);
+        const uint8_t *qs = w + (kind == 4 ? LK_Q4K_QS : LK_Q5K_QS);
+        __m256i qh = kind == 5 ? _mm256_loadu_si256((const __m256i *)(w + LK_Q5K_QH)) : _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+            __m256i lo = _mm256_and_si256(q, m0f);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m0f);
+            if (kind == 5) {
+                __m256i b0 = _mm256_set1_epi8((char)(1 << (2 * j))), b1 = _mm256_set1_epi8((char)(2 << (2 * j)));
+                __m256i m10 = _mm256_set1_epi8(0x10);
+                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b0), b0), m10));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b1), b1), m10));
+            }
+            u->q[2 * j] = lo;
+            u->q[2 * j + 1] = hi;
+            u->s[2 * j] = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * j))));
+            u->s[2 * j + 1] = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * j + 1))));
+        }
+    } else {
+        const uint8_t *ql = w + LK_Q6K_QL, *qhp = w + LK_Q6K_QH;
+        __m128i sc8 = _mm_loadu_si128((const __m128i *)(w + LK_Q6K_SC));
+        const __m256i m03 = _mm256_set1_epi8(3);
+        u->d = g2_h2f(w + LK_Q6K_D);
+        u->sc6 = _mm256_cvtepi8_epi16(sc8);
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h));
+            __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32));
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(qhp + 32 * h));
+            __m256i *v = u->q + 4 * h;
+            v[0] = _mm256_or_si256(_mm256_and_si256(l0, m0f), _mm256_slli_epi16(_mm256_and_si256(qh, m03), 4));
+            v[1] = _mm256_or_si256(_mm256_and_si256(l1, m0f),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m03), 4));
+            v[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m0f),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m03), 4));
+            v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m0f),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m03), 4));
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                int g = 8 * h + 2 * k;
+                __m128i idx = _mm_set_epi8((char)(g + 1), (char)(g + 1), (char)(g + 1), (char)(g + 1),
+                                           (char)(g + 1), (char)(g + 1), (char)(g + 1), (char)(g + 1),
+                                           (char)g, (char)g, (char)g, (char)g, (char)g, (char)g, (char)g, (char)g);
+                u->s[4 * h + k] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, idx));
+            }
+        }
+    }
+}
+
+/* R rows x tc tokens, all super-blocks. acc / accm: the pairs' float lanes
+ * (accm: Q4_K/Q5_K's min terms), index r*G2_TMAX + t. */
+LK_T2 static LK_INL void kq_pass(const int R, const int kind, int64_t nb, const uint8_t *w, size_t ws, int tc,
+                                 const uint8_t *a, size_t as, float *y, size_t ys, __m256 *acc, __m128 *accm) {
+    const size_t bb = kind == 4 ? LK_Q4K_BYTES : kind == 5 ? LK_Q5K_BYTES : LK_Q6K_BYTES;
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < tc; t++) acc[r * G2_TMAX + t] = _mm256_setzero_ps(), accm[r * G2_TMAX + t] = _mm_setzero_ps();
+    kq_unp u[G2_RMAX];
+    for (int64_t i = 0; i < nb; i++) {
+        for (int r = 0; r < R; r++) kq_unpack(kind, w + (size_t)r * ws + (size_t)i * bb, &u[r]);
+        for (int t = 0; t < tc; t++) {
+            const uint8_t *ap = a + (size_t)t * as + (size_t)i * LK_Q8K_BYTES;
+            const int8_t *q8 = (const int8_t *)(ap + LK_Q8K_QS);
+            const float da = lk_ld_f32(ap);
+            __m128i bs = _mm_setzero_si128();
+            __m256i bs6 = _mm256_setzero_si256();
+            if (kind != 6)
+                bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)(ap + LK_Q8K_BS)),
+                                    _mm_loadu_si128((const __m128i *)(ap + LK_Q8K_BS + 16)));
+            else
+                bs6 = _mm256_loadu_si256((const __m256i *)(ap + LK_Q8K_BS));
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                __m256i isum = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int k = 0; k < 8; k++) {
+                    __m256i p = _mm256_maddubs_epi16(u[r].q[k], _mm256_loadu_si256((const __m256i *)(q8 + 32 * k)));
+                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, u[r].s[k]));
+                }
+                __m256 *pa = &acc[r * G2_TMAX + t];
+                if (kind != 6) {
+                    __m128i mm = _mm_madd_epi16(u[r].mins, bs);
+                    *pa = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(u[r].d * da), *pa);
+                    __m128 *pm = &accm[r * G2_TMAX + t];
+                    *pm = _mm_fmadd_ps(_mm_cvtepi32_ps(mm), _mm_set1_ps(u[r].dmin * da), *pm);
+                } else {
+                    isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(_mm256_madd_epi16(u[r].sc6, bs6), 5));
+                    *pa = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(u[r].d * da), *pa);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < tc; t++)
+            y[(size_t)t * ys + (size_t)r] = g2_hsum8(acc[r * G2_TMAX + t]) - g2_hsum4(accm[r * G2_TMAX + t]);
+}
+
+#define KQ_PASS(R, K)                                                                                       \
+    LK_T2 static void kq_pass_##R##_##K(int64_t nb, const uint8_t *w, size_t ws, int tc, const uint8_t *a,   \
+                                        size_t as, float *y, size_t ys, __m256 *acc) {                      \
+        __m128 accm[G2_RMAX * G2_TMAX];                                                                     \
+        kq_pass(R, K, nb, w, ws, tc, a, as, y, ys, acc, accm);                                              \
+    }
+KQ_PASS(1, 4) KQ_PASS(2, 4) KQ_PASS(3, 4) KQ_PASS(4, 4)
+KQ_PASS(1, 5) KQ_PASS(2, 5) KQ_PASS(3, 5) KQ_PASS(4, 5)
+KQ_PASS(1, 6) KQ_PASS(2, 6) KQ_PASS(3, 6) KQ_PASS(4, 6)
+static const g2_pass_fn k_kq[3][G2_RMAX] = {
+    {kq_pass_1_4, kq_pass_2_4, kq_pass_3_4, kq_pass_4_4},
+    {kq_pass_1_5, kq_pass_2_5, kq_pass_3_5, kq_pass_4_5},
+    {kq_pass_1_6, kq_pass_2_6, kq_pass_3_6, kq_pass_4_6},
+};
+
+/* ===================================================================== */
+/* Driver                                                                  */
+/* ===================================================================== */
+
+/* Token chunks of `chunk`, rows in passes of R (the last rows in a shorter
+ * pass). */
+static void g2_run(const g2_pass_fn *passes, int R, int chunk, int64_t nb, int64_t nrows, const uint8_t *W,
+                   size_t ws, int64_t ntok, const uint8_t *A, size_t as, float *y, size_t ys) {
+    __m256 acc[G2_RMAX * G2_TMAX];
+    for (int64_t t0 = 0; t0 < ntok; t0 += chunk) {
+        const int tc = (int)LK_MIN((int64_t)chunk, ntok - t0);
+        for (int64_t r0 = 0; r0 < nrows; r0 += R) {
+            const int rr = (int)LK_MIN((int64_t)R, nrows - r0);
+            passes[rr - 1](nb, W + (size_t)r0 * ws, ws, tc, A + (size_t)t0 * as, as,
+                           y + (size_t)t0 * ys + (size_t)r0, ys, acc);
+        }
+    }
+}
+
+void lk_quant_gemm_q4q8_avx2(bool is_q8, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
+                             const void *a, size_t as, float *y, size_t ys) {
+    int R, chunk;
+    g2_choice(4, 32, &R, &chunk);
+    g2_run(k_q4q8[is_q8], R, chunk, n / LK_QK, nrows, w, ws, ntok, a, as, y, ys);
+}
+
+void lk_quant_gemm_kq_avx2(int kind, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
+                           const void *a, size_t as, float *y, size_t ys) {
+    LK_ASSERT(kind >= 4 && kind <= 6);
+    int R, chunk;
+    g2_choice(2, 32, &R, &chunk);
+    g2_run(k_kq[kind - 4], R, chunk, n / LK_QK_K, nrows, w, ws, ntok, a, as, y, ys);
+}
