@@ -37,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <pthread.h>
 #include <time.h>
 
 bool lk_rdma_device_present(void) {
@@ -81,7 +82,7 @@ const char *lk_ucx_report(const lk_link *l) { return NULL; }
 #define MAX_ADDR   (64u << 10)
 #define PING_MAGIC 0x4c4b5558504e4731ull /* "LKUXPNG1" */
 
-typedef struct {
+typedef struct ucx_link_s {
     lk_link       base;
     ucp_context_h ctx;
     ucp_worker_h  worker;
@@ -97,7 +98,19 @@ typedef struct {
     unsigned char *rdata;         /* from ucp_stream_recv_data_nb, not yet all copied out */
     size_t        rlen, roff;
     char          report[128];    /* "tcp/lo" */
+    pthread_mutex_t mu;           /* held by whoever drives this link's worker */
+    struct ucx_link_s *next;      /* all UCX links of the process (links_mu) */
 } ucx_link;
+
+/* A send that send_some reported done may still sit in UCX's queue (a TCP
+ * socket that was full, a FIFO without room) and only moves when its worker
+ * is progressed — which nobody does once the transfer is done, so the peer
+ * would wait for it. Every UCX link of the process is therefore on a list,
+ * and a waiter drives the workers that still have sends in flight (each
+ * under its own lock, taken with trylock so a waiter never blocks on a link
+ * another thread uses) and does not sleep long while any remain. */
+static pthread_mutex_t links_mu = PTHREAD_MUTEX_INITIALIZER;
+static ucx_link *links;
 
 bool lk_ucx_built(void) { return true; }
 
@@ -131,8 +144,51 @@ static void reap_sends(ucx_link *u) {
     }
 }
 
+/* Drives the other links' unfinished sends; true if any remain. */
+static bool progress_others(ucx_link *self) {
+    bool left = false;
+    pthread_mutex_lock(&links_mu);
+    for (ucx_link *o = links; o; o = o->next) {
+        if (o == self || !o->sn) continue;
+        if (pthread_mutex_trylock(&o->mu)) { left = true; continue; }
+        while (ucp_worker_progress(o->worker)) {}
+        reap_sends(o);
+        left |= o->sn > 0;
+        pthread_mutex_unlock(&o->mu);
+    }
+    pthread_mutex_unlock(&links_mu);
+    return left;
+}
+
+static ssize_t send_some_locked(ucx_link *u, const void *buf, size_t n, char *err, size_t errlen);
+static ssize_t recv_some_locked(ucx_link *u, void *buf, size_t n, char *err, size_t errlen);
+static int wait_locked(ucx_link *u, bool for_send, uint64_t timeout_ns, char *err, size_t errlen);
+
 static ssize_t ucx_send_some(lk_link *l, const void *buf, size_t n, char *err, size_t errlen) {
     ucx_link *u = (ucx_link *)l;
+    pthread_mutex_lock(&u->mu);
+    ssize_t k = send_some_locked(u, buf, n, err, errlen);
+    pthread_mutex_unlock(&u->mu);
+    return k;
+}
+static ssize_t ucx_recv_some(lk_link *l, void *buf, size_t n, char *err, size_t errlen) {
+    ucx_link *u = (ucx_link *)l;
+    pthread_mutex_lock(&u->mu);
+    ssize_t k = recv_some_locked(u, buf, n, err, errlen);
+    pthread_mutex_unlock(&u->mu);
+    return k;
+}
+static int ucx_wait(lk_link *l, bool for_send, uint64_t timeout_ns, char *err, size_t errlen) {
+    ucx_link *u = (ucx_link *)l;
+    bool others = progress_others(u);
+    pthread_mutex_lock(&u->mu);
+    /* while another link's sends are unfinished, come back soon to drive them */
+    int r = wait_locked(u, for_send, others ? LK_MIN(timeout_ns, 20000ull) : timeout_ns, err, errlen);
+    pthread_mutex_unlock(&u->mu);
+    return r;
+}
+
+static ssize_t send_some_locked(ucx_link *u, const void *buf, size_t n, char *err, size_t errlen) {
     ucp_worker_progress(u->worker);
     reap_sends(u);
     if (u->failed) return dead(u, err, errlen);
@@ -156,8 +212,7 @@ static ssize_t ucx_send_some(lk_link *l, const void *buf, size_t n, char *err, s
     return (ssize_t)moved;
 }
 
-static ssize_t ucx_recv_some(lk_link *l, void *buf, size_t n, char *err, size_t errlen) {
-    ucx_link *u = (ucx_link *)l;
+static ssize_t recv_some_locked(ucx_link *u, void *buf, size_t n, char *err, size_t errlen) {
     size_t moved = 0;
     for (int round = 0; moved < n && round < 2; round++) {
         if (!u->rdata) {
@@ -205,8 +260,7 @@ static bool ctl_dead(ucx_link *u) {
     return false;
 }
 
-static int ucx_wait(lk_link *l, bool for_send, uint64_t timeout_ns, char *err, size_t errlen) {
-    ucx_link *u = (ucx_link *)l;
+static int wait_locked(ucx_link *u, bool for_send, uint64_t timeout_ns, char *err, size_t errlen) {
     uint64_t now = lk_time_ns();
     if (now >= u->next_ctl_check) {
         if (ctl_dead(u)) return (int)dead(u, err, errlen);
@@ -220,9 +274,37 @@ static int ucx_wait(lk_link *l, bool for_send, uint64_t timeout_ns, char *err, s
         nanosleep(&ts, NULL);
         return 0;
     }
-    /* Arm only when nothing is pending: BUSY means events arrived meanwhile. */
+    /* Arm only when nothing is pending: BUSY means events arrived meanwhile.
+     * Progress may have queued data on the endpoint or completed a send
+     * without any event left to come: look before sleeping. */
     while (ucp_worker_progress(u->worker)) {}
-    if ((!for_send && u->rdata) || ucp_worker_arm(u->worker) == UCS_ERR_BUSY) return 0;
+    if (for_send) {
+        /* A send that completes (the socket drained, the peer's FIFO
+         * emptied) raises no event on the worker's fd: nap briefly instead
+         * of arming. */
+        reap_sends(u);
+        if (u->sn < SEND_SLOTS || u->failed) return u->failed ? (int)dead(u, err, errlen) : 0;
+        struct timespec ts = {0, (long)LK_MIN(timeout_ns, 20000ull)};
+        nanosleep(&ts, NULL);
+        return 0;
+    }
+    if (!u->rdata) {
+        size_t len = 0;
+        ucs_status_ptr_t d = ucp_stream_recv_data_nb(u->ep, &len);
+        if (UCS_PTR_IS_ERR(d)) note_fail(u, "receive", UCS_PTR_STATUS(d));
+        else if (d) u->rdata = d, u->rlen = len, u->roff = 0;
+    }
+    if (u->failed) return (int)dead(u, err, errlen);
+    if (u->rdata) return 0;
+    if (u->sn) { /* our own sends need driving too (above) */
+        reap_sends(u);
+        if (u->sn) {
+            struct timespec ts = {0, (long)LK_MIN(timeout_ns, 20000ull)};
+            nanosleep(&ts, NULL);
+            return 0;
+        }
+    }
+    if (ucp_worker_arm(u->worker) == UCS_ERR_BUSY) return 0;
     struct pollfd p[2] = {{.fd = u->efd, .events = POLLIN}, {.fd = lk_tcp_fd(u->ctl), .events = POLLIN}};
     struct timespec ts = {(time_t)(timeout_ns / 1000000000ull), (long)(timeout_ns % 1000000000ull)};
     ppoll(p, p[1].fd >= 0 ? 2 : 1, &ts, NULL);
@@ -231,6 +313,10 @@ static int ucx_wait(lk_link *l, bool for_send, uint64_t timeout_ns, char *err, s
 
 static void ucx_close(lk_link *l) {
     ucx_link *u = (ucx_link *)l;
+    pthread_mutex_lock(&links_mu);
+    for (ucx_link **p = &links; *p; p = &(*p)->next)
+        if (*p == u) { *p = u->next; break; }
+    pthread_mutex_unlock(&links_mu);
     if (u->rdata) ucp_stream_data_release(u->ep, u->rdata);
     /* What we sent gets a short while to leave (the peer may be reading its
      * last bytes), then everything still pending is cancelled. */
@@ -256,6 +342,7 @@ static void ucx_close(lk_link *l) {
     if (u->worker) ucp_worker_destroy(u->worker);
     if (u->ctx) ucp_cleanup(u->ctx);
     free(u->sbuf);
+    pthread_mutex_destroy(&u->mu);
     free(u);
 }
 
@@ -335,6 +422,7 @@ lk_status lk_ucx_pair(lk_link *ctl, uint64_t deadline_ns, lk_link **out, char *e
     u->ctl = ctl;
     u->efd = -1;
     u->sbuf = lk_xmalloc((size_t)SEND_SLOTS * SEND_CHUNK);
+    pthread_mutex_init(&u->mu, NULL);
     lk_status st = LK_OK;
     ucp_address_t *addr = NULL;
     size_t alen = 0;
@@ -418,6 +506,10 @@ lk_status lk_ucx_pair(lk_link *ctl, uint64_t deadline_ns, lk_link **out, char *e
                             "check UCX_TLS, UCX_NET_DEVICES and the peer's NIC", name, u->report);
     ucp_worker_release_address(u->worker, addr);
     free(peer);
+    pthread_mutex_lock(&links_mu);
+    u->next = links;
+    links = u;
+    pthread_mutex_unlock(&links_mu);
     *out = &u->base;
     return LK_OK;
 fail:
