@@ -117,10 +117,10 @@ static bool hostile_copy(const char *src, const char *dst, const char *key, cons
 }
 
 /* Runs cmd (stdin from /dev/null or as given in cmd) and returns its exit
- * status with its stderr in buf. */
-static int run_stderr(const char *cmd, char *buf, size_t len) {
+ * status with its stderr (and stdout too when both) in buf. */
+static int run_out(const char *cmd, bool both, char *buf, size_t len) {
     char full[2048];
-    snprintf(full, sizeof full, "%s 2>&1 >/dev/null", cmd);
+    snprintf(full, sizeof full, both ? "%s 2>&1" : "%s 2>&1 >/dev/null", cmd);
     FILE *p = popen(full, "r");
     if (!p) return -1;
     size_t n = fread(buf, 1, len - 1, p);
@@ -138,15 +138,23 @@ TEST(cli_hostile_model) {
     /* chat with the model's own (hostile) template */
     CHECK(hostile_copy(src, path, "tokenizer.chat_template", "{{ raise_exception('" EVIL "') }}"));
     snprintf(cmd, sizeof cmd, "echo hi | %s chat -m %s -n 2", exe, path);
-    int rc = run_stderr(cmd, out, sizeof out);
+    int rc = run_out(cmd, false, out, sizeof out);
     CHECKF(rc == 1, "exit %d: %s", rc, out);
     CHECKF(printable(out) && strstr(out, "rejected the conversation: \\x1b]0;owned\\x07\\x1b[2J"), "%s", out);
     /* run with a hostile tokenizer name */
     CHECK(hostile_copy(src, path, "tokenizer.ggml.model", "llama" EVIL));
     snprintf(cmd, sizeof cmd, "%s run -m %s -p hi -n 2 </dev/null", exe, path);
-    rc = run_stderr(cmd, out, sizeof out);
+    rc = run_out(cmd, false, out, sizeof out);
     CHECKF(rc == 1, "exit %d: %s", rc, out);
     CHECKF(printable(out) && strstr(out, "unsupported tokenizer.ggml.model 'llama\\x1b]0;owned"), "%s", out);
+    /* the model's name as info and plan show it */
+    CHECK(hostile_copy(src, path, "general.name", "stories" EVIL));
+    snprintf(cmd, sizeof cmd, "%s info -m %s </dev/null", exe, path);
+    rc = run_out(cmd, true, out, sizeof out);
+    CHECKF(rc == 0 && printable(out) && strstr(out, "stories\\x1b]0;owned"), "exit %d: %s", rc, out);
+    snprintf(cmd, sizeof cmd, "%s plan -m %s --nodes 2 </dev/null", exe, path);
+    rc = run_out(cmd, true, out, sizeof out);
+    CHECKF(rc == 0 && printable(out) && strstr(out, "stories\\x1b]0;owned"), "exit %d: %s", rc, out);
     unlink(path);
 }
 

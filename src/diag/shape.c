@@ -249,8 +249,10 @@ lk_status lk_diag_shape_gguf(const char *path, lk_diag_shape *s, char *err, size
         return lk_fail(err, errlen, LK_ERR_FORMAT,
                        "%s: the metadata lacks the model's dimensions (embedding %lld, blocks %lld, heads %lld, FFN %lld)",
                        path, (long long)embd, (long long)blocks, (long long)heads, (long long)ff);
-    snprintf(s->arch, sizeof s->arch, "%s", arch[0] ? arch : "?");
-    snprintf(s->name, sizeof s->name, "%s", name[0] ? name : arch);
+    /* the file's text, printed by plan: its escapes written as \xNN */
+    const char *shown = name[0] ? name : arch;
+    lk_str_sanitize(s->arch, sizeof s->arch, arch[0] ? arch : "?", arch[0] ? strlen(arch) : 1);
+    lk_str_sanitize(s->name, sizeof s->name, shown, strlen(shown));
     s->n_embd = embd, s->n_layer = blocks, s->n_head = heads, s->n_head_kv = heads_kv > 0 ? heads_kv : heads;
     s->head_dim = key_len > 0 ? key_len : embd / heads;
     s->n_ff = ff, s->n_vocab = vocab, s->n_ctx_train = ctx_len, s->n_expert = n_exp, s->n_expert_used = n_exp_used;
