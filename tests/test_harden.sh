@@ -120,4 +120,9 @@ else
     else no worker_ctx_prompt "took $(awk -v a="$t0" -v b="$t1" 'BEGIN{print b-a}') s"; fi
     # the worker is still there and serves the next head
     expect worker_after_refusal 0 timeout 60 "$L" run -m "$M" -p "Once upon a time" -n 4 --temp 0 --workers "127.0.0.1:$port" --key-file "$T/key"
+    # a --local 2 cluster shares one machine: the head counts the whole KV
+    # against the memory it may get, RLIMIT_AS (or a cgroup limit) included,
+    # not MemAvailable alone, and refuses before a rank allocates
+    expect local_ctx_refused 1 timeout 60 bash -c "ulimit -v 1500000; exec '$L' run -m '$M' -p hi -n 2 --local 2 -c 4000000"
+    has local_ctx_msg "$T/err" '--ctx 4000000 needs [0-9.]+ GiB \(KV cache 4000000 positions .* but [0-9.]+ GiB of memory is available'
 fi
