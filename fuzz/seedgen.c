@@ -331,11 +331,33 @@ static void step_seeds(void) {
     put("step", "end", seed.b, seed.n);
 }
 
+/* ---- programs for fuzz_step_ops (its input is choices, see there) --------------- */
+
+static void step_ops_seeds(void) {
+    /* message 1: PARAMS for slot 0 (typical settings), an item prefilling 4
+     * tokens of slot 0 and sampling; message 2: one decode token at 4 */
+    static const uint8_t prog[] = {
+        1, 1,                                    /* 1 op, 1 item */
+        0, 6, 0, 0, 0,                           /* PARAMS, seq 0, a 0, b 0 */
+        0x46, 2, 0x46, 0x46, 0x46, 0, 0, 2,      /* temp, top_k 39, top_p, min_p, repeat, freq, presence, last_n 63 */
+        1, 0, 0, 0, 7, 0, 0, 0,                  /* seed */
+        6, 0, 0, 2, 1,                           /* item: seq 0, pos0 0, n 4, sample */
+        0,                                       /* the token total the items give */
+        6, 1, 6, 50, 6, 60, 6, 70,               /* 4 tokens */
+        0,                                       /* not the end */
+        0, 1,                                    /* message 2: 0 ops, 1 item */
+        6, 0, 6, 4, 6, 1, 1,                     /* seq 0, pos0 4, n 1, sample */
+        0, 6, 100, 0,
+    };
+    put("step_ops", "prefill-decode", prog, sizeof prog);
+    put("step_ops", "empty", prog, 1);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) { fprintf(stderr, "usage: seedgen OUTDIR [TESTDATA...]\n"); return 2; }
     lk_log_set_level(LK_LOG_ERROR);
     g_out = argv[1];
-    mkdirs("gguf"); mkdirs("chat_template"); mkdirs("wire"); mkdirs("handshake"); mkdirs("step");
+    mkdirs("gguf"); mkdirs("chat_template"); mkdirs("wire"); mkdirs("handshake"); mkdirs("step"); mkdirs("step_ops");
     const char *dflt[2] = {"testdata", getenv("LK_TESTDATA") && *getenv("LK_TESTDATA") ? getenv("LK_TESTDATA") : "../shared/testdata"};
     const char **tds = argc > 2 ? (const char **)argv + 2 : dflt;
     int ntd = argc > 2 ? argc - 2 : 2;
@@ -364,6 +386,7 @@ int main(int argc, char **argv) {
     wire_seeds();
     hs_seeds();
     step_seeds();
+    step_ops_seeds();
     printf("seedgen: %d seeds in %s\n", g_count, g_out);
     return 0;
 }
