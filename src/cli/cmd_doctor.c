@@ -34,7 +34,7 @@ static void print_json(const lk_doctor_report *r) {
         json_object_set_new(j, "protocol", json_integer(n->version));
         json_object_set_new(j, "cpu", json_string(n->cpu));
         json_object_set_new(j, "simd", json_string(n->simd));
-        json_object_set_new(j, "cores", n->cores > 0 ? json_integer(n->cores) : json_null());
+        json_object_set_new(j, "cpus", n->cores > 0 ? json_integer(n->cores) : json_null());
         json_object_set_new(j, "threads", n->threads > 0 ? json_integer(n->threads) : json_null());
         json_object_set_new(j, "mem_avail_gb", num_or_null(n->mem_avail_gb));
         json_object_set_new(j, "clock_offset_us", isfinite(n->clock_offset_us) ? json_real(n->clock_offset_us) : json_null());
@@ -68,6 +68,7 @@ static void print_json(const lk_doctor_report *r) {
     if (r->have_model) {
         json_object_set_new(o, "allreduces_per_token", json_integer(r->n_allreduce));
         json_object_set_new(o, "predicted_tok_s", json_real(r->est.decode_tok_s));
+        json_object_set_new(o, "calibrated_gbs", num_or_null(r->calibrated_gbs > 0 ? r->calibrated_gbs : -1));
         json_t *b = json_object();
         json_object_set_new(b, "tp", json_integer(r->best.tp));
         json_object_set_new(b, "pp", json_integer(r->best.pp));
@@ -94,7 +95,7 @@ static void print_text(const lk_doctor_report *r) {
         printf("  %d  %-22s ", i, n->addr);
         if (!n->reachable) { printf("not reached\n"); continue; }
         printf("%s, build %s", n->cpu[0] ? n->cpu : "cpu ?", n->build[0] ? n->build : "?");
-        if (n->cores > 0) printf(", %d cores, %d threads/rank, %.2f GB free", n->cores, n->threads, n->mem_avail_gb);
+        if (n->cores > 0) printf(", %d CPUs, %d threads/rank, %.2f GB free", n->cores, n->threads, n->mem_avail_gb);
         if (i > 0 && n->transport[0])
             printf("\n     link: %s, %.1f us one-way (p99 %.1f), %.2f Gbit/s", n->transport, n->lat_us, n->lat_p99_us, n->gbps);
         printf("\n");
@@ -110,6 +111,7 @@ static void print_text(const lk_doctor_report *r) {
     printf("\nverdict: %s\n", r->verdict);
     if (r->have_model) {
         printf("plan: this layout (tp %d x pp %d) predicted %.2f tok/s", r->est.tp, r->est.pp, r->est.decode_tok_s);
+        if (r->calibrated_gbs > 0) printf(" (weights read at the %.1f GB/s per rank the decode steps reached)", r->calibrated_gbs);
         if (r->decoded) printf(", measured %.2f tok/s", r->tok_s);
         printf("\nplan recommends: --tp %d --pp %d: %.2f tok/s predicted (%s)\n", r->best.tp, r->best.pp,
                r->best.decode_tok_s, r->best.reason);

@@ -200,7 +200,7 @@ typedef struct {
     bool   reachable;
     char   build[64], cpu[160], simd[16];
     uint32_t version;
-    int    cores;             /* -1: not reported (a remote worker) */
+    int    cores;             /* CPUs it may run on; -1: not reported (a remote worker) */
     int    threads;           /* per rank on this node */
     double mem_avail_gb;      /* -1: not reported */
     double clock_offset_us;   /* NAN: not measured */
@@ -223,6 +223,7 @@ typedef struct {
     double step_ms, comm_ms;             /* median decode step, and its communication wait */
     double tok_s;
     int    n_allreduce;                  /* per token (plan's count for the layout) */
+    double calibrated_gbs;               /* the weight read rate decode reached per rank (0: not measured) */
     lk_diag_est est;                     /* plan's estimate for the measured layout */
     lk_diag_est best;                    /* plan's best layout over these nodes */
     char   verdict[400];

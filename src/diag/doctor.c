@@ -105,6 +105,18 @@ static void node_self(const lk_doctor_cfg *cfg, int ranks_here, lk_doctor_report
     check(r, 0, "memory bw", r->membw_gbs > 0 ? LK_DOC_PASS : LK_DOC_WARN,
           "%.1f GB/s with %d threads, %.1f GB/s with one rank's %d (%s reads of %zu MiB)", r->membw_gbs, n->cores,
           r->rank_membw_gbs, n->threads, lk_membw_simd_name(), bytes >> 20);
+    /* energy: a RAPL package counter or a hwmon power sensor someone can read */
+    const char *energy = NULL;
+    static const char *cands[] = {"/sys/class/powercap/intel-rapl:0/energy_uj", "/sys/class/powercap/amd-rapl:0/energy_uj",
+                                  "/sys/class/hwmon/hwmon0/power1_average", "/sys/class/hwmon/hwmon0/power1_input",
+                                  "/sys/class/hwmon/hwmon1/power1_average", "/sys/class/hwmon/hwmon1/power1_input"};
+    for (size_t i = 0; i < sizeof cands / sizeof cands[0] && !energy; i++)
+        if (access(cands[i], R_OK) == 0) energy = cands[i];
+    if (energy) check(r, 0, "energy", LK_DOC_PASS, "power readable at %s", energy);
+    else
+        check(r, 0, "energy", LK_DOC_SKIP,
+              "unavailable: no readable RAPL counter (/sys/class/powercap) or hwmon power sensor (/sys/class/hwmon): "
+              "joules per token cannot be measured on this node");
 }
 
 /* ---- 2. workers: reach and agree ----------------------------------------------- */
@@ -279,10 +291,23 @@ static int spawn_local(int n, int threads, const uint8_t *key, pid_t *pids, char
 
 /* ---- 6. the verdict ------------------------------------------------------------------ */
 
-static void verdict(const lk_doctor_cfg *cfg, const lk_diag_hw *hw, lk_doctor_report *r) {
+static void verdict(const lk_doctor_cfg *cfg, const lk_diag_hw *hw0, lk_doctor_report *r) {
     int ranks = r->n_nodes;
     lk_diag_run run = {.seqs = 8, .ctx = cfg->ctx > 0 ? cfg->ctx : 256, .prompt = 128, .n_batch = 512};
+    lk_diag_hw hwc = *hw0, *hw = &hwc;
     lk_diag_estimate(&r->shape, hw, &run, r->tp, r->pp, &r->est);
+    /* The probe streams DRAM; a model that lives in cache, or kernels that
+     * reach less than the probe, read at another rate. With real decode
+     * steps measured, the rate is the one they reached: the weights a rank
+     * read over the compute part of the step (the network wait taken out). */
+    double comp_s = r->decoded ? (r->step_ms - r->comm_ms) / 1e3 : 0;
+    if (comp_s > 0 && r->est.weight_gb_rank > 0) {
+        double bw = r->est.weight_gb_rank / comp_s;
+        if (hw->local) hw->rank_mem_bw_gbs = bw, hw->mem_bw_gbs = bw * ranks;
+        else hw->mem_bw_gbs = bw;
+        r->calibrated_gbs = bw;
+        lk_diag_estimate(&r->shape, hw, &run, r->tp, r->pp, &r->est);
+    }
     r->n_allreduce = r->est.n_allreduce;
     /* plan's best layout over these nodes (ties to fewer nodes) */
     bool have = false;
@@ -309,6 +334,11 @@ static void verdict(const lk_doctor_cfg *cfg, const lk_diag_hw *hw, lk_doctor_re
                  "decode is bound by compute: %.2f ms/token (%s); the links add %d all-reduces x %.0f us = %.2f ms",
                  comp_ms, src, r->n_allreduce, r->ar_us > 0 ? r->ar_us : r->est.allreduce_us, lat_ms);
     }
+    /* plan's best layout uses fewer nodes and is markedly faster: say so */
+    if (r->best.tp * r->best.pp < ranks && r->best.decode_tok_s > 1.1 * r->est.decode_tok_s)
+        check(r, -1, "layout", LK_DOC_WARN,
+              "fewer nodes would be faster: plan ranks --tp %d --pp %d first at %.2f tok/s against %.2f for tp %d x pp %d "
+              "(%s)", r->best.tp, r->best.pp, r->best.decode_tok_s, r->est.decode_tok_s, r->tp, r->pp, r->est.reason);
     /* Waiting far beyond what the all-reduces themselves take is ranks
      * waiting for each other, not the network. */
     if (r->decoded && ranks > 1 && r->comm_ms > 2 * lat_ms + 0.05) {
