@@ -8,6 +8,8 @@
 #include "engine/engine.h"
 #include "gguf/gguf.h"
 
+#include <jansson.h>
+
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -304,6 +306,62 @@ TEST(non_finite_logits_named) {
     unlink(path);
 }
 
+/* Logprobs over the whole vocabulary with few candidates: a slot given an
+ * explicit candidate count gets the log-sum-exp of every rank's rows, so
+ * vals - lse are log-probabilities. Checked against llama.cpp's final
+ * logits of the reference prompt (all 512), with 8 candidates per rank (so
+ * normalising over the candidates alone would be far off), one node and
+ * tp 2 / pp 2 clusters; a slot without an explicit count gets NaN. */
+static void lse_case(int local, int tp, int pp, const json_t *c) {
+    char err[LK_ERRLEN];
+    lk_engine *e = open_engine("models/stories260K.gguf", local, tp, pp, 2, 0, err);
+    CHECKF(e != NULL, "%s", err);
+    if (!e) return;
+    lk_sampler_params sp;
+    lk_sampler_params_default(&sp);
+    sp.temp = 0;
+    CHECK(lk_engine_seq_params(e, 0, &sp, 8, err, LK_ERRLEN) == LK_OK);
+    CHECK(lk_engine_seq_params(e, 1, &sp, 0, err, LK_ERRLEN) == LK_OK);
+    const json_t *ptoks = json_object_get(c, "prompt_token_ids"), *fl = json_object_get(c, "final_logits");
+    int32_t toks[64];
+    int n = (int)json_array_size(ptoks);
+    for (int i = 0; i < n && i < 64; i++) toks[i] = (int32_t)json_integer_value(json_array_get(ptoks, (size_t)i));
+    double mx = -INFINITY, sum = 0;
+    for (size_t v = 0; v < json_array_size(fl); v++) mx = fmax(mx, json_number_value(json_array_get(fl, v)));
+    for (size_t v = 0; v < json_array_size(fl); v++) sum += exp(json_number_value(json_array_get(fl, v)) - mx);
+    const double want = mx + log(sum);
+    lk_engine_item it[2] = {{.seq = 0, .n = n, .tokens = toks, .sample = true}, {.seq = 1, .n = n, .tokens = toks, .sample = true}};
+    int32_t next[2];
+    lk_status st = lk_engine_batch(e, it, 2, next, err, LK_ERRLEN);
+    CHECKF(st == LK_OK, "%s", err);
+    if (!st) {
+        const int32_t *ids;
+        const float *vals;
+        int k = lk_engine_candidates(e, 0, &ids, &vals);
+        double lse = lk_engine_candidates_lse(e, 0);
+        CHECKF(k == 8 && fabs(lse - want) < 2e-3, "local %d tp %d pp %d: %d candidates, lse %.5f, llama.cpp's %.5f",
+               local, tp, pp, k, lse, want);
+        for (int j = 0; j < k; j++) {
+            double ref = json_number_value(json_array_get(fl, (size_t)ids[j])) - want;
+            CHECKF(fabs((vals[j] - lse) - ref) < 2e-3, "token %d: logprob %.5f, llama.cpp's %.5f", ids[j], vals[j] - lse, ref);
+        }
+        CHECKF(isnan(lk_engine_candidates_lse(e, 1)), "a slot without explicit candidates got lse %g", lk_engine_candidates_lse(e, 1));
+    }
+    lk_engine_close(e);
+}
+
+TEST(logprobs_whole_vocabulary) {
+    json_error_t je;
+    json_t *ref = json_load_file(lk_td("reference/stories260K.json"), JSON_ALLOW_NUL, &je);
+    CHECKF(ref != NULL, "reference: %s", je.text);
+    if (!ref) return;
+    const json_t *c = json_array_get(json_object_get(ref, "cases"), 0);
+    lse_case(0, 0, 0, c);
+    lse_case(2, 2, 1, c);
+    lse_case(2, 1, 2, c);
+    json_decref(ref);
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     /* The AVX-512 kernels are not batch invariant yet (decode, 2-4 token
@@ -324,5 +382,6 @@ int main(void) {
     RUN(bad_steps_refused);
     RUN(no_allocation_per_step);
     RUN(non_finite_logits_named);
+    RUN(logprobs_whole_vocabulary);
     return lk_test_end();
 }

@@ -65,7 +65,8 @@ typedef enum {
     LK_MSG_VERDICT = 4,  /* u8 ok, reason string */
     LK_MSG_ERROR   = 5,  /* reason string; readable across versions */
     /* control, after the handshake (head <-> worker) */
-    LK_MSG_PING    = 16, /* u64 nonce: heartbeat */
+    LK_MSG_PING    = 16, /* u64 nonce: heartbeat; a worker's adds u32 compute us, u32 network us (its
+                          * steps' totals modulo 2^32) */
     LK_MSG_PONG    = 17, /* u64 nonce */
     LK_MSG_LOAD    = 18, /* model path + identity + slice + mesh layout */
     LK_MSG_LOADED  = 19, /* u8 ok, reason */
@@ -365,6 +366,10 @@ const char *lk_cluster_explain(lk_cluster *c, const char *detail);
 /* What went wrong, naming the worker (host, rank), and the layer and
  * operation when a collective failed. */
 const char *lk_cluster_error(const lk_cluster *c);
+/* Worker rank (>= 1): its steps' compute and network-wait seconds so far,
+ * as its heartbeats report them (up to 250 ms behind). false for rank 0
+ * (the caller times its own steps) or a rank out of range. */
+bool lk_cluster_rank_times(lk_cluster *c, int rank, double *compute_s, double *comm_s);
 /* The process id of a worker started by --local (0 otherwise): for tests
  * and messages. */
 int lk_cluster_local_pid(const lk_cluster *c, int rank);

@@ -32,6 +32,8 @@ typedef struct {
     _Atomic uint64_t last_seen;  /* lk_time_ns of the last frame from it */
     bool      idle;              /* set-up: answered, sends only heartbeats until MESH */
     atomic_int dead;
+    uint32_t  ping_us[2];        /* the last PING's step totals (compute, comm), us modulo 2^32 */
+    _Atomic uint64_t step_us[2]; /* their sums: the worker's compute and network seconds (x 1e6) */
 } wconn;
 
 struct lk_cluster {
@@ -53,6 +55,17 @@ struct lk_cluster {
     char      err[2 * LK_ERRLEN + 8];
     uint8_t   key[LK_KEY_BYTES];
 };
+
+/* A worker's PING carries its steps' compute and network time so far, in
+ * us modulo 2^32 (cluster.h): add what passed since the last one. */
+static void note_step_times(wconn *w, const uint8_t *p) {
+    for (int k = 0; k < 2; k++) {
+        uint32_t v = (uint32_t)p[4 * k] | (uint32_t)p[4 * k + 1] << 8 | (uint32_t)p[4 * k + 2] << 16 |
+                     (uint32_t)p[4 * k + 3] << 24;
+        atomic_fetch_add(&w->step_us[k], (uint32_t)(v - w->ping_us[k]));
+        w->ping_us[k] = v;
+    }
+}
 
 /* ---- failure bookkeeping ---------------------------------------------------------- */
 
@@ -149,6 +162,7 @@ static void *monitor_main(void *p) {
                 declare_dead(c, r, why, true);
             } else if (h.type == LK_MSG_PING) {
                 atomic_store(&c->w[r].last_seen, now);
+                if (h.len >= 16) note_step_times(&c->w[r], buf + 8);
             } else {
                 snprintf(why, sizeof why, "worker rank %d (%s) sent an unexpected %s", r, c->w[r].addr,
                          lk_msg_name(h.type));
@@ -272,6 +286,11 @@ static lk_status spawn_local(lk_cluster *c, int r, int threads, char *err, size_
     }
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
+        /* Ctrl-C, or a SIGTERM to the whole group (kill %1, systemd), is
+         * the head's to act on: it ends the session cleanly and we follow;
+         * dying first would make it report a lost worker on the way out */
+        signal(SIGINT, SIG_IGN);
+        signal(SIGTERM, SIG_IGN);
         /* the head already reports the session; a local worker speaks up
          * only for warnings and errors (unless -v asked for debug) */
         if (lk_log_level() == LK_LOG_INFO) lk_log_set_level(LK_LOG_WARN);
@@ -702,6 +721,13 @@ void lk_cluster_close(lk_cluster *c) {
     for (int r = 0; r < LK_MAX_RANKS; r++) pthread_mutex_destroy(&c->w[r].mu);
     pthread_mutex_destroy(&c->err_mu);
     free(c);
+}
+
+bool lk_cluster_rank_times(lk_cluster *c, int rank, double *compute_s, double *comm_s) {
+    if (rank < 1 || rank >= c->n) return false;
+    *compute_s = (double)atomic_load(&c->w[rank].step_us[0]) / 1e6;
+    *comm_s = (double)atomic_load(&c->w[rank].step_us[1]) / 1e6;
+    return true;
 }
 
 int lk_cluster_n_ranks(const lk_cluster *c) { return c->n; }

@@ -100,6 +100,7 @@ typedef struct {
     lk_step *step;          /* the rank step, once the mesh is built */
     lk_step_msg msg;        /* the step being run */
     atomic_int stepping;    /* the session thread runs steps: the heartbeat thread owns the control link */
+    _Atomic uint64_t compute_ns, comm_ns; /* the steps' time so far, told to the head with each PING */
     bool bench;             /* a netbench session: mesh only, no model */
     bool want_file;         /* asked the head for our slices */
     bool xfer_failed;       /* refused them midway: drop DATA until the head gives up */
@@ -212,10 +213,14 @@ static void *heartbeat_main(void *p) {
         uint64_t now = lk_time_ns();
         if (now >= next_ping) {
             next_ping = now + 250000000ull;
-            uint8_t b[8];
+            /* nonce, then the step time totals in us modulo 2^32 (the head
+             * adds up the differences: one wrap per 71 minutes is fine) */
+            uint8_t b[16];
+            uint32_t cu = (uint32_t)(atomic_load(&s->compute_ns) / 1000), mu = (uint32_t)(atomic_load(&s->comm_ns) / 1000);
             for (int i = 0; i < 8; i++) b[i] = (uint8_t)(k >> (8 * i));
+            for (int i = 0; i < 4; i++) b[8 + i] = (uint8_t)(cu >> (8 * i)), b[12 + i] = (uint8_t)(mu >> (8 * i));
             k++;
-            if (send_locked(s, LK_MSG_PING, b, 8, err, sizeof err)) {
+            if (send_locked(s, LK_MSG_PING, b, 16, err, sizeof err)) {
                 cut_mesh(s); /* the session thread notices the dead connection too */
                 break;
             }
@@ -997,7 +1002,13 @@ static void step_loop(session *s) {
             s->hb_joined = true;
             return;
         }
-        if (!st) st = lk_step_run(s->step, &s->msg, false, err, sizeof err);
+        if (!st) {
+            uint64_t t0 = lk_time_ns();
+            st = lk_step_run(s->step, &s->msg, false, err, sizeof err);
+            uint64_t run = lk_time_ns() - t0, comm = (uint64_t)(lk_step_take_comm_s(s->step) * 1e9);
+            atomic_fetch_add(&s->comm_ns, comm);
+            atomic_fetch_add(&s->compute_ns, run > comm ? run - comm : 0);
+        }
         if (st) {
             lk_log(LK_LOG_WARN, "worker: step for %s failed: %s", s->head, err);
             pthread_mutex_lock(&s->send_mu);

@@ -7,6 +7,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -173,6 +174,9 @@ int lk_engine_n_ranks(const lk_engine *e) { return e->c ? lk_cluster_n_ranks(e->
 int lk_engine_threads(const lk_engine *e) { return lk_model_threads(e->m); }
 uint64_t lk_engine_weight_bytes(const lk_engine *e) { return lk_model_weight_bytes(e->m); }
 void lk_engine_last_timing(const lk_engine *e, double *c, double *m) { *c = e->t_compute; *m = e->t_comm; }
+bool lk_engine_rank_times(lk_engine *e, int rank, double *c, double *m) {
+    return e->c && lk_cluster_rank_times(e->c, rank, c, m);
+}
 
 int lk_engine_max_seqs(const lk_engine *e) { return lk_model_max_seqs(e->m); }
 int lk_engine_n_batch(const lk_engine *e) { return lk_model_n_batch(e->m); }
@@ -343,6 +347,11 @@ lk_status lk_engine_collect(lk_engine *e, int32_t *next, char *err, size_t errle
 int lk_engine_candidates(const lk_engine *e, int item, const int32_t **ids, const float **vals) {
     if (item < 0 || item >= e->last_n_items || e->last_res[item] < 0) return 0;
     return lk_step_result(e->st, e->last_res[item], NULL, ids, vals);
+}
+
+float lk_engine_candidates_lse(const lk_engine *e, int item) {
+    if (item < 0 || item >= e->last_n_items || e->last_res[item] < 0) return NAN;
+    return lk_step_result_lse(e->st, e->last_res[item]);
 }
 
 lk_status lk_engine_batch(lk_engine *e, const lk_engine_item *items, int n_items, int32_t *next, char *err,

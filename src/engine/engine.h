@@ -115,6 +115,9 @@ lk_status lk_engine_submit(lk_engine *e, const lk_engine_item *items, int n_item
  * merged candidates (best first) until the next collect. */
 lk_status lk_engine_collect(lk_engine *e, int32_t *next, char *err, size_t errlen);
 int       lk_engine_candidates(const lk_engine *e, int item, const int32_t **ids, const float **vals);
+/* Log-sum-exp over the whole vocabulary of item i's values (vals[j] - it is
+ * a log-probability), for a slot given an explicit n_cand; NaN otherwise. */
+float     lk_engine_candidates_lse(const lk_engine *e, int item);
 /* submit + collect. */
 lk_status lk_engine_batch(lk_engine *e, const lk_engine_item *items, int n_items, int32_t *next, char *err,
                           size_t errlen);
@@ -130,5 +133,9 @@ lk_status lk_engine_step(lk_engine *e, const int32_t *tokens, int n, int pos0, l
 
 /* Time split of the last collected step (seconds): compute and communication. */
 void lk_engine_last_timing(const lk_engine *e, double *compute_s, double *comm_s);
+/* A worker rank's (>= 1) compute and network seconds since the engine
+ * opened, as its heartbeats tell them (up to 250 ms behind); false for
+ * rank 0 (the sum of lk_engine_last_timing is its own) or out of range. */
+bool lk_engine_rank_times(lk_engine *e, int rank, double *compute_s, double *comm_s);
 
 #endif

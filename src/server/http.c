@@ -787,17 +787,24 @@ static enum MHD_Result metrics(struct MHD_Connection *c, lk_server *s) {
                    "# HELP lockstep_kv_pages_used KV cache pages in use (kept prefixes included).\n# TYPE lockstep_kv_pages_used gauge\n"
                    "lockstep_kv_pages_used %lld\n"
                    "# HELP lockstep_kv_pages_free KV cache pages free.\n# TYPE lockstep_kv_pages_free gauge\nlockstep_kv_pages_free %lld\n"
-                   "# HELP lockstep_rank_compute_seconds_total Compute time of the engine's steps, per rank (the head's view).\n"
-                   "# TYPE lockstep_rank_compute_seconds_total counter\nlockstep_rank_compute_seconds_total{rank=\"0\"} %.6f\n"
-                   "# HELP lockstep_rank_comm_seconds_total Time waiting on the network in the engine's steps, per rank.\n"
-                   "# TYPE lockstep_rank_comm_seconds_total counter\nlockstep_rank_comm_seconds_total{rank=\"0\"} %.6f\n"
                    "# HELP lockstep_steps_total Engine steps.\n# TYPE lockstep_steps_total counter\nlockstep_steps_total %llu\n"
                    "# HELP lockstep_engine_failures_total Times the engine failed (a rank lost).\n"
                    "# TYPE lockstep_engine_failures_total counter\nlockstep_engine_failures_total %llu\n"
                    "# HELP lockstep_ready 1 when serving, 0 when loading or degraded.\n# TYPE lockstep_ready gauge\nlockstep_ready %d\n",
                    s->waiting + s->n_inbox, s->running, (long long)(s->pages_total - s->pages_free), (long long)s->pages_free,
-                   s->compute_s, s->comm_s, (unsigned long long)s->steps, (unsigned long long)s->engine_failures,
+                   (unsigned long long)s->steps, (unsigned long long)s->engine_failures,
                    s->state == SRV_READY);
+    /* per rank: rank 0 times its own steps, workers tell theirs with each heartbeat */
+    static const char *const rank_metric[2][2] = {
+        {"lockstep_rank_compute_seconds_total", "Compute time of the engine's steps, per rank (workers: up to 250 ms behind)."},
+        {"lockstep_rank_comm_seconds_total", "Time waiting on the network (collectives, hand-offs) in the engine's steps, per rank."},
+    };
+    for (int k = 0; k < 2; k++) {
+        srv_buf_printf(&b, "# HELP %s %s\n# TYPE %s counter\n%s{rank=\"0\"} %.6f\n", rank_metric[k][0], rank_metric[k][1],
+                       rank_metric[k][0], rank_metric[k][0], k ? s->comm_s : s->compute_s);
+        for (int r = 1; r < s->n_ranks; r++)
+            srv_buf_printf(&b, "%s{rank=\"%d\"} %.6f\n", rank_metric[k][0], r, s->rank_s[r][k]);
+    }
     pthread_mutex_unlock(&s->mu);
     return send_text(c, s, 200, "text/plain; version=0.0.4", b.p, b.n);
 }

@@ -156,11 +156,9 @@ static bool on_token(void *user, lk_request *lr, int32_t tok, const char *piece,
         e.id = tok;
         e.lp = -INFINITY;
         if (k > 0) {
-            /* log-softmax over the candidates (every rank's best, merged): exact
-             * when they cover the vocabulary, else a bound from above */
-            double mx = vals[0], sum = 0;
-            for (int i = 0; i < k; i++) sum += exp((double)vals[i] - mx);
-            double lse = mx + log(sum);
+            /* log-softmax over the whole vocabulary: every rank adds its
+             * rows' log-sum-exp to its candidates (the engine combines them) */
+            double lse = lk_request_candidates_lse(lr);
             for (int i = 0; i < k; i++)
                 if (ids[i] == tok) e.lp = (float)(vals[i] - lse);
             e.n_top = LK_MIN(r->top_lp, k);
@@ -267,8 +265,24 @@ static lk_status engine_up(lk_server *s, char *err, size_t errlen) {
     s->n_ctx = lk_engine_n_ctx(s->e);
     s->pages_total = lk_engine_pages_total(s->e);
     s->pages_free = lk_engine_pages_free(s->e);
+    s->n_ranks = LK_MIN(lk_engine_n_ranks(s->e), SRV_MAX_RANKS);
+    memset(s->rank_raw, 0, sizeof s->rank_raw); /* a new engine's workers count from 0 */
     pthread_mutex_unlock(&s->mu);
     return LK_OK;
+}
+
+/* Adds what each worker rank computed and waited since the last look (its
+ * heartbeats tell the engine), so the counters stay monotonic across
+ * reopened engines. Under s->mu. */
+static void note_rank_times(lk_server *s) {
+    for (int r = 1; r < s->n_ranks; r++) {
+        double t[2];
+        if (!lk_engine_rank_times(s->e, r, &t[0], &t[1])) continue;
+        for (int k = 0; k < 2; k++) {
+            s->rank_s[r][k] += t[k] >= s->rank_raw[r][k] ? t[k] - s->rank_raw[r][k] : t[k];
+            s->rank_raw[r][k] = t[k];
+        }
+    }
 }
 
 static void engine_down(lk_server *s) {
@@ -438,6 +452,7 @@ static void *sched_main(void *arg) {
             s->steps++;
             s->compute_s += compute;
             s->comm_s += comm;
+            note_rank_times(s);
             if (!st) {
                 s->running = lk_session_running(s->ses);
                 s->waiting = lk_session_waiting(s->ses);
@@ -490,6 +505,10 @@ static void *sched_main(void *arg) {
     }
     s->inbox = s->inbox_tail = NULL;
     pthread_mutex_unlock(&s->mu);
+    /* the engine ends on the thread that opened it: its --local workers die
+     * with that thread (PR_SET_PDEATHSIG), so closing it after this thread
+     * ended found them killed and reported a lost worker on every stop */
+    engine_down(s);
     return NULL;
 }
 

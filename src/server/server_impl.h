@@ -20,6 +20,7 @@ void srv_buf_printf(srv_buf *b, const char *fmt, ...) __attribute__((format(prin
 
 /* One generated token's log-probabilities (logprobs requests). */
 #define SRV_MAX_TOP 20
+#define SRV_MAX_RANKS 64   /* ranks whose times /metrics shows (a cluster has at most 64) */
 typedef struct {
     size_t  a, b;                 /* its text: text[a, b) */
     int32_t id;
@@ -122,7 +123,10 @@ struct lk_server {
     uint64_t             ttft_n, itl_n;
     int                  running, waiting;
     int64_t              pages_total, pages_free;
-    double               compute_s, comm_s;
+    double               compute_s, comm_s;  /* rank 0's steps */
+    int                  n_ranks;
+    double               rank_s[SRV_MAX_RANKS][2];   /* workers' compute, network seconds (all engines) */
+    double               rank_raw[SRV_MAX_RANKS][2]; /* the current engine's totals last read */
     uint64_t             steps, engine_failures, reopens;
     double               t_start;
 };

@@ -17,6 +17,7 @@
  * sampled token is never fed. */
 #include "session/session.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -325,6 +326,11 @@ int lk_request_candidates(const lk_request *r, const int32_t **ids, const float 
     const lk_session *s = r->s;
     if (s->cb_item < 0 || !r->in_cb) return 0;
     return lk_engine_candidates(s->e, s->cb_item, ids, vals);
+}
+float lk_request_candidates_lse(const lk_request *r) {
+    const lk_session *s = r->s;
+    if (s->cb_item < 0 || !r->in_cb) return NAN;
+    return lk_engine_candidates_lse(s->e, s->cb_item);
 }
 void *lk_request_user(const lk_request *r) { return r->user; }
 

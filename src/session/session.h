@@ -132,6 +132,8 @@ lk_finish lk_request_finish(const lk_request *r);
  * after the penalties, before temperature); returns their count (0 outside
  * such a callback). Request n_cand to get more than the sampler needs. */
 int       lk_request_candidates(const lk_request *r, const int32_t **ids, const float **vals);
+/* ... and their log-sum-exp over the whole vocabulary (NaN when n_cand is 0). */
+float     lk_request_candidates_lse(const lk_request *r);
 void     *lk_request_user(const lk_request *r);
 
 /* ---- conversations: chat messages rendered into prompt tokens ----------------

@@ -1,6 +1,7 @@
 /* The rank step (step.h). */
 #include "step/step.h"
 #include "parallel/trace.h"
+#include "kernels/kernels.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -15,6 +16,7 @@ enum { LOGIT_ROWS = 16 };
 typedef struct {
     int n_out;          /* sampling items */
     int32_t *seq, *k;   /* (max items) their slots and candidate counts */
+    uint8_t *lse;       /* (max items) 1: a log-sum-exp pair follows the candidates */
     int64_t total_k;
     bool got;           /* its candidates are in `all` already (pp > 1) */
 } flight;
@@ -30,6 +32,7 @@ struct lk_step {
     /* per slot */
     lk_sampler **smp;   /* (max_seqs) NULL until PARAMS */
     int32_t *ncand;     /* (max_seqs) */
+    uint8_t *lse_on;    /* (max_seqs) 1: the slot's candidates end with the slice's log-sum-exp */
     int32_t *hist;      /* (max_seqs, n_ctx) the ids each slot holds */
     int32_t *hlen;      /* (max_seqs) */
     /* per step */
@@ -38,11 +41,12 @@ struct lk_step {
     lk_batch_item *bi;  /* (max items) */
     int32_t *ids;       /* (LK_STEP_MAX_CAND) one row's top-k */
     float *vals;
-    uint8_t *pairs;     /* (max items * LK_STEP_MAX_CAND * 8) this rank's candidates */
+    uint8_t *pairs;     /* (max items * (LK_STEP_MAX_CAND + 1) * 8) this rank's candidates */
     uint8_t *all;       /* rank 0: (tp, same) everyone's */
     int32_t *res_ids;   /* rank 0: (max items, LK_STEP_MAX_CAND) merged */
     float *res_vals;
     int32_t *res_n, *res_seq;
+    float *res_lse;     /* rank 0: (max items) log-sum-exp over the whole vocabulary, or NaN */
     int n_res;
     flight fl[LK_STEP_MAX_DEPTH];
     int fl_head, fl_n, depth;
@@ -200,6 +204,7 @@ lk_status lk_step_create(const lk_step_params *p, lk_step **out, char *err, size
     const int max_items = LK_MIN(s->max_seqs, s->n_batch);
     s->smp = lk_xcalloc((size_t)s->max_seqs, sizeof(lk_sampler *));
     s->ncand = lk_xcalloc((size_t)s->max_seqs, sizeof(int32_t));
+    s->lse_on = lk_xcalloc((size_t)s->max_seqs, 1);
     s->hist = lk_xmalloc(sizeof(int32_t) * (size_t)s->max_seqs * s->n_ctx);
     s->hlen = lk_xcalloc((size_t)s->max_seqs, sizeof(int32_t));
     s->logits = lk_xmalloc_aligned(sizeof(float) * LOGIT_ROWS * (size_t)s->nvoc);
@@ -207,7 +212,7 @@ lk_status lk_step_create(const lk_step_params *p, lk_step **out, char *err, size
     s->bi = lk_xmalloc(sizeof(lk_batch_item) * (size_t)max_items);
     s->ids = lk_xmalloc(sizeof(int32_t) * LK_STEP_MAX_CAND);
     s->vals = lk_xmalloc(sizeof(float) * LK_STEP_MAX_CAND);
-    const size_t pb = (size_t)max_items * LK_STEP_MAX_CAND * 8;
+    const size_t pb = (size_t)max_items * (LK_STEP_MAX_CAND + 1) * 8;
     s->pairs = lk_xmalloc(pb);
     if (s->rank == 0) {
         s->all = lk_xmalloc(pb * (size_t)s->sl->tp_size);
@@ -215,9 +220,11 @@ lk_status lk_step_create(const lk_step_params *p, lk_step **out, char *err, size
         s->res_vals = lk_xmalloc(sizeof(float) * (size_t)max_items * LK_STEP_MAX_CAND);
         s->res_n = lk_xmalloc(sizeof(int32_t) * (size_t)max_items);
         s->res_seq = lk_xmalloc(sizeof(int32_t) * (size_t)max_items);
+        s->res_lse = lk_xmalloc(sizeof(float) * (size_t)max_items);
         for (int i = 0; i < LK_STEP_MAX_DEPTH; i++) {
             s->fl[i].seq = lk_xmalloc(sizeof(int32_t) * (size_t)max_items);
             s->fl[i].k = lk_xmalloc(sizeof(int32_t) * (size_t)max_items);
+            s->fl[i].lse = lk_xmalloc((size_t)max_items);
         }
     }
     if (s->tp) {
@@ -233,10 +240,10 @@ lk_status lk_step_create(const lk_step_params *p, lk_step **out, char *err, size
 void lk_step_free(lk_step *s) {
     if (!s) return;
     for (int i = 0; i < s->max_seqs; i++) lk_sampler_free(s->smp[i]);
-    free(s->smp); free(s->ncand); free(s->hist); free(s->hlen);
+    free(s->smp); free(s->ncand); free(s->lse_on); free(s->hist); free(s->hlen);
     free(s->logits); free(s->rows); free(s->bi); free(s->ids); free(s->vals); free(s->pairs); free(s->all);
-    free(s->res_ids); free(s->res_vals); free(s->res_n); free(s->res_seq);
-    for (int i = 0; i < LK_STEP_MAX_DEPTH; i++) { free(s->fl[i].seq); free(s->fl[i].k); }
+    free(s->res_ids); free(s->res_vals); free(s->res_n); free(s->res_seq); free(s->res_lse);
+    for (int i = 0; i < LK_STEP_MAX_DEPTH; i++) { free(s->fl[i].seq); free(s->fl[i].k); free(s->fl[i].lse); }
     lk_model_set_hooks(s->m, NULL);
     free(s);
 }
@@ -280,6 +287,7 @@ lk_status lk_step_apply(lk_step *s, const lk_step_op *op, char *err, size_t errl
         s->smp[op->seq] = n;
         int k = op->a ? op->a : lk_sampler_n_candidates(n);
         s->ncand[op->seq] = (int32_t)LK_MIN(k, LK_STEP_MAX_CAND);
+        s->lse_on[op->seq] = op->a > 0;
         rewindow(s, op->seq);
         return LK_OK;
     }
@@ -397,6 +405,16 @@ static lk_status candidates(lk_step *s, const lk_step_msg *msg, const float *x, 
                 memcpy(s->pairs + 8 * at, &id, 4);
                 memcpy(s->pairs + 8 * at + 4, &v, 4);
             }
+            if (s->lse_on[seq]) {
+                /* log-sum-exp over all this rank's rows (lg is spent now),
+                 * so rank 0 normalises over the whole vocabulary */
+                float mx = s->vals[0];
+                float v = mx + (float)log(lk_vec_exp_sum(lg, s->nvoc, mx));
+                int32_t id = -2;
+                memcpy(s->pairs + 8 * at, &id, 4);
+                memcpy(s->pairs + 8 * at + 4, &v, 4);
+                at++;
+            }
         }
     }
     *total = at;
@@ -447,7 +465,9 @@ lk_status lk_step_run(lk_step *s, const lk_step_msg *msg, bool ops_applied, char
             if (msg->items[i].sample) {
                 f->seq[f->n_out] = msg->items[i].seq;
                 f->k[f->n_out] = s->ncand[msg->items[i].seq];
-                f->total_k += f->k[f->n_out++];
+                f->lse[f->n_out] = s->lse_on[msg->items[i].seq];
+                f->total_k += f->k[f->n_out] + f->lse[f->n_out];
+                f->n_out++;
             }
         s->fl_n++;
     }
@@ -541,7 +561,7 @@ lk_status lk_step_collect(lk_step *s, char *err, size_t errlen) {
     /* merge per sampling item: nl sorted lists of k each */
     int64_t off = 0;
     for (int i = 0; i < f->n_out; i++) {
-        const int k = f->k[i];
+        const int k = f->k[i], rec = k + f->lse[i];
         int32_t *ri = s->res_ids + (size_t)i * LK_STEP_MAX_CAND;
         float *rv = s->res_vals + (size_t)i * LK_STEP_MAX_CAND;
         int at[64] = {0}, n = 0;
@@ -560,6 +580,27 @@ lk_status lk_step_collect(lk_step *s, char *err, size_t errlen) {
                                    "rank %d sent a bad candidate for slot %d: id %d (its rows %lld..%lld), value %g", base + l,
                                    f->seq[i], id, (long long)s->voc[l][0], (long long)s->voc[l][1] - 1, (double)v);
             }
+        }
+        /* the lists' log-sum-exps: at least their best value, finite; combined */
+        float lse = NAN;
+        if (f->lse[i]) {
+            double mx = -INFINITY, sum = 0;
+            float ls[64];
+            for (int l = 0; l < nl; l++) {
+                const uint8_t *pp = s->all + (size_t)l * bytes + 8 * (size_t)(off + k);
+                int32_t id, id0;
+                float v0;
+                memcpy(&id, pp, 4);
+                memcpy(&ls[l], pp + 4, 4);
+                memcpy(&id0, pp - 8 * (size_t)k, 4);
+                memcpy(&v0, pp - 8 * (size_t)k + 4, 4);
+                if (id != -2 || !isfinite(ls[l]) || (id0 >= 0 && ls[l] < v0))
+                    return lk_fail(err, errlen, LK_ERR_FORMAT, "rank %d sent a bad log-sum-exp for slot %d: id %d, value %g",
+                                   base + l, f->seq[i], id, (double)ls[l]);
+                mx = LK_MAX(mx, (double)ls[l]);
+            }
+            for (int l = 0; l < nl; l++) sum += exp((double)ls[l] - mx);
+            lse = (float)(mx + log(sum));
         }
         while (n < k) {
             int bl = -1;
@@ -583,7 +624,8 @@ lk_status lk_step_collect(lk_step *s, char *err, size_t errlen) {
         if (!n) return lk_fail(err, errlen, LK_ERR_FORMAT, "no candidates for slot %d", f->seq[i]);
         s->res_n[i] = n;
         s->res_seq[i] = f->seq[i];
-        off += k;
+        s->res_lse[i] = lse;
+        off += rec;
     }
     s->n_res = f->n_out;
     return LK_OK;
@@ -597,4 +639,9 @@ int lk_step_result(const lk_step *s, int i, int *seq, const int32_t **ids, const
     *ids = s->res_ids + (size_t)i * LK_STEP_MAX_CAND;
     *vals = s->res_vals + (size_t)i * LK_STEP_MAX_CAND;
     return s->res_n[i];
+}
+
+float lk_step_result_lse(const lk_step *s, int i) {
+    LK_ASSERT(i >= 0 && i < s->n_res);
+    return s->res_lse[i];
 }

@@ -27,7 +27,10 @@
  * Candidates: for each sampling item, in item order, k (id i32, value f32)
  * pairs, best first, ties to the lower id, padded with id -1; k is the
  * slot's candidate count, which every rank derives from the slot's
- * settings. pp = 1: gathered to rank 0 over the TP group; pp > 1: the last
+ * settings. A slot whose PARAMS named its count (a > 0: logprobs) adds one
+ * pair (id -2, log-sum-exp of the values over all the sender's vocabulary
+ * rows), so rank 0 normalises over the whole vocabulary, exactly, without
+ * gathering it. pp = 1: gathered to rank 0 over the TP group; pp > 1: the last
  * stage's ranks send theirs to rank 0 directly. Rank 0 checks every pair
  * (id inside the sender's vocabulary rows or -1 padding, finite value) and
  * names the rank otherwise.
@@ -56,7 +59,8 @@
 #define LK_STEP_MAX_DEPTH 16         /* steps in flight at most (pipeline stages) */
 
 typedef enum {
-    LK_STEP_OP_PARAMS = 1,  /* seq's sampling settings; a = candidates per rank (0: what the sampler needs) */
+    LK_STEP_OP_PARAMS = 1,  /* seq's sampling settings; a = candidates per rank (0: what the sampler needs;
+                             * > 0 adds the log-sum-exp pair) */
     LK_STEP_OP_KEEP   = 2,  /* seq keeps its first a positions */
     LK_STEP_OP_FORK   = 3,  /* seq (dst) shares the first b positions of slot a */
 } lk_step_op_kind;
@@ -123,6 +127,10 @@ int  lk_step_in_flight(const lk_step *s);      /* steps run and not collected (r
 /* After collect: the sampling items of that step, in item order. */
 int  lk_step_n_results(const lk_step *s);
 int  lk_step_result(const lk_step *s, int i, int *seq, const int32_t **ids, const float **vals);  /* returns the count */
+/* Log-sum-exp of result i's values over the whole vocabulary (every rank's
+ * rows): vals[j] - it is token ids[j]'s log-probability. NaN unless the
+ * slot's PARAMS named its candidate count. */
+float lk_step_result_lse(const lk_step *s, int i);
 lk_sampler *lk_step_sampler(lk_step *s, int seq); /* NULL before the slot's PARAMS */
 /* Seconds spent waiting on the network by the runs and collects since the
  * last call (and resets it). */

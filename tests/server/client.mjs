@@ -7,7 +7,7 @@
 // is the generated text and a newline).
 import { execFileSync } from 'node:child_process';
 import OpenAI from 'openai';
-import { parseArgs, report, step, failures, short, post, streamRaw, isErrorObj, rootOf } from './lib.mjs';
+import { parseArgs, report, step, failures, short, post, streamRaw, isErrorObj, rootOf, metrics, sleep } from './lib.mjs';
 
 const A = parseArgs();
 const URL_ = A.url, L = A.lockstep, M = A.model, tag = A.label || 'server';
@@ -280,6 +280,22 @@ await step(T('errors'), async () => {
     // the server still answers
     const ok = await client.chat.completions.create(chat);
     report(T('after_errors_ok'), ok.choices[0].message.content.length > 0 || ok.usage.completion_tokens > 0, `got ${short(ok)}`);
+});
+
+// ---- /metrics: every rank's compute and network seconds (workers' by their heartbeats) ----
+await step(T('metrics_per_rank'), async () => {
+    const ranks = Number(A.ranks || 1);
+    let m = await metrics(URL_);
+    const t0 = Date.now(); // a worker's figures are up to 250 ms behind
+    while (Date.now() - t0 < 3000 && !(m[`lockstep_rank_compute_seconds_total{rank="${ranks - 1}"}`] > 0)) {
+        await sleep(100);
+        m = await metrics(URL_);
+    }
+    for (let r = 0; r < ranks; r++) {
+        const c = m[`lockstep_rank_compute_seconds_total{rank="${r}"}`], w = m[`lockstep_rank_comm_seconds_total{rank="${r}"}`];
+        report(T(`metrics_rank${r}`), c > 0 && w >= 0 && (ranks === 1 || w > 0), `rank ${r}: compute ${c} s, network ${w} s`);
+    }
+    report(T('metrics_no_extra_rank'), m[`lockstep_rank_compute_seconds_total{rank="${ranks}"}`] === undefined, `rank ${ranks} listed`);
 });
 
 process.exit(failures() ? 1 : 0);
