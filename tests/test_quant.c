@@ -537,7 +537,7 @@ TEST(matmul_avx2_gemm_choices_bit_exact) {
         }
         for (int k = 0; k < NT; k++) /* decode: one token a call */
             lk_quant_matmul(t, n, NR, w, wrb, 1, a + (size_t)k * arb, arb, ref + k * NR, NR);
-        for (int rows = -1; rows <= 4; rows++) /* -1: GEMM off, the register tiles */
+        for (int rows = -1; rows <= 4; rows++) /* -1, 0: GEMM off, the register tiles */
             for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
                 lk_quant_gemm_avx2_force(rows, chunks[c]);
                 memset(got, 0xff, sizeof(float) * NR * NT);

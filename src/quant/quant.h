@@ -80,8 +80,9 @@ void lk_quant_matmul(lk_type wt, int64_t n, int64_t nrows, const void *w, size_t
                      float *y, size_t y_stride);
 
 /* The AVX2 prefill GEMM's tuning choices (quant_gemm_avx2.c): rows per pass
- * (1..4; -1: GEMM off, the register tiles take 2+ tokens as before it) and
- * tokens per chunk (1..64); 0 = its default. They change speed,
+ * (1..4: GEMM on; 0 or -1: off, the register tiles take 2+ tokens, the
+ * default: it measured no faster on Zen 3) and tokens per chunk (1..64; 0 =
+ * its default). They change speed,
  * never results: tests force each one and compare bits; benchmarks try
  * them. Process-wide. */
 void lk_quant_gemm_avx2_force(int rows, int chunk);

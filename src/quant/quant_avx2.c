@@ -490,8 +490,10 @@ LK_TILES_4x3(bf, BF_CALL, bf_4x1, bf_1x1)
                           size_t y_stride) {                                                    \
         lk_quant_run_tiles(&name##_set, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride); \
     }
-/* 2+ tokens: the prefill GEMM of quant_gemm_avx2.c (the same bits as these
- * tiles, each weight block decoded once per 32 tokens instead of per tile) */
+/* 2+ tokens: the prefill GEMM of quant_gemm_avx2.c when a tuning choice
+ * turns it on (the same bits as these tiles, each weight block decoded once
+ * per chunk of tokens instead of per tile; no faster on Zen 3, so off by
+ * default) */
 #define LK_MM_GEMM_FN(name, GEMM_CALL)                                                          \
     static void mm_##name(int64_t n, int64_t nrows, const void *w, size_t w_stride,             \
                           int64_t ntok, const void *a, size_t a_stride, float *y,               \

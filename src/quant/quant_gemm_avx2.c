@@ -1,8 +1,9 @@
 /* quant_gemm_avx2.c — prefill (two or more tokens at once) for Q4_0 / Q8_0
  * (Q8_0 activations) and Q4_K / Q5_K / Q6_K (Q8_K activations) on AVX2 + FMA
  * + F16C machines (no VNNI, no AVX-512: Zen 1-3, Haswell to Skylake client).
- * quant_avx2.c's matmul entries call it from 2 tokens on; decode (1 token)
- * keeps its register tiles.
+ * quant_avx2.c's matmul entries call it from 2 tokens on when it is on (off
+ * by default: see Measured below); decode (1 token) keeps its register
+ * tiles.
  *
  * The numbers are the decode kernels' bits, not merely close to them. The
  * AVX2 level is batch invariant (test_quant's matmul_batch_invariant: a
@@ -32,7 +33,21 @@
  * Tuning: R (rows per pass, 1..4) and the token chunk (8..64) change speed,
  * never results (every (row, token) pair's arithmetic is the same whichever
  * is chosen); lk_quant_gemm_avx2_force sets them for the test that checks
- * exactly that. */
+ * exactly that.
+ *
+ * Measured (AMD EPYC Zen 3, 2 vCPUs, load 15-19 from other jobs; thread CPU
+ * time, best of 15, 1024 x 2048 weights hot in cache x 64 tokens, GFLOP/s,
+ * register tiles / this GEMM at its best R): Q4_0 44 / 44, Q8_0 58 / 56,
+ * Q4_K 65-67 / 62-68, Q5_K 61 / 60, Q6_K 53-67 / 57-59. Decoding a weight
+ * block once per chunk instead of per tile bought nothing: both are bound
+ * by the per-(row, token, block) work that bit-exactness fixes (vpmaddubsw
+ * + vpmaddwd per 32 products, then a conversion and an FMA per block into 8
+ * lanes). So it is off by default (the tiles take prefill) and stays as a
+ * tuning choice proven to give the same bits (rows > 0 turns it on). What
+ * would be faster changes the numbers: llama.cpp's repacked Q4_0 GEMM puts
+ * 8 rows in the lanes (one conversion and FMA per 8 rows) and sums 4 blocks'
+ * products in i16 before widening, which is not batch invariant against
+ * its own decode. */
 #include <immintrin.h>
 #include <stdatomic.h>
 
@@ -43,7 +58,7 @@
 
 enum { G2_TMAX = 64, G2_RMAX = 4 };
 
-/* forced choices (0: the default): rows per pass, tokens per chunk */
+/* forced choices: rows per pass (0 or -1: GEMM off), tokens per chunk (0: default) */
 static _Atomic int g_rows, g_chunk;
 
 void lk_quant_gemm_avx2_force(int rows, int chunk) {
@@ -52,7 +67,8 @@ void lk_quant_gemm_avx2_force(int rows, int chunk) {
     atomic_store(&g_chunk, chunk);
 }
 
-bool lk_quant_gemm_avx2_on(void) { return atomic_load(&g_rows) >= 0; }
+/* off unless forced on (see the header's measurements) */
+bool lk_quant_gemm_avx2_on(void) { return atomic_load(&g_rows) > 0; }
 
 static void g2_choice(int def_rows, int def_chunk, int *rows, int *chunk) {
     int r = atomic_load(&g_rows), c = atomic_load(&g_chunk);
@@ -226,45 +242,78 @@ LK_T2 static LK_INL void kq_unpack(const int kind, const uint8_t *w, kq_unp *u) 
     }
 }
 
-/* R rows x tc tokens, all super-blocks. acc / accm: the pairs' float lanes
- * (accm: Q4_K/Q5_K's min terms), index r*G2_TMAX + t. */
+/* R rows x T tokens of one super-block (u: the rows, decoded; ap[t]: token
+ * t's Q8_K block): the integer sums in T*R registers (each activation
+ * vector loaded once for the R rows, each weight vector once for the T
+ * tokens), then each pair's float work into its accumulators. */
+LK_T2 static LK_INL void kq_tile(const int R, const int T, const int kind, const kq_unp *u,
+                                 const uint8_t *const *ap, __m256 *acc, __m128 *accm) {
+    __m256i is[G2_RMAX][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) is[r][t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        __m256i wv[G2_RMAX], sv[G2_RMAX];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) wv[r] = u[r].q[k], sv[r] = u[r].s[k];
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            __m256i av = _mm256_loadu_si256((const __m256i *)(ap[t] + LK_Q8K_QS + 32 * k));
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                is[r][t] = _mm256_add_epi32(is[r][t], _mm256_madd_epi16(_mm256_maddubs_epi16(wv[r], av), sv[r]));
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        const float da = lk_ld_f32(ap[t]);
+        if (kind != 6) {
+            __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)(ap[t] + LK_Q8K_BS)),
+                                        _mm_loadu_si128((const __m128i *)(ap[t] + LK_Q8K_BS + 16)));
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                __m256 *pa = &acc[r * G2_TMAX + t];
+                __m128 *pm = &accm[r * G2_TMAX + t];
+                *pa = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[r][t]), _mm256_set1_ps(u[r].d * da), *pa);
+                *pm = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(u[r].mins, bs)), _mm_set1_ps(u[r].dmin * da), *pm);
+            }
+        } else {
+            __m256i bs6 = _mm256_loadu_si256((const __m256i *)(ap[t] + LK_Q8K_BS));
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                __m256i v = _mm256_sub_epi32(is[r][t], _mm256_slli_epi32(_mm256_madd_epi16(u[r].sc6, bs6), 5));
+                __m256 *pa = &acc[r * G2_TMAX + t];
+                *pa = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(u[r].d * da), *pa);
+            }
+        }
+    }
+}
+
+/* R rows x tc tokens, all super-blocks: tiles of R rows x (4 tokens for R
+ * <= 2, else 2), the chunk's last tokens in a shorter tile. acc / accm: the
+ * pairs' float lanes (accm: Q4_K/Q5_K's min terms), index r*G2_TMAX + t. */
 LK_T2 static LK_INL void kq_pass(const int R, const int kind, int64_t nb, const uint8_t *w, size_t ws, int tc,
                                  const uint8_t *a, size_t as, float *y, size_t ys, __m256 *acc, __m128 *accm) {
     const size_t bb = kind == 4 ? LK_Q4K_BYTES : kind == 5 ? LK_Q5K_BYTES : LK_Q6K_BYTES;
+    const int TT = R <= 2 ? 4 : 2;
     for (int r = 0; r < R; r++)
         for (int t = 0; t < tc; t++) acc[r * G2_TMAX + t] = _mm256_setzero_ps(), accm[r * G2_TMAX + t] = _mm_setzero_ps();
     kq_unp u[G2_RMAX];
     for (int64_t i = 0; i < nb; i++) {
         for (int r = 0; r < R; r++) kq_unpack(kind, w + (size_t)r * ws + (size_t)i * bb, &u[r]);
-        for (int t = 0; t < tc; t++) {
-            const uint8_t *ap = a + (size_t)t * as + (size_t)i * LK_Q8K_BYTES;
-            const int8_t *q8 = (const int8_t *)(ap + LK_Q8K_QS);
-            const float da = lk_ld_f32(ap);
-            __m128i bs = _mm_setzero_si128();
-            __m256i bs6 = _mm256_setzero_si256();
-            if (kind != 6)
-                bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)(ap + LK_Q8K_BS)),
-                                    _mm_loadu_si128((const __m128i *)(ap + LK_Q8K_BS + 16)));
-            else
-                bs6 = _mm256_loadu_si256((const __m256i *)(ap + LK_Q8K_BS));
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) {
-                __m256i isum = _mm256_setzero_si256();
-#pragma GCC unroll 8
-                for (int k = 0; k < 8; k++) {
-                    __m256i p = _mm256_maddubs_epi16(u[r].q[k], _mm256_loadu_si256((const __m256i *)(q8 + 32 * k)));
-                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, u[r].s[k]));
-                }
-                __m256 *pa = &acc[r * G2_TMAX + t];
-                if (kind != 6) {
-                    __m128i mm = _mm_madd_epi16(u[r].mins, bs);
-                    *pa = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(u[r].d * da), *pa);
-                    __m128 *pm = &accm[r * G2_TMAX + t];
-                    *pm = _mm_fmadd_ps(_mm_cvtepi32_ps(mm), _mm_set1_ps(u[r].dmin * da), *pm);
-                } else {
-                    isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(_mm256_madd_epi16(u[r].sc6, bs6), 5));
-                    *pa = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(u[r].d * da), *pa);
-                }
+        for (int t = 0; t < tc; t += TT) {
+            const uint8_t *ap[4];
+            const int tt = LK_MIN(TT, tc - t);
+            for (int k = 0; k < tt; k++) ap[k] = a + (size_t)(t + k) * as + (size_t)i * LK_Q8K_BYTES;
+            __m256 *pa = acc + t;
+            __m128 *pm = accm + t;
+            switch (tt) {
+            case 4: kq_tile(R, 4 > TT ? TT : 4, kind, u, ap, pa, pm); break;
+            case 3: kq_tile(R, 3 > TT ? TT : 3, kind, u, ap, pa, pm); break;
+            case 2: kq_tile(R, 2, kind, u, ap, pa, pm); break;
+            default: kq_tile(R, 1, kind, u, ap, pa, pm); break;
             }
         }
     }

@@ -143,8 +143,8 @@ void lk_quant_gemm_float_avx512(int kind, int64_t n, int64_t nrows, const void *
  * Q5_K / Q6_K (kind 4, 5, 6) weights over 2+ tokens on AVX2, with the
  * decode kernels' bits for every (row, token) (the AVX2 level is batch
  * invariant). Its tuning choices: lk_quant_gemm_avx2_force (quant.h);
- * lk_quant_gemm_avx2_on: false when forced off (the register tiles then
- * take 2+ tokens). */
+ * lk_quant_gemm_avx2_on: false unless forced on (the register tiles take
+ * 2+ tokens by default). */
 void lk_quant_gemm_q4q8_avx2(bool is_q8, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
                              const void *a, size_t as, float *y, size_t ys);
 bool lk_quant_gemm_avx2_on(void);
