@@ -356,8 +356,7 @@ static bool zeroed_copy(const char *rel, const char *part, char *path, size_t le
  * tolerance, expert sets that differ where the gap is wide), and lockstep
  * running that variant must produce llama.cpp's tokens for it up to where
  * they leave the correct continuation: the test tells the two apart. */
-TEST(glm4moe_without_bias_is_caught) {
-    const moe_case *mc = &glm4moe_f16;
+static void check_without_bias(const moe_case *mc) {
     char path[128], err[LK_ERRLEN];
     CHECK(zeroed_copy(mc->gguf, "exp_probs_b", path, sizeof path));
     json_error_t je;
@@ -402,7 +401,7 @@ TEST(glm4moe_without_bias_is_caught) {
                 }
                 float sc[256];
                 ref_scores(L, (size_t)i, tb.E, sc);
-                if (!same && set_gap(sc, tb.E, tb.k) >= mc->gap_tol) wide_differ++;
+                if (!same && sel_gap(mc, sc, tb.E, tb.k) >= mc->gap_tol) wide_differ++;
             }
         }
         /* the variant's own continuation, through its first departure from the correct one */
@@ -428,12 +427,46 @@ TEST(glm4moe_without_bias_is_caught) {
     }
     CHECKF(worst > 10 * mc->logit_max, "the bias-less variant's logits moved only %.3g", worst);
     CHECKF(wide_differ > 0, "the bias-less variant changed no expert set where the gap rule forbids it");
-    printf("  bias-less glm4moe: max |dlogit| %.2f vs the reference, %d expert sets differ where the gap is wide; "
-           "%d tokens as llama.cpp's bias-less run\n", worst, wide_differ, variant_tokens);
+    printf("  bias-less %s: max |dlogit| %.2f vs the reference, %d expert sets differ where the gap is wide; "
+           "%d tokens as llama.cpp's bias-less run\n", mc->gguf, worst, wide_differ, variant_tokens);
     trace_free(&tb);
     lk_model_free(m);
     lk_gguf_close(g);
     json_decref(ref);
+    unlink(path);
+}
+
+TEST(glm4moe_without_bias_is_caught) { check_without_bias(&glm4moe_f16); }
+TEST(deepseek2_without_bias_is_caught) { check_without_bias(&deepseek2_f16); }
+
+/* A deepseek2 file without the *_mla keys is the legacy layout (one
+ * attn_kv_b, plain attention in llama.cpp): refused, saying so, never run
+ * as MLA on guessed shapes. */
+TEST(deepseek2_legacy_file_refused) {
+    char err[LK_ERRLEN], path[128];
+    lk_gguf *g0 = NULL;
+    if (lk_gguf_open(lk_td(deepseek2_f16.gguf), &g0, err, sizeof err)) { CHECKF(0, "%s", err); return; }
+    uint64_t size = lk_gguf_file_size(g0);
+    uint8_t *b = malloc(size);
+    memcpy(b, lk_gguf_file_bytes(g0), size);
+    lk_gguf_close(g0);
+    uint8_t *k = memmem(b, size, "attention.key_length_mla", 24);
+    CHECK(k);
+    if (k) k[23] = 'x'; /* the key renamed: as if absent */
+    snprintf(path, sizeof path, "/tmp/lk-moe-legacy-%d.gguf", (int)getpid());
+    FILE *f = fopen(path, "wb");
+    CHECK(f && fwrite(b, 1, size, f) == size);
+    if (f) fclose(f);
+    free(b);
+    lk_gguf *g = NULL;
+    CHECKF(lk_gguf_open(path, &g, err, sizeof err) == LK_OK, "%s", err);
+    lk_model_config c;
+    if (g) {
+        lk_status st = lk_model_config_read(g, &c, err, sizeof err);
+        CHECKF(st == LK_ERR_UNSUPPORTED && strstr(err, "key_length_mla") && strstr(err, "legacy"),
+               "status %d: %s", (int)st, err);
+        lk_gguf_close(g);
+    }
     unlink(path);
 }
 
@@ -811,6 +844,8 @@ int main(void) {
     RUN(qwen3moe_q4_k_m_reference);
     RUN(glm4moe_q4_k_m_reference);
     RUN(glm4moe_without_bias_is_caught);
+    RUN(deepseek2_without_bias_is_caught);
+    RUN(deepseek2_legacy_file_refused);
     RUN(deepseek2_without_yarn_is_caught);
     RUN(moe_batch_invariant_and_no_allocation);
     RUN(active_parameters);
