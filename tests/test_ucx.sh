@@ -37,6 +37,12 @@ rc=$?
 if [ "$rc" -eq 2 ] && grep -q "transport must be auto, tcp, shm or ucx (got 'nope')" "$T/err"; then ok bad_transport
 else no bad_transport "exit $rc" "$(cat "$T/err")"; fi
 
+# --seal keeps data on sealed TCP: UCX links cannot be sealed, so the pair is refused
+"$L" run -m "$M" -p hi -n 1 --local 2 --transport ucx --seal >"$T/out" 2>"$T/err"
+rc=$?
+if [ "$rc" -ne 0 ] && grep -q -- '--seal and --transport ucx do not go together' "$T/err"; then ok ucx_seal_refused
+else no ucx_seal_refused "exit $rc" "$(tail -n 3 "$T/err")"; fi
+
 export UCX_WARN_UNUSED_ENV_VARS=n
 PROMPTS="$T/prompts.txt"
 printf 'Once upon a time\nThe little dog\nLily wanted to\n' >"$PROMPTS"

@@ -217,7 +217,13 @@ lk_status lk_mesh_create(const lk_mesh_params *p, lk_mesh **out, char *err, size
         bool same = !strcmp(hosts[s], hosts[p->rank]);
         /* UCX when asked, and by default to another host when this one has
          * an RDMA device and the build has UCX (ucx.c reports its lanes) */
-        if (p->shm == LK_MESH_UCX || (p->shm == LK_MESH_SHM_AUTO && !same && lk_ucx_built() && lk_rdma_device_present())) {
+        /* a sealed cluster keeps its data on sealed TCP: UCX's lanes are not sealed */
+        if (p->shm == LK_MESH_UCX && lk_seal_is(m->ctl[s])) {
+            st = lk_fail(err, errlen, LK_ERR_ARG, "--seal and --transport ucx do not go together: UCX links are not sealed");
+            goto fail;
+        }
+        if (p->shm == LK_MESH_UCX || (p->shm == LK_MESH_SHM_AUTO && !same && !lk_seal_is(m->ctl[s]) && lk_ucx_built() &&
+                                      lk_rdma_device_present())) {
             lk_link *ul = NULL;
             lk_status us = lk_ucx_pair(m->ctl[s], deadline, &ul, why, sizeof why);
             if (us && (p->shm == LK_MESH_UCX || us == LK_ERR_NET || us == LK_ERR_TIMEOUT)) {
