@@ -355,7 +355,11 @@ static lk_status check_kv_memory(session *s, const lk_model_params *mp, char *er
     const int n_ctx = mp->n_ctx > 0 ? mp->n_ctx : LK_MIN(cfg.n_ctx_train, 4096);
     const int64_t kv = mp->kv_tokens > 0 ? mp->kv_tokens : (int64_t)LK_MAX(mp->max_seqs, 1) * n_ctx;
     const int layers = sl->layer1 - sl->layer0, heads = sl->kv_head1 - sl->kv_head0;
-    const double per_pos = 2.0 * layers * heads * cfg.head_dim * (mp->kv_f16 ? 2 : 4);
+    /* per position, as model.c's pages hold it: keys and values of head_dim
+     * for each of this rank's KV heads, or one latent row (kv_lora + rope
+     * dims, values included) for MLA */
+    const double row = cfg.mla ? (double)cfg.kv_lora + cfg.rope_dim : 2.0 * cfg.head_dim;
+    const double per_pos = (double)layers * heads * row * (mp->kv_f16 ? 2 : 4);
     const double kv_bytes = (double)kv * per_pos, gib = 1024.0 * 1024 * 1024;
     const double tables = (double)n_ctx * cfg.rope_dim * 4 + (double)mp->n_threads * 16.0 * n_ctx * 4;
     const uint64_t avail = lk_mem_available();
