@@ -127,6 +127,10 @@ void lk_trace_step(int rank, uint64_t no, int n_tokens) {
         char line[512];
         step_line(line, sizeof line, now);
         put("%s", line);
+        /* out at once: a rank whose step has no collective (a pipeline
+         * stage of one) would otherwise keep its last step in the buffer
+         * when it leaves with _exit */
+        flush();
     }
     pthread_mutex_unlock(&T.mu);
 }

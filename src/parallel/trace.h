@@ -12,6 +12,10 @@
  * Clocks: CLOCK_MONOTONIC, common to every process of one host, so the
  * tracks line up without any exchange.
  *
+ * A step ends at its last collective: a rank whose step has none (a
+ * pipeline stage of one rank: its hand-offs are links, not collectives)
+ * shows each step as a mark of no length.
+ *
  * Callers: parallel/comm.c (every collective, when on), step/step.c (one
  * mark at the start of each step), cli (start, finish). The per-step cost
  * when on: a few formatted lines into a buffer and one write per step;
