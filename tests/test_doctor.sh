@@ -47,6 +47,11 @@ pyt doctor_local2_agree "$CHK(d, check='agreement', node=1, result='ok') == 1"
 pyt doctor_local2_allreduce 'd["allreduce_bytes"] == 256 and d["allreduce_us"] > 0'
 pyt doctor_local2_decode 'd["decode_tok_s"] > 0 and d["decode_step_ms"] > 0 and d["allreduces_per_token"] > 0'
 pyt doctor_local2_verdict 'd["verdict"].startswith("decode is bound by") and d["recommended"]["tp"] >= 1 and d["recommended"]["pp"] >= 1'
+# plan fed doctor's JSON: its links, all-reduce table and read rate give the same estimate for this layout
+cp "$T/out" "$T/doctor.json"
+expect plan_from_doctor 0 "$L" plan -m "$M1" --doctor "$T/doctor.json" --tp 2 --ctx 256 --json
+pyt plan_from_doctor_same "abs(d[\"decode_tok_s\"] / json.load(open('$T/doctor.json'))['predicted_tok_s'] - 1) < 0.01"
+expect plan_doctor_not_json 1 "$L" plan -m "$M1" --doctor "$M1"
 expect doctor_local2_tcp_text 0 "$L" doctor -m "$M1" --local 2 --transport tcp --iters 50
 if grep -Eq 'link: tcp, [0-9.]+ us one-way' "$T/out" && grep -q '^verdict: decode is bound by' "$T/out" \
    && grep -q '^plan recommends: --tp [0-9]* --pp [0-9]*' "$T/out" && grep -q '^all checks passed' "$T/out"; then

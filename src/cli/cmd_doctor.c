@@ -60,6 +60,14 @@ static void print_json(const lk_doctor_report *r) {
     json_object_set_new(o, "membw_gbs", num_or_null(r->membw_gbs));
     json_object_set_new(o, "allreduce_bytes", r->ar_us > 0 ? json_real(r->ar_bytes) : json_null());
     json_object_set_new(o, "allreduce_us", r->ar_us > 0 ? json_real(r->ar_us) : json_null());
+    json_t *tab = json_array();
+    for (int i = 0; i < r->n_ar; i++) {
+        json_t *row = json_array();
+        json_array_append_new(row, json_real(r->ar_table_bytes[i]));
+        json_array_append_new(row, json_real(r->ar_table_us[i]));
+        json_array_append_new(tab, row);
+    }
+    json_object_set_new(o, "allreduce_table", tab);
     if (r->decoded) {
         json_object_set_new(o, "decode_step_ms", json_real(r->step_ms));
         json_object_set_new(o, "decode_comm_ms", json_real(r->comm_ms));

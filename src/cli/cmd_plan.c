@@ -89,7 +89,7 @@ static char *slurp(const char *path, char *err, size_t errlen) {
 }
 
 int lk_cmd_plan(int argc, char **argv) {
-    const char *model = NULL, *shape = NULL, *type_s = "q4_0", *netbench = NULL, *node_bench = NULL;
+    const char *model = NULL, *shape = NULL, *type_s = "q4_0", *netbench = NULL, *node_bench = NULL, *doctor = NULL;
     int64_t nodes = 0, tp = 0, pp = 0, seqs = 0, ctx = 512, prompt = 512, batch = 512;
     double mem_gb = -1, bw = -1, flops = -1, lat = -1, gbps = -1, rank_bw = 0, rank_flops = 0;
     bool json = false, local = false, kv_f16 = false;
@@ -110,6 +110,9 @@ int lk_cmd_plan(int argc, char **argv) {
         {"--link-gbps", NULL, LK_OPT_F64, &gbps, "GBIT/S", "link rate (default 10)"},
         {"--netbench", NULL, LK_OPT_STR, &netbench, "FILE",
          "lockstep netbench's output (- for stdin): its latency, rate and measured all-reduce times"},
+        {"--doctor", NULL, LK_OPT_STR, &doctor, "FILE",
+         "lockstep doctor --json's output: the slowest link, the all-reduce table, the weight read rate its decode "
+         "steps reached"},
         {"--node-bench", NULL, LK_OPT_STR, &node_bench, "FILE",
          "lockstep bench --json of one node, same model, -t T,2T --seqs 1,4,8..: its measured step times replace "
          "--mem-bw-gbs and --flops"},
@@ -186,6 +189,19 @@ int lk_cmd_plan(int argc, char **argv) {
         free(text);
         if (st) { fprintf(stderr, "lockstep plan: --netbench %s: %s\n", netbench, err); return 1; }
     }
+    if (doctor) {
+        char *text = slurp(doctor, err, sizeof err);
+        if (!text) { fprintf(stderr, "lockstep plan: --doctor %s\n", err); return 1; }
+        lk_status st = lk_diag_hw_doctor(text, &hw, err, sizeof err);
+        free(text);
+        if (st) { fprintf(stderr, "lockstep plan: --doctor %s: %s\n", doctor, err); return 1; }
+        bool measured_bw = hw.mem_bw_gbs != 50 || hw.local != local;
+        local = hw.local;
+        snprintf(assumed, sizeof assumed, "%s%s%s", mem_gb == -1 ? "--mem-gb, " : "", measured_bw ? "" : "--mem-bw-gbs, ",
+                 flops == -1 ? "--flops" : "");
+        size_t al = strlen(assumed);
+        if (al >= 2 && assumed[al - 2] == ',') assumed[al - 2] = 0;
+    }
     if (node_bench) {
         if (bw != -1 || flops != -1 || local) {
             fprintf(stderr, "lockstep plan: --node-bench replaces --mem-bw-gbs, --flops and --local\n");
@@ -201,9 +217,9 @@ int lk_cmd_plan(int argc, char **argv) {
     }
     /* flags given beside --netbench win over it */
     if (lat != -1) { if (!parse_pos("--latency-us", lat, true)) return 2; hw.latency_us = lat; hw.n_ar = 0; }
-    else if (!netbench) snprintf(assumed + strlen(assumed), sizeof assumed - strlen(assumed), "%s--latency-us", assumed[0] ? ", " : "");
+    else if (!netbench && !doctor) snprintf(assumed + strlen(assumed), sizeof assumed - strlen(assumed), "%s--latency-us", assumed[0] ? ", " : "");
     if (gbps != -1) { if (!parse_pos("--link-gbps", gbps, false)) return 2; hw.link_gbps = gbps; }
-    else if (!netbench) snprintf(assumed + strlen(assumed), sizeof assumed - strlen(assumed), "%s--link-gbps", assumed[0] ? ", " : "");
+    else if (!netbench && !doctor) snprintf(assumed + strlen(assumed), sizeof assumed - strlen(assumed), "%s--link-gbps", assumed[0] ? ", " : "");
 #undef FIG
 
     lk_diag_shape s;

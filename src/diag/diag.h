@@ -219,6 +219,8 @@ typedef struct {
     char   model_id[24];
     double membw_gbs, rank_membw_gbs;    /* this host: all cores, one rank's threads */
     double ar_bytes, ar_us;              /* the decode all-reduce at the model's size (0: none) */
+    int    n_ar;                         /* all-reduce times measured, (bytes, us) ascending */
+    double ar_table_bytes[8], ar_table_us[8];
     bool   decoded;                      /* the real decode steps ran */
     double step_ms, comm_ms;             /* median decode step, and its communication wait */
     double tok_s;
@@ -236,5 +238,11 @@ typedef struct {
  * wrong is a check of level FAIL (report->ok false). Starts (and ends)
  * local worker processes for --local. */
 void lk_doctor_run(const lk_doctor_cfg *cfg, lk_doctor_report *r);
+
+/* Fills hw from `lockstep doctor --json`'s object: the slowest link's
+ * one-way latency and rate, the all-reduce table, and the weight read rate
+ * its decode steps reached (per node; with the ranks of one host, per rank
+ * and local). Fields it lacks are left alone. */
+lk_status lk_diag_hw_doctor(const char *text, lk_diag_hw *hw, char *err, size_t errlen);
 
 #endif

@@ -26,6 +26,8 @@
 #include "kernels/membw.h"
 #include "sampler/sampler.h"
 
+#include <jansson.h>
+
 #include <math.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -455,6 +457,8 @@ void lk_doctor_run(const lk_doctor_cfg *cfg0, lk_doctor_report *r) {
             memcpy(hw.ar_bytes, h.ar_bytes, sizeof hw.ar_bytes);
             memcpy(hw.ar_us, h.ar_us, sizeof hw.ar_us);
             if (h.n_ar) r->ar_bytes = h.ar_bytes[0], r->ar_us = h.ar_us[0];
+            r->n_ar = LK_MIN(h.n_ar, 8);
+            for (int k = 0; k < r->n_ar; k++) r->ar_table_bytes[k] = h.ar_bytes[k], r->ar_table_us[k] = h.ar_us[k];
             check(r, -1, "all-reduce", LK_DOC_PASS, "%d ranks, %.0f bytes (decode's size): %.1f us median", n,
                   r->ar_bytes, r->ar_us);
         }
@@ -488,4 +492,45 @@ void lk_doctor_run(const lk_doctor_cfg *cfg0, lk_doctor_report *r) {
     } else {
         snprintf(r->verdict, sizeof r->verdict, "no model given (-m): nodes and links only");
     }
+}
+
+/* ---- doctor's JSON as plan's input ------------------------------------------------------- */
+
+lk_status lk_diag_hw_doctor(const char *text, lk_diag_hw *hw, char *err, size_t errlen) {
+    json_error_t je;
+    json_t *o = json_loads(text, 0, &je);
+    if (!json_is_object(o) || !json_is_array(json_object_get(o, "nodes"))) {
+        json_decref(o);
+        return lk_fail(err, errlen, LK_ERR_FORMAT, "not the output of 'lockstep doctor --json'");
+    }
+    json_t *nodes = json_object_get(o, "nodes"), *n;
+    size_t i;
+    double lat = -1, gbps = -1;
+    bool local = false;
+    json_array_foreach(nodes, i, n) {
+        if (i == 0) continue;
+        json_t *l = json_object_get(n, "latency_us"), *g = json_object_get(n, "link_gbps");
+        if (json_is_number(l) && json_number_value(l) > lat) lat = json_number_value(l);
+        if (json_is_number(g) && (gbps < 0 || json_number_value(g) < gbps)) gbps = json_number_value(g);
+        json_t *a = json_object_get(n, "addr"); /* ranks doctor started itself for --local */
+        if (json_is_string(a) && !strncmp(json_string_value(a), "127.", 4) && json_is_number(json_object_get(n, "cpus")))
+            local = true;
+    }
+    if (lat > 0) hw->latency_us = lat;
+    if (gbps > 0) hw->link_gbps = gbps;
+    json_t *t = json_object_get(o, "allreduce_table"), *row;
+    int k = 0;
+    json_array_foreach(t, i, row) {
+        double b = json_number_value(json_array_get(row, 0)), u = json_number_value(json_array_get(row, 1));
+        if (k < 32 && b > 0 && u > 0 && (k == 0 || b > hw->ar_bytes[k - 1])) hw->ar_bytes[k] = b, hw->ar_us[k++] = u;
+    }
+    if (k) hw->n_ar = k;
+    json_t *bw = json_object_get(o, "calibrated_gbs");
+    if (json_is_number(bw) && json_number_value(bw) > 0) {
+        double v = json_number_value(bw);
+        if (local) hw->local = true, hw->rank_mem_bw_gbs = v, hw->mem_bw_gbs = v * (double)json_array_size(nodes);
+        else hw->mem_bw_gbs = v;
+    }
+    json_decref(o);
+    return LK_OK;
 }
