@@ -147,7 +147,7 @@ int lk_cmd_bench(int argc, char **argv) {
         { "--pp", NULL, LK_OPT_INT, &pp_stages, "N", "pipeline stages (with several sequences, stages work on different ones at once)" },
         { "--tp-weights", NULL, LK_OPT_STR, &tp_weights, "W,W,..", "relative share of each TP rank" },
         { "--layers-split", NULL, LK_OPT_STR, &layers_split, "N,N,..", "layers per pipeline stage" },
-        { "--transport", NULL, LK_OPT_STR, &transport, "NAME", "auto | tcp | shm (default auto)" },
+        { "--transport", NULL, LK_OPT_STR, &transport, "NAME", "auto | tcp | shm | ucx (default auto)" },
         { "--wire", NULL, LK_OPT_STR, &wire, "FMT", "all-reduce wire format: f32 (default), f16, bf16, q8" },
         { "--seal", NULL, LK_OPT_FLAG, &seal, NULL, "seal the cluster's TCP links (see 'lockstep run --help')" },
         { "--json", NULL, LK_OPT_FLAG, &json, NULL, "one JSON object per row (thread count x seqs)" },
