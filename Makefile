@@ -45,20 +45,32 @@ PREFIX   ?= /usr/local
 
 all: $(B)/lockstep
 
+# Header dependencies: objects and test programs are compiled with -MMD,
+# which writes the headers each one includes into a .d file beside it, read
+# here, so a header change rebuilds only what includes it (with several
+# people building at once, every header edit used to rebuild everything
+# everywhere). What has no .d yet (never built, or built before this rule)
+# depends on every header, as before.
+DEP = -MMD -MP -MT $@ -MF $(basename $@).d
+deps = $(foreach o,$(1),$(if $(wildcard $(basename $(o)).d),,$(eval $(o): $(HDR))))
+-include $(shell find $(B) -name '*.d' 2>/dev/null)
+
 # --- plain build -------------------------------------------------------------
-$(B)/obj/%.o: src/%.c $(HDR)
+$(call deps,$(patsubst src/%.c,$(B)/obj/%.o,$(SRC)))
+$(B)/obj/%.o: src/%.c
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $<")
-	$(Q)$(CC) $(CFLAGS) -c $< -o $@
+	$(Q)$(CC) $(CFLAGS) $(DEP) -c $< -o $@
 $(B)/liblockstep.a: $(patsubst src/%.c,$(B)/obj/%.o,$(LIB_SRC))
 	@rm -f $@; ar rcs $@ $^
 $(B)/lockstep: $(patsubst src/%.c,$(B)/obj/%.o,$(CLI_SRC)) $(B)/liblockstep.a
 	@$(if $(Q),echo "  LINK    $@")
 	$(Q)$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
-$(B)/tests/%: tests/%.c $(B)/liblockstep.a $(HDR)
+$(call deps,$(patsubst tests/%.c,$(B)/tests/%,$(TEST_SRC)))
+$(B)/tests/%: tests/%.c $(B)/liblockstep.a
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  TEST    $@")
-	$(Q)$(CC) $(CFLAGS) -Itests $< $(B)/liblockstep.a -o $@ $(LDLIBS) -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc
+	$(Q)$(CC) $(CFLAGS) $(DEP) -Itests $< $(B)/liblockstep.a -o $@ $(LDLIBS) -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc
 
 # micro-benchmarks, built on demand only: make B=build $(B)/bench/bench_quant
 $(B)/bench/%: bench/%.c $(B)/liblockstep.a $(HDR)
@@ -66,19 +78,21 @@ $(B)/bench/%: bench/%.c $(B)/liblockstep.a $(HDR)
 	$(CC) $(CFLAGS) $< $(B)/liblockstep.a -o $@ $(LDLIBS)
 
 # --- sanitizer build (ASan + UBSan) -----------------------------------------
-$(B)/asan/obj/%.o: src/%.c $(HDR)
+$(call deps,$(patsubst src/%.c,$(B)/asan/obj/%.o,$(SRC)))
+$(B)/asan/obj/%.o: src/%.c
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC asan $<")
-	$(Q)$(CC) $(CFLAGS) $(SAN) -c $< -o $@
+	$(Q)$(CC) $(CFLAGS) $(SAN) $(DEP) -c $< -o $@
 $(B)/asan/liblockstep.a: $(patsubst src/%.c,$(B)/asan/obj/%.o,$(LIB_SRC))
 	@rm -f $@; ar rcs $@ $^
 $(B)/asan/lockstep: $(patsubst src/%.c,$(B)/asan/obj/%.o,$(CLI_SRC)) $(B)/asan/liblockstep.a
 	@$(if $(Q),echo "  LINK    $@")
 	$(Q)$(CC) $(CFLAGS) $(SAN) $^ -o $@ $(LDLIBS)
-$(B)/asan/tests/%: tests/%.c $(B)/asan/liblockstep.a $(HDR)
+$(call deps,$(patsubst tests/%.c,$(B)/asan/tests/%,$(TEST_SRC)))
+$(B)/asan/tests/%: tests/%.c $(B)/asan/liblockstep.a
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  TEST    $@")
-	$(Q)$(CC) $(CFLAGS) $(SAN) -Itests $< $(B)/asan/liblockstep.a -o $@ $(LDLIBS) -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc
+	$(Q)$(CC) $(CFLAGS) $(SAN) $(DEP) -Itests $< $(B)/asan/liblockstep.a -o $@ $(LDLIBS) -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc
 
 TESTS      := $(patsubst tests/%.c,$(B)/tests/%,$(TEST_SRC))
 ASAN_TESTS := $(patsubst tests/%.c,$(B)/asan/tests/%,$(TEST_SRC))
@@ -97,10 +111,11 @@ uninstall:
 # data into $(B)/fuzz/seeds/NAME/; fuzz/README.md says how to run them.
 FUZZ_CC  ?= clang
 FUZZ     := $(patsubst fuzz/%.c,$(B)/fuzz/%,$(wildcard fuzz/fuzz_*.c))
-$(B)/fuzz/obj/%.o: src/%.c $(HDR)
+$(call deps,$(patsubst src/%.c,$(B)/fuzz/obj/%.o,$(SRC)))
+$(B)/fuzz/obj/%.o: src/%.c
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC fuzz $<")
-	$(Q)$(FUZZ_CC) $(CFLAGS) $(SAN) -fsanitize=fuzzer-no-link -c $< -o $@
+	$(Q)$(FUZZ_CC) $(CFLAGS) $(SAN) $(DEP) -fsanitize=fuzzer-no-link -c $< -o $@
 # quant/'s kernels and quantisers come from the plain build: they parse
 # nothing, and instrumented the SIMD ones take many minutes to compile.
 FUZZ_PLAIN := $(wildcard src/quant/quant_*.c)
