@@ -18,7 +18,11 @@
  *   handshake/      scripts (see fuzz_handshake.c) of complete handshakes in
  *                   both roles and every seal mode, and of a keyless peer
  *   step/           step bodies (see fuzz_step.c): settings, prefill, decode,
- *                   keep, fork, end of session */
+ *                   keep, fork, end of session
+ *   http/           request bodies (see fuzz_http.c): chat with every
+ *                   sampling field, stops, logprobs, tools and a tool-call
+ *                   history, completions from text and from token ids, and
+ *                   model replies holding tool calls in both forms */
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
@@ -353,11 +357,44 @@ static void step_ops_seeds(void) {
     put("step_ops", "empty", prog, 1);
 }
 
+/* ---- request bodies for fuzz_http (a settings byte, then the body) --------------- */
+
+static void http_seed(const char *name, uint8_t mode, const char *body) {
+    size_t n = strlen(body);
+    uint8_t *b = malloc(n + 1);
+    b[0] = mode;
+    memcpy(b + 1, body, n);
+    put("http", name, b, n + 1);
+    free(b);
+}
+
+static void http_seeds(void) {
+    http_seed("chat", 0, "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+                         "{\"role\":\"user\",\"content\":\"Once upon a time\"}],\"max_tokens\":8,\"temperature\":0.7,"
+                         "\"top_p\":0.9,\"top_k\":40,\"min_p\":0.05,\"seed\":7,\"presence_penalty\":0.5,"
+                         "\"frequency_penalty\":0.2,\"stop\":[\"\\n\",\"The end\"],\"stream\":true,"
+                         "\"stream_options\":{\"include_usage\":true},\"logprobs\":true,\"top_logprobs\":3}");
+    http_seed("chat-parts", 0, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Hi \"},"
+                               "{\"type\":\"text\",\"text\":\"there\"}]}],\"max_completion_tokens\":4,\"n\":1}");
+    http_seed("chat-tools", 2, "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"},"
+                               "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\","
+                               "\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}}]},"
+                               "{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"18 C\"}],"
+                               "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"d\","
+                               "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}}],"
+                               "\"tool_choice\":\"auto\",\"chat_template_kwargs\":{\"enable_thinking\":false}}");
+    http_seed("completion", 1, "{\"model\":\"m\",\"prompt\":\"Once upon a time\",\"max_tokens\":16,\"echo\":false,"
+                               "\"stop\":\"\\n\",\"logprobs\":2,\"ignore_eos\":true}");
+    http_seed("completion-ids", 1, "{\"prompt\":[1,403,407,261],\"max_tokens\":2,\"temperature\":0}");
+    http_seed("reply-hermes", 2, "Sure.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>");
+    http_seed("reply-llama3", 0, "<|python_tag|>{\"name\": \"f\", \"parameters\": {\"x\": [1, 2, {\"y\": null}]}}");
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) { fprintf(stderr, "usage: seedgen OUTDIR [TESTDATA...]\n"); return 2; }
     lk_log_set_level(LK_LOG_ERROR);
     g_out = argv[1];
-    mkdirs("gguf"); mkdirs("chat_template"); mkdirs("wire"); mkdirs("handshake"); mkdirs("step"); mkdirs("step_ops");
+    mkdirs("gguf"); mkdirs("chat_template"); mkdirs("wire"); mkdirs("handshake"); mkdirs("step"); mkdirs("step_ops"); mkdirs("http");
     const char *dflt[2] = {"testdata", getenv("LK_TESTDATA") && *getenv("LK_TESTDATA") ? getenv("LK_TESTDATA") : "../shared/testdata"};
     const char **tds = argc > 2 ? (const char **)argv + 2 : dflt;
     int ntd = argc > 2 ? argc - 2 : 2;
@@ -387,6 +424,7 @@ int main(int argc, char **argv) {
     hs_seeds();
     step_seeds();
     step_ops_seeds();
+    http_seeds();
     printf("seedgen: %d seeds in %s\n", g_count, g_out);
     return 0;
 }

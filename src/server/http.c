@@ -1,9 +1,11 @@
 /* The server's HTTP side: libmicrohttpd glue, the OpenAI request parser and
  * the response writers (server.h has the contract).
  *
- * A connection's life: libmicrohttpd reads the headers (at most max_header
- * bytes, else it answers 431 itself); the first call of the access handler
- * routes the request and checks the key and the announced length; the body
+ * A connection's life: libmicrohttpd reads the headers; the first call of
+ * the access handler answers 431 (an OpenAI error object) when they take
+ * more than max_header bytes (libmicrohttpd's own memory limit is twice
+ * that and more, so only headers far over the limit get its plain 431
+ * page), routes the request and checks the key and the announced length; the body
  * arrives in pieces (at most max_body bytes: 413; all of it within
  * request_timeout of the connection's start: 408); the last call parses the
  * JSON, renders and tokenises, queues the request and suspends the
@@ -138,6 +140,7 @@ static enum MHD_Result send_text(struct MHD_Connection *c, lk_server *s, int sta
     MHD_add_response_header(resp, "Content-Type", type);
     keep_alive_hint(s, resp);
     if (status == 401) MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
+    if (status == 431) MHD_add_response_header(resp, "Connection", "close"); /* such a client is not kept */
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, resp);
     MHD_destroy_response(resp);
     pthread_mutex_lock(&s->mu);
@@ -535,6 +538,16 @@ static bool parse_request(lk_server *s, srv_req *r, const char *body, size_t n, 
  * writing results
  * ==================================================================== */
 
+bool srv_parse_request(lk_server *s, srv_req *r, const char *body, size_t n, char msg[600], char param[80]) {
+    perr e = { { 0 }, { 0 } };
+    bool ok = parse_request(s, r, body, n, &e);
+    if (!ok) {
+        memcpy(msg, e.msg, sizeof e.msg);
+        memcpy(param, e.param, sizeof e.param);
+    }
+    return ok;
+}
+
 static const char *finish_reason(const srv_req *r, bool calls) {
     if (calls) return "tool_calls";
     switch (r->finish) {
@@ -864,6 +877,12 @@ static enum MHD_Result answer_done(struct MHD_Connection *c, lk_server *s, srv_r
     return ret;
 }
 
+static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind;
+    *(size_t *)cls += strlen(key) + (value ? strlen(value) : 0) + 4; /* "key: value\r\n" */
+    return MHD_YES;
+}
+
 static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     (void)version;
@@ -873,6 +892,13 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         bool post = !strcmp(method, "POST"), get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
         bool is_chat = !strcmp(url, "/v1/chat/completions") || !strcmp(url, "/chat/completions");
         bool is_cmpl = !strcmp(url, "/v1/completions") || !strcmp(url, "/completions");
+        size_t hb = strlen(method) + strlen(url) + 12; /* the request line */
+        MHD_get_connection_values(c, MHD_HEADER_KIND, count_header, &hb);
+        if (hb > s->o.max_header) {
+            char msg[200];
+            snprintf(msg, sizeof msg, "the request's headers take %zu bytes, over the limit of %zu bytes", hb, s->o.max_header);
+            return send_error(c, s, 431, msg, NULL);
+        }
         if (!strcmp(url, "/health") || !strcmp(url, "/v1/health")) {
             if (!get) return send_error(c, s, 405, "use GET for /health", NULL);
             return health(c, s);
@@ -1158,7 +1184,7 @@ lk_status srv_http_start(lk_server *s, int *port, char *err, size_t errlen) {
                             MHD_OPTION_SOCK_ADDR, sa,
                             MHD_OPTION_THREAD_POOL_SIZE, (unsigned)LK_MAX(1, s->o.http_threads),
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->o.max_conns,
-                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)s->o.max_header,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, 2 * (size_t)s->o.max_header + 16384,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)LK_MAX(1.0, 2 * s->o.request_timeout),
                             MHD_OPTION_NOTIFY_COMPLETED, completed, s,
                             MHD_OPTION_NOTIFY_CONNECTION, conn_notify, s,

@@ -136,6 +136,10 @@ extern const double srv_itl_bounds[SRV_ITL_BUCKETS];
 
 /* the HTTP side (http.c) */
 lk_status srv_http_start(lk_server *s, int *port, char *err, size_t errlen);
+/* Its request parser: a body for r (r->kind set) -> r's settings, prompt and
+ * stops; false with the message and the parameter it names ("" for none) of
+ * a 400. Reads s->tok, tmpl, n_ctx, n_vocab and o. fuzz/fuzz_http.c runs it. */
+bool      srv_parse_request(lk_server *s, srv_req *r, const char *body, size_t n, char msg[600], char param[80]);
 void      srv_http_stop(lk_server *s);
 /* the scheduler (server.c) */
 void      srv_enqueue(lk_server *s, srv_req *r);        /* under mu */

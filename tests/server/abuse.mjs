@@ -115,7 +115,16 @@ await step('body_just_under_limit', async () => {
 await step('header_over_limit', async () => {
     const r = await rawExchange(PORT, [`GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: ${'a'.repeat(64 * 1024)}\r\n\r\n`], 8000);
     const then = await okAfter('header_over_limit');
-    report('header_over_limit', r.status === 431 && then, `want 431; got ${r.status}: ${short(r.data)}`);
+    let j = null;
+    try { j = JSON.parse(r.data.slice(r.data.indexOf('\r\n\r\n') + 4)); } catch { /* not JSON */ }
+    report('header_over_limit', r.status === 431 && isErrorObj(j) && /headers take \d+ bytes, over the limit of 32768/.test(j.error.message) && then,
+           `want 431 with an error object; got ${r.status}: ${short(r.data)}`);
+});
+await step('header_far_over_limit', async () => {
+    // past libmicrohttpd's own buffer: its plain 431, and the server goes on
+    const r = await rawExchange(PORT, [`GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: ${'a'.repeat(256 * 1024)}\r\n\r\n`], 8000);
+    const then = await okAfter('header_far_over_limit');
+    report('header_far_over_limit', r.status === 431 && then, `want 431; got ${r.status}: ${short(r.data)}`);
 });
 
 // ---- prompts over the context ---------------------------------------------------------------
