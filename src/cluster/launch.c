@@ -115,8 +115,8 @@ bool lk_launch_from_env(const char *cmd, int *argc, char ***argv, int *rc) {
     MPI_Comm_size(MPI_COMM_WORLD, &ms);
     if (mr != rank || ms != size) {
         if (mr == 0)
-            fprintf(stderr, "lockstep %s: MPI says rank %d of %d, the environment rank %d of %d (%s)\n", cmd, mr, ms,
-                    rank, size, by);
+            fprintf(stderr, "lockstep %s: MPI says rank %d of %d, the environment rank %d of %d (%s)%s\n", cmd, mr, ms,
+                    rank, size, by, ms == 1 ? ": MPI did not find the job (under srun, give --mpi=pmix)" : "");
         return bootstrap_fail(mr, rc, 1);
     }
     rank_info me = {.port = 0}, *all = lk_xcalloc((size_t)size, sizeof *all);
