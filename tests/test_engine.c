@@ -270,17 +270,14 @@ TEST(no_allocation_per_step) {
     }
 }
 
-/* A model whose output norm holds a NaN: the step fails naming the slot
- * and position, on one node and through a worker, instead of sampling. */
-TEST(non_finite_logits_named) {
+/* A copy of stories260K with a NaN in one F32 tensor. */
+static bool nan_copy(const char *tensor, char *path, size_t cap) {
     char err[LK_ERRLEN];
     lk_gguf *g = NULL;
-    CHECK(lk_gguf_open(lk_td("models/stories260K.gguf"), &g, err, sizeof err) == LK_OK);
-    if (!g) return;
-    const lk_gguf_tensor *t = lk_gguf_find_tensor(g, "output_norm.weight");
+    if (lk_gguf_open(lk_td("models/stories260K.gguf"), &g, err, sizeof err) != LK_OK) return false;
+    const lk_gguf_tensor *t = lk_gguf_find_tensor(g, tensor);
     uint64_t at = lk_gguf_data_offset(g) + t->offset;
-    char path[64];
-    snprintf(path, sizeof path, "/tmp/lk-nan-%d.gguf", (int)getpid());
+    snprintf(path, cap, "/tmp/lk-nan-%d.gguf", (int)getpid());
     FILE *f = fopen(path, "wb");
     fwrite(lk_gguf_file_bytes(g), 1, lk_gguf_file_size(g), f);
     float nan = NAN;
@@ -288,22 +285,41 @@ TEST(non_finite_logits_named) {
     fwrite(&nan, 4, 1, f);
     fclose(f);
     lk_gguf_close(g);
-    for (int local = 0; local <= 2; local += 2) {
+    return true;
+}
+
+/* A model holding a NaN: the step fails naming the slot, the position and
+ * where it first appeared (the layer and its part, an earlier pipeline
+ * stage, or the output norm after finite layers), on one node and through
+ * workers, instead of sampling. */
+TEST(non_finite_logits_named) {
+    static const struct { const char *tensor; int tp, pp; const char *where; } cases[] = {
+        {"output_norm.weight", 0, 0, "every layer's output was finite"},
+        {"output_norm.weight", 2, 1, "every layer's output was finite"},
+        {"blk.2.ffn_down.weight", 0, 0, "first non-finite after layer 2's FFN"},
+        {"blk.1.attn_output.weight", 2, 1, "first non-finite after layer 1's attention"},
+        {"blk.1.ffn_down.weight", 1, 2, "came non-finite from the pipeline stage before layer 3"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char err[LK_ERRLEN], path[64];
+        CHECK(nan_copy(cases[c].tensor, path, sizeof path));
+        int local = cases[c].tp ? 2 : 0;
         lk_engine_opts o = {.model_path = path, .n_threads = 1, .n_ctx = 64, .n_batch = 16, .max_seqs = 1, .local = local,
-                            .tp = local ? 2 : 0};
+                            .tp = cases[c].tp, .pp = cases[c].pp};
         lk_engine *e = NULL;
         CHECKF(lk_engine_open(&o, &e, err, sizeof err) == LK_OK, "%s", err);
-        if (!e) continue;
-        CHECK(all_params(e, 0, err));
-        lk_engine_item it = {.seq = 0, .n = 5, .tokens = P[0], .sample = true};
-        int32_t next;
-        err[0] = 0;
-        lk_status st = lk_engine_batch(e, &it, 1, &next, err, sizeof err);
-        CHECKF(st != LK_OK && strstr(err, "non-finite logit") && strstr(err, "slot 0 at position 4"), "local %d: %s",
-               local, err);
-        lk_engine_close(e);
+        if (e) {
+            CHECK(all_params(e, 0, err));
+            lk_engine_item it = {.seq = 0, .n = 5, .tokens = P[0], .sample = true};
+            int32_t next;
+            err[0] = 0;
+            lk_status st = lk_engine_batch(e, &it, 1, &next, err, sizeof err);
+            CHECKF(st != LK_OK && strstr(err, "non-finite logit") && strstr(err, "slot 0 at position 4") &&
+                   strstr(err, cases[c].where), "%s tp %d pp %d: %s", cases[c].tensor, cases[c].tp, cases[c].pp, err);
+            lk_engine_close(e);
+        }
+        unlink(path);
     }
-    unlink(path);
 }
 
 /* Logprobs over the whole vocabulary with few candidates: a slot given an

@@ -120,6 +120,8 @@ struct lk_model {
     int64_t *task0;         /* (n_batch + 1) first attention task of each item */
     int32_t *out_rows;      /* (n_batch) lk_model_forward's logits rows */
     int n_items, n_rows;
+    int bad_layer;          /* the last lk_model_layers: first layer whose output was non-finite (see model.h) */
+    bool bad_ffn;           /* ... in its FFN part (else attention) */
     /* scratch, sized at load */
     float *x, *xb, *q, *k, *v, *att, *o, *hg, *hu;
     /* MLA scratch: (B, q_lora) (B, kv_lora + rope) (B, H k_head) (B, H hd);
@@ -1795,23 +1797,56 @@ void lk_model_trace_routing(lk_model *m, const lk_route_trace *t) {
     else memset(&m->trace, 0, sizeof m->trace);
 }
 
+/* Whether any of x[0..n) is NaN or infinite: an all-ones exponent, tested
+ * on the bits eight at a time (an integer test that -O2 vectorises, unlike a
+ * float reduction without -ffast-math). */
+static bool any_nonfinite(const float *x, int64_t n) {
+    uint32_t bad = 0;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint32_t u[8], b = 0;
+        memcpy(u, x + i, sizeof u);
+        for (int j = 0; j < 8; j++) b |= (~u[j] & 0x7f800000u) == 0;
+        bad |= b;
+    }
+    for (; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, x + i, 4);
+        bad |= (~u & 0x7f800000u) == 0;
+    }
+    return bad != 0;
+}
+
+/* The residual stream: x += o (lk_vec_axpy_f32 with 1, the same bits as a
+ * plain sum), then whether the sums went non-finite. */
+static bool add_nonfinite(float *x, const float *o, int64_t n) {
+    lk_vec_axpy_f32(x, 1.0f, o, n);
+    return any_nonfinite(x, n);
+}
+
 lk_status lk_model_layers(lk_model *m, float *x) {
     LK_ASSERT(m->n_rows > 0); /* lk_model_batch first */
     const int n = m->n_rows;
     const int64_t nd = (int64_t)n * m->cfg.n_embd;
     lk_status st;
+    m->bad_layer = any_nonfinite(x, nd) ? m->sl.layer0 - 1 : -1; /* -1 + layer0: the rows came in non-finite */
     for (int li = 0; li < m->sl.layer1 - m->sl.layer0; li++) {
         const int layer = m->sl.layer0 + li;
         if (m->cfg.mla) attention_mla(m, li, x);
         else attention(m, li, x);
         if ((st = allreduce(m, m->o, nd, layer, "attention output all-reduce"))) return st;
-        for (int64_t i = 0; i < nd; i++) x[i] += m->o[i];
+        if (add_nonfinite(x, m->o, nd) && m->bad_layer < 0) m->bad_layer = layer, m->bad_ffn = false;
         if (m->layers[li].moe) moe_ffn(m, li, x, n);
         else ffn(m, li, x, n);
         if ((st = allreduce(m, m->o, nd, layer, "FFN output all-reduce"))) return st;
-        for (int64_t i = 0; i < nd; i++) x[i] += m->o[i];
+        if (add_nonfinite(x, m->o, nd) && m->bad_layer < 0) m->bad_layer = layer, m->bad_ffn = true;
     }
     return LK_OK;
+}
+
+int lk_model_first_nonfinite(const lk_model *m, bool *ffn) {
+    if (ffn) *ffn = m->bad_ffn;
+    return m->bad_layer;
 }
 
 lk_status lk_model_logits(lk_model *m, const float *x, const int32_t *rows, int n_rows, float *logits) {

@@ -196,6 +196,11 @@ int  lk_model_batch_rows(const lk_model *m);   /* rows of the current batch */
  * A failing hook (peer died) returns its status; the message is the hook's. */
 lk_status lk_model_embed(lk_model *m, const int32_t *tokens, int n, float *x);
 lk_status lk_model_layers(lk_model *m, float *x);
+/* After lk_model_layers: the first of this rank's layers whose output (a
+ * row of the residual stream) held a NaN or infinity, *ffn telling whether
+ * its FFN part or its attention made it; layer0 - 1 when the rows arrived
+ * that way (an earlier pipeline stage); -1 when every layer's was finite. */
+int lk_model_first_nonfinite(const lk_model *m, bool *ffn);
 lk_status lk_model_logits(lk_model *m, const float *x, const int32_t *rows, int n_rows, float *logits);
 float *lk_model_hidden(lk_model *m);  /* scratch [n_batch][n_embd] owned by the model */
 

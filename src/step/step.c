@@ -392,11 +392,22 @@ static lk_status candidates(lk_step *s, const lk_step_msg *msg, const float *x, 
             for (int64_t v = 0; v < s->nvoc; v++) acc += lg[v] * 0.0f; /* NaN or inf anywhere makes it NaN */
             if (acc != 0)
                 for (int64_t v = 0; v < s->nvoc; v++)
-                    if (!isfinite(lg[v]))
+                    if (!isfinite(lg[v])) {
+                        bool ffn;
+                        int bl = lk_model_first_nonfinite(s->m, &ffn);
+                        char where[160];
+                        if (bl < 0)
+                            snprintf(where, sizeof where, "every layer's output was finite: the output norm or matrix");
+                        else if (bl < s->sl->layer0)
+                            snprintf(where, sizeof where, "the hidden rows came non-finite from the pipeline stage before "
+                                     "layer %d", s->sl->layer0);
+                        else
+                            snprintf(where, sizeof where, "first non-finite after layer %d's %s", bl, ffn ? "FFN" : "attention");
                         return lk_fail(err, errlen, LK_ERR_FORMAT,
-                                       "non-finite logit %g for token %lld of slot %d at position %d: the model's weights or "
-                                       "activations overflowed (a damaged file?)",
-                                       (double)lg[v], (long long)(s->sl->vocab0 + v), seq, it->pos0 + it->n - 1);
+                                       "non-finite logit %g for token %lld of slot %d at position %d (%s): the model's "
+                                       "weights or activations overflowed (a damaged file?)",
+                                       (double)lg[v], (long long)(s->sl->vocab0 + v), seq, it->pos0 + it->n - 1, where);
+                    }
             lk_sampler_penalize(s->smp[seq], lg, s->sl->vocab0, s->nvoc);
             int got = lk_sampler_top(lg, s->sl->vocab0, s->nvoc, s->ids, s->vals, k);
             for (int c = 0; c < k; c++, at++) {
