@@ -78,7 +78,7 @@ start() {
     local pid=$!
     PIDS+=("$pid")
     for ((i = 0; i < 1200; i++)); do
-        URL=$(sed -n 's|.*ready at \(http://[^ ]*/v1\).*|\1|p' "$T/$name.out")
+        URL=$(sed -n 's|.*ready at \(http://[^ ]*/v1\).*|\1|p' "$T/$name.out" 2>/dev/null)
         [ -n "$URL" ] && break
         kill -0 "$pid" 2>/dev/null || break
         sleep 0.1
