@@ -238,6 +238,9 @@ lk_status lk_mesh_create(const lk_mesh_params *p, lk_mesh **out, char *err, size
         }
         if (p->shm == LK_MESH_SHM_OFF || (!same && p->shm == LK_MESH_SHM_AUTO)) {
             bool sealed = lk_seal_is(m->ctl[s]);
+            if (!same && !lk_ucx_built() && lk_rdma_device_present())
+                lk_log(LK_LOG_WARN, "mesh rank %d: this host has an RDMA device, but lockstep was built without UCX "
+                                    "(install libucx-dev and rebuild): rank %d gets tcp", p->rank, s);
             lk_log(LK_LOG_INFO, "mesh rank %d: rank %d (%s) over tcp%s%s%s%s", p->rank, s, m->ctl[s]->peer_addr,
                    sealed ? " (sealed, " : "", sealed ? lk_seal_cipher_name(lk_seal_cipher_of(m->ctl[s])) : "",
                    sealed ? ")" : "", same ? " (shm off)" : "");
