@@ -140,7 +140,6 @@ int lk_cmd_serve(int argc, char **argv) {
     so.queue = (int)queue;
     so.api_key = key;
     so.model_name = name;
-    so.chat_template_name = tmpl_name;
     so.default_max_tokens = (int)max_tokens;
     so.max_body = (size_t)max_body_kb << 10;
     so.request_timeout = (double)timeout;

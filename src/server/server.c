@@ -525,6 +525,17 @@ static char *base_name(const char *path) {
     return r;
 }
 
+/* What lk_server_start made before the threads (which are stopped). */
+static void server_free(lk_server *s) {
+    lk_tokenizer_free(s->tok);
+    lk_gguf_close(s->gguf);
+    free(s->tmpl_owned);
+    free(s->model_name);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
 lk_status lk_server_start(const lk_server_opts *o, lk_server **out, int *port_out, char *err, size_t errlen) {
     *out = NULL;
     lk_server *s = lk_xcalloc(1, sizeof *s);
@@ -564,20 +575,12 @@ lk_status lk_server_start(const lk_server_opts *o, lk_server **out, int *port_ou
     }
     if (!st) st = srv_http_start(s, port_out, err, errlen);
     if (st) {
-        lk_tokenizer_free(s->tok);
-        lk_gguf_close(s->gguf);
-        free(s->tmpl_owned);
-        free(s->model_name);
-        free(s);
+        server_free(s);
         return st;
     }
     if (pthread_create(&s->sched, NULL, sched_main, s)) {
         srv_http_stop(s);
-        lk_tokenizer_free(s->tok);
-        lk_gguf_close(s->gguf);
-        free(s->tmpl_owned);
-        free(s->model_name);
-        free(s);
+        server_free(s);
         return lk_fail(err, errlen, LK_ERR_IO, "cannot start the scheduler thread");
     }
     s->sched_started = true;
@@ -613,11 +616,5 @@ void lk_server_stop(lk_server *s) {
     if (s->sched_started) pthread_join(s->sched, NULL);
     srv_http_stop(s);
     engine_down(s);
-    lk_tokenizer_free(s->tok);
-    lk_gguf_close(s->gguf);
-    free(s->tmpl_owned);
-    free(s->model_name);
-    pthread_cond_destroy(&s->cv);
-    pthread_mutex_destroy(&s->mu);
-    free(s);
+    server_free(s);
 }

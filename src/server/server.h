@@ -42,7 +42,6 @@ typedef struct {
     const char *api_key;         /* NULL: no key; else "Authorization: Bearer KEY" is required on /v1 */
     const char *model_name;      /* the id /v1/models lists (default: the file's base name) */
     const char *chat_template;   /* the template source to use (NULL: the model's, else ChatML with a warning) */
-    const char *chat_template_name; /* for messages */
     lk_engine_opts eo;           /* the model and cluster (max_seqs is set from parallel) */
     lk_sampler_params defaults;  /* sampling when a request gives none */
     int         default_max_tokens; /* < 0: until end of generation or a full context */
