@@ -143,7 +143,7 @@ int lk_cmd_doctor(int argc, char **argv) {
         {"--pp", NULL, LK_OPT_INT, &pp, "M", "pipeline stages of the layout to check (default 1)"},
         {"--threads", "-t", LK_OPT_INT, &threads, "N", "threads per rank (default: as run: the cores / local ranks)"},
         {"--ctx", "-c", LK_OPT_INT, &ctx, "N", "context for the memory check and the decode steps (default 256)"},
-        {"--transport", NULL, LK_OPT_STR, &transport, "T", "auto (shm between local ranks, default), tcp or shm"},
+        {"--transport", NULL, LK_OPT_STR, &transport, "T", "auto (shm between local ranks, default), tcp, shm or ucx"},
         {"--iters", NULL, LK_OPT_INT, &iters, "K", "ping-pong and all-reduce repetitions per size (default 200)"},
         {"--verbose", "-v", LK_OPT_FLAG, &verbose, NULL, "the cluster's own log lines too"},
         {"--json", NULL, LK_OPT_FLAG, &json, NULL, "one JSON object: nodes, checks, figures, verdict, recommended layout"},
@@ -177,9 +177,13 @@ int lk_cmd_doctor(int argc, char **argv) {
         fprintf(stderr, "lockstep doctor: --tp, --pp, --threads must be >= 0, --ctx 16..%d, --iters 1..100000\n", 1 << 20);
         return 2;
     }
-    if (strcmp(transport, "auto") && strcmp(transport, "tcp") && strcmp(transport, "shm")) {
-        fprintf(stderr, "lockstep doctor: --transport must be auto, tcp or shm (got '%s')\n", transport);
-        return 2;
+    {
+        lk_mesh_shm tm;
+        char terr[LK_ERRLEN];
+        if (lk_transport_parse(transport, &tm, terr, sizeof terr)) {
+            fprintf(stderr, "lockstep doctor: %s\n", terr);
+            return 2;
+        }
     }
     int n_workers = 0;
     for (const char *p = workers; p && *p; p++) n_workers += *p == ',';

@@ -172,9 +172,9 @@ static lk_status bench(const lk_doctor_cfg *cfg, const char *workers, const size
                        lk_diag_hw *hw, double *p99_out, char *transport, size_t tlen, char *err, size_t errlen) {
     lk_bench_cfg bc = {.nsizes = nsizes, .iters = cfg->iters > 0 ? cfg->iters : 200, .allreduce_only = ar_only};
     memcpy(bc.sizes, sizes, sizeof(size_t) * (size_t)nsizes);
-    lk_mesh_shm shm = !cfg->transport || !strcmp(cfg->transport, "auto") ? LK_MESH_SHM_AUTO
-                    : !strcmp(cfg->transport, "tcp")                      ? LK_MESH_SHM_OFF
-                                                                          : LK_MESH_SHM_FORCE;
+    lk_mesh_shm shm = LK_MESH_SHM_AUTO;
+    lk_status st0 = lk_transport_parse(cfg->transport ? cfg->transport : "auto", &shm, err, errlen);
+    if (st0) return st0;
     char *text = NULL;
     size_t len = 0;
     FILE *out = open_memstream(&text, &len);
