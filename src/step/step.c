@@ -3,6 +3,7 @@
 #include "parallel/trace.h"
 #include "kernels/kernels.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -419,8 +420,8 @@ static lk_status candidates(lk_step *s, const lk_step_msg *msg, const float *x, 
             if (s->lse_on[seq]) {
                 /* log-sum-exp over all this rank's rows (lg is spent now),
                  * so rank 0 normalises over the whole vocabulary */
-                float mx = s->vals[0];
-                float v = mx + (float)log(lk_vec_exp_sum(lg, s->nvoc, mx));
+                float v = -FLT_MAX; /* no rows here: adds nothing (exp gives 0) */
+                if (got > 0) v = s->vals[0] + (float)log(lk_vec_exp_sum(lg, s->nvoc, s->vals[0]));
                 int32_t id = -2;
                 memcpy(s->pairs + 8 * at, &id, 4);
                 memcpy(s->pairs + 8 * at + 4, &v, 4);
