@@ -77,8 +77,8 @@ static void *fake_rank1(void *p) {
         if (lk_link_send(l, zero, bytes, lk_deadline_ms(5000), err, sizeof err)) return NULL;
         if (lk_link_recv(l, got, bytes, lk_deadline_ms(5000), err, sizeof err)) return NULL;
     }
-    int32_t id[16];
-    float v[16];
+    int32_t id[17];
+    float v[17];
     for (int i = 0; i < f->k; i++) id[i] = (int32_t)SL[1].vocab0 + i, v[i] = 1.0f - 0.01f * (float)i;
     switch (f->kind) {
     case 0: id[1] = (int32_t)CFG.n_vocab + 7; break;  /* outside the vocabulary */
@@ -87,19 +87,28 @@ static void *fake_rank1(void *p) {
     case 3: id[1] = -1; v[1] = 0; break;              /* padding, then an id again */
     case 4: v[3] = INFINITY; break;
     }
-    uint8_t pairs[16 * 8];
-    for (int i = 0; i < f->k; i++) {
+    /* the slot named its count (logprobs): the log-sum-exp pair follows */
+    id[f->k] = -2, v[f->k] = 2.0f;
+    switch (f->kind) {
+    case 5: id[f->k] = -1; break;                     /* not the pair's marker */
+    case 6: v[f->k] = 0.5f; break;                    /* below the best candidate (1.0) */
+    case 7: v[f->k] = NAN; break;
+    }
+    uint8_t pairs[17 * 8];
+    for (int i = 0; i <= f->k; i++) {
         memcpy(pairs + 8 * i, &id[i], 4);
         memcpy(pairs + 8 * i + 4, &v[i], 4);
     }
-    lk_link_send(l, pairs, 8 * (size_t)f->k, lk_deadline_ms(5000), err, sizeof err);
+    lk_link_send(l, pairs, 8 * (size_t)(f->k + 1), lk_deadline_ms(5000), err, sizeof err);
     return NULL;
 }
 
 TEST(bad_candidates_named) {
-    const char *want[5] = {"rank 1 sent a bad candidate for slot 0: id 519", "rank 1 sent a bad candidate for slot 0: id 0 (its rows 256..511)",
-                           "value nan", "rank 1 sent a bad candidate", "value inf"};
-    for (int kind = 0; kind < 5; kind++) {
+    const char *want[8] = {"rank 1 sent a bad candidate for slot 0: id 519", "rank 1 sent a bad candidate for slot 0: id 0 (its rows 256..511)",
+                           "value nan", "rank 1 sent a bad candidate", "value inf",
+                           "rank 1 sent a bad log-sum-exp for slot 0: id -1", "bad log-sum-exp for slot 0: id -2, value 0.5",
+                           "bad log-sum-exp for slot 0: id -2, value nan"};
+    for (int kind = 0; kind < 8; kind++) {
         lk_mesh *m0, *m1;
         mesh_pair(&m0, &m1);
         rank r0 = {0};
