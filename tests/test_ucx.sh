@@ -102,5 +102,5 @@ for tls in tcp posix,self; do
     elif [ -z "$wk" ]; then no "ucx_${tn}_dead_worker" "no worker process found" "$(tail -n 3 "$T/dead.err")"
     elif grep -Eq 'rank 1' "$T/dead.err" && [ $(( (t1 - t0) / 1000000 )) -lt 4000 ]; then ok "ucx_${tn}_dead_worker"
     else no "ucx_${tn}_dead_worker" "$(( (t1 - t0) / 1000000 )) ms" "$(tail -n 3 "$T/dead.err")"; fi
-    wait "$hp" 2>/dev/null
+    wait "$hp" 2>/dev/null || true   # the head fails, as it should; the checks above tell
 done
