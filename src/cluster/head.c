@@ -56,14 +56,19 @@ struct lk_cluster {
     uint8_t   key[LK_KEY_BYTES];
 };
 
-/* A worker's PING carries its steps' compute and network time so far, in
- * us modulo 2^32 (cluster.h): add what passed since the last one. */
-static void note_step_times(wconn *w, const uint8_t *p) {
+/* A worker's PING (n bytes at p) carries, after its nonce, its steps'
+ * compute and network time so far in us modulo 2^32 (cluster.h): add what
+ * passed since the last one. A PING without them adds nothing. */
+static void note_step_times(wconn *w, const uint8_t *p, uint32_t n) {
+    lk_rbuf rb = {p, n, 0, true};
+    (void)lk_rb_u64(&rb); /* the nonce */
+    uint32_t v[2];
+    v[0] = lk_rb_u32(&rb);
+    v[1] = lk_rb_u32(&rb);
+    if (!rb.ok) return;
     for (int k = 0; k < 2; k++) {
-        uint32_t v = (uint32_t)p[4 * k] | (uint32_t)p[4 * k + 1] << 8 | (uint32_t)p[4 * k + 2] << 16 |
-                     (uint32_t)p[4 * k + 3] << 24;
-        atomic_fetch_add(&w->step_us[k], (uint32_t)(v - w->ping_us[k]));
-        w->ping_us[k] = v;
+        atomic_fetch_add(&w->step_us[k], (uint32_t)(v[k] - w->ping_us[k]));
+        w->ping_us[k] = v[k];
     }
 }
 
@@ -162,7 +167,7 @@ static void *monitor_main(void *p) {
                 declare_dead(c, r, why, true);
             } else if (h.type == LK_MSG_PING) {
                 atomic_store(&c->w[r].last_seen, now);
-                if (h.len >= 16) note_step_times(&c->w[r], buf + 8);
+                note_step_times(&c->w[r], buf, h.len);
             } else {
                 snprintf(why, sizeof why, "worker rank %d (%s) sent an unexpected %s", r, c->w[r].addr,
                          lk_msg_name(h.type));

@@ -216,11 +216,11 @@ static void *heartbeat_main(void *p) {
             /* nonce, then the step time totals in us modulo 2^32 (the head
              * adds up the differences: one wrap per 71 minutes is fine) */
             uint8_t b[16];
-            uint32_t cu = (uint32_t)(atomic_load(&s->compute_ns) / 1000), mu = (uint32_t)(atomic_load(&s->comm_ns) / 1000);
-            for (int i = 0; i < 8; i++) b[i] = (uint8_t)(k >> (8 * i));
-            for (int i = 0; i < 4; i++) b[8 + i] = (uint8_t)(cu >> (8 * i)), b[12 + i] = (uint8_t)(mu >> (8 * i));
-            k++;
-            if (send_locked(s, LK_MSG_PING, b, 16, err, sizeof err)) {
+            lk_wbuf wb = {b, sizeof b, 0, true};
+            lk_wb_u64(&wb, k++);
+            lk_wb_u32(&wb, (uint32_t)(atomic_load(&s->compute_ns) / 1000));
+            lk_wb_u32(&wb, (uint32_t)(atomic_load(&s->comm_ns) / 1000));
+            if (send_locked(s, LK_MSG_PING, b, wb.len, err, sizeof err)) {
                 cut_mesh(s); /* the session thread notices the dead connection too */
                 break;
             }
