@@ -80,6 +80,9 @@ const char *lk_vec_simd_name(void);
 /* ---- elementwise ---- */
 void lk_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
 void lk_softmax(float *x, int64_t n);
+/* Whether any of x[0..n) is NaN or infinite (the logits' and the residual
+ * stream's check: an integer test of the exponent bits, vectorised). */
+bool lk_any_nonfinite(const float *x, int64_t n);
 /* In place out[i] = silu(gate[i]) * up[i]. */
 void lk_swiglu(float *gate, const float *up, int64_t n);
 

@@ -12,6 +12,26 @@ void lk_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps
     for (int64_t i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
 }
 
+/* Whether any of x[0..n) is NaN or infinite: an all-ones exponent, tested
+ * on the bits eight at a time (an integer test that -O2 vectorises, unlike a
+ * float reduction without -ffast-math). */
+bool lk_any_nonfinite(const float *x, int64_t n) {
+    uint32_t bad = 0;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint32_t u[8], b = 0;
+        memcpy(u, x + i, sizeof u);
+        for (int j = 0; j < 8; j++) b |= (~u[j] & 0x7f800000u) == 0;
+        bad |= b;
+    }
+    for (; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, x + i, 4);
+        bad |= (~u & 0x7f800000u) == 0;
+    }
+    return bad != 0;
+}
+
 void lk_softmax(float *x, int64_t n) {
     float max = -INFINITY;
     for (int64_t i = 0; i < n; i++) max = x[i] > max ? x[i] : max;

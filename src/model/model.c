@@ -1797,31 +1797,11 @@ void lk_model_trace_routing(lk_model *m, const lk_route_trace *t) {
     else memset(&m->trace, 0, sizeof m->trace);
 }
 
-/* Whether any of x[0..n) is NaN or infinite: an all-ones exponent, tested
- * on the bits eight at a time (an integer test that -O2 vectorises, unlike a
- * float reduction without -ffast-math). */
-static bool any_nonfinite(const float *x, int64_t n) {
-    uint32_t bad = 0;
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint32_t u[8], b = 0;
-        memcpy(u, x + i, sizeof u);
-        for (int j = 0; j < 8; j++) b |= (~u[j] & 0x7f800000u) == 0;
-        bad |= b;
-    }
-    for (; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, x + i, 4);
-        bad |= (~u & 0x7f800000u) == 0;
-    }
-    return bad != 0;
-}
-
 /* The residual stream: x += o (lk_vec_axpy_f32 with 1, the same bits as a
  * plain sum), then whether the sums went non-finite. */
 static bool add_nonfinite(float *x, const float *o, int64_t n) {
     lk_vec_axpy_f32(x, 1.0f, o, n);
-    return any_nonfinite(x, n);
+    return lk_any_nonfinite(x, n);
 }
 
 lk_status lk_model_layers(lk_model *m, float *x) {
@@ -1829,7 +1809,7 @@ lk_status lk_model_layers(lk_model *m, float *x) {
     const int n = m->n_rows;
     const int64_t nd = (int64_t)n * m->cfg.n_embd;
     lk_status st;
-    m->bad_layer = any_nonfinite(x, nd) ? m->sl.layer0 - 1 : -1; /* -1 + layer0: the rows came in non-finite */
+    m->bad_layer = lk_any_nonfinite(x, nd) ? m->sl.layer0 - 1 : -1; /* -1 + layer0: the rows came in non-finite */
     for (int li = 0; li < m->sl.layer1 - m->sl.layer0; li++) {
         const int layer = m->sl.layer0 + li;
         if (m->cfg.mla) attention_mla(m, li, x);

@@ -389,9 +389,7 @@ static lk_status candidates(lk_step *s, const lk_step_msg *msg, const float *x, 
             const lk_step_item *it = &msg->items[oi++];
             int seq = it->seq, k = s->ncand[seq];
             float *lg = s->logits + (size_t)r * s->nvoc;
-            float acc = 0;
-            for (int64_t v = 0; v < s->nvoc; v++) acc += lg[v] * 0.0f; /* NaN or inf anywhere makes it NaN */
-            if (acc != 0)
+            if (lk_any_nonfinite(lg, s->nvoc))
                 for (int64_t v = 0; v < s->nvoc; v++)
                     if (!isfinite(lg[v])) {
                         bool ffn;
