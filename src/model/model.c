@@ -17,7 +17,7 @@
  * 95 % with huge pages (file mappings get none: FilePmdMapped stays 0).
  * Without transparent huge pages, or with LK_WEIGHTS=mmap, the views stay on
  * the file mapping. Norms, biases and the embedding table stay mapped. */
-#include "model/model.h"
+#include "model/model_impl.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -25,119 +25,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
-
-/* Prefill attention takes queries in blocks of ATT_QB (attn_block_fn). */
-/* ROW_ALIGN: rows handed to a thread in multiples of 16 (64-byte lines of y), as kernels/ops.c does. */
-enum { ATT_QB = 16, ROW_ALIGN = 16 };
-
-/* One FFN's slice: gate and up rows [f0, f1) of this rank, down's matching
- * columns. An expert is one slab of the 3-D tensors. */
-typedef struct { lk_mat w1, w3, w2; } ffn_w;
-
-typedef struct {
-    const float *attn_norm, *ffn_norm;     /* (d) */
-    const float *q_norm, *k_norm;          /* (hd) qwen3 */
-    const float *bq, *bk, *bv;             /* (H*hd), (KV*hd) qwen2, already offset to the slice */
-    lk_mat wq, wk, wv, wo, w1, w2, w3;
-    /* MLA (deepseek2; model.h): the two LoRA-down projections are whole on
-     * every rank that holds heads (the latent is shared by all heads), the
-     * per-head ones hold this rank's heads. hd = v_head, kl = kv_lora. */
-    lk_mat wqa;                            /* attn_q_a [q_lora, d] */
-    lk_mat wkva;                           /* attn_kv_a_mqa [kl + rope, d] */
-    lk_mat wqb;                            /* attn_q_b [H * k_head, q_lora] */
-    lk_mat wkb;                            /* attn_k_b [H * kl, qk_nope]: head h = rows [h kl, (h+1) kl) */
-    lk_mat wvb;                            /* attn_v_b [H * hd, kl] */
-    const float *q_a_norm, *kv_a_norm;     /* (q_lora), (kl) */
-    /* mixture-of-experts layer (moe): the router and exp_probs_b are whole
-     * on every rank (every rank routes every token, the same way); each
-     * expert and the shared expert are sliced like a dense FFN */
-    bool moe;
-    lk_mat wr;                             /* ffn_gate_inp [E, d] */
-    const float *exp_b;                    /* (E) selection bias, or NULL */
-    ffn_w *ex;                             /* (E) */
-    ffn_w sh;                              /* shared expert (rows 0: none) */
-} layer_w;
-
-/* Scratch of the mixture-of-experts FFN, sized at load for n_batch tokens.
- * A "slot" is one (token, expert) pair: slots are grouped by expert in
- * expert order (within an expert, tokens in batch order), then one slot
- * per token for the shared expert, so every expert's tokens are
- * consecutive rows for the matrix kernel. */
-typedef struct {
-    float   *logits;     /* (B, E) router logits */
-    float   *probs;      /* (E) one row's scores */
-    float   *bsel;       /* (E) one row's selection scores (+ bias, groups masked) */
-    float   *gsc;        /* (groups) one row's group scores */
-    int32_t *sel;        /* (B, k) chosen experts, best first */
-    float   *wgt;        /* (B, k) their weights */
-    int32_t *row_slot;   /* (B, k) slot of (token, j) */
-    int32_t *slot_row;   /* (B*k + B) token of each slot */
-    int32_t *cnt, *off;  /* (E + 1) tokens per expert, first slot of each */
-    int32_t *act;        /* (E + 1) experts with tokens in this batch (then the shared one, index E) */
-    int      n_act;
-    void    *ain;        /* (slots, ain_stride) quantised FFN input per slot */
-    void    *adn;        /* (slots, adn_stride) quantised SwiGLU output per slot */
-    size_t   ain_stride, adn_stride;
-    float   *hg, *hu;    /* (slots, fmax) gate/up outputs */
-    float   *eo;         /* (slots, d) each slot's expert output */
-    int64_t  fmax;
-} moe_scratch;
-
-struct lk_model {
-    lk_model_config cfg;
-    lk_slice sl;
-    int n_ctx, n_batch;
-    int nh, nkv;            /* local heads, local kv heads */
-    int64_t nff, nvoc;      /* local dense FFN rows, local vocab rows */
-    lk_ffn_ranges fr;       /* FFN rows of each kind here (dense, expert, shared) */
-    int64_t nfe, nfs;       /* local expert rows, local shared-expert rows */
-    moe_scratch ms;
-    lk_route_trace trace;
-    const lk_gguf *g;
-    const lk_gguf_tensor *tok_embd;
-    const float *out_norm;
-    lk_mat wout;
-    layer_w *layers;        /* (layer1 - layer0) */
-    float *rope_cos, *rope_sin; /* (n_ctx, rope_dim/2) */
-    /* KV cache: n_pages pages of (layers here, KV heads here, LK_KV_PAGE, ahd)
-     * keys and as many values, F32 or F16. ahd is head_dim, or for MLA the
-     * latent row [c | rope(k_pe)] (kv_lora + rope_dim): then there is no
-     * vcache, the values being the first kv_lora of each key row. */
-    int ahd;
-    bool kv_f16;
-    void *kcache, *vcache;
-    size_t page_elems;      /* elements of one page (keys or values) */
-    int64_t n_pages, n_free;
-    int32_t *page_ref;      /* (n_pages) slots pointing at each page */
-    int32_t *free_pages;    /* (n_pages) stack of free pages, n_free of them */
-    int max_seqs, max_pps;  /* slots; pages per slot at most (n_ctx / LK_KV_PAGE rounded up) */
-    int32_t *ptab;          /* (max_seqs, max_pps) page of each slot's positions, -1: none */
-    int32_t *seq_len;       /* (max_seqs) */
-    /* the current batch (lk_model_batch) */
-    lk_batch_item *items;   /* (n_batch) */
-    int32_t *item_row0;     /* (n_batch + 1) first row of each item */
-    int32_t *row_item, *row_pos; /* (n_batch) item and position of each row */
-    int64_t *task0;         /* (n_batch + 1) first attention task of each item */
-    int32_t *out_rows;      /* (n_batch) lk_model_forward's logits rows */
-    int n_items, n_rows;
-    int bad_layer;          /* the last lk_model_layers: first layer whose output was non-finite (see model.h) */
-    bool bad_ffn;           /* ... in its FFN part (else attention) */
-    /* scratch, sized at load */
-    float *x, *xb, *q, *k, *v, *att, *o, *hg, *hu;
-    /* MLA scratch: (B, q_lora) (B, kv_lora + rope) (B, H k_head) (B, H hd);
-     * q and att are (B, H, ahd): [q_abs | rope(q_pe)] and the latent sums */
-    float *mqa, *mkva, *mqb, *mvo;
-    void *hact;             /* (threads, B, hact_stride) per-head activations (heads_fn) */
-    size_t hact_stride;
-    float *scores;          /* (threads, ATT_QB, n_ctx) */
-    void *act;              /* activation quantisation */
-    lk_pool *pool;
-    bool own_pool;
-    lk_tp_hooks hooks;
-    uint64_t weight_bytes;
-    void *arena;            /* huge-page copy of the matrices (NULL: views on the file) */
-    size_t arena_len;
-};
 
 /* ---------------------------------------------------------------- config */
 
