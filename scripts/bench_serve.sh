@@ -9,7 +9,8 @@
 # llama-server; scripts/llamacpp.sh builds one; unset: lockstep rows only),
 # THREADS (default: the cores), N_TOK (decode tokens per request, default
 # 64), REQ_X (requests per level = REQ_X x concurrency, default 2), WORDS
-# (prompt words, default 16).
+# (prompt words, default 16), ROUNDS (default 1: each server's rows ROUNDS
+# times, the servers taking turns, so a noisy machine shows in the spread).
 # The memory-bandwidth bound of one token, measured in the same run, is
 # printed first (lockstep bench).
 set -euo pipefail
@@ -53,14 +54,16 @@ serve_lockstep() { # NAME ARGS...
     kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true
 }
 
-serve_lockstep "lockstep-1node" -t "$TH"
-serve_lockstep "lockstep-tp2" --local 2 --tp 2 -t $((TH / 2 > 0 ? TH / 2 : 1))
-if [ -n "${LLAMA_SERVER:-}" ]; then
-    # llama-server divides -c among its slots: each slot gets CTX
-    "$LLAMA_SERVER" -m "$M" --port "$PORT" -np "$MAXC" -c $((CTX * MAXC)) -t "$TH" -cb --no-webui >/tmp/bench_serve.$$.out 2>&1 &
-    pid=$!
-    if wait_ready "http://127.0.0.1:$PORT" "$pid"; then run_levels "llama-server" "http://127.0.0.1:$PORT"
-    else echo "llama-server: did not start: $(tail -3 /tmp/bench_serve.$$.out)"; fi
-    kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true
-fi
+for _round in $(seq "${ROUNDS:-1}"); do
+    serve_lockstep "lockstep-1node" -t "$TH"
+    serve_lockstep "lockstep-tp2" --local 2 --tp 2 -t $((TH / 2 > 0 ? TH / 2 : 1))
+    if [ -n "${LLAMA_SERVER:-}" ]; then
+        # llama-server divides -c among its slots: each slot gets CTX
+        "$LLAMA_SERVER" -m "$M" --port "$PORT" -np "$MAXC" -c $((CTX * MAXC)) -t "$TH" -cb --no-webui >/tmp/bench_serve.$$.out 2>&1 &
+        pid=$!
+        if wait_ready "http://127.0.0.1:$PORT" "$pid"; then run_levels "llama-server" "http://127.0.0.1:$PORT"
+        else echo "llama-server: did not start: $(tail -3 /tmp/bench_serve.$$.out)"; fi
+        kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true
+    fi
+done
 rm -f /tmp/bench_serve.$$.out
