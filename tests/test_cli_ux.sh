@@ -99,7 +99,7 @@ expect workers_no_key 2 "$L" run -m "$M" -p hi -n 2 --workers 127.0.0.1:9
 has workers_no_key_msg "$T/err" '--workers needs --key-file'
 expect workers_and_local 2 "$L" run -m "$M" -p hi -n 2 --workers 127.0.0.1:9 --local 2
 expect bad_transport 2 "$L" run -m "$M" -p hi -n 2 --local 2 --transport foo
-has bad_transport_msg "$T/err" "--transport must be auto, tcp, shm or ucx \(got 'foo'\)"
+has bad_transport_msg "$T/err" "--transport must be auto, tcp, shm, ucx or mpi \(got 'foo'\)"
 expect bad_wire 2 "$L" run -m "$M" -p hi -n 2 --local 2 --wire q9
 expect bad_ctx 2 "$L" run -m "$M" -p hi -n 2 --ctx -5
 expect chat_tp_local_mismatch 2 "$L" chat -m "$M" --chat-template chatml --tp 3 --local 2

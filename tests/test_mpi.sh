@@ -6,6 +6,11 @@
 # object); flags that name another cluster are refused on every rank; a
 # killed worker is named and the job ends within seconds (no hang in
 # MPI_Finalize); serve answers a completion with the one-process text.
+# --transport mpi (data links as MPI messages): refused outside mpirun;
+# stories260K under -np 2 (tp), -np 3 (tp 3, pp 3), -np 4 (tp 2 x pp 2) and
+# a synthetic model under -np 2 and -np 4 (tp 2 x pp 2) equal one process;
+# a batch; every link reports MPI; netbench runs over it; a killed worker is
+# named and the job ends within seconds (no hang in MPI_Finalize).
 # SKIPs when mpirun is missing or the build has no MPI. Run from the
 # repository root by tests/run.sh with LOCKSTEP set.
 set -u
@@ -76,25 +81,66 @@ ids <"$T/manyb.json" >"$T/manyb.txt"
 if [ "$(wc -l <"$T/oneb.txt")" -eq 3 ] && cmp -s "$T/oneb.txt" "$T/manyb.txt" && [ "$(wc -l <"$T/manyb.json")" -eq 3 ]
 then ok mpi_np2_batch_json_rank0_only; else no mpi_np2_batch_json_rank0_only "$(head -c 300 "$T/manyb.json")"; fi
 
-# a worker killed mid-run: named by the head, the job over within seconds
-$MPIRUN -np 2 "$L" run -m "$M" -p "Once upon a time" -n 1000000 --ctx 16384 --ignore-eos --temp 0 >/dev/null 2>"$T/dead.err" &
-MP=$!
-for _ in $(seq 100); do grep -q 'cluster: 2 ranks' "$T/dead.err" && break; sleep 0.05; done
-sleep 0.3
-wk=
-for c in $(pgrep -P "$MP"); do
-    tr '\0' '\n' <"/proc/$c/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && wk=$c
+# --transport mpi: outside a job it is refused, naming why
+"$L" run -m "$M" -p hi -n 1 --transport mpi >"$T/out" 2>"$T/err"
+rc=$?
+if [ "$rc" -eq 2 ] && grep -q 'transport mpi needs a job started by mpirun or srun' "$T/err"; then ok mpi_transport_outside_job
+else no mpi_transport_outside_job "exit $rc" "$(cat "$T/err")"; fi
+# the data over MPI: every layout and a synthetic model give the one-process tokens
+mruns=("$M|2" "$M|3" "$M|3 --pp 3" "$M|4 --tp 2 --pp 2")
+S=$TD/synth/synth-llama-q8_0.gguf
+if td_need mpi_transport_synth synth/synth-llama-q8_0.gguf; then
+    "$L" run -m "$S" -p "Once upon a time" -n 24 --temp 0 >"$T/one_synth.txt" 2>"$T/one.err"
+    mruns+=("$S|2" "$S|4 --tp 2 --pp 2")
+fi
+for mr in "${mruns[@]}"; do
+    model=${mr%%|*}
+    lay=${mr#*|}
+    np=${lay%% *}
+    rest=${lay#"$np"}
+    ref=$T/one.txt
+    [ "$model" = "$S" ] && ref=$T/one_synth.txt
+    name=mpi_transport_$(basename "$model" .gguf | tr -dc 'a-z0-9')_np$(echo "$lay" | tr -dc 'a-z0-9')
+    # shellcheck disable=SC2086
+    if timeout 60 $MPIRUN -np "$np" "$L" run -m "$model" -p "Once upon a time" -n 24 --temp 0 --transport mpi $rest \
+        >"$T/many.txt" 2>"$T/many.err" && cmp -s "$ref" "$T/many.txt"; then ok "$name"
+    else no "$name" "$(head -c 200 "$T/many.txt")" "$(grep -v info "$T/many.err" | tail -n 4)"; fi
 done
-t0=$(date +%s%N)
-[ -n "$wk" ] && kill -9 "$wk"
-for _ in $(seq 200); do kill -0 "$MP" 2>/dev/null || break; sleep 0.05; done
-ms=$(( ($(date +%s%N) - t0) / 1000000 ))
-if kill -0 "$MP" 2>/dev/null; then no mpi_dead_worker "mpirun still running 10 s after the kill"; kill "$MP"
-elif [ -z "$wk" ]; then no mpi_dead_worker "no rank 1 process under mpirun" "$(tail -n 3 "$T/dead.err")"
-elif grep -q 'lost worker rank 1' "$T/dead.err" && [ "$ms" -lt 5000 ]; then ok mpi_dead_worker
-else no mpi_dead_worker "$ms ms" "$(grep -v info "$T/dead.err" | tail -n 4)"; fi
-wait "$MP" 2>/dev/null
-MP=
+# the last run (4 ranks): every rank reports an MPI link to each of its peers (12 lines)
+if [ "$(grep -Ec '^lockstep: mpi link to rank [0-3] \(.*\): MPI rank [0-3] -> [0-3], ' "$T/many.err")" -eq 12 ]
+then ok mpi_transport_links_reported; else no mpi_transport_links_reported "$(grep 'link to' "$T/many.err" | head -n 4)"; fi
+timeout 60 $MPIRUN -np 3 "$L" run -m "$M" --prompts-file "$T/prompts.txt" -n 12 --temp 0 --json --transport mpi \
+    >"$T/manyb.json" 2>"$T/many.err"
+ids <"$T/manyb.json" >"$T/manyb.txt"
+if [ "$(wc -l <"$T/oneb.txt")" -eq 3 ] && cmp -s "$T/oneb.txt" "$T/manyb.txt"
+then ok mpi_transport_np3_batch; else no mpi_transport_np3_batch "$(head -c 300 "$T/manyb.json")" "$(grep -v info "$T/many.err" | tail -n 3)"; fi
+timeout 60 $MPIRUN -np 2 "$L" netbench --transport mpi --sizes 64,16K --iters 50 >"$T/nb.txt" 2>"$T/nb.err"
+if grep -q 'data over mpi' "$T/nb.txt" && grep -Eq '^16 KiB +[0-9.]+ ' "$T/nb.txt"; then ok mpi_transport_netbench
+else no mpi_transport_netbench "$(cat "$T/nb.txt")" "$(grep -v info "$T/nb.err" | tail -n 3)"; fi
+
+# a worker killed mid-run: named by the head, the job over within seconds
+for tflag in "" "--transport mpi"; do
+    tn=mpi_dead_worker${tflag:+_over_mpi}
+    # shellcheck disable=SC2086
+    $MPIRUN -np 2 "$L" run -m "$M" -p "Once upon a time" -n 1000000 --ctx 16384 --ignore-eos --temp 0 $tflag >/dev/null 2>"$T/dead.err" &
+    MP=$!
+    for _ in $(seq 100); do grep -q 'cluster: 2 ranks' "$T/dead.err" && break; sleep 0.05; done
+    sleep 0.3
+    wk=
+    for c in $(pgrep -P "$MP"); do
+        tr '\0' '\n' <"/proc/$c/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && wk=$c
+    done
+    t0=$(date +%s%N)
+    [ -n "$wk" ] && kill -9 "$wk"
+    for _ in $(seq 200); do kill -0 "$MP" 2>/dev/null || break; sleep 0.05; done
+    ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+    if kill -0 "$MP" 2>/dev/null; then no "$tn" "mpirun still running 10 s after the kill"; kill "$MP"
+    elif [ -z "$wk" ]; then no "$tn" "no rank 1 process under mpirun" "$(tail -n 3 "$T/dead.err")"
+    elif grep -q 'lost worker rank 1' "$T/dead.err" && [ "$ms" -lt 5000 ]; then ok "$tn"
+    else no "$tn" "$ms ms" "$(grep -v info "$T/dead.err" | tail -n 4)"; fi
+    wait "$MP" 2>/dev/null
+    MP=
+done
 
 # serve under mpirun: the head answers; its text is the one-process text
 port=$(( 20000 + RANDOM % 20000 ))

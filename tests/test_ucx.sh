@@ -34,7 +34,7 @@ if grep -q 'built without UCX' "$T/err"; then
 fi
 "$L" run --transport nope -m "$M" -p hi >"$T/out" 2>"$T/err"
 rc=$?
-if [ "$rc" -eq 2 ] && grep -q "transport must be auto, tcp, shm or ucx (got 'nope')" "$T/err"; then ok bad_transport
+if [ "$rc" -eq 2 ] && grep -q "transport must be auto, tcp, shm, ucx or mpi (got 'nope')" "$T/err"; then ok bad_transport
 else no bad_transport "exit $rc" "$(cat "$T/err")"; fi
 
 # --seal keeps data on sealed TCP: UCX links cannot be sealed, so the pair is refused

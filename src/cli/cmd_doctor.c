@@ -143,7 +143,7 @@ int lk_cmd_doctor(int argc, char **argv) {
         {"--pp", NULL, LK_OPT_INT, &pp, "M", "pipeline stages of the layout to check (default 1)"},
         {"--threads", "-t", LK_OPT_INT, &threads, "N", "threads per rank (default: as run: the cores / local ranks)"},
         {"--ctx", "-c", LK_OPT_INT, &ctx, "N", "context for the memory check and the decode steps (default 256)"},
-        {"--transport", NULL, LK_OPT_STR, &transport, "T", "auto (shm between local ranks, default), tcp, shm or ucx"},
+        {"--transport", NULL, LK_OPT_STR, &transport, "T", "auto (shm between local ranks, default), tcp, shm, ucx or mpi (under mpirun)"},
         {"--iters", NULL, LK_OPT_INT, &iters, "K", "ping-pong and all-reduce repetitions per size (default 200)"},
         {"--verbose", "-v", LK_OPT_FLAG, &verbose, NULL, "the cluster's own log lines too"},
         {"--json", NULL, LK_OPT_FLAG, &json, NULL, "one JSON object: nodes, checks, figures, verdict, recommended layout"},

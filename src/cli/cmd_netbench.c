@@ -79,7 +79,7 @@ int lk_cmd_netbench(int argc, char **argv) {
         {"--workers", "-w", LK_OPT_STR, &workers, "H:P,...", "running worker daemons (with --key-file); this process is rank 0"},
         {"--addrs", NULL, LK_OPT_STR, &addrs_s, "H:P,...", "every rank's address, for runs across hosts (with --rank)"},
         {"--rank", NULL, LK_OPT_INT, &rank, "R", "this process's rank in --addrs"},
-        {"--transport", NULL, LK_OPT_STR, &transport, "T", "auto (shm between local ranks, default), tcp, shm or ucx"},
+        {"--transport", NULL, LK_OPT_STR, &transport, "T", "auto (shm between local ranks, default), tcp, shm, ucx or mpi (under mpirun)"},
         {"--sizes", NULL, LK_OPT_STR, &sizes_s, "LIST", "message sizes, e.g. 64,4K,16K,1M"},
         {"--iters", NULL, LK_OPT_INT, &iters, "K", "timed repetitions per size (default 1000; fewer for big sizes)"},
         {"--spin-us", NULL, LK_OPT_INT, &spin_us, "US", "spin before blocking (default: 50 while ranks fit the cores, else 0)"},
@@ -89,7 +89,7 @@ int lk_cmd_netbench(int argc, char **argv) {
         {"--wire", NULL, LK_OPT_STR, &wire, "FMT", "all-reduce payload format: f32 (default), f16, bf16, q8"},
         {0},
     };
-    const char *syn = "--local N | --workers H:P,... --key-file F | --addrs H:P,... --rank R  [--transport auto|tcp|shm|ucx] "
+    const char *syn = "--local N | --workers H:P,... --key-file F | --addrs H:P,... --rank R  [--transport auto|tcp|shm|ucx|mpi] "
                       "[--sizes LIST] [--seal]";
     int np = lk_args_parse("netbench", syn, opts, argc, argv, NULL, 0);
     if (np == LK_ARGS_HELP || np == LK_ARGS_VERSION) return 0;

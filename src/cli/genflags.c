@@ -48,7 +48,7 @@ void lk_genflags_opts(lk_genflags *f, lk_opt *opts, int *n, int cap) {
         { "--pp", NULL, LK_OPT_INT, &f->pp, "N", "pipeline stages" },
         { "--tp-weights", NULL, LK_OPT_STR, &f->tp_weights, "W,W,..", "relative share of each TP rank (mixed-speed nodes)" },
         { "--layers-split", NULL, LK_OPT_STR, &f->layers_split, "N,N,..", "layers per pipeline stage" },
-        { "--transport", NULL, LK_OPT_STR, &f->transport, "NAME", "auto | tcp | shm | ucx (default auto)" },
+        { "--transport", NULL, LK_OPT_STR, &f->transport, "NAME", "auto | tcp | shm | ucx | mpi (default auto; mpi under mpirun)" },
         { "--wire", NULL, LK_OPT_STR, &f->wire, "FMT", "all-reduce wire format: f32 (default, exact), f16, bf16, q8" },
         { "--seal", NULL, LK_OPT_FLAG, &f->seal, NULL, lk_seal_help },
     };

@@ -87,8 +87,11 @@ int main(int argc, char **argv) {
     /* under mpirun/srun a cluster command runs on every rank (launch.h) */
     int ac = argc - 2, rc;
     char **av = argv + 2;
-    if ((!strcmp(argv[1], "run") || !strcmp(argv[1], "chat") || !strcmp(argv[1], "serve") || !strcmp(argv[1], "bench")) &&
+    if ((!strcmp(argv[1], "run") || !strcmp(argv[1], "chat") || !strcmp(argv[1], "serve") || !strcmp(argv[1], "bench") ||
+         !strcmp(argv[1], "netbench")) &&
         lk_launch_from_env(argv[1], &ac, &av, &rc))
         return rc;
-    return fn(ac, av);
+    rc = fn(ac, av);
+    lk_launch_end(rc);
+    return rc;
 }

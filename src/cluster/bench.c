@@ -1,6 +1,7 @@
 /* The network benchmark, on one rank of an established mesh: ping-pong
  * latency and bandwidth between ranks 0 and 1 per message size, then the
- * all-reduce time of every algorithm, all in one run so they can be read
+ * all-reduce time of every algorithm (over MPI links, MPI_Allreduce's too,
+ * on a line of its own under the row), all in one run so they can be read
  * side by side. `lockstep netbench` runs it with --local or --addrs, and a
  * worker daemon runs it for a head that sends BENCH (--workers). */
 #include "cluster/cluster.h"
@@ -112,6 +113,29 @@ lk_status lk_bench_run(lk_mesh *mesh, const lk_bench_cfg *c, FILE *out, char *er
             }
             if (!rc && lk_comm_barrier(comm)) rc = lk_fail(err, errlen, LK_ERR_NET, "%s", lk_comm_last_error(comm)) != LK_OK;
         }
+        /* Over MPI links: MPI's own all-reduce too, for comparison (every
+         * rank's links are MPI, so all of them get here) */
+        double mpi_med = 0, mpi_p99 = 0;
+        if (!rc && n > 1 && lk_mpi_report(peer)) {
+            for (int i = -warm; i < reps && !rc; i++) {
+                for (int64_t k = 0; k < nf; k++) x[k] = 1.0f;
+                uint64_t t0 = lk_time_ns();
+                if (lk_mpi_allreduce_f32(x, nf, lk_deadline_ms(20000), why, sizeof why)) {
+                    lk_fail(err, errlen, LK_ERR_NET, "rank %d: %s", rank, why);
+                    rc = 1;
+                }
+                if (i >= 0) t[i] = (double)(lk_time_ns() - t0) / 1e3;
+            }
+            if (!rc && x[0] != (float)n) {
+                lk_fail(err, errlen, LK_ERR_PEER, "rank %d: wrong MPI_Allreduce result %g (want %d)", rank, x[0], n);
+                rc = 1;
+            }
+            if (!rc) {
+                mpi_med = pct(t, reps, 0.5);
+                mpi_p99 = pct(t, reps, 0.99);
+            }
+            if (!rc && lk_comm_barrier(comm)) rc = lk_fail(err, errlen, LK_ERR_NET, "%s", lk_comm_last_error(comm)) != LK_OK;
+        }
         if (!rc && rank == 0 && out) {
             char sz[32], cell[4][32];
             fmt_size(bytes, sz, sizeof sz);
@@ -125,6 +149,8 @@ lk_status lk_bench_run(lk_mesh *mesh, const lk_bench_cfg *c, FILE *out, char *er
             else
                 fprintf(out, "%-9s %9.2f %9.2f %11.1f | %-15s %-15s %-15s %-15s %s\n", sz, pp_med, pp_p99,
                        (double)bytes / pp_med, cell[0], cell[1], cell[2], cell[3], lk_ar_algo_name(lk_comm_pick(n, bytes)));
+            /* not a table row (no number first): readers of the table skip it */
+            if (mpi_med > 0) fprintf(out, "%-9s %-33s | MPI_Allreduce %.1f / %.1f\n", "", "", mpi_med, mpi_p99);
             fflush(out);
         }
     }

@@ -45,6 +45,8 @@ bool lk_launch_env(int *rank, int *size, const char **by) {
     return false;
 }
 
+void lk_launch_end(int rc) { lk_mpi_end(rc); }
+
 #ifndef LK_HAVE_MPI
 
 bool lk_launch_from_env(const char *cmd, int *argc, char ***argv, int *rc) {
@@ -69,6 +71,16 @@ static bool has_flag(int argc, char **argv, const char *a, const char *b) {
     return false;
 }
 
+/* The value of a flag given as "--name V" or "--name=V"; NULL if absent. */
+static const char *flag_value(int argc, char **argv, const char *name) {
+    size_t k = strlen(name);
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], name)) return i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strncmp(argv[i], name, k) && argv[i][k] == '=') return argv[i] + k + 1;
+    }
+    return NULL;
+}
+
 #define HOST_LEN 64
 /* the head's new argv, for the life of the process (and reachable for LSan) */
 static char **g_argv, *g_workers;
@@ -80,7 +92,9 @@ typedef struct {
 
 static bool bootstrap_fail(int rank, int *rc, int code) {
     *rc = code;
-    MPI_Finalize();
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin && !lk_mpi_active()) MPI_Finalize();
     (void)rank;
     return true;
 }
@@ -104,11 +118,22 @@ bool lk_launch_from_env(const char *cmd, int *argc, char ***argv, int *rc) {
         *rc = 2;
         return true;
     }
+    /* --transport mpi keeps MPI for the data links (transport/mpi.c): every
+     * MPI call there holds one lock, so SERIALIZED is enough even though
+     * the server's scheduler thread is not this one */
+    const char *tr = flag_value(*argc, *argv, "--transport");
+    bool keep = tr && !strcmp(tr, "mpi");
     int provided = 0;
-    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SINGLE, &provided) != MPI_SUCCESS) {
+    if (MPI_Init_thread(NULL, NULL, keep ? MPI_THREAD_SERIALIZED : MPI_THREAD_SINGLE, &provided) != MPI_SUCCESS) {
         fprintf(stderr, "lockstep %s: MPI_Init failed (rank %d of %d, started by %s)\n", cmd, rank, size, by);
         *rc = 1;
         return true;
+    }
+    if (keep && provided < MPI_THREAD_SERIALIZED) {
+        if (rank == 0)
+            fprintf(stderr, "lockstep %s: --transport mpi needs MPI_THREAD_SERIALIZED, this MPI offers level %d\n", cmd,
+                    provided);
+        return bootstrap_fail(rank, rc, 1);
     }
     int mr = -1, ms = -1;
     MPI_Comm_rank(MPI_COMM_WORLD, &mr);
@@ -135,9 +160,17 @@ bool lk_launch_from_env(const char *cmd, int *argc, char ***argv, int *rc) {
     char hex[2 * LK_KEY_BYTES + 1] = "";
     if (rank == 0) lk_key_generate(hex);
     MPI_Bcast(hex, (int)sizeof hex, MPI_CHAR, 0, MPI_COMM_WORLD);
-    /* Nothing of MPI is needed past here: finishing now means a rank that
-     * dies later cannot leave the others waiting in MPI_Finalize. */
-    MPI_Finalize();
+    /* Without --transport mpi nothing of MPI is needed past here: finishing
+     * now means a rank that dies later cannot leave the others waiting in
+     * MPI_Finalize. With it, lk_launch_end finishes (only after a clean run). */
+    char why[LK_ERRLEN];
+    if (!keep) MPI_Finalize();
+    else if (lk_mpi_adopt(why, sizeof why)) {
+        if (rank == 0) fprintf(stderr, "lockstep %s: %s\n", cmd, why);
+        free(all);
+        if (lfd >= 0) close(lfd);
+        return bootstrap_fail(rank, rc, 1);
+    }
     int here = 0;
     for (int r = 0; r < size; r++) {
         all[r].host[HOST_LEN - 1] = 0;
@@ -168,6 +201,7 @@ bool lk_launch_from_env(const char *cmd, int *argc, char ***argv, int *rc) {
         lk_status st = lk_worker_serve(&wo, e, sizeof e);
         if (st) fprintf(stderr, "lockstep worker (rank %d of %d, %s): %s\n", rank, size, by, e);
         *rc = st ? 1 : 0;
+        lk_launch_end(*rc);
         return true;
     }
     /* The head: --workers from the job, the key through a memfd. */
@@ -195,8 +229,9 @@ bool lk_launch_from_env(const char *cmd, int *argc, char ***argv, int *rc) {
     nv[n++] = workers;
     nv[n++] = "--key-file";
     nv[n++] = kpath;
-    /* ranks sharing this host share its cores, as --local ranks do */
-    if (!has_flag(*argc, *argv, "--threads", "-t") && here > 1) {
+    /* ranks sharing this host share its cores, as --local ranks do
+     * (netbench computes nothing and has no --threads) */
+    if (strcmp(cmd, "netbench") && !has_flag(*argc, *argv, "--threads", "-t") && here > 1) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         snprintf(threads, sizeof threads, "%ld", cores / here > 0 ? cores / here : 1);
         nv[n++] = "--threads";

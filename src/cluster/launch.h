@@ -13,7 +13,13 @@
  * the command as if given `--workers` (ranks on its own host by 127.0.0.1)
  * and `--key-file` (the key in a memfd: never on disk). The launcher is the
  * trust boundary: whoever can start ranks in the job gets the key.
- * `--tp/--pp` default to the job size as they do for --workers. */
+ * `--tp/--pp` default to the job size as they do for --workers.
+ *
+ * With --transport mpi (on every rank's command line) MPI stays up instead
+ * (MPI_THREAD_SERIALIZED, lk_mpi_adopt): the data links are MPI messages
+ * (transport/mpi.c), the control links stay TCP and keep naming dead ranks.
+ * lk_launch_end then calls MPI_Finalize after a clean run only, bounded in
+ * time; after a failure the rank leaves without it and mpirun ends the job. */
 #ifndef LK_LAUNCH_H
 #define LK_LAUNCH_H
 
@@ -23,11 +29,17 @@
  * by one (or a job of one rank). */
 bool lk_launch_env(int *rank, int *size, const char **by);
 
-/* Called by main before a cluster command (run, chat, serve, bench) runs.
+/* Called by main before a cluster command (run, chat, serve, bench,
+ * netbench) runs.
  * Not under a launcher: returns false and changes nothing. A worker rank:
  * serves, then returns true with its exit status in *rc. The head: returns
  * false with argc and argv extended by --workers and --key-file. A bootstrap
  * failure: true, the message on stderr, *rc 1 (2 for bad flags). */
 bool lk_launch_from_env(const char *cmd, int *argc, char ***argv, int *rc);
+
+/* Called by main with the command's exit status (and by a worker rank
+ * itself): ends MPI when --transport mpi kept it (lk_mpi_end); no-op
+ * otherwise. */
+void lk_launch_end(int rc);
 
 #endif

@@ -65,7 +65,7 @@ bool lk_proto_load_decode(const uint8_t *buf, uint32_t len, lk_load_msg *m) {
            m->rank < m->n_ranks && m->tp >= 1 && m->tp <= m->n_ranks && slice_sane(&m->slice) &&
            !strchr(m->model_name, '/') && m->model_name[0] && m->model_name[0] != '.' && m->n_ctx >= 0 &&
            m->n_ctx <= (1 << 24) && m->n_batch >= 0 && m->n_batch <= (1 << 16) && m->n_threads >= 0 &&
-           m->n_threads <= 1024 && m->kv_f16 <= 1 && m->shm <= LK_MESH_UCX && m->wire <= LK_WIRE_Q8;
+           m->n_threads <= 1024 && m->kv_f16 <= 1 && m->shm <= LK_MESH_MPI && m->wire <= LK_WIRE_Q8;
 }
 
 uint32_t lk_proto_loaded_encode(const lk_loaded_msg *m, uint8_t *buf, uint32_t cap) {
@@ -139,7 +139,7 @@ bool lk_proto_bench_decode(const uint8_t *buf, uint32_t len, lk_bench_msg *m) {
     m->cfg.wire = (lk_wire_fmt)wire;
     m->cfg.allreduce_only = aro != 0;
     return r.ok && r.pos == r.len && m->n_ranks >= 2 && m->n_ranks <= LK_MAX_RANKS && m->rank >= 1 &&
-           m->rank < m->n_ranks && m->shm <= LK_MESH_UCX && wire <= LK_WIRE_Q8 && aro <= 1 &&
+           m->rank < m->n_ranks && m->shm <= LK_MESH_MPI && wire <= LK_WIRE_Q8 && aro <= 1 &&
            m->cfg.iters >= 1 && m->cfg.iters <= 1000000 && m->spin_ns <= 1000000000;
 }
 

@@ -218,9 +218,20 @@ lk_status lk_mesh_create(const lk_mesh_params *p, lk_mesh **out, char *err, size
         /* UCX when asked, and by default to another host when this one has
          * an RDMA device and the build has UCX (ucx.c reports its lanes) */
         /* a sealed cluster keeps its data on sealed TCP: UCX's lanes are not sealed */
-        if (p->shm == LK_MESH_UCX && lk_seal_is(m->ctl[s])) {
-            st = lk_fail(err, errlen, LK_ERR_ARG, "--seal and --transport ucx do not go together: UCX links are not sealed");
+        if ((p->shm == LK_MESH_UCX || p->shm == LK_MESH_MPI) && lk_seal_is(m->ctl[s])) {
+            st = lk_fail(err, errlen, LK_ERR_ARG, "--seal and --transport %s do not go together: %s links are not sealed",
+                         p->shm == LK_MESH_MPI ? "mpi" : "ucx", p->shm == LK_MESH_MPI ? "MPI" : "UCX");
             goto fail;
+        }
+        /* MPI when asked: the pairs in the same global order as shm's */
+        if (p->shm == LK_MESH_MPI) {
+            lk_link *ml = NULL;
+            if ((st = lk_mpi_pair(m->ctl[s], p->rank < s, deadline, &ml, why, sizeof why))) {
+                st = lk_fail(err, errlen, st, "mpi setup with rank %d: %s", s, why);
+                goto fail;
+            }
+            m->data[s] = ml;
+            continue;
         }
         if (p->shm == LK_MESH_UCX || (p->shm == LK_MESH_SHM_AUTO && !same && !lk_seal_is(m->ctl[s]) && lk_ucx_built() &&
                                       lk_rdma_device_present())) {

@@ -13,6 +13,10 @@
  *   - ucx.c: UCP stream endpoints (--transport ucx, when built with UCX):
  *     InfiniBand/RoCE, shared memory or TCP, as UCX selects; set up over
  *     the TCP link like shm, and says per peer what UCX chose.
+ *   - mpi.c: MPI point-to-point messages (--transport mpi, only in a job
+ *     started by mpirun/srun; when built with MPI): whatever the MPI
+ *     library drives; set up over the TCP link like shm, which stays the
+ *     liveness check (MPI itself may never notice a dead peer).
  *   - seal.c: wraps a TCP link after the cluster handshake (opt-in --seal):
  *     AEAD records (AES-256-GCM or ChaCha20-Poly1305), so an on-path
  *     attacker can neither read nor alter, inject, replay or cut the stream
@@ -152,6 +156,38 @@ const char *lk_ucx_report(const lk_link *l);
 /* A device under /sys/class/infiniband (InfiniBand or RoCE NIC). */
 bool lk_rdma_device_present(void);
 
+/* --- MPI (mpi.c) ------------------------------------------------------- */
+
+/* Whether this build has MPI (the Makefile found libopenmpi-dev). */
+bool lk_mpi_built(void);
+/* Whether MPI stays up in this process for --transport mpi (lk_mpi_adopt
+ * ran, lk_mpi_end not yet). */
+bool lk_mpi_active(void);
+/* launch.c, right after MPI_Init_thread (MPI_THREAD_SERIALIZED at least) on
+ * every rank of the job: MPI is kept for the data links. Errors are
+ * returned, never abort the job (MPI_ERRORS_RETURN). */
+lk_status lk_mpi_adopt(char *err, size_t errlen);
+/* At exit (rc: the process's exit status): MPI_Finalize after a clean run
+ * (bounded: a rank that never gets there cannot hold this one more than
+ * 10 s); after a failure nothing, so mpirun ends the job. No-op unless
+ * adopted. */
+void lk_mpi_end(int rc);
+/* Like lk_shm_pair: both sides call it at the same point with their TCP link
+ * to the peer; lower is true on the lower mesh rank. MPI ranks and the
+ * link's tag travel over ctl, then one round trip over MPI checks them.
+ * Prints "lockstep: mpi link to rank 1 (...): MPI rank 0 -> 1, Open MPI
+ * v4.1.4". ctl stays open and is watched for the peer's death. Outside an
+ * MPI job: LK_ERR_ARG with a message saying so. */
+lk_status lk_mpi_pair(lk_link *ctl, bool lower, uint64_t deadline_ns, lk_link **out, char *err, size_t errlen);
+/* What an MPI link reports ("MPI rank 0 -> 1, Open MPI v4.1.4"); NULL for
+ * any other link. */
+const char *lk_mpi_report(const lk_link *l);
+/* MPI's own MPI_Allreduce (sum) of n floats over every rank of the job,
+ * for netbench to compare with lockstep's algorithms over MPI links; the
+ * collectives never use it (its summation order is MPI's, not the
+ * rank-ordered one batch invariance needs). */
+lk_status lk_mpi_allreduce_f32(float *x, int64_t n, uint64_t deadline_ns, char *err, size_t errlen);
+
 /* --- sealed links (seal.c) ---------------------------------------------- */
 
 /* A sealed link carries the bytes of a TCP link as AEAD records (see seal.c
@@ -260,10 +296,12 @@ void lk_gate_free(lk_gate *g); /* closes the connections still waiting; NULL ok 
 typedef struct lk_mesh lk_mesh;
 
 /* The data transport of a mesh (named for its first use: shm or not).
- * LK_MESH_UCX: every peer link over UCX (lk_ucx_pair). */
-typedef enum { LK_MESH_SHM_AUTO = 0, LK_MESH_SHM_OFF, LK_MESH_SHM_FORCE, LK_MESH_UCX } lk_mesh_shm;
-/* --transport NAME -> the mode: auto, tcp, shm, ucx; a name not built in
- * ("lockstep was built without UCX ...") or unknown is LK_ERR_ARG. */
+ * LK_MESH_UCX: every peer link over UCX (lk_ucx_pair); LK_MESH_MPI: over
+ * MPI (lk_mpi_pair). */
+typedef enum { LK_MESH_SHM_AUTO = 0, LK_MESH_SHM_OFF, LK_MESH_SHM_FORCE, LK_MESH_UCX, LK_MESH_MPI } lk_mesh_shm;
+/* --transport NAME -> the mode: auto, tcp, shm, ucx, mpi; a name not built in
+ * ("lockstep was built without UCX ..."), mpi outside an MPI job, or an
+ * unknown name is LK_ERR_ARG. */
 lk_status lk_transport_parse(const char *name, lk_mesh_shm *out, char *err, size_t errlen);
 
 typedef struct {

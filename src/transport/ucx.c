@@ -58,8 +58,14 @@ lk_status lk_transport_parse(const char *name, lk_mesh_shm *out, char *err, size
     else if (!strcmp(name, "ucx")) {
         if (!lk_ucx_built()) return lk_fail(err, errlen, LK_ERR_ARG, "lockstep was built without UCX (install libucx-dev and rebuild)");
         *out = LK_MESH_UCX;
+    } else if (!strcmp(name, "mpi")) {
+        if (!lk_mpi_built()) return lk_fail(err, errlen, LK_ERR_ARG, "lockstep was built without MPI (install libopenmpi-dev and rebuild)");
+        if (!lk_mpi_active())
+            return lk_fail(err, errlen, LK_ERR_ARG, "--transport mpi needs a job started by mpirun or srun "
+                                                   "(mpirun -np N lockstep ... --transport mpi)");
+        *out = LK_MESH_MPI;
     } else
-        return lk_fail(err, errlen, LK_ERR_ARG, "--transport must be auto, tcp, shm or ucx (got '%s')", name);
+        return lk_fail(err, errlen, LK_ERR_ARG, "--transport must be auto, tcp, shm, ucx or mpi (got '%s')", name);
     return LK_OK;
 }
 
