@@ -11,6 +11,7 @@
  * GEMM's rate with these threads). In a cluster the weight bytes are the
  * head's slice (--local ranks share one machine's bandwidth). */
 #include "cli/cli.h"
+#include "diag/diag.h"
 #include "engine/engine.h"
 #include "kernels/membw.h"
 
@@ -59,6 +60,8 @@ typedef struct {
     bool           *busy;    /* (S) in a step in flight */
     int            *left, *fed;
     int32_t       **toks;    /* (S) each sequence's tokens (positions 0..) */
+    lk_energy      *en;      /* the machine's power counters, or NULL */
+    double          tg_j, tg_s;  /* the last rep's decode: joules and seconds */
 } driver;
 
 /* Feeds every sequence its next left[i] tokens: each step gives each
@@ -113,9 +116,12 @@ static lk_status rep_seqs(driver *d, int S, int p, int n, double *pp, double *tg
     *pp = p > 0 ? (double)S * p / (lk_time_s() - t0) : 0;
     if (n > 0) {
         for (int i = 0; i < S; i++) d->left[i] = n;
+        double j0 = lk_energy_joules(d->en);
         t0 = lk_time_s();
         if ((st = drive(d, 1, share, err, errlen))) return st;
-        *tg = (double)S * n / (lk_time_s() - t0);
+        d->tg_s = lk_time_s() - t0;
+        d->tg_j = lk_energy_joules(d->en) - j0;
+        *tg = (double)S * n / d->tg_s;
     }
     return LK_OK;
 }
@@ -197,13 +203,20 @@ int lk_cmd_bench(int argc, char **argv) {
     int smax = 1;
     for (int i = 0; i < ns; i++) smax = LK_MAX(smax, slist[i]);
     if ((int)json + (int)csv + (int)md > 1) { fprintf(stderr, "lockstep bench: choose one of --json, --csv, --md\n"); return 2; }
-    if (csv) printf("model,threads,seqs,ranks,prefill_tok_s,prefill_min,prefill_max,decode_tok_s,decode_min,decode_max,mem_bw_gbs,weight_bytes_per_token,decode_bound_tok_s,decode_bound_fraction\n");
-    else if (!json) {
-        printf("| model | threads | seqs | pp%lld tok/s | tg%lld tok/s | mem bw GB/s | weights MiB/token | bound tok/s | decode / bound |\n", (long long)p, (long long)n);
-        printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-    }
+    if (csv) printf("model,threads,seqs,ranks,prefill_tok_s,prefill_min,prefill_max,decode_tok_s,decode_min,decode_max,mem_bw_gbs,weight_bytes_per_token,decode_bound_tok_s,decode_bound_fraction,decode_j_per_token,decode_watts\n");
     const char *base = strrchr(model, '/') ? strrchr(model, '/') + 1 : model;
     int rc = 0;
+    /* joules per decoded token, where the machine has counters: the whole
+     * machine's, so a --local cluster's ranks are all in it */
+    lk_energy *en = lk_energy_open();
+    if (!json && !csv)
+        fprintf(stderr, "lockstep bench: energy: %s\n",
+                en ? lk_energy_source(en) : "unavailable (no readable RAPL counter or hwmon power sensor)");
+    if (!json && !csv) {
+        printf("| model | threads | seqs | pp%lld tok/s | tg%lld tok/s | mem bw GB/s | weights MiB/token | bound tok/s | decode / bound |%s\n",
+               (long long)p, (long long)n, en ? " decode J/token (W) |" : "");
+        printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|%s\n", en ? "---:|" : "");
+    }
     for (int ti = 0; ti < nt && rc == 0; ti++) {
         char err[LK_ERRLEN];
         /* every sequence gets its whole context: p + n positions and the sampled last token */
@@ -215,14 +228,14 @@ int lk_cmd_bench(int argc, char **argv) {
                               .pp = (int)pp_stages, .tp_weights = tp_weights, .layers_split = layers_split,
                               .transport = transport, .wire = wire, .seal = seal };
         lk_engine *e = NULL;
-        if (lk_engine_open(&eo, &e, err, sizeof err)) { fprintf(stderr, "lockstep bench: %s\n", err); return 1; }
+        if (lk_engine_open(&eo, &e, err, sizeof err)) { fprintf(stderr, "lockstep bench: %s\n", err); lk_energy_close(en); return 1; }
         int threads = tlist[ti] ? tlist[ti] : lk_engine_threads(e), ranks = lk_engine_n_ranks(e);
         /* the bound, measured now, with as many threads as the model uses */
         size_t llc = lk_membw_llc_bytes();
         size_t bw_bytes = bw_mib ? (size_t)bw_mib << 20 : LK_MAX((size_t)512 << 20, 8 * llc);
         double bw = lk_membw_read_gbs(threads, bw_bytes, 5);
         const int64_t nv = lk_engine_cfg(e)->n_vocab;
-        driver d = { .e = e, .depth = LK_MAX(1, lk_engine_depth(e)), .n_batch = lk_engine_n_batch(e) };
+        driver d = { .e = e, .en = en, .depth = LK_MAX(1, lk_engine_depth(e)), .n_batch = lk_engine_n_batch(e) };
         d.items = lk_xcalloc((size_t)d.depth * smax, sizeof(lk_engine_item));
         d.n_items = lk_xcalloc((size_t)d.depth, sizeof(int));
         d.next = lk_xcalloc((size_t)smax, sizeof(int32_t));
@@ -247,8 +260,11 @@ int lk_cmd_bench(int argc, char **argv) {
             int S = slist[si];
             memset(pp, 0, sizeof(double) * (size_t)reps);
             memset(tg, 0, sizeof(double) * (size_t)reps);
+            double jsum = 0, ssum = 0;
             for (int r = 0; r < reps && st == LK_OK; r++) {
                 st = rep_seqs(&d, S, (int)p, (int)n, &pp[r], &tg[r], err, sizeof err);
+                jsum += d.tg_j;
+                ssum += d.tg_s;
                 if (!json && !csv) fprintf(stderr, "\rbench: threads %d seqs %d rep %d/%lld", threads, S, r + 1, (long long)reps);
             }
             if (!json && !csv) fprintf(stderr, "\r%48s\r", "");
@@ -258,6 +274,8 @@ int lk_cmd_bench(int argc, char **argv) {
             double bound = bw > 0 ? S * bw * 1e9 / wb : 0;
             if (S > 1 && P.med > 0) bound = LK_MIN(bound, P.med);
             double frac = bound > 0 ? T.med / bound : 0;
+            bool has_j = en && n > 0 && ssum > 0;
+            double jpt = has_j ? jsum / ((double)S * n * reps) : 0, watts = has_j ? jsum / ssum : 0;
             if (json) {
                 json_t *o = json_object();
                 json_object_set_new(o, "model", json_string(base));
@@ -277,18 +295,23 @@ int lk_cmd_bench(int argc, char **argv) {
                 json_object_set_new(o, "weight_bytes_per_token", json_integer((json_int_t)wb));
                 json_object_set_new(o, "decode_bound_tok_s", json_real(bound));
                 json_object_set_new(o, "decode_bound_fraction", json_real(frac));
+                json_object_set_new(o, "decode_j_per_token", has_j ? json_real(jpt) : json_null());
+                json_object_set_new(o, "decode_watts", has_j ? json_real(watts) : json_null());
                 char *str = json_dumps(o, JSON_COMPACT);
                 printf("%s\n", str);
                 free(str);
                 json_decref(o);
             } else if (csv) {
-                printf("%s,%d,%d,%d,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.0f,%.2f,%.3f\n", base, threads, S, ranks, P.med,
+                printf("%s,%d,%d,%d,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.0f,%.2f,%.3f,", base, threads, S, ranks, P.med,
                        P.min, P.max, T.med, T.min, T.max, bw, wb, bound, frac);
+                if (has_j) printf("%.4f,%.1f\n", jpt, watts); else printf(",\n");
             } else {
                 char where[32] = "";
                 if (ranks > 1) snprintf(where, sizeof where, " (%d ranks)", ranks);
-                printf("| %s%s | %d | %d | %.1f (%.1f–%.1f) | %.2f (%.2f–%.2f) | %.1f | %.1f | %.2f | %.0f %% |\n", base,
+                printf("| %s%s | %d | %d | %.1f (%.1f–%.1f) | %.2f (%.2f–%.2f) | %.1f | %.1f | %.2f | %.0f %% |", base,
                        where, threads, S, P.med, P.min, P.max, T.med, T.min, T.max, bw, wb / (1 << 20), bound, 100 * frac);
+                if (has_j) printf(" %.3f (%.0f W) |\n", jpt, watts);
+                else printf(en ? " – |\n" : "\n");
             }
             fflush(stdout);
         }
@@ -298,5 +321,6 @@ int lk_cmd_bench(int argc, char **argv) {
         free(d.toks); free(d.items); free(d.n_items); free(d.next); free(d.busy); free(d.left); free(d.fed);
         lk_engine_close(e);
     }
+    lk_energy_close(en);
     return rc;
 }

@@ -54,21 +54,6 @@ static void sigint_mode(bool restart) {
  * ==================================================================== */
 
 typedef struct {
-    char  *p;
-    size_t n, cap;
-} str_t;
-
-static void str_put(str_t *s, const char *x, size_t n) {
-    if (s->n + n + 1 > s->cap) {
-        s->cap = LK_MAX(2 * s->cap, s->n + n + 256);
-        s->p = lk_xrealloc(s->p, s->cap);
-    }
-    memcpy(s->p + s->n, x, n);
-    s->n += n;
-    s->p[s->n] = 0;
-}
-
-typedef struct {
     lk_engine    *e;
     lk_tokenizer *tok;
     lk_session   *ses;            /* one sequence; the previous turn's KV stays in it for reuse */
@@ -90,9 +75,9 @@ typedef struct {
 /* The reply as it streams: to stdout and into its text. Ctrl-C stops it
  * after the token being written (the session ends it as "stopped"). */
 static bool reply_token(void *user, lk_request *r, int32_t token, const char *piece, int n) {
-    str_t *text = user;
+    lk_buf *text = user;
     if (n > 0) {
-        str_put(text, piece, (size_t)n);
+        lk_buf_put(text, piece, (size_t)n);
         fwrite(piece, 1, (size_t)n, stdout);
         fflush(stdout);
     }
@@ -105,8 +90,8 @@ static bool reply_token(void *user, lk_request *r, int32_t token, const char *pi
  * (malloc'd). A failing engine (a peer gone) returns its status: the session
  * can then run nothing more. */
 static lk_status generate(chat *c, const int32_t *prompt, int n_prompt, char **reply, char *err, size_t errlen) {
-    str_t text = { 0 };
-    str_put(&text, "", 0);
+    lk_buf text = { 0 };
+    lk_buf_put(&text, "", 0);
     lk_request_params rp = { .prompt = prompt, .n_prompt = n_prompt, .sampling = c->sp,
                              .max_new = c->n_predict >= 0 ? (int)LK_MIN(c->n_predict, 1 << 30) : -1,
                              .on_token = reply_token, .user = &text };
@@ -156,7 +141,7 @@ static lk_status generate(chat *c, const int32_t *prompt, int n_prompt, char **r
 /* One user turn from stdin: a line without its end; a line ending in '\'
  * continues on the next. NULL at EOF with nothing read. */
 static char *read_turn(bool tty) {
-    str_t t = { 0 };
+    lk_buf t = { 0 };
     char *line = NULL;
     size_t cap = 0;
     if (tty) { g_interrupted = 0; sigint_mode(false); }
@@ -169,9 +154,9 @@ static char *read_turn(bool tty) {
         }
         while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) n--;
         bool more = n > 0 && line[n - 1] == '\\';
-        str_put(&t, line, (size_t)(more ? n - 1 : n));
+        lk_buf_put(&t, line, (size_t)(more ? n - 1 : n));
         if (!more) break;
-        str_put(&t, "\n", 1);
+        lk_buf_put(&t, "\n", 1);
     }
     free(line);
     if (tty) sigint_mode(true);
@@ -184,11 +169,11 @@ static char *read_file(const char *path, char *err, size_t errlen) {
         lk_fail(err, errlen, LK_ERR_IO, "--chat-template-file %s: cannot open", path);
         return NULL;
     }
-    str_t t = { 0 };
+    lk_buf t = { 0 };
     char buf[4096];
     size_t n;
-    str_put(&t, "", 0);
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0) str_put(&t, buf, n);
+    lk_buf_put(&t, "", 0);
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) lk_buf_put(&t, buf, n);
     bool bad = ferror(f);
     fclose(f);
     if (bad) {

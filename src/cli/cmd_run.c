@@ -3,6 +3,7 @@
  * session layer (session/session.h), which owns the generate loop and the
  * stop conditions. */
 #include "cli/cli.h"
+#include "diag/diag.h"
 #include "cli/genflags.h"
 #include "engine/engine.h"
 #include "parallel/trace.h"
@@ -343,6 +344,8 @@ int lk_cmd_run(int argc, char **argv) {
     }
 
     /* generate; results in input order as soon as they and all before them are done */
+    lk_energy *en = rc == 0 ? lk_energy_open() : NULL;   /* joules, where the machine counts them */
+    double j_gen = lk_energy_joules(en);
     double t_gen = lk_time_s();
     int printed = 0;
     for (bool busy = rc == 0; busy;) {
@@ -358,6 +361,7 @@ int lk_cmd_run(int argc, char **argv) {
         }
     }
     t_gen = lk_time_s() - t_gen;
+    j_gen = lk_energy_joules(en) - j_gen;
     for (int i = 0; rc == 0 && i < n_jobs; i++) {
         char which[48] = "";
         if (prompts_file) snprintf(which, sizeof which, "prompt %d: ", i + 1);
@@ -405,6 +409,16 @@ int lk_cmd_run(int argc, char **argv) {
                 t_load, n_jobs, lk_session_parallel(ses), (long long)fed, (long long)reused, (long long)gen, t_gen,
                 t_gen > 0 ? gen / t_gen : 0.0, ranks, ranks > 1 ? "s" : "", (long long)seed);
     }
+    int64_t n_generated = 0;
+    for (int i = 0; rc == 0 && i < n_jobs; i++) {
+        lk_request_info in;
+        lk_request_get(js[i].r, &in);
+        n_generated += in.n_gen;
+    }
+    if (en && rc == 0 && t_gen > 0)
+        fprintf(stderr, "lockstep: energy %.1f J while generating: %.1f W average, %.3f J per generated token (%s; the whole machine)\n",
+                j_gen, j_gen / t_gen, n_generated > 0 ? j_gen / (double)n_generated : 0.0, lk_energy_source(en));
+    lk_energy_close(en);
 out:
     lk_session_free(ses);
     for (int i = 0; i < n_jobs; i++) {

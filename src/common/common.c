@@ -129,6 +129,34 @@ void *lk_xrealloc(void *p, size_t n) {
     if (!q) oom(n);
     return q;
 }
+void lk_buf_put(lk_buf *b, const void *x, size_t n) {
+    if (b->n + n + 1 > b->cap) {
+        size_t c = LK_MAX(2 * b->cap, b->n + n + 1);
+        b->p = lk_xrealloc(b->p, LK_MAX(c, (size_t)64));
+        b->cap = LK_MAX(c, (size_t)64);
+    }
+    if (n) memcpy(b->p + b->n, x, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+
+void lk_buf_printf(lk_buf *b, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(b->p ? b->p + b->n : NULL, b->p ? b->cap - b->n : 0, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if (!b->p || b->n + (size_t)n + 1 > b->cap) {   /* did not fit: grow, then write it again */
+        lk_buf_put(b, "", 0);
+        size_t need = b->n + (size_t)n + 1;
+        if (need > b->cap) { b->p = lk_xrealloc(b->p, need); b->cap = need; }
+        va_start(ap, fmt);
+        vsnprintf(b->p + b->n, b->cap - b->n, fmt, ap);
+        va_end(ap);
+    }
+    b->n += (size_t)n;
+}
+
 char *lk_xstrdup(const char *s) {
     size_t n = strlen(s) + 1;
     char *p = lk_xmalloc(n);

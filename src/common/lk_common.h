@@ -95,6 +95,11 @@ void *lk_xmalloc(size_t n);
 void *lk_xcalloc(size_t n, size_t sz);
 void *lk_xrealloc(void *p, size_t n);
 char *lk_xstrdup(const char *s);
+/* A growable byte buffer, always NUL-terminated after its n bytes once
+ * anything was put (p is NULL until then); free(b.p) frees it. */
+typedef struct { char *p; size_t n, cap; } lk_buf;
+void lk_buf_put(lk_buf *b, const void *x, size_t n);
+void lk_buf_printf(lk_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* 64-byte aligned allocation (SIMD rows, no false sharing); free with free(). */
 void *lk_xmalloc_aligned(size_t n);
 

@@ -17,7 +17,9 @@
  * The doctor (doctor.c, behind `lockstep doctor`) is the one part of diag
  * that runs a cluster: it uses cluster/ (handshake, benchmark sessions) and
  * engine/ (the cluster opened as run opens it, real decode steps), and
- * forks worker daemons for --local; it is called by cmd_doctor.c only. */
+ * forks worker daemons for --local; it is called by cmd_doctor.c only.
+ * energy.c reads the machine's power counters for run, bench and serve
+ * (one sampling thread, off the step path). */
 #ifndef LK_DIAG_H
 #define LK_DIAG_H
 
@@ -244,5 +246,21 @@ void lk_doctor_run(const lk_doctor_cfg *cfg, lk_doctor_report *r);
  * its decode steps reached (per node; with the ranks of one host, per rank
  * and local). Fields it lacks are left alone. */
 lk_status lk_diag_hw_doctor(const char *text, lk_diag_hw *hw, char *err, size_t errlen);
+
+/* ======================================================================
+ * energy (energy.c)
+ * ==================================================================== */
+
+/* Joules this machine used, from its own counters: RAPL package zones
+ * (/sys/class/powercap, wrap-corrected) or else hwmon power sensors
+ * (/sys/class/hwmon, integrated), sampled by a sleeping thread of its own.
+ * The figure covers the whole machine (every process on it: all ranks of a
+ * --local cluster together), not this process. NULL from open: nothing
+ * readable (most VMs); the others accept NULL. */
+typedef struct lk_energy lk_energy;
+lk_energy  *lk_energy_open(void);
+const char *lk_energy_source(const lk_energy *e);
+double      lk_energy_joules(lk_energy *e);   /* since open */
+void        lk_energy_close(lk_energy *e);
 
 #endif

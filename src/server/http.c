@@ -16,6 +16,7 @@
  * take longer than request_timeout to send a request (a slow-loris client
  * gets 408 and a closed socket, and holds one connection meanwhile). */
 #include "server/server_impl.h"
+#include "diag/diag.h"
 #include "tokenizer/chat_template.h"
 
 #include <arpa/inet.h>
@@ -154,12 +155,10 @@ static enum MHD_Result send_json(struct MHD_Connection *c, lk_server *s, int sta
     json_decref(j);
     if (!body) body = strdup("{}");
     size_t n = strlen(body);
-    char *b2 = lk_xmalloc(n + 2);
-    memcpy(b2, body, n);
-    b2[n] = '\n';
-    b2[n + 1] = 0;
-    free(body);
-    return send_text(c, s, status, "application/json", b2, n + 1);
+    body = lk_xrealloc(body, n + 2);   /* jansson allocates with malloc (no allocator of ours is set) */
+    body[n] = '\n';
+    body[n + 1] = 0;
+    return send_text(c, s, status, "application/json", body, n + 1);
 }
 
 static enum MHD_Result send_error(struct MHD_Connection *c, lk_server *s, int status, const char *msg, const char *param) {
@@ -220,8 +219,8 @@ static bool content_text(json_t *v, int i, char **text, perr *e) {
         return true;
     }
     if (!json_is_array(v)) return fail(e, "messages", "messages[%d].content must be a string, null or a list of parts", i);
-    srv_buf b = { 0 };
-    srv_buf_put(&b, "", 0);
+    lk_buf b = { 0 };
+    lk_buf_put(&b, "", 0);
     size_t k;
     json_t *part;
     json_array_foreach(v, k, part) {
@@ -231,7 +230,7 @@ static bool content_text(json_t *v, int i, char **text, perr *e) {
             free(b.p);
             return fail(e, "messages", "messages[%d].content[%zu]: only parts of type \"text\" are supported", i, k);
         }
-        srv_buf_put(&b, json_string_value(tx), json_string_length(tx));
+        lk_buf_put(&b, json_string_value(tx), json_string_length(tx));
     }
     *text = b.p;
     return true;
@@ -314,7 +313,10 @@ static bool common_field(lk_server *s, srv_req *r, const char *k, json_t *v, per
         }
         r->n_stop = (int)json_array_size(arr);
         r->stop = lk_xcalloc((size_t)r->n_stop + 1, sizeof(char *));
-        json_array_foreach(arr, i, it) r->stop[i] = lk_xstrdup(json_string_value(it));
+        json_array_foreach(arr, i, it) {
+            r->stop[i] = lk_xstrdup(json_string_value(it));
+            r->stop_longest = LK_MAX(r->stop_longest, strlen(r->stop[i]));
+        }
         json_decref(arr);
     } else if (!strcmp(k, "n")) {
         n = 1;
@@ -640,12 +642,12 @@ static json_t *full_response(lk_server *s, srv_req *r) {
                      "choices", choice, "usage", usage_json(r));
 }
 
-static void sse(srv_buf *b, json_t *j) {
+static void sse(lk_buf *b, json_t *j) {
     char *t = json_dumps(j, JSON_COMPACT);
     json_decref(j);
-    srv_buf_put(b, "data: ", 6);
-    srv_buf_put(b, t, strlen(t));
-    srv_buf_put(b, "\n\n", 2);
+    lk_buf_put(b, "data: ", 6);
+    lk_buf_put(b, t, strlen(t));
+    lk_buf_put(b, "\n\n", 2);
     free(t);
 }
 
@@ -714,7 +716,7 @@ static void stream_more(lk_server *s, srv_req *r) {
                 sse(&r->out, u);
             }
         }
-        srv_buf_put(&r->out, "data: [DONE]\n\n", 14);
+        lk_buf_put(&r->out, "data: [DONE]\n\n", 14);
     }
     free(calls);
     free(content);
@@ -762,25 +764,25 @@ static void sse_free(void *cls) {
  * metrics, health, models
  * ==================================================================== */
 
-static void hist_text(srv_buf *b, const char *name, const char *help, const uint64_t *h, const double *bounds, int nb,
+static void hist_text(lk_buf *b, const char *name, const char *help, const uint64_t *h, const double *bounds, int nb,
                       double sum, uint64_t n) {
-    srv_buf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    lk_buf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     uint64_t acc = 0;
     for (int i = 0; i < nb; i++) {
         acc += h[i];
-        srv_buf_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, bounds[i], (unsigned long long)acc);
+        lk_buf_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, bounds[i], (unsigned long long)acc);
     }
-    srv_buf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name, (unsigned long long)n, name, sum,
+    lk_buf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name, (unsigned long long)n, name, sum,
                    name, (unsigned long long)n);
 }
 
 static enum MHD_Result metrics(struct MHD_Connection *c, lk_server *s) {
-    srv_buf b = { 0 };
+    lk_buf b = { 0 };
     pthread_mutex_lock(&s->mu);
-    srv_buf_printf(&b, "# HELP lockstep_requests_total HTTP responses by status code.\n# TYPE lockstep_requests_total counter\n");
+    lk_buf_printf(&b, "# HELP lockstep_requests_total HTTP responses by status code.\n# TYPE lockstep_requests_total counter\n");
     for (int i = 100; i < 600; i++)
-        if (s->status_count[i]) srv_buf_printf(&b, "lockstep_requests_total{status=\"%d\"} %llu\n", i, (unsigned long long)s->status_count[i]);
-    srv_buf_printf(&b,
+        if (s->status_count[i]) lk_buf_printf(&b, "lockstep_requests_total{status=\"%d\"} %llu\n", i, (unsigned long long)s->status_count[i]);
+    lk_buf_printf(&b,
                    "# HELP lockstep_prompt_tokens_total Prompt tokens of finished requests (reused ones included).\n"
                    "# TYPE lockstep_prompt_tokens_total counter\nlockstep_prompt_tokens_total %llu\n"
                    "# HELP lockstep_prompt_tokens_reused_total Prompt tokens taken from the prefix cache.\n"
@@ -793,7 +795,7 @@ static enum MHD_Result metrics(struct MHD_Connection *c, lk_server *s) {
               srv_ttft_bounds, SRV_TTFT_BUCKETS, s->ttft_sum, s->ttft_n);
     hist_text(&b, "lockstep_inter_token_latency_seconds", "Between a request's consecutive tokens.", s->itl_hist,
               srv_itl_bounds, SRV_ITL_BUCKETS, s->itl_sum, s->itl_n);
-    srv_buf_printf(&b,
+    lk_buf_printf(&b,
                    "# HELP lockstep_queue_depth Requests waiting to start.\n# TYPE lockstep_queue_depth gauge\nlockstep_queue_depth %d\n"
                    "# HELP lockstep_running_sequences Requests decoding now.\n# TYPE lockstep_running_sequences gauge\n"
                    "lockstep_running_sequences %d\n"
@@ -813,12 +815,16 @@ static enum MHD_Result metrics(struct MHD_Connection *c, lk_server *s) {
         {"lockstep_rank_comm_seconds_total", "Time waiting on the network (collectives, hand-offs) in the engine's steps, per rank."},
     };
     for (int k = 0; k < 2; k++) {
-        srv_buf_printf(&b, "# HELP %s %s\n# TYPE %s counter\n%s{rank=\"0\"} %.6f\n", rank_metric[k][0], rank_metric[k][1],
+        lk_buf_printf(&b, "# HELP %s %s\n# TYPE %s counter\n%s{rank=\"0\"} %.6f\n", rank_metric[k][0], rank_metric[k][1],
                        rank_metric[k][0], rank_metric[k][0], k ? s->comm_s : s->compute_s);
         for (int r = 1; r < s->n_ranks; r++)
-            srv_buf_printf(&b, "%s{rank=\"%d\"} %.6f\n", rank_metric[k][0], r, s->rank_s[r][k]);
+            lk_buf_printf(&b, "%s{rank=\"%d\"} %.6f\n", rank_metric[k][0], r, s->rank_s[r][k]);
     }
     pthread_mutex_unlock(&s->mu);
+    if (s->energy)   /* outside the lock: the counters are files */
+        lk_buf_printf(&b, "# HELP lockstep_energy_joules_total Energy this machine used since the server started (%s; the whole "
+                          "machine, not only this process).\n# TYPE lockstep_energy_joules_total counter\n"
+                          "lockstep_energy_joules_total %.3f\n", lk_energy_source(s->energy), lk_energy_joules(s->energy));
     return send_text(c, s, 200, "text/plain; version=0.0.4", b.p, b.n);
 }
 
@@ -959,7 +965,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
             else r->t_accept = cc->t_mark;
             pthread_mutex_unlock(&s->mu);
         }
-        srv_buf_put(&r->body, "", 0);
+        lk_buf_put(&r->body, "", 0);
         *con_cls = r;
         return MHD_YES;
     }
@@ -982,7 +988,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
                 r->err_status = 408;
                 snprintf(r->err, sizeof r->err, "the request took more than %g s to arrive (headers and body)",
                          s->o.request_timeout);
-            } else srv_buf_put(&r->body, upload, *upload_size);
+            } else lk_buf_put(&r->body, upload, *upload_size);
             *upload_size = 0;
             return MHD_YES;
         }
@@ -1017,7 +1023,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
             return send_error(c, s, 400, e.msg, e.param[0] ? e.param : NULL);
         }
         free(r->body.p);
-        r->body = (srv_buf){ 0 };
+        r->body = (lk_buf){ 0 };
         pthread_mutex_lock(&s->mu);
         if (s->state != SRV_READY || s->stop) {
             pthread_mutex_unlock(&s->mu);
@@ -1052,7 +1058,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         r->head_sent = true;
     } else if (r->stream && (r->state == ST_DONE || r->safe > 0 || r->n_gen > 0)) {
         if (!r->head_sent && !r->out.p) {
-            srv_buf_put(&r->out, "", 0);
+            lk_buf_put(&r->out, "", 0);
             r->out.n = 0;
             r->refs++;   /* the response's */
             struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, sse_reader, r, sse_free);

@@ -2,6 +2,7 @@
  * sequence; requests come in through an inbox, text goes out through the
  * request objects (server.h has the contract). */
 #include "server/server_impl.h"
+#include "diag/diag.h"
 #include "tokenizer/chat_template.h"
 
 #include <errno.h>
@@ -22,32 +23,6 @@ void lk_server_opts_default(lk_server_opts *o) {
                            .default_max_tokens = -1, .max_body = 8u << 20, .max_header = 32u << 10,
                            .request_timeout = 30, .max_conns = 1000, .http_threads = 2, .retry_s = 2 };
     lk_sampler_params_default(&o->defaults);
-}
-
-void srv_buf_put(srv_buf *b, const char *x, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        b->cap = LK_MAX(2 * b->cap, b->n + n + 256);
-        b->p = lk_xrealloc(b->p, b->cap);
-    }
-    if (n) memcpy(b->p + b->n, x, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-void srv_buf_printf(srv_buf *b, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    char tmp[512];
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n < 0) return;
-    if ((size_t)n < sizeof tmp) { srv_buf_put(b, tmp, (size_t)n); return; }
-    char *big = lk_xmalloc((size_t)n + 1);
-    va_start(ap, fmt);
-    vsnprintf(big, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    srv_buf_put(b, big, (size_t)n);
-    free(big);
 }
 
 static void req_free(srv_req *r) {
@@ -171,7 +146,7 @@ static bool on_token(void *user, lk_request *lr, int32_t tok, const char *piece,
     pthread_mutex_lock(&s->mu);
     double now = lk_time_s();
     size_t a = r->text.n;
-    if (n > 0) srv_buf_put(&r->text, piece, (size_t)n);
+    if (n > 0) lk_buf_put(&r->text, piece, (size_t)n);
     bool go_on = !r->gone;
     if (tok >= 0) {
         r->n_gen++;
@@ -206,8 +181,7 @@ static bool on_token(void *user, lk_request *lr, int32_t tok, const char *piece,
         }
     }
     /* the next search starts where a stop string could still begin */
-    size_t longest = 0;
-    for (int i = 0; i < r->n_stop; i++) longest = LK_MAX(longest, strlen(r->stop[i]));
+    size_t longest = r->stop_longest;
     r->scan = longest && r->text.n >= longest ? r->text.n - longest + 1 : 0;
     if (tok >= 0) {
         update_safe(r);
@@ -292,36 +266,34 @@ static void engine_down(lk_server *s) {
     s->e = NULL;
 }
 
+/* Ends with a 503 every active request (but those still queued in the
+ * session when `queued_too` is false), saying `what` and the cause. */
+static void end_active(lk_server *s, bool queued_too, const char *what, const char *err) {
+    pthread_mutex_lock(&s->mu);
+    for (srv_req *r = s->active, *nx; r; r = nx) {
+        nx = r->next;
+        if (r->sr && !queued_too) continue;
+        r->sr = NULL;
+        r->err_status = 503;
+        snprintf(r->err, sizeof r->err, "the engine failed %s: %s", what, err);
+        active_remove(s, r);
+        finalize(s, r);
+        srv_req_unref(s, r);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
 /* The engine failed (err): every request it held ends with an error naming
- * the cause; the inbox's wait for the reopened engine. */
+ * the cause; the inbox's wait for the reopened engine. Those still queued in
+ * the session end with it (engine_down: the session ended them all and a
+ * release is owed), then with their own message. */
 static void engine_failed(lk_server *s, const char *err) {
     pthread_mutex_lock(&s->mu);
     s->engine_failures++;
-    for (srv_req *r = s->active, *nx; r; r = nx) {
-        nx = r->next;
-        if (r->sr) {                 /* still queued in the session: it ends with the session below */
-            continue;
-        }
-        r->err_status = 503;
-        snprintf(r->err, sizeof r->err, "the engine failed while running this request: %s", err);
-        active_remove(s, r);
-        finalize(s, r);
-        srv_req_unref(s, r);
-    }
     pthread_mutex_unlock(&s->mu);
-    /* requests the failed session still holds (it ended them all; a release is owed) */
+    end_active(s, false, "while running this request", err);
     engine_down(s);
-    pthread_mutex_lock(&s->mu);
-    for (srv_req *r = s->active, *nx; r; r = nx) {
-        nx = r->next;
-        r->sr = NULL;
-        r->err_status = 503;
-        snprintf(r->err, sizeof r->err, "the engine failed before this request ran: %s", err);
-        active_remove(s, r);
-        finalize(s, r);
-        srv_req_unref(s, r);
-    }
-    pthread_mutex_unlock(&s->mu);
+    end_active(s, true, "before this request ran", err);
 }
 
 /* Takes the inbox's requests into the session. */
@@ -533,6 +505,7 @@ static void server_free(lk_server *s) {
     free(s->model_name);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
+    lk_energy_close(s->energy);
     free(s);
 }
 
@@ -544,6 +517,7 @@ lk_status lk_server_start(const lk_server_opts *o, lk_server **out, int *port_ou
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->state = SRV_LOADING;
+    s->energy = lk_energy_open();
     s->model_name = o->model_name ? lk_xstrdup(o->model_name) : base_name(o->eo.model_path);
     /* the tokenizer and template come from the server's own mapping of the
      * file: they outlive any reopening of the engine */

@@ -11,12 +11,6 @@
 #include <microhttpd.h>
 #include <pthread.h>
 
-typedef struct {
-    char  *p;
-    size_t n, cap;
-} srv_buf;
-void srv_buf_put(srv_buf *b, const char *x, size_t n);
-void srv_buf_printf(srv_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* One generated token's log-probabilities (logprobs requests). */
 #define SRV_MAX_TOP 20
@@ -47,6 +41,7 @@ struct srv_req {
     bool               ignore_eos;
     char             **stop;
     int                n_stop;
+    size_t             stop_longest;      /* the longest stop string's bytes */
     char               id[48];
     long long          created;
     int                fd;                /* the client's socket (hang-up polls) */
@@ -55,7 +50,7 @@ struct srv_req {
     int                refs;              /* the connection's and the scheduler's */
     int                state;
     bool               suspended, gone, conn_done;
-    srv_buf            text;              /* all generated text so far */
+    lk_buf            text;              /* all generated text so far */
     size_t             safe;              /* text[0, safe) may be shown: no stop string or tool call can start before */
     size_t             scan;              /* stop strings were searched up to here */
     size_t             tool_at;           /* where a tool call may start (SIZE_MAX when none) */
@@ -68,12 +63,12 @@ struct srv_req {
     int                n_gen, n_reused;
     double             t_enq, t_first, t_last;
     /* ---- the HTTP side's own (one thread at a time per connection) ---- */
-    srv_buf            body;              /* the request body as it arrives */
+    lk_buf            body;              /* the request body as it arrives */
     bool               answered;          /* an error was queued before the body ended */
     size_t             sent;              /* stream: bytes of text already sent */
     int                lp_sent;           /* stream: logprob entries already sent */
     bool               head_sent, tail_sent;
-    srv_buf            out;               /* stream: formatted bytes not yet handed to the library */
+    lk_buf            out;               /* stream: formatted bytes not yet handed to the library */
     size_t             out_off;
     double             t_accept;
     /* ---- the scheduler's own ---- */
@@ -89,6 +84,7 @@ typedef enum { SRV_LOADING, SRV_READY, SRV_DEGRADED, SRV_FAILED, SRV_STOPPING } 
 
 struct lk_server {
     lk_server_opts       o;
+    struct lk_energy    *energy;          /* the machine's power counters (diag.h), or NULL: /metrics */
     char                *model_name;
     struct MHD_Daemon   *d;
     void                *http;            /* http.c's state (connections, the reaper) */

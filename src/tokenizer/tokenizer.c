@@ -143,19 +143,6 @@ static int32_t merge_rank(const lk_tokenizer *t, const char *s, size_t llen, siz
  * 2. loading
  * ==================================================================== */
 
-/* A growable byte buffer for load-time arenas. */
-typedef struct { char *p; size_t n, cap; } bytes_t;
-static void bytes_put(bytes_t *b, const void *s, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        size_t c = b->cap ? b->cap : 4096;
-        while (c < b->n + n + 1) c *= 2;
-        b->p = lk_xrealloc(b->p, c);
-        b->cap = c;
-    }
-    if (n) memcpy(b->p + b->n, s, n);
-    b->n += n;
-}
-
 void lk_tokenizer_free(lk_tokenizer *t) {
     if (!t) return;
     free(t->text); free(t->text_off); free(t->text_len); free(t->score); free(t->attr); free(t->eog);
@@ -215,16 +202,16 @@ static void init_byte_cpts(uint32_t *map) {
     }
 }
 
-static void build_piece(lk_tokenizer *t, int32_t id, bytes_t *out) {
+static void build_piece(lk_tokenizer *t, int32_t id, lk_buf *out) {
     const char *s = t->text + t->text_off[id];
     size_t n = t->text_len[id];
     uint32_t a = t->attr[id];
-    if (a & (ATTR_UNKNOWN | ATTR_CONTROL | ATTR_USER_DEFINED)) { bytes_put(out, s, n); return; }
+    if (a & (ATTR_UNKNOWN | ATTR_CONTROL | ATTR_USER_DEFINED)) { lk_buf_put(out, s, n); return; }
     if (a & ATTR_BYTE) {
         /* "<0xXX>": llama.cpp reads the two hex digits at offset 3 */
         char hex[3] = {n > 3 ? s[3] : 0, n > 4 ? s[4] : 0, 0};
         char b = (char)strtol(hex, NULL, 16);
-        bytes_put(out, &b, 1);
+        lk_buf_put(out, &b, 1);
         return;
     }
     if (!(a & ATTR_NORMAL)) return; /* unused / undefined: nothing */
@@ -238,17 +225,17 @@ static void build_piece(lk_tokenizer *t, int32_t id, bytes_t *out) {
                 if (t->byte_cpt[b] == cp[i]) byte = b;
             if (byte >= 0) {
                 char c = (char)byte;
-                bytes_put(out, &c, 1);
+                lk_buf_put(out, &c, 1);
             } else { /* llama.cpp writes a marker for code points outside the table */
                 char u8[4], buf[64];
                 int k = lk_utf8_encode(cp[i], u8);
-                bytes_put(out, "[UNK_BYTE_0x", 12);
+                lk_buf_put(out, "[UNK_BYTE_0x", 12);
                 for (int j = 0; j < k; j++) {
                     snprintf(buf, sizeof buf, "%02x", (unsigned char)u8[j]);
-                    bytes_put(out, buf, 2);
+                    lk_buf_put(out, buf, 2);
                 }
-                bytes_put(out, s, n);
-                bytes_put(out, "]", 1);
+                lk_buf_put(out, s, n);
+                lk_buf_put(out, "]", 1);
             }
         }
         free(cp);
@@ -256,8 +243,8 @@ static void build_piece(lk_tokenizer *t, int32_t id, bytes_t *out) {
     }
     /* SPM / WPM: U+2581 stands for a space */
     for (size_t i = 0; i < n;) {
-        if (i + 3 <= n && !memcmp(s + i, "\xE2\x96\x81", 3)) { bytes_put(out, " ", 1); i += 3; }
-        else { bytes_put(out, s + i, 1); i++; }
+        if (i + 3 <= n && !memcmp(s + i, "\xE2\x96\x81", 3)) { lk_buf_put(out, " ", 1); i += 3; }
+        else { lk_buf_put(out, s + i, 1); i++; }
     }
 }
 
@@ -440,7 +427,7 @@ lk_status lk_tokenizer_load(const lk_gguf *g, lk_tokenizer **out, char *err, siz
     t->tab_mask = pow2_at_least(2 * n) - 1;
     t->tab = lk_xmalloc(((size_t)t->tab_mask + 1) * sizeof *t->tab);
     memset(t->tab, 0xFF, ((size_t)t->tab_mask + 1) * sizeof *t->tab);
-    bytes_t arena = {0};
+    lk_buf arena = {0};
     for (uint64_t i = 0; i < n; i++) {
         size_t len;
         const char *s = lk_gguf_arr_str(g, "tokenizer.ggml.tokens", i, &len);
@@ -457,8 +444,8 @@ lk_status lk_tokenizer_load(const lk_gguf *g, lk_tokenizer **out, char *err, siz
         }
         t->text_off[i] = (uint32_t)arena.n;
         t->text_len[i] = (uint32_t)len;
-        bytes_put(&arena, s, len);
-        bytes_put(&arena, "", 1);
+        lk_buf_put(&arena, s, len);
+        lk_buf_put(&arena, "", 1);
         t->max_token_len = LK_MAX(t->max_token_len, (int32_t)len);
         if (scores) {
             if (scores_int) { int32_t v; memcpy(&v, (const char *)scores + 4 * i, 4); t->score[i] = (float)v; }
@@ -510,7 +497,7 @@ lk_status lk_tokenizer_load(const lk_gguf *g, lk_tokenizer **out, char *err, siz
         t->mtab_mask = pow2_at_least(2 * nm + 2) - 1;
         t->mtab = lk_xmalloc(((size_t)t->mtab_mask + 1) * sizeof *t->mtab);
         memset(t->mtab, 0xFF, ((size_t)t->mtab_mask + 1) * sizeof *t->mtab);
-        bytes_t mt = {0};
+        lk_buf mt = {0};
         for (uint64_t i = 0; i < nm; i++) {
             size_t len;
             const char *s = lk_gguf_arr_str(g, "tokenizer.ggml.merges", i, &len);
@@ -518,8 +505,8 @@ lk_status lk_tokenizer_load(const lk_gguf *g, lk_tokenizer **out, char *err, siz
             if (!sp || mt.n + len > UINT32_MAX) continue; /* llama.cpp: pair ("", ""), never looked up */
             size_t llen = (size_t)(sp - s), rlen = len - llen - 1;
             merge_t m = {(uint32_t)mt.n, (uint32_t)llen, (uint32_t)rlen, (int32_t)i};
-            bytes_put(&mt, s, llen);
-            bytes_put(&mt, sp + 1, rlen);
+            lk_buf_put(&mt, s, llen);
+            lk_buf_put(&mt, sp + 1, rlen);
             /* first occurrence of a pair keeps its rank (map emplace) */
             const char *key = mt.p + m.off;
             uint32_t h = (uint32_t)merge_hash(key, llen, llen + rlen) & t->mtab_mask;
@@ -640,7 +627,7 @@ lk_status lk_tokenizer_load(const lk_gguf *g, lk_tokenizer **out, char *err, siz
 
     /* piece cache */
     {
-        bytes_t pc = {0};
+        lk_buf pc = {0};
         t->piece_off = lk_xmalloc(n * sizeof *t->piece_off);
         t->piece_len = lk_xmalloc(n * sizeof *t->piece_len);
         for (int32_t id = 0; id < t->n_vocab; id++) {
@@ -866,7 +853,7 @@ static size_t split_chars(const char *s, size_t n, sym_t *sym) {
  * of all-distinct words only costs the table. */
 typedef struct { uint64_t h; uint32_t koff, klen, voff, vlen; } memo_e;
 typedef struct {
-    bytes_t  keys;   /* key bytes back to back */
+    lk_buf  keys;   /* key bytes back to back */
     ids_t    vals;   /* token ids back to back */
     memo_e  *e;      /* open addressing, klen == UINT32_MAX: empty */
     uint32_t mask, used;
@@ -911,7 +898,7 @@ static void memo_put(memo_t *m, const char *k, size_t n, uint64_t h, const ids_t
     uint32_t i = (uint32_t)h & m->mask;
     while (m->e[i].klen != UINT32_MAX) i = (i + 1) & m->mask;
     m->e[i] = (memo_e){h, (uint32_t)m->keys.n, (uint32_t)n, (uint32_t)m->vals.n, (uint32_t)nids};
-    bytes_put(&m->keys, k, n);
+    lk_buf_put(&m->keys, k, n);
     for (size_t j = first; j < src->n; j++) ids_push(&m->vals, src->v[j]);
     m->used++;
 }
@@ -919,7 +906,7 @@ static void memo_put(memo_t *m, const char *k, size_t n, uint64_t h, const ids_t
 typedef struct {
     syms_t syms;
     heap_t heap;
-    bytes_t buf;
+    lk_buf buf;
     memo_t memo;
     ids_t  *out;
 } spm_ctx;
@@ -1033,16 +1020,16 @@ static bool spm_safe_space_cut(const lk_tokenizer *t, const char *s, size_t n, s
  * before every "▁" where that is safe, each stretch tokenised on its own */
 static void spm_fragment(const lk_tokenizer *t, spm_ctx *c, const char *s, size_t n, bool prefix) {
     c->buf.n = 0;
-    if (prefix) bytes_put(&c->buf, "\xE2\x96\x81", 3);
+    if (prefix) lk_buf_put(&c->buf, "\xE2\x96\x81", 3);
     size_t run = 0;
     for (size_t i = 0; i < n; i++) {
         if (s[i] == ' ') {
-            bytes_put(&c->buf, s + run, i - run);
-            bytes_put(&c->buf, "\xE2\x96\x81", 3);
+            lk_buf_put(&c->buf, s + run, i - run);
+            lk_buf_put(&c->buf, "\xE2\x96\x81", 3);
             run = i + 1;
         }
     }
-    bytes_put(&c->buf, s + run, n - run);
+    lk_buf_put(&c->buf, s + run, n - run);
     const char *b = c->buf.p;
     size_t bn = c->buf.n;
     if (t->n_inner < 0) { spm_chunked(t, c, b, bn); return; }
@@ -1067,7 +1054,7 @@ typedef struct {
     uint16_t *flags;
     uint32_t *lens, *tmp;
     size_t    cap;      /* code points the four arrays hold */
-    bytes_t   word;
+    lk_buf   word;
     syms_t    syms;
     heap_t    heap;
     memo_t    memo;
@@ -1141,7 +1128,7 @@ static void bpe_fragment(const lk_tokenizer *t, bpe_ctx *c, const char *s, size_
             for (int j = 0; j < m; j++) {
                 char sy[4];
                 int q = lk_utf8_encode(t->byte_cpt[(unsigned char)u8[j]], sy);
-                bytes_put(&c->word, sy, (size_t)q);
+                lk_buf_put(&c->word, sy, (size_t)q);
             }
         }
         at += c->lens[k];
@@ -1188,8 +1175,8 @@ static void wpm_word(const lk_tokenizer *t, const char *w, size_t n, ids_t *out)
 static void wpm_fragment(const lk_tokenizer *t, const char *s, size_t n, ids_t *out) {
     uint32_t *cp = lk_xmalloc((n + 1) * sizeof *cp);
     size_t nc = lk_utf8_decode(s, n, cp);
-    bytes_t w = {0};
-    bytes_put(&w, "\xE2\x96\x81", 3);   /* every word starts with the phantom space */
+    lk_buf w = {0};
+    lk_buf_put(&w, "\xE2\x96\x81", 3);   /* every word starts with the phantom space */
     for (size_t i = 0; i < nc; i++) {
         uint32_t c = cp[i];
         if (t->wpm_strip_accents) c = lk_unicode_nfd_first(c);
@@ -1206,11 +1193,11 @@ static void wpm_fragment(const lk_tokenizer *t, const char *s, size_t n, ids_t *
         if ((f & LK_CPT_PUNCT) || (c < 0x7F && (f & LK_CPT_SYMBOL)) || wpm_chinese(c)) {
             if (w.n > 3) wpm_word(t, w.p, w.n, out);
             w.n = 3;
-            bytes_put(&w, u8, (size_t)k);
+            lk_buf_put(&w, u8, (size_t)k);
             wpm_word(t, w.p, w.n, out);
             w.n = 3;
         } else {
-            bytes_put(&w, u8, (size_t)k);
+            lk_buf_put(&w, u8, (size_t)k);
         }
     }
     if (w.n > 3) wpm_word(t, w.p, w.n, out);
