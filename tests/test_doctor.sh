@@ -106,3 +106,31 @@ pyt trace_layers 'all({e["args"]["layer"] for e in d["traceEvents"] if e.get("ca
     for r in (0, 1))'
 if ls "$T"/trace.json.part.* >/dev/null 2>&1; then no trace_parts_removed "$(ls "$T")"; else ok trace_parts_removed; fi
 expect trace_bad_path 1 "$L" run -m "$M1" -p "Hi" -n 1 --trace "$T/no/such/dir/t.json"
+# bench --trace: both ranks' steps of a --local 2 --tp 2 bench (warm-up, prefill and decode of every rep)
+expect trace_bench 0 "$L" bench -m "$M1" -t 1 -p 4 -n 5 -r 1 --local 2 --tp 2 --trace "$T/trace.json"
+cp "$T/trace.json" "$T/out" 2>/dev/null || : >"$T/out"
+pyt trace_bench_ranks 'sorted({e["pid"] for e in d["traceEvents"] if e.get("cat") == "step"}) == [0, 1]
+    and all(sum(1 for e in d["traceEvents"] if e.get("cat") == "step" and e["pid"] == r) >= 5 for r in (0, 1))
+    and any(e.get("cat") == "comm" for e in d["traceEvents"])'
+# serve --trace: one request's steps, written when the server stops (SIGTERM)
+SPORT=$((20000 + RANDOM % 20000))
+"$L" serve -m "$M1" --port "$SPORT" --local 2 --tp 2 -t 1 --trace "$T/strace.json" >"$T/serve.log" 2>&1 &
+SP=$!
+PIDS+=($SP)
+python3 - "$SPORT" >"$T/sreq" 2>&1 <<'EOF'
+import json, sys, time, urllib.request
+u = 'http://127.0.0.1:%s' % sys.argv[1]
+for _ in range(300):
+    try:
+        urllib.request.urlopen(u + '/health', timeout=2); break
+    except Exception:
+        time.sleep(0.1)
+r = urllib.request.Request(u + '/v1/completions', json.dumps({"prompt": "Once upon", "max_tokens": 4, "temperature": 0}).encode(),
+                           {"Content-Type": "application/json"})
+print(json.load(urllib.request.urlopen(r, timeout=60))["usage"]["completion_tokens"])
+EOF
+kill -TERM $SP 2>/dev/null; wait $SP; src=$?
+cp "$T/strace.json" "$T/out" 2>/dev/null || : >"$T/out"
+if [ $src -eq 0 ] && [ "$(cat "$T/sreq")" = 4 ]; then ok trace_serve_exit; else no trace_serve_exit "exit $src, request: $(cat "$T/sreq")" "$(tail -n 3 "$T/serve.log")"; fi
+pyt trace_serve_ranks 'sorted({e["pid"] for e in d["traceEvents"] if e.get("cat") == "step"}) == [0, 1]
+    and all(sum(1 for e in d["traceEvents"] if e.get("cat") == "step" and e["pid"] == r) >= 4 for r in (0, 1))'

@@ -14,6 +14,7 @@
 #include "diag/diag.h"
 #include "engine/engine.h"
 #include "kernels/membw.h"
+#include "parallel/trace.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -131,7 +132,7 @@ static lk_status rep_seqs(driver *d, int S, int p, int n, double *pp, double *tg
  * ==================================================================== */
 
 int lk_cmd_bench(int argc, char **argv) {
-    const char *model = NULL, *threads_s = NULL, *seqs_s = NULL;
+    const char *model = NULL, *threads_s = NULL, *seqs_s = NULL, *trace = NULL;
     const char *workers = NULL, *key_file = NULL, *transport = NULL, *wire = NULL, *tp_weights = NULL, *layers_split = NULL;
     int64_t p = 512, n = 128, reps = 3, bw_mib = 0, local = 0, tp = 0, pp_stages = 0;
     bool json = false, csv = false, md = false, kv_f16 = false, seal = false;
@@ -159,6 +160,8 @@ int lk_cmd_bench(int argc, char **argv) {
         { "--json", NULL, LK_OPT_FLAG, &json, NULL, "one JSON object per row (thread count x seqs)" },
         { "--csv", NULL, LK_OPT_FLAG, &csv, NULL, "CSV rows" },
         { "--md", NULL, LK_OPT_FLAG, &md, NULL, "a Markdown table (default)" },
+        { "--trace", NULL, LK_OPT_STR, &trace, "FILE",
+          "write Chrome trace events (Perfetto) of every step of this host's ranks, all rows (see 'lockstep run --help')" },
         { NULL, NULL, 0, NULL, NULL, NULL },
     };
     const char *pos[1];
@@ -206,6 +209,13 @@ int lk_cmd_bench(int argc, char **argv) {
     if (csv) printf("model,threads,seqs,ranks,prefill_tok_s,prefill_min,prefill_max,decode_tok_s,decode_min,decode_max,mem_bw_gbs,weight_bytes_per_token,decode_bound_tok_s,decode_bound_fraction,decode_j_per_token,decode_watts\n");
     const char *base = strrchr(model, '/') ? strrchr(model, '/') + 1 : model;
     int rc = 0;
+    {
+        char terr[LK_ERRLEN];
+        if (trace && lk_trace_start(trace, terr, sizeof terr)) {   /* before the ranks are forked: they inherit it */
+            fprintf(stderr, "lockstep bench: %s\n", terr);
+            return 1;
+        }
+    }
     /* joules per decoded token, where the machine has counters: the whole
      * machine's, so a --local cluster's ranks are all in it */
     lk_energy *en = lk_energy_open();
@@ -322,5 +332,14 @@ int lk_cmd_bench(int argc, char **argv) {
         lk_engine_close(e);
     }
     lk_energy_close(en);
+    int tr_ranks, tr_events;
+    char terr[LK_ERRLEN];
+    if (trace && lk_trace_finish(&tr_ranks, &tr_events, terr, sizeof terr)) {
+        fprintf(stderr, "lockstep bench: %s\n", terr);
+        rc = rc ? rc : 1;
+    } else if (trace) {
+        fprintf(stderr, "lockstep bench: trace of %d rank%s (%d events) in %s\n", tr_ranks, tr_ranks == 1 ? "" : "s",
+                tr_events, trace);
+    }
     return rc;
 }

@@ -2,6 +2,7 @@
  * cluster (server/server.h). Prints the URL when the model is ready, serves
  * until SIGINT/SIGTERM. */
 #include "cli/cli.h"
+#include "parallel/trace.h"
 #include "cli/genflags.h"
 #include "server/server.h"
 #include "tokenizer/chat_template.h"
@@ -35,7 +36,7 @@ static char *read_key(const char *path) {
 int lk_cmd_serve(int argc, char **argv) {
     lk_genflags f;
     lk_genflags_init(&f);
-    const char *host = "127.0.0.1", *key_path = NULL, *name = NULL, *tmpl_name = NULL;
+    const char *host = "127.0.0.1", *key_path = NULL, *name = NULL, *tmpl_name = NULL, *trace = NULL;
     int64_t port = 8080, parallel = 4, queue = 64, max_tokens = -1, max_body_kb = 8192, timeout = 30, max_conns = 1000,
             http_threads = 2, retries = 0;
     double retry_s = 2;
@@ -49,6 +50,9 @@ int lk_cmd_serve(int argc, char **argv) {
         { "--port", NULL, LK_OPT_INT, &port, "P", "TCP port (default 8080; 0 = any free port, printed)" },
         { "--parallel", "-np", LK_OPT_INT, &parallel, "S", "requests decoded at once, batched into each step (default 4)" },
         { "--queue", NULL, LK_OPT_INT, &queue, "N", "requests that may wait beyond those; more get 429 (default 64)" },
+        { "--trace", NULL, LK_OPT_STR, &trace, "FILE",
+          "write Chrome trace events (Perfetto) of every engine step of this host's ranks until the server stops "
+          "(see 'lockstep run --help'; it grows with every step: for short sessions)" },
         { "--api-key-file", NULL, LK_OPT_STR, &key_path, "F",
           "require 'Authorization: Bearer KEY' on /v1 with KEY the file's first line (default: no key)" },
         { "--alias", "-a", LK_OPT_STR, &name, "NAME", "the model id /v1/models lists (default: the file's name)" },
@@ -162,6 +166,11 @@ int lk_cmd_serve(int argc, char **argv) {
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
 
+    if (trace && lk_trace_start(trace, err, sizeof err)) {   /* before the ranks are forked: they inherit it */
+        fprintf(stderr, "lockstep serve: %s\n", err);
+        free(key);
+        return 1;
+    }
     lk_server *srv = NULL;
     int bound = 0;
     if (lk_server_start(&so, &srv, &bound, err, sizeof err)) {
@@ -185,5 +194,13 @@ int lk_cmd_serve(int argc, char **argv) {
     fprintf(stderr, "lockstep serve: stopping\n");
     lk_server_stop(srv);
     free(key);
+    int tr_ranks, tr_events;
+    if (trace && lk_trace_finish(&tr_ranks, &tr_events, err, sizeof err)) {
+        fprintf(stderr, "lockstep serve: %s\n", err);
+        rc = rc ? rc : 1;
+    } else if (trace) {
+        fprintf(stderr, "lockstep serve: trace of %d rank%s (%d events) in %s\n", tr_ranks, tr_ranks == 1 ? "" : "s",
+                tr_events, trace);
+    }
     return rc;
 }
