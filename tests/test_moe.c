@@ -89,7 +89,7 @@ static void trace_init(trace_buf *t, lk_model *m) {
     t->logits = calloc(rows * t->E, sizeof(float));
     t->weights = calloc(rows * t->k, sizeof(float));
     t->experts = calloc(rows * t->k, sizeof(int32_t));
-    lk_route_trace rt = { t->logits, t->experts, t->weights };
+    lk_route_trace rt = { t->logits, t->experts, t->weights, NULL };
     lk_model_trace_routing(m, &rt);
 }
 static void trace_free(trace_buf *t) { free(t->logits); free(t->weights); free(t->experts); }

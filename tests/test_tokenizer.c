@@ -546,12 +546,13 @@ TEST(synth_tokenizer_cases) {
     run_synth("synth-qwen2-f32", true, true);
     run_synth("synth-qwen3-f32", true, true);
     run_synth("synth-llama3rope-f32", true, true);
+    run_synth("synth-qwen35moe-f16", true, true); /* pre=qwen35 */
 }
 
 TEST(synth_prompts_all_models) {
     static const char *names[] = {"synth-llama-bf16", "synth-llama-f16", "synth-llama-q4_0", "synth-llama-q4_k_m",
         "synth-llama-q5_k_m", "synth-llama-q6_k", "synth-llama-q8_0", "synth-llama-tied-f16", "synth-qwen2-q4_k_m",
-        "synth-qwen3-q8_0", "synth-qwen3moe-f16", "synth-qwen3moe-q4_k_m"};
+        "synth-qwen3-q8_0", "synth-qwen3moe-f16", "synth-qwen3moe-q4_k_m", "synth-qwen35moe-q4_k_m"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) run_synth(names[i], false, false);
 }
 

@@ -172,6 +172,79 @@ static lk_status read_rope_scaling(const lk_gguf *g, lk_model_config *c, char *e
     return LK_OK;
 }
 
+/* glm4moe's and qwen35moe's pre-FFN norm is named post_attention_norm */
+static const char *ffn_norm_name(const lk_model_config *c) {
+    return c->arch == LK_ARCH_GLM4MOE || c->arch == LK_ARCH_QWEN35MOE ? "post_attention_norm.weight" : "ffn_norm.weight";
+}
+
+/* qwen35moe's hybrid layout (model.h): the delta net's sizes, which layers
+ * are recurrent, and the rotary sections. */
+static lk_status read_hybrid(const lk_gguf *g, lk_model_config *c, char *err, size_t errlen) {
+    const char *a = c->arch_name;
+    int64_t v, inner;
+    lk_status st;
+    char key[160];
+    if ((st = need_i64(g, a, "ssm.conv_kernel", 1, 64, &v, err, errlen))) return st;
+    c->ssm_conv = (int)v;
+    if ((st = need_i64(g, a, "ssm.state_size", 1, 4096, &v, err, errlen))) return st;
+    c->ssm_dk = (int)v;
+    if ((st = need_i64(g, a, "ssm.group_count", 1, 4096, &v, err, errlen))) return st;
+    c->ssm_nk = (int)v;
+    if ((st = need_i64(g, a, "ssm.time_step_rank", 1, 4096, &v, err, errlen))) return st;
+    c->ssm_nv = (int)v;
+    if ((st = need_i64(g, a, "ssm.inner_size", 1, 1 << 20, &inner, err, errlen))) return st;
+    if (c->ssm_nv % c->ssm_nk || inner % c->ssm_nv)
+        return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: %s.ssm.time_step_rank %d (value heads) must be a multiple of "
+                       "ssm.group_count %d (key heads) and divide ssm.inner_size %lld", lk_gguf_path(g), a, c->ssm_nv,
+                       c->ssm_nk, (long long)inner);
+    c->ssm_dv = (int)(inner / c->ssm_nv);
+    /* the layer pattern: attention.recurrent_layers (bool per layer), else
+     * every full_attention_interval-th layer is full attention */
+    lk_gguf_vtype et;
+    uint64_t n;
+    snprintf(key, sizeof key, "%s.attention.recurrent_layers", a);
+    memset(c->recurrent, 0, sizeof c->recurrent);
+    if (lk_gguf_get_arr(g, key, &et, &n)) {
+        if ((et != LK_GGUF_BOOL && et != LK_GGUF_INT8 && et != LK_GGUF_UINT8) || n != (uint64_t)c->n_layer_file)
+            return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: %s must be a bool array of %d layers (it has %llu elements "
+                           "of type %d)", lk_gguf_path(g), key, c->n_layer_file, (unsigned long long)n, (int)et);
+        const uint8_t *b = lk_gguf_arr_data(g, key);
+        for (int l = 0; l < c->n_layer; l++)
+            if (b[l]) c->recurrent[l / 64] |= 1ull << (l % 64);
+    } else {
+        if ((st = need_i64(g, a, "full_attention_interval", 1, 4096, &v, err, errlen))) return st;
+        for (int l = 0; l < c->n_layer; l++)
+            if ((l + 1) % v) c->recurrent[l / 64] |= 1ull << (l % 64);
+    }
+    for (int l = 0; l < c->n_layer; l++) c->n_recurrent += (int)(c->recurrent[l / 64] >> (l % 64) & 1);
+    c->attn_gate = true;
+    /* IMROPE with text positions (p, p, p, 0): a rotary pair whose sector
+     * (pair index mod the sections' sum) falls in one of the first three
+     * sections turns by p, one in the fourth by 0. lockstep feeds text
+     * only, so it needs every pair in the first three: then this is NeoX
+     * RoPE on the first rope_dim dims. Anything else is refused. */
+    snprintf(key, sizeof key, "%s.rope.dimension_sections", a);
+    if (lk_gguf_get_arr(g, key, &et, &n)) {
+        int64_t sec[4] = {0};
+        int64_t sum = 0;
+        for (uint64_t i = 0; i < n && i < 4; i++) sec[i] = lk_gguf_arr_i64(g, key, i), sum += sec[i];
+        for (int i = 0; i < 4; i++)
+            if (sec[i] < 0 || sec[i] > 4096)
+                return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: %s out of range", lk_gguf_path(g), key);
+        for (int i = 0; i < c->rope_dim / 2; i++) {
+            const int64_t s = sum ? i % sum : 0;
+            const bool p = sum && ((s % 3 == 1 && s < 3 * sec[1]) || (s % 3 == 2 && s < 3 * sec[2]) ||
+                                   (s % 3 == 0 && s < 3 * sec[0]));
+            if (!p)
+                return lk_fail(err, errlen, LK_ERR_UNSUPPORTED, "%s: rope sections [%lld, %lld, %lld, %lld] leave rotary "
+                               "pair %d to the fourth (non-text) position: multi-section positions are not supported",
+                               lk_gguf_path(g), (long long)sec[0], (long long)sec[1], (long long)sec[2],
+                               (long long)sec[3], i);
+        }
+    }
+    return LK_OK;
+}
+
 lk_status lk_model_config_read(const lk_gguf *g, lk_model_config *c, char *err, size_t errlen) {
     memset(c, 0, sizeof *c);
     const char *arch;
@@ -187,14 +260,16 @@ lk_status lk_model_config_read(const lk_gguf *g, lk_model_config *c, char *err, 
     else if (!strcmp(c->arch_name, "qwen3moe")) c->arch = LK_ARCH_QWEN3MOE;
     else if (!strcmp(c->arch_name, "glm4moe")) c->arch = LK_ARCH_GLM4MOE;
     else if (!strcmp(c->arch_name, "deepseek2")) c->arch = LK_ARCH_DEEPSEEK2;
+    else if (!strcmp(c->arch_name, "qwen35moe")) c->arch = LK_ARCH_QWEN35MOE;
     else {
         char sa[101]; /* the file's bytes, escapes shown escaped */
         lk_str_sanitize(sa, sizeof sa, arch, alen);
         return lk_fail(err, errlen, LK_ERR_UNSUPPORTED,
                        "%s: architecture '%s' is not supported (supported: llama, mistral, qwen2, qwen3, qwen3moe, "
-                       "glm4moe, deepseek2)", lk_gguf_path(g), sa);
+                       "glm4moe, deepseek2, qwen35moe)", lk_gguf_path(g), sa);
     }
-    const bool moe = c->arch == LK_ARCH_QWEN3MOE || c->arch == LK_ARCH_GLM4MOE || c->arch == LK_ARCH_DEEPSEEK2;
+    const bool moe = c->arch == LK_ARCH_QWEN3MOE || c->arch == LK_ARCH_GLM4MOE || c->arch == LK_ARCH_DEEPSEEK2 ||
+                     c->arch == LK_ARCH_QWEN35MOE;
     const char *a = c->arch_name;
     int64_t v;
     double f;
@@ -246,6 +321,13 @@ lk_status lk_model_config_read(const lk_gguf *g, lk_model_config *c, char *err, 
             c->n_expert_shared = (int)v;
         }
         c->n_ff_shexp = c->n_ff_exp * c->n_expert_shared;
+        if (c->arch == LK_ARCH_QWEN35MOE) {
+            /* one shared expert, sized by its own key, behind a sigmoid gate */
+            if ((st = need_i64(g, a, "expert_shared_feed_forward_length", 1, 1 << 24, &v, err, errlen))) return st;
+            c->n_expert_shared = 1;
+            c->n_ff_shexp = v;
+            c->shexp_gate = true;
+        }
         if (meta_i64(g, a, "leading_dense_block_count", &v)) {
             if (v < 0 || v > c->n_layer)
                 return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: %s.leading_dense_block_count = %lld out of range",
@@ -255,8 +337,8 @@ lk_status lk_model_config_read(const lk_gguf *g, lk_model_config *c, char *err, 
         if (c->n_dense_lead > 0 && c->n_ff < 1)
             return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: %d dense layers but no %s.feed_forward_length",
                            lk_gguf_path(g), c->n_dense_lead, a);
-        if (c->arch == LK_ARCH_QWEN3MOE) {
-            /* llama.cpp's qwen3moe graph: softmax, always normalised, no scale (no key switches these) */
+        if (c->arch == LK_ARCH_QWEN3MOE || c->arch == LK_ARCH_QWEN35MOE) {
+            /* llama.cpp's qwen3moe/qwen35moe graphs: softmax, always normalised, no scale (no key switches these) */
             c->gating = LK_GATE_SOFTMAX;
             c->weights_norm = true;
             c->weights_scale = 0;
@@ -334,10 +416,11 @@ lk_status lk_model_config_read(const lk_gguf *g, lk_model_config *c, char *err, 
     c->kq_scale = 1.0f / sqrtf((float)(c->mla ? c->k_head : c->head_dim));
     c->kv_elems = c->mla ? (int64_t)c->kv_lora + c->rope_dim : 2LL * c->n_head_kv * c->head_dim;
     if ((st = read_rope_scaling(g, c, err, errlen))) return st;
+    if (c->arch == LK_ARCH_QWEN35MOE && (st = read_hybrid(g, c, err, errlen))) return st;
     c->rope_neox = c->arch != LK_ARCH_LLAMA && c->arch != LK_ARCH_DEEPSEEK2;
     c->has_qkv_bias = c->arch == LK_ARCH_QWEN2 || c->arch == LK_ARCH_GLM4MOE;
     /* GLM-4.5-Air has no Q/K norms, GLM-4.5 has them: llama.cpp loads them when present */
-    c->has_qk_norm = c->arch == LK_ARCH_QWEN3 || c->arch == LK_ARCH_QWEN3MOE ||
+    c->has_qk_norm = c->arch == LK_ARCH_QWEN3 || c->arch == LK_ARCH_QWEN3MOE || c->arch == LK_ARCH_QWEN35MOE ||
                      (c->arch == LK_ARCH_GLM4MOE && lk_gguf_find_tensor(g, "blk.0.attn_q_norm.weight"));
     if (moe) {
         char n[64];
@@ -362,7 +445,19 @@ lk_status lk_model_config_read(const lk_gguf *g, lk_model_config *c, char *err, 
         do { snprintf(n, sizeof n, "blk.%d.%s", l, name); \
              if ((st = check_tensor(g, n, ne0, ne1, f32, NULL, err, errlen))) return st; } while (0)
         T("attn_norm.weight", d, 0, true);
-        if (c->mla) {
+        const bool rec = lk_model_layer_recurrent(c, l);
+        if (rec) {
+            const int64_t C = lk_model_ssm_channels(c), nv = c->ssm_nv, vd = nv * c->ssm_dv;
+            T("attn_qkv.weight", d, C, false);
+            T("attn_gate.weight", d, vd, false);
+            T("ssm_conv1d.weight", c->ssm_conv, C, true);
+            T("ssm_dt.bias", nv, 0, true);
+            T("ssm_a", nv, 0, true);
+            T("ssm_beta.weight", d, nv, false);
+            T("ssm_alpha.weight", d, nv, false);
+            T("ssm_norm.weight", c->ssm_dv, 0, true);
+            T("ssm_out.weight", vd, d, false);
+        } else if (c->mla) {
             const int64_t H = c->n_head;
             T("attn_q_a.weight", d, c->q_lora, false);
             T("attn_q_a_norm.weight", c->q_lora, 0, true);
@@ -374,13 +469,12 @@ lk_status lk_model_config_read(const lk_gguf *g, lk_model_config *c, char *err, 
             snprintf(n, sizeof n, "blk.%d.attn_v_b.weight", l);
             if ((st = check_tensor3(g, n, c->kv_lora, hd, H, err, errlen))) return st;
         } else {
-            T("attn_q.weight", d, qd, false);
+            T("attn_q.weight", d, c->attn_gate ? 2 * qd : qd, false);
             T("attn_k.weight", d, kvd, false);
             T("attn_v.weight", d, kvd, false);
         }
-        T("attn_output.weight", qd, d, false);
-        /* glm4moe's pre-FFN norm is named post_attention_norm */
-        T(c->arch == LK_ARCH_GLM4MOE ? "post_attention_norm.weight" : "ffn_norm.weight", d, 0, true);
+        if (!rec) T("attn_output.weight", qd, d, false);
+        T(ffn_norm_name(c), d, 0, true);
         if (lk_model_layer_moe(c, l)) {
             const int64_t E = c->n_expert, fe = c->n_ff_exp;
             T("ffn_gate_inp.weight", d, E, false);
@@ -392,6 +486,7 @@ lk_status lk_model_config_read(const lk_gguf *g, lk_model_config *c, char *err, 
             T3("ffn_up_exps.weight", d, fe);
             T3("ffn_down_exps.weight", fe, d);
 #undef T3
+            if (c->shexp_gate) T("ffn_gate_inp_shexp.weight", d, 0, true);
             if (c->n_expert_shared) {
                 T("ffn_gate_shexp.weight", d, c->n_ff_shexp, false);
                 T("ffn_up_shexp.weight", d, c->n_ff_shexp, false);
@@ -407,7 +502,7 @@ lk_status lk_model_config_read(const lk_gguf *g, lk_model_config *c, char *err, 
             T("attn_k.bias", kvd, 0, true);
             T("attn_v.bias", kvd, 0, true);
         }
-        if (c->has_qk_norm) {
+        if (c->has_qk_norm && !rec) {
             T("attn_q_norm.weight", hd, 0, true);
             T("attn_k_norm.weight", hd, 0, true);
         }
@@ -566,6 +661,8 @@ void lk_model_free(lk_model *m) {
     free(m->x); free(m->xb); free(m->q); free(m->k); free(m->v); free(m->att); free(m->o);
     free(m->hg); free(m->hu); free(m->scores); free(m->act);
     free(m->mqa); free(m->mkva); free(m->mqb); free(m->mvo); free(m->hact);
+    lk_deltanet_free(m);
+    free(m->kv_li); free(m->gate); free(m->ms.shg);
     if (m->layers)
         for (int i = 0; i < m->sl.layer1 - m->sl.layer0; i++) free(m->layers[i].ex);
     free(m->ms.logits); free(m->ms.probs); free(m->ms.bsel); free(m->ms.gsc); free(m->ms.sel); free(m->ms.wgt); free(m->ms.row_slot);
@@ -711,7 +808,7 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
     lk_model_ffn_ranges(g, &cfg, sl.ff0, sl.ff1, &fr);
     /* column cuts must be on block boundaries */
     for (int l = sl.layer0; l < sl.layer1; l++) {
-        int64_t bo = lk_type_block_size(tensor(g, l, "attn_output.weight")->type);
+        int64_t bo = lk_model_layer_recurrent(&cfg, l) ? 1 : lk_type_block_size(tensor(g, l, "attn_output.weight")->type);
         if (((int64_t)sl.head0 * cfg.head_dim) % bo || (((int64_t)sl.head1 * cfg.head_dim) % bo && sl.head1 != cfg.n_head))
             return lk_fail(err, errlen, LK_ERR_ARG, "heads [%d,%d) cut blk.%d.attn_output.weight inside a %lld-element block",
                            sl.head0, sl.head1, l, (long long)bo);
@@ -740,6 +837,11 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
     m->nfe = fr.exp1 - fr.exp0;
     m->nfs = fr.sh1 - fr.sh0;
     m->nvoc = sl.vocab1 - sl.vocab0;
+    if (cfg.n_recurrent) { /* the delta net's key heads follow the query heads' share (check_slice) */
+        m->kh0 = (int)((int64_t)sl.head0 * cfg.ssm_nk / cfg.n_head);
+        m->nkl = (int)((int64_t)sl.head1 * cfg.ssm_nk / cfg.n_head) - m->kh0;
+        m->nvl = m->nkl * (cfg.ssm_nv / cfg.ssm_nk);
+    }
     m->n_ctx = p && p->n_ctx > 0 ? p->n_ctx : LK_MIN(cfg.n_ctx_train, 4096);
     m->n_batch = p && p->n_batch > 0 ? p->n_batch : 512;
     if (m->n_batch > m->n_ctx) m->n_batch = m->n_ctx;
@@ -759,8 +861,13 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
         int l = sl.layer0 + i;
         layer_w *w = &m->layers[i];
         w->attn_norm = tensor(g, l, "attn_norm.weight")->data;
-        w->ffn_norm = tensor(g, l, cfg.arch == LK_ARCH_GLM4MOE ? "post_attention_norm.weight" : "ffn_norm.weight")->data;
-        if (cfg.mla) {
+        w->ffn_norm = tensor(g, l, ffn_norm_name(&cfg))->data;
+        if (lk_model_layer_recurrent(&cfg, l)) {
+            w->ri = m->n_rec++;
+            lk_deltanet_load(m, l, w);
+            m->weight_bytes += mat_bytes(&w->wqkv) + mat_bytes(&w->wz) + mat_bytes(&w->wbeta) + mat_bytes(&w->walpha) +
+                               mat_bytes(&w->wso);
+        } else if (cfg.mla) {
             /* a rank without heads reads none of the attention */
             const int64_t any = m->nh > 0, kl = cfg.kv_lora;
             w->wqa = mat_rows(tensor(g, l, "attn_q_a.weight"), 0, any * cfg.q_lora);
@@ -773,16 +880,19 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
             m->weight_bytes += mat_bytes(&w->wqa) + mat_bytes(&w->wkva) + mat_bytes(&w->wqb) + mat_bytes(&w->wkb) +
                                mat_bytes(&w->wvb);
         } else {
-            w->wq = mat_rows(tensor(g, l, "attn_q.weight"), sl.head0 * hd, sl.head1 * hd);
+            const int64_t qw = cfg.attn_gate ? 2 * hd : hd; /* gated: per head [q | gate] */
+            w->gated = cfg.attn_gate;
+            w->wq = mat_rows(tensor(g, l, "attn_q.weight"), sl.head0 * qw, sl.head1 * qw);
             w->wk = mat_rows(tensor(g, l, "attn_k.weight"), sl.kv_head0 * hd, sl.kv_head1 * hd);
             w->wv = mat_rows(tensor(g, l, "attn_v.weight"), sl.kv_head0 * hd, sl.kv_head1 * hd);
         }
-        w->wo = mat_cols(tensor(g, l, "attn_output.weight"), sl.head0 * hd, sl.head1 * hd);
+        if (!w->rec) w->wo = mat_cols(tensor(g, l, "attn_output.weight"), sl.head0 * hd, sl.head1 * hd);
         if (lk_model_layer_moe(&cfg, l)) {
             const int E = cfg.n_expert, k = cfg.n_expert_used;
             w->moe = true;
             w->wr = mat_rows(tensor(g, l, "ffn_gate_inp.weight"), 0, E);
             if (cfg.has_exp_probs_b) w->exp_b = tensor(g, l, "exp_probs_b.bias")->data;
+            if (cfg.shexp_gate) w->sh_gate = tensor(g, l, "ffn_gate_inp_shexp.weight")->data;
             w->ex = lk_xcalloc((size_t)E, sizeof(ffn_w));
             const lk_gguf_tensor *tg = tensor(g, l, "ffn_gate_exps.weight"), *tu = tensor(g, l, "ffn_up_exps.weight"),
                                  *td = tensor(g, l, "ffn_down_exps.weight");
@@ -809,7 +919,7 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
             w->bk = (const float *)tensor(g, l, "attn_k.bias")->data + sl.kv_head0 * hd;
             w->bv = (const float *)tensor(g, l, "attn_v.bias")->data + sl.kv_head0 * hd;
         }
-        if (cfg.has_qk_norm) {
+        if (cfg.has_qk_norm && !w->rec) {
             w->q_norm = tensor(g, l, "attn_q_norm.weight")->data;
             w->k_norm = tensor(g, l, "attn_k_norm.weight")->data;
         }
@@ -818,7 +928,7 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
     }
     {
         /* per layer: 7 attention/dense matrices, the router, 3 per expert and 3 shared */
-        const size_t per = 7 + 1 + 3 * (size_t)cfg.n_expert + 3 + 5;
+        const size_t per = 7 + 1 + 3 * (size_t)cfg.n_expert + 3 + 5 + 5;
         lk_mat **mats = lk_xmalloc(sizeof(lk_mat *) * (per * (size_t)nl + 1));
         int nm = 0;
         if (sl.pp_rank == sl.pp_size - 1) mats[nm++] = &m->wout;
@@ -828,6 +938,9 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
                                &w->sh.w1, &w->sh.w3, &w->sh.w2, &w->wqa, &w->wkva, &w->wqb, &w->wkb, &w->wvb};
             for (int k = 0; k < 16; k++)
                 if (all[k]->rows > 0 && all[k]->cols > 0) mats[nm++] = all[k];
+            lk_mat *dn[5] = {&w->wqkv, &w->wz, &w->wbeta, &w->walpha, &w->wso};
+            for (int k = 0; k < 5 && w->rec && !w->own; k++) /* gathered ones are already compact, in memory of their own */
+                if (dn[k]->rows > 0 && dn[k]->cols > 0) mats[nm++] = dn[k];
             for (int e = 0; w->moe && e < cfg.n_expert; e++) {
                 lk_mat *ex[3] = {&w->ex[e].w1, &w->ex[e].w3, &w->ex[e].w2};
                 for (int k = 0; k < 3; k++)
@@ -879,7 +992,10 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
     int64_t kv_tokens = p && p->kv_tokens > 0 ? p->kv_tokens : (int64_t)m->max_seqs * m->n_ctx;
     m->n_pages = LK_MAX((kv_tokens + LK_KV_PAGE - 1) / LK_KV_PAGE, 1);
     m->ahd = cfg.mla ? cfg.kv_lora + cfg.rope_dim : cfg.head_dim;
-    m->page_elems = (size_t)nl * m->nkv * LK_KV_PAGE * m->ahd;
+    /* only attention layers have pages (recurrent ones keep per-slot state) */
+    m->kv_li = lk_xmalloc(sizeof(int32_t) * (size_t)nl);
+    for (int i = 0; i < nl; i++) m->kv_li[i] = m->layers[i].rec ? -1 : m->n_kv_layers++;
+    m->page_elems = (size_t)m->n_kv_layers * m->nkv * LK_KV_PAGE * m->ahd;
     size_t esz = m->kv_f16 ? 2 : 4;
     /* calloc: pages never written are zeros (a copy of a page copies its
      * unwritten tail too; nothing ever reads it) */
@@ -924,6 +1040,8 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
     }
     m->act = lk_xmalloc_aligned(lk_matmul_scratch_bytes(maxcols, (int64_t)B));
     if (cfg.n_expert) moe_scratch_alloc(m);
+    if (cfg.n_recurrent) lk_deltanet_alloc(m);
+    if (cfg.attn_gate) m->gate = lk_xmalloc_aligned(sizeof(float) * B * (size_t)LK_MAX(m->nh * 2 * hd, 1));
     *out = m;
     return LK_OK;
 }
@@ -940,6 +1058,7 @@ float *lk_model_hidden(lk_model *m) { return m->x; }
 /* ---- sequences and pages ---- */
 
 int lk_model_max_seqs(const lk_model *m) { return m->max_seqs; }
+bool lk_model_recurrent(const lk_model *m) { return m->cfg.n_recurrent > 0; }
 int lk_model_seq_len(const lk_model *m, int seq) { return seq >= 0 && seq < m->max_seqs ? m->seq_len[seq] : 0; }
 int64_t lk_model_pages_total(const lk_model *m) { return m->n_pages; }
 int64_t lk_model_pages_free(const lk_model *m) { return m->n_free; }
@@ -972,6 +1091,10 @@ lk_status lk_model_seq_keep(lk_model *m, int seq, int n, char *err, size_t errle
     if (st) return st;
     if (n < 0 || n > m->seq_len[seq])
         return lk_fail(err, errlen, LK_ERR_ARG, "keep: slot %d holds %d positions, cannot keep %d", seq, m->seq_len[seq], n);
+    if (m->cfg.n_recurrent && n > 0 && n < m->seq_len[seq])
+        return lk_fail(err, errlen, LK_ERR_ARG, "keep: slot %d holds %d positions of a recurrent model, whose state "
+                       "cannot go back to %d (only 0 or all)", seq, m->seq_len[seq], n);
+    if (n == 0) lk_deltanet_reset(m, seq);
     int32_t *pt = ptab_of(m, seq);
     for (int j = (n + LK_KV_PAGE - 1) / LK_KV_PAGE; j < m->max_pps && pt[j] >= 0; j++) {
         page_release(m, pt[j]);
@@ -987,7 +1110,11 @@ lk_status lk_model_seq_fork(lk_model *m, int dst, int src, int n, char *err, siz
     if (dst == src || n < 0 || n > m->seq_len[src])
         return lk_fail(err, errlen, LK_ERR_ARG, "fork: slot %d from slot %d (%d positions) with %d positions", dst, src,
                        m->seq_len[src], n);
+    if (m->cfg.n_recurrent && n > 0 && n < m->seq_len[src])
+        return lk_fail(err, errlen, LK_ERR_ARG, "fork: slot %d holds %d positions of a recurrent model; its state is "
+                       "there only for all of them, not for a prefix of %d", src, m->seq_len[src], n);
     if ((st = lk_model_seq_keep(m, dst, 0, err, errlen))) return st;
+    if (n > 0) lk_deltanet_copy(m, dst, src);
     const int32_t *ps = ptab_of(m, src);
     int32_t *pd = ptab_of(m, dst);
     for (int j = 0; j < (n + LK_KV_PAGE - 1) / LK_KV_PAGE; j++) {
@@ -1113,7 +1240,8 @@ typedef struct {
  * of page j of slot seq for KV head kvh of layer li (both local). */
 static size_t kv_page_kv(const lk_model *m, int seq, int j, int li, int kvh) {
     const int32_t pg = ptab_of(m, seq)[j];
-    return (size_t)pg * m->page_elems + ((size_t)li * m->nkv + (size_t)kvh) * LK_KV_PAGE * m->ahd;
+    LK_ASSERT(m->kv_li[li] >= 0);
+    return (size_t)pg * m->page_elems + ((size_t)m->kv_li[li] * m->nkv + (size_t)kvh) * LK_KV_PAGE * m->ahd;
 }
 /* ... for the KV head that query head h (local) attends to. */
 static size_t kv_page(const lk_model *m, int seq, int j, int li, int h) {
@@ -1221,15 +1349,21 @@ static void attention(lk_model *m, int li, const float *x) {
     }
     for (int t = 0; t < n; t++) lk_rmsnorm(m->xb + t * d, x + t * d, w->attn_norm, d, c->rms_eps);
     const lk_mat *qkv[3] = {&w->wq, &w->wk, &w->wv};
+    float *qout = w->gated ? m->gate : m->q; /* gated: per head [q | gate], split below */
+    const int64_t qs = w->gated ? 2 * qd : qd;
     if (lk_matmul_can_fuse(qkv, 3)) {
-        float *const ys[3] = {m->q, m->k, m->v};
-        const int64_t ss[3] = {qd, kvd, kvd};
+        float *const ys[3] = {qout, m->k, m->v};
+        const int64_t ss[3] = {qs, kvd, kvd};
         lk_matmul_fused(m->pool, qkv, 3, m->xb, d, n, ys, ss, false, m->act);
     } else {
-        lk_matmul(m->pool, &w->wq, m->xb, d, n, m->q, qd, m->act);
+        lk_matmul(m->pool, &w->wq, m->xb, d, n, qout, qs, m->act);
         lk_matmul(m->pool, &w->wk, m->xb, d, n, m->k, kvd, m->act);
         lk_matmul(m->pool, &w->wv, m->xb, d, n, m->v, kvd, m->act);
     }
+    if (w->gated)
+        for (int t = 0; t < n; t++)
+            for (int h = 0; h < m->nh; h++)
+                memcpy(m->q + t * qd + h * hd, m->gate + t * 2 * qd + h * 2 * hd, sizeof(float) * (size_t)hd);
     for (int t = 0; t < n; t++) {
         float *q = m->q + t * qd, *k = m->k + t * kvd, *v = m->v + t * kvd;
         const int pos = m->row_pos[t], seq = m->items[m->row_item[t]].seq;
@@ -1256,6 +1390,13 @@ static void attention(lk_model *m, int li, const float *x) {
     }
     attn_job aj = { m, li };
     lk_pool_run(m->pool, m->kv_f16 ? attn_f16_fn : attn_block_fn, &aj);
+    if (w->gated) /* the output gate: sigmoid(gate) on each head's result */
+        for (int t = 0; t < n; t++)
+            for (int h = 0; h < m->nh; h++) {
+                float *a = m->att + t * qd + h * hd;
+                const float *gt = m->gate + t * 2 * qd + h * 2 * hd + hd;
+                for (int i = 0; i < hd; i++) a[i] *= 1.0f / (1.0f + expf(-gt[i]));
+            }
     lk_matmul(m->pool, &w->wo, m->att, qd, n, m->o, d, m->act);
 }
 
@@ -1444,6 +1585,7 @@ static void moe_scratch_alloc(lk_model *m) {
     ms->hg = lk_xmalloc_aligned(sizeof(float) * slots * (size_t)ms->fmax);
     ms->hu = lk_xmalloc_aligned(sizeof(float) * slots * (size_t)ms->fmax);
     ms->eo = lk_xmalloc_aligned(sizeof(float) * slots * d);
+    ms->shg = lk_xmalloc(sizeof(float) * B);
 }
 
 /* Chooses row t's experts from its router logits (model.h, lk_model_config). */
@@ -1616,7 +1758,12 @@ static void moe_down_fn(void *arg, int ith, int nth) {
         }
         if (m->nfs > 0) {
             const float *sh = ms->eo + (size_t)ms->off[m->cfg.n_expert] * d + (size_t)t * d;
-            for (int64_t i = r0; i < r1; i++) o[i] += sh[i];
+            if (j->w->sh_gate) {
+                const float gs = ms->shg[t];
+                for (int64_t i = r0; i < r1; i++) o[i] += gs * sh[i];
+            } else {
+                for (int64_t i = r0; i < r1; i++) o[i] += sh[i];
+            }
         }
     }
 }
@@ -1635,6 +1782,11 @@ static void moe_ffn(lk_model *m, int li, const float *x, int n) {
     for (int t = 0; t < n; t++) lk_rmsnorm(m->xb + t * d, x + t * d, w->ffn_norm, d, c->rms_eps);
     lk_matmul(m->pool, &w->wr, m->xb, d, n, ms->logits, E, m->act);
     for (int t = 0; t < n; t++) route_row(m, w, ms->logits + (size_t)t * E, ms->sel + t * k, ms->wgt + t * k);
+    if (w->sh_gate) /* qwen35moe: the shared expert's per-token sigmoid gate */
+        for (int t = 0; t < n; t++)
+            ms->shg[t] = 1.0f / (1.0f + expf(-lk_vec_dot_f32(m->xb + t * d, w->sh_gate, d)));
+    if (w->sh_gate && m->trace.shared_gate)
+        memcpy(m->trace.shared_gate + (size_t)layer * m->n_batch, ms->shg, sizeof(float) * (size_t)n);
     if (m->trace.logits) {
         const size_t base = (size_t)layer * m->n_batch;
         memcpy(m->trace.logits + base * E, ms->logits, sizeof(float) * (size_t)n * E);
@@ -1699,7 +1851,8 @@ lk_status lk_model_layers(lk_model *m, float *x) {
     m->bad_layer = lk_any_nonfinite(x, nd) ? m->sl.layer0 - 1 : -1; /* -1 + layer0: the rows came in non-finite */
     for (int li = 0; li < m->sl.layer1 - m->sl.layer0; li++) {
         const int layer = m->sl.layer0 + li;
-        if (m->cfg.mla) attention_mla(m, li, x);
+        if (m->layers[li].rec) lk_deltanet(m, li, x);
+        else if (m->cfg.mla) attention_mla(m, li, x);
         else attention(m, li, x);
         if ((st = allreduce(m, m->o, nd, layer, "attention output all-reduce"))) return st;
         if (add_nonfinite(x, m->o, nd) && m->bad_layer < 0) m->bad_layer = layer, m->bad_ffn = false;

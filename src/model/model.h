@@ -1,6 +1,7 @@
 /* model — architectures (llama, qwen2, qwen3; mistral and TinyLlama are
- * llama; the mixtures of experts qwen3moe, glm4moe and deepseek2 (MLA)) as one forward pass over *this rank's slice* of every weight, and
- * the KV cache for the slice's KV heads.
+ * llama; the mixtures of experts qwen3moe, glm4moe and deepseek2 (MLA); the
+ * hybrid recurrent qwen35moe, gated delta net + gated attention) as one forward pass over *this rank's slice* of every weight, and
+ * the KV cache for the slice's KV heads (and the recurrent state of its linear-attention heads).
  *
  * The same code runs one node (slice = everything, no hooks) and every rank
  * of a tensor/pipeline-parallel cluster: the slice (parallel/parallel.h) says
@@ -27,7 +28,8 @@
 #include "parallel/parallel.h"
 #include "kernels/kernels.h"
 
-typedef enum { LK_ARCH_LLAMA, LK_ARCH_QWEN2, LK_ARCH_QWEN3, LK_ARCH_QWEN3MOE, LK_ARCH_GLM4MOE, LK_ARCH_DEEPSEEK2 } lk_arch;
+typedef enum { LK_ARCH_LLAMA, LK_ARCH_QWEN2, LK_ARCH_QWEN3, LK_ARCH_QWEN3MOE, LK_ARCH_GLM4MOE, LK_ARCH_DEEPSEEK2,
+               LK_ARCH_QWEN35MOE } lk_arch;
 
 /* How a mixture-of-experts layer turns router logits into expert weights
  * (llama.cpp's expert_gating_func: 1 softmax, 2 sigmoid). */
@@ -90,9 +92,32 @@ typedef struct {
      * n_ff_exp for mixtures; every other FFN width of the model follows in
      * proportion (lk_model_ffn_ranges). */
     int64_t n_ff_split;
+    /* Hybrid recurrent models (qwen35moe): layer l is a gated delta net
+     * (linear attention with a fixed-size per-sequence state, deltanet.c)
+     * when bit l of recurrent[] is set, else gated full attention: attn_q
+     * gives per head [q (head_dim) | gate (head_dim)], and sigmoid(gate)
+     * multiplies the attention output before attn_output (attn_gate).
+     * The delta net has ssm_nk key/query heads of ssm_dk and ssm_nv value
+     * heads of ssm_dv (ssm_nv a multiple of ssm_nk; value head h reads
+     * key head h mod ssm_nk: the converter's tiled order), a causal
+     * depthwise convolution of ssm_conv taps over the 2 nk dk + nv dv
+     * projected channels, and per value head a dk x dv state.
+     * shexp_gate: the shared expert's output is scaled per token by
+     * sigmoid(ffn_gate_inp_shexp . h). */
+    int     n_recurrent;       /* layers that are recurrent */
+    int     ssm_conv, ssm_nk, ssm_nv, ssm_dk, ssm_dv;
+    uint64_t recurrent[64];    /* bit l: layer l is a gated delta net (n_layer <= 4096) */
+    bool    attn_gate, shexp_gate;
 } lk_model_config;
 
 static inline bool lk_model_layer_moe(const lk_model_config *c, int l) { return c->n_expert > 0 && l >= c->n_dense_lead; }
+static inline bool lk_model_layer_recurrent(const lk_model_config *c, int l) {
+    return c->n_recurrent > 0 && l >= 0 && l < 4096 && (c->recurrent[l / 64] >> (l % 64) & 1);
+}
+/* Channels of the delta net's convolution (q, k, v): the whole model's. */
+static inline int64_t lk_model_ssm_channels(const lk_model_config *c) {
+    return 2LL * c->ssm_nk * c->ssm_dk + (int64_t)c->ssm_nv * c->ssm_dv;
+}
 
 /* Reads the configuration from metadata and checks every tensor exists with
  * the expected shape and a supported type (clear error naming the tensor). */
@@ -146,8 +171,10 @@ uint64_t lk_model_weight_bytes(const lk_model *m);
  * writes, for each batch row r and layer l (absolute),
  * logits[(l * n_batch + r) * n_expert + e] (router logits),
  * experts[(l * n_batch + r) * n_expert_used + j] (chosen, best first) and
- * weights[...] (their final weights). NULL clears it. */
-typedef struct { float *logits; int32_t *experts; float *weights; } lk_route_trace;
+ * weights[...] (their final weights), and when shared_gate is set and the
+ * model gates its shared expert, shared_gate[l * n_batch + r] (the
+ * sigmoid factor). NULL clears it. */
+typedef struct { float *logits; int32_t *experts; float *weights; float *shared_gate; } lk_route_trace;
 void lk_model_trace_routing(lk_model *m, const lk_route_trace *t);
 
 /* ---- sequences and the paged KV cache ----------------------------------------
@@ -159,8 +186,16 @@ void lk_model_trace_routing(lk_model *m, const lk_route_trace *t);
  * is copied when a slot first writes into it). Every rank of a cluster
  * applies the same operations in the same order, so their pools agree page
  * for page and the head's counts speak for all.
- * Per-sequence state beside the pages (recurrent states of linear-attention
- * layers) will live here too, created, reset and freed with the slot. */
+ * Per-sequence state beside the pages: a recurrent model's (qwen35moe)
+ * linear-attention layers keep, per slot, the last ssm_conv - 1 inputs of
+ * every convolution channel and every value head's dk x dv state, F32,
+ * zero when the slot is empty and advanced exactly once per position fed.
+ * It cannot be cut back or shared by pages: keep(seq, n) of such a model
+ * takes n = 0 (reset) or n = the slot's length (nothing to do) and refuses
+ * anything between; fork(dst, src, n) copies src's state and so takes n =
+ * 0 or n = src's length (a snapshot where src stands) and refuses a prefix
+ * in between (the caller recomputes it). lk_model_recurrent says which
+ * rule applies. */
 #define LK_KV_PAGE 32
 int     lk_model_max_seqs(const lk_model *m);
 int     lk_model_seq_len(const lk_model *m, int seq);
@@ -168,6 +203,8 @@ int64_t lk_model_pages_total(const lk_model *m);
 int64_t lk_model_pages_free(const lk_model *m);
 /* Pages that appending n positions to seq would take (new and copied). */
 int64_t lk_model_pages_needed(const lk_model *m, int seq, int n);
+/* Whether the model keeps recurrent per-sequence state (see above). */
+bool    lk_model_recurrent(const lk_model *m);
 /* Keeps the first n positions of seq (n <= its length; 0 frees every page). */
 lk_status lk_model_seq_keep(lk_model *m, int seq, int n, char *err, size_t errlen);
 /* dst (emptied first) shares the first n positions of src. */

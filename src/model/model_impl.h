@@ -37,6 +37,24 @@ typedef struct {
     const float *exp_b;                    /* (E) selection bias, or NULL */
     ffn_w *ex;                             /* (E) */
     ffn_w sh;                              /* shared expert (rows 0: none) */
+    const float *sh_gate;                  /* (d) ffn_gate_inp_shexp: sigmoid(. h) scales the shared expert, or NULL */
+    /* gated attention (qwen35moe full-attention layers): wq's rows are per
+     * head [q | gate], 2 hd each */
+    bool gated;
+    /* gated delta net (qwen35moe recurrent layers; deltanet.c). Local heads:
+     * nkl key heads, nvl value heads; local value head i reads local key
+     * head i mod nkl. Channels C = 2 nkl dk + nvl dv, in the order
+     * [q | k | v]. */
+    bool rec;
+    int ri;                                /* index among this rank's recurrent layers (state) */
+    lk_mat wqkv;                           /* attn_qkv [C, d] */
+    lk_mat wz;                             /* attn_gate [nvl dv, d] */
+    lk_mat wbeta, walpha;                  /* ssm_beta, ssm_alpha [nvl, d] */
+    lk_mat wso;                            /* ssm_out [d, nvl dv] (a column slice) */
+    const float *conv;                     /* (C, ssm_conv) taps per channel */
+    const float *dt, *ssm_a;               /* (nvl) */
+    const float *ssm_norm;                 /* (dv) shared by the heads */
+    void *own;                             /* weights gathered for a split (deltanet.c), or NULL */
 } layer_w;
 
 /* Scratch of the mixture-of-experts FFN, sized at load for n_batch tokens.
@@ -61,6 +79,7 @@ typedef struct {
     size_t   ain_stride, adn_stride;
     float   *hg, *hu;    /* (slots, fmax) gate/up outputs */
     float   *eo;         /* (slots, d) each slot's expert output */
+    float   *shg;        /* (B) the shared expert's gate per token */
     int64_t  fmax;
 } moe_scratch;
 
@@ -118,6 +137,25 @@ struct lk_model {
     uint64_t weight_bytes;
     void *arena;            /* huge-page copy of the matrices (NULL: views on the file) */
     size_t arena_len;
+    /* recurrent layers (deltanet.c): nkl/nvl local key/value heads */
+    int nkl, nvl, kh0;       /* kh0: first local key head */
+    int n_rec;               /* recurrent layers here */
+    int32_t *kv_li;          /* (layers here) the layer's index in the KV pages, -1: none (recurrent) */
+    int n_kv_layers;         /* layers here with a KV cache */
+    size_t rs_elems;         /* floats of one slot's state for one layer: (conv - 1) C + nvl dk dv */
+    float *rstate;           /* (max_seqs, n_rec, rs_elems): [conv window | S] */
+    float *dn_qkv, *dn_z, *dn_ab, *dn_o; /* (B, C) (B, nvl dv) (B, 2 nvl) (B, nvl dv) */
+    float *gate;             /* (B, nh hd) gated attention's gates */
+    bool dn_grouped;         /* tests only: value head h reads key head h div (nv/nk), HF's grouped order (a mistake) */
 };
+
+/* deltanet.c */
+void lk_deltanet_load(lk_model *m, int l, layer_w *w);
+void lk_deltanet_alloc(lk_model *m);
+void lk_deltanet_free(lk_model *m);
+void lk_deltanet(lk_model *m, int li, const float *x);
+/* The state of slot seq: zeroed, or copied from slot src. */
+void lk_deltanet_reset(lk_model *m, int seq);
+void lk_deltanet_copy(lk_model *m, int dst, int src);
 
 #endif

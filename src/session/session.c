@@ -71,6 +71,11 @@ struct lk_session {
     int                 n_slots, n_ctx, n_batch, depth, page, parallel;
     int64_t             n_vocab;
     bool                reuse, failed;
+    /* the model keeps recurrent per-sequence state (qwen35moe; model.h):
+     * a slot's state exists only for all it holds, so only a KEPT slot's
+     * whole content is reused (continued, or forked with its state copied),
+     * never a prefix of it, and never a running slot's */
+    bool                recurrent;
     slot               *slots;      /* (n_slots) */
     lk_request        **run;        /* (n_slots) running, in start order */
     int                 n_run, rr;  /* rr: where the decode round starts (fairness when n_batch < n_run) */
@@ -121,6 +126,7 @@ lk_status lk_session_create(lk_engine *e, const lk_tokenizer *tok, const lk_sess
     LK_ASSERT(s->n_slots >= 1 && s->n_ctx >= 1 && s->n_batch >= 1);
     s->parallel = o->parallel > 0 ? LK_MIN(o->parallel, s->n_slots) : s->n_slots;
     s->reuse = !o->no_reuse;
+    s->recurrent = lk_engine_cfg(e)->n_recurrent > 0;
     s->slots = lk_xcalloc((size_t)s->n_slots, sizeof(slot));
     for (int i = 0; i < s->n_slots; i++) {
         s->slots[i].toks = lk_xmalloc(sizeof(int32_t) * (size_t)s->n_ctx);
@@ -357,10 +363,10 @@ static int best_match(const lk_session *s, const lk_request *r, int *common) {
     int best = -1, bc = 0;
     for (int i = 0; i < s->n_slots; i++) {
         const slot *sl = &s->slots[i];
-        if (sl->state == SLOT_FREE) continue;
+        if (sl->state == SLOT_FREE || (s->recurrent && sl->state != SLOT_KEPT)) continue;
         int n = LK_MIN(sl->state == SLOT_KEPT ? sl->len : sl->done, r->n_prompt - 1), c = 0;
         while (c < n && sl->toks[c] == r->prompt[c]) c++;
-        if (c == 0) continue;
+        if (c == 0 || (s->recurrent && c != sl->len)) continue;
         bool better = c > bc;
         if (!better && c == bc && best >= 0) {
             const slot *b = &s->slots[best];
@@ -378,6 +384,7 @@ static int best_match(const lk_session *s, const lk_request *r, int *common) {
  * waits for it (two prompts with one system prompt arriving together: the
  * second forks the first's pages instead of computing them beside it). */
 static bool prefix_coming(const lk_session *s, const lk_request *r, int c) {
+    if (s->recurrent) return false; /* a running slot's prefix is never forked */
     for (int i = 0; i < s->n_run; i++) {
         const lk_request *a = s->run[i];
         int n = LK_MIN(a->n_prompt, r->n_prompt - 1), k = 0;

@@ -171,13 +171,18 @@ static void split_gpt2(const text_t *t, size_t s, size_t e, out_t *o) {
     }
 }
 
-/* --- Llama 3 (max_digits 3) and Qwen2 (max_digits 1):
+/* --- Llama 3 (max_digits 3), Qwen2 (max_digits 1) and Qwen3.5 (max_digits 1,
+ * `marks`: \p{M} joins \p{L} in the letter run and in the punctuation
+ * class, [\p{L}\p{M}]+ and [^\s\p{L}\p{M}\p{N}]; the optional prefix
+ * [^\r\n\p{L}\p{N}]? is unchanged, and a mark it takes is in the run's
+ * class anyway, so the spans are the same):
  * (?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}
  *   | ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
  * llama.cpp has a hand-written splitter for the Llama 3 form and runs the Qwen2
  * form through std::regex; for these alternatives the two agree (leftmost-first,
  * greedy with backtracking), so one routine serves both. */
-static void split_llama3(const text_t *t, size_t s, size_t e, out_t *o, size_t max_digits) {
+static void split_llama3(const text_t *t, size_t s, size_t e, out_t *o, size_t max_digits, bool marks) {
+    const uint16_t L = LK_CPT_LETTER | (marks ? LK_CPT_MARK : 0);
     size_t pos = s;
     while (pos < e) {
         uint32_t c = t->c[pos];
@@ -195,9 +200,9 @@ static void split_llama3(const text_t *t, size_t s, size_t e, out_t *o, size_t m
         }
         /* [^\r\n\p{L}\p{N}]?\p{L}+ */
         if (!(c == '\r' || c == '\n' || IS_N(f))) {
-            if (IS_L(f) || IS_L(F(t, pos + 1, e))) {
+            if ((f & L) || (F(t, pos + 1, e) & L)) {
                 pos++;
-                while (IS_L(F(t, pos, e))) pos++;
+                while (F(t, pos, e) & L) pos++;
                 emit(o, pos - start); continue;
             }
         }
@@ -212,9 +217,9 @@ static void split_llama3(const text_t *t, size_t s, size_t e, out_t *o, size_t m
         }
         /* ` ?[^\s\p{L}\p{N}]+[\r\n]*` */
         uint16_t f2 = c == ' ' ? F(t, pos + 1, e) : f;
-        if (!(f2 & (LK_CPT_WHITESPACE | LK_CPT_LETTER | LK_CPT_NUMBER)) && f) {
+        if (!(f2 & (LK_CPT_WHITESPACE | L | LK_CPT_NUMBER)) && f) {
             pos += c == ' ';
-            for (uint16_t g = F(t, pos, e); !(g & (LK_CPT_WHITESPACE | LK_CPT_LETTER | LK_CPT_NUMBER)) && g;
+            for (uint16_t g = F(t, pos, e); !(g & (LK_CPT_WHITESPACE | L | LK_CPT_NUMBER)) && g;
                  g = F(t, pos, e))
                 pos++;
             while (pos < e && (t->c[pos] == '\r' || t->c[pos] == '\n')) pos++;
@@ -382,7 +387,7 @@ static void split_trailing_ws(const text_t *t, size_t s, size_t e, out_t *o) {
  * ==================================================================== */
 
 typedef enum {
-    P_GPT2, P_LLAMA3, P_QWEN2, P_CRLF, P_DS_LETTERS, P_DS_PUNCT, P_WS_END, P_CJK, P_NUM_RUN,
+    P_GPT2, P_LLAMA3, P_QWEN2, P_QWEN35, P_CRLF, P_DS_LETTERS, P_DS_PUNCT, P_WS_END, P_CJK, P_NUM_RUN,
     P_NUM1, P_WS_LETTERS, P_WS_PUNCT, P_PUNCT_DEFAULT, P_PUNCT_FALCON, P_DIGITS3, P_END
 } pass_t;
 
@@ -391,6 +396,7 @@ static const pass_t *passes_for(lk_pre_kind k) {
     static const pass_t p_gpt2[] = {P_GPT2, P_END};
     static const pass_t p_llama3[] = {P_LLAMA3, P_END};
     static const pass_t p_qwen2[] = {P_QWEN2, P_END};
+    static const pass_t p_qwen35[] = {P_QWEN35, P_END};
     static const pass_t p_ds_llm[] = {P_CRLF, P_DS_LETTERS, P_DS_PUNCT, P_WS_END, P_CJK, P_NUM_RUN, P_END};
     static const pass_t p_ds_coder[] = {P_CRLF, P_WS_LETTERS, P_WS_PUNCT, P_CJK, P_NUM1, P_END};
     static const pass_t p_falcon[] = {P_PUNCT_FALCON, P_GPT2, P_DIGITS3, P_END};
@@ -399,6 +405,7 @@ static const pass_t *passes_for(lk_pre_kind k) {
     case LK_PRE_GPT2: return p_gpt2;
     case LK_PRE_LLAMA3: return p_llama3;
     case LK_PRE_QWEN2: return p_qwen2;
+    case LK_PRE_QWEN35: return p_qwen35;
     case LK_PRE_DEEPSEEK_LLM: return p_ds_llm;
     case LK_PRE_DEEPSEEK_CODER: return p_ds_coder;
     case LK_PRE_FALCON: return p_falcon;
@@ -410,8 +417,9 @@ static const pass_t *passes_for(lk_pre_kind k) {
 static void run_pass(pass_t p, const text_t *t, size_t s, size_t e, out_t *o) {
     switch (p) {
     case P_GPT2: split_gpt2(t, s, e, o); break;
-    case P_LLAMA3: split_llama3(t, s, e, o, 3); break;
-    case P_QWEN2: split_llama3(t, s, e, o, 1); break;
+    case P_LLAMA3: split_llama3(t, s, e, o, 3, false); break;
+    case P_QWEN2: split_llama3(t, s, e, o, 1, false); break;
+    case P_QWEN35: split_llama3(t, s, e, o, 1, true); break;
     case P_WS_END: split_trailing_ws(t, s, e, o); break;
     case P_CRLF: split_regex(t, s, e, o, m_crlf); break;
     case P_DS_LETTERS: split_regex(t, s, e, o, m_ds_letters); break;

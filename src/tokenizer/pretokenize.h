@@ -58,6 +58,7 @@ typedef enum {
     LK_PRE_DEEPSEEK_CODER,
     LK_PRE_FALCON,
     LK_PRE_STARCODER,      /* starcoder, refact, command-r, smollm, codeshell, exaone, minerva */
+    LK_PRE_QWEN35,         /* qwen35: qwen2's with \p{M} beside \p{L} */
 } lk_pre_kind;
 
 /* Splits cpts[0..n) into words. flags[i] = lk_unicode_flags(cpts[i]) (the

@@ -180,6 +180,7 @@ static bool pre_from_name(const char *s, size_t n, lk_pre_kind *k, bool *ignore_
         {"qwen2", LK_PRE_QWEN2, false, false}, {"deepseek-r1-qwen", LK_PRE_QWEN2, false, false},
         {"stablelm2", LK_PRE_QWEN2, false, false}, {"megrez", LK_PRE_QWEN2, false, false},
         {"hunyuan", LK_PRE_QWEN2, false, false}, {"kormo", LK_PRE_QWEN2, false, false},
+        {"qwen35", LK_PRE_QWEN35, false, false},
         {"chatglm-bpe", LK_PRE_LLAMA3, false, false}, {"glm4", LK_PRE_LLAMA3, false, false},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
