@@ -30,6 +30,15 @@ typedef struct {
     uint32_t yarn_orig_ctx;
 } mla_t;
 
+/* Qwen3.5's hybrid layout (qwen35moe): gated delta net layers of nk key
+ * heads and nv value heads (dk, dv), a conv of `conv` taps, every
+ * interval-th layer gated full attention with rope_dim of head_dim rotated
+ * (IMROPE sections), a sigmoid-gated shared expert of n_ff_shexp rows. */
+typedef struct {
+    int64_t nk, nv, dk, dv, conv, interval, rope_dim, n_ff_shexp;
+    int32_t sections[4];
+} hyb_t;
+
 typedef struct {
     const char *name, *arch;
     int64_t n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_vocab;
@@ -41,6 +50,7 @@ typedef struct {
      * real files carry (the dense intermediate_size), no tensor uses it */
     int64_t n_expert, n_expert_used, n_ff_exp;
     const mla_t *mla;   /* deepseek2 only */
+    const hyb_t *hyb;   /* qwen35moe only */
 } shape_t;
 
 /* DeepSeek-V3 (config.json: q_lora_rank 1536, kv_lora_rank 512,
@@ -51,19 +61,26 @@ typedef struct {
  * that stay whole blocks of every type where they can. */
 static const mla_t k_dsv3 = {1536, 512, 128, 64, 128, 1, 3, 8, 4, 2.5f, 40.0f, 4096};
 static const mla_t k_ds_tiny = {256, 128, 64, 32, 64, 2, 1, 4, 2, 2.827f, 8.0f, 64};
+/* Qwen3.5-397B-A17B (config.json text_config: linear_num_key_heads 16,
+ * linear_num_value_heads 64, linear key/value head dims 128,
+ * linear_conv_kernel_dim 4, full_attention_interval 4, partial_rotary_factor
+ * 0.25 of head_dim 256, mrope_section [11, 11, 10],
+ * shared_expert_intermediate_size 1024). */
+static const hyb_t k_q35 = {16, 64, 128, 128, 4, 4, 64, 1024, {11, 11, 10, 0}};
 
 /* Published hyper-parameters of each model (config.json of the originals). */
 static const shape_t k_shapes[] = {
-    {"tiny", "llama", 256, 2, 8, 2, 32, 768, 512, 2048, 10000.0f, 1e-5f, false, false, 0, 0, 0, NULL},
-    {"tinyllama-1.1b", "llama", 2048, 22, 32, 4, 64, 5632, 32000, 2048, 10000.0f, 1e-5f, false, false, 0, 0, 0, NULL},
-    {"llama3.2-1b", "llama", 2048, 16, 32, 8, 64, 8192, 128256, 131072, 500000.0f, 1e-5f, true, false, 0, 0, 0, NULL},
-    {"llama3-8b", "llama", 4096, 32, 32, 8, 128, 14336, 128256, 8192, 500000.0f, 1e-5f, false, false, 0, 0, 0, NULL},
-    {"llama3-70b", "llama", 8192, 80, 64, 8, 128, 28672, 128256, 8192, 500000.0f, 1e-5f, false, false, 0, 0, 0, NULL},
-    {"qwen3-0.6b", "qwen3", 1024, 28, 16, 8, 128, 3072, 151936, 40960, 1e6f, 1e-6f, true, true, 0, 0, 0, NULL},
-    {"qwen3-8b", "qwen3", 4096, 36, 32, 8, 128, 12288, 151936, 40960, 1e6f, 1e-6f, false, true, 0, 0, 0, NULL},
-    {"qwen3-30b-a3b", "qwen3moe", 2048, 48, 32, 4, 128, 6144, 151936, 40960, 1e6f, 1e-6f, false, true, 128, 8, 768, NULL},
-    {"deepseek-v3", "deepseek2", 7168, 61, 128, 1, 128, 18432, 129280, 163840, 10000.0f, 1e-6f, false, false, 256, 8, 2048, &k_dsv3},
-    {"deepseek2-tiny", "deepseek2", 256, 3, 4, 1, 64, 512, 512, 512, 10000.0f, 1e-6f, false, false, 8, 2, 256, &k_ds_tiny},
+    {"tiny", "llama", 256, 2, 8, 2, 32, 768, 512, 2048, 10000.0f, 1e-5f, false, false, 0, 0, 0, NULL, NULL},
+    {"tinyllama-1.1b", "llama", 2048, 22, 32, 4, 64, 5632, 32000, 2048, 10000.0f, 1e-5f, false, false, 0, 0, 0, NULL, NULL},
+    {"llama3.2-1b", "llama", 2048, 16, 32, 8, 64, 8192, 128256, 131072, 500000.0f, 1e-5f, true, false, 0, 0, 0, NULL, NULL},
+    {"llama3-8b", "llama", 4096, 32, 32, 8, 128, 14336, 128256, 8192, 500000.0f, 1e-5f, false, false, 0, 0, 0, NULL, NULL},
+    {"llama3-70b", "llama", 8192, 80, 64, 8, 128, 28672, 128256, 8192, 500000.0f, 1e-5f, false, false, 0, 0, 0, NULL, NULL},
+    {"qwen3-0.6b", "qwen3", 1024, 28, 16, 8, 128, 3072, 151936, 40960, 1e6f, 1e-6f, true, true, 0, 0, 0, NULL, NULL},
+    {"qwen3-8b", "qwen3", 4096, 36, 32, 8, 128, 12288, 151936, 40960, 1e6f, 1e-6f, false, true, 0, 0, 0, NULL, NULL},
+    {"qwen3-30b-a3b", "qwen3moe", 2048, 48, 32, 4, 128, 6144, 151936, 40960, 1e6f, 1e-6f, false, true, 128, 8, 768, NULL, NULL},
+    {"deepseek-v3", "deepseek2", 7168, 61, 128, 1, 128, 18432, 129280, 163840, 10000.0f, 1e-6f, false, false, 256, 8, 2048, &k_dsv3, NULL},
+    {"deepseek2-tiny", "deepseek2", 256, 3, 4, 1, 64, 512, 512, 512, 10000.0f, 1e-6f, false, false, 8, 2, 256, &k_ds_tiny, NULL},
+    {"qwen3.5-397b-a17b", "qwen35moe", 4096, 60, 32, 2, 256, 0, 248320, 262144, 1e7f, 1e-6f, false, true, 512, 10, 1024, NULL, &k_q35},
 };
 enum { N_SHAPES = sizeof k_shapes / sizeof k_shapes[0] };
 
@@ -73,6 +90,7 @@ typedef struct {
     int      n_dims;
     uint64_t ne[3];   /* [in, out, experts] (ne[2] = 1 unless 3-D) */
     bool     norm;    /* 1-D scale vector: values near 1 */
+    bool     neg;     /* ... near -1 (qwen35moe's ssm_a: a decay rate, negative) */
     uint64_t hash;    /* of the name: seeds the rows */
 } gtensor;
 
@@ -103,7 +121,7 @@ static int64_t build_tensors(const shape_t *s, uint32_t wtype, gtensor *out) {
     do {                                                                                  \
         gtensor *t = &out[n++];                                                           \
         snprintf(t->name, sizeof t->name, "%s", nm);                                     \
-        t->n_dims = 1, t->ne[0] = (uint64_t)(len), t->ne[1] = 1, t->ne[2] = 1, t->norm = true; \
+        t->n_dims = 1, t->ne[0] = (uint64_t)(len), t->ne[1] = 1, t->ne[2] = 1, t->norm = true, t->neg = false; \
         t->type = LK_TYPE_F32;                                                            \
     } while (0)
     ADD2("token_embd.weight", s->n_embd, s->n_vocab);
@@ -112,7 +130,28 @@ static int64_t build_tensors(const shape_t *s, uint32_t wtype, gtensor *out) {
 #define NM(suffix) (snprintf(nm, sizeof nm, "blk.%" PRId64 "." suffix, l), nm)
         ADD1(NM("attn_norm.weight"), s->n_embd);
         const mla_t *x = s->mla;
-        if (x) {
+        const hyb_t *y = s->hyb;
+        if (y && (l + 1) % y->interval) { /* a gated delta net layer (llama.cpp's names, [in, out]) */
+            const int64_t C = 2 * y->nk * y->dk + y->nv * y->dv, vd = y->nv * y->dv;
+            ADD2(NM("attn_qkv.weight"), s->n_embd, C);
+            ADD2(NM("attn_gate.weight"), s->n_embd, vd);
+            ADD2(NM("ssm_conv1d.weight"), y->conv, C);
+            out[n - 1].type = LK_TYPE_F32; /* llama-quantize never quantises it */
+            ADD1(NM("ssm_dt.bias"), y->nv);
+            ADD1(NM("ssm_a"), y->nv);
+            out[n - 1].neg = true;
+            ADD2(NM("ssm_beta.weight"), s->n_embd, y->nv);
+            ADD2(NM("ssm_alpha.weight"), s->n_embd, y->nv);
+            ADD1(NM("ssm_norm.weight"), y->dv);
+            ADD2(NM("ssm_out.weight"), vd, s->n_embd);
+        } else if (y) { /* gated attention: per head [q | gate] */
+            ADD2(NM("attn_q.weight"), s->n_embd, 2 * q);
+            ADD2(NM("attn_k.weight"), s->n_embd, kv);
+            ADD2(NM("attn_v.weight"), s->n_embd, kv);
+            ADD1(NM("attn_q_norm.weight"), s->head_dim);
+            ADD1(NM("attn_k_norm.weight"), s->head_dim);
+            ADD2(NM("attn_output.weight"), q, s->n_embd);
+        } else if (x) {
             ADD2(NM("attn_q_a.weight"), s->n_embd, x->q_lora);
             ADD1(NM("attn_q_a_norm.weight"), x->q_lora);
             ADD2(NM("attn_q_b.weight"), x->q_lora, s->n_head * (x->qk_nope + x->qk_rope));
@@ -125,12 +164,13 @@ static int64_t build_tensors(const shape_t *s, uint32_t wtype, gtensor *out) {
             ADD2(NM("attn_k.weight"), s->n_embd, kv);
             ADD2(NM("attn_v.weight"), s->n_embd, kv);
         }
-        ADD2(NM("attn_output.weight"), q, s->n_embd);
-        if (s->qk_norm) {
+        if (!y) ADD2(NM("attn_output.weight"), q, s->n_embd);
+        if (s->qk_norm && !y) {
             ADD1(NM("attn_q_norm.weight"), s->head_dim);
             ADD1(NM("attn_k_norm.weight"), s->head_dim);
         }
-        ADD1(NM("ffn_norm.weight"), s->n_embd);
+        if (y) ADD1(NM("post_attention_norm.weight"), s->n_embd); /* qwen35moe's pre-FFN norm */
+        else ADD1(NM("ffn_norm.weight"), s->n_embd);
         if (s->n_expert && (!x || l >= x->n_dense_lead)) {
             /* the router stays F32, as llama-quantize leaves it */
             ADD2(NM("ffn_gate_inp.weight"), s->n_embd, s->n_expert);
@@ -138,6 +178,13 @@ static int64_t build_tensors(const shape_t *s, uint32_t wtype, gtensor *out) {
             ADD3(NM("ffn_gate_exps.weight"), s->n_embd, s->n_ff_exp, s->n_expert);
             ADD3(NM("ffn_up_exps.weight"), s->n_embd, s->n_ff_exp, s->n_expert);
             ADD3(NM("ffn_down_exps.weight"), s->n_ff_exp, s->n_embd, s->n_expert);
+            if (y) { /* one shared expert behind a per-token sigmoid gate (an F32 vector of weights) */
+                ADD1(NM("ffn_gate_inp_shexp.weight"), s->n_embd);
+                out[n - 1].norm = false;
+                ADD2(NM("ffn_gate_shexp.weight"), s->n_embd, y->n_ff_shexp);
+                ADD2(NM("ffn_up_shexp.weight"), s->n_embd, y->n_ff_shexp);
+                ADD2(NM("ffn_down_shexp.weight"), y->n_ff_shexp, s->n_embd);
+            }
             if (x) {
                 ADD1(NM("exp_probs_b.bias"), s->n_expert); /* values near 1: a near-uniform selection bias */
                 ADD2(NM("ffn_gate_shexp.weight"), s->n_embd, s->n_ff_exp * x->n_shared);
@@ -191,6 +238,8 @@ static void gen_row(const gtensor *t, uint64_t seed, uint64_t row, float *dst) {
     int64_t n = (int64_t)t->ne[0];
     if (t->norm) {
         for (int64_t i = 0; i < n; i++) dst[i] = 1.0f + 0.1f * ((float)(rng_next(&r) >> 40) * (1.0f / 16777216.0f) - 0.5f);
+        if (t->neg)
+            for (int64_t i = 0; i < n; i++) dst[i] = -dst[i];
         return;
     }
     const float scale = 0.02f * 1.7320508f / 65536.0f; /* sigma * sqrt(3) / unit */
@@ -431,7 +480,18 @@ int lk_cmd_gen_model(int argc, char **argv) {
     }
     lk_gguf_writer_set_f32(w, AK("attention.layer_norm_rms_epsilon"), s.eps);
     lk_gguf_writer_set_f32(w, AK("rope.freq_base"), s.rope_base);
-    lk_gguf_writer_set_u32(w, AK("rope.dimension_count"), (uint32_t)(x ? x->qk_rope : s.head_dim));
+    lk_gguf_writer_set_u32(w, AK("rope.dimension_count"), (uint32_t)(x ? x->qk_rope : s.hyb ? s.hyb->rope_dim : s.head_dim));
+    const hyb_t *y = s.hyb;
+    if (y) { /* as convert_hf_to_gguf.py writes Qwen3_5MoeForCausalLM (the interval, not the bool array) */
+        lk_gguf_writer_set_arr_i32(w, AK("rope.dimension_sections"), y->sections, 4);
+        lk_gguf_writer_set_u32(w, AK("expert_shared_feed_forward_length"), (uint32_t)y->n_ff_shexp);
+        lk_gguf_writer_set_u32(w, AK("ssm.conv_kernel"), (uint32_t)y->conv);
+        lk_gguf_writer_set_u32(w, AK("ssm.state_size"), (uint32_t)y->dk);
+        lk_gguf_writer_set_u32(w, AK("ssm.group_count"), (uint32_t)y->nk);
+        lk_gguf_writer_set_u32(w, AK("ssm.time_step_rank"), (uint32_t)y->nv);
+        lk_gguf_writer_set_u32(w, AK("ssm.inner_size"), (uint32_t)(y->nv * y->dv));
+        lk_gguf_writer_set_u32(w, AK("full_attention_interval"), (uint32_t)y->interval);
+    }
     lk_gguf_writer_set_u32(w, AK("vocab_size"), (uint32_t)s.n_vocab);
     if (s.n_expert) {
         lk_gguf_writer_set_u32(w, AK("expert_count"), (uint32_t)s.n_expert);

@@ -114,9 +114,25 @@ static void print_model_facts(const lk_model_config *c) {
                                        c->n_expert_shared == 1 ? "" : "s", c->n_ff_shexp);
         printf("\n");
     }
-    const double per_layer = (double)c->kv_elems, per_tok = per_layer * c->n_layer * 4;
+    const int n_attn = c->n_layer - c->n_recurrent;
+    const double per_layer = (double)c->kv_elems, per_tok = per_layer * n_attn * 4;
     char kb[32];
     human_bytes((uint64_t)per_tok, kb, sizeof kb);
+    if (c->n_recurrent) {
+        /* the layer kinds, one letter per layer: L linear (gated delta net), A full attention */
+        printf("layers:       %d gated delta net (L), %d gated full attention (A): ", c->n_recurrent, n_attn);
+        for (int l = 0; l < c->n_layer; l++) putchar(lk_model_layer_recurrent(c, l) ? 'L' : 'A');
+        printf("\n");
+        const double st = ((double)(c->ssm_conv - 1) * (double)lk_model_ssm_channels(c) +
+                           (double)c->ssm_nv * c->ssm_dk * c->ssm_dv) * 4 * c->n_recurrent;
+        char sb[32];
+        human_bytes((uint64_t)st, sb, sizeof sb);
+        printf("linear attn:  %d key heads, %d value heads (value head h reads key head h mod %d), dims %d/%d, conv %d "
+               "taps; state %s per sequence (F32)\n", c->ssm_nk, c->ssm_nv, c->ssm_nk, c->ssm_dk, c->ssm_dv, c->ssm_conv,
+               sb);
+        printf("attention:    %d heads, %d KV heads of %d, output gate, rope on %d dims\n", c->n_head, c->n_head_kv,
+               c->head_dim, c->rope_dim);
+    }
     if (c->mla) {
         const double expanded = (double)c->n_head * (c->k_head + c->head_dim);
         printf("attention:    MLA, %d heads: q_lora %d, kv_lora %d, key %d (%d nope + %d rope), value %d\n", c->n_head,
@@ -125,7 +141,8 @@ static void print_model_facts(const lk_model_config *c) {
                "(expanded keys and values would be %.0f floats per layer: %.1fx)\n", per_layer, kb, expanded,
                expanded / per_layer);
     } else {
-        printf("KV cache:     %.0f floats per position and layer, %s per token in F32\n", per_layer, kb);
+        printf("KV cache:     %.0f floats per position and layer, %s per token in F32%s\n", per_layer, kb,
+               c->n_recurrent ? " (attention layers only)" : "");
     }
     if (c->rope_yarn)
         printf("rope:         YaRN x%g (original context %d, beta_fast %g, beta_slow %g), attention scale %.7g "

@@ -554,6 +554,21 @@ void lk_model_plan_dims(const lk_gguf *g, const lk_model_config *c, lk_plan_dims
     }
     int64_t ha = 1;
     while ((ha * c->head_dim) % wo_blk) ha++;
+    if (c->n_recurrent) {
+        /* the delta net's key heads follow the query heads (head h0 ->
+         * key head h0 nk / n_head, deltanet.c): a cut must be a whole key
+         * head, and its value heads' ssm_out columns must fall on blocks */
+        int64_t so_blk = 1;
+        for (int l = 0; l < c->n_layer; l++) {
+            char n[96];
+            snprintf(n, sizeof n, "blk.%d.ssm_out.weight", l);
+            so_blk = lcm64(so_blk, block_of(g, n));
+        }
+        int64_t ka = 1;
+        while ((ka * c->ssm_dv) % so_blk) ka++;
+        const int64_t per_k = LK_MAX(1, c->n_head / c->ssm_nk); /* query heads per key head */
+        ha = lcm64(ha, per_k * ka);
+    }
     d->head_align = (int)ha;
     d->ff_align = down_align(g, c, c->n_expert ? "ffn_down_exps.weight" : "ffn_down.weight");
     d->vocab_align = 1;
@@ -681,6 +696,9 @@ static lk_status check_slice(const lk_model_config *c, const lk_slice *s, char *
                   : s->head0 >= 0 && s->head0 < s->head1 && s->head1 <= c->n_head &&
                     s->kv_head0 >= 0 && s->kv_head0 < s->kv_head1 && s->kv_head1 <= c->n_head_kv &&
                     s->kv_head0 <= s->head0 / group && s->kv_head1 > (s->head1 - 1) / group;
+    /* recurrent layers: a head cut must be a key-head cut (lk_model_plan_dims) */
+    if (c->n_recurrent && (((int64_t)s->head0 * c->ssm_nk) % c->n_head || ((int64_t)s->head1 * c->ssm_nk) % c->n_head))
+        heads_ok = false;
     bool ok = heads_ok && s->layer0 >= 0 && s->layer0 < s->layer1 && s->layer1 <= c->n_layer &&
               s->ff0 >= 0 && s->ff0 <= s->ff1 && s->ff1 <= c->n_ff_split && (s->ff1 > s->ff0 || s->head1 > s->head0) &&
               s->vocab0 >= 0 && s->vocab0 < s->vocab1 && s->vocab1 <= c->n_vocab;
@@ -808,6 +826,15 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
     lk_model_ffn_ranges(g, &cfg, sl.ff0, sl.ff1, &fr);
     /* column cuts must be on block boundaries */
     for (int l = sl.layer0; l < sl.layer1; l++) {
+        if (lk_model_layer_recurrent(&cfg, l)) {
+            /* the value heads' ssm_out columns (deltanet.c) start on blocks */
+            const int64_t bs = lk_type_block_size(tensor(g, l, "ssm_out.weight")->type), nk = cfg.ssm_nk;
+            const int64_t k0 = (int64_t)sl.head0 * nk / cfg.n_head, k1 = (int64_t)sl.head1 * nk / cfg.n_head;
+            for (int64_t j = 0; j < cfg.ssm_nv / nk && k1 > k0; j++)
+                if (((j * nk + k0) * cfg.ssm_dv) % bs || ((j * nk + k1) * cfg.ssm_dv) % bs)
+                    return lk_fail(err, errlen, LK_ERR_ARG, "key heads [%lld,%lld) cut blk.%d.ssm_out.weight inside a "
+                                   "%lld-element block", (long long)k0, (long long)k1, l, (long long)bs);
+        }
         int64_t bo = lk_model_layer_recurrent(&cfg, l) ? 1 : lk_type_block_size(tensor(g, l, "attn_output.weight")->type);
         if (((int64_t)sl.head0 * cfg.head_dim) % bo || (((int64_t)sl.head1 * cfg.head_dim) % bo && sl.head1 != cfg.n_head))
             return lk_fail(err, errlen, LK_ERR_ARG, "heads [%d,%d) cut blk.%d.attn_output.weight inside a %lld-element block",

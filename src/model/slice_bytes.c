@@ -192,15 +192,42 @@ lk_status lk_model_slice_bytes(const lk_gguf *g, const lk_slice *s, lk_ranges *o
             rows(&w, find(&w, l, "attn_q_b.weight"), s->head0 * (int64_t)c.k_head, s->head1 * (int64_t)c.k_head);
             rows(&w, find(&w, l, "attn_k_b.weight"), s->head0 * kl, s->head1 * kl);
             rows(&w, find(&w, l, "attn_v_b.weight"), s->head0 * hd, s->head1 * hd);
+        } else if (lk_model_layer_recurrent(&c, l)) {
+            /* the delta net: key heads [k0, k1) follow the query heads;
+             * their value heads j nk + k0 .. j nk + k1 - 1 (deltanet.c) */
+            const int64_t nk = c.ssm_nk, dk = c.ssm_dk, dv = c.ssm_dv;
+            const int64_t k0 = (int64_t)s->head0 * nk / c.n_head, k1 = (int64_t)s->head1 * nk / c.n_head;
+            const lk_gguf_tensor *qkv = find(&w, l, "attn_qkv.weight"), *cv = find(&w, l, "ssm_conv1d.weight");
+            whole(&w, find(&w, l, "ssm_norm.weight"));
+            for (int part = 0; part < 2 && k1 > k0; part++) {
+                rows(&w, qkv, (part * nk + k0) * dk, (part * nk + k1) * dk);
+                rows(&w, cv, (part * nk + k0) * dk, (part * nk + k1) * dk);
+            }
+            for (int64_t j = 0; j < c.ssm_nv / nk && k1 > k0 && !st; j++) {
+                const int64_t v0 = j * nk + k0, v1 = j * nk + k1;
+                rows(&w, qkv, 2 * nk * dk + v0 * dv, 2 * nk * dk + v1 * dv);
+                rows(&w, cv, 2 * nk * dk + v0 * dv, 2 * nk * dk + v1 * dv);
+                rows(&w, find(&w, l, "attn_gate.weight"), v0 * dv, v1 * dv);
+                rows(&w, find(&w, l, "ssm_beta.weight"), v0, v1);
+                rows(&w, find(&w, l, "ssm_alpha.weight"), v0, v1);
+                elems_f32(&w, find(&w, l, "ssm_dt.bias"), v0, v1);
+                elems_f32(&w, find(&w, l, "ssm_a"), v0, v1);
+                st = cols(&w, find(&w, l, "ssm_out.weight"), v0 * dv, v1 * dv);
+            }
+            if (st) break;
         } else if (!c.mla) {
-            rows(&w, find(&w, l, "attn_q.weight"), s->head0 * hd, s->head1 * hd);
+            const int64_t qw = c.attn_gate ? 2 * hd : hd; /* gated: per head [q | gate] */
+            rows(&w, find(&w, l, "attn_q.weight"), s->head0 * qw, s->head1 * qw);
             rows(&w, find(&w, l, "attn_k.weight"), s->kv_head0 * hd, s->kv_head1 * hd);
             rows(&w, find(&w, l, "attn_v.weight"), s->kv_head0 * hd, s->kv_head1 * hd);
         }
-        if ((st = cols(&w, find(&w, l, "attn_output.weight"), s->head0 * hd, s->head1 * hd))) break;
+        if (!lk_model_layer_recurrent(&c, l) &&
+            (st = cols(&w, find(&w, l, "attn_output.weight"), s->head0 * hd, s->head1 * hd)))
+            break;
         if (lk_model_layer_moe(&c, l)) {
             whole(&w, find(&w, l, "ffn_gate_inp.weight"));
             whole(&w, find(&w, l, "exp_probs_b.bias"));
+            whole(&w, find(&w, l, "ffn_gate_inp_shexp.weight"));
             const lk_gguf_tensor *tg = find(&w, l, "ffn_gate_exps.weight"), *tu = find(&w, l, "ffn_up_exps.weight"),
                                  *td = find(&w, l, "ffn_down_exps.weight");
             for (int e = 0; e < c.n_expert && !st; e++) {
@@ -224,7 +251,7 @@ lk_status lk_model_slice_bytes(const lk_gguf *g, const lk_slice *s, lk_ranges *o
             elems_f32(&w, find(&w, l, "attn_k.bias"), s->kv_head0 * hd, s->kv_head1 * hd);
             elems_f32(&w, find(&w, l, "attn_v.bias"), s->kv_head0 * hd, s->kv_head1 * hd);
         }
-        if (c.has_qk_norm) {
+        if (c.has_qk_norm && !lk_model_layer_recurrent(&c, l)) {
             whole(&w, find(&w, l, "attn_q_norm.weight"));
             whole(&w, find(&w, l, "attn_k_norm.weight"));
         }
