@@ -352,6 +352,52 @@ TEST(qwen35moe_f16_split) { check_split(&q35_f16); }
 static const char *const q35_split_batch[] = { "--local 2 --tp 2 --transport shm", "--local 2 --pp 2 --transport shm" };
 TEST(qwen35moe_f16_split_batched) { check_batched(&q35_f16, q35_split_batch, 2); }
 
+/* Prefix reuse through the session (`run --prompts-file --parallel 1`, so
+ * the first prompt's slot is kept when the second starts): two prompts that
+ * share more than a page of tokens, and the same prompt twice. Pages could
+ * share that prefix but the state could not, so each result must be the
+ * one its prompt gets alone (a silent reuse would change the second). */
+TEST(qwen35moe_session_prefix) {
+    const char *base = "Once upon a time there was a little girl named Lily who lived in a small house near the "
+                       "forest with her mother and her old grey cat, and every morning she";
+    char p1[512], p2[512], path[64], cmd[1024], errp[64];
+    snprintf(p1, sizeof p1, "%s went out to play", base);
+    snprintf(p2, sizeof p2, "%s sang a song", base);
+    const char *prompts[3] = { p1, p2, p1 };
+    snprintf(path, sizeof path, "/tmp/lk_q35_prefix_%d.txt", (int)getpid());
+    snprintf(errp, sizeof errp, "/tmp/lk_q35_prefix_%d.err", (int)getpid());
+    FILE *f = fopen(path, "w");
+    if (!f) { CHECK(0); return; }
+    fprintf(f, "%s\n%s\n%s\n", p1, p2, p1);
+    fclose(f);
+    const char *model = lk_td(q35_f16.gguf);
+    snprintf(cmd, sizeof cmd, "%s run -m %s --prompts-file %s --parallel 1 -n 8 --temp 0 --json -t 1 2>%s", bin(), model,
+             path, errp);
+    FILE *p = popen(cmd, "r");
+    char line[1 << 14];
+    int got = 0;
+    while (p && got < 3 && fgets(line, sizeof line, p)) {
+        json_error_t je;
+        json_t *o = json_loads(line, 0, &je);
+        if (!o) continue;
+        char err[1024];
+        json_t *alone = run_json(model, prompts[got], 8, "", err, sizeof err);
+        CHECKF(alone, "%s", err);
+        CHECKF(json_array_size(json_object_get(o, "prompt_ids")) > 32, "prompt %d: only %zu tokens", got,
+               json_array_size(json_object_get(o, "prompt_ids")));
+        if (alone)
+            CHECKF(json_equal(json_object_get(o, "generated_ids"), json_object_get(alone, "generated_ids")),
+                   "prompt %d after a shared prefix: tokens differ from its run alone", got);
+        json_decref(alone);
+        json_decref(o);
+        got++;
+    }
+    int rc = p ? pclose(p) : -1;
+    CHECKF(rc == 0 && got == 3, "'%s': exit %d, %d results", cmd, rc, got);
+    remove(path);
+    remove(errp);
+}
+
 int main(void) {
     RUN(qwen35moe_f16_reference);
     RUN(qwen35moe_f16_two_threads);
@@ -364,5 +410,6 @@ int main(void) {
     RUN(qwen35moe_f16_batched);
     RUN(qwen35moe_f16_split);
     RUN(qwen35moe_f16_split_batched);
+    RUN(qwen35moe_session_prefix);
     return lk_test_end();
 }
