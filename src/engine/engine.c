@@ -48,7 +48,8 @@ static bool is_cluster(const lk_engine_opts *o) {
  * of the system), but never less than one full context. Every rank gets the
  * same number of positions: the pools must agree page for page. */
 static int64_t kv_positions(const lk_engine_opts *o, const lk_model_config *cfg, int n_ctx, int max_seqs) {
-    const int64_t per_pos = cfg->n_layer * cfg->kv_elems * (o->kv_f16 ? 2 : 4); /* MLA: the latent row only */
+    /* MLA: the latent row only; recurrent layers (qwen35moe) have no pages */
+    const int64_t per_pos = (int64_t)(cfg->n_layer - cfg->n_recurrent) * cfg->kv_elems * (o->kv_f16 ? 2 : 4);
     if (o->kv_budget > 0) return o->kv_budget;
     if (o->kv_budget_bytes > 0) return LK_MAX(o->kv_budget_bytes / per_pos, 1);
     int64_t want = (int64_t)max_seqs * n_ctx;
@@ -74,7 +75,7 @@ static double gib(double bytes) { return bytes / (1024.0 * 1024 * 1024); }
  * counts its tables and an even share. */
 static lk_status check_memory(const lk_engine_opts *o, const lk_model_config *cfg, int n_ctx, int64_t kv, char *err,
                               size_t errlen) {
-    const double per_pos = (double)cfg->n_layer * (double)cfg->kv_elems * (o->kv_f16 ? 2 : 4);
+    const double per_pos = (double)(cfg->n_layer - cfg->n_recurrent) * (double)cfg->kv_elems * (o->kv_f16 ? 2 : 4);
     const bool remote = o->workers && *o->workers;
     int ranks = 1;
     if (remote)
