@@ -121,7 +121,8 @@ TEST(slices_read_only_their_bytes) {
                             "synth/synth-qwen2-f32.gguf", "synth/synth-qwen3-q8_0.gguf",
                             "synth/synth-llama-tied-f16.gguf", "synth/synth-llama3rope-f32.gguf",
                             "synth/synth-qwen3moe-f16.gguf", "synth/synth-glm4moe-f16.gguf",
-                            "synth/synth-deepseek2-f16.gguf", "synth/synth-deepseek2-q4_k_m.gguf"};
+                            "synth/synth-deepseek2-f16.gguf", "synth/synth-deepseek2-q4_k_m.gguf",
+                            "synth/synth-qwen35moe-f16.gguf", "synth/synth-qwen35moe-q4_k_m.gguf"};
     int checked = 0;
     double worst = 0;
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) check_model(models[i], &checked, &worst);
