@@ -398,6 +398,57 @@ TEST(qwen35moe_session_prefix) {
     remove(errp);
 }
 
+/* gen-model's qwen3.5-tiny (Qwen3.5's structure at the synth file's size,
+ * written as the converter writes it but with full_attention_interval and
+ * no attention.recurrent_layers array, as older converters did): lockstep
+ * reads the layer pattern back from the interval, `info` prints the layer
+ * kinds, and --local 2 --tp 2 and --pp 2 give one node's tokens. The
+ * arithmetic is checked against llama.cpp above; this checks the shape. */
+TEST(qwen35_gen_model_shape) {
+    char path[128], cmd[1024], err[LK_ERRLEN];
+    snprintf(path, sizeof path, "/tmp/lk-q35-tiny-%d.gguf", (int)getpid());
+    snprintf(cmd, sizeof cmd, "%s gen-model --shape qwen3.5-tiny --type q8_0 -o %s -q -t 1 2>/dev/null", bin(), path);
+    CHECKF(system(cmd) == 0, "'%s' failed", cmd);
+    lk_gguf *g = NULL;
+    if (lk_gguf_open(path, &g, err, sizeof err)) { CHECKF(0, "%s", err); unlink(path); return; }
+    lk_model_config c;
+    CHECKF(lk_model_config_read(g, &c, err, sizeof err) == LK_OK, "%s", err);
+    CHECKF(c.n_recurrent == 3 && lk_model_layer_recurrent(&c, 0) && !lk_model_layer_recurrent(&c, 3) && c.ssm_nk == 2 &&
+           c.ssm_nv == 4 && c.ssm_dk == 32 && c.ssm_dv == 32 && c.rope_dim == 16 && c.attn_gate && c.shexp_gate &&
+           c.n_ff_shexp == 128, "config read back: %d recurrent, nk %d nv %d rope %d", c.n_recurrent, c.ssm_nk, c.ssm_nv,
+           c.rope_dim);
+    lk_gguf_close(g);
+    snprintf(cmd, sizeof cmd, "%s info %s", bin(), path);
+    FILE *p = popen(cmd, "r");
+    char out[8192] = "";
+    size_t len = p ? fread(out, 1, sizeof out - 1, p) : 0;
+    out[len] = 0;
+    if (p) pclose(p);
+    CHECKF(strstr(out, "3 gated delta net (L), 1 gated full attention (A): LLLA"), "info does not print the layer kinds:\n%s",
+           out);
+    json_t *ref = NULL;
+    const char *layouts[] = { "", "--local 2 --tp 2 --transport shm", "--local 2 --pp 2 --transport shm" };
+    for (int l = 0; l < 3; l++) {
+        json_t *o = run_json(path, "Once upon a time", 12, layouts[l], err, sizeof err);
+        CHECKF(o, "%s", err);
+        if (!o) continue;
+        if (!ref) ref = o;
+        else {
+            CHECKF(json_equal(json_object_get(o, "generated_ids"), json_object_get(ref, "generated_ids")),
+                   "qwen3.5-tiny %s: tokens differ from one node's", layouts[l]);
+            json_decref(o);
+        }
+    }
+    json_decref(ref);
+    unlink(path);
+}
+
+/* Q4_K_M split: its Q5_K attn_output keeps the 4 attention heads (one
+ * 256-block) and so the delta net's key heads on one TP rank; the other
+ * holds FFN rows only. */
+static const char *const q35_q4km_layouts[] = { "--local 2 --tp 2 --transport shm", "--local 2 --pp 2 --transport shm" };
+TEST(qwen35moe_q4_k_m_layouts) { check_layouts(&q35_q4km, q35_q4km_layouts, 2); }
+
 int main(void) {
     RUN(qwen35moe_f16_reference);
     RUN(qwen35moe_f16_two_threads);
@@ -411,5 +462,7 @@ int main(void) {
     RUN(qwen35moe_f16_split);
     RUN(qwen35moe_f16_split_batched);
     RUN(qwen35moe_session_prefix);
+    RUN(qwen35_gen_model_shape);
+    RUN(qwen35moe_q4_k_m_layouts);
     return lk_test_end();
 }

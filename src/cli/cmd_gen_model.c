@@ -67,6 +67,8 @@ static const mla_t k_ds_tiny = {256, 128, 64, 32, 64, 2, 1, 4, 2, 2.827f, 8.0f, 
  * 0.25 of head_dim 256, mrope_section [11, 11, 10],
  * shared_expert_intermediate_size 1024). */
 static const hyb_t k_q35 = {16, 64, 128, 128, 4, 4, 64, 1024, {11, 11, 10, 0}};
+/* ... and at the synth file's size (tests: the layout without the bool array) */
+static const hyb_t k_q35_tiny = {2, 4, 32, 32, 4, 4, 16, 128, {3, 3, 2, 0}};
 
 /* Published hyper-parameters of each model (config.json of the originals). */
 static const shape_t k_shapes[] = {
@@ -81,6 +83,7 @@ static const shape_t k_shapes[] = {
     {"deepseek-v3", "deepseek2", 7168, 61, 128, 1, 128, 18432, 129280, 163840, 10000.0f, 1e-6f, false, false, 256, 8, 2048, &k_dsv3, NULL},
     {"deepseek2-tiny", "deepseek2", 256, 3, 4, 1, 64, 512, 512, 512, 10000.0f, 1e-6f, false, false, 8, 2, 256, &k_ds_tiny, NULL},
     {"qwen3.5-397b-a17b", "qwen35moe", 4096, 60, 32, 2, 256, 0, 248320, 262144, 1e7f, 1e-6f, false, true, 512, 10, 1024, NULL, &k_q35},
+    {"qwen3.5-tiny", "qwen35moe", 256, 4, 4, 2, 64, 0, 512, 512, 1e7f, 1e-6f, false, true, 8, 2, 128, NULL, &k_q35_tiny},
 };
 enum { N_SHAPES = sizeof k_shapes / sizeof k_shapes[0] };
 
