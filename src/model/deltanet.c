@@ -150,6 +150,7 @@ void lk_deltanet_load(lk_model *m, int l, layer_w *w) {
     const int k0 = m->kh0, k1 = m->kh0 + m->nkl, nk = c->ssm_nk;
     const int64_t dk = c->ssm_dk, dv = c->ssm_dv, d = c->n_embd, K = c->ssm_conv;
     w->rec = true;
+    if (m->nkl == 0) return; /* no heads here: the layer adds zeros (lk_deltanet) */
     span ch[2 + 64], vd[64], vh[64];
     LK_ASSERT(c->ssm_nv / nk <= 64);
     ch[0] = (span){ k0 * dk, k1 * dk };
