@@ -73,8 +73,8 @@ static double gib(double bytes) { return bytes / (1024.0 * 1024 * 1024); }
  * an abort). On one node (or --local ranks, which share this machine) the
  * whole KV counts; with --workers each rank holds its share, so the head
  * counts its tables and an even share. */
-static lk_status check_memory(const lk_engine_opts *o, const lk_model_config *cfg, int n_ctx, int64_t kv, char *err,
-                              size_t errlen) {
+static lk_status check_memory(const lk_engine_opts *o, const lk_model_config *cfg, int n_ctx, int64_t kv, int max_seqs,
+                              char *err, size_t errlen) {
     const double per_pos = (double)(cfg->n_layer - cfg->n_recurrent) * (double)cfg->kv_elems * (o->kv_f16 ? 2 : 4);
     const bool remote = o->workers && *o->workers;
     int ranks = 1;
@@ -83,7 +83,11 @@ static lk_status check_memory(const lk_engine_opts *o, const lk_model_config *cf
     const int local = !remote && o->local > 1 ? o->local : 1;
     const double threads = o->n_threads > 0 ? (double)o->n_threads * local : (double)lk_threads_default();
     const double kv_bytes = (double)kv * per_pos / ranks;
-    const double tables = local * (double)n_ctx * cfg->rope_dim * 4 + threads * 16.0 * n_ctx * 4;
+    /* a recurrent model's per-slot state (model.h): conv window and delta-rule state per recurrent layer */
+    const double state = (double)max_seqs * cfg->n_recurrent * 4 / ranks *
+                         ((double)(cfg->ssm_conv - 1) * (double)lk_model_ssm_channels(cfg) +
+                          (double)cfg->ssm_nv * cfg->ssm_dk * cfg->ssm_dv);
+    const double tables = local * (double)n_ctx * cfg->rope_dim * 4 + threads * 16.0 * n_ctx * 4 + state;
     const uint64_t avail = lk_mem_available();
     if (!avail || kv_bytes + tables <= (double)avail) return LK_OK;
     const bool budget = o->kv_budget > 0 || o->kv_budget_bytes > 0;
@@ -92,8 +96,9 @@ static lk_status check_memory(const lk_engine_opts *o, const lk_model_config *cf
     else snprintf(what, sizeof what, "--ctx %d", n_ctx);
     return lk_fail(err, errlen, LK_ERR_NOMEM,
                    "%s needs %.2f GiB (KV cache %lld positions x %.0f bytes = %.2f GiB%s, RoPE and attention "
-                   "tables %.2f GiB) but %.2f GiB of memory is available: lower %s%s", what, gib(kv_bytes + tables),
-                   (long long)kv, per_pos, gib(kv_bytes), remote ? " on the head" : "", gib(tables), gib((double)avail),
+                   "tables%s %.2f GiB) but %.2f GiB of memory is available: lower %s%s", what, gib(kv_bytes + tables),
+                   (long long)kv, per_pos, gib(kv_bytes), remote ? " on the head" : "",
+                   cfg->n_recurrent ? ", recurrent state" : "", gib(tables), gib((double)avail),
                    budget ? "--kv-budget" : "--ctx", o->kv_f16 ? "" : " or add --kv-f16");
 }
 
@@ -111,7 +116,7 @@ lk_status lk_engine_open(const lk_engine_opts *o, lk_engine **out, char *err, si
     const int max_seqs = o->max_seqs > 0 ? o->max_seqs : 1;
     const int n_ctx = o->n_ctx > 0 ? o->n_ctx : LK_MIN(cfg.n_ctx_train, 4096);
     const int64_t kv = kv_positions(o, &cfg, n_ctx, max_seqs);
-    if ((st = check_memory(o, &cfg, n_ctx, kv, err, errlen))) { lk_engine_close(e); return st; }
+    if ((st = check_memory(o, &cfg, n_ctx, kv, max_seqs, err, errlen))) { lk_engine_close(e); return st; }
     if (o->n_ctx > cfg.n_ctx_train)
         lk_log(LK_LOG_WARN, "--ctx %d is beyond the %d positions the model was trained on: text past them may degrade",
                o->n_ctx, cfg.n_ctx_train);
