@@ -10,7 +10,8 @@
 # stories260K under -np 2 (tp), -np 3 (tp 3, pp 3), -np 4 (tp 2 x pp 2) and
 # a synthetic model under -np 2 and -np 4 (tp 2 x pp 2) equal one process;
 # a batch; every link reports MPI; netbench runs over it; a killed worker is
-# named and the job ends within seconds (no hang in MPI_Finalize).
+# named and the job ends within seconds (no hang in MPI_Finalize), and a
+# frozen one too; serve over it.
 # SKIPs when mpirun is missing or the build has no MPI. Run from the
 # repository root by tests/run.sh with LOCKSTEP set.
 set -u
@@ -118,9 +119,15 @@ timeout 60 $MPIRUN -np 2 "$L" netbench --transport mpi --sizes 64,16K --iters 50
 if grep -q 'data over mpi' "$T/nb.txt" && grep -Eq '^16 KiB +[0-9.]+ ' "$T/nb.txt"; then ok mpi_transport_netbench
 else no mpi_transport_netbench "$(cat "$T/nb.txt")" "$(grep -v info "$T/nb.err" | tail -n 3)"; fi
 
-# a worker killed mid-run: named by the head, the job over within seconds
-for tflag in "" "--transport mpi"; do
+# a worker killed mid-run: named by the head, the job over within seconds;
+# over MPI also a frozen one (SIGSTOP: the head must not wait for it in
+# MPI_Finalize)
+for case in "KILL|" "KILL|--transport mpi" "STOP|--transport mpi"; do
+    sig=${case%%|*}
+    tflag=${case#*|}
     tn=mpi_dead_worker${tflag:+_over_mpi}
+    want='lost worker rank 1'
+    [ "$sig" = STOP ] && tn=mpi_frozen_worker_over_mpi want='worker rank 1 .* stopped answering heartbeats'
     # shellcheck disable=SC2086
     $MPIRUN -np 2 "$L" run -m "$M" -p "Once upon a time" -n 1000000 --ctx 16384 --ignore-eos --temp 0 $tflag >/dev/null 2>"$T/dead.err" &
     MP=$!
@@ -131,29 +138,33 @@ for tflag in "" "--transport mpi"; do
         tr '\0' '\n' <"/proc/$c/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && wk=$c
     done
     t0=$(date +%s%N)
-    [ -n "$wk" ] && kill -9 "$wk"
+    [ -n "$wk" ] && kill -"$sig" "$wk"
     for _ in $(seq 200); do kill -0 "$MP" 2>/dev/null || break; sleep 0.05; done
     ms=$(( ($(date +%s%N) - t0) / 1000000 ))
-    if kill -0 "$MP" 2>/dev/null; then no "$tn" "mpirun still running 10 s after the kill"; kill "$MP"
+    if kill -0 "$MP" 2>/dev/null; then no "$tn" "mpirun still running 10 s after the kill"; kill "$MP"; kill -CONT "$wk"
     elif [ -z "$wk" ]; then no "$tn" "no rank 1 process under mpirun" "$(tail -n 3 "$T/dead.err")"
-    elif grep -q 'lost worker rank 1' "$T/dead.err" && [ "$ms" -lt 5000 ]; then ok "$tn"
+    elif grep -q "$want" "$T/dead.err" && [ "$ms" -lt 5000 ]; then ok "$tn"
     else no "$tn" "$ms ms" "$(grep -v info "$T/dead.err" | tail -n 4)"; fi
     wait "$MP" 2>/dev/null
     MP=
 done
 
 # serve under mpirun: the head answers; its text is the one-process text
-port=$(( 20000 + RANDOM % 20000 ))
-$MPIRUN -np 2 "$L" serve -m "$M" --port "$port" >"$T/serve.out" 2>"$T/serve.err" &
-MP=$!
-for _ in $(seq 200); do grep -q 'ready at' "$T/serve.err" "$T/serve.out" 2>/dev/null && break; sleep 0.05; done
-curl -s -m 20 "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
-    -d '{"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0}' >"$T/resp.json"
-want=$(head -c 40 "$T/one.txt")
-if grep -qF "\"text\":\"$want" "$T/resp.json" || grep -qF "\"text\": \"$want" "$T/resp.json"; then ok mpi_serve_np2
-else no mpi_serve_np2 "$(head -c 300 "$T/resp.json")" "$(grep -v info "$T/serve.err" | tail -n 3)"; fi
-kill "$MP" 2>/dev/null
-for _ in $(seq 100); do kill -0 "$MP" 2>/dev/null || break; sleep 0.05; done
-if kill -0 "$MP" 2>/dev/null; then no mpi_serve_stops "still running 5 s after SIGTERM"; else ok mpi_serve_stops; fi
-wait "$MP" 2>/dev/null
-MP=
+for tflag in "" "--transport mpi"; do
+    sfx=${tflag:+_over_mpi}
+    port=$(( 20000 + RANDOM % 20000 ))
+    # shellcheck disable=SC2086
+    $MPIRUN -np 2 "$L" serve -m "$M" --port "$port" $tflag >"$T/serve.out" 2>"$T/serve.err" &
+    MP=$!
+    for _ in $(seq 200); do grep -q 'ready at' "$T/serve.err" "$T/serve.out" 2>/dev/null && break; sleep 0.05; done
+    curl -s -m 20 "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
+        -d '{"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0}' >"$T/resp.json"
+    want=$(head -c 40 "$T/one.txt")
+    if grep -qF "\"text\":\"$want" "$T/resp.json" || grep -qF "\"text\": \"$want" "$T/resp.json"; then ok "mpi_serve_np2$sfx"
+    else no "mpi_serve_np2$sfx" "$(head -c 300 "$T/resp.json")" "$(grep -v info "$T/serve.err" | tail -n 3)"; fi
+    kill "$MP" 2>/dev/null
+    for _ in $(seq 100); do kill -0 "$MP" 2>/dev/null || break; sleep 0.05; done
+    if kill -0 "$MP" 2>/dev/null; then no "mpi_serve_stops$sfx" "still running 5 s after SIGTERM"; else ok "mpi_serve_stops$sfx"; fi
+    wait "$MP" 2>/dev/null
+    MP=
+done
