@@ -27,19 +27,19 @@
  * Any MPI_Test drives the progress of every link.
  *
  * Waiting: MPI has no file descriptor to sleep on. After lk_xfer_run's spin
- * (each try is an MPI_Test, which drives MPI's progress), wait() naps 20 us
- * at a time, then 500 us once idle for 10 ms (a worker waiting for the next
- * request of a server). Without a spin budget (ranks outnumber cores) it
- * first yields the core for 100 us: the rank we wait for may be runnable
- * on ours.
+ * (each try is an MPI_Test, which drives MPI's progress), wait() keeps
+ * polling for the first millisecond of an idle stretch (while the ranks
+ * fit the cores; else it yields for 100 us), then naps 20 us at a time,
+ * then 500 us once idle for 10 ms (a worker waiting for the next request
+ * of a server).
  *
  * Dead peers: Open MPI does not notice a dead process on shared memory at
  * all (the receive never completes), and on TCP may fail the job itself.
  * So liveness stays with the control links: every 5 ms a waiter peeks at
  * the control link of every MPI link of the process; a closed one (the
  * peer died, or the head's monitor cut the link of a rank it declared dead)
- * fails every MPI link of the process, because an MPI job with a dead rank
- * is over. mpirun then ends the job (a rank that exits without
+ * fails that link, once what the peer sent before is taken; a failure seen
+ * by a caller marks the job broken. mpirun then ends the job (a rank that exits without
  * MPI_Finalize ends it); lk_mpi_end finalizes only after a clean run, and
  * never waits more than FINALIZE_S seconds. */
 #include "transport/transport.h"
@@ -48,6 +48,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,8 +108,7 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static MPI_Comm g_comm = MPI_COMM_NULL;
 static int g_rank = -1, g_size = 0, g_epoch;
 static mpi_link *g_links;
-static bool g_broken;               /* a peer died: every MPI link fails */
-static char g_broken_why[240];
+static bool g_broken;               /* a transfer failed: no MPI_Finalize at the end */
 static uint64_t g_next_check;
 
 bool lk_mpi_built(void) { return true; }
@@ -144,9 +144,12 @@ lk_status lk_mpi_adopt(char *err, size_t errlen) {
     return LK_OK;
 }
 
+static atomic_bool g_finalized; /* MPI_Finalize returned: the watchdog has nothing to do */
+
 static void *finalize_watch(void *arg) {
     int rc = (int)(intptr_t)arg;
     sleep(FINALIZE_S);
+    if (atomic_load(&g_finalized)) return NULL; /* the process is in exit(): LSan may take its time */
     fprintf(stderr, "lockstep: MPI_Finalize did not return within %d s (another rank gone?): leaving without it\n",
             FINALIZE_S);
     _exit(rc ? rc : 1);
@@ -174,11 +177,14 @@ void lk_mpi_end(int rc) {
     MPI_Comm_free(&g_comm);
     g_comm = MPI_COMM_NULL;
     MPI_Finalize();
+    atomic_store(&g_finalized, true);
     pthread_mutex_unlock(&g_mu);
 }
 
+/* A failure the caller will see: the job is broken from here on. */
 static ssize_t dead(mpi_link *u, char *err, size_t errlen) {
-    lk_fail(err, errlen, LK_ERR_NET, "%s", u->failed ? u->why : g_broken_why);
+    g_broken = true;
+    lk_fail(err, errlen, LK_ERR_NET, "%s", u->why);
     return -1;
 }
 
@@ -197,20 +203,17 @@ static bool ctl_dead(mpi_link *u) {
     char c;
     ssize_t k = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
     if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-        char name[128];
         if (!u->failed)
             snprintf(u->why, sizeof u->why, "peer process gone (control connection %s)", k == 0 ? "closed" : strerror(errno));
         u->failed = true;
-        if (!g_broken)
-            snprintf(g_broken_why, sizeof g_broken_why, "MPI job broken: %s: %s", lk_link_name(&u->base, name, sizeof name),
-                     u->why);
-        g_broken = true;
         return true;
     }
     return false;
 }
 
-/* Every 5 ms at most: the control links of all MPI links (g_mu held). */
+/* Every 5 ms at most: the control links of all MPI links (g_mu held), so
+ * that lk_xfer_run's next pass fails the transfer of whichever link's peer
+ * is gone, not only the one it waits on. */
 static void check_peers(void) {
     uint64_t now = lk_time_ns();
     if (now < g_next_check) return;
@@ -240,7 +243,7 @@ static ssize_t mpi_send_some(lk_link *l, const void *buf, size_t n, char *err, s
     pthread_mutex_lock(&g_mu);
     reap_sends(u);
     size_t moved = 0;
-    while (!u->failed && !g_broken && moved < n && u->sn < SSLOTS) {
+    while (!u->failed && moved < n && u->sn < SSLOTS) {
         unsigned slot = (u->shead + u->sn) % SSLOTS;
         size_t k = LK_MIN(n - moved, (size_t)CHUNK);
         unsigned char *b = u->sbuf + (size_t)slot * CHUNK;
@@ -252,41 +255,53 @@ static ssize_t mpi_send_some(lk_link *l, const void *buf, size_t n, char *err, s
         reap_sends(u);
     }
     if (moved) u->idle_since = 0;
-    ssize_t r = !moved && (u->failed || g_broken) ? dead(u, err, errlen) : (ssize_t)moved;
+    ssize_t r = !moved && u->failed ? dead(u, err, errlen) : (ssize_t)moved;
     pthread_mutex_unlock(&g_mu);
     return r;
+}
+
+/* Whether the oldest posted receive holds a message (g_mu held). What the
+ * peer sent before it died or closed is still delivered, as TCP delivers
+ * the bytes before an EOF: a link whose peer is gone keeps testing. */
+static bool recv_ready(mpi_link *u) {
+    if (u->rdone) return true;
+    if (u->rreq[u->rhead] == MPI_REQUEST_NULL) return false;
+    int done = 0;
+    MPI_Status s;
+    int rc = MPI_Test(&u->rreq[u->rhead], &done, &s);
+    if (rc != MPI_SUCCESS) {
+        u->rreq[u->rhead] = MPI_REQUEST_NULL;
+        note_fail(u, "receive", rc);
+        return false;
+    }
+    if (!done) return false;
+    int cnt = 0;
+    MPI_Get_count(&s, MPI_BYTE, &cnt);
+    u->rlen = (size_t)(cnt > 0 ? cnt : 0);
+    u->roff = 0;
+    u->rdone = true;
+    return true;
 }
 
 static ssize_t mpi_recv_some(lk_link *l, void *buf, size_t n, char *err, size_t errlen) {
     mpi_link *u = (mpi_link *)l;
     pthread_mutex_lock(&g_mu);
     size_t moved = 0;
-    while (!u->failed && moved < n) {
-        if (!u->rdone) {
-            int done = 0;
-            MPI_Status s;
-            int rc = MPI_Test(&u->rreq[u->rhead], &done, &s);
-            if (rc != MPI_SUCCESS) { note_fail(u, "receive", rc); break; }
-            if (!done) break;
-            int cnt = 0;
-            MPI_Get_count(&s, MPI_BYTE, &cnt);
-            u->rlen = (size_t)(cnt > 0 ? cnt : 0);
-            u->roff = 0;
-            u->rdone = true;
-        }
+    while (moved < n && recv_ready(u)) {
         size_t k = LK_MIN(n - moved, u->rlen - u->roff);
         memcpy((char *)buf + moved, u->rbuf + (size_t)u->rhead * CHUNK + u->roff, k);
         moved += k;
         u->roff += k;
         if (u->roff == u->rlen) { /* slot drained: post it again, behind the others */
             u->rdone = false;
-            int rc = post_recv(u, u->rhead);
-            if (rc != MPI_SUCCESS) { u->rreq[u->rhead] = MPI_REQUEST_NULL; note_fail(u, "receive", rc); break; }
+            int rc = u->failed ? MPI_SUCCESS : post_recv(u, u->rhead);
+            if (u->failed) u->rreq[u->rhead] = MPI_REQUEST_NULL;
+            if (rc != MPI_SUCCESS) { u->rreq[u->rhead] = MPI_REQUEST_NULL; note_fail(u, "receive", rc); }
             u->rhead = (u->rhead + 1) % RSLOTS;
         }
     }
     if (moved) u->idle_since = 0;
-    ssize_t r = !moved && (u->failed || g_broken) ? dead(u, err, errlen) : (ssize_t)moved;
+    ssize_t r = !moved && u->failed ? dead(u, err, errlen) : (ssize_t)moved;
     pthread_mutex_unlock(&g_mu);
     return r;
 }
@@ -297,21 +312,32 @@ static int mpi_wait(lk_link *l, bool for_send, uint64_t timeout_ns, char *err, s
     mpi_link *u = (mpi_link *)l;
     pthread_mutex_lock(&g_mu);
     check_peers();
-    bool bad = u->failed || g_broken;
-    if (!bad && for_send) reap_sends(u); /* drives progress too */
-    pthread_mutex_unlock(&g_mu);
-    if (bad) {
-        pthread_mutex_lock(&g_mu);
-        int r = (int)dead(u, err, errlen);
+    if (u->failed) {
+        /* a receiver first takes what arrived before the peer went */
+        int r = !for_send && recv_ready(u) ? 0 : (int)dead(u, err, errlen);
         pthread_mutex_unlock(&g_mu);
         return r;
     }
+    if (for_send) reap_sends(u); /* drives progress too */
+    pthread_mutex_unlock(&g_mu);
     uint64_t now = lk_time_ns();
     if (!u->idle_since) u->idle_since = now;
     uint64_t idle = now - u->idle_since;
-    /* Without a spin budget the ranks outnumber the cores: the one we wait
-     * for is likely runnable on ours, so give it the core but come back at
-     * once. With one, lk_xfer_run has spun already: nap. */
+    /* A nap costs 50 us or more (the timer slack) where the own shm link
+     * is woken by its peer within a few, and a nap on one side makes the
+     * other's spin fail, until lk_xfer_run stops spinning on both (after
+     * four misses) and every message costs a nap. So with a spin budget
+     * (the ranks fit the cores) keep polling for the first millisecond of
+     * an idle stretch whatever lk_xfer_run decided; without one (ranks
+     * outnumber cores: the rank we wait for may need ours) yield for the
+     * first 100 us. sched_yield is no spin: on a loaded core it hands the
+     * core away for a whole time slice. */
+    if (l->spin_ns && idle < 1000000) {
+#if defined(__x86_64__) || defined(__i386__)
+        for (int i = 0; i < 64; i++) __builtin_ia32_pause();
+#endif
+        return 0;
+    }
     if (!l->spin_ns && idle < 100000) {
         sched_yield();
         return 0;
@@ -333,7 +359,7 @@ static void mpi_close(lk_link *l) {
     for (mpi_link **p = &g_links; *p; p = &(*p)->next)
         if (*p == u) { *p = u->next; break; }
     bool leak = false;
-    uint64_t until = lk_time_ns() + (u->failed || g_broken ? 0 : 200000000ull);
+    uint64_t until = lk_time_ns() + (u->failed ? 0 : 200000000ull);
     while (u->sn && !u->failed && lk_time_ns() < until) reap_sends(u);
     for (unsigned i = 0; i < SSLOTS; i++)
         if (u->sreq[i] != MPI_REQUEST_NULL) {
@@ -387,13 +413,21 @@ lk_status lk_mpi_allreduce_f32(float *x, int64_t n, uint64_t deadline_ns, char *
         pthread_mutex_lock(&g_mu);
         rc = MPI_Test(&r, &done, MPI_STATUS_IGNORE);
         check_peers();
-        bool broken = g_broken;
+        mpi_link *gone = NULL;
+        for (mpi_link *o = g_links; o && !gone; o = o->next)
+            if (o->failed) gone = o;
+        char name[128];
+        if (gone && !done) {
+            g_broken = true;
+            lk_fail(err, errlen, LK_ERR_NET, "MPI_Iallreduce: %s: %s", lk_link_name(&gone->base, name, sizeof name),
+                    gone->why);
+        }
         pthread_mutex_unlock(&g_mu);
         if (rc != MPI_SUCCESS) return lk_fail(err, errlen, LK_ERR_NET, "MPI_Iallreduce: %s", mpi_err(rc, e));
         if (done) return LK_OK;
         /* the request stays MPI's: x must outlive the job then, which a
          * failing netbench does (it ends) */
-        if (broken) return lk_fail(err, errlen, LK_ERR_NET, "%s", g_broken_why);
+        if (gone) return LK_ERR_NET;
         if (lk_time_ns() > deadline_ns) return lk_fail(err, errlen, LK_ERR_TIMEOUT, "MPI_Iallreduce: timeout");
     }
 }
