@@ -402,8 +402,11 @@ TEST(qwen35moe_session_prefix) {
  * written as the converter writes it but with full_attention_interval and
  * no attention.recurrent_layers array, as older converters did): lockstep
  * reads the layer pattern back from the interval, `info` prints the layer
- * kinds, and --local 2 --tp 2 and --pp 2 give one node's tokens. The
- * arithmetic is checked against llama.cpp above; this checks the shape. */
+ * kinds, `plan` models it, and --local 2 --tp 2 and --pp 2 give one node's
+ * tokens. The arithmetic is checked against llama.cpp above; this checks
+ * the shape. (By hand, 2026-12-02: llama-server de3ff81 loads this file and
+ * gives the same 16 greedy tokens for "Once upon a time" as all three
+ * layouts here; llama.cpp is not part of CI.) */
 TEST(qwen35_gen_model_shape) {
     char path[128], cmd[1024], err[LK_ERRLEN];
     snprintf(path, sizeof path, "/tmp/lk-q35-tiny-%d.gguf", (int)getpid());
@@ -426,6 +429,8 @@ TEST(qwen35_gen_model_shape) {
     if (p) pclose(p);
     CHECKF(strstr(out, "3 gated delta net (L), 1 gated full attention (A): LLLA"), "info does not print the layer kinds:\n%s",
            out);
+    snprintf(cmd, sizeof cmd, "%s plan -m %s --tp 2 >/dev/null 2>&1", bin(), path);
+    CHECKF(system(cmd) == 0, "'%s' failed", cmd);
     json_t *ref = NULL;
     const char *layouts[] = { "", "--local 2 --tp 2 --transport shm", "--local 2 --pp 2 --transport shm" };
     for (int l = 0; l < 3; l++) {

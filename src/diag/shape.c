@@ -136,6 +136,10 @@ static int layer_kind(const char *name) {
     if (!d) return 0;
     d++;
     if (!strcmp(d, "attn_q.weight") || !strcmp(d, "attn_output.weight")) return 1;
+    /* the gated delta net's per-head matrices (qwen35moe) split with the heads like Wq/Wo */
+    if (!strcmp(d, "attn_gate.weight") || !strcmp(d, "ssm_out.weight") || !strcmp(d, "ssm_alpha.weight") ||
+        !strcmp(d, "ssm_beta.weight"))
+        return 1;
     if (!strcmp(d, "attn_k.weight") || !strcmp(d, "attn_v.weight")) return 2;
     if (!strcmp(d, "attn_qkv.weight")) return 4;
     if (!strncmp(d, "ffn_gate", 8) || !strncmp(d, "ffn_up", 6) || !strncmp(d, "ffn_down", 8)) return strstr(d, "norm") ? 0 : 3;
@@ -166,7 +170,7 @@ lk_status lk_diag_shape_gguf(const char *path, lk_diag_shape *s, char *err, size
     }
     /* metadata: keys are matched by their suffix after "<arch>.", since
      * general.architecture need not come first */
-    int64_t ctx_len = 0, embd = 0, blocks = 0, ff = 0, heads = 0, heads_kv = 0, key_len = 0, vocab = 0, n_exp = 0,
+    int64_t ctx_len = 0, embd = 0, blocks = 0, ff = 0, ff_exp = 0, heads = 0, heads_kv = 0, key_len = 0, vocab = 0, n_exp = 0,
             n_exp_used = 0;
     char key[256], arch[32] = "", name[64] = "";
     for (uint64_t i = 0; i < n_kv && r.ok; i++) {
@@ -193,6 +197,7 @@ lk_status lk_diag_shape_gguf(const char *path, lk_diag_shape *s, char *err, size
         else if (!strcmp(k, "attention.key_length")) key_len = iv;
         else if (!strcmp(k, "vocab_size")) vocab = iv;
         else if (!strcmp(k, "expert_count")) n_exp = iv;
+        else if (!strcmp(k, "expert_feed_forward_length")) ff_exp = iv;
         else if (!strcmp(k, "expert_used_count")) n_exp_used = iv;
     }
     /* tensor index */
@@ -245,6 +250,7 @@ lk_status lk_diag_shape_gguf(const char *path, lk_diag_shape *s, char *err, size
     fclose(f);
     if (!r.ok) return LK_ERR_FORMAT;
     if (!has_out) s->out_bytes = s->embd_bytes, s->out_elems = embd_elems; /* tied */
+    if (ff < 1) ff = ff_exp; /* qwen35moe has no dense feed_forward_length */
     if (embd < 1 || blocks < 1 || heads < 1 || ff < 1)
         return lk_fail(err, errlen, LK_ERR_FORMAT,
                        "%s: the metadata lacks the model's dimensions (embedding %lld, blocks %lld, heads %lld, FFN %lld)",
