@@ -11,6 +11,7 @@
  * GEMM's rate with these threads). In a cluster the weight bytes are the
  * head's slice (--local ranks share one machine's bandwidth). */
 #include "cli/cli.h"
+#include "cli/genflags.h"
 #include "diag/diag.h"
 #include "engine/engine.h"
 #include "kernels/membw.h"
@@ -134,6 +135,7 @@ static lk_status rep_seqs(driver *d, int S, int p, int n, double *pp, double *tg
 int lk_cmd_bench(int argc, char **argv) {
     const char *model = NULL, *threads_s = NULL, *seqs_s = NULL, *trace = NULL;
     const char *workers = NULL, *key_file = NULL, *transport = NULL, *wire = NULL, *tp_weights = NULL, *layers_split = NULL;
+    const char *emulate_link = NULL;
     int64_t p = 512, n = 128, reps = 3, bw_mib = 0, local = 0, tp = 0, pp_stages = 0;
     bool json = false, csv = false, md = false, kv_f16 = false, seal = false;
     const lk_opt opts[] = {
@@ -157,6 +159,7 @@ int lk_cmd_bench(int argc, char **argv) {
         { "--transport", NULL, LK_OPT_STR, &transport, "NAME", "auto | tcp | shm | ucx (default auto)" },
         { "--wire", NULL, LK_OPT_STR, &wire, "FMT", "all-reduce wire format: f32 (default), f16, bf16, q8" },
         { "--seal", NULL, LK_OPT_FLAG, &seal, NULL, "seal the cluster's TCP links (see 'lockstep run --help')" },
+        { "--emulate-link", NULL, LK_OPT_STR, &emulate_link, "SPEC", lk_emulate_link_help },
         { "--json", NULL, LK_OPT_FLAG, &json, NULL, "one JSON object per row (thread count x seqs)" },
         { "--csv", NULL, LK_OPT_FLAG, &csv, NULL, "CSV rows" },
         { "--md", NULL, LK_OPT_FLAG, &md, NULL, "a Markdown table (default)" },
@@ -178,6 +181,7 @@ int lk_cmd_bench(int argc, char **argv) {
         fprintf(stderr, "lockstep bench: --local, --tp and --pp must be >= 0\n");
         return 2;
     }
+    if (!lk_emulate_link_check("bench", emulate_link, local, workers, transport)) return 2;
     int tlist[16], nt = 1, slist[16], ns = 1;
     tlist[0] = 0;
     slist[0] = 1;
@@ -236,7 +240,8 @@ int lk_cmd_bench(int argc, char **argv) {
                               .kv_budget = (int64_t)smax * (ctx + 64), /* a page of slack per sequence (pages are 32 or 64) */
                               .workers = workers, .key_file = key_file, .local = (int)local, .tp = (int)tp,
                               .pp = (int)pp_stages, .tp_weights = tp_weights, .layers_split = layers_split,
-                              .transport = transport, .wire = wire, .seal = seal };
+                              .transport = transport, .wire = wire, .seal = seal,
+                              .emulate_link = emulate_link };
         lk_engine *e = NULL;
         if (lk_engine_open(&eo, &e, err, sizeof err)) { fprintf(stderr, "lockstep bench: %s\n", err); lk_energy_close(en); return 1; }
         int threads = tlist[ti] ? tlist[ti] : lk_engine_threads(e), ranks = lk_engine_n_ranks(e);

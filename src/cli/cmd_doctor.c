@@ -4,6 +4,7 @@
  * decode and which layout plan would pick. The checks and their order are
  * in src/diag/doctor.c. Exit status 1 when a check fails, 2 for bad flags. */
 #include "cli/cli.h"
+#include "cli/genflags.h"
 #include "cluster/cluster.h"
 #include "diag/diag.h"
 
@@ -131,7 +132,7 @@ static void print_text(const lk_doctor_report *r) {
 }
 
 int lk_cmd_doctor(int argc, char **argv) {
-    const char *model = NULL, *workers = NULL, *key_file = NULL, *transport = "auto";
+    const char *model = NULL, *workers = NULL, *key_file = NULL, *transport = "auto", *emulate_link = NULL;
     int64_t local = 0, tp = 0, pp = 0, threads = 0, ctx = 256, iters = 200;
     bool json = false, verbose = false;
     const lk_opt opts[] = {
@@ -144,6 +145,7 @@ int lk_cmd_doctor(int argc, char **argv) {
         {"--threads", "-t", LK_OPT_INT, &threads, "N", "threads per rank (default: as run: the cores / local ranks)"},
         {"--ctx", "-c", LK_OPT_INT, &ctx, "N", "context for the memory check and the decode steps (default 256)"},
         {"--transport", NULL, LK_OPT_STR, &transport, "T", "auto (shm between local ranks, default), tcp, shm, ucx or mpi (under mpirun)"},
+        {"--emulate-link", NULL, LK_OPT_STR, &emulate_link, "SPEC", lk_emulate_link_help},
         {"--iters", NULL, LK_OPT_INT, &iters, "K", "ping-pong and all-reduce repetitions per size (default 200)"},
         {"--verbose", "-v", LK_OPT_FLAG, &verbose, NULL, "the cluster's own log lines too"},
         {"--json", NULL, LK_OPT_FLAG, &json, NULL, "one JSON object: nodes, checks, figures, verdict, recommended layout"},
@@ -185,6 +187,7 @@ int lk_cmd_doctor(int argc, char **argv) {
             return 2;
         }
     }
+    if (!lk_emulate_link_check("doctor", emulate_link, local, workers, transport)) return 2;
     int n_workers = 0;
     for (const char *p = workers; p && *p; p++) n_workers += *p == ',';
     int ranks = local > 1 ? (int)local : workers ? n_workers + 2 : 1;
@@ -205,7 +208,7 @@ int lk_cmd_doctor(int argc, char **argv) {
     }
     lk_doctor_cfg cfg = {.model = model, .workers = workers, .key_file = key_file, .key = key_file ? key : NULL,
                          .local = (int)local, .tp = (int)tp, .pp = (int)pp, .threads = (int)threads, .ctx = (int)ctx,
-                         .transport = transport, .iters = (int)iters};
+                         .transport = transport, .iters = (int)iters, .emulate_link = emulate_link};
     if (!verbose) lk_log_set_level(LK_LOG_WARN);
     static lk_doctor_report r;
     lk_doctor_run(&cfg, &r);

@@ -1,4 +1,5 @@
 #include "cli/genflags.h"
+#include "diag/diag.h"
 #include "parallel/parallel.h"
 #include "transport/transport.h"
 
@@ -13,6 +14,35 @@ const char lk_seal_help[] =
     "seal every cluster TCP link after the handshake (AES-256-GCM or ChaCha20-Poly1305 records): tampering, "
     "injection or replay fails the link naming the peer; a worker with --seal refuses heads without it, one "
     "without seals when asked; same-host shm links stay unsealed (cost: BENCHMARKS.md, 'netbench --seal')";
+
+const char lk_emulate_link_help[] =
+    "with --local: relay the cluster's mesh links (the data: steps, all-reduces, hand-offs) through link "
+    "emulators (TCP, forced). SPEC = [A-B:]DELAY_US[:RATE_GBPS[:JITTER_US]], comma-separated: a rule without A-B "
+    "sets every link, one with it the link of ranks A and B (links no rule covers stay direct). \"25:10\" = 25 us "
+    "one-way at 10 Gbit/s everywhere; \"0-1:250\" = only ranks 0 and 1 slow; rate 0 = unlimited";
+
+bool lk_emulate_link_check(const char *cmd, const char *spec, int64_t local, const char *workers,
+                           const char *transport) {
+    if (!spec) return true;
+    if (local < 2 || (workers && *workers)) {
+        fprintf(stderr, "lockstep %s: --emulate-link needs --local N (N >= 2): the relays run in the head's process on "
+                        "loopback\n", cmd);
+        return false;
+    }
+    if (transport && strcmp(transport, "auto") && strcmp(transport, "tcp")) {
+        fprintf(stderr, "lockstep %s: --emulate-link relays TCP links, so --transport %s makes no sense with it "
+                        "(an emulated link over %s would bypass the relay): give --transport tcp or leave it out\n",
+                cmd, transport, transport);
+        return false;
+    }
+    lk_diag_linkemu e;
+    char err[LK_ERRLEN];
+    if (lk_diag_linkemu_parse(spec, (int)local, &e, err, sizeof err)) {
+        fprintf(stderr, "lockstep %s: %s\n", cmd, err);
+        return false;
+    }
+    return true;
+}
 
 void lk_genflags_init(lk_genflags *f) {
     /* --tp/--pp/--threads -1: not given (the cluster picks, the default
@@ -51,6 +81,7 @@ void lk_genflags_opts(lk_genflags *f, lk_opt *opts, int *n, int cap) {
         { "--transport", NULL, LK_OPT_STR, &f->transport, "NAME", "auto | tcp | shm | ucx | mpi (default auto; mpi under mpirun)" },
         { "--wire", NULL, LK_OPT_STR, &f->wire, "FMT", "all-reduce wire format: f32 (default, exact), f16, bf16, q8" },
         { "--seal", NULL, LK_OPT_FLAG, &f->seal, NULL, lk_seal_help },
+        { "--emulate-link", NULL, LK_OPT_STR, &f->emulate_link, "SPEC", lk_emulate_link_help },
     };
     for (size_t i = 0; i < sizeof shared / sizeof shared[0]; i++) {
         LK_ASSERT(*n < cap);
@@ -178,6 +209,7 @@ bool lk_genflags_finish(lk_genflags *f, const char *cmd, lk_engine_opts *eo, lk_
         return false;
     }
     if (!check_layout(f, cmd)) return false;
+    if (!lk_emulate_link_check(cmd, f->emulate_link, f->local, f->workers, f->transport)) return false;
     int64_t kv_budget = 0;
     bool kv_bytes = false;
     if (f->kv_budget && !parse_budget(f->kv_budget, &kv_budget, &kv_bytes)) {
@@ -192,7 +224,7 @@ bool lk_genflags_finish(lk_genflags *f, const char *cmd, lk_engine_opts *eo, lk_
                             .kv_budget_bytes = kv_bytes ? kv_budget : 0, .workers = f->workers, .key_file = f->key_file,
                             .local = (int)f->local, .tp = (int)LK_MAX(f->tp, 0), .pp = (int)LK_MAX(f->pp, 0), .tp_weights = f->tp_weights,
                             .layers_split = f->layers_split, .transport = f->transport, .wire = f->wire,
-                            .seal = f->seal };
+                            .seal = f->seal, .emulate_link = f->emulate_link };
     lk_sampler_params_default(sp);
     sp->temp = (float)f->temp; sp->top_k = (int)f->top_k; sp->top_p = (float)f->top_p; sp->min_p = (float)f->min_p;
     sp->repeat_penalty = (float)f->rep; sp->freq_penalty = (float)f->freq; sp->presence_penalty = (float)f->pres;

@@ -9,7 +9,7 @@
 #include "sampler/sampler.h"
 
 typedef struct {
-    const char *model, *workers, *key_file, *tp_weights, *layers_split, *transport, *wire, *kv_budget;
+    const char *model, *workers, *key_file, *tp_weights, *layers_split, *transport, *wire, *kv_budget, *emulate_link;
     int64_t threads, ctx, batch, top_k, seed, last_n, local, tp, pp;
     double temp, top_p, min_p, rep, freq, pres;
     bool kv_f16, seal;
@@ -19,6 +19,13 @@ typedef struct {
  * what it costs (measured with 'lockstep netbench --local 2 --transport tcp
  * [--seal]'; the figures are in genflags.c). */
 extern const char lk_seal_help[];
+
+/* --emulate-link's help and its check (run, chat, serve, bench, doctor):
+ * the spec parses (diag.h's grammar, ranks below `ranks`), --local is given,
+ * and the transport is auto or tcp. False after a one-line error. */
+extern const char lk_emulate_link_help[];
+bool lk_emulate_link_check(const char *cmd, const char *spec, int64_t local, const char *workers,
+                           const char *transport);
 
 /* --ctx's upper bound (positions are int32; memory is checked at open). */
 #define LK_CTX_MAX (1 << 30)

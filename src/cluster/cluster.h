@@ -249,6 +249,8 @@ typedef struct {
     lk_wire_fmt wire;
     bool        allreduce_only;
     bool        seal;         /* lk_cluster_bench: seal the control and mesh links */
+    const char *emulate_link; /* lk_cluster_bench with workers on loopback: --emulate-link's
+                                 spec (NULL: none); the head's, never sent */
 } lk_bench_cfg;
 
 /* Runs the benchmark as this rank of mesh (every rank calls it with the same
@@ -344,6 +346,7 @@ typedef struct {
     const char *wire;          /* all-reduce wire format: "f32" (NULL), "f16", "bf16", "q8" */
     int64_t     dead_after_ms; /* 0: 1500 */
     bool        seal;          /* seal every TCP link of the session (control and mesh; not shm) */
+    const char *emulate_link;  /* --emulate-link spec (diag.h's grammar; --local only): relays on the mesh links */
 } lk_cluster_opts;
 
 /* Connects to (or starts) the workers, agrees on everything, plans the

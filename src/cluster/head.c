@@ -54,6 +54,7 @@ struct lk_cluster {
     char      detail[LK_ERRLEN]; /* the failed operation's own message */
     char      err[2 * LK_ERRLEN + 8];
     uint8_t   key[LK_KEY_BYTES];
+    lk_emu   *emu;               /* --emulate-link: relays on mesh links (NULL: none) */
 };
 
 /* A worker's PING (n bytes at p) carries, after its nonce, its steps'
@@ -525,12 +526,18 @@ static lk_status mesh_phase(lk_cluster *c, const lk_gguf *g, const char *refusal
     snprintf(laddr, sizeof laddr, strchr(host, ':') ? "[%s]:0" : "%s:0", host);
     if ((st = lk_tcp_listen(laddr, &lfd, &port, err, errlen))) return st;
     snprintf(mm.addrs[0], LK_ADDR_LEN, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
-    uint32_t len = lk_proto_mesh_encode(&mm, buf, sizeof buf);
-    for (int r = 1; r < c->n; r++)
+    for (int r = 1; r < c->n; r++) {
+        lk_mesh_msg mr; /* with --emulate-link, this worker's own view: relays for some lower ranks */
+        if ((st = lk_emu_route(c->emu, &mm, r, &mr, err, errlen))) {
+            close(lfd);
+            return st;
+        }
+        uint32_t len = lk_proto_mesh_encode(&mr, buf, sizeof buf);
         if ((st = send_to(c, r, LK_MSG_MESH, buf, len, 5000, why, sizeof why))) {
             close(lfd);
             return lk_fail(err, errlen, st, "worker rank %d (%s): %s", r, c->w[r].addr, why);
         }
+    }
     const char *addrs[LK_MAX_RANKS];
     for (int r = 0; r < c->n; r++) addrs[r] = mm.addrs[r];
     lk_hs_params mhp;
@@ -614,6 +621,8 @@ lk_status lk_cluster_open(const lk_cluster_opts *o, const lk_gguf *g, const lk_p
     c->pp = pp;
     lk_mesh_shm shm;
     if ((st = lk_transport_parse(o->transport, &shm, err, errlen))) return open_fail(c, st);
+    if ((st = lk_emu_open(o->emulate_link, c->n, o->local > 1 && !o->workers, &shm, &c->emu, err, errlen)))
+        return open_fail(c, st);
 
     lk_wire_fmt wire = LK_WIRE_F32;
     if (o->wire && !lk_wire_fmt_parse(o->wire, &wire))
@@ -723,6 +732,7 @@ void lk_cluster_close(lk_cluster *c) {
             usleep(5000);
         }
     }
+    lk_emu_close(c->emu); /* after the mesh: its relays carried it */
     for (int r = 0; r < LK_MAX_RANKS; r++) pthread_mutex_destroy(&c->w[r].mu);
     pthread_mutex_destroy(&c->err_mu);
     free(c);
@@ -771,7 +781,9 @@ lk_status lk_cluster_bench(const char *workers, const uint8_t *key, const lk_ben
     lk_hs_defaults(&hp, c->key, "head");
     c->seal = cfg->seal;
     hp.seal = c->seal ? LK_SEAL_ON : LK_SEAL_OFF;
-    lk_status st = connect_all(c, &hp, err, errlen);
+    /* --emulate-link: the workers are local daemons (doctor --local) */
+    lk_status st = lk_emu_open(cfg->emulate_link, c->n, true, &shm, &c->emu, err, errlen);
+    if (!st) st = connect_all(c, &hp, err, errlen);
     if (st) return open_fail(c, st);
     uint8_t buf[1024];
     char why[LK_ERRLEN];

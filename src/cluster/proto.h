@@ -54,6 +54,18 @@ bool     lk_proto_loaded_decode(const uint8_t *buf, uint32_t len, lk_loaded_msg 
 uint32_t lk_proto_mesh_encode(const lk_mesh_msg *m, uint8_t *buf, uint32_t cap);
 bool     lk_proto_mesh_decode(const uint8_t *buf, uint32_t len, lk_mesh_msg *m);
 
+/* --emulate-link (emulate.c): relays on the mesh links of a --local
+ * cluster. lk_emu_open parses the spec (NULL: *out NULL, nothing emulated),
+ * refuses it without --local or with a transport other than TCP, and turns
+ * auto into tcp. lk_emu_route gives worker r its MESH: all's addresses, with
+ * each lower rank whose link to r is emulated replaced by a relay started
+ * here. The relays run until lk_emu_close. */
+typedef struct lk_emu lk_emu;
+lk_status lk_emu_open(const char *spec, int n_ranks, bool local, lk_mesh_shm *shm, lk_emu **out, char *err,
+                      size_t errlen);
+lk_status lk_emu_route(lk_emu *e, const lk_mesh_msg *all, int r, lk_mesh_msg *out, char *err, size_t errlen);
+void      lk_emu_close(lk_emu *e); /* NULL ok */
+
 /* FILE: what the head is about to send (see cluster.h). The worker computes
  * the range list itself from the header (the first header_len bytes) and
  * its slice, and checks it against n_ranges / n_bytes / ranges_hash. */

@@ -161,6 +161,33 @@ typedef struct lk_diag_relay lk_diag_relay;
  * NULL) gets the port listened on. */
 lk_status lk_diag_relay_start(const lk_diag_relay_cfg *cfg, lk_diag_relay **out, int *port_out, char *err,
                               size_t errlen);
+/* --emulate-link: which links of a --local cluster go through a relay, and
+ * with what. SPEC is a comma-separated list of rules
+ *     [A-B:]DELAY_US[:RATE_GBPS[:JITTER_US]]
+ * A rule with A-B (ranks, either order) sets that pair's link; a rule
+ * without sets every pair no A-B rule names. Pairs no rule covers stay
+ * direct TCP. Rate 0 or left out: unlimited. "25:10" = every link 25 us
+ * one-way at 10 Gbit/s; "0-1:250" = only ranks 0 and 1 250 us apart. */
+#define LK_LINKEMU_MAX_RULES 32
+typedef struct {
+    int    a, b;            /* ranks; -1, -1: the default rule */
+    double delay_us, rate_gbps, jitter_us;
+} lk_diag_link_rule;
+typedef struct {
+    int n;
+    lk_diag_link_rule rule[LK_LINKEMU_MAX_RULES];
+} lk_diag_linkemu;
+/* Parses SPEC (the message names the bad rule); ranks are checked against
+ * n_ranks (0: not checked). */
+lk_status lk_diag_linkemu_parse(const char *spec, int n_ranks, lk_diag_linkemu *out, char *err, size_t errlen);
+/* The rule for the link between ranks a and b; false when it stays direct. */
+bool lk_diag_linkemu_pair(const lk_diag_linkemu *e, int a, int b, lk_diag_link_rule *out);
+/* "250 us one-way +- 10 us, 10 Gbit/s" (or ", rate unlimited") */
+void lk_diag_link_rule_describe(const lk_diag_link_rule *r, char *buf, size_t len);
+/* The rule for (a, b) as a SPEC of its own ("D:R:J", every pair), or "" when
+ * that link is direct: for a 2-rank session that measures this one link. */
+void lk_diag_linkemu_pair_spec(const lk_diag_linkemu *e, int a, int b, char *buf, size_t len);
+
 /* Connections relayed so far, and bytes in each direction. */
 void      lk_diag_relay_stats(lk_diag_relay *r, int *conns, uint64_t *bytes_fwd, uint64_t *bytes_back);
 void      lk_diag_relay_stop(lk_diag_relay *r);
@@ -182,6 +209,8 @@ typedef struct {
     int         ctx;          /* positions for the decode check (0: 256) */
     const char *transport;    /* "auto" (NULL), "tcp", "shm" */
     int         iters;        /* ping-pong repetitions per size (0: 200) */
+    const char *emulate_link; /* --emulate-link spec (--local only): every measurement and the decode
+                                 steps go through those relays, over TCP */
 } lk_doctor_cfg;
 
 #define LK_DOCTOR_MAX_NODES 16

@@ -168,9 +168,11 @@ static void node_hello(const lk_doctor_cfg *cfg, int i, lk_doctor_report *r) {
 /* ---- 3, 4. links and collectives (netbench sessions) -------------------------------- */
 
 /* A benchmark session with `workers`; the table netbench prints, parsed. */
-static lk_status bench(const lk_doctor_cfg *cfg, const char *workers, const size_t *sizes, int nsizes, bool ar_only,
-                       lk_diag_hw *hw, double *p99_out, char *transport, size_t tlen, char *err, size_t errlen) {
-    lk_bench_cfg bc = {.nsizes = nsizes, .iters = cfg->iters > 0 ? cfg->iters : 200, .allreduce_only = ar_only};
+static lk_status bench(const lk_doctor_cfg *cfg, const char *workers, const char *emu, const size_t *sizes, int nsizes,
+                       bool ar_only, lk_diag_hw *hw, double *p99_out, char *transport, size_t tlen, char *err,
+                       size_t errlen) {
+    lk_bench_cfg bc = {.nsizes = nsizes, .iters = cfg->iters > 0 ? cfg->iters : 200, .allreduce_only = ar_only,
+                       .emulate_link = emu && *emu ? emu : NULL};
     memcpy(bc.sizes, sizes, sizeof(size_t) * (size_t)nsizes);
     lk_mesh_shm shm = LK_MESH_SHM_AUTO;
     lk_status st0 = lk_transport_parse(cfg->transport ? cfg->transport : "auto", &shm, err, errlen);
@@ -212,7 +214,8 @@ static double median_of(double *v, int n) {
 static void decode_check(const lk_doctor_cfg *cfg, lk_doctor_report *r) {
     lk_engine_opts eo = {.model_path = cfg->model, .n_threads = cfg->threads, .n_ctx = cfg->ctx > 0 ? cfg->ctx : 256,
                          .n_batch = 64, .workers = cfg->workers, .key_file = cfg->key_file, .local = cfg->local,
-                         .tp = cfg->tp, .pp = cfg->pp, .transport = cfg->transport, .max_seqs = 1};
+                         .tp = cfg->tp, .pp = cfg->pp, .transport = cfg->transport, .max_seqs = 1,
+                         .emulate_link = cfg->emulate_link};
     char err[LK_ERRLEN];
     lk_engine *e = NULL;
     if (lk_engine_open(&eo, &e, err, sizeof err)) {
@@ -363,6 +366,13 @@ void lk_doctor_run(const lk_doctor_cfg *cfg0, lk_doctor_report *r) {
     pid_t pids[LK_DOCTOR_MAX_NODES];
     int n_pids = 0;
     static char addrs[LK_DOCTOR_MAX_NODES * 64];
+    /* --emulate-link: checked by the command; links then go over TCP, emulated or not, so they compare */
+    lk_diag_linkemu emul = {0};
+    if (cfg.emulate_link) {
+        if (lk_diag_linkemu_parse(cfg.emulate_link, cfg.local, &emul, err, sizeof err))
+            check(r, -1, "local", LK_DOC_FAIL, "%s", err);
+        cfg.transport = "tcp";
+    }
     if (cfg.local > 1) {
         char hex[2 * LK_KEY_BYTES + 1];
         lk_key_generate(hex);
@@ -423,7 +433,10 @@ void lk_doctor_run(const lk_doctor_cfg *cfg0, lk_doctor_report *r) {
         if (!nd->reachable) continue;
         static const size_t sz[] = {64, 64 << 10, 1 << 20};
         lk_diag_hw h = hw;
-        if (bench(&cfg, nd->addr, sz, 3, false, &h, &nd->lat_p99_us, nd->transport, sizeof nd->transport, err,
+        /* an emulated link keeps its rule in the session of two ranks that measures it */
+        char emu[96] = "";
+        if (cfg.emulate_link) lk_diag_linkemu_pair_spec(&emul, 0, i, emu, sizeof emu);
+        if (bench(&cfg, nd->addr, emu, sz, 3, false, &h, &nd->lat_p99_us, nd->transport, sizeof nd->transport, err,
                   sizeof err)) {
             check(r, i, "link", LK_DOC_FAIL, "benchmark with %s failed: %s", nd->addr, err);
             continue;
@@ -438,10 +451,20 @@ void lk_doctor_run(const lk_doctor_cfg *cfg0, lk_doctor_report *r) {
         if (!nd->transport[0]) continue;
         /* markedly slower than the best peer: twice its latency, and by more than noise */
         bool slow = n_links > 1 && nd->lat_us > 2 * best_lat && nd->lat_us - best_lat > 20;
-        check(r, i, "link", slow ? LK_DOC_FAIL : LK_DOC_PASS,
-              "%s over %s: %.1f us one-way (p99 %.1f), %.2f Gbit/s%s", nd->addr, nd->transport, nd->lat_us,
-              nd->lat_p99_us, nd->gbps,
-              slow ? ": markedly slower than the best peer's link; every all-reduce waits for the slowest" : "");
+        char emu[128] = "", what[96];
+        lk_diag_link_rule rule;
+        if (cfg.emulate_link && lk_diag_linkemu_pair(&emul, 0, i, &rule)) {
+            lk_diag_link_rule_describe(&rule, what, sizeof what);
+            snprintf(emu, sizeof emu, " (emulated: %s)", what);
+        }
+        if (slow)
+            check(r, i, "link", LK_DOC_FAIL,
+                  "head <-> node %d (%s) over %s: %.1f us one-way (p99 %.1f), %.2f Gbit/s%s: markedly slower than the "
+                  "best peer's link (%.1f us): every all-reduce waits for the slowest", i, nd->addr, nd->transport,
+                  nd->lat_us, nd->lat_p99_us, nd->gbps, emu, best_lat);
+        else
+            check(r, i, "link", LK_DOC_PASS, "head <-> node %d (%s) over %s: %.1f us one-way (p99 %.1f), %.2f Gbit/s%s", i,
+                  nd->addr, nd->transport, nd->lat_us, nd->lat_p99_us, nd->gbps, emu);
     }
     if (n_links) hw.latency_us = worst_lat, hw.link_gbps = worst_gbps;
 
@@ -450,7 +473,7 @@ void lk_doctor_run(const lk_doctor_cfg *cfg0, lk_doctor_report *r) {
         size_t row = r->have_model ? (size_t)r->shape.n_embd * 4 : 16384;
         size_t sz[3] = {row, 8 * row, 64 * row};
         lk_diag_hw h = hw;
-        if (bench(&cfg, addrs, sz, 3, true, &h, NULL, NULL, 0, err, sizeof err)) {
+        if (bench(&cfg, addrs, cfg.emulate_link, sz, 3, true, &h, NULL, NULL, 0, err, sizeof err)) {
             check(r, -1, "all-reduce", LK_DOC_FAIL, "all-reduce benchmark of %d ranks failed: %s", n, err);
         } else {
             hw.n_ar = h.n_ar;

@@ -347,3 +347,95 @@ void lk_diag_relay_stop(lk_diag_relay *r) {
     pthread_mutex_destroy(&r->mu);
     free(r);
 }
+
+/* ---- --emulate-link: which links of a local cluster, and how --------------------- */
+
+static bool num(const char *s, size_t n, double *v) {
+    char buf[32], *end;
+    if (n == 0 || n >= sizeof buf) return false;
+    memcpy(buf, s, n);
+    buf[n] = 0;
+    *v = strtod(buf, &end);
+    return *end == 0 && *v == *v;
+}
+
+lk_status lk_diag_linkemu_parse(const char *spec, int n_ranks, lk_diag_linkemu *out, char *err, size_t errlen) {
+    memset(out, 0, sizeof *out);
+    const char *want = "want [A-B:]DELAY_US[:RATE_GBPS[:JITTER_US]], comma-separated";
+    if (!spec || !*spec) return lk_fail(err, errlen, LK_ERR_ARG, "--emulate-link: empty (%s)", want);
+    for (const char *p = spec; *p;) {
+        size_t len = strcspn(p, ",");
+        char rule[96];
+        if (len == 0 || len >= sizeof rule)
+            return lk_fail(err, errlen, LK_ERR_ARG, "--emulate-link '%s': an empty or overlong rule (%s)", spec, want);
+        memcpy(rule, p, len);
+        rule[len] = 0;
+        p += len + (p[len] == ',');
+        if (out->n == LK_LINKEMU_MAX_RULES)
+            return lk_fail(err, errlen, LK_ERR_ARG, "--emulate-link: at most %d rules", LK_LINKEMU_MAX_RULES);
+        lk_diag_link_rule r = {.a = -1, .b = -1};
+        const char *f = rule, *colon = strchr(rule, ':'), *dash = strchr(rule, '-');
+        if (dash && (!colon || dash < colon)) { /* A-B: */
+            char *end;
+            long a = strtol(f, &end, 10), b;
+            if (end != dash || !colon) goto bad;
+            b = strtol(dash + 1, &end, 10);
+            if (end != colon || a < 0 || b < 0 || a == b || a > 4096 || b > 4096) goto bad;
+            if (n_ranks > 0 && (a >= n_ranks || b >= n_ranks))
+                return lk_fail(err, errlen, LK_ERR_ARG, "--emulate-link '%s': ranks %ld and %ld, but the cluster has "
+                               "ranks 0..%d", rule, a, b, n_ranks - 1);
+            r.a = (int)LK_MIN(a, b), r.b = (int)LK_MAX(a, b);
+            f = colon + 1;
+        }
+        double v[3] = {0, 0, 0};
+        int k = 0;
+        for (const char *q = f;; k++) {
+            size_t n = strcspn(q, ":");
+            if (k == 3 || !num(q, n, &v[k])) goto bad;
+            if (!q[n]) { k++; break; }
+            q += n + 1;
+        }
+        r.delay_us = v[0], r.rate_gbps = v[1], r.jitter_us = v[2];
+        if (!(r.delay_us >= 0 && r.delay_us <= 10e6 && r.rate_gbps >= 0 && r.rate_gbps <= 10000 && r.jitter_us >= 0 &&
+              r.jitter_us <= r.delay_us))
+            return lk_fail(err, errlen, LK_ERR_ARG, "--emulate-link '%s': delay 0..10000000 us, rate 0 (unlimited)..10000 "
+                           "Gbit/s, jitter 0..the delay", rule);
+        for (int i = 0; i < out->n; i++)
+            if (out->rule[i].a == r.a && out->rule[i].b == r.b)
+                return lk_fail(err, errlen, LK_ERR_ARG, "--emulate-link '%s': that link has two rules", rule);
+        out->rule[out->n++] = r;
+        continue;
+    bad:
+        return lk_fail(err, errlen, LK_ERR_ARG, "--emulate-link: bad rule '%s' (%s)", rule, want);
+    }
+    return LK_OK;
+}
+
+bool lk_diag_linkemu_pair(const lk_diag_linkemu *e, int a, int b, lk_diag_link_rule *out) {
+    const lk_diag_link_rule *def = NULL;
+    int lo = LK_MIN(a, b), hi = LK_MAX(a, b);
+    for (int i = 0; i < e->n; i++) {
+        if (e->rule[i].a == lo && e->rule[i].b == hi) {
+            *out = e->rule[i];
+            return true;
+        }
+        if (e->rule[i].a < 0) def = &e->rule[i];
+    }
+    if (def) *out = *def;
+    return def != NULL;
+}
+
+void lk_diag_linkemu_pair_spec(const lk_diag_linkemu *e, int a, int b, char *buf, size_t len) {
+    lk_diag_link_rule r;
+    if (!lk_diag_linkemu_pair(e, a, b, &r)) snprintf(buf, len, "%s", "");
+    else snprintf(buf, len, "%.17g:%.17g:%.17g", r.delay_us, r.rate_gbps, r.jitter_us);
+}
+
+void lk_diag_link_rule_describe(const lk_diag_link_rule *r, char *buf, size_t len) {
+    int k = snprintf(buf, len, "%g us one-way", r->delay_us);
+    if (k < 0 || (size_t)k >= len) return;
+    if (r->jitter_us > 0) k += snprintf(buf + k, len - (size_t)k, " +- %g us", r->jitter_us);
+    if (k < 0 || (size_t)k >= len) return;
+    if (r->rate_gbps > 0) snprintf(buf + k, len - (size_t)k, ", %g Gbit/s", r->rate_gbps);
+    else snprintf(buf + k, len - (size_t)k, ", rate unlimited");
+}

@@ -130,7 +130,8 @@ lk_status lk_engine_open(const lk_engine_opts *o, lk_engine **out, char *err, si
                                .model_path = o->model_path, .tp = o->tp, .pp = o->pp, .tp_weights = o->tp_weights,
                                .layers_split = o->layers_split, .transport = o->transport, .n_ctx = o->n_ctx,
                                .n_batch = o->n_batch, .n_threads = o->n_threads, .kv_f16 = o->kv_f16, .wire = o->wire,
-                               .seal = o->seal, .max_seqs = max_seqs, .kv_tokens = kv };
+                               .seal = o->seal, .max_seqs = max_seqs, .kv_tokens = kv,
+                               .emulate_link = o->emulate_link };
         if ((st = lk_cluster_open(&co, e->g, &dims, &e->c, &head_slice, err, errlen))) { lk_engine_close(e); return st; }
         slice = &head_slice;
         if (!o->n_threads && o->local > 1) {

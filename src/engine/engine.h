@@ -36,6 +36,7 @@ typedef struct {
     const char *transport;  /* "auto" | "tcp" | "shm" */
     const char *wire;       /* all-reduce wire format: "f32" (default), "f16", "bf16", "q8" */
     bool  seal;             /* seal the cluster's TCP links (--seal) */
+    const char *emulate_link; /* --emulate-link spec (--local only; cluster.h) */
 } lk_engine_opts;
 
 typedef struct lk_engine lk_engine;
