@@ -4,7 +4,10 @@
 # transport and latency, the all-reduce, real decode steps, a verdict and the
 # layout plan recommends); a cluster of two worker daemons where one holds a
 # different model file under the same name (exit 1, the model check fails and
-# names that worker and both identities, the agreeing worker passes); an
+# names that worker and both identities, the agreeing worker passes; the
+# workers' CPU model, clock source, CPUs and free memory, from their
+# handshakes, are this host's; one given more threads than its CPUs is
+# named); an
 # oversubscribed --local cluster (more threads than cores: named). Run from
 # the repository root by tests/run.sh with LOCKSTEP set.
 set -u
@@ -89,6 +92,16 @@ else
     pyt doctor_mismatch_named "$CHK(d, check='model', result='fail', node=2, detail='model mismatch: head has [0-9a-f]+, worker has [0-9a-f]+') == 1"
     pyt doctor_mismatch_others_agree "$CHK(d, check='agreement', result='ok') == 2"
     pyt doctor_mismatch_links 'all(n["transport"] and n["latency_us"] > 0 for n in d["nodes"][1:])'
+    # the workers' own facts, from their handshakes, against this host's (they run here)
+    export CPUM=$(sed -n 's/^model name[[:space:]]*: *//p' /proc/cpuinfo | head -n 1)
+    export CLK=$(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>/dev/null || echo '?')
+    pyt doctor_worker_facts 'all(n["cpu_model"] == __import__("os").environ["CPUM"] and n["clocksource"] == __import__("os").environ["CLK"]
+        and n["cpus"] == d["nodes"][0]["cpus"] and 0.5 < n["mem_avail_gb"] / d["nodes"][0]["mem_avail_gb"] < 2 for n in d["nodes"][1:])'
+    pyt doctor_worker_memory_checked "$CHK(d, check='memory', node=2, result='ok', detail='its share needs [0-9.]+ GB') == 1"
+    # a worker given more threads than its CPUs: named as that node's fault
+    expect doctor_worker_oversubscribed 1 "$L" doctor --workers "127.0.0.1:$PA" --key-file "$T/key" --threads $((NC + 1)) \
+        --iters 20 --json
+    pyt doctor_worker_oversubscribed_named "$CHK(d, check='threads', node=1, result='fail', detail=r'oversubscribed: $((NC + 1)) threads on its $NC CPUs') == 1"
 fi
 
 # ---- run --trace: Chrome trace events of a --local 2 --tp 2 run ------------------------------

@@ -35,6 +35,8 @@ static void print_json(const lk_doctor_report *r) {
         json_object_set_new(j, "protocol", json_integer(n->version));
         json_object_set_new(j, "cpu", json_string(n->cpu));
         json_object_set_new(j, "simd", json_string(n->simd));
+        json_object_set_new(j, "cpu_model", n->cpu_model[0] ? json_string(n->cpu_model) : json_null());
+        json_object_set_new(j, "clocksource", n->clocksource[0] ? json_string(n->clocksource) : json_null());
         json_object_set_new(j, "cpus", n->cores > 0 ? json_integer(n->cores) : json_null());
         json_object_set_new(j, "threads", n->threads > 0 ? json_integer(n->threads) : json_null());
         json_object_set_new(j, "mem_avail_gb", num_or_null(n->mem_avail_gb));
@@ -103,8 +105,10 @@ static void print_text(const lk_doctor_report *r) {
         const lk_doctor_node *n = &r->nodes[i];
         printf("  %d  %-22s ", i, n->addr);
         if (!n->reachable) { printf("not reached\n"); continue; }
+        if (n->cpu_model[0]) printf("%s, ", n->cpu_model);
         printf("%s, build %s", n->cpu[0] ? n->cpu : "cpu ?", n->build[0] ? n->build : "?");
         if (n->cores > 0) printf(", %d CPUs, %d threads/rank, %.2f GB free", n->cores, n->threads, n->mem_avail_gb);
+        if (n->clocksource[0]) printf(", clock %s", n->clocksource);
         if (i > 0 && n->transport[0])
             printf("\n     link: %s, %.1f us one-way (p99 %.1f), %.2f Gbit/s", n->transport, n->lat_us, n->lat_p99_us, n->gbps);
         printf("\n");
@@ -161,7 +165,9 @@ int lk_cmd_doctor(int argc, char **argv) {
                "slow as the best peer's fails); the all-reduce of all ranks at decode's size; the model opened on\n"
                "every rank as run opens it (a worker with another file is named) and 24 real decode steps with\n"
                "their network wait; then plan's model with these figures: a verdict and the layout it ranks first.\n"
-               "Remote workers do not report cores, free memory or their clock (null in --json).\n"
+               "Workers report their CPU model, CPUs, free memory and clock source in the handshake (null in --json\n"
+               "from a worker that does not); a worker's threads beyond its CPUs, or its share beyond its free memory,\n"
+               "fails.\n"
                "Exit status: 0 all checks passed (warnings allowed), 1 a check failed, 2 bad flags.\n");
         return 0;
     }

@@ -22,7 +22,9 @@
  *      back), fresh challenges stop replay. A wrong proof is answered with an
  *      ERROR frame and the connection is closed.
  *   3. INFO both ways: protocol version, build id, CPU features, model
- *      identity (optional: a worker may not have loaded a model yet).
+ *      identity (optional: a worker may not have loaded a model yet), seal
+ *      mode, then the host's facts for doctor (an optional tail: shown,
+ *      never compared; lk_hs_peer.has_facts).
  *   4. VERDICT both ways: each side compares and says "ok" or why not, so a
  *      refusal is printed on both sides with both values, e.g.
  *      "model mismatch: head has 3f2a91c0..., worker has 9bc1d2e4...".
@@ -206,7 +208,19 @@ typedef struct {
     uint8_t  seal_ciphers;     /* the peer's offer (bit per lk_seal_cipher) */
     bool     sealed;           /* the link is sealed: c->link was replaced */
     lk_seal_cipher cipher;     /* ... with this cipher */
+    /* The peer's host, for doctor (shown, never compared; an optional tail
+     * of INFO, so has_facts is false from a peer that does not send it): */
+    bool     has_facts;
+    char     cpu_model[96];    /* /proc/cpuinfo's "model name" */
+    char     clocksource[32];  /* the kernel's current clock source ("tsc") */
+    int32_t  cpus;             /* CPUs it may run on (lk_cpus_usable) */
+    int32_t  threads_default;  /* threads a rank takes there by default (lk_threads_default) */
+    uint64_t mem_avail;        /* bytes it may still get (lk_mem_available) */
 } lk_hs_peer;
+
+/* This host's CPU model name and clock source, as INFO sends them
+ * ("?" when unknown; printable ASCII). */
+void lk_host_facts(char *cpu_model, size_t mlen, char *clocksource, size_t clen);
 
 void lk_hs_defaults(lk_hs_params *p, const uint8_t *key, const char *role);
 /* Runs the whole handshake over a fresh link. On success the channel c is

@@ -48,6 +48,37 @@ const char *lk_cpu_features(void) {
     return buf;
 }
 
+/* The first line of FILE that starts with KEY, after its ':' (or the whole
+ * first line when KEY is NULL), trimmed and made printable ASCII. */
+static void read_fact(const char *file, const char *key, char *out, size_t len) {
+    snprintf(out, len, "?");
+    FILE *f = fopen(file, "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        const char *v = line;
+        if (key) {
+            if (strncmp(line, key, strlen(key))) continue;
+            const char *c = strchr(line, ':');
+            if (!c) continue;
+            v = c + 1;
+        }
+        while (*v == ' ' || *v == '\t') v++;
+        snprintf(out, len, "%s", v);
+        out[strcspn(out, "\n")] = 0;
+        for (char *p = out; *p; p++)
+            if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e) *p = '?';
+        if (!out[0]) snprintf(out, len, "?");
+        break;
+    }
+    fclose(f);
+}
+
+void lk_host_facts(char *cpu_model, size_t mlen, char *clocksource, size_t clen) {
+    read_fact("/proc/cpuinfo", "model name", cpu_model, mlen);
+    read_fact("/sys/devices/system/clocksource/clocksource0/current_clocksource", NULL, clocksource, clen);
+}
+
 /* ---- key ------------------------------------------------------------------------ */
 
 static int hexval(int c) {
@@ -300,6 +331,14 @@ lk_status lk_handshake(lk_chan *c, bool initiator, const lk_hs_params *p, lk_hs_
     /* last and optional: a peer that does not send it does not seal */
     lk_wb_u8(&w, (uint8_t)p->seal);
     lk_wb_u8(&w, my_ciphers(p));
+    /* last and optional too: this host's facts, which doctor shows */
+    char model[96], clk[32];
+    lk_host_facts(model, sizeof model, clk, sizeof clk);
+    lk_wb_str(&w, model);
+    lk_wb_str(&w, clk);
+    lk_wb_u32(&w, (uint32_t)lk_cpus_usable());
+    lk_wb_u32(&w, (uint32_t)lk_threads_default());
+    lk_wb_u64(&w, lk_mem_available());
     LK_ASSERT(w.ok);
     uint32_t ilen = w.len;
     if ((st = lk_chan_send(c, LK_MSG_INFO, ib, w.len, dl, err, errlen))) return st;
@@ -316,6 +355,14 @@ lk_status lk_handshake(lk_chan *c, bool initiator, const lk_hs_params *p, lk_hs_
     uint8_t pseal = r.pos < r.len ? lk_rb_u8(&r) : LK_SEAL_OFF;
     peer->seal = (lk_seal_mode)pseal;
     peer->seal_ciphers = r.pos < r.len ? lk_rb_u8(&r) : 1;
+    if (r.pos < r.len) {
+        lk_rb_str(&r, peer->cpu_model, sizeof peer->cpu_model);
+        lk_rb_str(&r, peer->clocksource, sizeof peer->clocksource);
+        peer->cpus = (int32_t)lk_rb_u32(&r);
+        peer->threads_default = (int32_t)lk_rb_u32(&r);
+        peer->mem_avail = lk_rb_u64(&r);
+        peer->has_facts = r.ok && peer->cpus > 0 && peer->threads_default > 0;
+    }
     if (!r.ok || r.pos != r.len || pseal > LK_SEAL_ON) {
         lk_chan_send_error(c, "malformed INFO frame");
         return lk_fail(err, errlen, LK_ERR_FORMAT, "%s sent a malformed INFO frame", pname);

@@ -230,8 +230,9 @@ typedef struct {
     char   addr[64];          /* "this host" for the head */
     bool   reachable;
     char   build[64], cpu[160], simd[16];
+    char   cpu_model[96], clocksource[32]; /* "" when not reported */
     uint32_t version;
-    int    cores;             /* CPUs it may run on; -1: not reported (a remote worker) */
+    int    cores;             /* CPUs it may run on; -1: not reported (a worker of an older build) */
     int    threads;           /* per rank on this node */
     double mem_avail_gb;      /* -1: not reported */
     double clock_offset_us;   /* NAN: not measured */

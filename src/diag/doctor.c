@@ -73,13 +73,15 @@ static void node_self(const lk_doctor_cfg *cfg, int ranks_here, lk_doctor_report
     snprintf(n->cpu, sizeof n->cpu, "%s", lk_cpu_features());
     simd_of(n->cpu, n->simd, sizeof n->simd);
     n->version = LK_WIRE_VERSION;
+    lk_host_facts(n->cpu_model, sizeof n->cpu_model, n->clocksource, sizeof n->clocksource);
     /* the CPUs this process may run on (affinity, cgroup quota); run's
      * default threads: the physical cores among them, shared by the ranks */
     n->cores = LK_MAX(1, lk_cpus_usable());
     n->threads = cfg->threads > 0 ? cfg->threads : LK_MAX(1, lk_threads_default() / ranks_here);
     n->mem_avail_gb = (double)lk_mem_available() / 1e9;
     n->clock_offset_us = 0;
-    check(r, 0, "cpu", LK_DOC_PASS, "%s: kernels at %s", n->cpu, n->simd);
+    check(r, 0, "cpu", LK_DOC_PASS, "%s (%s), clock source %s: kernels at %s", n->cpu_model, n->cpu, n->clocksource,
+          n->simd);
     int want = n->threads * ranks_here;
     if (want > n->cores)
         check(r, 0, "threads", LK_DOC_FAIL,
@@ -155,11 +157,26 @@ static void node_hello(const lk_doctor_cfg *cfg, int i, lk_doctor_report *r) {
         snprintf(n->cpu, sizeof n->cpu, "%s", peer.cpu);
         simd_of(n->cpu, n->simd, sizeof n->simd);
         n->version = peer.version;
+        if (peer.has_facts) {
+            snprintf(n->cpu_model, sizeof n->cpu_model, "%s", peer.cpu_model);
+            snprintf(n->clocksource, sizeof n->clocksource, "%s", peer.clocksource);
+            n->cores = peer.cpus;
+            n->mem_avail_gb = (double)peer.mem_avail / 1e9;
+            if (n->threads <= 0) n->threads = peer.threads_default; /* what the worker takes without -t */
+        }
         check(r, i, "reachable", LK_DOC_PASS, "%s: authenticated in %.2f ms", n->addr,
               (double)(lk_time_ns() - t0) / 1e6);
         bool same = peer.version == LK_WIRE_VERSION && !strcmp(peer.build_id, lk_build_id());
         check(r, i, "agreement", same ? LK_DOC_PASS : LK_DOC_FAIL, "protocol %u, build %s, cpu %s", peer.version,
               peer.build_id, peer.cpu);
+        if (peer.has_facts && cfg->local <= 1) {
+            check(r, i, "cpu", LK_DOC_PASS, "%s (%s), clock source %s, %d CPUs, %.2f GB free", n->cpu_model, n->cpu,
+                  n->clocksource, n->cores, n->mem_avail_gb);
+            if (n->threads > n->cores)
+                check(r, i, "threads", LK_DOC_FAIL,
+                      "oversubscribed: %d threads on its %d CPUs: a rank that waits for a descheduled thread stalls "
+                      "every all-reduce (use --threads %d)", n->threads, n->cores, n->cores);
+        }
         lk_chan_send(&ch, LK_MSG_BYE, NULL, 0, lk_deadline_ms(1000), err, sizeof err);
     }
     lk_link_close(ch.link);
@@ -416,7 +433,7 @@ void lk_doctor_run(const lk_doctor_cfg *cfg0, lk_doctor_report *r) {
 
     for (int i = 1; i < n; i++) {
         node_hello(&cfg, i, r);
-        if (cfg.local > 1) { /* ranks of this host: its facts, its clock */
+        if (cfg.local > 1) { /* ranks of this host: its cores, its threads per rank, its clock */
             r->nodes[i].cores = r->nodes[0].cores, r->nodes[i].threads = r->nodes[0].threads;
             r->nodes[i].mem_avail_gb = r->nodes[0].mem_avail_gb, r->nodes[i].clock_offset_us = 0;
         }
@@ -499,6 +516,12 @@ void lk_doctor_run(const lk_doctor_cfg *cfg0, lk_doctor_report *r) {
         double need = e.mem_per_node_gb, have = r->nodes[0].mem_avail_gb;
         check(r, 0, "memory", need > have ? LK_DOC_FAIL : LK_DOC_PASS, "%s needs %.3f GB (tp %d x pp %d), %.2f GB free",
               cfg.local > 1 ? "this host's ranks" : "the head's share", need, r->tp, r->pp, have);
+        /* each worker against its share (the fullest rank's: plan's figure), from what its handshake said */
+        for (int i = 1; i < n && cfg.local <= 1; i++)
+            if (r->nodes[i].mem_avail_gb >= 0)
+                check(r, i, "memory", need > r->nodes[i].mem_avail_gb ? LK_DOC_FAIL : LK_DOC_PASS,
+                      "its share needs %.3f GB (tp %d x pp %d), %.2f GB free there", need, r->tp, r->pp,
+                      r->nodes[i].mem_avail_gb);
     }
 
     /* the model through the cluster, and real decode steps: not when a
