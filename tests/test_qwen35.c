@@ -407,18 +407,19 @@ TEST(qwen35moe_session_prefix) {
  * the shape. (By hand, 2026-12-02: llama-server de3ff81 loads this file and
  * gives the same 16 greedy tokens for "Once upon a time" as all three
  * layouts here; llama.cpp is not part of CI.) */
-TEST(qwen35_gen_model_shape) {
+static void check_gen_shape(const char *shape, bool moe) {
     char path[128], cmd[1024], err[LK_ERRLEN];
     snprintf(path, sizeof path, "/tmp/lk-q35-tiny-%d.gguf", (int)getpid());
-    snprintf(cmd, sizeof cmd, "%s gen-model --shape qwen3.5-tiny --type q8_0 -o %s -q -t 1 2>/dev/null", bin(), path);
+    snprintf(cmd, sizeof cmd, "%s gen-model --shape %s --type q8_0 -o %s -q -t 1 2>/dev/null", bin(), shape, path);
     CHECKF(system(cmd) == 0, "'%s' failed", cmd);
     lk_gguf *g = NULL;
     if (lk_gguf_open(path, &g, err, sizeof err)) { CHECKF(0, "%s", err); unlink(path); return; }
     lk_model_config c;
     CHECKF(lk_model_config_read(g, &c, err, sizeof err) == LK_OK, "%s", err);
     CHECKF(c.n_recurrent == 3 && lk_model_layer_recurrent(&c, 0) && !lk_model_layer_recurrent(&c, 3) && c.ssm_nk == 2 &&
-           c.ssm_nv == 4 && c.ssm_dk == 32 && c.ssm_dv == 32 && c.rope_dim == 16 && c.attn_gate && c.shexp_gate &&
-           c.n_ff_shexp == 128, "config read back: %d recurrent, nk %d nv %d rope %d", c.n_recurrent, c.ssm_nk, c.ssm_nv,
+           c.ssm_nv == 4 && c.ssm_dk == 32 && c.ssm_dv == 32 && c.rope_dim == 16 && c.attn_gate && c.shexp_gate == moe &&
+           (moe ? c.n_ff_shexp == 128 && c.n_expert == 8 : c.n_ff == 512 && c.n_expert == 0),
+           "%s config read back: %d recurrent, nk %d nv %d rope %d", shape, c.n_recurrent, c.ssm_nk, c.ssm_nv,
            c.rope_dim);
     lk_gguf_close(g);
     snprintf(cmd, sizeof cmd, "%s info %s", bin(), path);
@@ -440,13 +441,17 @@ TEST(qwen35_gen_model_shape) {
         if (!ref) ref = o;
         else {
             CHECKF(json_equal(json_object_get(o, "generated_ids"), json_object_get(ref, "generated_ids")),
-                   "qwen3.5-tiny %s: tokens differ from one node's", layouts[l]);
+                   "%s %s: tokens differ from one node's", shape, layouts[l]);
             json_decref(o);
         }
     }
     json_decref(ref);
     unlink(path);
 }
+TEST(qwen35_gen_model_shape) { check_gen_shape("qwen3.5-tiny", true); }
+/* The dense Qwen3.5 (architecture qwen35: the same mixers, a SwiGLU FFN
+ * per layer); by hand, llama-server de3ff81 gives the same 16 tokens. */
+TEST(qwen35_dense_gen_model_shape) { check_gen_shape("qwen3.5-dense-tiny", false); }
 
 /* Q4_K_M split: its Q5_K attn_output keeps the 4 attention heads (one
  * 256-block) and so the delta net's key heads on one TP rank; the other
@@ -468,6 +473,7 @@ int main(void) {
     RUN(qwen35moe_f16_split_batched);
     RUN(qwen35moe_session_prefix);
     RUN(qwen35_gen_model_shape);
+    RUN(qwen35_dense_gen_model_shape);
     RUN(qwen35moe_q4_k_m_layouts);
     return lk_test_end();
 }

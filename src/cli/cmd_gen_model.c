@@ -84,6 +84,7 @@ static const shape_t k_shapes[] = {
     {"deepseek2-tiny", "deepseek2", 256, 3, 4, 1, 64, 512, 512, 512, 10000.0f, 1e-6f, false, false, 8, 2, 256, &k_ds_tiny, NULL},
     {"qwen3.5-397b-a17b", "qwen35moe", 4096, 60, 32, 2, 256, 0, 248320, 262144, 1e7f, 1e-6f, false, true, 512, 10, 1024, NULL, &k_q35},
     {"qwen3.5-tiny", "qwen35moe", 256, 4, 4, 2, 64, 0, 512, 512, 1e7f, 1e-6f, false, true, 8, 2, 128, NULL, &k_q35_tiny},
+    {"qwen3.5-dense-tiny", "qwen35", 256, 4, 4, 2, 64, 512, 512, 512, 1e7f, 1e-6f, false, true, 0, 0, 0, NULL, &k_q35_tiny},
 };
 enum { N_SHAPES = sizeof k_shapes / sizeof k_shapes[0] };
 
@@ -487,7 +488,7 @@ int lk_cmd_gen_model(int argc, char **argv) {
     const hyb_t *y = s.hyb;
     if (y) { /* as convert_hf_to_gguf.py writes Qwen3_5MoeForCausalLM (the interval, not the bool array) */
         lk_gguf_writer_set_arr_i32(w, AK("rope.dimension_sections"), y->sections, 4);
-        lk_gguf_writer_set_u32(w, AK("expert_shared_feed_forward_length"), (uint32_t)y->n_ff_shexp);
+        if (s.n_expert) lk_gguf_writer_set_u32(w, AK("expert_shared_feed_forward_length"), (uint32_t)y->n_ff_shexp);
         lk_gguf_writer_set_u32(w, AK("ssm.conv_kernel"), (uint32_t)y->conv);
         lk_gguf_writer_set_u32(w, AK("ssm.state_size"), (uint32_t)y->dk);
         lk_gguf_writer_set_u32(w, AK("ssm.group_count"), (uint32_t)y->nk);

@@ -174,7 +174,8 @@ static lk_status read_rope_scaling(const lk_gguf *g, lk_model_config *c, char *e
 
 /* glm4moe's and qwen35moe's pre-FFN norm is named post_attention_norm */
 static const char *ffn_norm_name(const lk_model_config *c) {
-    return c->arch == LK_ARCH_GLM4MOE || c->arch == LK_ARCH_QWEN35MOE ? "post_attention_norm.weight" : "ffn_norm.weight";
+    return c->arch == LK_ARCH_GLM4MOE || c->arch == LK_ARCH_QWEN35MOE || c->arch == LK_ARCH_QWEN35 ? "post_attention_norm.weight"
+                                                                                                 : "ffn_norm.weight";
 }
 
 /* qwen35moe's hybrid layout (model.h): the delta net's sizes, which layers
@@ -261,12 +262,13 @@ lk_status lk_model_config_read(const lk_gguf *g, lk_model_config *c, char *err, 
     else if (!strcmp(c->arch_name, "glm4moe")) c->arch = LK_ARCH_GLM4MOE;
     else if (!strcmp(c->arch_name, "deepseek2")) c->arch = LK_ARCH_DEEPSEEK2;
     else if (!strcmp(c->arch_name, "qwen35moe")) c->arch = LK_ARCH_QWEN35MOE;
+    else if (!strcmp(c->arch_name, "qwen35")) c->arch = LK_ARCH_QWEN35; /* the dense Qwen3.5: a SwiGLU FFN per layer */
     else {
         char sa[101]; /* the file's bytes, escapes shown escaped */
         lk_str_sanitize(sa, sizeof sa, arch, alen);
         return lk_fail(err, errlen, LK_ERR_UNSUPPORTED,
                        "%s: architecture '%s' is not supported (supported: llama, mistral, qwen2, qwen3, qwen3moe, "
-                       "glm4moe, deepseek2, qwen35moe)", lk_gguf_path(g), sa);
+                       "glm4moe, deepseek2, qwen35, qwen35moe)", lk_gguf_path(g), sa);
     }
     const bool moe = c->arch == LK_ARCH_QWEN3MOE || c->arch == LK_ARCH_GLM4MOE || c->arch == LK_ARCH_DEEPSEEK2 ||
                      c->arch == LK_ARCH_QWEN35MOE;
@@ -416,11 +418,12 @@ lk_status lk_model_config_read(const lk_gguf *g, lk_model_config *c, char *err, 
     c->kq_scale = 1.0f / sqrtf((float)(c->mla ? c->k_head : c->head_dim));
     c->kv_elems = c->mla ? (int64_t)c->kv_lora + c->rope_dim : 2LL * c->n_head_kv * c->head_dim;
     if ((st = read_rope_scaling(g, c, err, errlen))) return st;
-    if (c->arch == LK_ARCH_QWEN35MOE && (st = read_hybrid(g, c, err, errlen))) return st;
+    if ((c->arch == LK_ARCH_QWEN35MOE || c->arch == LK_ARCH_QWEN35) && (st = read_hybrid(g, c, err, errlen))) return st;
     c->rope_neox = c->arch != LK_ARCH_LLAMA && c->arch != LK_ARCH_DEEPSEEK2;
     c->has_qkv_bias = c->arch == LK_ARCH_QWEN2 || c->arch == LK_ARCH_GLM4MOE;
     /* GLM-4.5-Air has no Q/K norms, GLM-4.5 has them: llama.cpp loads them when present */
     c->has_qk_norm = c->arch == LK_ARCH_QWEN3 || c->arch == LK_ARCH_QWEN3MOE || c->arch == LK_ARCH_QWEN35MOE ||
+                     c->arch == LK_ARCH_QWEN35 ||
                      (c->arch == LK_ARCH_GLM4MOE && lk_gguf_find_tensor(g, "blk.0.attn_q_norm.weight"));
     if (moe) {
         char n[64];

@@ -1,6 +1,6 @@
 /* model — architectures (llama, qwen2, qwen3; mistral and TinyLlama are
  * llama; the mixtures of experts qwen3moe, glm4moe and deepseek2 (MLA); the
- * hybrid recurrent qwen35moe, gated delta net + gated attention) as one forward pass over *this rank's slice* of every weight, and
+ * hybrid recurrent qwen35moe and its dense qwen35, gated delta net + gated attention) as one forward pass over *this rank's slice* of every weight, and
  * the KV cache for the slice's KV heads (and the recurrent state of its linear-attention heads).
  *
  * The same code runs one node (slice = everything, no hooks) and every rank
@@ -29,7 +29,7 @@
 #include "kernels/kernels.h"
 
 typedef enum { LK_ARCH_LLAMA, LK_ARCH_QWEN2, LK_ARCH_QWEN3, LK_ARCH_QWEN3MOE, LK_ARCH_GLM4MOE, LK_ARCH_DEEPSEEK2,
-               LK_ARCH_QWEN35MOE } lk_arch;
+               LK_ARCH_QWEN35MOE, LK_ARCH_QWEN35 } lk_arch;
 
 /* How a mixture-of-experts layer turns router logits into expert weights
  * (llama.cpp's expert_gating_func: 1 softmax, 2 sigmoid). */
