@@ -3,7 +3,7 @@
 # slurmctld and slurmd in a private configuration (its own key, socket,
 # ports, state and spool under a temporary folder), then
 # `srun -n 2 --mpi=pmix lockstep run ...` must write exactly what one process
-# writes. SKIPs (saying why) without Slurm/munge (Debian slurmctld, slurmd,
+# writes, also with --transport mpi. SKIPs (saying why) without Slurm/munge (Debian slurmctld, slurmd,
 # slurm-client, munge), without root, without MPI in the build, or when the
 # daemons do not come up. Run from the repository root by tests/run.sh with
 # LOCKSTEP set.
@@ -90,3 +90,7 @@ ok slurm_daemons_up
 if timeout 60 srun -n 2 --mpi=pmix "$L" run -m "$M" -p "Once upon a time" -n 24 --temp 0 >"$T/many.txt" 2>"$T/many.err" &&
    cmp -s "$T/one.txt" "$T/many.txt" && grep -q 'started by srun: rank 0 of 2 is the head' "$T/many.err"; then ok slurm_srun_n2
 else no slurm_srun_n2 "$(head -c 200 "$T/many.txt")" "$(grep -v info "$T/many.err" | tail -n 4)"; fi
+# the data over MPI (--transport mpi) in the same job step kind: the links say so
+if timeout 60 srun -n 2 --mpi=pmix "$L" run -m "$M" -p "Once upon a time" -n 24 --temp 0 --transport mpi >"$T/many.txt" 2>"$T/many.err" &&
+   cmp -s "$T/one.txt" "$T/many.txt" && grep -q 'mpi link to rank 1 (.*): MPI rank 0 -> 1' "$T/many.err"; then ok slurm_srun_n2_transport_mpi
+else no slurm_srun_n2_transport_mpi "$(head -c 200 "$T/many.txt")" "$(grep -v info "$T/many.err" | tail -n 4)"; fi
