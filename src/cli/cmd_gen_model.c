@@ -38,6 +38,14 @@ typedef struct {
     int64_t nk, nv, dk, dv, conv, interval, rope_dim, n_ff_shexp;
     int32_t sections[4];
 } hyb_t;
+/* Gemma 3's additions (gemma3): sliding-window layers (llama.cpp's default
+ * pattern: 5 local, 1 global; no pattern key, as real files), the local
+ * layers' RoPE base, linear scaling on the global ones; post-norms and
+ * per-head q/k norms are implied by the architecture. */
+typedef struct {
+    uint32_t window;
+    float rope_base_swa, rope_scale;
+} gemma_t;
 
 typedef struct {
     const char *name, *arch;
@@ -51,6 +59,7 @@ typedef struct {
     int64_t n_expert, n_expert_used, n_ff_exp;
     const mla_t *mla;   /* deepseek2 only */
     const hyb_t *hyb;   /* qwen35moe only */
+    const gemma_t *gemma; /* gemma3 only */
 } shape_t;
 
 /* DeepSeek-V3 (config.json: q_lora_rank 1536, kv_lora_rank 512,
@@ -69,22 +78,28 @@ static const mla_t k_ds_tiny = {256, 128, 64, 32, 64, 2, 1, 4, 2, 2.827f, 8.0f, 
 static const hyb_t k_q35 = {16, 64, 128, 128, 4, 4, 64, 1024, {11, 11, 10, 0}};
 /* ... and at the synth file's size (tests: the layout without the bool array) */
 static const hyb_t k_q35_tiny = {2, 4, 32, 32, 4, 4, 16, 128, {3, 3, 2, 0}};
+/* Gemma 3 4B/12B/27B (config.json: sliding_window 1024, rope_local_base_freq
+ * 10000, rope_scaling linear factor 8) */
+static const gemma_t k_gemma3 = {1024, 10000.0f, 8.0f};
 
 /* Published hyper-parameters of each model (config.json of the originals). */
 static const shape_t k_shapes[] = {
-    {"tiny", "llama", 256, 2, 8, 2, 32, 768, 512, 2048, 10000.0f, 1e-5f, false, false, 0, 0, 0, NULL, NULL},
-    {"tinyllama-1.1b", "llama", 2048, 22, 32, 4, 64, 5632, 32000, 2048, 10000.0f, 1e-5f, false, false, 0, 0, 0, NULL, NULL},
-    {"llama3.2-1b", "llama", 2048, 16, 32, 8, 64, 8192, 128256, 131072, 500000.0f, 1e-5f, true, false, 0, 0, 0, NULL, NULL},
-    {"llama3-8b", "llama", 4096, 32, 32, 8, 128, 14336, 128256, 8192, 500000.0f, 1e-5f, false, false, 0, 0, 0, NULL, NULL},
-    {"llama3-70b", "llama", 8192, 80, 64, 8, 128, 28672, 128256, 8192, 500000.0f, 1e-5f, false, false, 0, 0, 0, NULL, NULL},
-    {"qwen3-0.6b", "qwen3", 1024, 28, 16, 8, 128, 3072, 151936, 40960, 1e6f, 1e-6f, true, true, 0, 0, 0, NULL, NULL},
-    {"qwen3-8b", "qwen3", 4096, 36, 32, 8, 128, 12288, 151936, 40960, 1e6f, 1e-6f, false, true, 0, 0, 0, NULL, NULL},
-    {"qwen3-30b-a3b", "qwen3moe", 2048, 48, 32, 4, 128, 6144, 151936, 40960, 1e6f, 1e-6f, false, true, 128, 8, 768, NULL, NULL},
-    {"deepseek-v3", "deepseek2", 7168, 61, 128, 1, 128, 18432, 129280, 163840, 10000.0f, 1e-6f, false, false, 256, 8, 2048, &k_dsv3, NULL},
-    {"deepseek2-tiny", "deepseek2", 256, 3, 4, 1, 64, 512, 512, 512, 10000.0f, 1e-6f, false, false, 8, 2, 256, &k_ds_tiny, NULL},
-    {"qwen3.5-397b-a17b", "qwen35moe", 4096, 60, 32, 2, 256, 0, 248320, 262144, 1e7f, 1e-6f, false, true, 512, 10, 1024, NULL, &k_q35},
-    {"qwen3.5-tiny", "qwen35moe", 256, 4, 4, 2, 64, 0, 512, 512, 1e7f, 1e-6f, false, true, 8, 2, 128, NULL, &k_q35_tiny},
-    {"qwen3.5-dense-tiny", "qwen35", 256, 4, 4, 2, 64, 512, 512, 512, 1e7f, 1e-6f, false, true, 0, 0, 0, NULL, &k_q35_tiny},
+    {"tiny", "llama", 256, 2, 8, 2, 32, 768, 512, 2048, 10000.0f, 1e-5f, false, false, 0, 0, 0, NULL, NULL, NULL},
+    {"tinyllama-1.1b", "llama", 2048, 22, 32, 4, 64, 5632, 32000, 2048, 10000.0f, 1e-5f, false, false, 0, 0, 0, NULL, NULL, NULL},
+    {"llama3.2-1b", "llama", 2048, 16, 32, 8, 64, 8192, 128256, 131072, 500000.0f, 1e-5f, true, false, 0, 0, 0, NULL, NULL, NULL},
+    {"llama3-8b", "llama", 4096, 32, 32, 8, 128, 14336, 128256, 8192, 500000.0f, 1e-5f, false, false, 0, 0, 0, NULL, NULL, NULL},
+    {"llama3-70b", "llama", 8192, 80, 64, 8, 128, 28672, 128256, 8192, 500000.0f, 1e-5f, false, false, 0, 0, 0, NULL, NULL, NULL},
+    {"qwen3-0.6b", "qwen3", 1024, 28, 16, 8, 128, 3072, 151936, 40960, 1e6f, 1e-6f, true, true, 0, 0, 0, NULL, NULL, NULL},
+    {"qwen3-8b", "qwen3", 4096, 36, 32, 8, 128, 12288, 151936, 40960, 1e6f, 1e-6f, false, true, 0, 0, 0, NULL, NULL, NULL},
+    {"qwen3-30b-a3b", "qwen3moe", 2048, 48, 32, 4, 128, 6144, 151936, 40960, 1e6f, 1e-6f, false, true, 128, 8, 768, NULL, NULL, NULL},
+    {"deepseek-v3", "deepseek2", 7168, 61, 128, 1, 128, 18432, 129280, 163840, 10000.0f, 1e-6f, false, false, 256, 8, 2048, &k_dsv3, NULL, NULL},
+    {"deepseek2-tiny", "deepseek2", 256, 3, 4, 1, 64, 512, 512, 512, 10000.0f, 1e-6f, false, false, 8, 2, 256, &k_ds_tiny, NULL, NULL},
+    {"qwen3.5-397b-a17b", "qwen35moe", 4096, 60, 32, 2, 256, 0, 248320, 262144, 1e7f, 1e-6f, false, true, 512, 10, 1024, NULL, &k_q35, NULL},
+    {"qwen3.5-tiny", "qwen35moe", 256, 4, 4, 2, 64, 0, 512, 512, 1e7f, 1e-6f, false, true, 8, 2, 128, NULL, &k_q35_tiny, NULL},
+    {"qwen3.5-dense-tiny", "qwen35", 256, 4, 4, 2, 64, 512, 512, 512, 1e7f, 1e-6f, false, true, 0, 0, 0, NULL, &k_q35_tiny, NULL},
+    /* Gemma 3 27B: query_pre_attn_scalar 168 = n_embd / n_head, which
+     * llama.cpp applies to the 62-layer model by itself (no key) */
+    {"gemma-3-27b", "gemma3", 5376, 62, 32, 16, 128, 21504, 262144, 131072, 1e6f, 1e-6f, true, true, 0, 0, 0, NULL, NULL, &k_gemma3},
 };
 enum { N_SHAPES = sizeof k_shapes / sizeof k_shapes[0] };
 
@@ -175,6 +190,7 @@ static int64_t build_tensors(const shape_t *s, uint32_t wtype, gtensor *out) {
         }
         if (y) ADD1(NM("post_attention_norm.weight"), s->n_embd); /* qwen35moe's pre-FFN norm */
         else ADD1(NM("ffn_norm.weight"), s->n_embd);
+        if (s->gemma) ADD1(NM("post_attention_norm.weight"), s->n_embd); /* Gemma's post-norm (order as the converter's) */
         if (s->n_expert && (!x || l >= x->n_dense_lead)) {
             /* the router stays F32, as llama-quantize leaves it */
             ADD2(NM("ffn_gate_inp.weight"), s->n_embd, s->n_expert);
@@ -200,6 +216,7 @@ static int64_t build_tensors(const shape_t *s, uint32_t wtype, gtensor *out) {
             ADD2(NM("ffn_up.weight"), s->n_embd, s->n_ff);
             ADD2(NM("ffn_down.weight"), s->n_ff, s->n_embd);
         }
+        if (s->gemma) ADD1(NM("post_ffw_norm.weight"), s->n_embd);
 #undef NM
     }
     ADD1("output_norm.weight", s->n_embd);
@@ -347,6 +364,7 @@ static void list_shapes(FILE *f) {
                 ", vocab %6" PRId64 "%s", s->name, s->arch, s->n_embd, s->n_layer, s->n_head, s->n_head_kv,
                 s->n_expert ? s->n_ff_exp : s->n_ff, s->n_vocab, s->tied ? ", tied" : "");
         if (s->n_expert) fprintf(f, ", %" PRId64 " of %" PRId64 " experts", s->n_expert_used, s->n_expert);
+        if (s->gemma) fprintf(f, ", window %u on 5 of 6 layers", s->gemma->window);
         fprintf(f, "\n");
     }
 }
@@ -481,6 +499,12 @@ int lk_cmd_gen_model(int argc, char **argv) {
     } else if (s.head_dim * s.n_head != s.n_embd || s.qk_norm) {
         lk_gguf_writer_set_u32(w, AK("attention.key_length"), (uint32_t)s.head_dim);
         lk_gguf_writer_set_u32(w, AK("attention.value_length"), (uint32_t)s.head_dim);
+    }
+    if (s.gemma) {
+        lk_gguf_writer_set_u32(w, AK("attention.sliding_window"), s.gemma->window);
+        lk_gguf_writer_set_f32(w, AK("rope.freq_base_swa"), s.gemma->rope_base_swa);
+        lk_gguf_writer_set_str(w, AK("rope.scaling.type"), "linear");
+        lk_gguf_writer_set_f32(w, AK("rope.scaling.factor"), s.gemma->rope_scale);
     }
     lk_gguf_writer_set_f32(w, AK("attention.layer_norm_rms_epsilon"), s.eps);
     lk_gguf_writer_set_f32(w, AK("rope.freq_base"), s.rope_base);

@@ -144,6 +144,27 @@ static void print_model_facts(const lk_model_config *c) {
         printf("KV cache:     %.0f floats per position and layer, %s per token in F32%s\n", per_layer, kb,
                c->n_recurrent ? " (attention layers only)" : "");
     }
+    if (c->swa_window > 0) {
+        /* the layer kinds, as runs: "0-4 local (window 32), 5 global" */
+        printf("layers:      ");
+        for (int l = 0; l < c->n_layer;) {
+            const bool swa = lk_model_layer_swa(c, l);
+            int e = l;
+            while (e + 1 < c->n_layer && lk_model_layer_swa(c, e + 1) == swa) e++;
+            if (e > l) printf(" %d-%d", l, e);
+            else printf(" %d", l);
+            printf(" %s%s", swa ? "local" : "global", e + 1 < c->n_layer ? "," : "");
+            l = e + 1;
+        }
+        printf(" (sliding window %d positions on the local layers)\n", c->swa_window);
+        printf("rope:         global layers base %g, positions / %g (linear); local layers base %g, unscaled\n",
+               (double)c->rope_base, 1.0 / (double)c->rope_freq_scale, (double)c->rope_base_swa);
+    } else if (c->rope_freq_scale != 1.0f) {
+        printf("rope:         linear scaling: positions divided by %g\n", 1.0 / (double)c->rope_freq_scale);
+    }
+    if (c->logit_softcap > 0 || c->attn_softcap > 0)
+        printf("soft-capping: final logits %g, attention scores %g (0: none)\n", (double)c->logit_softcap,
+               (double)c->attn_softcap);
     if (c->rope_yarn)
         printf("rope:         YaRN x%g (original context %d, beta_fast %g, beta_slow %g), attention scale %.7g "
                "(mscale %.7g)\n", (double)c->yarn_factor, c->yarn_orig_ctx, (double)c->yarn_beta_fast,

@@ -85,5 +85,8 @@ void lk_softmax(float *x, int64_t n);
 bool lk_any_nonfinite(const float *x, int64_t n);
 /* In place out[i] = silu(gate[i]) * up[i]. */
 void lk_swiglu(float *gate, const float *up, int64_t n);
+/* In place out[i] = gelu_tanh(gate[i]) * up[i] as ggml's CPU backend computes
+ * it: the F16-rounded GELU of the F16-rounded input (0 below -10, x above 10). */
+void lk_geglu(float *gate, const float *up, int64_t n);
 
 #endif

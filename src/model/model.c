@@ -166,9 +166,69 @@ static lk_status read_rope_scaling(const lk_gguf *g, lk_model_config *c, char *e
     }
     snprintf(key, sizeof key, "%s.rope.scaling.factor", a);
     /* a deepseek2 file with its YaRN switched off ("none") keeps its factor, unused */
-    const bool off = c->arch == LK_ARCH_DEEPSEEK2 && has && rslen == 4 && !memcmp(rs, "none", 4);
-    if (!off && lk_gguf_get_f64(g, key, &f) && f != 1.0 && f != 0.0)
-        return lk_fail(err, errlen, LK_ERR_UNSUPPORTED, "%s: rope scaling factor %g is not supported yet", lk_gguf_path(g), f);
+    const bool none = has && rslen == 4 && !memcmp(rs, "none", 4);
+    if (!(none && c->arch == LK_ARCH_DEEPSEEK2) && lk_gguf_get_f64(g, key, &f) && f != 1.0 && f != 0.0) {
+        if (none)
+            return lk_fail(err, errlen, LK_ERR_UNSUPPORTED, "%s: rope scaling type none with factor %g is not "
+                           "supported", lk_gguf_path(g), f);
+        /* linear: positions divided by the factor (ggml's freq_scale), on
+         * every layer but the sliding-window ones (lk_model_config) */
+        if (!(f >= 1.0 / 1024 && f <= 1024))
+            return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: rope scaling factor %g out of range", lk_gguf_path(g), f);
+        c->rope_freq_scale = (float)(1.0 / f);
+    }
+    return LK_OK;
+}
+
+/* Gemma 3 (synth README "How llama.cpp computes gemma3"): the window and
+ * which layers use it, the local layers' RoPE base, the embedding scale,
+ * the attention scale (1/sqrt(key_length), but 1/sqrt(n_embd / n_head) for
+ * the 62-layer 27B, as llama.cpp does), optional soft-capping. */
+static lk_status read_gemma3(const lk_gguf *g, lk_model_config *c, char *err, size_t errlen) {
+    const char *a = c->arch_name;
+    int64_t v;
+    double f;
+    char key[160];
+    c->post_norms = c->ffn_gelu = true;
+    c->emb_scale = sqrtf((float)c->n_embd);
+    c->kq_scale = c->n_layer == 62 ? 1.0f / sqrtf((float)(c->n_embd / c->n_head)) : 1.0f / sqrtf((float)c->head_dim);
+    c->rope_base_swa = meta_f64(g, a, "rope.freq_base_swa", &f) ? (float)f : 10000.0f;
+    if (!(c->rope_base_swa > 1))
+        return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: rope.freq_base_swa %g out of range", lk_gguf_path(g),
+                       (double)c->rope_base_swa);
+    if (meta_f64(g, a, "attn_logit_softcapping", &f) && f != 0) {
+        if (!(f > 0 && f < 1e6))
+            return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: attn_logit_softcapping %g out of range", lk_gguf_path(g), f);
+        c->attn_softcap = (float)f;
+    }
+    if (meta_f64(g, a, "final_logit_softcapping", &f) && f != 0) {
+        if (!(f > 0 && f < 1e6))
+            return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: final_logit_softcapping %g out of range", lk_gguf_path(g), f);
+        c->logit_softcap = (float)f;
+    }
+    if (!meta_i64(g, a, "attention.sliding_window", &v) || v == 0) return LK_OK; /* every layer global */
+    if (v < 1 || v > (1 << 24))
+        return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: %s.attention.sliding_window = %lld out of range", lk_gguf_path(g),
+                       a, (long long)v);
+    c->swa_window = (int)v;
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", a);
+    lk_gguf_vtype et;
+    uint64_t n;
+    int64_t pattern = 6;
+    if (lk_gguf_get_arr(g, key, &et, &n)) {
+        if (et != LK_GGUF_BOOL || n != (uint64_t)c->n_layer)
+            return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: %s must be an int or %d bools", lk_gguf_path(g), key,
+                           c->n_layer);
+        const uint8_t *b = lk_gguf_arr_data(g, key); /* GGUF bools are one byte */
+        for (int l = 0; l < c->n_layer; l++)
+            if (b && b[l]) c->swa_bits[l / 64] |= 1ull << (l % 64);
+        return LK_OK;
+    }
+    if (lk_gguf_get_i64(g, key, &pattern) && (pattern < 0 || pattern > c->n_layer + 1))
+        return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: %s = %lld out of range", lk_gguf_path(g), key, (long long)pattern);
+    /* llama.cpp's set_swa_pattern: layer l local iff l % N < N - 1 (0: all local) */
+    for (int l = 0; l < c->n_layer; l++)
+        if (pattern == 0 || l % pattern < pattern - 1) c->swa_bits[l / 64] |= 1ull << (l % 64);
     return LK_OK;
 }
 
@@ -263,12 +323,13 @@ lk_status lk_model_config_read(const lk_gguf *g, lk_model_config *c, char *err, 
     else if (!strcmp(c->arch_name, "deepseek2")) c->arch = LK_ARCH_DEEPSEEK2;
     else if (!strcmp(c->arch_name, "qwen35moe")) c->arch = LK_ARCH_QWEN35MOE;
     else if (!strcmp(c->arch_name, "qwen35")) c->arch = LK_ARCH_QWEN35; /* the dense Qwen3.5: a SwiGLU FFN per layer */
+    else if (!strcmp(c->arch_name, "gemma3")) c->arch = LK_ARCH_GEMMA3;
     else {
         char sa[101]; /* the file's bytes, escapes shown escaped */
         lk_str_sanitize(sa, sizeof sa, arch, alen);
         return lk_fail(err, errlen, LK_ERR_UNSUPPORTED,
                        "%s: architecture '%s' is not supported (supported: llama, mistral, qwen2, qwen3, qwen3moe, "
-                       "glm4moe, deepseek2, qwen35, qwen35moe)", lk_gguf_path(g), sa);
+                       "glm4moe, deepseek2, qwen35, qwen35moe, gemma3)", lk_gguf_path(g), sa);
     }
     const bool moe = c->arch == LK_ARCH_QWEN3MOE || c->arch == LK_ARCH_GLM4MOE || c->arch == LK_ARCH_DEEPSEEK2 ||
                      c->arch == LK_ARCH_QWEN35MOE;
@@ -417,13 +478,17 @@ lk_status lk_model_config_read(const lk_gguf *g, lk_model_config *c, char *err, 
     }
     c->kq_scale = 1.0f / sqrtf((float)(c->mla ? c->k_head : c->head_dim));
     c->kv_elems = c->mla ? (int64_t)c->kv_lora + c->rope_dim : 2LL * c->n_head_kv * c->head_dim;
+    c->rope_freq_scale = 1;
+    c->rope_base_swa = c->rope_base;
+    c->emb_scale = 1;
     if ((st = read_rope_scaling(g, c, err, errlen))) return st;
     if ((c->arch == LK_ARCH_QWEN35MOE || c->arch == LK_ARCH_QWEN35) && (st = read_hybrid(g, c, err, errlen))) return st;
+    if (c->arch == LK_ARCH_GEMMA3 && (st = read_gemma3(g, c, err, errlen))) return st;
     c->rope_neox = c->arch != LK_ARCH_LLAMA && c->arch != LK_ARCH_DEEPSEEK2;
     c->has_qkv_bias = c->arch == LK_ARCH_QWEN2 || c->arch == LK_ARCH_GLM4MOE;
     /* GLM-4.5-Air has no Q/K norms, GLM-4.5 has them: llama.cpp loads them when present */
     c->has_qk_norm = c->arch == LK_ARCH_QWEN3 || c->arch == LK_ARCH_QWEN3MOE || c->arch == LK_ARCH_QWEN35MOE ||
-                     c->arch == LK_ARCH_QWEN35 ||
+                     c->arch == LK_ARCH_QWEN35 || c->arch == LK_ARCH_GEMMA3 ||
                      (c->arch == LK_ARCH_GLM4MOE && lk_gguf_find_tensor(g, "blk.0.attn_q_norm.weight"));
     if (moe) {
         char n[64];
@@ -508,6 +573,10 @@ lk_status lk_model_config_read(const lk_gguf *g, lk_model_config *c, char *err, 
         if (c->has_qk_norm && !rec) {
             T("attn_q_norm.weight", hd, 0, true);
             T("attn_k_norm.weight", hd, 0, true);
+        }
+        if (c->post_norms) {
+            T("post_attention_norm.weight", d, 0, true);
+            T("post_ffw_norm.weight", d, 0, true);
         }
 #undef T
     }
@@ -672,7 +741,7 @@ void lk_model_free(lk_model *m) {
     if (!m) return;
     if (m->arena) munmap(m->arena, m->arena_len);
     if (m->own_pool) lk_pool_free(m->pool);
-    free(m->rope_cos); free(m->rope_sin);
+    free(m->rope_cos); free(m->rope_sin); free(m->rope_cos_swa); free(m->rope_sin_swa);
     free(m->kcache); free(m->vcache);
     free(m->page_ref); free(m->free_pages); free(m->ptab); free(m->seq_len);
     free(m->items); free(m->item_row0); free(m->row_item); free(m->row_pos); free(m->task0); free(m->out_rows);
@@ -811,6 +880,47 @@ static void moe_scratch_alloc(lk_model *m);
  * n_rot turns over the original context. */
 static float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot, float base) {
     return (float)n_dims * logf((float)n_ctx_orig / (n_rot * 2 * 3.14159265358979323846f)) / (2 * logf(base));
+}
+
+/* A RoPE table, computed like ggml: theta_i = pos * base^(-2i/rope_dim)
+ * by repeated multiplication in float, divided by the llama3 factor, times
+ * the linear freq_scale (ggml's theta_interp = freq_scale * theta). */
+static void rope_table(const lk_model_config *c, int n_ctx, float base, float freq_scale, const float *ff, float **cosp,
+                       float **sinp) {
+    const int half = c->rope_dim / 2;
+    float *rc = lk_xmalloc(sizeof(float) * (size_t)n_ctx * half), *rs = lk_xmalloc(sizeof(float) * (size_t)n_ctx * half);
+    const float theta_scale = powf(base, -2.0f / (float)c->rope_dim);
+    /* YaRN (ggml's rope_yarn): pair i mixes theta / factor and theta by
+     * ramp_i = 1 - clamp((i - low) / max(0.001, high - low), 0, 1) over the
+     * correction dims [low, high]; cos and sin carry ggml's magnitude factor
+     * 1 + 0.1 ln(factor) times llama.cpp's attn_factor, its inverse (1 give
+     * or take a rounding: computed as llama.cpp does, in float). */
+    float fs = 1, corr0 = 0, corr1 = 0, ymag = 1;
+    if (c->rope_yarn) {
+        fs = 1.0f / c->yarn_factor;
+        corr0 = LK_MAX(0.0f, floorf(yarn_corr_dim(c->rope_dim, c->yarn_orig_ctx, c->yarn_beta_fast, base)));
+        corr1 = LK_MIN((float)(c->rope_dim - 1), ceilf(yarn_corr_dim(c->rope_dim, c->yarn_orig_ctx, c->yarn_beta_slow, base)));
+        const float mag = 1.0f + 0.1f * logf(1.0f / fs);
+        ymag = (1.0f / mag) * mag;
+    }
+    for (int pos = 0; pos < n_ctx; pos++) {
+        float theta = (float)pos;
+        for (int i = 0; i < half; i++) {
+            float t = ff ? theta / ff[i] : theta;
+            if (c->rope_yarn) {
+                const float y = ((float)i - corr0) / LK_MAX(0.001f, corr1 - corr0);
+                const float ramp = 1 - LK_MIN(1.0f, LK_MAX(0.0f, y));
+                t = fs * t * (1 - ramp) + t * ramp;
+            } else if (freq_scale != 1.0f) {
+                t = freq_scale * t;
+            }
+            rc[(size_t)pos * half + i] = cosf(t) * ymag;
+            rs[(size_t)pos * half + i] = sinf(t) * ymag;
+            theta *= theta_scale;
+        }
+    }
+    *cosp = rc;
+    *sinp = rs;
 }
 
 lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_params *p,
@@ -953,6 +1063,11 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
             w->q_norm = tensor(g, l, "attn_q_norm.weight")->data;
             w->k_norm = tensor(g, l, "attn_k_norm.weight")->data;
         }
+        if (cfg.post_norms) {
+            w->post_attn_norm = tensor(g, l, "post_attention_norm.weight")->data;
+            w->post_ffn_norm = tensor(g, l, "post_ffw_norm.weight")->data;
+        }
+        w->swa = lk_model_layer_swa(&cfg, l);
         m->weight_bytes += mat_bytes(&w->wq) + mat_bytes(&w->wk) + mat_bytes(&w->wv) + mat_bytes(&w->wo) +
                            mat_bytes(&w->w1) + mat_bytes(&w->w2) + mat_bytes(&w->w3);
     }
@@ -981,41 +1096,10 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
         free(mats);
     }
 
-    /* RoPE table, computed like ggml: theta_i = pos * base^(-2i/rope_dim)
-     * by repeated multiplication in float, divided by the llama3 factor. */
-    const int half = cfg.rope_dim / 2;
-    m->rope_cos = lk_xmalloc(sizeof(float) * (size_t)m->n_ctx * half);
-    m->rope_sin = lk_xmalloc(sizeof(float) * (size_t)m->n_ctx * half);
     const float *ff = cfg.has_rope_freqs ? tensor(g, -1, "rope_freqs.weight")->data : NULL;
-    const float theta_scale = powf(cfg.rope_base, -2.0f / (float)cfg.rope_dim);
-    /* YaRN (ggml's rope_yarn): pair i mixes theta / factor and theta by
-     * ramp_i = 1 - clamp((i - low) / max(0.001, high - low), 0, 1) over the
-     * correction dims [low, high]; cos and sin carry ggml's magnitude factor
-     * 1 + 0.1 ln(factor) times llama.cpp's attn_factor, its inverse (1 give
-     * or take a rounding: computed as llama.cpp does, in float). */
-    float fs = 1, corr0 = 0, corr1 = 0, ymag = 1;
-    if (cfg.rope_yarn) {
-        fs = 1.0f / cfg.yarn_factor;
-        corr0 = LK_MAX(0.0f, floorf(yarn_corr_dim(cfg.rope_dim, cfg.yarn_orig_ctx, cfg.yarn_beta_fast, cfg.rope_base)));
-        corr1 = LK_MIN((float)(cfg.rope_dim - 1),
-                       ceilf(yarn_corr_dim(cfg.rope_dim, cfg.yarn_orig_ctx, cfg.yarn_beta_slow, cfg.rope_base)));
-        const float mag = 1.0f + 0.1f * logf(1.0f / fs);
-        ymag = (1.0f / mag) * mag;
-    }
-    for (int pos = 0; pos < m->n_ctx; pos++) {
-        float theta = (float)pos;
-        for (int i = 0; i < half; i++) {
-            float t = ff ? theta / ff[i] : theta;
-            if (cfg.rope_yarn) {
-                const float y = ((float)i - corr0) / LK_MAX(0.001f, corr1 - corr0);
-                const float ramp = 1 - LK_MIN(1.0f, LK_MAX(0.0f, y));
-                t = fs * t * (1 - ramp) + t * ramp;
-            }
-            m->rope_cos[(size_t)pos * half + i] = cosf(t) * ymag;
-            m->rope_sin[(size_t)pos * half + i] = sinf(t) * ymag;
-            theta *= theta_scale;
-        }
-    }
+    rope_table(&cfg, m->n_ctx, cfg.rope_base, cfg.rope_freq_scale, ff, &m->rope_cos, &m->rope_sin);
+    if (cfg.swa_window > 0) /* Gemma 3's local layers: their own base, no scaling */
+        rope_table(&cfg, m->n_ctx, cfg.rope_base_swa, 1.0f, ff, &m->rope_cos_swa, &m->rope_sin_swa);
 
     m->max_seqs = p && p->max_seqs > 0 ? p->max_seqs : 1;
     m->max_pps = (m->n_ctx + LK_KV_PAGE - 1) / LK_KV_PAGE;
@@ -1238,14 +1322,20 @@ lk_status lk_model_embed(lk_model *m, const int32_t *tokens, int n, float *x) {
     LK_ASSERT(lk_type_row_bytes(e->type, (int64_t)e->ne[0], &rb));
     for (int t = 0; t < n; t++) {
         LK_ASSERT(tokens[t] >= 0 && tokens[t] < m->cfg.n_vocab); /* callers validate ids */
-        lk_dequantize_row((lk_type)e->type, (const char *)e->data + (size_t)tokens[t] * rb, x + (size_t)t * m->cfg.n_embd, m->cfg.n_embd);
+        float *xt = x + (size_t)t * m->cfg.n_embd;
+        lk_dequantize_row((lk_type)e->type, (const char *)e->data + (size_t)tokens[t] * rb, xt, m->cfg.n_embd);
+        if (m->cfg.emb_scale != 1.0f)
+            for (int64_t i = 0; i < m->cfg.n_embd; i++) xt[i] *= m->cfg.emb_scale;
     }
     return LK_OK;
 }
 
-static void rope(const lk_model *m, float *v, int pos) {
+/* Rotates v (one head) to position pos; swa: with the sliding-window
+ * layers' table. */
+static void rope_at(const lk_model *m, bool swa, float *v, int pos) {
     const int half = m->cfg.rope_dim / 2;
-    const float *c = m->rope_cos + (size_t)pos * half, *s = m->rope_sin + (size_t)pos * half;
+    const float *c = (swa ? m->rope_cos_swa : m->rope_cos) + (size_t)pos * half,
+                *s = (swa ? m->rope_sin_swa : m->rope_sin) + (size_t)pos * half;
     if (m->cfg.rope_neox) {
         for (int i = 0; i < half; i++) {
             float a = v[i], b = v[i + half];
@@ -1260,6 +1350,7 @@ static void rope(const lk_model *m, float *v, int pos) {
         }
     }
 }
+static void rope(const lk_model *m, float *v, int pos) { rope_at(m, false, v, pos); }
 
 typedef struct {
     lk_model *m;
@@ -1279,6 +1370,23 @@ static size_t kv_page(const lk_model *m, int seq, int j, int li, int h) {
     return kv_page_kv(m, seq, j, li, (m->sl.head0 + h) / group - m->sl.kv_head0);
 }
 
+/* The first position a query at pos sees in layer li: pos - window + 1
+ * in a sliding-window layer (llama.cpp masks key j when pos - j >= window),
+ * else 0. */
+static int attn_lo(const lk_model *m, int li, int pos) {
+    return m->layers[li].swa ? LK_MAX(0, pos - m->cfg.swa_window + 1) : 0;
+}
+
+/* Scores of one query over [lo, npos): scaled, soft-capped (Gemma 2 style,
+ * when the file asks), then the softmax. */
+static void attn_softmax(const lk_model *m, float *sc, int lo, int npos) {
+    const float scale = m->cfg.kq_scale, cap = m->cfg.attn_softcap;
+    for (int p = lo; p < npos; p++) sc[p] *= scale;
+    if (cap > 0)
+        for (int p = lo; p < npos; p++) sc[p] = cap * tanhf(sc[p] / cap);
+    lk_softmax(sc + lo, npos - lo);
+}
+
 /* F16 cache: one task per (row, head), pages walked in order (the same
  * arithmetic as one contiguous cache). Tasks are dealt round-robin: a row
  * attends to pos+1 positions, so contiguous ranges gave the last thread
@@ -1287,25 +1395,24 @@ static void attn_f16_fn(void *arg, int ith, int nth) {
     attn_job *j = arg;
     lk_model *m = j->m;
     const int hd = m->ahd;
-    const float scale = m->cfg.kq_scale;
     const uint16_t *vcache = m->vcache ? m->vcache : m->kcache; /* MLA: values lead each latent row */
     float *sc = m->scores + (size_t)ith * ATT_QB * m->n_ctx;
     for (int64_t task = ith; task < (int64_t)m->n_rows * m->nh; task += nth) {
         int t = (int)(task / m->nh), h = (int)(task % m->nh);
-        int seq = m->items[m->row_item[t]].seq, npos = m->row_pos[t] + 1;
+        int seq = m->items[m->row_item[t]].seq, npos = m->row_pos[t] + 1, lo = attn_lo(m, j->li, m->row_pos[t]);
         const float *q = m->q + ((size_t)t * m->nh + h) * hd;
-        for (int pg = 0; pg * LK_KV_PAGE < npos; pg++) {
+        for (int pg = lo / LK_KV_PAGE; pg * LK_KV_PAGE < npos; pg++) {
             const uint16_t *k = (const uint16_t *)m->kcache + kv_page(m, seq, pg, j->li, h);
-            int np = LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE);
-            for (int p = 0; p < np; p++) sc[pg * LK_KV_PAGE + p] = lk_vec_dot_f16(q, k + (size_t)p * hd, hd) * scale;
+            int p0 = LK_MAX(lo - pg * LK_KV_PAGE, 0), np = LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE);
+            for (int p = p0; p < np; p++) sc[pg * LK_KV_PAGE + p] = lk_vec_dot_f16(q, k + (size_t)p * hd, hd);
         }
-        lk_softmax(sc, npos);
+        attn_softmax(m, sc, lo, npos);
         float *out = m->att + ((size_t)t * m->nh + h) * hd;
         memset(out, 0, sizeof(float) * hd);
-        for (int pg = 0; pg * LK_KV_PAGE < npos; pg++) {
+        for (int pg = lo / LK_KV_PAGE; pg * LK_KV_PAGE < npos; pg++) {
             const uint16_t *v = vcache + kv_page(m, seq, pg, j->li, h);
-            int np = LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE);
-            for (int p = 0; p < np; p++) lk_vec_axpy_f16(out, sc[pg * LK_KV_PAGE + p], v + (size_t)p * hd, hd);
+            int p0 = LK_MAX(lo - pg * LK_KV_PAGE, 0), np = LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE);
+            for (int p = p0; p < np; p++) lk_vec_axpy_f16(out, sc[pg * LK_KV_PAGE + p], v + (size_t)p * hd, hd);
         }
     }
 }
@@ -1315,13 +1422,13 @@ static void attn_f16_fn(void *arg, int ith, int nth) {
  * are F32 matrix products, one per page (keys as weight rows, queries as
  * tokens), instead of one short dot-product call per (query, key):
  * attention was a third of a 512-token prefill. Scores past a query's
- * causal limit are computed and ignored. Blocks never mix sequences, so a
- * row's arithmetic depends on its own sequence only. */
+ * causal limit (or before its sliding window) are computed and ignored.
+ * Blocks never mix sequences, so a row's arithmetic depends on its own
+ * sequence only. */
 static void attn_block_fn(void *arg, int ith, int nth) {
     attn_job *j = arg;
     lk_model *m = j->m;
     const int hd = m->ahd;
-    const float scale = m->cfg.kq_scale;
     /* MLA: the values are the first kv_lora of each latent row; the sums run
      * over whole rows (ahd) and the rope tail of the result is unused */
     const float *vcache = m->vcache ? m->vcache : m->kcache;
@@ -1334,25 +1441,25 @@ static void attn_block_fn(void *arg, int ith, int nth) {
         const int64_t local = task - m->task0[it];
         const int qb = (int)(local / m->nh), h = (int)(local % m->nh);
         const int t0 = qb * ATT_QB, t1 = LK_MIN(item->n, t0 + ATT_QB), r0 = m->item_row0[it];
-        const int nmax = item->pos0 + t1;
-        for (int pg = 0; pg * LK_KV_PAGE < nmax; pg++)
+        const int nmax = item->pos0 + t1, pg0 = attn_lo(m, j->li, item->pos0 + t0) / LK_KV_PAGE;
+        for (int pg = pg0; pg * LK_KV_PAGE < nmax; pg++)
             lk_quant_matmul(LK_TYPE_F32, hd, LK_MIN(LK_KV_PAGE, nmax - pg * LK_KV_PAGE),
                             (const float *)m->kcache + kv_page(m, item->seq, pg, j->li, h), sizeof(float) * (size_t)hd,
                             t1 - t0, m->q + ((size_t)(r0 + t0) * m->nh + h) * hd, sizeof(float) * (size_t)m->nh * hd,
                             S + (size_t)pg * LK_KV_PAGE, (size_t)m->n_ctx);
         for (int t = t0; t < t1; t++) {
             float *sc = S + (size_t)(t - t0) * m->n_ctx;
-            int npos = item->pos0 + t + 1;
-            for (int p = 0; p < npos; p++) sc[p] *= scale;
-            lk_softmax(sc, npos);
-            for (int p = npos; p < nmax; p++) sc[p] = 0; /* beyond its causal limit */
+            int npos = item->pos0 + t + 1, lo = attn_lo(m, j->li, item->pos0 + t);
+            attn_softmax(m, sc, lo, npos);
+            for (int p = pg0 * LK_KV_PAGE; p < lo; p++) sc[p] = 0;  /* before its window */
+            for (int p = npos; p < nmax; p++) sc[p] = 0;            /* beyond its causal limit */
         }
         /* weighted sums of values, 4 queries per pass over each page's value rows */
         for (int t = t0; t < t1; t += 4) {
             int nq = LK_MIN(4, t1 - t), npos = item->pos0 + t + nq;
             float *out = m->att + ((size_t)(r0 + t) * m->nh + h) * hd;
             for (int q = 0; q < nq; q++) memset(out + (size_t)q * m->nh * hd, 0, sizeof(float) * hd);
-            for (int pg = 0; pg * LK_KV_PAGE < npos; pg++)
+            for (int pg = pg0; pg * LK_KV_PAGE < npos; pg++)
                 lk_vec_attn_av_f32(out, (size_t)m->nh * hd, S + (size_t)(t - t0) * m->n_ctx + (size_t)pg * LK_KV_PAGE,
                                    (size_t)m->n_ctx, vcache + kv_page(m, item->seq, pg, j->li, h),
                                    LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE), nq, hd);
@@ -1403,11 +1510,11 @@ static void attention(lk_model *m, int li, const float *x) {
         }
         for (int h = 0; h < m->nh; h++) {
             if (w->q_norm) lk_rmsnorm(q + h * hd, q + h * hd, w->q_norm, hd, c->rms_eps);
-            rope(m, q + h * hd, pos);
+            rope_at(m, w->swa, q + h * hd, pos);
         }
         for (int h = 0; h < m->nkv; h++) {
             if (w->k_norm) lk_rmsnorm(k + h * hd, k + h * hd, w->k_norm, hd, c->rms_eps);
-            rope(m, k + h * hd, pos);
+            rope_at(m, w->swa, k + h * hd, pos);
             size_t at = kv_page_kv(m, seq, pos / LK_KV_PAGE, li, h) + (size_t)(pos % LK_KV_PAGE) * hd;
             if (m->kv_f16) {
                 uint16_t *kc = (uint16_t *)m->kcache + at, *vc = (uint16_t *)m->vcache + at;
@@ -1539,7 +1646,22 @@ static void attention_mla(lk_model *m, int li, const float *x) {
     lk_matmul(m->pool, &w->wo, m->mvo, nh * vh, n, m->o, d, m->act);
 }
 
-/* This rank's share of the FFN: o = W2_slice . (silu(W1_slice x) * W3_slice x). */
+typedef struct {
+    lk_model *m;
+    int n;
+} ffn_job;
+
+/* hg = gelu(hg) * hu over the batch's n rows, cut on ROW_ALIGN. */
+static void geglu_fn(void *arg, int ith, int nth) {
+    ffn_job *j = arg;
+    const int64_t total = (int64_t)j->n * j->m->nff;
+    int64_t a, b;
+    lk_split_range(total, ROW_ALIGN, ith, nth, &a, &b);
+    if (b > a) lk_geglu(j->m->hg + a, j->m->hu + a, b - a);
+}
+
+/* This rank's share of the FFN: o = W2_slice . (silu(W1_slice x) * W3_slice x)
+ * (Gemma: gelu_tanh instead of silu). */
 static void ffn(lk_model *m, int li, const float *x, int n) {
     const layer_w *w = &m->layers[li];
     const int64_t d = m->cfg.n_embd;
@@ -1549,14 +1671,20 @@ static void ffn(lk_model *m, int li, const float *x, int n) {
     }
     for (int t = 0; t < n; t++) lk_rmsnorm(m->xb + t * d, x + t * d, w->ffn_norm, d, m->cfg.rms_eps);
     const lk_mat *gu[2] = {&w->w1, &w->w3};
+    const bool gelu = m->cfg.ffn_gelu;
     if (lk_matmul_can_fuse(gu, 2)) {
         float *const ys[2] = {m->hg, m->hu};
         const int64_t ss[2] = {m->nff, m->nff};
-        lk_matmul_fused(m->pool, gu, 2, m->xb, d, n, ys, ss, true, m->act);
+        lk_matmul_fused(m->pool, gu, 2, m->xb, d, n, ys, ss, !gelu, m->act);
     } else {
         lk_matmul(m->pool, &w->w1, m->xb, d, n, m->hg, m->nff, m->act);
         lk_matmul(m->pool, &w->w3, m->xb, d, n, m->hu, m->nff, m->act);
-        lk_swiglu(m->hg, m->hu, (int64_t)n * m->nff);
+        if (!gelu) lk_swiglu(m->hg, m->hu, (int64_t)n * m->nff);
+    }
+    if (gelu) {
+        ffn_job fj = { m, n };
+        if ((int64_t)n * m->nff >= 4096) lk_pool_run(m->pool, geglu_fn, &fj);
+        else geglu_fn(&fj, 0, 1);
     }
     lk_matmul(m->pool, &w->w2, m->hg, m->nff, n, m->o, d, m->act);
 }
@@ -1873,6 +2001,14 @@ static bool add_nonfinite(float *x, const float *o, int64_t n) {
     return lk_any_nonfinite(x, n);
 }
 
+/* Gemma's post-norms: o = rmsnorm(o) * w per row, after the all-reduce
+ * (every rank then holds the whole sum), before the residual add. */
+static void post_norm(lk_model *m, const float *w, int n) {
+    if (!w) return;
+    const int64_t d = m->cfg.n_embd;
+    for (int t = 0; t < n; t++) lk_rmsnorm(m->o + t * d, m->o + t * d, w, d, m->cfg.rms_eps);
+}
+
 lk_status lk_model_layers(lk_model *m, float *x) {
     LK_ASSERT(m->n_rows > 0); /* lk_model_batch first */
     const int n = m->n_rows;
@@ -1885,10 +2021,12 @@ lk_status lk_model_layers(lk_model *m, float *x) {
         else if (m->cfg.mla) attention_mla(m, li, x);
         else attention(m, li, x);
         if ((st = allreduce(m, m->o, nd, layer, "attention output all-reduce"))) return st;
+        post_norm(m, m->layers[li].post_attn_norm, n);
         if (add_nonfinite(x, m->o, nd) && m->bad_layer < 0) m->bad_layer = layer, m->bad_ffn = false;
         if (m->layers[li].moe) moe_ffn(m, li, x, n);
         else ffn(m, li, x, n);
         if ((st = allreduce(m, m->o, nd, layer, "FFN output all-reduce"))) return st;
+        post_norm(m, m->layers[li].post_ffn_norm, n);
         if (add_nonfinite(x, m->o, nd) && m->bad_layer < 0) m->bad_layer = layer, m->bad_ffn = true;
     }
     return LK_OK;
@@ -1907,6 +2045,9 @@ lk_status lk_model_logits(lk_model *m, const float *x, const int32_t *rows, int 
         lk_rmsnorm(m->xb + t * d, x + (size_t)rows[t] * d, m->out_norm, d, m->cfg.rms_eps);
     }
     lk_matmul(m->pool, &m->wout, m->xb, d, n_rows, logits, m->nvoc, m->act);
+    const float cap = m->cfg.logit_softcap;
+    if (cap > 0)
+        for (int64_t i = 0; i < (int64_t)n_rows * m->nvoc; i++) logits[i] = cap * tanhf(logits[i] / cap);
     return LK_OK;
 }
 

@@ -29,7 +29,9 @@
 #include "kernels/kernels.h"
 
 typedef enum { LK_ARCH_LLAMA, LK_ARCH_QWEN2, LK_ARCH_QWEN3, LK_ARCH_QWEN3MOE, LK_ARCH_GLM4MOE, LK_ARCH_DEEPSEEK2,
-               LK_ARCH_QWEN35MOE, LK_ARCH_QWEN35 } lk_arch;
+               LK_ARCH_QWEN35MOE, LK_ARCH_QWEN35, LK_ARCH_GEMMA3 } lk_arch;
+
+enum { LK_MAX_LAYERS = 4096 };
 
 /* How a mixture-of-experts layer turns router logits into expert weights
  * (llama.cpp's expert_gating_func: 1 softmax, 2 sigmoid). */
@@ -108,6 +110,22 @@ typedef struct {
     int     ssm_conv, ssm_nk, ssm_nv, ssm_dk, ssm_dv;
     uint64_t recurrent[64];    /* bit l: layer l is a gated delta net (n_layer <= 4096) */
     bool    attn_gate, shexp_gate;
+    /* Gemma 3: sliding-window ("local") layers, where the query at position
+     * p sees the keys p - swa_window + 1 .. p, marked in swa_bits (layer l
+     * local iff bit l; from attention.sliding_window_pattern, an int N: l
+     * local iff l % N < N - 1, or a bool per layer; llama.cpp's gemma3
+     * default when the key is absent is N = 6). Local layers rotate with
+     * rope_base_swa and no scaling; global layers with rope_base and the
+     * linear rope_freq_scale (1 / rope.scaling.factor). swa_window 0: none. */
+    int     swa_window;
+    uint64_t swa_bits[LK_MAX_LAYERS / 64];
+    float   rope_base_swa;
+    float   rope_freq_scale;  /* linear scaling (1: none); every layer without SWA */
+    float   emb_scale;        /* x = token_embd[t] * emb_scale (1: none; Gemma: sqrt(n_embd)) */
+    bool    post_norms;       /* Gemma: o = rmsnorm(o) * post_{attention,ffw}_norm before the residual add */
+    bool    ffn_gelu;         /* GELU-tanh gated FFN (ggml's F16 table) instead of SwiGLU */
+    float   attn_softcap;     /* scores = cap * tanh(scores / cap) (0: none) */
+    float   logit_softcap;    /* logits = cap * tanh(logits / cap) (0: none) */
 } lk_model_config;
 
 static inline bool lk_model_layer_moe(const lk_model_config *c, int l) { return c->n_expert > 0 && l >= c->n_dense_lead; }
@@ -117,6 +135,9 @@ static inline bool lk_model_layer_recurrent(const lk_model_config *c, int l) {
 /* Channels of the delta net's convolution (q, k, v): the whole model's. */
 static inline int64_t lk_model_ssm_channels(const lk_model_config *c) {
     return 2LL * c->ssm_nk * c->ssm_dk + (int64_t)c->ssm_nv * c->ssm_dv;
+}
+static inline bool lk_model_layer_swa(const lk_model_config *c, int l) {
+    return c->swa_window > 0 && l >= 0 && l < LK_MAX_LAYERS && (c->swa_bits[l / 64] >> (l % 64) & 1);
 }
 
 /* Reads the configuration from metadata and checks every tensor exists with

@@ -18,6 +18,8 @@ typedef struct { lk_mat w1, w3, w2; } ffn_w;
 typedef struct {
     const float *attn_norm, *ffn_norm;     /* (d) */
     const float *q_norm, *k_norm;          /* (hd) qwen3 */
+    const float *post_attn_norm, *post_ffn_norm; /* (d) Gemma's post-norms, or NULL */
+    bool swa;                              /* a sliding-window layer (lk_model_layer_swa) */
     const float *bq, *bk, *bv;             /* (H*hd), (KV*hd) qwen2, already offset to the slice */
     lk_mat wq, wk, wv, wo, w1, w2, w3;
     /* MLA (deepseek2; model.h): the two LoRA-down projections are whole on
@@ -99,6 +101,7 @@ struct lk_model {
     lk_mat wout;
     layer_w *layers;        /* (layer1 - layer0) */
     float *rope_cos, *rope_sin; /* (n_ctx, rope_dim/2) */
+    float *rope_cos_swa, *rope_sin_swa; /* (n_ctx, rope_dim/2) the sliding-window layers' (Gemma 3), or NULL */
     /* KV cache: n_pages pages of (layers here, KV heads here, LK_KV_PAGE, ahd)
      * keys and as many values, F32 or F16. ahd is head_dim, or for MLA the
      * latent row [c | rope(k_pe)] (kv_lora + rope_dim): then there is no

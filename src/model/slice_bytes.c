@@ -181,7 +181,8 @@ lk_status lk_model_slice_bytes(const lk_gguf *g, const lk_slice *s, lk_ranges *o
     for (int l = s->layer0; l < s->layer1; l++) {
         whole(&w, find(&w, l, "attn_norm.weight"));
         whole(&w, find(&w, l, "ffn_norm.weight"));
-        whole(&w, find(&w, l, "post_attention_norm.weight")); /* glm4moe's pre-FFN norm */
+        whole(&w, find(&w, l, "post_attention_norm.weight")); /* glm4moe's pre-FFN norm, Gemma's post-norm */
+        whole(&w, find(&w, l, "post_ffw_norm.weight"));       /* Gemma */
         if (c.mla && s->head1 > s->head0) {
             /* the latent projections are whole on every rank with heads, the per-head ones cut by head */
             const int64_t kl = c.kv_lora;
