@@ -326,6 +326,114 @@ TEST(gemma3_batch_invariant_and_no_allocation) {
     lk_gguf_close(g);
 }
 
+/* ---- the sliding-window layers' ring (model.h) ---- */
+
+/* Feeds tokens[0..n) to slot seq in chunks of at most `chunk`, keeping the
+ * last row's logits. */
+static void feed(lk_model *m, int seq, const int32_t *tokens, int n, int chunk, float *last) {
+    char err[LK_ERRLEN];
+    for (int done = 0; done < n;) {
+        const int k = LK_MIN(chunk, n - done);
+        lk_batch_item it = { seq, lk_model_seq_len(m, seq), k };
+        CHECKF(lk_model_batch(m, &it, 1, err, sizeof err) == LK_OK, "%s", err);
+        lk_model_embed(m, tokens + done, k, lk_model_hidden(m));
+        CHECK(lk_model_layers(m, lk_model_hidden(m)) == LK_OK);
+        int32_t row = k - 1;
+        lk_model_logits(m, lk_model_hidden(m), &row, 1, last);
+        done += k;
+    }
+}
+
+/* With a batch of 16 the local layers keep a ring of ceil((32 - 1 + 16) /
+ * 32) + 1 = 3 pages (96 positions) per slot whatever the context: the
+ * cache's bytes say so, and every reference prompt (prompt 4 and the
+ * continuations run past 96 positions, so the ring wraps) gives the bits
+ * of a model whose local layers keep every position (batch 256: a ring as
+ * large as the context is none), hence llama.cpp's tokens. */
+TEST(gemma3_window_ring) {
+    char err[LK_ERRLEN];
+    lk_gguf *g = NULL;
+    if (lk_gguf_open(lk_td(f16.gguf), &g, err, sizeof err)) { CHECKF(0, "%s", err); return; }
+    json_error_t je;
+    json_t *ref = json_load_file(lk_td(f16.json), JSON_ALLOW_NUL, &je);
+    CHECKF(ref, "%s", je.text);
+    lk_model_params pr = { .n_ctx = 256, .n_batch = 16, .max_seqs = 2, .n_threads = 2 },
+                    pf = { .n_ctx = 256, .n_batch = 256, .max_seqs = 2, .n_threads = 2 },
+                    pl = { .n_ctx = 2048, .n_batch = 16, .max_seqs = 2, .n_threads = 1 };
+    lk_model *mr = NULL, *mf = NULL, *ml = NULL;
+    CHECKF(lk_model_load(g, NULL, &pr, &mr, err, sizeof err) == LK_OK, "%s", err);
+    CHECKF(lk_model_load(g, NULL, &pf, &mf, err, sizeof err) == LK_OK, "%s", err);
+    CHECKF(lk_model_load(g, NULL, &pl, &ml, err, sizeof err) == LK_OK, "%s", err);
+    if (!mr || !mf || !ml || !ref) goto out;
+    /* pages: 1 global layer x 1 KV head x 32 x 64 floats, K and V, for
+     * 2 x 256 positions; rings: 2 slots x 3 pages x 5 local layers */
+    const uint64_t page = 2ull * 32 * 64 * 4, want = 16 * page + 2 * 3 * 5 * page;
+    CHECKF(lk_model_kv_bytes(mr) == want, "ring model: %llu KV bytes, want %llu",
+           (unsigned long long)lk_model_kv_bytes(mr), (unsigned long long)want);
+    CHECKF(lk_model_kv_bytes(mf) == 16 * 6 * page, "full model: %llu KV bytes", (unsigned long long)lk_model_kv_bytes(mf));
+    /* 8x the context: 8x the global layer's pages, the same rings */
+    CHECKF(lk_model_kv_bytes(ml) == 128 * page + 2 * 3 * 5 * page, "long context: %llu KV bytes",
+           (unsigned long long)lk_model_kv_bytes(ml));
+    const int64_t nv = lk_model_cfg(mr)->n_vocab;
+    float *lr = malloc(sizeof(float) * nv), *lf = malloc(sizeof(float) * nv);
+    int steps = 0, same = 0, tokens = 0;
+    size_t ci;
+    json_t *c;
+    json_array_foreach(json_object_get(ref, "cases"), ci, c) {
+        CHECK(lk_model_seq_keep(mr, 0, 0, err, sizeof err) == LK_OK && lk_model_seq_keep(mf, 0, 0, err, sizeof err) == LK_OK);
+        json_t *jids = json_object_get(c, "prompt_token_ids"), *want_ids = json_object_get(c, "generated_token_ids");
+        int n = (int)json_array_size(jids);
+        int32_t toks[256];
+        for (int i = 0; i < n; i++) toks[i] = (int32_t)json_integer_value(json_array_get(jids, i));
+        feed(mr, 0, toks, n, 16, lr);
+        feed(mf, 0, toks, n, 16, lf);
+        const int upto = comparable(c, &f16);
+        bool agree = true;
+        for (int k = 0; k < (int)json_array_size(want_ids); k++) {
+            steps++;
+            agree &= !memcmp(lr, lf, sizeof(float) * (size_t)nv);
+            same += agree;
+            int32_t best = argmax(lr, nv), w = (int32_t)json_integer_value(json_array_get(want_ids, (size_t)k));
+            if (k < upto) {
+                CHECKF(best == w || k == upto - 1, "case %zu step %d: %d, llama.cpp %d", ci, k, best, w);
+                tokens += best == w;
+            }
+            feed(mr, 0, &w, 1, 1, lr); /* llama.cpp's token, so the ring goes on past a near-tie */
+            feed(mf, 0, &w, 1, 1, lf);
+        }
+        CHECKF(agree, "case %zu: the ring's logits differ from the full cache's", ci);
+    }
+    printf("  ring of 3 pages (96 positions) per slot: %d/%d steps with the full cache's bits, %d greedy tokens as "
+           "llama.cpp; KV %llu bytes (2048 positions of context: %llu, full cache %llu)\n", same, steps, tokens,
+           (unsigned long long)lk_model_kv_bytes(mr), (unsigned long long)lk_model_kv_bytes(ml),
+           (unsigned long long)lk_model_kv_bytes(mf));
+    /* slot 0 now holds prompt 4 and 48 tokens (99 positions, pages 0-3) in
+     * a ring of 3: page 0 is gone */
+    CHECK(lk_model_seq_len(mr, 0) == 99);
+    CHECK(lk_model_seq_can_keep(mr, 0, 99) && lk_model_seq_can_keep(mr, 0, 64) && !lk_model_seq_can_keep(mr, 0, 40));
+    lk_status st = lk_model_seq_fork(mr, 1, 0, 40, err, sizeof err);
+    CHECKF(st == LK_ERR_ARG && strstr(err, "sliding-window") && strstr(err, "recompute"), "fork at 40: %d %s", st, err);
+    st = lk_model_seq_keep(mr, 0, 20, err, sizeof err);
+    CHECKF(st == LK_ERR_ARG && lk_model_seq_len(mr, 0) == 99, "keep 20: %d %s", st, err);
+    /* a fork within reach: the copy continues exactly as the original */
+    CHECKF(lk_model_seq_fork(mr, 1, 0, 90, err, sizeof err) == LK_OK, "%s", err);
+    CHECK(lk_model_seq_keep(mr, 0, 90, err, sizeof err) == LK_OK);
+    int32_t next[3] = { 300, 17, 450 };
+    feed(mr, 0, next, 3, 16, lr);
+    feed(mr, 1, next, 3, 16, lf);
+    CHECKF(!memcmp(lr, lf, sizeof(float) * (size_t)nv), "the fork's logits differ from the original's");
+    CHECK(!lk_model_seq_can_keep(mr, 1, 50)); /* the fork holds pages 1-2 of its source, and on */
+    CHECK(lk_model_seq_keep(mr, 1, 0, err, sizeof err) == LK_OK && lk_model_seq_can_keep(mr, 1, 0));
+    free(lr);
+    free(lf);
+out:
+    lk_model_free(mr);
+    lk_model_free(mf);
+    lk_model_free(ml);
+    lk_gguf_close(g);
+    json_decref(ref);
+}
+
 /* ---- cluster layouts and batches, through the program as a user runs it ---- */
 
 static const char *bin(void) { return getenv("LOCKSTEP") && *getenv("LOCKSTEP") ? getenv("LOCKSTEP") : "build/lockstep"; }
@@ -409,6 +517,7 @@ int main(void) {
     RUN(gemma3_without_sliding_window_is_caught);
     RUN(gemma3_without_rope_scaling_is_caught);
     RUN(gemma3_batch_invariant_and_no_allocation);
+    RUN(gemma3_window_ring);
     RUN(gemma3_f16_one_node_batched);
     RUN(gemma3_f16_tp2);
     RUN(gemma3_f16_pp2);

@@ -354,18 +354,21 @@ static lk_status check_kv_memory(session *s, const lk_model_params *mp, char *er
     const lk_slice *sl = &s->load.slice;
     const int n_ctx = mp->n_ctx > 0 ? mp->n_ctx : LK_MIN(cfg.n_ctx_train, 4096);
     const int64_t kv = mp->kv_tokens > 0 ? mp->kv_tokens : (int64_t)LK_MAX(mp->max_seqs, 1) * n_ctx;
-    const int heads = sl->kv_head1 - sl->kv_head0;
-    int layers = 0, rec = 0; /* recurrent layers (qwen35moe) have no pages but a state per slot */
-    for (int l = LK_MAX(sl->layer0, 0); l < sl->layer1 && l < cfg.n_layer; l++) { /* the slice is checked at load */
-        if (lk_model_layer_recurrent(&cfg, l)) rec++;
-        else layers++;
-    }
+    int rec = 0; /* recurrent layers (qwen35moe) have no pages but a state per slot */
+    for (int l = LK_MAX(sl->layer0, 0); l < sl->layer1 && l < cfg.n_layer; l++) /* the slice is checked at load */
+        rec += lk_model_layer_recurrent(&cfg, l);
     /* per position, as model.c's pages hold it: keys and values of head_dim
      * for each of this rank's KV heads, or one latent row (kv_lora + rope
-     * dims, values included) for MLA */
+     * dims, values included) for MLA; sliding-window layers in every
+     * slot's ring instead, recurrent layers nowhere (model.h) */
+    const int ring = lk_model_swa_ring(&cfg, n_ctx, mp->n_batch);
+    int ringed = 0;
+    const int layers = lk_model_paged_layers(&cfg, sl->layer0, sl->layer1, ring, &ringed), heads = sl->kv_head1 - sl->kv_head0;
     const double row = cfg.mla ? (double)cfg.kv_lora + cfg.rope_dim : 2.0 * cfg.head_dim;
     const double per_pos = (double)layers * heads * row * (mp->kv_f16 ? 2 : 4);
-    const double kv_bytes = (double)kv * per_pos, gib = 1024.0 * 1024 * 1024;
+    const double rings = (double)LK_MAX(mp->max_seqs, 1) * ring * LK_KV_PAGE * ringed * heads *
+                         row * (mp->kv_f16 ? 2 : 4);
+    const double kv_bytes = (double)kv * per_pos + rings, gib = 1024.0 * 1024 * 1024;
     /* this rank's share of the delta net's heads: its key heads of all (lk_model_load) */
     const double kshare = cfg.n_recurrent ? (double)(sl->head1 - sl->head0) / cfg.n_head : 0;
     const double state = (double)LK_MAX(mp->max_seqs, 1) * rec * 4 * kshare *

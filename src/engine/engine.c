@@ -47,9 +47,21 @@ static bool is_cluster(const lk_engine_opts *o) {
  * before the weights load (so the other half is left for them and the rest
  * of the system), but never less than one full context. Every rank gets the
  * same number of positions: the pools must agree page for page. */
-static int64_t kv_positions(const lk_engine_opts *o, const lk_model_config *cfg, int n_ctx, int max_seqs) {
+/* Bytes per pool position (the layers that take pages: not the sliding-
+ * window ones that have rings, model.h) and of every slot's ring. */
+static int64_t kv_per_pos(const lk_engine_opts *o, const lk_model_config *cfg, int n_ctx, int64_t *ring_bytes,
+                          int max_seqs) {
+    int ringed = 0;
+    const int ring = lk_model_swa_ring(cfg, n_ctx, o->n_batch),
+              paged = lk_model_paged_layers(cfg, 0, cfg->n_layer, ring, &ringed);
+    const int64_t esz = o->kv_f16 ? 2 : 4;
+    if (ring_bytes) *ring_bytes = (int64_t)max_seqs * ring * LK_KV_PAGE * ringed * cfg->kv_elems * esz;
     /* MLA: the latent row only; recurrent layers (qwen35moe) have no pages */
-    const int64_t per_pos = (int64_t)(cfg->n_layer - cfg->n_recurrent) * cfg->kv_elems * (o->kv_f16 ? 2 : 4);
+    return LK_MAX((int64_t)paged * cfg->kv_elems * esz, 1);
+}
+
+static int64_t kv_positions(const lk_engine_opts *o, const lk_model_config *cfg, int n_ctx, int max_seqs) {
+    const int64_t per_pos = kv_per_pos(o, cfg, n_ctx, NULL, max_seqs);
     if (o->kv_budget > 0) return o->kv_budget;
     if (o->kv_budget_bytes > 0) return LK_MAX(o->kv_budget_bytes / per_pos, 1);
     int64_t want = (int64_t)max_seqs * n_ctx;
@@ -75,14 +87,15 @@ static double gib(double bytes) { return bytes / (1024.0 * 1024 * 1024); }
  * counts its tables and an even share. */
 static lk_status check_memory(const lk_engine_opts *o, const lk_model_config *cfg, int n_ctx, int64_t kv, int max_seqs,
                               char *err, size_t errlen) {
-    const double per_pos = (double)(cfg->n_layer - cfg->n_recurrent) * (double)cfg->kv_elems * (o->kv_f16 ? 2 : 4);
+    int64_t rings = 0;
+    const double per_pos = (double)kv_per_pos(o, cfg, n_ctx, &rings, max_seqs);
     const bool remote = o->workers && *o->workers;
     int ranks = 1;
     if (remote)
         for (const char *p = o->workers; *p; p++) ranks += *p == ',';
     const int local = !remote && o->local > 1 ? o->local : 1;
     const double threads = o->n_threads > 0 ? (double)o->n_threads * local : (double)lk_threads_default();
-    const double kv_bytes = (double)kv * per_pos / ranks;
+    const double kv_bytes = ((double)kv * per_pos + (double)rings) / ranks;
     /* a recurrent model's per-slot state (model.h): conv window and delta-rule state per recurrent layer */
     const double state = (double)max_seqs * cfg->n_recurrent * 4 / ranks *
                          ((double)(cfg->ssm_conv - 1) * (double)lk_model_ssm_channels(cfg) +
@@ -249,6 +262,8 @@ lk_status lk_engine_seq_fork(lk_engine *e, int dst, int src, int n, char *err, s
     lk_step_op op = {.kind = LK_STEP_OP_FORK, .seq = dst, .a = src, .b = n};
     return queue_op(e, &op, err, errlen);
 }
+
+bool lk_engine_seq_can_keep(const lk_engine *e, int seq, int n) { return lk_model_seq_can_keep(e->m, seq, n); }
 
 /* ---- steps ---- */
 

@@ -100,6 +100,10 @@ int64_t lk_engine_pages_needed(const lk_engine *e, int seq, int n);
 lk_status lk_engine_seq_params(lk_engine *e, int seq, const lk_sampler_params *sp, int n_cand, char *err, size_t errlen);
 lk_status lk_engine_seq_keep(lk_engine *e, int seq, int n, char *err, size_t errlen);
 lk_status lk_engine_seq_fork(lk_engine *e, int dst, int src, int n, char *err, size_t errlen);
+/* Whether keep or fork may cut seq at n (after everything queued): false
+ * where a sliding-window layer's ring (model.h) no longer holds the window
+ * position n needs; that prefix must then be recomputed. */
+bool lk_engine_seq_can_keep(const lk_engine *e, int seq, int n);
 
 typedef struct {
     int seq;

@@ -743,7 +743,7 @@ void lk_model_free(lk_model *m) {
     if (m->own_pool) lk_pool_free(m->pool);
     free(m->rope_cos); free(m->rope_sin); free(m->rope_cos_swa); free(m->rope_sin_swa);
     free(m->kcache); free(m->vcache);
-    free(m->page_ref); free(m->free_pages); free(m->ptab); free(m->seq_len);
+    free(m->page_ref); free(m->free_pages); free(m->ptab); free(m->seq_len); free(m->swa_lo); free(m->swa_hi);
     free(m->items); free(m->item_row0); free(m->row_item); free(m->row_pos); free(m->task0); free(m->out_rows);
     free(m->x); free(m->xb); free(m->q); free(m->k); free(m->v); free(m->att); free(m->o);
     free(m->hg); free(m->hu); free(m->scores); free(m->act);
@@ -1106,15 +1106,26 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
     int64_t kv_tokens = p && p->kv_tokens > 0 ? p->kv_tokens : (int64_t)m->max_seqs * m->n_ctx;
     m->n_pages = LK_MAX((kv_tokens + LK_KV_PAGE - 1) / LK_KV_PAGE, 1);
     m->ahd = cfg.mla ? cfg.kv_lora + cfg.rope_dim : cfg.head_dim;
-    /* only attention layers have pages (recurrent ones keep per-slot state) */
+    /* only attention layers have pages (recurrent ones keep per-slot
+     * state), and of them only the global ones when sliding-window layers
+     * have rings (model.h): kv_li is a layer's place in a page or in a ring */
+    m->swa_ring = lk_model_swa_ring(&cfg, m->n_ctx, m->n_batch);
     m->kv_li = lk_xmalloc(sizeof(int32_t) * (size_t)nl);
-    for (int i = 0; i < nl; i++) m->kv_li[i] = m->layers[i].rec ? -1 : m->n_kv_layers++;
+    for (int i = 0; i < nl; i++) {
+        const layer_w *w = &m->layers[i];
+        m->kv_li[i] = w->rec ? -1 : m->swa_ring && w->swa ? m->n_swa++ : m->n_kv_layers++;
+    }
     m->page_elems = (size_t)m->n_kv_layers * m->nkv * LK_KV_PAGE * m->ahd;
+    m->swa_page_elems = (size_t)m->n_swa * m->nkv * LK_KV_PAGE * m->ahd;
+    const size_t kv_elems = (size_t)m->n_pages * m->page_elems + (size_t)m->max_seqs * m->swa_ring * m->swa_page_elems;
     size_t esz = m->kv_f16 ? 2 : 4;
     /* calloc: pages never written are zeros (a copy of a page copies its
      * unwritten tail too; nothing ever reads it) */
-    m->kcache = m->page_elems ? lk_xcalloc((size_t)m->n_pages * m->page_elems, esz) : NULL;
-    m->vcache = m->page_elems && !cfg.mla ? lk_xcalloc((size_t)m->n_pages * m->page_elems, esz) : NULL;
+    m->kcache = kv_elems ? lk_xcalloc(kv_elems, esz) : NULL;
+    m->vcache = kv_elems && !cfg.mla ? lk_xcalloc(kv_elems, esz) : NULL;
+    m->swa_lo = lk_xcalloc((size_t)m->max_seqs, sizeof(int32_t));
+    m->swa_hi = lk_xmalloc(sizeof(int32_t) * (size_t)m->max_seqs);
+    for (int i = 0; i < m->max_seqs; i++) m->swa_hi[i] = -1;
     m->page_ref = lk_xcalloc((size_t)m->n_pages, sizeof(int32_t));
     m->free_pages = lk_xmalloc(sizeof(int32_t) * (size_t)m->n_pages);
     /* popped from the end: page 0 first */
@@ -1179,6 +1190,46 @@ int64_t lk_model_pages_free(const lk_model *m) { return m->n_free; }
 
 static int32_t *ptab_of(const lk_model *m, int seq) { return m->ptab + (size_t)seq * m->max_pps; }
 
+int lk_model_swa_ring(const lk_model_config *c, int n_ctx, int n_batch) {
+    if (c->swa_window <= 0) return 0;
+    const int nb = LK_MIN(n_batch > 0 ? n_batch : 512, n_ctx), pps = (n_ctx + LK_KV_PAGE - 1) / LK_KV_PAGE;
+    const int64_t ring = ((int64_t)c->swa_window - 1 + nb + LK_KV_PAGE - 1) / LK_KV_PAGE + 1;
+    return ring < pps ? (int)ring : 0;
+}
+
+int lk_model_paged_layers(const lk_model_config *c, int l0, int l1, int ring, int *ring_layers) {
+    int n = 0, r = 0;
+    for (int l = l0; l < l1; l++) {
+        if (lk_model_layer_recurrent(c, l)) continue;
+        if (ring && lk_model_layer_swa(c, l)) r++;
+        else n++;
+    }
+    if (ring_layers) *ring_layers = r;
+    return n;
+}
+
+uint64_t lk_model_kv_bytes(const lk_model *m) {
+    const uint64_t elems = (uint64_t)m->n_pages * m->page_elems + (uint64_t)m->max_seqs * m->swa_ring * m->swa_page_elems;
+    return elems * (m->kv_f16 ? 2 : 4) * (m->vcache ? 2 : 1);
+}
+
+/* The first page a query at position n (the next one appended) reads in a
+ * sliding-window layer. */
+static int swa_first_page(const lk_model *m, int n) { return LK_MAX(0, n - m->cfg.swa_window + 1) / LK_KV_PAGE; }
+
+bool lk_model_seq_can_keep(const lk_model *m, int seq, int n) {
+    if (!m->swa_ring || n <= 0 || seq < 0 || seq >= m->max_seqs) return true;
+    const int first = swa_first_page(m, n);
+    return first >= m->swa_lo[seq] && first > m->swa_hi[seq] - m->swa_ring;
+}
+
+/* Error for a cut the ring cannot serve (model.h). */
+static lk_status swa_gone(const lk_model *m, int seq, int n, const char *what, char *err, size_t errlen) {
+    return lk_fail(err, errlen, LK_ERR_ARG, "%s: slot %d's sliding-window cache no longer holds positions %d..%d "
+                   "(it keeps %d pages of %d positions); recompute that prefix instead", what, seq,
+                   LK_MAX(0, n - m->cfg.swa_window + 1), n - 1, m->swa_ring, LK_KV_PAGE);
+}
+
 static void page_release(lk_model *m, int32_t pg) {
     LK_ASSERT(pg >= 0 && pg < m->n_pages && m->page_ref[pg] > 0);
     if (--m->page_ref[pg] == 0) m->free_pages[m->n_free++] = pg;
@@ -1209,6 +1260,8 @@ lk_status lk_model_seq_keep(lk_model *m, int seq, int n, char *err, size_t errle
         return lk_fail(err, errlen, LK_ERR_ARG, "keep: slot %d holds %d positions of a recurrent model, whose state "
                        "cannot go back to %d (only 0 or all)", seq, m->seq_len[seq], n);
     if (n == 0) lk_deltanet_reset(m, seq);
+    if (!lk_model_seq_can_keep(m, seq, n)) return swa_gone(m, seq, n, "keep", err, errlen);
+    if (n == 0) m->swa_lo[seq] = 0, m->swa_hi[seq] = -1;
     int32_t *pt = ptab_of(m, seq);
     for (int j = (n + LK_KV_PAGE - 1) / LK_KV_PAGE; j < m->max_pps && pt[j] >= 0; j++) {
         page_release(m, pt[j]);
@@ -1227,6 +1280,7 @@ lk_status lk_model_seq_fork(lk_model *m, int dst, int src, int n, char *err, siz
     if (m->cfg.n_recurrent && n > 0 && n < m->seq_len[src])
         return lk_fail(err, errlen, LK_ERR_ARG, "fork: slot %d holds %d positions of a recurrent model; its state is "
                        "there only for all of them, not for a prefix of %d", src, m->seq_len[src], n);
+    if (!lk_model_seq_can_keep(m, src, n)) return swa_gone(m, src, n, "fork", err, errlen);
     if ((st = lk_model_seq_keep(m, dst, 0, err, errlen))) return st;
     if (n > 0) lk_deltanet_copy(m, dst, src);
     const int32_t *ps = ptab_of(m, src);
@@ -1234,6 +1288,20 @@ lk_status lk_model_seq_fork(lk_model *m, int dst, int src, int n, char *err, siz
     for (int j = 0; j < (n + LK_KV_PAGE - 1) / LK_KV_PAGE; j++) {
         pd[j] = ps[j];
         m->page_ref[ps[j]]++;
+    }
+    if (m->swa_ring && n > 0) {
+        /* the ring entries of the window the next position sees */
+        const int first = swa_first_page(m, n), last = (n - 1) / LK_KV_PAGE;
+        const size_t eb = m->swa_page_elems * (m->kv_f16 ? 2 : 4), base = (size_t)m->n_pages * m->page_elems;
+        for (int j = first; j <= last && eb; j++) {
+            const size_t from = base + ((size_t)src * m->swa_ring + (size_t)(j % m->swa_ring)) * m->swa_page_elems,
+                         to = base + ((size_t)dst * m->swa_ring + (size_t)(j % m->swa_ring)) * m->swa_page_elems;
+            const size_t es = m->kv_f16 ? 2 : 4;
+            memcpy((char *)m->kcache + to * es, (char *)m->kcache + from * es, eb);
+            if (m->vcache) memcpy((char *)m->vcache + to * es, (char *)m->vcache + from * es, eb);
+        }
+        m->swa_lo[dst] = first;
+        m->swa_hi[dst] = last;
     }
     m->seq_len[dst] = n;
     return LK_OK;
@@ -1294,6 +1362,7 @@ lk_status lk_model_batch(lk_model *m, const lk_batch_item *items, int n_items, c
         const lk_batch_item *it = &items[i];
         pages_take(m, it->seq, it->pos0, it->n);
         m->seq_len[it->seq] = it->pos0 + it->n;
+        m->swa_hi[it->seq] = LK_MAX(m->swa_hi[it->seq], (it->pos0 + it->n - 1) / LK_KV_PAGE);
         m->items[i] = *it;
         m->item_row0[i] = rows;
         m->task0[i] = tasks;
@@ -1360,9 +1429,13 @@ typedef struct {
 /* Offset (in elements, into kcache/vcache) of the LK_KV_PAGE keys/values
  * of page j of slot seq for KV head kvh of layer li (both local). */
 static size_t kv_page_kv(const lk_model *m, int seq, int j, int li, int kvh) {
-    const int32_t pg = ptab_of(m, seq)[j];
+    const layer_w *w = &m->layers[li];
     LK_ASSERT(m->kv_li[li] >= 0);
-    return (size_t)pg * m->page_elems + ((size_t)m->kv_li[li] * m->nkv + (size_t)kvh) * LK_KV_PAGE * m->ahd;
+    const size_t in = ((size_t)m->kv_li[li] * m->nkv + (size_t)kvh) * LK_KV_PAGE * m->ahd;
+    if (m->swa_ring && w->swa) /* the slot's ring (model.h) */
+        return (size_t)m->n_pages * m->page_elems +
+               ((size_t)seq * m->swa_ring + (size_t)(j % m->swa_ring)) * m->swa_page_elems + in;
+    return (size_t)ptab_of(m, seq)[j] * m->page_elems + in;
 }
 /* ... for the KV head that query head h (local) attends to. */
 static size_t kv_page(const lk_model *m, int seq, int j, int li, int h) {

@@ -218,6 +218,22 @@ void lk_model_trace_routing(lk_model *m, const lk_route_trace *t);
  * in between (the caller recomputes it). lk_model_recurrent says which
  * rule applies. */
 #define LK_KV_PAGE 32
+/* Sliding-window layers (Gemma 3) do not take pages: each slot holds their
+ * keys and values in a ring of its own, allocated at load, of
+ * ceil((window - 1 + n_batch) / 32) + 1 pages (what one step's queries may
+ * see: the window before the step's first position and the step itself),
+ * page j at ring entry j % ring. So a sequence's memory for those layers is
+ * bounded by the window, not the context, and pages (counted below) hold
+ * only the global layers. Positions that fell out of the ring are gone: a
+ * slot can be kept or forked only at a length n whose window (positions
+ * n - window + 1 .. n - 1) it still holds (lk_model_seq_can_keep); else
+ * the prefix must be recomputed. lk_model_swa_ring gives the ring's pages
+ * per slot for a configuration (0: no ring: no window, or a ring not
+ * smaller than the context, when local layers take pages like the others);
+ * lk_model_paged_layers the layers of [l0, l1) that take pages (not the
+ * recurrent ones, nor those in rings: *ring_layers of them). */
+int lk_model_swa_ring(const lk_model_config *c, int n_ctx, int n_batch);
+int lk_model_paged_layers(const lk_model_config *c, int l0, int l1, int ring, int *ring_layers);
 int     lk_model_max_seqs(const lk_model *m);
 int     lk_model_seq_len(const lk_model *m, int seq);
 int64_t lk_model_pages_total(const lk_model *m);
@@ -228,8 +244,14 @@ int64_t lk_model_pages_needed(const lk_model *m, int seq, int n);
 bool    lk_model_recurrent(const lk_model *m);
 /* Keeps the first n positions of seq (n <= its length; 0 frees every page). */
 lk_status lk_model_seq_keep(lk_model *m, int seq, int n, char *err, size_t errlen);
-/* dst (emptied first) shares the first n positions of src. */
+/* dst (emptied first) shares the first n positions of src (a sliding-
+ * window ring's entries are copied, not shared). */
 lk_status lk_model_seq_fork(lk_model *m, int dst, int src, int n, char *err, size_t errlen);
+/* Whether keep or fork may cut seq at n (always for n = 0 and for models
+ * without a ring; see LK_KV_PAGE). Every rank gives the same answer. */
+bool lk_model_seq_can_keep(const lk_model *m, int seq, int n);
+/* Bytes of this rank's KV cache: pages and rings, keys and values. */
+uint64_t lk_model_kv_bytes(const lk_model *m);
 
 /* One forward pass is a batch of items: item i appends rows
  * [row0_i, row0_i + n) of x (items in order, rows consecutive) to slot seq

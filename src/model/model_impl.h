@@ -109,7 +109,19 @@ struct lk_model {
     int ahd;
     bool kv_f16;
     void *kcache, *vcache;
-    size_t page_elems;      /* elements of one page (keys or values) */
+    size_t page_elems;      /* elements of one page (keys or values): the global layers here */
+    /* Sliding-window layers (model.h, "sequences and the paged KV cache")
+     * keep their keys and values in a ring of swa_ring pages per slot,
+     * after the pages in kcache/vcache: page j of slot s at ring entry
+     * j % swa_ring, (max_seqs, swa_ring, local layers here, KV heads here,
+     * LK_KV_PAGE, ahd). A slot's ring holds its pages
+     * [max(swa_lo, swa_hi - swa_ring + 1), swa_hi]. swa_ring 0: no ring
+     * (no window, or a ring that would not be smaller than the context:
+     * local layers then live in the pages like the others). */
+    int swa_ring;
+    size_t swa_page_elems;  /* elements of one ring entry (keys or values): the local layers here */
+    int n_swa;              /* this rank's layers in the rings (0 without a ring) */
+    int32_t *swa_lo, *swa_hi; /* (max_seqs) first page held since the slot was emptied or forked, last page written */
     int64_t n_pages, n_free;
     int32_t *page_ref;      /* (n_pages) slots pointing at each page */
     int32_t *free_pages;    /* (n_pages) stack of free pages, n_free of them */

@@ -366,7 +366,10 @@ static int best_match(const lk_session *s, const lk_request *r, int *common) {
         if (sl->state == SLOT_FREE || (s->recurrent && sl->state != SLOT_KEPT)) continue;
         int n = LK_MIN(sl->state == SLOT_KEPT ? sl->len : sl->done, r->n_prompt - 1), c = 0;
         while (c < n && sl->toks[c] == r->prompt[c]) c++;
-        if (c == 0 || (s->recurrent && c != sl->len)) continue;
+        /* a recurrent state is there only for a slot's whole content; a
+         * sliding-window layer's ring may no longer hold the window of that
+         * prefix's end (model.h): then it is recomputed */
+        if (c == 0 || (s->recurrent && c != sl->len) || !lk_engine_seq_can_keep(s->e, i, c)) continue;
         bool better = c > bc;
         if (!better && c == bc && best >= 0) {
             const slot *b = &s->slots[best];
