@@ -1199,7 +1199,7 @@ int lk_model_swa_ring(const lk_model_config *c, int n_ctx, int n_batch) {
 
 int lk_model_paged_layers(const lk_model_config *c, int l0, int l1, int ring, int *ring_layers) {
     int n = 0, r = 0;
-    for (int l = l0; l < l1; l++) {
+    for (int l = LK_MAX(l0, 0); l < l1 && l < c->n_layer; l++) { /* a slice from a peer is checked at load */
         if (lk_model_layer_recurrent(c, l)) continue;
         if (ring && lk_model_layer_swa(c, l)) r++;
         else n++;
