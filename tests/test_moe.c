@@ -10,6 +10,7 @@
 
 #include <jansson.h>
 #include <math.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include "gguf/gguf.h"
@@ -173,7 +174,126 @@ static int comparable_steps(const moe_case *mc, json_t *c, int E, int k, bool pr
     return ngen;
 }
 
-static void check_moe(const moe_case *mc, int n_threads) {
+/* ---- expert parallelism in one process: each rank a thread ----
+ * The ranks of a `--tp N --expert-parallel` split, planned as the head plans
+ * it (lk_plan_make, then lk_plan_experts), each a model on its own thread,
+ * joined by an all-reduce that adds the partials in rank order as lk_comm's
+ * exchange does; ep_forward runs every rank's pass and puts the vocabulary
+ * slices together into whole logits rows. Rank 0 runs on the caller's
+ * thread (its routing trace is the test's). */
+typedef struct ep_ranks ep_ranks;
+typedef struct { ep_ranks *g; int rank; } ep_rank;
+struct ep_ranks {
+    int n;
+    int64_t nv;
+    lk_model *m[4];
+    lk_slice sl[4];
+    ep_rank me[4];
+    float *part[4], *lg[4]; /* each rank's all-reduce partial, its logits slice */
+    pthread_t th[4];
+    pthread_barrier_t ar, go;
+    const int32_t *toks;
+    int nt, pos0, n_out;
+    bool quit;
+    lk_status st[4];
+};
+
+static lk_status ep_allreduce(void *ctx, float *x, int64_t n, int layer, const char *what) {
+    ep_rank *r = ctx;
+    ep_ranks *g = r->g;
+    memcpy(g->part[r->rank], x, sizeof(float) * (size_t)n);
+    pthread_barrier_wait(&g->ar);
+    for (int64_t i = 0; i < n; i++) {
+        float s = g->part[0][i];
+        for (int k = 1; k < g->n; k++) s += g->part[k][i];
+        x[i] = s;
+    }
+    pthread_barrier_wait(&g->ar); /* nobody overwrites a partial still being read */
+    return LK_OK;
+}
+
+static void ep_run(ep_ranks *g, int r) {
+    g->st[r] = lk_model_forward(g->m[r], g->toks, g->nt, g->pos0, g->n_out, g->lg[r]);
+}
+
+static void *ep_main(void *arg) {
+    ep_rank *r = arg;
+    for (;;) {
+        pthread_barrier_wait(&r->g->go);
+        if (r->g->quit) return NULL;
+        ep_run(r->g, r->rank);
+        pthread_barrier_wait(&r->g->go);
+    }
+}
+
+static lk_status ep_forward(ep_ranks *g, const int32_t *toks, int n, int pos0, int n_out, float *logits) {
+    g->toks = toks, g->nt = n, g->pos0 = pos0, g->n_out = n_out;
+    pthread_barrier_wait(&g->go);
+    ep_run(g, 0);
+    pthread_barrier_wait(&g->go);
+    lk_status st = LK_OK;
+    for (int r = 0; r < g->n; r++) {
+        const int64_t v0 = g->sl[r].vocab0, nvr = g->sl[r].vocab1 - v0;
+        for (int i = 0; i < n_out; i++)
+            memcpy(logits + (size_t)i * g->nv + v0, g->lg[r] + (size_t)i * nvr, sizeof(float) * (size_t)nvr);
+        if (g->st[r] && !st) st = g->st[r];
+    }
+    return st;
+}
+
+static void ep_close(ep_ranks *g) {
+    if (!g->n) return;
+    g->quit = true;
+    pthread_barrier_wait(&g->go);
+    for (int r = 1; r < g->n; r++) pthread_join(g->th[r], NULL);
+    for (int r = 0; r < g->n; r++) {
+        lk_model_free(g->m[r]);
+        free(g->part[r]);
+        free(g->lg[r]);
+    }
+    pthread_barrier_destroy(&g->ar);
+    pthread_barrier_destroy(&g->go);
+    memset(g, 0, sizeof *g);
+}
+
+static lk_status ep_open(ep_ranks *g, const lk_gguf *gg, int tp, const lk_model_params *mp, char *err) {
+    memset(g, 0, sizeof *g);
+    lk_model_config c;
+    lk_plan_dims d;
+    lk_status st = lk_model_config_read(gg, &c, err, LK_ERRLEN);
+    if (st) return st;
+    lk_model_plan_dims(gg, &c, &d);
+    LK_ASSERT(tp <= 4);
+    if ((st = lk_plan_make(&d, tp, 1, NULL, g->sl, err, LK_ERRLEN)) ||
+        (st = lk_plan_experts(&d, tp, 1, NULL, g->sl, err, LK_ERRLEN)))
+        return st;
+    for (int r = 0; r < tp; r++) {
+        if ((st = lk_model_load(gg, &g->sl[r], mp, &g->m[r], err, LK_ERRLEN))) {
+            while (r--) lk_model_free(g->m[r]);
+            return st;
+        }
+        g->me[r] = (ep_rank){ g, r };
+        lk_tp_hooks h = { &g->me[r], ep_allreduce };
+        lk_model_set_hooks(g->m[r], &h);
+        const int B = lk_model_n_batch(g->m[r]);
+        g->part[r] = malloc(sizeof(float) * (size_t)B * c.n_embd);
+        g->lg[r] = malloc(sizeof(float) * (size_t)B * (size_t)(g->sl[r].vocab1 - g->sl[r].vocab0));
+    }
+    g->n = tp, g->nv = c.n_vocab;
+    pthread_barrier_init(&g->ar, NULL, (unsigned)tp);
+    pthread_barrier_init(&g->go, NULL, (unsigned)tp);
+    for (int r = 1; r < tp; r++) pthread_create(&g->th[r], NULL, ep_main, &g->me[r]);
+    return LK_OK;
+}
+
+/* One model's forward pass, or the expert-parallel ranks' together. */
+static lk_status fwd(ep_ranks *g, lk_model *m, const int32_t *toks, int n, int pos0, int n_out, float *logits) {
+    return g->n ? ep_forward(g, toks, n, pos0, n_out, logits) : lk_model_forward(m, toks, n, pos0, n_out, logits);
+}
+
+/* ep_tp > 1: the model split over that many expert-parallel ranks (one
+ * thread each), else one model on n_threads. */
+static void check_moe_ep(const moe_case *mc, int n_threads, int ep_tp) {
     char err[LK_ERRLEN];
     lk_gguf *g = NULL;
     lk_status st = lk_gguf_open(lk_td(mc->gguf), &g, err, sizeof err);
@@ -184,9 +304,21 @@ static void check_moe(const moe_case *mc, int n_threads) {
     CHECKF(ref, "%s: %s", mc->json, jerr.text);
     lk_model_params mp = { .n_ctx = 512, .n_threads = n_threads };
     lk_model *m = NULL;
-    st = lk_model_load(g, NULL, &mp, &m, err, sizeof err);
+    ep_ranks grp = {0};
+    if (ep_tp > 1) {
+        st = ep_open(&grp, g, ep_tp, &mp, err);
+        if (!st) m = grp.m[0];
+    } else {
+        st = lk_model_load(g, NULL, &mp, &m, err, sizeof err);
+    }
     CHECKF(st == LK_OK, "%s", err);
-    if (st || !ref) { json_decref(ref); lk_gguf_close(g); return; }
+    if (st || !ref) {
+        if (grp.n) ep_close(&grp);
+        else lk_model_free(m);
+        json_decref(ref);
+        lk_gguf_close(g);
+        return;
+    }
     trace_buf tb;
     trace_init(&tb, m);
     const int64_t nv = lk_model_cfg(m)->n_vocab;
@@ -201,7 +333,7 @@ static void check_moe(const moe_case *mc, int n_threads) {
         int32_t toks[512];
         for (int i = 0; i < n; i++) toks[i] = (int32_t)json_integer_value(json_array_get(jids, i));
         float *logits = malloc(sizeof(float) * nv * n);
-        CHECK(lk_model_forward(m, toks, n, 0, n, logits) == LK_OK);
+        CHECK(fwd(&grp, m, toks, n, 0, n, logits) == LK_OK);
         json_t *proute = json_object_get(c, "prompt_routing");
         /* positions up to the first legitimate routing branch */
         int upto = n;
@@ -249,7 +381,7 @@ static void check_moe(const moe_case *mc, int n_threads) {
             }
             matched++;
             if (s + 1 == comparable) break;
-            CHECK(lk_model_forward(m, &want, 1, n + s, 1, step) == LK_OK);
+            CHECK(fwd(&grp, m, &want, 1, n + s, 1, step) == LK_OK);
             char where[64];
             snprintf(where, sizeof where, "case %zu step %d", ci, s);
             compare_routing(mc, &tb, groute, 0, (size_t)s, &rs, where);
@@ -263,11 +395,17 @@ static void check_moe(const moe_case *mc, int n_threads) {
     }
     CHECKF(rs.router <= mc->router_tol, "%s: router logits differ by %.3g > %.3g", mc->json, rs.router, mc->router_tol);
     CHECKF(rs.weight <= mc->weight_tol, "%s: expert weights differ by %.3g > %.3g", mc->json, rs.weight, mc->weight_tol);
+    if (ep_tp > 1) {
+        printf("  expert-parallel, %d ranks (experts", ep_tp);
+        for (int r = 0; r < ep_tp; r++) printf(" %d-%d", grp.sl[r].expert0, grp.sl[r].expert1 - 1);
+        printf("):\n");
+    }
     printf("  %-30s t=%d max|d|=%.2e median|d|=%.2e (%d/%d positions) router %.1e weights %.1e sets %d/%d equal "
            "(%d near-tie branches) greedy %d/%d\n", mc->gguf, n_threads, worst, worst_median, compared_pos, all_pos,
            rs.router, rs.weight, rs.decisions - rs.sets_differ, rs.decisions, rs.branches, matched_total, gen_total);
     trace_free(&tb);
-    lk_model_free(m);
+    if (grp.n) ep_close(&grp);
+    else lk_model_free(m);
     json_decref(ref);
     lk_gguf_close(g);
 }
@@ -308,6 +446,8 @@ static const moe_case deepseek2_f16 = { "synth/synth-deepseek2-f16.gguf", "synth
 static const moe_case deepseek2_q4km = { "synth/synth-deepseek2-q4_k_m.gguf", "synth/synth-deepseek2-q4_k_m.json",
                                          0.5, 5e-3, 0.2, 0.02, 0.05, 4, 0.05, 4, 2 };
 
+static void check_moe(const moe_case *mc, int n_threads) { check_moe_ep(mc, n_threads, 0); }
+
 TEST(qwen3moe_f16_reference) { check_moe(&qwen3moe_f16, 1); }
 TEST(deepseek2_f16_reference) { check_moe(&deepseek2_f16, 2); }
 TEST(deepseek2_q4_k_m_reference) { check_moe(&deepseek2_q4km, 2); }
@@ -324,6 +464,17 @@ TEST(glm4moe_q4_k_m_reference) {
 }
 TEST(qwen3moe_f16_two_threads) { check_moe(&qwen3moe_f16, 2); }
 TEST(glm4moe_f16_reference) { check_moe(&glm4moe_f16, 2); }
+
+/* --expert-parallel: every rank holds whole experts (8 over 2 ranks: 4
+ * each; over 3: 3, 3, 2), routes every token itself and adds only its
+ * experts' weighted outputs (and its rows of the shared expert); the FFN
+ * all-reduce sums them. The same tolerances as one node: the split only
+ * reorders the sum of the experts' contributions. */
+TEST(qwen3moe_f16_expert_parallel) { check_moe_ep(&qwen3moe_f16, 1, 2); }
+TEST(glm4moe_f16_expert_parallel) { check_moe_ep(&glm4moe_f16, 1, 3); }
+TEST(deepseek2_f16_expert_parallel) { check_moe_ep(&deepseek2_f16, 1, 2); }
+TEST(qwen3moe_q4_k_m_expert_parallel) { check_moe_ep(&qwen3moe_q4km, 1, 3); }
+TEST(deepseek2_q4_k_m_expert_parallel) { check_moe_ep(&deepseek2_q4km, 1, 2); }
 
 /* ---- a wrong variant must be caught ---- */
 
@@ -711,7 +862,7 @@ static void check_layouts(const moe_case *mc, const char *const *layouts, int n_
 
 static const char *const moe_layouts[] = {
     "", "--local 2 --tp 2 --transport shm", "--local 3 --tp 3 --transport tcp", "--local 2 --pp 2 --transport shm",
-    "--local 4 --tp 2 --pp 2 --transport tcp",
+    "--local 4 --tp 2 --pp 2 --transport tcp", "--local 2 --tp 2 --expert-parallel --transport shm",
 };
 
 /* All reference prompts as concurrent sequences (`run --prompts-file`,
@@ -777,15 +928,17 @@ static void check_batched(const moe_case *mc, const char *const *layouts, int n_
     json_decref(ref);
 }
 
-TEST(qwen3moe_f16_layouts) { check_layouts(&qwen3moe_f16, moe_layouts, 5); }
-TEST(glm4moe_f16_layouts) { check_layouts(&glm4moe_f16, moe_layouts, 5); }
-TEST(deepseek2_f16_layouts) { check_layouts(&deepseek2_f16, moe_layouts, 5); }
+TEST(qwen3moe_f16_layouts) { check_layouts(&qwen3moe_f16, moe_layouts, 6); }
+TEST(glm4moe_f16_layouts) { check_layouts(&glm4moe_f16, moe_layouts, 6); }
+TEST(deepseek2_f16_layouts) { check_layouts(&deepseek2_f16, moe_layouts, 6); }
 /* Q4_K_M: its Q5_K attn_output keeps all 4 heads (one 256-block) on one TP
  * rank; the other holds only FFN rows and no latent cache */
-static const char *const q4km_layouts[] = { "--local 2 --tp 2 --transport shm", "--local 2 --pp 2 --transport shm" };
-TEST(deepseek2_q4_k_m_layouts) { check_layouts(&deepseek2_q4km, q4km_layouts, 2); }
-static const char *const batch_layouts[] = { "", "--local 2 --tp 2 --transport shm", "--local 2 --pp 2 --transport shm" };
-TEST(deepseek2_f16_batched) { check_batched(&deepseek2_f16, batch_layouts, 3); }
+static const char *const q4km_layouts[] = { "--local 2 --tp 2 --transport shm", "--local 2 --pp 2 --transport shm",
+                                            "--local 3 --tp 3 --expert-parallel --transport tcp" };
+TEST(deepseek2_q4_k_m_layouts) { check_layouts(&deepseek2_q4km, q4km_layouts, 3); }
+static const char *const batch_layouts[] = { "", "--local 2 --tp 2 --transport shm", "--local 2 --pp 2 --transport shm",
+                                             "--local 2 --tp 2 --expert-parallel --transport shm" };
+TEST(deepseek2_f16_batched) { check_batched(&deepseek2_f16, batch_layouts, 4); }
 
 /* gen-model's deepseek2-tiny (DeepSeek-V3's structure at the synth file's
  * size, written with the keys the converter writes): lockstep reads back
@@ -819,8 +972,9 @@ TEST(deepseek2_gen_model_shape) {
     CHECKF(strstr(out, "MLA, 4 heads: q_lora 256, kv_lora 128") && strstr(out, "160 floats per position and layer") &&
            strstr(out, "4 groups of 2 (the best 2 compete)"), "info does not print the MLA facts:\n%s", out);
     json_t *ref = NULL;
-    const char *layouts[] = { "", "--local 2 --tp 2 --transport shm", "--local 2 --pp 2 --transport shm" };
-    for (int l = 0; l < 3; l++) {
+    const char *layouts[] = { "", "--local 2 --tp 2 --transport shm", "--local 2 --pp 2 --transport shm",
+                              "--local 2 --tp 2 --expert-parallel --transport shm" };
+    for (int l = 0; l < 4; l++) {
         json_t *o = run_json(path, "Once upon a time", 12, layouts[l], err, sizeof err);
         CHECKF(o, "%s", err);
         if (!o) continue;
@@ -843,6 +997,11 @@ int main(void) {
     RUN(deepseek2_q4_k_m_reference);
     RUN(qwen3moe_q4_k_m_reference);
     RUN(glm4moe_q4_k_m_reference);
+    RUN(qwen3moe_f16_expert_parallel);
+    RUN(glm4moe_f16_expert_parallel);
+    RUN(deepseek2_f16_expert_parallel);
+    RUN(qwen3moe_q4_k_m_expert_parallel);
+    RUN(deepseek2_q4_k_m_expert_parallel);
     RUN(glm4moe_without_bias_is_caught);
     RUN(deepseek2_without_bias_is_caught);
     RUN(deepseek2_legacy_file_refused);

@@ -61,6 +61,37 @@ static size_t run_slice(const lk_gguf *g, const lk_slice *s, float *out, char *e
     return n;
 }
 
+/* Whether the (normalised) list holds any byte of [off, off + len). */
+static bool holds_any(const lk_ranges *l, uint64_t off, uint64_t len) {
+    for (int64_t i = 0; i < l->n; i++)
+        if (l->r[i].off < off + len && off < l->r[i].off + l->r[i].len) return true;
+    return false;
+}
+
+/* An expert-parallel slice reads every byte of the experts it holds and
+ * not one byte of the others' slabs. */
+static void check_expert_slabs(const lk_gguf *g, const lk_model_config *c, const lk_slice *s, const lk_ranges *l,
+                               const char *what) {
+    const char *names[3] = {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"};
+    for (int layer = s->layer0; layer < s->layer1; layer++) {
+        if (!lk_model_layer_moe(c, layer)) continue;
+        for (int k = 0; k < 3; k++) {
+            char n[96];
+            snprintf(n, sizeof n, "blk.%d.%s", layer, names[k]);
+            const lk_gguf_tensor *t = lk_gguf_find_tensor(g, n);
+            const uint64_t slab = t->nbytes / (uint64_t)c->n_expert, at = lk_gguf_data_offset(g) + t->offset;
+            for (int e = 0; e < c->n_expert; e++) {
+                const bool mine = e >= s->expert0 && e < s->expert1;
+                bool all = false;
+                for (int64_t i = 0; i < l->n && !all; i++)
+                    all = l->r[i].off <= at + e * slab && at + (e + 1) * slab <= l->r[i].off + l->r[i].len;
+                CHECKF(mine ? all : !holds_any(l, at + e * slab, slab), "%s: %s expert %d: %s", what, n, e,
+                       mine ? "a held expert is not read whole" : "another rank's expert is read");
+            }
+        }
+    }
+}
+
 static void check_model(const char *rel, int *layouts_checked, double *worst_fraction) {
     char err[LK_ERRLEN];
     lk_gguf *g;
@@ -71,22 +102,36 @@ static void check_model(const char *rel, int *layouts_checked, double *worst_fra
     lk_model_plan_dims(g, &cfg, &d);
     size_t cap = 6 * (size_t)cfg.n_embd + 2 * (size_t)cfg.n_vocab;
     float *a = malloc(cap * sizeof(float)), *b = malloc(cap * sizeof(float));
-    const int layouts[][2] = {{1, 1}, {2, 1}, {3, 1}, {4, 1}, {1, 2}, {2, 2}};
+    /* tp, pp, expert parallelism (mixtures only) */
+    const int layouts[][3] = {{1, 1, 0}, {2, 1, 0}, {3, 1, 0}, {4, 1, 0}, {1, 2, 0}, {2, 2, 0},
+                              {2, 1, 1}, {3, 1, 1}, {2, 2, 1}};
     for (size_t k = 0; k < sizeof layouts / sizeof layouts[0]; k++) {
-        int tp = layouts[k][0], pp = layouts[k][1];
+        int tp = layouts[k][0], pp = layouts[k][1], ep = layouts[k][2];
         lk_slice sl[8];
         if (lk_plan_make(&d, tp, pp, NULL, sl, err, sizeof err)) continue; /* too small to split so */
+        if (ep && !cfg.n_expert) {
+            CHECKF(lk_plan_experts(&d, tp, pp, NULL, sl, err, sizeof err) == LK_ERR_ARG && strstr(err, "dense"),
+                   "%s: expert parallelism on a dense model: %s", rel, err);
+            continue;
+        }
+        if (ep) CHECKF(lk_plan_experts(&d, tp, pp, NULL, sl, err, sizeof err) == LK_OK, "%s: %s", rel, err);
         for (int r = 0; r < tp * pp; r++) {
             lk_ranges l = {0};
             lk_status st = lk_model_slice_bytes(g, &sl[r], &l, err, sizeof err);
-            CHECKF(!st, "%s tp %d pp %d rank %d: %s", rel, tp, pp, r, err);
+            CHECKF(!st, "%s tp %d pp %d%s rank %d: %s", rel, tp, pp, ep ? " ep" : "", r, err);
+            if (ep) {
+                char what[160];
+                snprintf(what, sizeof what, "%s tp %d pp %d ep rank %d (experts %d-%d)", rel, tp, pp, r, sl[r].expert0,
+                         sl[r].expert1 - 1);
+                check_expert_slabs(g, &cfg, &sl[r], &l, what);
+            }
             char path[128];
             poisoned_copy(g, &l, path, sizeof path);
             lk_gguf *pg;
             if (lk_gguf_open(path, &pg, err, sizeof err)) { CHECKF(0, "%s", err); unlink(path); lk_ranges_free(&l); continue; }
             size_t na = run_slice(g, &sl[r], a, err), nb = run_slice(pg, &sl[r], b, err);
-            CHECKF(na && na == nb && !memcmp(a, b, na * sizeof(float)), "%s tp %d pp %d rank %d: the slice read bytes "
-                   "outside its list (%zu vs %zu values)", rel, tp, pp, r, na, nb);
+            CHECKF(na && na == nb && !memcmp(a, b, na * sizeof(float)), "%s tp %d pp %d%s rank %d: the slice read bytes "
+                   "outside its list (%zu vs %zu values)", rel, tp, pp, ep ? " ep" : "", r, na, nb);
             double frac = (double)lk_ranges_total(&l) / (double)lk_gguf_file_size(g);
             if (tp * pp >= 2 && frac > *worst_fraction) *worst_fraction = frac;
             if (tp * pp == 1) CHECKF(frac > 0.95, "%s: one rank reads only %.2f of the file", rel, frac);
@@ -170,6 +215,11 @@ TEST(bad_slices_refused) {
     bad = s;
     bad.ff0 = 1; /* cuts ffn_down inside a Q4_0 block */
     CHECKF(lk_model_slice_bytes(g, &bad, &l, err, sizeof err) == LK_ERR_ARG && strstr(err, "inside a"), "%s", err);
+    bad = s; /* experts on a dense model: the loader and the byte list both refuse it */
+    bad.ep = true, bad.expert0 = 0, bad.expert1 = 1;
+    CHECKF(lk_model_slice_bytes(g, &bad, &l, err, sizeof err) == LK_ERR_ARG && strstr(err, "expert"), "%s", err);
+    lk_model *m = NULL;
+    CHECKF(lk_model_load(g, &bad, NULL, &m, err, sizeof err) == LK_ERR_ARG && strstr(err, "dense"), "%s", err);
     lk_ranges_free(&l);
     lk_gguf_close(g);
 }

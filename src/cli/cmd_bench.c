@@ -137,7 +137,7 @@ int lk_cmd_bench(int argc, char **argv) {
     const char *workers = NULL, *key_file = NULL, *transport = NULL, *wire = NULL, *tp_weights = NULL, *layers_split = NULL;
     const char *emulate_link = NULL;
     int64_t p = 512, n = 128, reps = 3, bw_mib = 0, local = 0, tp = 0, pp_stages = 0;
-    bool json = false, csv = false, md = false, kv_f16 = false, seal = false;
+    bool json = false, csv = false, md = false, kv_f16 = false, seal = false, ep = false;
     const lk_opt opts[] = {
         { "--model", "-m", LK_OPT_STR, &model, "FILE", "GGUF model (required)" },
         { "--threads", "-t", LK_OPT_STR, &threads_s, "N[,N..]", "thread counts to measure, per rank (default: the physical cores this process may run on, shared by --local ranks)" },
@@ -156,6 +156,7 @@ int lk_cmd_bench(int argc, char **argv) {
         { "--pp", NULL, LK_OPT_INT, &pp_stages, "N", "pipeline stages (with several sequences, stages work on different ones at once)" },
         { "--tp-weights", NULL, LK_OPT_STR, &tp_weights, "W,W,..", "relative share of each TP rank" },
         { "--layers-split", NULL, LK_OPT_STR, &layers_split, "N,N,..", "layers per pipeline stage" },
+        { "--expert-parallel", NULL, LK_OPT_FLAG, &ep, NULL, lk_expert_parallel_help },
         { "--transport", NULL, LK_OPT_STR, &transport, "NAME", "auto | tcp | shm | ucx (default auto)" },
         { "--wire", NULL, LK_OPT_STR, &wire, "FMT", "all-reduce wire format: f32 (default), f16, bf16, q8" },
         { "--seal", NULL, LK_OPT_FLAG, &seal, NULL, "seal the cluster's TCP links (see 'lockstep run --help')" },
@@ -240,6 +241,7 @@ int lk_cmd_bench(int argc, char **argv) {
                               .kv_budget = (int64_t)smax * (ctx + 64), /* a page of slack per sequence (pages are 32 or 64) */
                               .workers = workers, .key_file = key_file, .local = (int)local, .tp = (int)tp,
                               .pp = (int)pp_stages, .tp_weights = tp_weights, .layers_split = layers_split,
+                              .expert_parallel = ep,
                               .transport = transport, .wire = wire, .seal = seal,
                               .emulate_link = emulate_link };
         lk_engine *e = NULL;

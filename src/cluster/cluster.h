@@ -53,8 +53,9 @@
  * both INFO frames (required), and sealed links may follow the handshake.
  * 3: LOAD carries the sequence slots and KV budget; steps (many sequences
  * each) go over the data mesh instead of STEP frames on the control link.
+ * 4: LOAD's slice says which experts the rank holds (expert parallelism).
  * A peer of another version is refused with both numbers. */
-#define LK_WIRE_VERSION 3
+#define LK_WIRE_VERSION 4
 #define LK_WIRE_HDR     24
 #define LK_WIRE_MAX     (64u << 20) /* largest payload of any frame */
 
@@ -352,6 +353,7 @@ typedef struct {
     int         tp, pp;        /* 0: derived (tp x pp = ranks; default all TP) */
     const char *tp_weights;    /* "2,1,1" or NULL */
     const char *layers_split;  /* "3,2": layers per pipeline stage, or NULL (even) */
+    bool        expert_parallel; /* whole experts per TP rank (lk_plan_experts) instead of rows of every expert */
     const char *transport;     /* "auto" (NULL), "tcp", "shm" */
     int         n_ctx, n_batch, n_threads; /* per rank (threads 0: cores / local ranks) */
     int         max_seqs;      /* sequence slots (0: 1) */

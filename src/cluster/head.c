@@ -648,6 +648,8 @@ lk_status lk_cluster_open(const lk_cluster_opts *o, const lk_gguf *g, const lk_p
     if ((st = lk_plan_make_split(dims, tp, pp, o->tp_weights ? w : NULL, o->layers_split ? layers : NULL, slices,
                                  err, errlen)))
         return open_fail(c, st);
+    if (o->expert_parallel && (st = lk_plan_experts(dims, tp, pp, o->tp_weights ? w : NULL, slices, err, errlen)))
+        return open_fail(c, st);
     memcpy(c->slices, slices, sizeof(lk_slice) * (size_t)c->n);
 
     if (o->local > 1 && !o->workers) {
@@ -697,9 +699,11 @@ lk_status lk_cluster_open(const lk_cluster_opts *o, const lk_gguf *g, const lk_p
     pthread_create(&c->mon, NULL, monitor_main, c);
     c->mon_started = true;
     *head_slice = slices[0];
-    lk_log(LK_LOG_INFO, "cluster: %d ranks (tp %d x pp %d); head holds layers %d-%d, heads %d-%d, ffn rows %lld-%lld",
+    char ex[48] = "";
+    if (slices[0].ep) snprintf(ex, sizeof ex, ", experts %d-%d whole", slices[0].expert0, slices[0].expert1 - 1);
+    lk_log(LK_LOG_INFO, "cluster: %d ranks (tp %d x pp %d); head holds layers %d-%d, heads %d-%d, ffn rows %lld-%lld%s",
            c->n, tp, pp, slices[0].layer0, slices[0].layer1 - 1, slices[0].head0, slices[0].head1 - 1,
-           (long long)slices[0].ff0, (long long)slices[0].ff1 - 1);
+           (long long)slices[0].ff0, (long long)slices[0].ff1 - 1, ex);
     *out = c;
     return LK_OK;
 }

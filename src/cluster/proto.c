@@ -11,6 +11,7 @@ static void put_slice(lk_wbuf *w, const lk_slice *s) {
     lk_wb_u32(w, (uint32_t)s->kv_head0); lk_wb_u32(w, (uint32_t)s->kv_head1);
     lk_wb_u64(w, (uint64_t)s->ff0); lk_wb_u64(w, (uint64_t)s->ff1);
     lk_wb_u64(w, (uint64_t)s->vocab0); lk_wb_u64(w, (uint64_t)s->vocab1);
+    lk_wb_u8(w, s->ep); lk_wb_u32(w, (uint32_t)s->expert0); lk_wb_u32(w, (uint32_t)s->expert1); /* version 4 */
 }
 
 static void get_slice(lk_rbuf *r, lk_slice *s) {
@@ -21,6 +22,10 @@ static void get_slice(lk_rbuf *r, lk_slice *s) {
     s->kv_head0 = (int)lk_rb_u32(r); s->kv_head1 = (int)lk_rb_u32(r);
     s->ff0 = (int64_t)lk_rb_u64(r); s->ff1 = (int64_t)lk_rb_u64(r);
     s->vocab0 = (int64_t)lk_rb_u64(r); s->vocab1 = (int64_t)lk_rb_u64(r);
+    uint8_t ep = lk_rb_u8(r);
+    s->ep = ep != 0;
+    s->expert0 = (int)lk_rb_u32(r); s->expert1 = (int)lk_rb_u32(r);
+    if (ep > 1) r->ok = false;
 }
 
 /* Ranges in order and inside sane bounds; the model checks them against
@@ -33,7 +38,8 @@ static bool slice_sane(const lk_slice *s) {
     return s->tp_size >= 1 && s->tp_size <= LK_MAX_RANKS && s->tp_rank >= 0 && s->tp_rank < s->tp_size &&
            s->pp_size >= 1 && s->pp_size <= LK_MAX_RANKS && s->pp_rank >= 0 && s->pp_rank < s->pp_size &&
            s->layer0 >= 0 && s->layer0 < s->layer1 && heads && s->ff0 >= 0 && s->ff0 <= s->ff1 &&
-           (s->head0 < s->head1 || s->ff0 < s->ff1) && s->vocab0 >= 0 && s->vocab0 < s->vocab1;
+           (s->head0 < s->head1 || s->ff0 < s->ff1) && s->vocab0 >= 0 && s->vocab0 < s->vocab1 &&
+           s->expert0 >= 0 && s->expert0 <= s->expert1 && s->expert1 <= 65536 && (!s->ep || s->expert0 < s->expert1);
 }
 
 uint32_t lk_proto_load_encode(const lk_load_msg *m, uint8_t *buf, uint32_t cap) {

@@ -401,9 +401,11 @@ static lk_status finish_load(session *s, const char *path, lk_loaded_msg *rep, c
     if (st) return st;
     const lk_slice *sl = lk_model_slice(s->m);
     if ((st = open_mesh_listener(s, rep, err, errlen))) return st;
-    lk_log(LK_LOG_INFO, "worker: rank %d of %d loaded %s: layers %d-%d, heads %d-%d, ffn rows %lld-%lld, vocab %lld-%lld",
+    char ex[48] = "";
+    if (sl->ep) snprintf(ex, sizeof ex, ", experts %d-%d whole", sl->expert0, sl->expert1 - 1);
+    lk_log(LK_LOG_INFO, "worker: rank %d of %d loaded %s: layers %d-%d, heads %d-%d, ffn rows %lld-%lld%s, vocab %lld-%lld",
            L->rank, L->n_ranks, path, sl->layer0, sl->layer1 - 1, sl->head0, sl->head1 - 1, (long long)sl->ff0,
-           (long long)sl->ff1 - 1, (long long)sl->vocab0, (long long)sl->vocab1 - 1);
+           (long long)sl->ff1 - 1, ex, (long long)sl->vocab0, (long long)sl->vocab1 - 1);
     return LK_OK;
 }
 
@@ -445,12 +447,15 @@ static void human(uint64_t n, char *buf, size_t len) {
 /* <cache>/<identity>-<layout> for the loaded slice. */
 static void entry_base(session *s) {
     const lk_slice *sl = &s->load.slice;
-    int64_t f[12] = {sl->layer0, sl->layer1, sl->head0, sl->head1, sl->kv_head0, sl->kv_head1,
-                     sl->ff0, sl->ff1, sl->vocab0, sl->vocab1, sl->pp_rank == 0, sl->pp_rank == sl->pp_size - 1};
-    uint8_t b[8 * 12], lh[crypto_generichash_BYTES_MIN]; /* 16: the shortest BLAKE2b libsodium gives; 8 are used */
-    for (int i = 0; i < 12; i++)
+    /* an expert-parallel slice adds its experts (the other layouts keep the names they had) */
+    int64_t f[15] = {sl->layer0, sl->layer1, sl->head0, sl->head1, sl->kv_head0, sl->kv_head1,
+                     sl->ff0, sl->ff1, sl->vocab0, sl->vocab1, sl->pp_rank == 0, sl->pp_rank == sl->pp_size - 1,
+                     sl->ep, sl->expert0, sl->expert1};
+    const int nf = sl->ep ? 15 : 12;
+    uint8_t b[8 * 15], lh[crypto_generichash_BYTES_MIN]; /* 16: the shortest BLAKE2b libsodium gives; 8 are used */
+    for (int i = 0; i < nf; i++)
         for (int k = 0; k < 8; k++) b[8 * i + k] = (uint8_t)((uint64_t)f[i] >> (8 * k));
-    LK_ASSERT(crypto_generichash(lh, sizeof lh, b, sizeof b, NULL, 0) == 0);
+    LK_ASSERT(crypto_generichash(lh, sizeof lh, b, (size_t)(8 * nf), NULL, 0) == 0);
     char id[2 * LK_MODEL_ID_BYTES + 1], lay[17];
     hex(s->load.model_id, LK_MODEL_ID_BYTES, id);
     hex(lh, 8, lay);
@@ -505,6 +510,9 @@ static lk_status meta_read(const session *s, const char *p, meta *m, char *err, 
               fscanf(f, " slice layers %d %d heads %d %d kv %d %d ff %lld %lld vocab %lld %lld first %d last %d",
                      &sl->layer0, &sl->layer1, &sl->head0, &sl->head1, &sl->kv_head0, &sl->kv_head1, &ff0, &ff1,
                      &v0, &v1, &first, &last) == 12;
+    /* an expert-parallel slice's experts follow on the same line */
+    int e0 = 0, e1 = 0;
+    if (ok && fscanf(f, " experts %d %d", &e0, &e1) == 2) sl->ep = true, sl->expert0 = e0, sl->expert1 = e1;
     fclose(f);
     sl->ff0 = ff0, sl->ff1 = ff1, sl->vocab0 = v0, sl->vocab1 = v1;
     /* a stage that is first and/or last, which is all lk_model_slice_bytes asks */
@@ -531,9 +539,11 @@ static lk_status meta_write(const session *s, const uint8_t digest[32], char *er
     fprintf(f, META_MAGIC "\nmodel %s\nsize %llu\nbytes %llu\nranges %llu\nranges_hash %s\ndigest %s\n", id,
             (unsigned long long)s->fm.size, (unsigned long long)s->fm.n_bytes, (unsigned long long)s->fm.n_ranges,
             rh, dg);
-    fprintf(f, "slice layers %d %d heads %d %d kv %d %d ff %lld %lld vocab %lld %lld first %d last %d\n", sl->layer0,
+    fprintf(f, "slice layers %d %d heads %d %d kv %d %d ff %lld %lld vocab %lld %lld first %d last %d", sl->layer0,
             sl->layer1, sl->head0, sl->head1, sl->kv_head0, sl->kv_head1, (long long)sl->ff0, (long long)sl->ff1,
             (long long)sl->vocab0, (long long)sl->vocab1, sl->pp_rank == 0, sl->pp_rank == sl->pp_size - 1);
+    if (sl->ep) fprintf(f, " experts %d %d", sl->expert0, sl->expert1);
+    fputc('\n', f);
     bool ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
     int e = errno;
     if (fclose(f) != 0 && ok) ok = false, e = errno;

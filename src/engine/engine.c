@@ -126,6 +126,11 @@ lk_status lk_engine_open(const lk_engine_opts *o, lk_engine **out, char *err, si
     if (st) { free(e); return st; }
     lk_model_config cfg;
     if ((st = lk_model_config_read(e->g, &cfg, err, errlen))) { lk_engine_close(e); return st; }
+    if (o->expert_parallel && cfg.n_expert == 0) {
+        lk_engine_close(e);
+        return lk_fail(err, errlen, LK_ERR_ARG, "--expert-parallel needs a mixture-of-experts model; %s is dense (%s)",
+                       o->model_path, cfg.arch_name);
+    }
     const int max_seqs = o->max_seqs > 0 ? o->max_seqs : 1;
     const int n_ctx = o->n_ctx > 0 ? o->n_ctx : LK_MIN(cfg.n_ctx_train, 4096);
     const int64_t kv = kv_positions(o, &cfg, n_ctx, max_seqs);
@@ -141,7 +146,8 @@ lk_status lk_engine_open(const lk_engine_opts *o, lk_engine **out, char *err, si
         lk_model_plan_dims(e->g, &cfg, &dims);
         lk_cluster_opts co = { .workers = o->workers, .local = o->local, .key_file = o->key_file,
                                .model_path = o->model_path, .tp = o->tp, .pp = o->pp, .tp_weights = o->tp_weights,
-                               .layers_split = o->layers_split, .transport = o->transport, .n_ctx = o->n_ctx,
+                               .layers_split = o->layers_split, .expert_parallel = o->expert_parallel,
+                               .transport = o->transport, .n_ctx = o->n_ctx,
                                .n_batch = o->n_batch, .n_threads = o->n_threads, .kv_f16 = o->kv_f16, .wire = o->wire,
                                .seal = o->seal, .max_seqs = max_seqs, .kv_tokens = kv,
                                .emulate_link = o->emulate_link };

@@ -613,6 +613,7 @@ void lk_model_plan_dims(const lk_gguf *g, const lk_model_config *c, lk_plan_dims
     d->n_head_kv = c->n_head_kv;
     d->n_ff = c->n_ff_split;
     d->n_vocab = c->n_vocab;
+    d->n_expert = c->n_expert;
     /* Wo and W2 are cut along their input columns: a cut must fall on a
      * quantisation block, so heads go in groups of block/head_dim and FFN
      * rows in multiples of the block. Output rows need no alignment. The
@@ -655,8 +656,8 @@ static int64_t ff_map(int64_t c, int64_t n, int64_t W, int64_t a) {
     return LK_MIN(W, a * r);
 }
 
-void lk_model_ffn_ranges(const lk_gguf *g, const lk_model_config *c, int64_t ff0, int64_t ff1, lk_ffn_ranges *r) {
-    const int64_t n = c->n_ff_split;
+void lk_model_ffn_ranges(const lk_gguf *g, const lk_model_config *c, const lk_slice *s, lk_ffn_ranges *r) {
+    const int64_t n = c->n_ff_split, ff0 = s->ff0, ff1 = s->ff1;
     memset(r, 0, sizeof *r);
     if (c->n_expert == 0) {
         r->dense0 = ff0, r->dense1 = ff1;
@@ -665,7 +666,14 @@ void lk_model_ffn_ranges(const lk_gguf *g, const lk_model_config *c, int64_t ff0
     int64_t ad = down_align(g, c, "ffn_down.weight"), ae = down_align(g, c, "ffn_down_exps.weight"),
             as = down_align(g, c, "ffn_down_shexp.weight");
     if (c->n_dense_lead > 0) r->dense0 = ff_map(ff0, n, c->n_ff, ad), r->dense1 = ff_map(ff1, n, c->n_ff, ad);
-    r->exp0 = ff_map(ff0, n, c->n_ff_exp, ae), r->exp1 = ff_map(ff1, n, c->n_ff_exp, ae);
+    if (s->ep) {
+        /* whole experts: no cut of their rows, so no block to respect */
+        r->e0 = s->expert0, r->e1 = s->expert1;
+        r->exp1 = r->e1 > r->e0 ? c->n_ff_exp : 0;
+    } else {
+        r->exp0 = ff_map(ff0, n, c->n_ff_exp, ae), r->exp1 = ff_map(ff1, n, c->n_ff_exp, ae);
+        r->e1 = r->exp1 > r->exp0 ? c->n_expert : 0;
+    }
     if (c->n_expert_shared) r->sh0 = ff_map(ff0, n, c->n_ff_shexp, as), r->sh1 = ff_map(ff1, n, c->n_ff_shexp, as);
 }
 
@@ -774,6 +782,9 @@ static lk_status check_slice(const lk_model_config *c, const lk_slice *s, char *
     bool ok = heads_ok && s->layer0 >= 0 && s->layer0 < s->layer1 && s->layer1 <= c->n_layer &&
               s->ff0 >= 0 && s->ff0 <= s->ff1 && s->ff1 <= c->n_ff_split && (s->ff1 > s->ff0 || s->head1 > s->head0) &&
               s->vocab0 >= 0 && s->vocab0 < s->vocab1 && s->vocab1 <= c->n_vocab;
+    if (ok && s->ep && (c->n_expert == 0 || s->expert0 < 0 || s->expert0 >= s->expert1 || s->expert1 > c->n_expert))
+        return lk_fail(err, errlen, LK_ERR_ARG, "expert-parallel slice does not fit the model: experts [%d,%d) of %d%s",
+                       s->expert0, s->expert1, c->n_expert, c->n_expert ? "" : " (a dense model)");
     if (!ok)
         return lk_fail(err, errlen, LK_ERR_ARG,
                        "slice does not fit the model: layers [%d,%d) heads [%d,%d) kv [%d,%d) ff [%lld,%lld) vocab [%lld,%lld)",
@@ -936,7 +947,7 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
     else lk_slice_full(&dims, &sl);
     if ((st = check_slice(&cfg, &sl, err, errlen))) return st;
     lk_ffn_ranges fr;
-    lk_model_ffn_ranges(g, &cfg, sl.ff0, sl.ff1, &fr);
+    lk_model_ffn_ranges(g, &cfg, &sl, &fr);
     /* column cuts must be on block boundaries */
     for (int l = sl.layer0; l < sl.layer1; l++) {
         if (lk_model_layer_recurrent(&cfg, l)) {
@@ -958,7 +969,7 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
               moe ? cfg.n_ff_exp : cfg.n_ff },
             { "ffn_down_shexp.weight", fr.sh0, fr.sh1, cfg.n_ff_shexp },
         };
-        for (int k = 0; k < (moe && cfg.n_expert_shared ? 2 : 1); k++) {
+        for (int k = moe && sl.ep ? 1 : 0; k < (moe && cfg.n_expert_shared ? 2 : 1); k++) {
             int64_t bd = lk_type_block_size(tensor(g, l, cuts[k].name)->type);
             if (cuts[k].f0 % bd || (cuts[k].f1 % bd && cuts[k].f1 != cuts[k].w))
                 return lk_fail(err, errlen, LK_ERR_ARG, "FFN rows [%lld,%lld) cut blk.%d.%s inside a %lld-element block",
@@ -975,6 +986,8 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
     m->fr = fr;
     m->nff = fr.dense1 - fr.dense0;
     m->nfe = fr.exp1 - fr.exp0;
+    m->ex0 = fr.e0;
+    m->ex1 = fr.e1;
     m->nfs = fr.sh1 - fr.sh0;
     m->nvoc = sl.vocab1 - sl.vocab0;
     if (cfg.n_recurrent) { /* the delta net's key heads follow the query heads' share (check_slice) */
@@ -1036,13 +1049,19 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
             w->ex = lk_xcalloc((size_t)E, sizeof(ffn_w));
             const lk_gguf_tensor *tg = tensor(g, l, "ffn_gate_exps.weight"), *tu = tensor(g, l, "ffn_up_exps.weight"),
                                  *td = tensor(g, l, "ffn_down_exps.weight");
-            for (int e = 0; e < E; e++) {
+            /* the experts held here (all of them, or with expert
+             * parallelism a range); the others stay empty views */
+            for (int e = fr.e0; e < fr.e1; e++) {
                 w->ex[e].w1 = mat_slab_rows(tg, e, fr.exp0, fr.exp1);
                 w->ex[e].w3 = mat_slab_rows(tu, e, fr.exp0, fr.exp1);
                 w->ex[e].w2 = mat_slab_cols(td, e, fr.exp0, fr.exp1);
             }
-            m->weight_bytes += mat_bytes(&w->wr) + (uint64_t)k * (mat_bytes(&w->ex[0].w1) + mat_bytes(&w->ex[0].w3) +
-                                                                  mat_bytes(&w->ex[0].w2));
+            /* a token reads k experts; the expected share held here is
+             * (e1 - e0) / E of them (all of them without expert
+             * parallelism, each a slice of its rows) */
+            const uint64_t one = fr.e1 > fr.e0 ? mat_bytes(&w->ex[fr.e0].w1) + mat_bytes(&w->ex[fr.e0].w3) +
+                                                     mat_bytes(&w->ex[fr.e0].w2) : 0;
+            m->weight_bytes += mat_bytes(&w->wr) + (uint64_t)k * (uint64_t)(fr.e1 - fr.e0) * one / (uint64_t)E;
             if (cfg.n_expert_shared) {
                 w->sh.w1 = mat_rows(tensor(g, l, "ffn_gate_shexp.weight"), fr.sh0, fr.sh1);
                 w->sh.w3 = mat_rows(tensor(g, l, "ffn_up_shexp.weight"), fr.sh0, fr.sh1);
@@ -1791,7 +1810,8 @@ static void moe_scratch_alloc(lk_model *m) {
     for (int i = 0; i < m->sl.layer1 - m->sl.layer0; i++) {
         const layer_w *w = &m->layers[i];
         if (!w->moe) continue;
-        const lk_mat *in[2] = {&w->ex[0].w1, &w->sh.w1}, *dn[2] = {&w->ex[0].w2, &w->sh.w2};
+        const int e = m->ex1 > m->ex0 ? m->ex0 : 0;
+        const lk_mat *in[2] = {&w->ex[e].w1, &w->sh.w1}, *dn[2] = {&w->ex[e].w2, &w->sh.w2};
         for (int j = 0; j < 2; j++) {
             size_t rb = 0;
             if (in[j]->rows > 0 && lk_type_row_bytes(lk_type_vec_dot(in[j]->type), (int64_t)d, &rb)) ain = LK_MAX(ain, rb);
@@ -1906,12 +1926,11 @@ static void moe_quant_in_fn(void *arg, int ith, int nth) {
     lk_model *m = j->m;
     const moe_scratch *ms = &m->ms;
     const int64_t d = m->cfg.n_embd;
-    const int routed = j->n * m->cfg.n_expert_used, slots = routed + (m->nfs > 0 ? j->n : 0);
-    const lk_type te = lk_type_vec_dot(j->w->ex[0].w1.type), ts = lk_type_vec_dot(j->w->sh.w1.type);
+    const int routed = ms->n_routed, slots = routed + (m->nfs > 0 ? j->n : 0);
+    const lk_type te = lk_type_vec_dot(j->w->ex[m->ex0].w1.type), ts = lk_type_vec_dot(j->w->sh.w1.type);
     int64_t a, b;
     lk_split_range(slots, 1, ith, nth, &a, &b);
     for (int64_t s = a; s < b; s++) {
-        if (s < routed && m->nfe == 0) continue;
         lk_quantize_row_act(s < routed ? te : ts, m->xb + (size_t)ms->slot_row[s] * d,
                             (char *)ms->ain + (size_t)s * ms->ain_stride, d);
     }
@@ -1942,12 +1961,11 @@ static void moe_quant_dn_fn(void *arg, int ith, int nth) {
     moe_job *j = arg;
     lk_model *m = j->m;
     const moe_scratch *ms = &m->ms;
-    const int routed = j->n * m->cfg.n_expert_used, slots = routed + (m->nfs > 0 ? j->n : 0);
-    const lk_type te = lk_type_vec_dot(j->w->ex[0].w2.type), ts = lk_type_vec_dot(j->w->sh.w2.type);
+    const int routed = ms->n_routed, slots = routed + (m->nfs > 0 ? j->n : 0);
+    const lk_type te = lk_type_vec_dot(j->w->ex[m->ex0].w2.type), ts = lk_type_vec_dot(j->w->sh.w2.type);
     int64_t a, b;
     lk_split_range(slots, 1, ith, nth, &a, &b);
     for (int64_t s = a; s < b; s++) {
-        if (s < routed && m->nfe == 0) continue;
         lk_quantize_row_act(s < routed ? te : ts, ms->hg + (size_t)s * ms->fmax,
                             (char *)ms->adn + (size_t)s * ms->adn_stride, s < routed ? m->nfe : m->nfs);
     }
@@ -1971,22 +1989,24 @@ static void moe_down_fn(void *arg, int ith, int nth) {
                         f->w2.row_stride, ns, (const char *)ms->adn + (size_t)s0 * ms->adn_stride, ms->adn_stride,
                         ms->eo + (size_t)s0 * d + r0, (size_t)d);
     }
-    /* this thread's output rows of every token: the weighted experts in the
-     * router's order, then the shared expert */
+    /* this thread's output rows of every token: the weighted experts held
+     * here in the router's order (each weight applied once, by the rank
+     * holding the expert), then the shared expert's share */
     for (int t = 0; t < j->n; t++) {
         float *o = m->o + (size_t)t * d;
-        if (m->nfe > 0) {
-            const float *e0 = ms->eo + (size_t)ms->row_slot[t * k] * d;
-            const float w0 = ms->wgt[t * k];
-            for (int64_t i = r0; i < r1; i++) o[i] = w0 * e0[i];
-            for (int q = 1; q < k; q++) {
-                const float *eq = ms->eo + (size_t)ms->row_slot[t * k + q] * d;
-                const float wq = ms->wgt[t * k + q];
+        bool first = true;
+        for (int q = 0; q < k; q++) {
+            const int32_t sq = ms->row_slot[t * k + q];
+            if (sq < 0) continue;
+            const float *eq = ms->eo + (size_t)sq * d;
+            const float wq = ms->wgt[t * k + q];
+            if (first)
+                for (int64_t i = r0; i < r1; i++) o[i] = wq * eq[i];
+            else
                 for (int64_t i = r0; i < r1; i++) o[i] += wq * eq[i];
-            }
-        } else {
-            memset(o + r0, 0, sizeof(float) * (size_t)(r1 - r0));
+            first = false;
         }
+        if (first) memset(o + r0, 0, sizeof(float) * (size_t)(r1 - r0));
         if (m->nfs > 0) {
             const float *sh = ms->eo + (size_t)ms->off[m->cfg.n_expert] * d + (size_t)t * d;
             if (j->w->sh_gate) {
@@ -2006,7 +2026,8 @@ static void moe_ffn(lk_model *m, int li, const float *x, int n) {
     moe_scratch *ms = &m->ms;
     const int64_t d = c->n_embd;
     const int E = c->n_expert, k = c->n_expert_used, layer = m->sl.layer0 + li;
-    if (m->nfe == 0 && m->nfs == 0 && !m->trace.logits) {
+    const bool experts = m->ex1 > m->ex0 && m->nfe > 0;
+    if (!experts && m->nfs == 0 && !m->trace.logits) {
         memset(m->o, 0, sizeof(float) * (size_t)n * d);
         return;
     }
@@ -2023,36 +2044,46 @@ static void moe_ffn(lk_model *m, int li, const float *x, int n) {
         memcpy(m->trace.logits + base * E, ms->logits, sizeof(float) * (size_t)n * E);
         memcpy(m->trace.experts + base * k, ms->sel, sizeof(int32_t) * (size_t)n * k);
         memcpy(m->trace.weights + base * k, ms->wgt, sizeof(float) * (size_t)n * k);
-        if (m->nfe == 0 && m->nfs == 0) {
+        if (!experts && m->nfs == 0) {
             memset(m->o, 0, sizeof(float) * (size_t)n * d);
             return;
         }
     }
-    /* group the (token, expert) pairs by expert: a counting sort */
+    /* group the (token, expert) pairs of the experts held here by expert: a
+     * counting sort (the others are another rank's: no slot) */
+    const int e0 = experts ? m->ex0 : 0, e1 = experts ? m->ex1 : 0;
     memset(ms->cnt, 0, sizeof(int32_t) * (size_t)(E + 1));
     for (int i = 0; i < n * k; i++) ms->cnt[ms->sel[i]]++;
     int32_t acc = 0;
     ms->n_act = 0;
     for (int e = 0; e < E; e++) {
         ms->off[e] = acc;
-        acc += ms->cnt[e];
-        if (ms->cnt[e] && m->nfe > 0) ms->act[ms->n_act++] = e;
+        if (e >= e0 && e < e1) {
+            acc += ms->cnt[e];
+            if (ms->cnt[e]) ms->act[ms->n_act++] = e;
+        }
         ms->cnt[e] = 0; /* refilled below as a cursor */
     }
+    ms->n_routed = acc;
     for (int t = 0; t < n; t++)
         for (int j = 0; j < k; j++) {
-            const int e = ms->sel[t * k + j], s = ms->off[e] + ms->cnt[e]++;
+            const int e = ms->sel[t * k + j];
+            if (e < e0 || e >= e1) {
+                ms->row_slot[t * k + j] = -1;
+                continue;
+            }
+            const int s = ms->off[e] + ms->cnt[e]++;
             ms->slot_row[s] = t;
             ms->row_slot[t * k + j] = s;
         }
     if (m->nfs > 0) {
-        ms->off[E] = n * k;
+        ms->off[E] = acc;
         ms->cnt[E] = n;
-        for (int t = 0; t < n; t++) ms->slot_row[n * k + t] = t;
+        for (int t = 0; t < n; t++) ms->slot_row[acc + t] = t;
         ms->act[ms->n_act++] = E;
     }
     moe_job j = { m, w, n };
-    const int slots = n * k + (m->nfs > 0 ? n : 0);
+    const int slots = acc + (m->nfs > 0 ? n : 0);
     const bool par = slots >= 4 && lk_pool_size(m->pool) > 1;
     if (par) lk_pool_run(m->pool, moe_quant_in_fn, &j);
     else moe_quant_in_fn(&j, 0, 1);

@@ -151,9 +151,13 @@ void lk_model_plan_dims(const lk_gguf *g, const lk_model_config *cfg, lk_plan_di
  * elements maps a cut c to a * round(c * ceil(W / a) / n_ff_split), capped
  * at W. The map is monotone and takes 0 to 0 and n_ff_split to W, so the
  * ranks' ranges of every kind are contiguous, disjoint and cover it, cut on
- * block boundaries. Used by the loader and by lk_model_slice_bytes alike. */
-typedef struct { int64_t dense0, dense1, exp0, exp1, sh0, sh1; } lk_ffn_ranges;
-void lk_model_ffn_ranges(const lk_gguf *g, const lk_model_config *c, int64_t ff0, int64_t ff1, lk_ffn_ranges *r);
+ * block boundaries. Used by the loader and by lk_model_slice_bytes alike.
+ * With expert parallelism (lk_slice.ep) the routed experts are not cut:
+ * the slice holds experts [e0, e1) with all their rows, exp0 = 0 and
+ * exp1 = n_ff_exp; otherwise [e0, e1) is every expert (none when the
+ * slice holds no expert rows). */
+typedef struct { int64_t dense0, dense1, exp0, exp1, sh0, sh1; int e0, e1; } lk_ffn_ranges;
+void lk_model_ffn_ranges(const lk_gguf *g, const lk_model_config *c, const lk_slice *s, lk_ffn_ranges *r);
 
 /* Parameters: all, and those one token reads (attention, dense FFNs, the
  * router, n_expert_used experts and the shared expert, embedding row and

@@ -33,7 +33,9 @@ typedef struct {
     const float *q_a_norm, *kv_a_norm;     /* (q_lora), (kl) */
     /* mixture-of-experts layer (moe): the router and exp_probs_b are whole
      * on every rank (every rank routes every token, the same way); each
-     * expert and the shared expert are sliced like a dense FFN */
+     * expert and the shared expert are sliced like a dense FFN, or with
+     * expert parallelism the rank holds experts [ex0, ex1) whole and the
+     * others' views are empty */
     bool moe;
     lk_mat wr;                             /* ffn_gate_inp [E, d] */
     const float *exp_b;                    /* (E) selection bias, or NULL */
@@ -60,10 +62,12 @@ typedef struct {
 } layer_w;
 
 /* Scratch of the mixture-of-experts FFN, sized at load for n_batch tokens.
- * A "slot" is one (token, expert) pair: slots are grouped by expert in
- * expert order (within an expert, tokens in batch order), then one slot
- * per token for the shared expert, so every expert's tokens are
- * consecutive rows for the matrix kernel. */
+ * A "slot" is one (token, expert) pair whose expert this rank holds: slots
+ * are grouped by expert in expert order (within an expert, tokens in batch
+ * order), n_routed of them, then one slot per token for the shared expert,
+ * so every expert's tokens are consecutive rows for the matrix kernel.
+ * Pairs whose expert another rank holds (expert parallelism) get no slot:
+ * row_slot -1. */
 typedef struct {
     float   *logits;     /* (B, E) router logits */
     float   *probs;      /* (E) one row's scores */
@@ -71,11 +75,12 @@ typedef struct {
     float   *gsc;        /* (groups) one row's group scores */
     int32_t *sel;        /* (B, k) chosen experts, best first */
     float   *wgt;        /* (B, k) their weights */
-    int32_t *row_slot;   /* (B, k) slot of (token, j) */
+    int32_t *row_slot;   /* (B, k) slot of (token, j), -1: the expert is on another rank */
     int32_t *slot_row;   /* (B*k + B) token of each slot */
     int32_t *cnt, *off;  /* (E + 1) tokens per expert, first slot of each */
     int32_t *act;        /* (E + 1) experts with tokens in this batch (then the shared one, index E) */
     int      n_act;
+    int      n_routed;   /* slots of routed experts (before the shared expert's) */
     void    *ain;        /* (slots, ain_stride) quantised FFN input per slot */
     void    *adn;        /* (slots, adn_stride) quantised SwiGLU output per slot */
     size_t   ain_stride, adn_stride;
@@ -92,7 +97,9 @@ struct lk_model {
     int nh, nkv;            /* local heads, local kv heads */
     int64_t nff, nvoc;      /* local dense FFN rows, local vocab rows */
     lk_ffn_ranges fr;       /* FFN rows of each kind here (dense, expert, shared) */
-    int64_t nfe, nfs;       /* local expert rows, local shared-expert rows */
+    int64_t nfe, nfs;       /* local rows of each expert held, local shared-expert rows */
+    int ex0, ex1;           /* routed experts held here (lk_ffn_ranges e0, e1): all, a range (expert
+                               parallelism), or none */
     moe_scratch ms;
     lk_route_trace trace;
     const lk_gguf *g;

@@ -17,9 +17,12 @@
  *                         W1/W3 rows [ff0, ff1); W2: those columns of every row;
  *   each MoE layer        the router (ffn_gate_inp) and exp_probs_b, whole
  *                         (every rank routes every token); of every expert
- *                         slab its rows of gate/up and its columns of down;
- *                         the shared expert likewise. Which rows of each
- *                         kind of FFN a slice holds: lk_model_ffn_ranges.
+ *                         slab its rows of gate/up and its columns of down,
+ *                         or with expert parallelism (lk_slice.ep) the
+ *                         whole slabs of its experts and nothing of the
+ *                         others; the shared expert cut like a dense FFN.
+ *                         Which rows of each kind of FFN and which experts
+ *                         a slice holds: lk_model_ffn_ranges.
  * Norms are listed even where a slice without heads (or FFN rows) skips them:
  * a few KiB, and one rule less to get wrong. */
 #include "model/model.h"
@@ -159,17 +162,18 @@ lk_status lk_model_slice_bytes(const lk_gguf *g, const lk_slice *s, lk_ranges *o
                 s->layer0 < s->layer1 && s->layer1 <= c.n_layer && s->head0 >= 0 && s->head0 <= s->head1 &&
                 s->head1 <= c.n_head && s->kv_head0 >= 0 && s->kv_head0 <= s->kv_head1 && s->kv_head1 <= c.n_head_kv &&
                 s->ff0 >= 0 && s->ff0 <= s->ff1 && s->ff1 <= c.n_ff_split && s->vocab0 >= 0 && s->vocab0 <= s->vocab1 &&
-                s->vocab1 <= c.n_vocab;
+                s->vocab1 <= c.n_vocab &&
+                (!s->ep || (c.n_expert > 0 && s->expert0 >= 0 && s->expert0 < s->expert1 && s->expert1 <= c.n_expert));
     if (!fits)
         return lk_fail(err, errlen, LK_ERR_ARG,
                        "slice does not fit the model: stage %d of %d, layers [%d,%d) heads [%d,%d) kv [%d,%d) "
-                       "ff [%lld,%lld) vocab [%lld,%lld)", s->pp_rank, s->pp_size, s->layer0, s->layer1, s->head0,
+                       "ff [%lld,%lld) vocab [%lld,%lld)%s", s->pp_rank, s->pp_size, s->layer0, s->layer1, s->head0,
                        s->head1, s->kv_head0, s->kv_head1, (long long)s->ff0, (long long)s->ff1,
-                       (long long)s->vocab0, (long long)s->vocab1);
+                       (long long)s->vocab0, (long long)s->vocab1, s->ep ? " (expert-parallel experts out of range)" : "");
     walk w = {g, out, err, errlen};
     const int64_t hd = c.head_dim;
     lk_ffn_ranges fr;
-    lk_model_ffn_ranges(g, &c, s->ff0, s->ff1, &fr);
+    lk_model_ffn_ranges(g, &c, s, &fr);
     lk_ranges_add(out, 0, LK_MIN(lk_gguf_data_offset(g), lk_gguf_file_size(g)));
     const lk_gguf_tensor *emb = find(&w, -1, "token_embd.weight");
     if (s->pp_rank == 0) whole(&w, emb);
@@ -231,7 +235,7 @@ lk_status lk_model_slice_bytes(const lk_gguf *g, const lk_slice *s, lk_ranges *o
             whole(&w, find(&w, l, "ffn_gate_inp_shexp.weight"));
             const lk_gguf_tensor *tg = find(&w, l, "ffn_gate_exps.weight"), *tu = find(&w, l, "ffn_up_exps.weight"),
                                  *td = find(&w, l, "ffn_down_exps.weight");
-            for (int e = 0; e < c.n_expert && !st; e++) {
+            for (int e = fr.e0; e < fr.e1 && !st; e++) {
                 slab_rows(&w, tg, e, fr.exp0, fr.exp1);
                 slab_rows(&w, tu, e, fr.exp0, fr.exp1);
                 st = slab_cols(&w, td, e, fr.exp0, fr.exp1);

@@ -22,12 +22,20 @@ typedef struct {
     int kv_head0, kv_head1;   /* KV heads stored here (covers head0..head1-1) */
     int64_t ff0, ff1;         /* FFN hidden rows (gate/up rows, down columns) */
     int64_t vocab0, vocab1;   /* output-projection rows */
+    /* Routed experts of a mixture. Without expert parallelism (ep false)
+     * every rank holds rows [ff0, ff1) of every expert (as a dense FFN) and
+     * the range is [0, n_expert). With it (--expert-parallel) this rank
+     * holds experts [expert0, expert1) whole, every row, and none of the
+     * others; the shared expert and dense layers stay cut by [ff0, ff1). */
+    bool ep;
+    int expert0, expert1;
 } lk_slice;
 
 /* The model dimensions a plan needs (filled by the model part). */
 typedef struct {
     int     n_layer, n_head, n_head_kv;
     int64_t n_ff, n_vocab;
+    int     n_expert;         /* routed experts (0: dense) */
     /* Alignment units so that quantised blocks are never cut: a head range
      * boundary must fall on a multiple of head_align heads, an FFN boundary
      * on a multiple of ff_align rows (from the block size of Wo / W2). */
@@ -44,6 +52,14 @@ void lk_slice_full(const lk_plan_dims *d, lk_slice *s);
  * (e.g. more TP ranks than alignable head groups). */
 lk_status lk_plan_make(const lk_plan_dims *d, int tp, int pp, const double *weights,
                        lk_slice *out, char *err, size_t errlen);
+
+/* Expert parallelism: places whole experts on the TP ranks of every stage
+ * of a plan lk_plan_make made (out, tp x pp slices): contiguous ranges in
+ * proportion to weights (NULL: even), so expert e of E is on rank
+ * e * tp / E when even. Fails on a dense model and on more TP ranks than
+ * experts. Attention, the shared expert and dense layers keep their cuts. */
+lk_status lk_plan_experts(const lk_plan_dims *d, int tp, int pp, const double *weights, lk_slice *out,
+                          char *err, size_t errlen);
 
 /* Hooks the forward pass calls. allreduce_sum sums x[0..n) over the TP group
  * in rank order (so results never depend on timing) and leaves the sum in x

@@ -22,6 +22,7 @@ void lk_slice_full(const lk_plan_dims *d, lk_slice *s) {
     s->kv_head1 = d->n_head_kv;
     s->ff1 = d->n_ff;
     s->vocab1 = d->n_vocab;
+    s->expert1 = d->n_expert;
 }
 
 /* Cuts [0, U) into k parts: cut[0] = 0 <= cut[1] <= ... <= cut[k] = U, sized
@@ -151,6 +152,7 @@ lk_status lk_plan_make_split(const lk_plan_dims *d, int tp, int pp, const double
             s->ff1 = LK_MIN(fcut[t + 1] * fa, d->n_ff);
             s->vocab0 = LK_MIN(vcut[t] * va, d->n_vocab);
             s->vocab1 = LK_MIN(vcut[t + 1] * va, d->n_vocab);
+            s->expert1 = d->n_expert;
         }
     return LK_OK;
 }
@@ -158,4 +160,25 @@ lk_status lk_plan_make_split(const lk_plan_dims *d, int tp, int pp, const double
 lk_status lk_plan_make(const lk_plan_dims *d, int tp, int pp, const double *weights,
                        lk_slice *out, char *err, size_t errlen) {
     return lk_plan_make_split(d, tp, pp, weights, NULL, out, err, errlen);
+}
+
+lk_status lk_plan_experts(const lk_plan_dims *d, int tp, int pp, const double *weights, lk_slice *out,
+                          char *err, size_t errlen) {
+    if (tp < 1 || pp < 1 || tp > 256 || pp > 256)
+        return lk_fail(err, errlen, LK_ERR_ARG, "plan: --tp %d --pp %d: each must be 1..256", tp, pp);
+    if (d->n_expert < 1)
+        return lk_fail(err, errlen, LK_ERR_ARG, "--expert-parallel needs a mixture-of-experts model; this one is dense");
+    if (tp > d->n_expert)
+        return lk_fail(err, errlen, LK_ERR_ARG, "--expert-parallel: %d tensor-parallel ranks but the model has only %d "
+                       "experts (at least one each)", tp, d->n_expert);
+    int64_t ecut[257];
+    cut_units(d->n_expert, tp, weights, ecut);
+    for (int p = 0; p < pp; p++)
+        for (int t = 0; t < tp; t++) {
+            lk_slice *s = &out[p * tp + t];
+            s->ep = true;
+            s->expert0 = (int)ecut[t];
+            s->expert1 = (int)ecut[t + 1];
+        }
+    return LK_OK;
 }
