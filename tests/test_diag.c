@@ -21,7 +21,7 @@ static bool near(double a, double b, double rel) { return fabs(a - b) <= rel * f
  * bytes); output 4 MB, embedding 4 MB; 8 heads = 8 KV heads of 128. */
 static lk_diag_shape toy(void) {
     lk_diag_shape s = {.n_embd = 1024, .n_layer = 4, .n_head = 8, .n_head_kv = 8, .head_dim = 128, .n_ff = 4096,
-                       .n_vocab = 1000};
+                       .n_vocab = 1000, .kv_row = 2 * 8 * 128};
     s.qo_bytes = 1e6, s.kv_bytes = 1e6, s.ffn_bytes = 2e6;
     s.qo_elems = 2e6, s.kv_elems = 2e6, s.ffn_elems = 4e6;
     s.out_bytes = 4e6, s.out_elems = 8e6, s.embd_bytes = 4e6;
@@ -180,6 +180,20 @@ TEST(builtin_shape) {
     CHECKF(s.ffn_bytes == 3.0 * 2048 * 5632 * 18 / 32, "%g", s.ffn_bytes);
     CHECK(s.n_layer == 22 && s.n_head_kv == 4 && s.out_bytes == 2048.0 * 32000 * 18 / 32);
     CHECK(lk_diag_shape_name(0) && !lk_diag_shape_name(1000));
+    CHECK(s.kv_row == 2.0 * 4 * 64);
+}
+
+/* MLA (deepseek2): the file's key_length is the absorbed key, kv_lora +
+ * rope (the synth file: 128 + 32 = 160), and the cache holds that one
+ * latent row per position and layer, not keys and values per head: the KV
+ * term of plan must count 160 elements, not 2 x 1 x 160. */
+TEST(mla_shape_counts_the_latent) {
+    lk_diag_shape s;
+    char err[512];
+    if (lk_diag_shape_gguf(lk_td("synth/synth-deepseek2-f16.gguf"), &s, err, sizeof err)) { CHECKF(0, "%s", err); return; }
+    CHECKF(s.n_head_kv == 1 && s.kv_row == 160, "n_head_kv %lld kv_row %g", (long long)s.n_head_kv, s.kv_row);
+    if (lk_diag_shape_gguf(lk_td("synth/synth-qwen3moe-f16.gguf"), &s, err, sizeof err)) { CHECKF(0, "%s", err); return; }
+    CHECKF(s.kv_row == 2.0 * (double)s.n_head_kv * (double)s.head_dim, "qwen3moe kv_row %g", s.kv_row);
 }
 
 /* A GGUF of a small llama shape, then the same file cut right after its
@@ -411,6 +425,7 @@ int main(void) {
     RUN(node_profile_from_bench);
     RUN(netbench_table);
     RUN(builtin_shape);
+    RUN(mla_shape_counts_the_latent);
     RUN(gguf_header_only);
     RUN(linkemu_delay_and_rate);
     return lk_test_end();

@@ -36,6 +36,10 @@ typedef struct {
     char    arch[32], name[64];
     int64_t n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train;
     int64_t n_expert, n_expert_used;   /* 0: dense (MoE is not modelled yet) */
+    /* KV cache elements per position and layer, whole model: keys and
+     * values, 2 x n_head_kv x head_dim; MLA (deepseek2) caches the latent,
+     * kv_lora + rope dims, once (n_head_kv 1: every rank with heads holds it) */
+    double  kv_row;
     /* per layer, bytes and elements: */
     double  qo_bytes, qo_elems;        /* Wq + Wo: split by query heads under TP */
     double  kv_bytes, kv_elems;        /* Wk + Wv: split by KV heads (replicated past n_head_kv ranks) */

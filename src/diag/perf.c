@@ -12,8 +12,9 @@
  *   weights    W_s = L_s (Wqo f + Wkv f_kv + Wffn f) [+ Wout f on the last
  *              stage when the step samples]: bytes a rank streams per step,
  *              once for all the step's tokens
- *   KV         Q items x c positions x kv_pos_s bytes, kv_pos_s = L_s x 2 x
- *              n_head_kv f_kv x head_dim x (4 F32, 2 F16)
+ *   KV         Q items x c positions x kv_pos_s bytes, kv_pos_s = L_s x
+ *              kv_row f_kv x (4 F32, 2 F16), kv_row = 2 x n_head_kv x
+ *              head_dim (MLA: kv_lora + rope, the latent, on every rank)
  *   compute    2 x elements per token (T tokens) + attention 4 x L_s x
  *              n_head f x head_dim x c per token + 2 x Wout f elements per
  *              sampling item, at the node's GFLOP/s
@@ -138,7 +139,7 @@ static stage_cost stage_step(const ctx_t *c, int st, double T, double Q, double 
     bool last = st == c->m - 1;
     double bytes = Ls * (s->qo_bytes * c->f + s->kv_bytes * c->f_kv + s->ffn_bytes * c->f);
     double elems = Ls * (s->qo_elems * c->f + s->kv_elems * c->f_kv + s->ffn_elems * c->f);
-    double kv_pos = Ls * 2.0 * (double)s->n_head_kv * c->f_kv * (double)s->head_dim * c->kvel;
+    double kv_pos = Ls * s->kv_row * c->f_kv * c->kvel;
     bytes += Q * cpos * kv_pos;
     double flops = 2.0 * T * elems + T * 4.0 * Ls * (double)s->n_head * c->f * (double)s->head_dim * cpos;
     if (last && n_samp > 0) bytes += s->out_bytes * c->f, flops += 2.0 * n_samp * s->out_elems * c->f;
@@ -265,7 +266,7 @@ void lk_diag_estimate(const lk_diag_shape *s, const lk_diag_hw *hw, const lk_dia
         double w = Ls * (s->qo_bytes * c.f + s->kv_bytes * c.f_kv + s->ffn_bytes * c.f);
         if (st == pp - 1) w += s->out_bytes * c.f;
         if (st == 0) w += s->embd_bytes;
-        double kv = (double)run->seqs * run->ctx * Ls * 2.0 * (double)s->n_head_kv * c.f_kv * (double)s->head_dim * kvel;
+        double kv = (double)run->seqs * run->ctx * Ls * s->kv_row * c.f_kv * kvel;
         double scratch = (double)run->n_batch * 4.0 * (4.0 * (double)s->n_embd + 3.0 * (double)s->n_ff * c.f) +
                          16.0 * 4.0 * (double)s->n_vocab * c.f;
         double r = w + kv + scratch;

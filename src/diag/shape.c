@@ -171,7 +171,7 @@ lk_status lk_diag_shape_gguf(const char *path, lk_diag_shape *s, char *err, size
     /* metadata: keys are matched by their suffix after "<arch>.", since
      * general.architecture need not come first */
     int64_t ctx_len = 0, embd = 0, blocks = 0, ff = 0, ff_exp = 0, heads = 0, heads_kv = 0, key_len = 0, vocab = 0, n_exp = 0,
-            n_exp_used = 0;
+            n_exp_used = 0, kv_lora = 0, n_rot = 0;
     char key[256], arch[32] = "", name[64] = "";
     for (uint64_t i = 0; i < n_kv && r.ok; i++) {
         rd_str(&r, key, sizeof key, "metadata key");
@@ -199,6 +199,8 @@ lk_status lk_diag_shape_gguf(const char *path, lk_diag_shape *s, char *err, size
         else if (!strcmp(k, "expert_count")) n_exp = iv;
         else if (!strcmp(k, "expert_feed_forward_length")) ff_exp = iv;
         else if (!strcmp(k, "expert_used_count")) n_exp_used = iv;
+        else if (!strcmp(k, "attention.kv_lora_rank")) kv_lora = iv;
+        else if (!strcmp(k, "rope.dimension_count")) n_rot = iv;
     }
     /* tensor index */
     bool has_out = false;
@@ -262,6 +264,11 @@ lk_status lk_diag_shape_gguf(const char *path, lk_diag_shape *s, char *err, size
     s->n_embd = embd, s->n_layer = blocks, s->n_head = heads, s->n_head_kv = heads_kv > 0 ? heads_kv : heads;
     s->head_dim = key_len > 0 ? key_len : embd / heads;
     s->n_ff = ff, s->n_vocab = vocab, s->n_ctx_train = ctx_len, s->n_expert = n_exp, s->n_expert_used = n_exp_used;
+    /* MLA: key_length (576 for DeepSeek-V3) is the absorbed key, kv_lora +
+     * rope; the cache holds that one row per position, not keys and values
+     * per head */
+    if (kv_lora > 0 && n_rot > 0) s->n_head_kv = 1, s->kv_row = (double)(kv_lora + n_rot);
+    else s->kv_row = 2.0 * (double)s->n_head_kv * (double)s->head_dim;
     double L = (double)blocks;
     s->qo_bytes /= L, s->qo_elems /= L, s->kv_bytes /= L, s->kv_elems /= L, s->ffn_bytes /= L, s->ffn_elems /= L;
     if (s->qo_bytes <= 0 || s->ffn_bytes <= 0)
@@ -315,6 +322,7 @@ bool lk_diag_shape_builtin(const char *name, uint32_t type, lk_diag_shape *s) {
     s->qo_elems = 2.0 * (double)b->n_embd * (double)q;
     s->kv_bytes = 2 * mat_bytes(type, b->n_embd, kv);
     s->kv_elems = 2.0 * (double)b->n_embd * (double)kv;
+    s->kv_row = 2.0 * (double)kv;
     s->ffn_bytes = 2 * mat_bytes(type, b->n_embd, b->n_ff) + mat_bytes(type, b->n_ff, b->n_embd);
     s->ffn_elems = 3.0 * (double)b->n_embd * (double)b->n_ff;
     s->embd_bytes = mat_bytes(type, b->n_embd, b->n_vocab);
