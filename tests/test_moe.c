@@ -11,6 +11,7 @@
 #include <jansson.h>
 #include <math.h>
 #include <pthread.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "gguf/gguf.h"
@@ -860,9 +861,11 @@ static void check_layouts(const moe_case *mc, const char *const *layouts, int n_
     json_decref(ref);
 }
 
+/* Under --tp the experts are whole per rank by default (expert
+ * parallelism); --no-expert-parallel cuts every expert by rows. */
 static const char *const moe_layouts[] = {
-    "", "--local 2 --tp 2 --transport shm", "--local 3 --tp 3 --transport tcp", "--local 2 --pp 2 --transport shm",
-    "--local 4 --tp 2 --pp 2 --transport tcp", "--local 2 --tp 2 --expert-parallel --transport shm",
+    "", "--local 2 --tp 2 --no-expert-parallel --transport shm", "--local 3 --tp 3 --no-expert-parallel --transport tcp",
+    "--local 2 --pp 2 --transport shm", "--local 4 --tp 2 --pp 2 --transport tcp", "--local 2 --tp 2 --transport shm",
 };
 
 /* All reference prompts as concurrent sequences (`run --prompts-file`,
@@ -933,12 +936,52 @@ TEST(glm4moe_f16_layouts) { check_layouts(&glm4moe_f16, moe_layouts, 6); }
 TEST(deepseek2_f16_layouts) { check_layouts(&deepseek2_f16, moe_layouts, 6); }
 /* Q4_K_M: its Q5_K attn_output keeps all 4 heads (one 256-block) on one TP
  * rank; the other holds only FFN rows and no latent cache */
-static const char *const q4km_layouts[] = { "--local 2 --tp 2 --transport shm", "--local 2 --pp 2 --transport shm",
+static const char *const q4km_layouts[] = { "--local 2 --tp 2 --no-expert-parallel --transport shm",
+                                            "--local 2 --pp 2 --transport shm",
                                             "--local 3 --tp 3 --expert-parallel --transport tcp" };
 TEST(deepseek2_q4_k_m_layouts) { check_layouts(&deepseek2_q4km, q4km_layouts, 3); }
-static const char *const batch_layouts[] = { "", "--local 2 --tp 2 --transport shm", "--local 2 --pp 2 --transport shm",
-                                             "--local 2 --tp 2 --expert-parallel --transport shm" };
+static const char *const batch_layouts[] = { "", "--local 2 --tp 2 --no-expert-parallel --transport shm",
+                                             "--local 2 --pp 2 --transport shm", "--local 2 --tp 2 --transport shm" };
 TEST(deepseek2_f16_batched) { check_batched(&deepseek2_f16, batch_layouts, 4); }
+
+/* `lockstep CMD` with stderr into a file; the exit status, the stderr text in out. */
+static int run_cmd(const char *args, char *out, size_t len) {
+    char cmd[1024], path[64];
+    snprintf(path, sizeof path, "/tmp/lk_moe_cmd_%d.err", (int)getpid());
+    snprintf(cmd, sizeof cmd, "%s %s >/dev/null 2>%s", bin(), args, path);
+    int rc = system(cmd);
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(out, 1, len - 1, f) : 0;
+    out[n] = 0;
+    if (f) fclose(f);
+    remove(path);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+/* Expert parallelism is the default under --tp for a mixture with enough
+ * experts (the head says which experts it holds), --no-expert-parallel cuts
+ * rows instead; impossible requests are refused, naming why. */
+TEST(expert_parallel_choice) {
+    char out[8192], args[512];
+    const char *m = lk_td("synth/synth-qwen3moe-f16.gguf");
+    snprintf(args, sizeof args, "run -m %s -p hi -n 1 -t 1 --local 2 --tp 2 --transport shm", m);
+    CHECKF(run_cmd(args, out, sizeof out) == 0 && strstr(out, "experts 0-3 whole"), "default: %s", out);
+    snprintf(args, sizeof args, "run -m %s -p hi -n 1 -t 1 --local 2 --tp 2 --transport shm --no-expert-parallel", m);
+    CHECKF(run_cmd(args, out, sizeof out) == 0 && !strstr(out, "whole"), "--no-expert-parallel: %s", out);
+    snprintf(args, sizeof args, "run -m %s -p hi -n 1 --local 2 --expert-parallel --no-expert-parallel", m);
+    CHECKF(run_cmd(args, out, sizeof out) == 2 && strstr(out, "not both"), "both flags: %s", out);
+    snprintf(args, sizeof args, "run -m %s -p hi -n 1 -t 1 --local 2 --expert-parallel", lk_td("models/stories260K.gguf"));
+    CHECKF(run_cmd(args, out, sizeof out) != 0 && strstr(out, "needs a mixture-of-experts model"), "dense: %s", out);
+    /* more TP ranks than experts: refused when asked for, rows by default */
+    lk_plan_dims d = { .n_layer = 2, .n_head = 8, .n_head_kv = 8, .n_ff = 768, .n_vocab = 600, .n_expert = 2,
+                       .head_align = 1, .ff_align = 32, .vocab_align = 1 };
+    lk_slice sl[3];
+    char err[LK_ERRLEN];
+    CHECK(lk_plan_make(&d, 3, 1, NULL, sl, err, sizeof err) == LK_OK);
+    CHECKF(lk_plan_experts(&d, 3, 1, NULL, sl, err, sizeof err) == LK_ERR_ARG && strstr(err, "only 2 experts"), "%s", err);
+    CHECK(lk_plan_experts(&d, 2, 1, NULL, sl, err, sizeof err) == LK_OK && sl[0].ep && sl[0].expert0 == 0 &&
+          sl[0].expert1 == 1 && sl[1].expert0 == 1 && sl[1].expert1 == 2);
+}
 
 /* gen-model's deepseek2-tiny (DeepSeek-V3's structure at the synth file's
  * size, written with the keys the converter writes): lockstep reads back
@@ -972,8 +1015,8 @@ TEST(deepseek2_gen_model_shape) {
     CHECKF(strstr(out, "MLA, 4 heads: q_lora 256, kv_lora 128") && strstr(out, "160 floats per position and layer") &&
            strstr(out, "4 groups of 2 (the best 2 compete)"), "info does not print the MLA facts:\n%s", out);
     json_t *ref = NULL;
-    const char *layouts[] = { "", "--local 2 --tp 2 --transport shm", "--local 2 --pp 2 --transport shm",
-                              "--local 2 --tp 2 --expert-parallel --transport shm" };
+    const char *layouts[] = { "", "--local 2 --tp 2 --no-expert-parallel --transport shm",
+                              "--local 2 --pp 2 --transport shm", "--local 2 --tp 2 --transport shm" };
     for (int l = 0; l < 4; l++) {
         json_t *o = run_json(path, "Once upon a time", 12, layouts[l], err, sizeof err);
         CHECKF(o, "%s", err);
@@ -1014,5 +1057,6 @@ int main(void) {
     RUN(deepseek2_q4_k_m_layouts);
     RUN(deepseek2_f16_batched);
     RUN(deepseek2_gen_model_shape);
+    RUN(expert_parallel_choice);
     return lk_test_end();
 }

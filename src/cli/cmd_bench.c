@@ -137,7 +137,7 @@ int lk_cmd_bench(int argc, char **argv) {
     const char *workers = NULL, *key_file = NULL, *transport = NULL, *wire = NULL, *tp_weights = NULL, *layers_split = NULL;
     const char *emulate_link = NULL;
     int64_t p = 512, n = 128, reps = 3, bw_mib = 0, local = 0, tp = 0, pp_stages = 0;
-    bool json = false, csv = false, md = false, kv_f16 = false, seal = false, ep = false;
+    bool json = false, csv = false, md = false, kv_f16 = false, seal = false, ep = false, no_ep = false;
     const lk_opt opts[] = {
         { "--model", "-m", LK_OPT_STR, &model, "FILE", "GGUF model (required)" },
         { "--threads", "-t", LK_OPT_STR, &threads_s, "N[,N..]", "thread counts to measure, per rank (default: the physical cores this process may run on, shared by --local ranks)" },
@@ -157,6 +157,7 @@ int lk_cmd_bench(int argc, char **argv) {
         { "--tp-weights", NULL, LK_OPT_STR, &tp_weights, "W,W,..", "relative share of each TP rank" },
         { "--layers-split", NULL, LK_OPT_STR, &layers_split, "N,N,..", "layers per pipeline stage" },
         { "--expert-parallel", NULL, LK_OPT_FLAG, &ep, NULL, lk_expert_parallel_help },
+        { "--no-expert-parallel", NULL, LK_OPT_FLAG, &no_ep, NULL, lk_no_expert_parallel_help },
         { "--transport", NULL, LK_OPT_STR, &transport, "NAME", "auto | tcp | shm | ucx (default auto)" },
         { "--wire", NULL, LK_OPT_STR, &wire, "FMT", "all-reduce wire format: f32 (default), f16, bf16, q8" },
         { "--seal", NULL, LK_OPT_FLAG, &seal, NULL, "seal the cluster's TCP links (see 'lockstep run --help')" },
@@ -176,6 +177,10 @@ int lk_cmd_bench(int argc, char **argv) {
     if (!model) { fprintf(stderr, "lockstep bench: -m FILE is required (see 'lockstep bench --help')\n"); return 2; }
     if (p < 0 || n < 0 || reps < 1 || reps > 1000 || bw_mib < 0 || (p == 0 && n == 0) || p + n + 1 > 1 << 20) {
         fprintf(stderr, "lockstep bench: -p, -n and -r must be sensible (p, n >= 0, not both 0; 1 <= r <= 1000)\n");
+        return 2;
+    }
+    if (ep && no_ep) {
+        fprintf(stderr, "lockstep bench: give --expert-parallel or --no-expert-parallel, not both\n");
         return 2;
     }
     if (local < 0 || tp < 0 || pp_stages < 0) {
@@ -241,7 +246,7 @@ int lk_cmd_bench(int argc, char **argv) {
                               .kv_budget = (int64_t)smax * (ctx + 64), /* a page of slack per sequence (pages are 32 or 64) */
                               .workers = workers, .key_file = key_file, .local = (int)local, .tp = (int)tp,
                               .pp = (int)pp_stages, .tp_weights = tp_weights, .layers_split = layers_split,
-                              .expert_parallel = ep,
+                              .expert_parallel = ep ? 1 : no_ep ? -1 : 0,
                               .transport = transport, .wire = wire, .seal = seal,
                               .emulate_link = emulate_link };
         lk_engine *e = NULL;

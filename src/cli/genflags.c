@@ -46,8 +46,13 @@ bool lk_emulate_link_check(const char *cmd, const char *spec, int64_t local, con
 
 const char lk_expert_parallel_help[] =
     "mixtures of experts: each TP rank holds whole experts (a contiguous range) and computes only the tokens routed "
-    "to them; attention, the shared expert and dense layers stay split by rows. Default: every rank holds a row "
-    "slice of every expert";
+    "to them; attention, the shared expert and dense layers stay split by rows. The default whenever the model has "
+    "at least as many experts as TP ranks (faster decode of one sequence: BENCHMARKS.md); this flag makes a layout "
+    "where it cannot be an error";
+const char lk_no_expert_parallel_help[] =
+    "mixtures of experts: every TP rank holds a row slice of every expert instead: 3-4 % faster with 16 sequences "
+    "in BENCHMARKS.md's run (inside its noise), and better balanced when a step's tokens pick few experts if the "
+    "expert rows split evenly over the ranks";
 
 void lk_genflags_init(lk_genflags *f) {
     /* --tp/--pp/--threads -1: not given (the cluster picks, the default
@@ -84,6 +89,7 @@ void lk_genflags_opts(lk_genflags *f, lk_opt *opts, int *n, int cap) {
         { "--tp-weights", NULL, LK_OPT_STR, &f->tp_weights, "W,W,..", "relative share of each TP rank (mixed-speed nodes)" },
         { "--layers-split", NULL, LK_OPT_STR, &f->layers_split, "N,N,..", "layers per pipeline stage" },
         { "--expert-parallel", NULL, LK_OPT_FLAG, &f->expert_parallel, NULL, lk_expert_parallel_help },
+        { "--no-expert-parallel", NULL, LK_OPT_FLAG, &f->no_expert_parallel, NULL, lk_no_expert_parallel_help },
         { "--transport", NULL, LK_OPT_STR, &f->transport, "NAME", "auto | tcp | shm | ucx | mpi (default auto; mpi under mpirun)" },
         { "--wire", NULL, LK_OPT_STR, &f->wire, "FMT", "all-reduce wire format: f32 (default, exact), f16, bf16, q8" },
         { "--seal", NULL, LK_OPT_FLAG, &f->seal, NULL, lk_seal_help },
@@ -216,6 +222,10 @@ bool lk_genflags_finish(lk_genflags *f, const char *cmd, lk_engine_opts *eo, lk_
     }
     if (!check_layout(f, cmd)) return false;
     if (!lk_emulate_link_check(cmd, f->emulate_link, f->local, f->workers, f->transport)) return false;
+    if (f->expert_parallel && f->no_expert_parallel) {
+        fprintf(stderr, "lockstep %s: give --expert-parallel or --no-expert-parallel, not both\n", cmd);
+        return false;
+    }
     int64_t kv_budget = 0;
     bool kv_bytes = false;
     if (f->kv_budget && !parse_budget(f->kv_budget, &kv_budget, &kv_bytes)) {
@@ -229,7 +239,8 @@ bool lk_genflags_finish(lk_genflags *f, const char *cmd, lk_engine_opts *eo, lk_
                             .n_batch = (int)f->batch, .kv_f16 = f->kv_f16, .kv_budget = kv_bytes ? 0 : kv_budget,
                             .kv_budget_bytes = kv_bytes ? kv_budget : 0, .workers = f->workers, .key_file = f->key_file,
                             .local = (int)f->local, .tp = (int)LK_MAX(f->tp, 0), .pp = (int)LK_MAX(f->pp, 0), .tp_weights = f->tp_weights,
-                            .layers_split = f->layers_split, .expert_parallel = f->expert_parallel,
+                            .layers_split = f->layers_split,
+                            .expert_parallel = f->expert_parallel ? 1 : f->no_expert_parallel ? -1 : 0,
                             .transport = f->transport, .wire = f->wire, .seal = f->seal, .emulate_link = f->emulate_link };
     lk_sampler_params_default(sp);
     sp->temp = (float)f->temp; sp->top_k = (int)f->top_k; sp->top_p = (float)f->top_p; sp->min_p = (float)f->min_p;

@@ -12,16 +12,16 @@ typedef struct {
     const char *model, *workers, *key_file, *tp_weights, *layers_split, *transport, *wire, *kv_budget, *emulate_link;
     int64_t threads, ctx, batch, top_k, seed, last_n, local, tp, pp;
     double temp, top_p, min_p, rep, freq, pres;
-    bool kv_f16, seal, expert_parallel;
+    bool kv_f16, seal, expert_parallel, no_expert_parallel;
 } lk_genflags;
 
 /* --seal's help, shared by run/chat, worker and netbench: what it does and
  * what it costs (measured with 'lockstep netbench --local 2 --transport tcp
  * [--seal]'; the figures are in genflags.c). */
 extern const char lk_seal_help[];
-/* --expert-parallel's help, shared with bench: what it does and when it
- * wins (measured: BENCHMARKS.md). */
-extern const char lk_expert_parallel_help[];
+/* --expert-parallel's and --no-expert-parallel's help, shared with bench:
+ * what they do and when each wins (measured: BENCHMARKS.md). */
+extern const char lk_expert_parallel_help[], lk_no_expert_parallel_help[];
 
 /* --emulate-link's help and its check (run, chat, serve, bench, doctor):
  * the spec parses (diag.h's grammar, ranks below `ranks`), --local is given,

@@ -353,7 +353,11 @@ typedef struct {
     int         tp, pp;        /* 0: derived (tp x pp = ranks; default all TP) */
     const char *tp_weights;    /* "2,1,1" or NULL */
     const char *layers_split;  /* "3,2": layers per pipeline stage, or NULL (even) */
-    bool        expert_parallel; /* whole experts per TP rank (lk_plan_experts) instead of rows of every expert */
+    /* Experts of a mixture: whole experts per TP rank (lk_plan_experts) or
+     * rows of every expert. 0: whole when the model has at least tp experts
+     * and tp > 1 (the faster decode: BENCHMARKS.md), 1: whole (an error
+     * when impossible), -1: rows. */
+    int         expert_parallel;
     const char *transport;     /* "auto" (NULL), "tcp", "shm" */
     int         n_ctx, n_batch, n_threads; /* per rank (threads 0: cores / local ranks) */
     int         max_seqs;      /* sequence slots (0: 1) */

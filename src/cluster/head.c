@@ -648,7 +648,8 @@ lk_status lk_cluster_open(const lk_cluster_opts *o, const lk_gguf *g, const lk_p
     if ((st = lk_plan_make_split(dims, tp, pp, o->tp_weights ? w : NULL, o->layers_split ? layers : NULL, slices,
                                  err, errlen)))
         return open_fail(c, st);
-    if (o->expert_parallel && (st = lk_plan_experts(dims, tp, pp, o->tp_weights ? w : NULL, slices, err, errlen)))
+    const bool ep = o->expert_parallel > 0 || (o->expert_parallel == 0 && tp > 1 && dims->n_expert >= tp);
+    if (ep && (st = lk_plan_experts(dims, tp, pp, o->tp_weights ? w : NULL, slices, err, errlen)))
         return open_fail(c, st);
     memcpy(c->slices, slices, sizeof(lk_slice) * (size_t)c->n);
 

@@ -126,7 +126,7 @@ lk_status lk_engine_open(const lk_engine_opts *o, lk_engine **out, char *err, si
     if (st) { free(e); return st; }
     lk_model_config cfg;
     if ((st = lk_model_config_read(e->g, &cfg, err, errlen))) { lk_engine_close(e); return st; }
-    if (o->expert_parallel && cfg.n_expert == 0) {
+    if (o->expert_parallel > 0 && cfg.n_expert == 0) {
         lk_engine_close(e);
         return lk_fail(err, errlen, LK_ERR_ARG, "--expert-parallel needs a mixture-of-experts model; %s is dense (%s)",
                        o->model_path, cfg.arch_name);

@@ -33,7 +33,8 @@ typedef struct {
     int   tp, pp;
     const char *tp_weights; /* "2,1,1" */
     const char *layers_split; /* "3,2" layers per stage */
-    bool  expert_parallel;  /* mixtures: each TP rank holds whole experts (--expert-parallel) */
+    int   expert_parallel;  /* mixtures: whole experts per TP rank: 0 when possible (default), 1 always
+                               (--expert-parallel), -1 never: rows of every expert (--no-expert-parallel) */
     const char *transport;  /* "auto" | "tcp" | "shm" */
     const char *wire;       /* all-reduce wire format: "f32" (default), "f16", "bf16", "q8" */
     bool  seal;             /* seal the cluster's TCP links (--seal) */
