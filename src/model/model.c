@@ -148,12 +148,26 @@ static lk_status read_rope_scaling(const lk_gguf *g, lk_model_config *c, char *e
             return lk_fail(err, errlen, LK_ERR_FORMAT, "%s: YaRN beta_fast %g, beta_slow %g or log multiplier %g out "
                            "of range", lk_gguf_path(g), (double)c->yarn_beta_fast, (double)c->yarn_beta_slow,
                            (double)c->yarn_log_mul);
+        /* Two YaRN keys a converter writes only when the HF config has them
+         * (attention_factor/attn_factor, extrapolation_factor): llama.cpp
+         * multiplies mscale (so kq_scale by its square) and the rotation by
+         * the first, and mixes the angles by the second; lockstep computes
+         * both as 1, so a file with other values is refused, not run wrong. */
+        static const char *const ones[2] = { "rope.scaling.yarn_attn_factor", "rope.scaling.yarn_ext_factor" };
+        for (int i = 0; i < 2; i++)
+            if (meta_f64(g, a, ones[i], &f) && f != 1.0)
+                return lk_fail(err, errlen, LK_ERR_UNSUPPORTED, "%s: %s.%s = %g is not supported (only 1)",
+                               lk_gguf_path(g), a, ones[i], f);
         c->rope_yarn = c->yarn_factor > 1;
         /* DeepSeek's attention factor: the converter stores 0.1 x
          * mscale_all_dim as the log multiplier, so mscale = 1 + 0.1 x
          * mscale_all_dim x ln(factor), and scores scale by mscale^2 (the
          * rotation itself is not rescaled: llama.cpp's attn_factor cancels
-         * ggml's YaRN magnitude factor). */
+         * ggml's YaRN magnitude factor). Current llama.cpp computes
+         * attn_factor_org x (1 + 0.1 x log_mul' x ln(factor)) after dividing
+         * the stored multiplier by 0.1 at load ([TAG_DEEPSEEK2_YARN_LOG_MUL_FIX],
+         * its PR 17945): the same value while attn_factor_org (the file's
+         * yarn_attn_factor) is 1, which the check above makes sure of. */
         const float mscale = 1.0f + c->yarn_log_mul * logf(c->yarn_factor);
         c->kq_scale = mscale * mscale / sqrtf((float)c->k_head);
         return LK_OK;
