@@ -497,6 +497,60 @@ static void check_program(const g3_case *gc, const char *layout, int parallel) {
     json_decref(ref);
 }
 
+/* Prefix reuse with the ring (--batch 16: 3 ring pages per slot). Prompt 2
+ * shares its first 28 tokens with prompt 1 and runs after it in the same
+ * slot (--parallel 1). After 20 generated tokens prompt 1's slot still
+ * holds that prefix's window: reused; after 60 its ring lost it: the
+ * session must recompute (keeping the slot at 28 would be refused), and
+ * either way prompt 2 gives its tokens alone. */
+TEST(gemma3_prefix_reuse_with_ring) {
+    const char *p1 = "The old lighthouse keeper climbed the stairs every evening, lit the lamp, and watched the ships pass",
+               *p2 = "The old lighthouse keeper climbed the stairs every morning to watch";
+    char ppath[64], epath[64], cmd[2048], err[1024];
+    snprintf(ppath, sizeof ppath, "/tmp/lk_gemma3_reuse_%d.jsonl", (int)getpid());
+    snprintf(epath, sizeof epath, "/tmp/lk_gemma3_reuse_%d.err", (int)getpid());
+    FILE *pf = fopen(ppath, "w");
+    if (!pf) { CHECKF(0, "cannot write %s", ppath); return; }
+    fprintf(pf, "{\"prompt\": \"%s\"}\n{\"prompt\": \"%s\"}\n", p1, p2);
+    fclose(pf);
+    const int ns[2] = { 20, 60 }, want_reused[2] = { 28, 0 };
+    for (int k = 0; k < 2; k++) {
+        /* prompt 2 alone */
+        snprintf(cmd, sizeof cmd, "%s run -m %s -p '%s' -n %d --temp 0 --json -t 1 --ctx 256 --batch 16 2>/dev/null", bin(),
+                 lk_td(f16.gguf), p2, ns[k]);
+        FILE *p = popen(cmd, "r");
+        static char out[1 << 16];
+        size_t len = p ? fread(out, 1, sizeof out - 1, p) : 0;
+        out[len] = 0;
+        if (p) pclose(p);
+        json_error_t je;
+        json_t *alone = json_loads(out, JSON_ALLOW_NUL, &je);
+        CHECKF(alone, "'%s': %s", cmd, out);
+        snprintf(cmd, sizeof cmd, "%s run -m %s --prompts-file %s --parallel 1 -n %d --temp 0 --json -t 1 --ctx 256 "
+                 "--batch 16 2>%s", bin(), lk_td(f16.gguf), ppath, ns[k], epath);
+        p = popen(cmd, "r");
+        len = p ? fread(out, 1, sizeof out - 1, p) : 0;
+        out[len] = 0;
+        int rc = p ? pclose(p) : -1;
+        FILE *ef = fopen(epath, "r");
+        len = ef ? fread(err, 1, sizeof err - 1, ef) : 0;
+        err[len] = 0;
+        if (ef) fclose(ef);
+        const char *nl = strchr(out, '\n');
+        json_t *second = nl ? json_loads(nl + 1, JSON_ALLOW_NUL | JSON_DISABLE_EOF_CHECK, &je) : NULL;
+        char want[64];
+        snprintf(want, sizeof want, "(%d reused)", want_reused[k]);
+        CHECKF(rc == 0 && second && alone &&
+                   json_equal(json_object_get(second, "generated_ids"), json_object_get(alone, "generated_ids")),
+               "-n %d: prompt 2 after prompt 1 differs from prompt 2 alone (exit %d): %s", ns[k], rc, err);
+        CHECKF(strstr(err, want), "-n %d: want %s: %s", ns[k], want, err);
+        json_decref(alone);
+        json_decref(second);
+    }
+    remove(ppath);
+    remove(epath);
+}
+
 TEST(gemma3_f16_one_node_batched) { check_program(&f16, "", 4); }
 TEST(gemma3_f16_tp2) {
     check_program(&f16, "--local 2 --tp 2 --transport shm", 1);
@@ -518,6 +572,7 @@ int main(void) {
     RUN(gemma3_without_rope_scaling_is_caught);
     RUN(gemma3_batch_invariant_and_no_allocation);
     RUN(gemma3_window_ring);
+    RUN(gemma3_prefix_reuse_with_ring);
     RUN(gemma3_f16_one_node_batched);
     RUN(gemma3_f16_tp2);
     RUN(gemma3_f16_pp2);
