@@ -15,6 +15,7 @@
 #include "diag/diag.h"
 #include "engine/engine.h"
 #include "kernels/membw.h"
+#include "kernels/tune.h"
 #include "parallel/trace.h"
 
 #include <jansson.h>
@@ -137,7 +138,9 @@ int lk_cmd_bench(int argc, char **argv) {
     const char *workers = NULL, *key_file = NULL, *transport = NULL, *wire = NULL, *tp_weights = NULL, *layers_split = NULL;
     const char *emulate_link = NULL;
     int64_t p = 512, n = 128, reps = 3, bw_mib = 0, local = 0, tp = 0, pp_stages = 0;
-    bool json = false, csv = false, md = false, kv_f16 = false, seal = false, ep = false, no_ep = false;
+    bool json = false, csv = false, md = false, kv_f16 = false, seal = false, ep = false, no_ep = false,
+         no_tune = false;
+    const char *tune = NULL;
     const lk_opt opts[] = {
         { "--model", "-m", LK_OPT_STR, &model, "FILE", "GGUF model (required)" },
         { "--threads", "-t", LK_OPT_STR, &threads_s, "N[,N..]", "thread counts to measure, per rank (default: the physical cores this process may run on, shared by --local ranks)" },
@@ -162,6 +165,12 @@ int lk_cmd_bench(int argc, char **argv) {
         { "--wire", NULL, LK_OPT_STR, &wire, "FMT", "all-reduce wire format: f32 (default), f16, bf16, q8" },
         { "--seal", NULL, LK_OPT_FLAG, &seal, NULL, "seal the cluster's TCP links (see 'lockstep run --help')" },
         { "--emulate-link", NULL, LK_OPT_STR, &emulate_link, "SPEC", lk_emulate_link_help },
+        { "--no-tune", NULL, LK_OPT_FLAG, &no_tune, NULL, LK_NO_TUNE_HELP },
+        { "--tune", NULL, LK_OPT_STR, &tune, "SPEC",
+          "force the kernels' speed settings: pf=N (decode prefetch distance in tiles, 0-8), split=N (tasks per "
+          "thread of a matrix, 1-16), gemm=off|R[xC] (AVX2 prefill GEMM, R rows per pass, C tokens per chunk); "
+          "without it the settings are calibrated at first use and cached per CPU and build, and the choice is "
+          "printed (stderr; 'tune' in --json)" },
         { "--json", NULL, LK_OPT_FLAG, &json, NULL, "one JSON object per row (thread count x seqs)" },
         { "--csv", NULL, LK_OPT_FLAG, &csv, NULL, "CSV rows" },
         { "--md", NULL, LK_OPT_FLAG, &md, NULL, "a Markdown table (default)" },
@@ -183,6 +192,7 @@ int lk_cmd_bench(int argc, char **argv) {
         fprintf(stderr, "lockstep bench: give --expert-parallel or --no-expert-parallel, not both\n");
         return 2;
     }
+    if (!lk_tune_flags("bench", no_tune, tune)) return 2;
     if (local < 0 || tp < 0 || pp_stages < 0) {
         fprintf(stderr, "lockstep bench: --local, --tp and --pp must be >= 0\n");
         return 2;
@@ -252,6 +262,9 @@ int lk_cmd_bench(int argc, char **argv) {
         lk_engine *e = NULL;
         if (lk_engine_open(&eo, &e, err, sizeof err)) { fprintf(stderr, "lockstep bench: %s\n", err); lk_energy_close(en); return 1; }
         int threads = tlist[ti] ? tlist[ti] : lk_engine_threads(e), ranks = lk_engine_n_ranks(e);
+        /* the kernels' settings for these threads, chosen when the model loaded */
+        fprintf(stderr, "lockstep bench: threads %d: tune %s%s\n", threads, lk_tune_report(),
+                ranks > 1 ? " (the head's; each rank tunes its own)" : "");
         /* the bound, measured now, with as many threads as the model uses */
         size_t llc = lk_membw_llc_bytes();
         size_t bw_bytes = bw_mib ? (size_t)bw_mib << 20 : LK_MAX((size_t)512 << 20, 8 * llc);
@@ -319,6 +332,7 @@ int lk_cmd_bench(int argc, char **argv) {
                 json_object_set_new(o, "decode_bound_fraction", json_real(frac));
                 json_object_set_new(o, "decode_j_per_token", has_j ? json_real(jpt) : json_null());
                 json_object_set_new(o, "decode_watts", has_j ? json_real(watts) : json_null());
+                json_object_set_new(o, "tune", json_string(lk_tune_report()));
                 char *str = json_dumps(o, JSON_COMPACT);
                 printf("%s\n", str);
                 free(str);

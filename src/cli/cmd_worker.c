@@ -25,7 +25,8 @@ static bool parse_size(const char *s, uint64_t *out) {
 int lk_cmd_worker(int argc, char **argv) {
     const char *listen = NULL, *key_file = NULL, *model_dir = NULL, *cache_dir = NULL, *cache_max_s = NULL;
     int64_t threads = -1;
-    bool verbose = false, seal = false;
+    bool verbose = false, seal = false, no_tune = false;
+    const char *tune = NULL;
     const lk_opt opts[] = {
         {"--listen", "-l", LK_OPT_STR, &listen, "HOST:PORT", "where heads connect, e.g. 0.0.0.0:7070 (required)"},
         {"--key-file", NULL, LK_OPT_STR, &key_file, "FILE", "cluster key, the same on every node (required)"},
@@ -34,6 +35,8 @@ int lk_cmd_worker(int argc, char **argv) {
         {"--cache-dir", NULL, LK_OPT_STR, &cache_dir, "DIR", "without the model, have the head send only this worker's slices and keep them here (sparse files by model identity and layout; reused after a restart); without it a missing model is an error"},
         {"--cache-max", NULL, LK_OPT_STR, &cache_max_s, "SIZE", "disk the cache may use, e.g. 500M, 64G (default 64G); the least recently used entries are removed to make room"},
         {"--seal", NULL, LK_OPT_FLAG, &seal, NULL, lk_seal_help},
+        {"--no-tune", NULL, LK_OPT_FLAG, &no_tune, NULL, LK_NO_TUNE_HELP},
+        {"--tune", NULL, LK_OPT_STR, &tune, "SPEC", LK_TUNE_HELP},
         {"--verbose", "-v", LK_OPT_FLAG, &verbose, NULL, "debug logging"},
         {0},
     };
@@ -51,6 +54,7 @@ int lk_cmd_worker(int argc, char **argv) {
                 (long long)threads, LK_THREADS_MAX);
         return 2;
     }
+    if (!lk_tune_flags("worker", no_tune, tune)) return 2;
     uint64_t cache_max = 0;
     if (cache_max_s && !parse_size(cache_max_s, &cache_max)) {
         fprintf(stderr, "lockstep worker: --cache-max '%s': expected a size such as 500M or 64G\n", cache_max_s);

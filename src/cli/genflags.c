@@ -1,5 +1,6 @@
 #include "cli/genflags.h"
 #include "diag/diag.h"
+#include "kernels/tune.h"
 #include "parallel/parallel.h"
 #include "transport/transport.h"
 
@@ -94,6 +95,8 @@ void lk_genflags_opts(lk_genflags *f, lk_opt *opts, int *n, int cap) {
         { "--wire", NULL, LK_OPT_STR, &f->wire, "FMT", "all-reduce wire format: f32 (default, exact), f16, bf16, q8" },
         { "--seal", NULL, LK_OPT_FLAG, &f->seal, NULL, lk_seal_help },
         { "--emulate-link", NULL, LK_OPT_STR, &f->emulate_link, "SPEC", lk_emulate_link_help },
+        { "--no-tune", NULL, LK_OPT_FLAG, &f->no_tune, NULL, LK_NO_TUNE_HELP },
+        { "--tune", NULL, LK_OPT_STR, &f->tune, "SPEC", LK_TUNE_HELP },
     };
     for (size_t i = 0; i < sizeof shared / sizeof shared[0]; i++) {
         LK_ASSERT(*n < cap);
@@ -195,6 +198,24 @@ static bool check_threads(lk_genflags *f, const char *cmd) {
     return true;
 }
 
+bool lk_tune_flags(const char *cmd, bool no_tune, const char *tune) {
+    if (no_tune && tune) {
+        fprintf(stderr, "lockstep %s: --no-tune and --tune exclude each other\n", cmd);
+        return false;
+    }
+    if (tune) {
+        lk_tune_set s;
+        lk_tune_defaults(&s);
+        char err[200];
+        if (!lk_tune_parse(tune, &s, err, sizeof err)) {
+            fprintf(stderr, "lockstep %s: --tune: %s\n", cmd, err);
+            return false;
+        }
+    }
+    if (no_tune || tune) setenv("LK_TUNE", no_tune ? "off" : tune, 1);
+    return true;
+}
+
 bool lk_genflags_finish(lk_genflags *f, const char *cmd, lk_engine_opts *eo, lk_sampler_params *sp) {
     /* --ctx: positions are int32 everywhere; the memory it needs is checked
      * when the model is opened (lk_engine_open) */
@@ -234,6 +255,7 @@ bool lk_genflags_finish(lk_genflags *f, const char *cmd, lk_engine_opts *eo, lk_
         return false;
     }
     if (!check_threads(f, cmd)) return false;
+    if (!lk_tune_flags(cmd, f->no_tune, f->tune)) return false;
     if (f->seed < 0) f->seed = (int64_t)(time(NULL) ^ getpid());
     *eo = (lk_engine_opts){ .model_path = f->model, .n_threads = (int)f->threads, .n_ctx = (int)f->ctx,
                             .n_batch = (int)f->batch, .kv_f16 = f->kv_f16, .kv_budget = kv_bytes ? 0 : kv_budget,

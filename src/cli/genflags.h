@@ -9,11 +9,20 @@
 #include "sampler/sampler.h"
 
 typedef struct {
-    const char *model, *workers, *key_file, *tp_weights, *layers_split, *transport, *wire, *kv_budget, *emulate_link;
+    const char *model, *workers, *key_file, *tp_weights, *layers_split, *transport, *wire, *kv_budget, *emulate_link,
+               *tune;
     int64_t threads, ctx, batch, top_k, seed, last_n, local, tp, pp;
     double temp, top_p, min_p, rep, freq, pres;
-    bool kv_f16, seal, expert_parallel, no_expert_parallel;
+    bool kv_f16, seal, expert_parallel, no_expert_parallel, no_tune;
 } lk_genflags;
+
+/* --no-tune and --tune SPEC (run, chat, serve, bench, worker): checked here
+ * (a bad SPEC is an error naming it), then passed on as LK_TUNE in the
+ * environment, which the kernels' tuner reads when a model loads and which
+ * --local ranks inherit (kernels/tune.h). */
+#define LK_NO_TUNE_HELP "skip the kernels' calibration at first use: default speed settings (LK_TUNE=off)"
+#define LK_TUNE_HELP "force the kernels' speed settings, e.g. pf=2,split=4,gemm=off (LK_TUNE=SPEC; see 'lockstep bench')"
+bool lk_tune_flags(const char *cmd, bool no_tune, const char *tune);
 
 /* --seal's help, shared by run/chat, worker and netbench: what it does and
  * what it costs (measured with 'lockstep netbench --local 2 --transport tcp

@@ -2,10 +2,12 @@
  * thread pool, matmul over quantised weights (lk_mat), rmsnorm, rope,
  * softmax, silu, attention.
  *
- * Threading: lk_pool runs one function on all its threads (the caller is
- * thread 0) and returns when all are done. Workers spin briefly, then sleep
- * on a futex, so a pool never burns a core while its rank waits on the
- * network. No allocation after creation. */
+ * Threading: lk_pool runs a job of tasks on its threads (the caller is
+ * one of them) and returns when all tasks are done; a thread that finishes
+ * its share takes unclaimed tasks of one that is behind (descheduled on a
+ * busy machine). Workers spin briefly, then sleep on a futex, so a pool
+ * never burns a core while its rank waits on the network. No allocation
+ * after creation. Speed settings chosen per machine: kernels/tune.h. */
 #ifndef LK_KERNELS_H
 #define LK_KERNELS_H
 
@@ -14,11 +16,21 @@
 
 /* ---- thread pool ---- */
 typedef struct lk_pool lk_pool;
+/* One task of a job: task ith of nth. Tasks of a job run concurrently, each
+ * exactly once, on whichever pool thread claims it (a finished thread takes
+ * a descheduled one's tasks), so ith is a task, not a thread: scratch
+ * indexed by it is private to the call, and a task must not wait for
+ * another task of the same job. */
 typedef void (*lk_pool_fn)(void *arg, int ith, int nth);
 lk_pool *lk_pool_create(int n_threads); /* n_threads <= 0: number of online cores */
 void     lk_pool_free(lk_pool *p);
 int      lk_pool_size(const lk_pool *p);
+/* Runs fn(arg, i, n) for i < n = the pool's size (one task per thread when
+ * every thread runs) and returns when all are done. */
 void     lk_pool_run(lk_pool *p, lk_pool_fn fn, void *arg);
+/* The same with n_tasks tasks (>= 1): each thread starts on its own
+ * contiguous share of them, then takes what is left of the others'. */
+void     lk_pool_run_n(lk_pool *p, lk_pool_fn fn, void *arg, int n_tasks);
 /* Splits [0, n) into nth contiguous chunks whose boundaries are multiples of
  * `align`; returns this thread's [*a, *b). */
 void lk_split_range(int64_t n, int64_t align, int ith, int nth, int64_t *a, int64_t *b);
@@ -42,6 +54,14 @@ size_t lk_matmul_scratch_bytes(int64_t cols, int64_t ntok);
 /* y[t][r] = W row r . x[t] for t < ntok, r < W.rows; x is [ntok][W.cols]
  * (rows x_stride floats apart), y is [ntok][y_stride]. Quantises x to the
  * weight's activation type into `scratch`, then splits rows over the pool. */
+/* The thread split of a matrix: tasks per pool thread (1 = one contiguous
+ * share each; up to LK_MATMUL_SPLIT_MAX). A tuning choice: every row's
+ * arithmetic is the same whichever thread and task computes it, so it
+ * changes speed, never results. Process-wide. */
+enum { LK_MATMUL_SPLIT_MAX = 16 };
+void lk_matmul_set_split(int tasks_per_thread);
+int  lk_matmul_split(void);
+
 void lk_matmul(lk_pool *p, const lk_mat *W, const float *x, int64_t x_stride, int64_t ntok,
                float *y, int64_t y_stride, void *scratch);
 

@@ -3,6 +3,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 
 void lk_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
@@ -96,6 +97,19 @@ typedef struct {
  * write the same cache line of y (16 floats = 64 bytes). */
 #define ROW_ALIGN 16
 
+/* Tasks per thread of a matrix (lk_matmul_set_split): 1 splits the rows in
+ * one contiguous share per thread; more, in smaller tasks that a thread
+ * which finishes early takes from one that was descheduled (the pool's
+ * work stealing), at the price of a claim per task. */
+static _Atomic int g_split = 1;
+
+void lk_matmul_set_split(int tasks_per_thread) {
+    LK_ASSERT(tasks_per_thread >= 1 && tasks_per_thread <= LK_MATMUL_SPLIT_MAX);
+    atomic_store(&g_split, tasks_per_thread);
+}
+
+int lk_matmul_split(void) { return atomic_load(&g_split); }
+
 static void quantize_job(void *arg, int ith, int nth) {
     matmul_job *j = arg;
     int64_t t0, t1;
@@ -143,7 +157,12 @@ void lk_matmul_fused(lk_pool *p, const lk_mat *const *W, int nw, const float *x,
         if (ntok >= 4 && lk_pool_size(p) > 1) lk_pool_run(p, quantize_job, &j);
         else quantize_job(&j, 0, 1);
     }
-    lk_pool_run(p, matmul_job_fn, &j);
+    /* no more tasks than row units of the widest matrix: a task without
+     * rows is a claim for nothing */
+    int64_t units = 1;
+    for (int i = 0; i < nw; i++) units = LK_MAX(units, (W[i]->rows + ROW_ALIGN - 1) / ROW_ALIGN);
+    const int nt = (int)LK_MIN((int64_t)lk_pool_size(p) * atomic_load_explicit(&g_split, memory_order_relaxed), units);
+    lk_pool_run_n(p, matmul_job_fn, &j, LK_MAX(nt, 1));
 }
 
 void lk_matmul(lk_pool *p, const lk_mat *W, const float *x, int64_t x_stride, int64_t ntok,

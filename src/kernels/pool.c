@@ -1,13 +1,29 @@
-/* Persistent thread pool.
+/* Persistent thread pool with task claiming.
  *
- * One "generation" counter drives the workers: the caller publishes (fn, arg),
- * bumps the generation, and runs its own share as thread 0; workers notice the
- * new generation, run their share and count themselves done. Between jobs a
- * worker spins for a bounded time (decode issues a matmul every few
- * microseconds, and a wake-up from sleep costs 20-25 us on these VMs), then
- * sleeps on a futex so an idle pool — e.g. a rank waiting on the network —
- * does not steal a core. LK_SPIN_US overrides the spin budget (0 = never
- * spin: right when ranks outnumber cores). */
+ * A job is n_tasks calls fn(arg, task, n_tasks), each task exactly once, on
+ * whichever thread claims it. The tasks are split into one contiguous home
+ * range per thread (a 64-bit word per range: next task in the low half, end
+ * in the high half, on its own cache line); a thread first claims from its
+ * own range, in order, then from the others' (work stealing). So when every
+ * thread runs, each does its static share, as a plain split would; when one
+ * is descheduled (more busy threads than cores: other ranks, other
+ * programs), the others take its tasks instead of waiting a scheduler
+ * quantum for it at the barrier. The job is over when n_tasks tasks are
+ * done, not when every thread has checked in: a worker that wakes late finds
+ * nothing left to claim and goes back to waiting.
+ *
+ * Why a claim needs no generation check: a successful fetch_add that sees
+ * next < end claims a task of the job whose counters it read, and that job
+ * cannot finish (and its fn/arg cannot be replaced) before the task is done;
+ * fn/arg are read after the claim, and the counters are published with
+ * release after them. A stale worker's fetch_add on an exhausted counter
+ * claims nothing (next only grows within a job; the publisher resets it).
+ *
+ * Between jobs a worker spins for a bounded time (decode issues a matmul
+ * every few microseconds, and a wake-up from sleep costs 20-25 us on these
+ * VMs), yielding the CPU every 16 pauses, then sleeps on a futex so an idle
+ * pool (a rank waiting on the network) does not steal a core. LK_SPIN_US
+ * overrides the spin budget (0 = never spin). */
 #include "kernels/kernels.h"
 
 #include <linux/futex.h>
@@ -18,13 +34,19 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+typedef struct {
+    _Alignas(64) _Atomic uint64_t w;   /* next task (low 32 bits) | end (high 32 bits) */
+} home_range;
+
 struct lk_pool {
     int n;                          /* threads including the caller */
     pthread_t *threads;
-    lk_pool_fn fn;
-    void *arg;
+    home_range *home;               /* (n) one task range per thread */
+    _Atomic(lk_pool_fn) fn;
+    _Atomic(void *) arg;
+    atomic_int n_tasks;
     _Alignas(64) atomic_uint gen;   /* bumped per job; futex word */
-    _Alignas(64) atomic_uint done;  /* workers finished with the current job; futex word */
+    _Alignas(64) atomic_uint done;  /* tasks finished in the current job; futex word */
     atomic_int main_waiting;        /* the caller sleeps on `done` (0 or 1) */
     _Alignas(64) atomic_int sleepers;
     atomic_bool stop;
@@ -44,10 +66,10 @@ static inline void cpu_relax(void) {
 }
 
 /* One step of a spin-wait. Every few pauses it yields the CPU: when the
- * machine has more busy threads than cores (other ranks, other programs), a
- * pure spin steals the time slice from the very thread it waits for and a
- * 1 ms job turns into a scheduler quantum; sched_yield returns at once when
- * nothing else wants the core, so the idle case keeps its microseconds. */
+ * machine has more busy threads than cores, a pure spin steals the time
+ * slice from the very thread it waits for and a 1 ms job turns into a
+ * scheduler quantum; sched_yield returns at once when nothing else wants the
+ * core, so the idle case keeps its microseconds. */
 static inline void spin_step(unsigned i) {
     if ((i & 15) == 15) sched_yield();
     else cpu_relax();
@@ -77,11 +99,29 @@ static unsigned wait_word(const lk_pool *p, atomic_uint *w, atomic_int *waiters,
     }
 }
 
-/* A worker finished the current job; the last one wakes the caller if it
- * went to sleep. */
-static void job_done(lk_pool *p) {
-    if (atomic_fetch_add(&p->done, 1) + 1 == (unsigned)p->n - 1 && atomic_load(&p->main_waiting) > 0)
-        futex(&p->done, FUTEX_WAKE_PRIVATE, 1);
+/* Claims and runs tasks, own range first, then the others' in turn, until
+ * none is left. The thread that finishes the job's last task wakes the
+ * caller if it went to sleep. */
+static void run_tasks(lk_pool *p, int ith) {
+    for (int k = 0; k < p->n; k++) {
+        home_range *h = &p->home[(ith + k) % p->n];
+        for (;;) {
+            if ((uint32_t)atomic_load_explicit(&h->w, memory_order_relaxed) >=
+                (uint32_t)(atomic_load_explicit(&h->w, memory_order_relaxed) >> 32))
+                break;
+            uint64_t c = atomic_fetch_add_explicit(&h->w, 1, memory_order_acquire);
+            if ((uint32_t)c >= (uint32_t)(c >> 32)) break;
+            lk_pool_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
+            void *arg = atomic_load_explicit(&p->arg, memory_order_relaxed);
+            const int nt = atomic_load_explicit(&p->n_tasks, memory_order_relaxed);
+            fn(arg, (int)(uint32_t)c, nt);
+            /* seq_cst, as the caller's announcement in main_waiting: one of
+             * the two sees the other */
+            if (atomic_fetch_add(&p->done, 1) + 1 == (unsigned)nt &&
+                atomic_load(&p->main_waiting) > 0)
+                futex(&p->done, FUTEX_WAKE_PRIVATE, 1);
+        }
+    }
 }
 
 static void *worker_main(void *a) {
@@ -93,12 +133,8 @@ static void *worker_main(void *a) {
     unsigned seen = 0;
     for (;;) {
         seen = wait_word(p, &p->gen, &p->sleepers, seen, false);
-        if (atomic_load(&p->stop)) {
-            job_done(p);
-            return NULL;
-        }
-        p->fn(p->arg, wa.ith, p->n);
-        job_done(p);
+        if (atomic_load(&p->stop)) return NULL;
+        run_tasks(p, wa.ith);
     }
 }
 
@@ -107,6 +143,11 @@ lk_pool *lk_pool_create(int n_threads) {
     if (n_threads <= 0) n_threads = 1;
     lk_pool *p = lk_xmalloc_aligned(sizeof *p);
     *p = (lk_pool){ .n = n_threads };
+    p->home = lk_xmalloc_aligned(sizeof(home_range) * (size_t)n_threads);
+    for (int i = 0; i < n_threads; i++) atomic_init(&p->home[i].w, 0);
+    atomic_init(&p->fn, NULL);
+    atomic_init(&p->arg, NULL);
+    atomic_init(&p->n_tasks, 0);
     atomic_init(&p->gen, 0);
     atomic_init(&p->done, 0);
     atomic_init(&p->main_waiting, 0);
@@ -125,29 +166,41 @@ lk_pool *lk_pool_create(int n_threads) {
 
 int lk_pool_size(const lk_pool *p) { return p->n; }
 
-static void nop(void *arg, int ith, int nth) { (void)arg; (void)ith; (void)nth; }
-
-void lk_pool_run(lk_pool *p, lk_pool_fn fn, void *arg) {
-    if (p->n == 1) { fn(arg, 0, 1); return; }
-    p->fn = fn;
-    p->arg = arg;
+void lk_pool_run_n(lk_pool *p, lk_pool_fn fn, void *arg, int n_tasks) {
+    LK_ASSERT(n_tasks >= 1);
+    if (p->n == 1 || n_tasks == 1) {
+        for (int i = 0; i < n_tasks; i++) fn(arg, i, n_tasks);
+        return;
+    }
+    atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
+    atomic_store_explicit(&p->arg, arg, memory_order_relaxed);
+    atomic_store_explicit(&p->n_tasks, n_tasks, memory_order_relaxed);
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    for (int i = 0; i < p->n; i++) {
+        uint64_t a = (uint64_t)n_tasks * (uint64_t)i / (uint64_t)p->n;
+        uint64_t b = (uint64_t)n_tasks * (uint64_t)(i + 1) / (uint64_t)p->n;
+        atomic_store_explicit(&p->home[i].w, a | b << 32, memory_order_release);
+    }
     atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
     if (atomic_load(&p->sleepers) > 0) futex(&p->gen, FUTEX_WAKE_PRIVATE, (unsigned)p->n);
-    fn(arg, 0, p->n);
-    /* Stragglers usually finish within microseconds: spin. If they take
-     * longer than the spin budget (a worker was descheduled because the
-     * machine has more busy threads than cores), sleep until the last one
-     * wakes us instead of burning the core it needs. */
-    wait_word(p, &p->done, &p->main_waiting, (unsigned)p->n - 1, true);
+    run_tasks(p, 0);
+    /* What is left are tasks other threads claimed and are running. They
+     * usually finish within microseconds: spin. If one takes longer than the
+     * spin budget (its thread was descheduled mid-task), sleep until the
+     * last one wakes us instead of burning the core it needs. */
+    wait_word(p, &p->done, &p->main_waiting, (unsigned)n_tasks, true);
 }
+
+void lk_pool_run(lk_pool *p, lk_pool_fn fn, void *arg) { lk_pool_run_n(p, fn, arg, p->n); }
 
 void lk_pool_free(lk_pool *p) {
     if (!p) return;
     atomic_store(&p->stop, true);
-    lk_pool_run(p, nop, NULL);  /* wakes everyone; they see stop and exit */
+    atomic_fetch_add(&p->gen, 1);  /* wakes everyone; they see stop and exit */
+    futex(&p->gen, FUTEX_WAKE_PRIVATE, (unsigned)p->n);
     for (int i = 1; i < p->n; i++) pthread_join(p->threads[i], NULL);
     free(p->threads);
+    free(p->home);
     free(p);
 }
 

@@ -18,6 +18,7 @@
  * Without transparent huge pages, or with LK_WEIGHTS=mmap, the views stay on
  * the file mapping. Norms, biases and the embedding table stay mapped. */
 #include "model/model_impl.h"
+#include "kernels/tune.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -858,6 +859,28 @@ static void copy_fn(void *arg, int ith, int nth) {
     }
 }
 
+/* The kernels' speed settings for this machine (kernels/tune.h), chosen
+ * on the weight type with the most bytes and its largest matrix's shape,
+ * once the weights are in place and before any token. */
+static void tune_for(lk_model *m, lk_mat **mats, int n) {
+    uint64_t by_type[LK_TYPE_COUNT] = {0}, total = 0;
+    for (int i = 0; i < n; i++) {
+        uint64_t b = mat_bytes(mats[i]);
+        if (mats[i]->type < LK_TYPE_COUNT) by_type[mats[i]->type] += b;
+        total += b;
+    }
+    int t = 0;
+    for (int k = 1; k < LK_TYPE_COUNT; k++)
+        if (by_type[k] > by_type[t]) t = k;
+    /* a layer's matrix: the output matrix (as large as 16 of them) is one per model */
+    const lk_mat *big = NULL;
+    for (int i = 0; i < n; i++)
+        if ((int)mats[i]->type == t && mats[i] != &m->wout && (!big || mat_bytes(mats[i]) > mat_bytes(big)))
+            big = mats[i];
+    if (!big && (int)m->wout.type == t) big = &m->wout;
+    if (big) lk_tune_init(m->pool, (lk_type)t, big->cols, big->rows, total);
+}
+
 static void weights_to_arena(lk_model *m, lk_mat **mats, int n) {
     if (n == 0 || !thp_available()) return;
     const size_t huge = (size_t)2 << 20;
@@ -1126,6 +1149,7 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
             }
         }
         weights_to_arena(m, mats, nm);
+        tune_for(m, mats, nm);
         free(mats);
     }
 

@@ -537,6 +537,15 @@ static void init_once(void) {
     g_active = &g_levels[lk_cpu()->level];
 }
 
+_Atomic int lk_quant_pf_g = 1;
+
+void lk_quant_set_prefetch(int tiles) {
+    LK_ASSERT(tiles >= 0 && tiles <= LK_QUANT_PF_MAX);
+    atomic_store(&lk_quant_pf_g, tiles);
+}
+
+int lk_quant_prefetch(void) { return lk_quant_pf_tiles(); }
+
 void lk_quant_init(void) { pthread_once(&g_once, init_once); }
 
 static inline const lk_quant_ops *ops_get(void) {

@@ -86,6 +86,14 @@ void lk_quant_matmul(lk_type wt, int64_t n, int64_t nrows, const void *w, size_t
  * never results: tests force each one and compare bits; benchmarks try
  * them. Process-wide. */
 void lk_quant_gemm_avx2_force(int rows, int chunk);
+void lk_quant_gemm_avx2_get(int *rows, int *chunk);  /* what is forced now */
+
+/* The decode tiles' software prefetch distance, in tiles ahead (0 = none,
+ * 1 = the next tile, the default; at most LK_QUANT_PF_MAX). A tuning
+ * choice: it changes speed, never results. Process-wide. */
+enum { LK_QUANT_PF_MAX = 8 };
+void lk_quant_set_prefetch(int tiles);
+int  lk_quant_prefetch(void);
 
 /* Which SIMD level is active: "avx512" (needs AVX-512 F/BW/VL/DQ/VNNI/VBMI
  * and GFNI: Ice Lake, Sapphire Rapids, Zen 4 and later; BF16 used where

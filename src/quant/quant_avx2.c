@@ -25,9 +25,13 @@ LK_T2 static LK_INL float hsum8(__m256 v) {
 
 LK_T2 static LK_INL float h2f(const uint8_t *p) { return _cvtsh_ss(lk_ld_u16(p)); }
 
-/* Decode tiles prefetch the next tile's rows (call with p + R*ws): see
- * pf_range in quant_avx512.c for why. */
-static LK_INL void pf_range(const uint8_t *p, size_t len) {
+/* Decode tiles prefetch the rows of the tile lk_quant_pf_tiles() ahead
+ * (tile: R rows' stride; 1 by default, the next one): see pf_range in
+ * quant_avx512.c for why. */
+static LK_INL void pf_range(const uint8_t *p, size_t tile, size_t len) {
+    const int d = lk_quant_pf_tiles();
+    if (d == 0) return;
+    p += (size_t)d * tile;
     for (size_t o = 0; o < len; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
 }
 
@@ -78,7 +82,7 @@ LK_T2 static LK_INL void q4q8_tile2(const int R, const int T, const bool is_q8, 
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *p = w + r * ws + (size_t)b * wbb;
-            if ((b & 1) == 0) pf_range(p + R * ws, 64);
+            if ((b & 1) == 0) pf_range(p, R * ws, 64);
             wv[r] = is_q8 ? _mm256_loadu_si256((const __m256i *)(p + 2)) : q40_unpack(p);
             wd[r] = h2f(p);
         }
@@ -158,7 +162,7 @@ LK_T2 static LK_INL void q4q8_dec2(const int R, const bool is_q8, int64_t n, con
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *p = w + r * ws + (size_t)g * 4 * wbb;
-            pf_range(p + R * ws, 4 * wbb);
+            pf_range(p, R * ws, 4 * wbb);
             __m128 sc4 = _mm_mul_ps(h4(p, wbb), da);
             __m256 sc = _mm256_set_m128(sc4, sc4);
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4q8_block_sum(is_q8, p, aq[0], neg[0])),
@@ -288,7 +292,7 @@ LK_T2 static LK_INL void kq_tile2(const int R, const int T, const int kind, int6
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *wp = w + r * ws + (size_t)i * bb;
-            pf_range(wp + R * ws, bb);
+            pf_range(wp, R * ws, bb);
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++)
                 k_block2(kind, wp, a + t * as + (size_t)i * LK_Q8K_BYTES, &acc[r][t], &accm[r][t]);
@@ -331,7 +335,7 @@ LK_T2 static LK_INL void fl_tile2(const int R, const int T, const int kind, int6
         __m256 wv[4];
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-            if ((i & 15) == 0) pf_range(w + (r + R) * ws + i * es, 16 * es);
+            if ((i & 15) == 0) pf_range(w + r * ws + i * es, R * ws, 16 * es);
             wv[r] = fl_load2(kind, w + r * ws + i * es);
         }
 #pragma GCC unroll 4

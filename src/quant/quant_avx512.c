@@ -112,11 +112,15 @@ LK_T512 static LK_INL __m512i hi_nibble(__m512i x) {
  * Q4_0 decode to a median 79 % of the probe over 7 shapes x 2 runs on an idle
  * 16-core SPR; adding the L2 prefetch 3 tiles ahead to 87 % (2 or 4 tiles, or
  * L2 only, measured 84-86 %). Prefetching past the matrix is harmless:
- * prefetches do not fault. */
+ * prefetches do not fault. The distance is a tuning choice
+ * (lk_quant_set_prefetch: d tiles ahead into L1, d + 2 into L2; d = 1 is
+ * the above, 0 none). */
 static LK_INL void pf_range(const uint8_t *p, size_t tile, size_t len) {
+    const size_t d = (size_t)lk_quant_pf_tiles();
+    if (d == 0) return;
     for (size_t o = 0; o < len; o += 64) {
-        _mm_prefetch((const char *)p + tile + o, _MM_HINT_T0);
-        _mm_prefetch((const char *)p + 3 * tile + o, _MM_HINT_T1);
+        _mm_prefetch((const char *)p + d * tile + o, _MM_HINT_T0);
+        _mm_prefetch((const char *)p + (d + 2) * tile + o, _MM_HINT_T1);
     }
 }
 

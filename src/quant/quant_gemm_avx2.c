@@ -67,6 +67,11 @@ void lk_quant_gemm_avx2_force(int rows, int chunk) {
     atomic_store(&g_chunk, chunk);
 }
 
+void lk_quant_gemm_avx2_get(int *rows, int *chunk) {
+    *rows = atomic_load(&g_rows);
+    *chunk = atomic_load(&g_chunk);
+}
+
 /* off unless forced on (see the header's measurements) */
 bool lk_quant_gemm_avx2_on(void) { return atomic_load(&g_rows) > 0; }
 

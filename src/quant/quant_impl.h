@@ -8,6 +8,7 @@
 #ifndef LK_QUANT_IMPL_H
 #define LK_QUANT_IMPL_H
 
+#include <stdatomic.h>
 #include <string.h>
 
 #include "quant/quant.h"
@@ -68,6 +69,12 @@ static inline void lk_k_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t 
         *m  = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
     }
 }
+
+/* The decode tiles' software prefetch distance in tiles (0: none; see
+ * lk_quant_set_prefetch): a relaxed load per prefetch call, which the
+ * kernels' pf_range make once per block. */
+extern _Atomic int lk_quant_pf_g;
+static inline int lk_quant_pf_tiles(void) { return atomic_load_explicit(&lk_quant_pf_g, memory_order_relaxed); }
 
 /* One matrix kernel: the contract of lk_quant_matmul for one weight type. */
 typedef void (*lk_qmm_fn)(int64_t n, int64_t nrows, const void *w, size_t w_stride,

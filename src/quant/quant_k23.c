@@ -547,7 +547,10 @@ LK_T2 static LK_INL float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-static LK_INL void pf_range(const uint8_t *p, size_t len) {
+static LK_INL void pf_range(const uint8_t *p, size_t tile, size_t len) {
+    const int d = lk_quant_pf_tiles();
+    if (d == 0) return;
+    p += (size_t)d * tile;
     for (size_t o = 0; o < len; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
 }
 
@@ -656,7 +659,7 @@ LK_T2 static LK_INL void k23_tile2(const int R, const int T, const int kind, int
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *wp = w + r * ws + (size_t)i * bb;
-            pf_range(wp + R * ws, bb);
+            pf_range(wp, R * ws, bb);
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++)
                 k23_block2(kind, wp, a + t * as + (size_t)i * LK_Q8K_BYTES, &acc[r][t], &accm[r][t]);
@@ -807,7 +810,7 @@ LK_T512 static LK_INL void k23_tile512(const int R, const int T, const int kind,
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *wp = w + r * ws + (size_t)i * bb;
-            pf_range(wp + R * ws, bb);
+            pf_range(wp, R * ws, bb);
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++)
                 k23_block512(kind, wp, a + t * as + (size_t)i * LK_Q8K_BYTES, &acc[r][t], &accm[r][t]);

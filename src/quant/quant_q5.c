@@ -230,7 +230,10 @@ LK_T2 static LK_INL float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-static LK_INL void pf_range(const uint8_t *p, size_t len) {
+static LK_INL void pf_range(const uint8_t *p, size_t tile, size_t len) {
+    const int d = lk_quant_pf_tiles();
+    if (d == 0) return;
+    p += (size_t)d * tile;
     for (size_t o = 0; o < len; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
 }
 
@@ -290,7 +293,7 @@ LK_T2 static LK_INL void q5_tile2(const int R, const int T, const int kind, int6
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *p = w + r * ws + (size_t)b * wbb;
-            if ((b & 1) == 0) pf_range(p + R * ws, 64);
+            if ((b & 1) == 0) pf_range(p, R * ws, 64);
             wv[r] = q5_unpack2(p + qo);
             wd[r] = _cvtsh_ss(lk_ld_u16(p));
             wm[r] = kind == 1 ? _cvtsh_ss(lk_ld_u16(p + 2)) : 0;
@@ -456,7 +459,7 @@ LK_T512 static LK_INL void q5_tile512(const int R, const int T, const int kind, 
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *p = w + r * ws + (size_t)g * 4 * wbb;
-            pf_range(p + R * ws, 4 * wbb);
+            pf_range(p, R * ws, 4 * wbb);
             W[r] = w5_load(kind, p);
         }
 #pragma GCC unroll 4

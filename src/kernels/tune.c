@@ -1,0 +1,463 @@
+/* The kernels' speed settings per machine: defaults, LK_TUNE, the cache file
+ * and the calibration (see tune.h). */
+#include "kernels/tune.h"
+#include "kernels/membw.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ======================================================================
+ * settings
+ * ==================================================================== */
+
+void lk_tune_defaults(lk_tune_set *s) { *s = (lk_tune_set){ .pf = 1, .split = 1, .gemm_rows = 0, .gemm_chunk = 0 }; }
+
+void lk_tune_apply(const lk_tune_set *s) {
+    lk_quant_set_prefetch(s->pf);
+    lk_matmul_set_split(s->split);
+    lk_quant_gemm_avx2_force(s->gemm_rows, s->gemm_chunk);
+}
+
+void lk_tune_get(lk_tune_set *s) {
+    s->pf = lk_quant_prefetch();
+    s->split = lk_matmul_split();
+    lk_quant_gemm_avx2_get(&s->gemm_rows, &s->gemm_chunk);
+    if (s->gemm_rows < 0) s->gemm_rows = 0;
+}
+
+void lk_tune_format(const lk_tune_set *s, char *buf, size_t n) {
+    if (s->gemm_rows <= 0) snprintf(buf, n, "pf=%d,split=%d,gemm=off", s->pf, s->split);
+    else if (s->gemm_chunk == 0) snprintf(buf, n, "pf=%d,split=%d,gemm=%d", s->pf, s->split, s->gemm_rows);
+    else snprintf(buf, n, "pf=%d,split=%d,gemm=%dx%d", s->pf, s->split, s->gemm_rows, s->gemm_chunk);
+}
+
+static bool parse_int(const char *s, const char *end, int lo, int hi, int *out) {
+    if (s == end || end - s > 4) return false;
+    int v = 0;
+    for (const char *c = s; c < end; c++) {
+        if (*c < '0' || *c > '9') return false;
+        v = v * 10 + (*c - '0');
+    }
+    if (v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+bool lk_tune_parse(const char *spec, lk_tune_set *s, char *err, size_t errlen) {
+    lk_tune_set t = *s;
+    const char *p = spec;
+    for (;;) {
+        const char *end = strchr(p, ',');
+        if (!end) end = p + strlen(p);
+        const char *eq = memchr(p, '=', (size_t)(end - p));
+        bool ok = eq != NULL;
+        if (ok && eq - p == 2 && !strncmp(p, "pf", 2)) ok = parse_int(eq + 1, end, 0, LK_QUANT_PF_MAX, &t.pf);
+        else if (ok && eq - p == 5 && !strncmp(p, "split", 5)) ok = parse_int(eq + 1, end, 1, LK_MATMUL_SPLIT_MAX, &t.split);
+        else if (ok && eq - p == 4 && !strncmp(p, "gemm", 4)) {
+            const char *v = eq + 1, *x = memchr(v, 'x', (size_t)(end - v));
+            if (end - v == 3 && !strncmp(v, "off", 3)) t.gemm_rows = 0, t.gemm_chunk = 0;
+            else if (x) ok = parse_int(v, x, 0, 4, &t.gemm_rows) && parse_int(x + 1, end, 1, 64, &t.gemm_chunk);
+            else {
+                ok = parse_int(v, end, 0, 4, &t.gemm_rows);
+                t.gemm_chunk = 0;
+            }
+        } else ok = false;
+        if (!ok) {
+            snprintf(err, errlen, "bad tuning setting '%.*s' (expected pf=0..%d, split=1..%d, gemm=off|1..4[x1..64])",
+                     (int)(end - p), p, LK_QUANT_PF_MAX, LK_MATMUL_SPLIT_MAX);
+            return false;
+        }
+        if (!*end) break;
+        p = end + 1;
+    }
+    *s = t;
+    return true;
+}
+
+/* ======================================================================
+ * calibration
+ * ==================================================================== */
+
+static double median(double *v, int n) {
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+            double x = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = x;
+        }
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Wall time of one pass over the matrices (ms). */
+static double pass_ms(lk_pool *p, const lk_mat *mats, int nm, const float *x, int64_t ntok, float *y, void *scratch) {
+    uint64_t t0 = lk_time_ns();
+    for (int i = 0; i < nm; i++) lk_matmul(p, &mats[i], x, mats[i].cols, ntok, y, mats[i].rows, scratch);
+    return (double)(lk_time_ns() - t0) / 1e6;
+}
+
+/* Times every candidate over rounds, interleaved within each round so
+ * that a burst of other load hits neighbours alike, and scores each by the
+ * median over rounds of its time / the reference candidate's time in the
+ * same round (paired: on a shared machine the absolute times of one
+ * candidate spread 2-5x between rounds, their ratios much less). At least
+ * 3 rounds, more (up to 9) while the stage is within its budget. med[k]:
+ * the median time (reported), ratio[k]: the score. */
+static void stage(lk_pool *p, const lk_tune_set *cand, int nc, int ref, double *med, double *ratio,
+                  const lk_mat *mats, int nm, const float *x, int64_t ntok, float *y, void *scratch,
+                  double budget_ms) {
+    enum { RMAX = 9, CMAX = 8 };
+    LK_ASSERT(nc <= CMAX);
+    double t[RMAX][CMAX];
+    int nr = 0;
+    uint64_t t0 = lk_time_ns();
+    while (nr < RMAX) {
+        for (int k = 0; k < nc; k++) {
+            lk_tune_apply(&cand[(k + nr) % nc]); /* rotate the order: none is always first after the last */
+            t[nr][(k + nr) % nc] = pass_ms(p, mats, nm, x, ntok, y, scratch);
+        }
+        nr++;
+        if (nr >= 3 && (double)(lk_time_ns() - t0) / 1e6 > budget_ms) break;
+    }
+    for (int k = 0; k < nc; k++) {
+        double a[RMAX], r[RMAX];
+        for (int i = 0; i < nr; i++) a[i] = t[i][k], r[i] = t[i][k] / t[i][ref];
+        med[k] = median(a, nr);
+        ratio[k] = median(r, nr);
+    }
+}
+
+/* The best score, unless it is within 3 % of the reference's (1.0): closer
+ * than that is noise on a shared machine, and a flip costs nothing but
+ * makes runs differ. */
+static int pick(const double *ratio, int nc, int ref) {
+    int w = ref;
+    for (int k = 0; k < nc; k++)
+        if (ratio[k] < ratio[w]) w = k;
+    return ratio[w] < 0.97 ? w : ref;
+}
+
+static int append(char *buf, size_t n, int at, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int append(char *buf, size_t n, int at, const char *fmt, ...) {
+    if (at < 0 || (size_t)at >= n) return at;
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(buf + at, n - (size_t)at, fmt, ap);
+    va_end(ap);
+    return k < 0 ? at : LK_MIN(at + k, (int)n - 1);
+}
+
+static bool gemm_type(lk_type t) {
+    return t == LK_TYPE_Q4_0 || t == LK_TYPE_Q8_0 || t == LK_TYPE_Q4_K || t == LK_TYPE_Q5_K || t == LK_TYPE_Q6_K;
+}
+
+void lk_tune_calibrate(lk_pool *p, lk_type t, int64_t cols, int64_t rows, size_t bytes, lk_tune_set *out,
+                       char *report, size_t n) {
+    const uint64_t t_start = lk_time_ns();
+    lk_tune_set cur;
+    lk_tune_defaults(&cur);
+    size_t rb = 0;
+    if (!lk_type_supported(t) || cols <= 0 || rows <= 0 || !lk_type_row_bytes(t, cols, &rb)) {
+        lk_tune_apply(&cur);
+        *out = cur;
+        snprintf(report, n, "defaults (no calibration for %s %lld x %lld)", lk_type_name(t), (long long)rows,
+                 (long long)cols);
+        return;
+    }
+    /* memory-bound: the matrices together well past the last-level cache,
+     * each of the model's shape (so the pool's dispatch per matrix counts as
+     * in decode); rows cut to fit when one matrix alone is larger */
+    rows = LK_MAX((int64_t)16, LK_MIN(rows, (int64_t)(bytes / rb) / 16 * 16));
+    const size_t mb = rb * (size_t)rows;
+    const int nm = (int)LK_MAX((size_t)1, LK_MIN(bytes / mb, (size_t)4096));
+    const size_t len = mb * (size_t)nm;
+    uint8_t *buf = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (buf == MAP_FAILED) {
+        lk_tune_apply(&cur);
+        *out = cur;
+        snprintf(report, n, "defaults (no memory for a %zu MiB calibration)", len >> 20);
+        return;
+    }
+    madvise(buf, len, MADV_HUGEPAGE);
+    /* weights like a model's: 16 rows of random values quantised to the
+     * type, copied over the buffer (quantising it all would take seconds);
+     * types without a quantiser get 0x11 in every byte, a small normal
+     * scale in every format, so no NaN or denormal slows a candidate */
+    const int64_t n16 = LK_MIN(rows, (int64_t)16);
+    float *f = lk_xmalloc(sizeof(float) * (size_t)cols);
+    uint32_t s = 12345;
+    for (int64_t r = 0; r < n16; r++) {
+        for (int64_t i = 0; i < cols; i++) {
+            s = s * 1664525u + 1013904223u;
+            f[i] = (float)(s >> 8) / (float)(1u << 24) * 2.0f - 1.0f;
+        }
+        if (lk_quantize_supported(t)) lk_quantize_row(t, f, buf + (size_t)r * rb, cols);
+        else memset(buf + (size_t)r * rb, 0x11, rb);
+    }
+    free(f);
+    for (size_t o = (size_t)n16 * rb; o < len; o += (size_t)n16 * rb)
+        memcpy(buf + o, buf, LK_MIN((size_t)n16 * rb, len - o));
+    lk_mat *mats = lk_xmalloc(sizeof(lk_mat) * (size_t)nm);
+    for (int i = 0; i < nm; i++)
+        mats[i] = (lk_mat){ .type = t, .cols = cols, .rows = rows, .data = buf + (size_t)i * mb, .row_stride = rb };
+    enum { NTOK = 64 };
+    float *x = lk_xmalloc(sizeof(float) * (size_t)cols * NTOK);
+    for (int64_t i = 0; i < cols * NTOK; i++) {
+        s = s * 1664525u + 1013904223u;
+        x[i] = (float)(s >> 8) / (float)(1u << 24) * 2.0f - 1.0f;
+    }
+    float *y = lk_xmalloc(sizeof(float) * (size_t)rows * NTOK);
+    void *scratch = lk_xmalloc(lk_matmul_scratch_bytes(cols, NTOK));
+    int at = snprintf(report, n, "%s %lld x %lld x %d matrices (%zu MiB), %d threads, median of >= 3 rounds in ms (x its median ratio to the default's):",
+                      lk_type_name(t), (long long)rows, (long long)cols, nm, len >> 20, lk_pool_size(p));
+
+    lk_tune_apply(&cur);
+    pass_ms(p, mats, nm, x, 1, y, scratch); /* warm-up: TLB, page tables, the pool */
+
+    /* 1. prefetch distance, decode */
+    {
+        static const int pfs[] = { 0, 1, 2, 4 };
+        lk_tune_set c[4];
+        double med[4], ratio[4];
+        for (int k = 0; k < 4; k++) c[k] = cur, c[k].pf = pfs[k];
+        stage(p, c, 4, 1, med, ratio, mats, nm, x, 1, y, scratch, 120);
+        cur.pf = pfs[pick(ratio, 4, 1)];
+        at = append(report, n, at, " pf 0/1/2/4 %.2f/%.2f/%.2f/%.2f (x%.2f/1/x%.2f/x%.2f);", med[0], med[1], med[2],
+                    med[3], ratio[0], ratio[2], ratio[3]);
+    }
+    /* 2. thread split, decode */
+    if (lk_pool_size(p) > 1) {
+        static const int sps[] = { 1, 2, 4, 8 };
+        lk_tune_set c[4];
+        double med[4], ratio[4];
+        for (int k = 0; k < 4; k++) c[k] = cur, c[k].split = sps[k];
+        stage(p, c, 4, 0, med, ratio, mats, nm, x, 1, y, scratch, 120);
+        cur.split = sps[pick(ratio, 4, 0)];
+        at = append(report, n, at, " split 1/2/4/8 %.2f/%.2f/%.2f/%.2f (1/x%.2f/x%.2f/x%.2f);", med[0], med[1],
+                    med[2], med[3], ratio[1], ratio[2], ratio[3]);
+    }
+    /* 3. the AVX2 prefill GEMM against the register tiles: 64 tokens over
+     * at most 512 rows of one matrix, hot in cache (prefill is compute-bound) */
+    if (!strcmp(lk_quant_simd_name(), "avx2") && gemm_type(t)) {
+        lk_mat hot = mats[0];
+        hot.rows = LK_MIN(hot.rows, (int64_t)512);
+        static const int grs[] = { 0, 2, 4 };
+        lk_tune_set c[3];
+        double med[3], ratio[3];
+        for (int k = 0; k < 3; k++) c[k] = cur, c[k].gemm_rows = grs[k];
+        stage(p, c, 3, 0, med, ratio, &hot, 1, x, NTOK, y, scratch, 60);
+        cur.gemm_rows = grs[pick(ratio, 3, 0)];
+        at = append(report, n, at, " gemm off/2/4 (%d tokens x %lld rows) %.2f/%.2f/%.2f (1/x%.2f/x%.2f);", NTOK,
+                    (long long)hot.rows, med[0], med[1], med[2], ratio[1], ratio[2]);
+    }
+    lk_tune_apply(&cur);
+    *out = cur;
+    char set[64];
+    lk_tune_format(&cur, set, sizeof set);
+    append(report, n, at, " -> %s in %.0f ms", set, (double)(lk_time_ns() - t_start) / 1e6);
+    free(scratch);
+    free(y);
+    free(x);
+    free(mats);
+    munmap(buf, len);
+}
+
+/* ======================================================================
+ * the cache file
+ * ==================================================================== */
+
+#define CACHE_HEADER "lockstep-tune 1"
+enum { CACHE_LINES = 64, LINE_MAX_ = 768 };
+
+static bool cache_dir(char *buf, size_t n) {
+    const char *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
+    int k;
+    if (x && *x == '/') k = snprintf(buf, n, "%s/lockstep", x);
+    else if (h && *h) k = snprintf(buf, n, "%s/.cache/lockstep", h);
+    else return false;
+    return k > 0 && (size_t)k < n;
+}
+
+static void mkdirs(const char *dir) {
+    char tmp[512];
+    snprintf(tmp, sizeof tmp, "%s", dir);
+    for (char *c = tmp + 1; *c; c++)
+        if (*c == '/') {
+            *c = 0;
+            mkdir(tmp, 0755);
+            *c = '/';
+        }
+    mkdir(tmp, 0755);
+}
+
+/* The CPU's model name (/proc/cpuinfo), with anything but printable
+ * non-tab characters replaced: it becomes part of a cache key. */
+static void cpu_model(char *buf, size_t n) {
+    snprintf(buf, n, "unknown");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "model name", 10)) continue;
+        const char *c = strchr(line, ':');
+        if (!c) break;
+        c++;
+        while (*c == ' ') c++;
+        snprintf(buf, n, "%s", c);
+        break;
+    }
+    fclose(f);
+    for (char *c = buf; *c; c++)
+        if (*c == '\n') *c = 0;
+        else if (*c < 32 || *c > 126 || *c == '|') *c = '_';
+}
+
+/* This build: the executable's size and modification time (a rebuild
+ * changes them, so its kernels are tuned afresh). */
+static void build_id(char *buf, size_t n) {
+    struct stat st;
+    if (stat("/proc/self/exe", &st) == 0)
+        snprintf(buf, n, "%lld-%lld", (long long)st.st_size, (long long)st.st_mtime);
+    else snprintf(buf, n, "unknown");
+}
+
+typedef struct { char key[LINE_MAX_]; char set[64]; } cache_line;
+
+/* Reads the valid lines of the cache file (a note for each bad one). */
+static int cache_read(const char *path, cache_line *lines, int cap) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char buf[LINE_MAX_ + 80];
+    int nl = 0, ln = 0;
+    bool header = false;
+    while (fgets(buf, sizeof buf, f)) {
+        ln++;
+        size_t len = strlen(buf);
+        if (len && buf[len - 1] == '\n') buf[--len] = 0;
+        if (ln == 1) {
+            if (strcmp(buf, CACHE_HEADER)) {
+                lk_log(LK_LOG_WARN, "tune: %s is not a lockstep tuning cache (first line '%.40s'): ignored, it will "
+                                    "be rewritten", path, buf);
+                break;
+            }
+            header = true;
+            continue;
+        }
+        char *tab = strchr(buf, '\t');
+        lk_tune_set s;
+        lk_tune_defaults(&s);
+        char err[160];
+        if (!tab || tab == buf || (size_t)(tab - buf) >= LINE_MAX_ || !lk_tune_parse(tab + 1, &s, err, sizeof err)) {
+            lk_log(LK_LOG_WARN, "tune: ignoring line %d of %s (expected KEY<tab>pf=..,split=..,gemm=..)", ln, path);
+            continue;
+        }
+        if (nl == cap) continue;
+        *tab = 0;
+        snprintf(lines[nl].key, sizeof lines[nl].key, "%s", buf);
+        lk_tune_format(&s, lines[nl].set, sizeof lines[nl].set);
+        nl++;
+    }
+    fclose(f);
+    return header ? nl : 0;
+}
+
+static void cache_write(const char *dir, const char *path, cache_line *lines, int nl) {
+    mkdirs(dir);
+    char tmp[600];
+    snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        lk_log(LK_LOG_WARN, "tune: cannot write %s: %s (the choice is not cached)", tmp, strerror(errno));
+        return;
+    }
+    fprintf(f, "%s\n", CACHE_HEADER);
+    for (int i = 0; i < nl; i++) fprintf(f, "%s\t%s\n", lines[i].key, lines[i].set);
+    /* rename: a concurrent reader sees the old file or the new one, never half */
+    if (fclose(f) != 0 || rename(tmp, path) != 0) {
+        lk_log(LK_LOG_WARN, "tune: cannot write %s: %s (the choice is not cached)", path, strerror(errno));
+        unlink(tmp);
+    }
+}
+
+/* ======================================================================
+ * lk_tune_init
+ * ==================================================================== */
+
+static char g_report[1024] = "defaults (no model loaded)";
+static char g_key[LINE_MAX_];
+
+const char *lk_tune_report(void) { return g_report; }
+
+void lk_tune_init(lk_pool *p, lk_type t, int64_t cols, int64_t rows, uint64_t model_bytes) {
+    lk_tune_set s;
+    lk_tune_defaults(&s);
+    const char *env = getenv("LK_TUNE");
+    char set[64];
+    if (env && (!strcmp(env, "off") || !strcmp(env, "0"))) {
+        lk_tune_apply(&s);
+        lk_tune_format(&s, set, sizeof set);
+        snprintf(g_report, sizeof g_report, "%s: defaults (--no-tune)", set);
+        return;
+    }
+    if (env && *env) {
+        char err[200];
+        if (!lk_tune_parse(env, &s, err, sizeof err)) {
+            lk_log(LK_LOG_WARN, "tune: LK_TUNE: %s; using the defaults", err);
+            lk_tune_defaults(&s);
+        }
+        lk_tune_apply(&s);
+        lk_tune_format(&s, set, sizeof set);
+        snprintf(g_report, sizeof g_report, "%s: forced (LK_TUNE=%s)", set, env);
+        return;
+    }
+    const size_t llc = lk_membw_llc_bytes();
+    const uint64_t small = LK_MAX((uint64_t)llc, (uint64_t)64 << 20);
+    if (model_bytes <= small) {
+        lk_tune_apply(&s);
+        lk_tune_format(&s, set, sizeof set);
+        snprintf(g_report, sizeof g_report, "%s: defaults (the weights, %llu MiB, are within %llu MiB: decode is "
+                 "not memory-bound, no calibration)", set, (unsigned long long)(model_bytes >> 20),
+                 (unsigned long long)(small >> 20));
+        return;
+    }
+    char cpu[256], build[64], key[LINE_MAX_];
+    cpu_model(cpu, sizeof cpu);
+    build_id(build, sizeof build);
+    snprintf(key, sizeof key, "%s|%s|build %s|%d threads|%s %lldx%lld", cpu, lk_quant_simd_name(), build,
+             lk_pool_size(p), lk_type_name(t), (long long)rows, (long long)cols);
+    if (!strcmp(key, g_key)) return; /* this process tuned for it already: keep the choice and its report */
+    char dir[512], path[560];
+    bool have_dir = cache_dir(dir, sizeof dir);
+    if (have_dir) snprintf(path, sizeof path, "%s/tune.txt", dir);
+    cache_line *lines = lk_xcalloc(CACHE_LINES, sizeof(cache_line));
+    int nl = have_dir ? cache_read(path, lines, CACHE_LINES) : 0;
+    for (int i = 0; i < nl; i++)
+        if (!strcmp(lines[i].key, key)) {
+            char err[160];
+            lk_tune_parse(lines[i].set, &s, err, sizeof err); /* valid: cache_read checked it */
+            lk_tune_apply(&s);
+            snprintf(g_report, sizeof g_report, "%s: cached in %s", lines[i].set, path);
+            snprintf(g_key, sizeof g_key, "%s", key);
+            free(lines);
+            return;
+        }
+    const size_t bytes = LK_MIN(LK_MAX(2 * llc, (size_t)64 << 20), (size_t)256 << 20);
+    char rep[900];
+    lk_tune_calibrate(p, t, cols, rows, bytes, &s, rep, sizeof rep);
+    lk_tune_format(&s, set, sizeof set);
+    snprintf(g_report, sizeof g_report, "%s: calibrated (%s)", set, rep);
+    snprintf(g_key, sizeof g_key, "%s", key);
+    if (have_dir) {
+        /* newest first; the oldest lines drop off past CACHE_LINES */
+        memmove(lines + 1, lines, sizeof(cache_line) * (size_t)LK_MIN(nl, CACHE_LINES - 1));
+        snprintf(lines[0].key, sizeof lines[0].key, "%s", key);
+        snprintf(lines[0].set, sizeof lines[0].set, "%s", set);
+        cache_write(dir, path, lines, LK_MIN(nl + 1, CACHE_LINES));
+    }
+    free(lines);
+}

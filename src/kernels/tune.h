@@ -1,0 +1,58 @@
+/* tune — the kernels' speed settings, chosen per machine.
+ *
+ * Owns: the process-wide tuning choices that change speed and never
+ * results: the decode tiles' prefetch distance (quant), the thread split of
+ * a matrix (tasks per pool thread, kernels/ops.c) and the AVX2 prefill GEMM
+ * switch (quant_gemm_avx2.c). Every row's arithmetic is the same under each
+ * of them (tests/test_tune.c forces each choice and compares bits).
+ *
+ * How they are chosen (lk_tune_init, once per process, when a model is
+ * loaded, before any token): LK_TUNE=off (`--no-tune`) keeps the defaults;
+ * LK_TUNE=pf=N,split=N,gemm=R[xC] forces settings (the rest default);
+ * otherwise a model whose weights do not exceed the last-level cache keeps
+ * the defaults (decode is not memory-bound there, and tests load small
+ * models); else the choice cached for this CPU model, build, thread count
+ * and matrix type/shape in $XDG_CACHE_HOME/lockstep/tune.txt (or
+ * ~/.cache/lockstep/) is applied, or a calibration of about 0.1-0.5 s picks
+ * one on a synthetic memory-bound matrix of the model's dominant weight type
+ * and shape and stores it. A cache file that is not ours, or a line that
+ * does not parse, is ignored with a note and rewritten.
+ *
+ * Threading: call from the thread that loads a model; the settings are
+ * atomics that kernels read at each call. */
+#ifndef LK_TUNE_H
+#define LK_TUNE_H
+
+#include "kernels/kernels.h"
+
+typedef struct {
+    int pf;          /* decode prefetch distance in tiles, 0..LK_QUANT_PF_MAX (default 1) */
+    int split;       /* matmul tasks per pool thread, 1..LK_MATMUL_SPLIT_MAX */
+    int gemm_rows;   /* AVX2 prefill GEMM rows per pass 1..4, 0 = off (the register tiles) */
+    int gemm_chunk;  /* its tokens per chunk 1..64, 0 = its default */
+} lk_tune_set;
+
+void lk_tune_defaults(lk_tune_set *s);
+void lk_tune_apply(const lk_tune_set *s);   /* process-wide */
+void lk_tune_get(lk_tune_set *s);           /* what is in force */
+/* "pf=2,split=4,gemm=2x32" (any subset; others keep s's values); false and
+ * a message naming the bad part otherwise. */
+bool lk_tune_parse(const char *spec, lk_tune_set *s, char *err, size_t errlen);
+void lk_tune_format(const lk_tune_set *s, char *buf, size_t n);
+
+/* Chooses the settings for a model whose weights are mostly of type t, its
+ * typical matrix `rows` x `cols` and `model_bytes` of weights in all, with
+ * the threads of pool p (see the header comment). Never fails: a problem is
+ * a warning and the defaults. */
+void lk_tune_init(lk_pool *p, lk_type t, int64_t cols, int64_t rows, uint64_t model_bytes);
+
+/* One line: what is in force and why ("calibrated in 212 ms: ...",
+ * "cached in FILE", "forced by LK_TUNE", "defaults: ..."). */
+const char *lk_tune_report(void);
+
+/* The calibration itself, on a synthetic matrix of `bytes` bytes (tests call
+ * it with a small one): applies and returns the choice, fills `report`. */
+void lk_tune_calibrate(lk_pool *p, lk_type t, int64_t cols, int64_t rows, size_t bytes, lk_tune_set *out,
+                       char *report, size_t n);
+
+#endif

@@ -1,0 +1,295 @@
+/* Tuning changes speed, never numbers: every setting the tuner may choose
+ * (decode prefetch distance, thread split of a matrix, the AVX2 prefill
+ * GEMM and its chunk) gives the bits of the defaults, for the matrix kernel
+ * on real weight formats at every SIMD level this CPU runs, and for a
+ * model's logits (synth GGUF files, prefill and decode). Also: the pool runs
+ * every task exactly once while threads steal, the cache file survives a
+ * corrupt or foreign file, and LK_TUNE forces or skips.
+ *
+ * Includes tune.c to reach its statics (the process's tuned key). */
+#include "lk_test.h"
+#include "../src/kernels/tune.c"
+#include "gguf/gguf.h"
+#include "model/model.h"
+
+#include <unistd.h>
+
+/* the candidates: each value of each knob the tuner tries or a user may force */
+static int settings(lk_tune_set *out, int cap) {
+    int n = 0;
+    lk_tune_set d;
+    lk_tune_defaults(&d);
+    static const int pfs[] = { 0, 2, 3, 4, 8 }, sps[] = { 2, 3, 4, 8, 16 }, grs[] = { 1, 2, 3, 4 },
+                     chs[] = { 0, 1, 7, 64 };
+    for (size_t i = 0; i < sizeof pfs / sizeof *pfs && n < cap; i++) out[n] = d, out[n++].pf = pfs[i];
+    for (size_t i = 0; i < sizeof sps / sizeof *sps && n < cap; i++) out[n] = d, out[n++].split = sps[i];
+    for (size_t i = 0; i < sizeof grs / sizeof *grs; i++)
+        for (size_t j = 0; j < sizeof chs / sizeof *chs && n < cap; j++)
+            out[n] = d, out[n].gemm_rows = grs[i], out[n++].gemm_chunk = chs[j];
+    out[n] = d, out[n].pf = 4, out[n].split = 8, out[n].gemm_rows = 4, out[n++].gemm_chunk = 0;
+    return n;
+}
+
+static uint32_t rng = 7;
+static float frand(void) {
+    rng = rng * 1664525u + 1013904223u;
+    return (float)(rng >> 8) / (float)(1u << 24) * 2.0f - 1.0f;
+}
+
+/* y for every token count of `ntoks`, all in one buffer */
+enum { ROWS = 200, COLS = 512, NTOKS = 4 };
+static const int ntoks[NTOKS] = { 1, 2, 6, 67 };
+static void run_all(lk_pool *p, const lk_mat *m, const float *x, float *y, void *scratch) {
+    size_t off = 0;
+    for (int k = 0; k < NTOKS; k++) {
+        lk_matmul(p, m, x, COLS, ntoks[k], y + off, ROWS, scratch);
+        off += (size_t)ROWS * ntoks[k];
+    }
+}
+
+TEST(matmul_bits_across_settings) {
+    static const lk_type types[] = { LK_TYPE_Q4_0, LK_TYPE_Q8_0, LK_TYPE_Q4_K, LK_TYPE_Q5_K, LK_TYPE_Q6_K,
+                                     LK_TYPE_Q5_0, LK_TYPE_Q5_1, LK_TYPE_Q2_K, LK_TYPE_Q3_K, LK_TYPE_F16,
+                                     LK_TYPE_BF16, LK_TYPE_F32 };
+    lk_tune_set cand[64];
+    const int nc = settings(cand, 64);
+    size_t ny = 0;
+    for (int k = 0; k < NTOKS; k++) ny += (size_t)ROWS * ntoks[k];
+    float *x = malloc(sizeof(float) * COLS * 67), *f = malloc(sizeof(float) * COLS);
+    float *ref = malloc(sizeof(float) * ny), *y = malloc(sizeof(float) * ny);
+    void *scratch = malloc(lk_matmul_scratch_bytes(COLS, 67));
+    for (int i = 0; i < COLS * 67; i++) x[i] = frand();
+    /* 3 threads on 2 cores: tasks get stolen */
+    lk_pool *p = lk_pool_create(3);
+    const char *levels[] = { "avx2", "avx512" };
+    int compared = 0;
+    for (int li = 0; li < 2; li++) {
+        if (!lk_quant_set_simd(levels[li])) continue;
+        for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
+            const lk_type t = types[ti];
+            if (!lk_quantize_supported(t)) continue;
+            size_t rb = 0;
+            CHECK(lk_type_row_bytes(t, COLS, &rb));
+            uint8_t *w = malloc(rb * ROWS);
+            for (int r = 0; r < ROWS; r++) {
+                for (int i = 0; i < COLS; i++) f[i] = frand() * (1 + r % 5);
+                lk_quantize_row(t, f, w + (size_t)r * rb, COLS);
+            }
+            const lk_mat m = { .type = t, .cols = COLS, .rows = ROWS, .data = w, .row_stride = rb };
+            lk_tune_set d;
+            lk_tune_defaults(&d);
+            lk_tune_apply(&d);
+            run_all(p, &m, x, ref, scratch);
+            for (int c = 0; c < nc; c++) {
+                lk_tune_apply(&cand[c]);
+                memset(y, 0xff, sizeof(float) * ny);
+                run_all(p, &m, x, y, scratch);
+                char s[64];
+                lk_tune_format(&cand[c], s, sizeof s);
+                CHECKF(!memcmp(y, ref, sizeof(float) * ny), "%s %s: %s differs from the defaults", levels[li],
+                       lk_type_name(t), s);
+                compared++;
+            }
+            free(w);
+        }
+    }
+    printf("  %d (level, type, setting) cases, %d settings, token counts 1/2/6/67\n", compared, nc);
+    CHECK(compared > 0);
+    lk_quant_set_simd(lk_simd_level_name(lk_cpu()->level));
+    lk_tune_set d;
+    lk_tune_defaults(&d);
+    lk_tune_apply(&d);
+    lk_pool_free(p);
+    free(x); free(f); free(ref); free(y); free(scratch);
+}
+
+/* prefill of 9 tokens, then 3 decode steps: every position's logits */
+static float *model_logits(const char *rel, int *nout) {
+    char err[LK_ERRLEN];
+    lk_gguf *g = NULL;
+    if (lk_gguf_open(lk_td(rel), &g, err, sizeof err) != LK_OK) return NULL;
+    lk_model_params mp = { .n_ctx = 64, .n_threads = 3 };
+    lk_model *m = NULL;
+    if (lk_model_load(g, NULL, &mp, &m, err, sizeof err) != LK_OK) {
+        printf("  %s: %s\n", rel, err);
+        lk_gguf_close(g);
+        return NULL;
+    }
+    const int64_t nv = lk_model_cfg(m)->n_vocab;
+    float *out = malloc(sizeof(float) * (size_t)nv * 12);
+    int32_t toks[9];
+    for (int i = 0; i < 9; i++) toks[i] = (int32_t)((i * 7919 + 13) % nv);
+    bool ok = lk_model_forward(m, toks, 9, 0, 9, out) == LK_OK;
+    for (int i = 0; i < 3 && ok; i++) {
+        int32_t t = (int32_t)((i * 31 + 5) % nv);
+        ok = lk_model_forward(m, &t, 1, 9 + i, 1, out + (size_t)nv * (9 + i)) == LK_OK;
+    }
+    lk_model_free(m);
+    lk_gguf_close(g);
+    if (!ok) { free(out); return NULL; }
+    *nout = (int)nv * 12;
+    return out;
+}
+
+TEST(model_logits_across_settings) {
+    static const char *files[] = { "synth/synth-llama-q4_0.gguf", "synth/synth-llama-q4_k_m.gguf",
+                                   "synth/synth-llama-f16.gguf" };
+    lk_tune_set cand[64];
+    const int nc = settings(cand, 64);
+    for (size_t fi = 0; fi < sizeof files / sizeof *files; fi++) {
+        if (!lk_td_have(files[fi])) { lk_td(files[fi]); continue; }
+        /* the model load applies the tuner's choice (LK_TUNE): force each */
+        setenv("LK_TUNE", "off", 1);
+        int n = 0, n2 = 0;
+        float *ref = model_logits(files[fi], &n);
+        CHECKF(ref, "%s does not run", files[fi]);
+        if (!ref) continue;
+        int same = 0;
+        for (int c = 0; c < nc; c++) {
+            char s[64];
+            lk_tune_format(&cand[c], s, sizeof s);
+            setenv("LK_TUNE", s, 1);
+            float *l = model_logits(files[fi], &n2);
+            lk_tune_set now;
+            lk_tune_get(&now);
+            CHECKF(now.pf == cand[c].pf && now.split == cand[c].split && now.gemm_rows == cand[c].gemm_rows,
+                   "LK_TUNE=%s was not applied", s);
+            CHECKF(l && n2 == n && !memcmp(l, ref, sizeof(float) * (size_t)n), "%s: %s gives other logits",
+                   files[fi], s);
+            same += l && n2 == n && !memcmp(l, ref, sizeof(float) * (size_t)n);
+            free(l);
+        }
+        printf("  %s: %d of %d settings give the defaults' logits bit for bit\n", files[fi], same, nc);
+        free(ref);
+    }
+    unsetenv("LK_TUNE");
+    lk_tune_set d;
+    lk_tune_defaults(&d);
+    lk_tune_apply(&d);
+}
+
+/* every task of every job exactly once, whatever thread runs it; jobs of
+ * 1 to 64 tasks on a pool of 4 threads (2 cores: some are descheduled) */
+typedef struct { atomic_int *count; int n; } count_job;
+static void count_fn(void *arg, int ith, int nth) {
+    count_job *j = arg;
+    if (nth != j->n || ith < 0 || ith >= nth) { atomic_fetch_add(&j->count[0], 1000); return; }
+    atomic_fetch_add(&j->count[ith], 1);
+}
+
+TEST(pool_runs_each_task_once) {
+    lk_pool *p = lk_pool_create(4);
+    atomic_int count[64];
+    int bad = 0;
+    for (int it = 0; it < 20000; it++) {
+        const int n = 1 + (it * 37) % 64;
+        for (int i = 0; i < 64; i++) atomic_init(&count[i], 0);
+        count_job j = { count, n };
+        if (it % 3 == 0) {
+            j.n = 4;
+            lk_pool_run(p, count_fn, &j);
+        } else lk_pool_run_n(p, count_fn, &j, n);
+        for (int i = 0; i < j.n; i++) bad += atomic_load(&count[i]) != 1;
+    }
+    CHECKF(bad == 0, "%d tasks ran other than once", bad);
+    lk_pool_free(p);
+}
+
+static int read_file(const char *path, char *buf, size_t n) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    size_t k = fread(buf, 1, n - 1, f);
+    buf[k] = 0;
+    fclose(f);
+    return (int)k;
+}
+
+TEST(cache_file_and_env) {
+    char dir[] = "/tmp/lk-test-tune-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    setenv("XDG_CACHE_HOME", dir, 1);
+    unsetenv("LK_TUNE");
+    char path[256], buf[4096];
+    snprintf(path, sizeof path, "%s/lockstep/tune.txt", dir);
+    lk_pool *p = lk_pool_create(2);
+    /* a foreign file where the cache goes: a note, then rewritten */
+    char sub[300];
+    snprintf(sub, sizeof sub, "%s/lockstep", dir);
+    mkdir(sub, 0755);
+    FILE *f = fopen(path, "w");
+    fputs("\x7f" "ELF not a cache\n\tpf=1\n", f);
+    fclose(f);
+    const uint64_t big = (uint64_t)8 << 30; /* past any cache: calibrates */
+    g_key[0] = 0;
+    lk_tune_init(p, LK_TYPE_Q4_0, 1024, 1024, big);
+    CHECKF(strstr(lk_tune_report(), "calibrated"), "report: %s", lk_tune_report());
+    CHECK(read_file(path, buf, sizeof buf) > 0);
+    CHECKF(!strncmp(buf, CACHE_HEADER "\n", strlen(CACHE_HEADER) + 1) && strstr(buf, "q4_0 1024x1024\tpf="),
+           "cache file: %s", buf);
+    lk_tune_set chosen;
+    lk_tune_get(&chosen);
+    /* the next process (the key forgotten) reads it */
+    g_key[0] = 0;
+    lk_tune_set d;
+    lk_tune_defaults(&d);
+    lk_tune_apply(&d);
+    lk_tune_init(p, LK_TYPE_Q4_0, 1024, 1024, big);
+    lk_tune_set now;
+    lk_tune_get(&now);
+    CHECKF(strstr(lk_tune_report(), "cached in"), "report: %s", lk_tune_report());
+    CHECK(now.pf == chosen.pf && now.split == chosen.split && now.gemm_rows == chosen.gemm_rows);
+    /* a corrupt line among good ones: noted, dropped, the good ones kept */
+    f = fopen(path, "a");
+    fputs("garbage without a tab\nkey\tpf=99\n", f);
+    fclose(f);
+    g_key[0] = 0;
+    lk_tune_init(p, LK_TYPE_Q4_0, 1024, 1024, big);
+    CHECKF(strstr(lk_tune_report(), "cached in"), "report: %s", lk_tune_report());
+    /* forced and skipped */
+    setenv("LK_TUNE", "pf=3,split=5,gemm=2x16", 1);
+    lk_tune_init(p, LK_TYPE_Q4_0, 1024, 1024, big);
+    lk_tune_get(&now);
+    CHECK(now.pf == 3 && now.split == 5 && now.gemm_rows == 2 && now.gemm_chunk == 16);
+    CHECKF(strstr(lk_tune_report(), "forced"), "report: %s", lk_tune_report());
+    setenv("LK_TUNE", "pf=3,bogus=1", 1);
+    lk_tune_init(p, LK_TYPE_Q4_0, 1024, 1024, big);
+    lk_tune_get(&now);
+    CHECK(now.pf == d.pf && now.split == d.split && now.gemm_rows == 0);
+    setenv("LK_TUNE", "off", 1);
+    lk_tune_init(p, LK_TYPE_Q4_0, 1024, 1024, big);
+    CHECKF(strstr(lk_tune_report(), "--no-tune"), "report: %s", lk_tune_report());
+    unsetenv("LK_TUNE");
+    /* a small model is not calibrated */
+    g_key[0] = 0;
+    lk_tune_init(p, LK_TYPE_Q4_0, 1024, 1024, 1 << 20);
+    CHECKF(strstr(lk_tune_report(), "no calibration"), "report: %s", lk_tune_report());
+    lk_tune_apply(&d);
+    lk_pool_free(p);
+    unlink(path);
+    rmdir(sub);
+    rmdir(dir);
+    unsetenv("XDG_CACHE_HOME");
+}
+
+TEST(parse_rejects_bad_specs) {
+    static const char *bad[] = { "pf=9", "split=0", "split=17", "gemm=5", "gemm=2x65", "gemm=2x", "pf", "pf=1,", "x=1",
+                                 "pf=-1", "pf=1;split=2" };
+    char err[200];
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        lk_tune_set s;
+        lk_tune_defaults(&s);
+        CHECKF(!lk_tune_parse(bad[i], &s, err, sizeof err), "'%s' accepted", bad[i]);
+    }
+    lk_tune_set s;
+    lk_tune_defaults(&s);
+    CHECK(lk_tune_parse("gemm=off,split=16,pf=0", &s, err, sizeof err) && s.split == 16 && s.pf == 0);
+}
+
+int main(void) {
+    RUN(parse_rejects_bad_specs);
+    RUN(pool_runs_each_task_once);
+    RUN(matmul_bits_across_settings);
+    RUN(model_logits_across_settings);
+    RUN(cache_file_and_env);
+    return lk_test_end();
+}
