@@ -19,7 +19,7 @@ static int settings(lk_tune_set *out, int cap) {
     int n = 0;
     lk_tune_set d;
     lk_tune_defaults(&d);
-    static const int pfs[] = { 0, 2, 3, 4, 8 }, sps[] = { 2, 3, 4, 8, 16 }, grs[] = { 1, 2, 3, 4 },
+    static const int pfs[] = { 0, 2, 3, 4, 8 }, sps[] = { 1, 2, 3, 8, 16 }, grs[] = { 1, 2, 3, 4 },
                      chs[] = { 0, 1, 7, 64 };
     for (size_t i = 0; i < sizeof pfs / sizeof *pfs && n < cap; i++) out[n] = d, out[n++].pf = pfs[i];
     for (size_t i = 0; i < sizeof sps / sizeof *sps && n < cap; i++) out[n] = d, out[n++].split = sps[i];

@@ -55,7 +55,7 @@ size_t lk_matmul_scratch_bytes(int64_t cols, int64_t ntok);
  * (rows x_stride floats apart), y is [ntok][y_stride]. Quantises x to the
  * weight's activation type into `scratch`, then splits rows over the pool. */
 /* The thread split of a matrix: tasks per pool thread (1 = one contiguous
- * share each; up to LK_MATMUL_SPLIT_MAX). A tuning choice: every row's
+ * share each; up to LK_MATMUL_SPLIT_MAX; default 4). A tuning choice: every row's
  * arithmetic is the same whichever thread and task computes it, so it
  * changes speed, never results. Process-wide. */
 enum { LK_MATMUL_SPLIT_MAX = 16 };

@@ -101,7 +101,7 @@ typedef struct {
  * one contiguous share per thread; more, in smaller tasks that a thread
  * which finishes early takes from one that was descheduled (the pool's
  * work stealing), at the price of a claim per task. */
-static _Atomic int g_split = 1;
+static _Atomic int g_split = 4; /* lk_tune_defaults' */
 
 void lk_matmul_set_split(int tasks_per_thread) {
     LK_ASSERT(tasks_per_thread >= 1 && tasks_per_thread <= LK_MATMUL_SPLIT_MAX);

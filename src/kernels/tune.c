@@ -16,7 +16,12 @@
  * settings
  * ==================================================================== */
 
-void lk_tune_defaults(lk_tune_set *s) { *s = (lk_tune_set){ .pf = 1, .split = 1, .gemm_rows = 0, .gemm_chunk = 0 }; }
+/* split 4: on an idle machine the same walk as one share per thread (each
+ * thread's tasks are contiguous rows; a claim per task costs nanoseconds
+ * against a matrix's tens of microseconds at least), and when a thread is
+ * descheduled the others take up to three quarters of its share (2-thread
+ * decode next to another 2-thread decode on 2 cores: BENCHMARKS.md) */
+void lk_tune_defaults(lk_tune_set *s) { *s = (lk_tune_set){ .pf = 1, .split = 4, .gemm_rows = 0, .gemm_chunk = 0 }; }
 
 void lk_tune_apply(const lk_tune_set *s) {
     lk_quant_set_prefetch(s->pf);
@@ -236,10 +241,10 @@ void lk_tune_calibrate(lk_pool *p, lk_type t, int64_t cols, int64_t rows, size_t
         lk_tune_set c[4];
         double med[4], ratio[4];
         for (int k = 0; k < 4; k++) c[k] = cur, c[k].split = sps[k];
-        stage(p, c, 4, 0, med, ratio, mats, nm, x, 1, y, scratch, 120);
-        cur.split = sps[pick(ratio, 4, 0)];
-        at = append(report, n, at, " split 1/2/4/8 %.2f/%.2f/%.2f/%.2f (1/x%.2f/x%.2f/x%.2f);", med[0], med[1],
-                    med[2], med[3], ratio[1], ratio[2], ratio[3]);
+        stage(p, c, 4, 2, med, ratio, mats, nm, x, 1, y, scratch, 120);
+        cur.split = sps[pick(ratio, 4, 2)];
+        at = append(report, n, at, " split 1/2/4/8 %.2f/%.2f/%.2f/%.2f (x%.2f/x%.2f/1/x%.2f);", med[0], med[1],
+                    med[2], med[3], ratio[0], ratio[1], ratio[3]);
     }
     /* 3. the AVX2 prefill GEMM against the register tiles: 64 tokens over
      * at most 512 rows of one matrix, hot in cache (prefill is compute-bound) */

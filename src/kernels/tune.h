@@ -27,7 +27,7 @@
 
 typedef struct {
     int pf;          /* decode prefetch distance in tiles, 0..LK_QUANT_PF_MAX (default 1) */
-    int split;       /* matmul tasks per pool thread, 1..LK_MATMUL_SPLIT_MAX */
+    int split;       /* matmul tasks per pool thread, 1..LK_MATMUL_SPLIT_MAX (default 4) */
     int gemm_rows;   /* AVX2 prefill GEMM rows per pass 1..4, 0 = off (the register tiles) */
     int gemm_chunk;  /* its tokens per chunk 1..64, 0 = its default */
 } lk_tune_set;
