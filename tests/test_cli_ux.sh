@@ -106,3 +106,12 @@ expect chat_tp_local_mismatch 2 "$L" chat -m "$M" --chat-template chatml --tp 3 
 # the layouts that fit still run
 expect tp_local_ok 0 "$L" run -m "$M" -p "Once upon a time" -n 4 --temp 0 --local 2 --tp 2
 expect pp_local_ok 0 "$L" run -m "$M" -p "Once upon a time" -n 4 --temp 0 --local 2 --pp 2
+
+# ---- kernel tuning flags: a bad setting names itself; a forced one is reported --
+expect tune_bad_usage 2 "$L" bench -m "$M" -p 4 -n 2 -r 1 --tune pf=99
+has tune_bad_msg "$T/err" "--tune: bad tuning setting 'pf=99'"
+expect tune_both_usage 2 "$L" run -m "$M" -p hi -n 2 --no-tune --tune pf=1
+expect tune_forced_runs 0 "$L" bench -m "$M" -p 4 -n 2 -r 1 --bw-mib 16 --tune pf=2,split=8,gemm=4 --json
+has tune_forced_said "$T/err" 'tune pf=2,split=8,gemm=4: forced'
+has tune_forced_json "$T/out" '"tune": *"pf=2,split=8,gemm=4: forced'
+expect tune_off_runs 0 "$L" run -m "$M" -p "Once upon a time" -n 2 --temp 0 --no-tune

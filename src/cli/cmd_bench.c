@@ -169,8 +169,9 @@ int lk_cmd_bench(int argc, char **argv) {
         { "--tune", NULL, LK_OPT_STR, &tune, "SPEC",
           "force the kernels' speed settings: pf=N (decode prefetch distance in tiles, 0-8), split=N (tasks per "
           "thread of a matrix, 1-16), gemm=off|R[xC] (AVX2 prefill GEMM, R rows per pass, C tokens per chunk); "
-          "without it the settings are calibrated at first use and cached per CPU and build, and the choice is "
-          "printed (stderr; 'tune' in --json)" },
+          "'calibrate': calibrate now, whatever the load, and cache the result; without it the settings are "
+          "calibrated at first use (unless the machine is busy) and cached per CPU and build; the choice and "
+          "the calibration's timings are printed (stderr; 'tune' in --json)" },
         { "--json", NULL, LK_OPT_FLAG, &json, NULL, "one JSON object per row (thread count x seqs)" },
         { "--csv", NULL, LK_OPT_FLAG, &csv, NULL, "CSV rows" },
         { "--md", NULL, LK_OPT_FLAG, &md, NULL, "a Markdown table (default)" },

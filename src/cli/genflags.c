@@ -203,7 +203,7 @@ bool lk_tune_flags(const char *cmd, bool no_tune, const char *tune) {
         fprintf(stderr, "lockstep %s: --no-tune and --tune exclude each other\n", cmd);
         return false;
     }
-    if (tune) {
+    if (tune && strcmp(tune, "calibrate")) {
         lk_tune_set s;
         lk_tune_defaults(&s);
         char err[200];

@@ -21,7 +21,7 @@ typedef struct {
  * environment, which the kernels' tuner reads when a model loads and which
  * --local ranks inherit (kernels/tune.h). */
 #define LK_NO_TUNE_HELP "skip the kernels' calibration at first use: default speed settings (LK_TUNE=off)"
-#define LK_TUNE_HELP "force the kernels' speed settings, e.g. pf=2,split=4,gemm=off (LK_TUNE=SPEC; see 'lockstep bench')"
+#define LK_TUNE_HELP "force the kernels' speed settings, e.g. pf=2,split=4,gemm=off, or 'calibrate' now (LK_TUNE=SPEC; see 'lockstep bench')"
 bool lk_tune_flags(const char *cmd, bool no_tune, const char *tune);
 
 /* --seal's help, shared by run/chat, worker and netbench: what it does and

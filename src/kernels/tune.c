@@ -111,7 +111,8 @@ static double pass_ms(lk_pool *p, const lk_mat *mats, int nm, const float *x, in
  * median over rounds of its time / the reference candidate's time in the
  * same round (paired: on a shared machine the absolute times of one
  * candidate spread 2-5x between rounds, their ratios much less). At least
- * 3 rounds, more (up to 9) while the stage is within its budget. med[k]:
+ * 2 rounds, more (up to 9) while the stage is within its budget (an idle
+ * machine does 5-9; one loaded 10x over, whose passes are slow, 2). med[k]:
  * the median time (reported), ratio[k]: the score. */
 static void stage(lk_pool *p, const lk_tune_set *cand, int nc, int ref, double *med, double *ratio,
                   const lk_mat *mats, int nm, const float *x, int64_t ntok, float *y, void *scratch,
@@ -127,7 +128,7 @@ static void stage(lk_pool *p, const lk_tune_set *cand, int nc, int ref, double *
             t[nr][(k + nr) % nc] = pass_ms(p, mats, nm, x, ntok, y, scratch);
         }
         nr++;
-        if (nr >= 3 && (double)(lk_time_ns() - t0) / 1e6 > budget_ms) break;
+        if (nr >= 2 && (double)(lk_time_ns() - t0) / 1e6 > budget_ms) break;
     }
     for (int k = 0; k < nc; k++) {
         double a[RMAX], r[RMAX];
@@ -218,7 +219,7 @@ void lk_tune_calibrate(lk_pool *p, lk_type t, int64_t cols, int64_t rows, size_t
     }
     float *y = lk_xmalloc(sizeof(float) * (size_t)rows * NTOK);
     void *scratch = lk_xmalloc(lk_matmul_scratch_bytes(cols, NTOK));
-    int at = snprintf(report, n, "%s %lld x %lld x %d matrices (%zu MiB), %d threads, median of >= 3 rounds in ms (x its median ratio to the default's):",
+    int at = snprintf(report, n, "%s %lld x %lld x %d matrices (%zu MiB), %d threads, median of >= 2 rounds in ms (x its median ratio to the default's):",
                       lk_type_name(t), (long long)rows, (long long)cols, nm, len >> 20, lk_pool_size(p));
 
     lk_tune_apply(&cur);
@@ -409,7 +410,8 @@ void lk_tune_init(lk_pool *p, lk_type t, int64_t cols, int64_t rows, uint64_t mo
         snprintf(g_report, sizeof g_report, "%s: defaults (--no-tune)", set);
         return;
     }
-    if (env && *env) {
+    const bool force = env && !strcmp(env, "calibrate");
+    if (env && *env && !force) {
         char err[200];
         if (!lk_tune_parse(env, &s, err, sizeof err)) {
             lk_log(LK_LOG_WARN, "tune: LK_TUNE: %s; using the defaults", err);
@@ -422,7 +424,7 @@ void lk_tune_init(lk_pool *p, lk_type t, int64_t cols, int64_t rows, uint64_t mo
     }
     const size_t llc = lk_membw_llc_bytes();
     const uint64_t small = LK_MAX((uint64_t)llc, (uint64_t)64 << 20);
-    if (model_bytes <= small) {
+    if (model_bytes <= small && !force) {
         lk_tune_apply(&s);
         lk_tune_format(&s, set, sizeof set);
         snprintf(g_report, sizeof g_report, "%s: defaults (the weights, %llu MiB, are within %llu MiB: decode is "
@@ -436,12 +438,14 @@ void lk_tune_init(lk_pool *p, lk_type t, int64_t cols, int64_t rows, uint64_t mo
     snprintf(key, sizeof key, "%s|%s|build %s|%d threads|%s %lldx%lld", cpu, lk_quant_simd_name(), build,
              lk_pool_size(p), lk_type_name(t), (long long)rows, (long long)cols);
     if (!strcmp(key, g_key)) return; /* this process tuned for it already: keep the choice and its report */
+    double load = 0;
+    const long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     char dir[512], path[560];
     bool have_dir = cache_dir(dir, sizeof dir);
     if (have_dir) snprintf(path, sizeof path, "%s/tune.txt", dir);
     cache_line *lines = lk_xcalloc(CACHE_LINES, sizeof(cache_line));
     int nl = have_dir ? cache_read(path, lines, CACHE_LINES) : 0;
-    for (int i = 0; i < nl; i++)
+    for (int i = 0; i < nl && !force; i++)
         if (!strcmp(lines[i].key, key)) {
             char err[160];
             lk_tune_parse(lines[i].set, &s, err, sizeof err); /* valid: cache_read checked it */
@@ -451,6 +455,23 @@ void lk_tune_init(lk_pool *p, lk_type t, int64_t cols, int64_t rows, uint64_t mo
             free(lines);
             return;
         }
+    /* A machine with more runnable threads than CPUs would time the other
+     * programs, and the choice would be cached for good: defaults now, a
+     * calibration at a later load when it is quieter (or LK_TUNE=calibrate). */
+    FILE *lf = fopen("/proc/loadavg", "r");
+    if (lf) {
+        if (fscanf(lf, "%lf", &load) != 1) load = 0;
+        fclose(lf);
+    }
+    if (!force && ncpu > 0 && load > (double)ncpu) {
+        lk_tune_defaults(&s);
+        lk_tune_apply(&s);
+        lk_tune_format(&s, set, sizeof set);
+        snprintf(g_report, sizeof g_report, "%s: defaults (the machine is busy: load average %.1f on %ld CPUs; "
+                 "calibrating then would time the other programs; --tune calibrate forces it)", set, load, ncpu);
+        free(lines);
+        return;
+    }
     const size_t bytes = LK_MIN(LK_MAX(2 * llc, (size_t)64 << 20), (size_t)256 << 20);
     char rep[900];
     lk_tune_calibrate(p, t, cols, rows, bytes, &s, rep, sizeof rep);
@@ -458,7 +479,14 @@ void lk_tune_init(lk_pool *p, lk_type t, int64_t cols, int64_t rows, uint64_t mo
     snprintf(g_report, sizeof g_report, "%s: calibrated (%s)", set, rep);
     snprintf(g_key, sizeof g_key, "%s", key);
     if (have_dir) {
-        /* newest first; the oldest lines drop off past CACHE_LINES */
+        /* newest first (a recalibration replaces its key's line); the
+         * oldest lines drop off past CACHE_LINES */
+        for (int i = 0; i < nl; i++)
+            if (!strcmp(lines[i].key, key)) {
+                memmove(lines + i, lines + i + 1, sizeof(cache_line) * (size_t)(nl - i - 1));
+                nl--;
+                break;
+            }
         memmove(lines + 1, lines, sizeof(cache_line) * (size_t)LK_MIN(nl, CACHE_LINES - 1));
         snprintf(lines[0].key, sizeof lines[0].key, "%s", key);
         snprintf(lines[0].set, sizeof lines[0].set, "%s", set);

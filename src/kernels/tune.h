@@ -9,13 +9,15 @@
  * How they are chosen (lk_tune_init, once per process, when a model is
  * loaded, before any token): LK_TUNE=off (`--no-tune`) keeps the defaults;
  * LK_TUNE=pf=N,split=N,gemm=R[xC] forces settings (the rest default);
- * otherwise a model whose weights do not exceed the last-level cache keeps
- * the defaults (decode is not memory-bound there, and tests load small
- * models); else the choice cached for this CPU model, build, thread count
- * and matrix type/shape in $XDG_CACHE_HOME/lockstep/tune.txt (or
- * ~/.cache/lockstep/) is applied, or a calibration of about 0.1-0.5 s picks
- * one on a synthetic memory-bound matrix of the model's dominant weight type
- * and shape and stores it. A cache file that is not ours, or a line that
+ * LK_TUNE=calibrate calibrates whatever the model and the load, and stores
+ * the result; otherwise a model whose weights do not exceed the last-level
+ * cache keeps the defaults (decode is not memory-bound there, and tests
+ * load small models); else the choice cached for this CPU model, build,
+ * thread count and matrix type/shape in $XDG_CACHE_HOME/lockstep/tune.txt
+ * (or ~/.cache/lockstep/) is applied; else, unless the machine is busy
+ * (load average above its CPUs: defaults, nothing cached), a calibration of
+ * about 0.1-0.5 s picks one on a synthetic memory-bound matrix of the
+ * model's dominant weight type and shape and stores it. A cache file that is not ours, or a line that
  * does not parse, is ignored with a note and rewritten.
  *
  * Threading: call from the thread that loads a model; the settings are
