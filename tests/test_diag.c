@@ -53,23 +53,23 @@ TEST(tp2_terms) {
     lk_diag_est e;
     lk_diag_estimate(&s, &h, &toy_run, 2, 1, &e);
     /* per rank 4 x 2 MB + 2 MB output = 10 ms; 8 all-reduces of 4096 B
-     * (a round trip, 200 us, + 4096 B / 1e9 B/s = 204.096 us) = 1.632768 ms;
-     * step message and candidates 2 x 100 us: 11.832768 ms */
-    CHECKF(near(e.decode_tok_s, 1000 / 11.832768, 1e-9), "%.9g", e.decode_tok_s);
+     * (one one-way delay, 100 us, + 4096 B / 1e9 B/s = 104.096 us) = 0.832768 ms;
+     * step message and candidates 2 x 100 us: 11.032768 ms */
+    CHECKF(near(e.decode_tok_s, 1000 / 11.032768, 1e-9), "%.9g", e.decode_tok_s);
     CHECK(e.n_allreduce == 8);
-    CHECKF(near(e.allreduce_us, 204.096, 1e-9), "%.9g", e.allreduce_us);
-    CHECKF(near(e.t_latency_ms, 8 * 0.2 + 0.2, 1e-9), "%.9g", e.t_latency_ms);
+    CHECKF(near(e.allreduce_us, 104.096, 1e-9), "%.9g", e.allreduce_us);
+    CHECKF(near(e.t_latency_ms, 8 * 0.1 + 0.2, 1e-9), "%.9g", e.t_latency_ms);
     CHECKF(near(e.t_link_ms, 8 * 0.004096, 1e-9), "%.9g", e.t_link_ms);
     CHECK(e.bottleneck == LK_BN_MEMORY);
     /* memory of a rank: 8 MB layers + 2 MB output + 4 MB embedding + scratch
      * 1 row x 4 x (4 x 1024 + 3 x 4096 / 2) + 16 x 4 x 1000 / 2 = 14.07296 MB */
     CHECKF(near(e.mem_per_node_gb, 0.01407296, 1e-9), "%.9g", e.mem_per_node_gb);
-    /* 2 ms one way: 8 x 4004.096 us + 4 ms + 10 ms = 46.032768 ms, latency-bound */
+    /* 2 ms one way: 8 x 2004.096 us + 4 ms + 10 ms = 30.032768 ms, latency-bound */
     h.latency_us = 2000;
     lk_diag_estimate(&s, &h, &toy_run, 2, 1, &e);
-    CHECKF(near(e.decode_tok_s, 1000 / 46.032768, 1e-9), "%.9g", e.decode_tok_s);
+    CHECKF(near(e.decode_tok_s, 1000 / 30.032768, 1e-9), "%.9g", e.decode_tok_s);
     CHECK(e.bottleneck == LK_BN_LATENCY);
-    CHECKF(strstr(e.reason, "latency-bound: 8 all-reduces x 4004 us = 32.0 ms of a 46.0 ms token"), "%s", e.reason);
+    CHECKF(strstr(e.reason, "latency-bound: 8 all-reduces x 2004 us = 16.0 ms of a 30.0 ms token"), "%s", e.reason);
     /* a fitting check: 14 MB do not fit in 10 MB */
     h.mem_gb = 0.01;
     lk_diag_estimate(&s, &h, &toy_run, 2, 1, &e);

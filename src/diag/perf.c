@@ -20,9 +20,10 @@
  *              sampling item, at the node's GFLOP/s
  *   roofline   t_stage = max(bytes / bw, flops / F) + all-reduces
  *   all-reduce 2 per layer (attention, FFN), T x n_embd x 4 bytes each;
- *              a round trip (2 x the one-way latency: measured, see
- *              allreduce_cost) + below 64 KiB the exchange's (k-1) x bytes /
- *              rate, from 64 KiB the scatter's 2 (k-1)/k x bytes / rate
+ *              below 64 KiB the exchange: one one-way latency (ranks in
+ *              step send at once: measured, see allreduce_cost) + (k-1) x
+ *              bytes / rate; from 64 KiB the scatter: two latencies + 2
+ *              (k-1)/k x bytes / rate
  *              (lk_comm_pick); netbench's measured times replace this when
  *              given (interpolated on size, log-log)
  *   per step   the step message to the TP peers of rank 0 (one latency, TP
@@ -90,11 +91,19 @@ static void allreduce_cost(const lk_diag_hw *hw, int k, double bytes, double *la
         *lat = t * 1e-6;
         return;
     }
-    /* a round trip whatever the algorithm: measured through linkemu with 2
-     * ranks at 537 us one way, exchange 1013 us, scatter 1059-1300 us (64 B
-     * to 256 KiB), because a rank's receive and its send do not overlap */
+    /* Below 64 KiB the exchange: every rank sends its vector to every other
+     * at once and then waits for theirs, so ranks that run in step (a decode
+     * step's layers) pay one one-way delay, not a round trip. Measured
+     * through --emulate-link on the 16-core Xeon (BENCHMARKS.md, "Latency
+     * against bandwidth"): tp 2 of a 2-layer model at 1000 us ran 6.96 ms per
+     * token, 6 one-way delays (4 all-reduces, the step message, the
+     * candidates) plus compute, where a round trip per all-reduce would be
+     * 10 delays. (netbench's isolated all-reduce loop measures about a round
+     * trip per call: its iterations do not overlap the two directions the
+     * way a step's layers do.) From 64 KiB the scatter: a reduce-scatter
+     * round and an all-gather round, two delays. */
     double L = hw->latency_us * 1e-6, rate = hw->link_gbps * 1e9 / 8;
-    if (bytes < 65536) *lat = 2 * L, *link = (k - 1) * bytes / rate;
+    if (bytes < 65536) *lat = L, *link = (k - 1) * bytes / rate;
     else *lat = 2 * L, *link = 2.0 * (k - 1) / k * bytes / rate;
 }
 
