@@ -104,6 +104,19 @@ else
     pyt doctor_worker_oversubscribed_named "$CHK(d, check='threads', node=1, result='fail', detail=r'oversubscribed: $((NC + 1)) threads on its $NC CPUs') == 1"
 fi
 
+# ---- a worker short of memory for its share (LK_MEM_AVAILABLE: it rehearses a 100 KiB node) --------
+mkdir -p "$T/c"
+cp "$M1" "$T/c/m.gguf"
+LK_MEM_AVAILABLE=100K start_worker "$T/c" "$T/wc.log"; PC=$WP
+if [ -z "$PA" ] || [ -z "$PC" ]; then
+    no doctor_short_of_memory "workers did not start" "$(cat "$T/wc.log")"
+else
+    expect doctor_short_of_memory 1 "$L" doctor -m "$T/head/m.gguf" --workers "127.0.0.1:$PA,127.0.0.1:$PC" --key-file "$T/key" \
+        --threads 1 --iters 20 --json
+    pyt doctor_short_of_memory_named "$CHK(d, check='memory', node=2, result='fail', detail=r'its share needs [0-9.]+ GB .*, 0.00 GB free there') == 1
+        and $CHK(d, check='memory', node=1, result='ok') == 1"
+fi
+
 # ---- run --trace: Chrome trace events of a --local 2 --tp 2 run ------------------------------
 expect trace_run 0 "$L" run -m "$M1" -p "Once upon a time" -n 6 --temp 0 --local 2 --tp 2 --trace "$T/trace.json"
 cp "$T/trace.json" "$T/out" 2>/dev/null || : >"$T/out"

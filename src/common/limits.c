@@ -240,5 +240,18 @@ uint64_t lk_mem_available(void) {
     bool limited;
     const uint64_t as = rlimit_room(&limited);
     if (limited && (!avail || as < avail)) avail = as;
+    const char *cap_s = getenv("LK_MEM_AVAILABLE");   /* rehearsing a smaller node */
+    if (cap_s && *cap_s) {
+        char *end;
+        double v = strtod(cap_s, &end);
+        double mul = *end == 'K' || *end == 'k' ? 1024.0 : *end == 'M' || *end == 'm' ? 1048576.0
+                   : *end == 'G' || *end == 'g' ? 1073741824.0 : 1.0;
+        if (end != cap_s && v >= 0 && v * mul < 1.8e19) {
+            uint64_t cap = (uint64_t)(v * mul);
+            if (!avail || cap < avail) avail = cap ? cap : 1;   /* 1: none left, but known */
+        } else {
+            lk_log(LK_LOG_WARN, "LK_MEM_AVAILABLE='%s' is not a size like 512M or 2G: ignored", cap_s);
+        }
+    }
     return avail;
 }

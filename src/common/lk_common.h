@@ -66,7 +66,9 @@ size_t lk_str_sanitize(char *out, size_t outlen, const void *s, size_t n);
  * /proc/meminfo, capped by the room under a cgroup memory limit (limit less
  * usage, inactive file cache counted free; v1 or v2, any ancestor) and by
  * RLIMIT_AS less the address space in use. Inside a container MemAvailable
- * is the host's: the cap is what keeps a KV cache from the OOM killer. */
+ * is the host's: the cap is what keeps a KV cache from the OOM killer.
+ * LK_MEM_AVAILABLE=N[K|M|G] caps it further: a node rehearsing a smaller
+ * one (and doctor's test of a node short of memory). */
 uint64_t lk_mem_available(void);
 
 /* CPUs: cpus = those of the affinity mask (sched_getaffinity: taskset, a
