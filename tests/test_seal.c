@@ -404,7 +404,13 @@ static void *relay_thread(void *p) {
         if (len > sizeof body || !read_full(r->from, body, len)) break;
         if (r->tamper == 1 && type == LK_MSG_INFO && len) body[len - 1] = LK_SEAL_EITHER; /* the seal byte */
         if (r->tamper == 2 && type == LK_MSG_INFO && len) {
-            len--; /* no seal byte at all */
+            /* no seal byte at all: the frame cut where it begins (version,
+             * three strings, has_model, the model id), as a peer of a build
+             * that never sealed sends it; the optional tail after it goes too */
+            uint32_t at = 4;
+            for (int k = 0; k < 3 && at + 2 <= len; k++) at += 2 + (uint32_t)(body[at] | body[at + 1] << 8);
+            at += 1 + LK_MODEL_ID_BYTES;
+            if (at < len) len = at;
             hdr[12] = (uint8_t)len, hdr[13] = (uint8_t)(len >> 8);
         }
         if (r->tamper == 3 && type == LK_MSG_VERDICT && len >= 32) {
