@@ -634,24 +634,14 @@ void lk_model_plan_dims(const lk_gguf *g, const lk_model_config *c, lk_plan_dims
      * rows in multiples of the block. Output rows need no alignment. The
      * plan cuts the experts' rows in a mixture (n_ff_split); the dense and
      * shared FFNs follow (lk_model_ffn_ranges). */
-    int64_t wo_blk = 1;
-    for (int l = 0; l < c->n_layer; l++) {
-        char n[96];
-        snprintf(n, sizeof n, "blk.%d.attn_output.weight", l);
-        wo_blk = lcm64(wo_blk, block_of(g, n));
-    }
+    const int64_t wo_blk = down_align(g, c, "attn_output.weight");
     int64_t ha = 1;
     while ((ha * c->head_dim) % wo_blk) ha++;
     if (c->n_recurrent) {
         /* the delta net's key heads follow the query heads (head h0 ->
          * key head h0 nk / n_head, deltanet.c): a cut must be a whole key
          * head, and its value heads' ssm_out columns must fall on blocks */
-        int64_t so_blk = 1;
-        for (int l = 0; l < c->n_layer; l++) {
-            char n[96];
-            snprintf(n, sizeof n, "blk.%d.ssm_out.weight", l);
-            so_blk = lcm64(so_blk, block_of(g, n));
-        }
+        const int64_t so_blk = down_align(g, c, "ssm_out.weight");
         int64_t ka = 1;
         while ((ka * c->ssm_dv) % so_blk) ka++;
         const int64_t per_k = LK_MAX(1, c->n_head / c->ssm_nk); /* query heads per key head */

@@ -196,19 +196,12 @@ static void note_fail(mpi_link *u, const char *what, int code) {
 
 /* Is the peer of u still there? Peeks at its TCP control link (g_mu held). */
 static bool ctl_dead(mpi_link *u) {
-    int fd = lk_tcp_fd(u->ctl);
-    if (fd < 0) return false;
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-    if (poll(&p, 1, 0) <= 0) return false;
-    char c;
-    ssize_t k = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-        if (!u->failed)
-            snprintf(u->why, sizeof u->why, "peer process gone (control connection %s)", k == 0 ? "closed" : strerror(errno));
-        u->failed = true;
-        return true;
-    }
-    return false;
+    int e;
+    if (!lk_tcp_peer_gone(u->ctl, &e)) return false;
+    if (!u->failed)
+        snprintf(u->why, sizeof u->why, "peer process gone (control connection %s)", e ? strerror(e) : "closed");
+    u->failed = true;
+    return true;
 }
 
 /* Every 5 ms at most: the control links of all MPI links (g_mu held), so

@@ -71,6 +71,20 @@ int lk_tcp_fd(const lk_link *l) {
     return l && l->ops == &tcp_ops ? ((const tcp_link *)l)->fd : -1;
 }
 
+bool lk_tcp_peer_gone(const lk_link *l, int *err) {
+    int fd = lk_tcp_fd(l);
+    if (fd < 0) return false;
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, 0) <= 0) return false;
+    char c;
+    ssize_t k = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        *err = k == 0 ? 0 : errno;
+        return true;
+    }
+    return false;
+}
+
 static void set_socket_options(int fd) {
     int one = 1;
     /* Failure here only costs speed, never correctness: ignore. */

@@ -120,6 +120,11 @@ lk_status lk_tcp_accept(int listen_fd, uint64_t deadline_ns, lk_link **out, char
 lk_link *lk_tcp_wrap(int fd, const char *peer_addr);
 /* The socket of a TCP link (-1 if l is not TCP). */
 int lk_tcp_fd(const lk_link *l);
+/* Has the peer of TCP link l closed it or failed? Peeks without consuming
+ * or blocking; *err is 0 for an orderly close, else the errno. For links
+ * whose data travel elsewhere (ucx, mpi) and whose TCP control connection
+ * is the liveness check. */
+bool lk_tcp_peer_gone(const lk_link *l, int *err);
 /* Splits "host:port" (host may be "[v6]"); false if malformed. */
 bool lk_addr_split(const char *addr, char *host, size_t hostlen, int *port);
 

@@ -251,19 +251,12 @@ static int ucx_poll_fd(lk_link *l) { return -1; }
 
 /* Is the peer still there? Looks at the TCP control link without consuming. */
 static bool ctl_dead(ucx_link *u) {
-    int fd = lk_tcp_fd(u->ctl);
-    if (fd < 0) return false;
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-    if (poll(&p, 1, 0) <= 0) return false;
-    char c;
-    ssize_t k = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-        if (!u->failed)
-            snprintf(u->why, sizeof u->why, "peer process gone (control connection %s)", k == 0 ? "closed" : strerror(errno));
-        u->failed = true;
-        return true;
-    }
-    return false;
+    int e;
+    if (!lk_tcp_peer_gone(u->ctl, &e)) return false;
+    if (!u->failed)
+        snprintf(u->why, sizeof u->why, "peer process gone (control connection %s)", e ? strerror(e) : "closed");
+    u->failed = true;
+    return true;
 }
 
 static int wait_locked(ucx_link *u, bool for_send, uint64_t timeout_ns, char *err, size_t errlen) {
