@@ -192,3 +192,25 @@ if [ "$(grep -c '"seqs":' "$T/out")" -eq 2 ] && grep -q '"seqs":4,' "$T/out"; th
 else no bench_seqs_rows "$(cat "$T/out")"; fi
 expect bench_seqs_pp2 0 "$L" bench -m "$M" -t 1 -p 16 -n 8 -r 1 --seqs 1,3 --bw-mib 16 --csv --local 2 --pp 2
 has bench_seqs_pp2_row "$T/out" '^stories260K.gguf,1,3,2,'
+# --profile: where the head's time went; its parts are measured separately
+# (pool runs by kind, the all-reduces, the layers and logits as wholes), so
+# none may exceed the whole, the all-reduces of a 2-rank tp run are there,
+# and the threads cannot be busier than all of them
+expect bench_profile 0 "$L" bench -m "$M" -t 2 -p 16 -n 8 -r 2 --seqs 1,2 --bw-mib 16 --json --profile --local 2 --tp 2
+if python3 -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+assert len(rows) == 2, rows
+for r in rows:
+    for ph in ("profile_prefill", "profile_decode"):
+        p = r[ph]
+        parts = ["matmul_s", "attention_s", "experts_s", "other_parallel_s", "allreduce_s", "logits_s"]
+        assert p["wall_s"] > 0 and all(p[k] >= 0 for k in parts), p
+        assert p["matmul_s"] > 0 and p["allreduce_s"] > 0 and p["attention_s"] > 0, p
+        assert p["activations_s"] <= p["matmul_s"] and p["logits_matmul_s"] <= p["logits_s"], p
+        assert sum(p[k] for k in parts) <= p["wall_s"] * 1.001, p
+        # the remainders: small negative values are clock granularity only
+        assert p["serial_in_layers_s"] > -1e-3 and p["outside_model_s"] > -1e-3, p
+        assert 0 < p["matmul_threads_busy"] <= 1.05, p
+' "$T/out" 2>"$T/py"; then ok bench_profile_parts; else no bench_profile_parts "$(tail -n 3 "$T/py")"; fi
+has bench_profile_text "$T/err" '^profile: threads 2 seqs 2 decode [0-9.]+ ms: matmul [0-9.]+ %'

@@ -65,7 +65,74 @@ typedef struct {
     int32_t       **toks;    /* (S) each sequence's tokens (positions 0..) */
     lk_energy      *en;      /* the machine's power counters, or NULL */
     double          tg_j, tg_s;  /* the last rep's decode: joules and seconds */
+    bool            prof;        /* --profile: the phases' profiles, summed over a row's reps */
+    lk_prof         prof_pp, prof_tg;
+    double          prof_pp_s, prof_tg_s;
 } driver;
+
+static void prof_sum(lk_prof *acc) {
+    lk_prof p;
+    lk_prof_get(&p);
+    for (int k = 0; k < LK_PROF_N; k++) {
+        acc->wall_ns[k] += p.wall_ns[k];
+        acc->busy_ns[k] += p.busy_ns[k];
+        acc->calls[k] += p.calls[k];
+    }
+}
+
+/* Where a phase's time went, as shares of its wall time (the head's rank:
+ * its model's layers and logits; "outside" is the engine around them:
+ * embedding, sampling, the steps' messages). */
+typedef struct { double wall, matmul, quant, attn, moe, par, comm, serial, logits, logits_mm, outside;
+                 double mm_busy, attn_busy; } prof_view;
+
+static prof_view prof_make(const lk_prof *p, double wall_s, int threads) {
+    const double ns = 1e-9;
+    prof_view v = { .wall = wall_s };
+    v.matmul = p->wall_ns[LK_PROF_MATMUL] * ns;
+    v.quant = p->wall_ns[LK_PROF_QUANT] * ns;
+    v.attn = p->wall_ns[LK_PROF_ATTN] * ns;
+    v.moe = p->wall_ns[LK_PROF_MOE] * ns;
+    v.par = p->wall_ns[LK_PROF_PAR] * ns;
+    v.comm = p->wall_ns[LK_PROF_COMM] * ns;
+    v.serial = p->wall_ns[LK_PROF_LAYERS] * ns - v.matmul - v.attn - v.moe - v.par - v.comm;
+    v.logits = p->wall_ns[LK_PROF_LOGITS] * ns;
+    v.logits_mm = p->wall_ns[LK_PROF_LOGITS_MATMUL] * ns;
+    v.outside = wall_s - p->wall_ns[LK_PROF_LAYERS] * ns - v.logits;
+    if (v.matmul > v.quant) v.mm_busy = p->busy_ns[LK_PROF_MATMUL] * ns / ((v.matmul - v.quant) * threads);
+    if (v.attn > 0) v.attn_busy = p->busy_ns[LK_PROF_ATTN] * ns / (v.attn * threads);
+    return v;
+}
+
+static void prof_print(const char *phase, const prof_view *v, int threads, int S) {
+    if (v->wall <= 0) return;
+    const double w = 100 / v->wall;
+    fprintf(stderr,
+            "profile: threads %d seqs %d %s %.1f ms: matmul %.1f %% (activations %.1f %%, threads busy %.0f %% of "
+            "it), attention %.1f %% (busy %.0f %%), experts %.1f %%, other parallel %.1f %%, all-reduce %.1f %%, "
+            "serial in layers %.1f %%, logits %.1f %% (matmul %.1f %%), outside the model %.1f %%\n",
+            threads, S, phase, 1e3 * v->wall, w * v->matmul, w * v->quant, 100 * v->mm_busy, w * v->attn,
+            100 * v->attn_busy, w * v->moe, w * v->par, w * v->comm, w * v->serial, w * v->logits, w * v->logits_mm,
+            w * v->outside);
+}
+
+static json_t *prof_json(const prof_view *v) {
+    json_t *o = json_object();
+    json_object_set_new(o, "wall_s", json_real(v->wall));
+    json_object_set_new(o, "matmul_s", json_real(v->matmul));
+    json_object_set_new(o, "activations_s", json_real(v->quant));
+    json_object_set_new(o, "matmul_threads_busy", json_real(v->mm_busy));
+    json_object_set_new(o, "attention_s", json_real(v->attn));
+    json_object_set_new(o, "attention_threads_busy", json_real(v->attn_busy));
+    json_object_set_new(o, "experts_s", json_real(v->moe));
+    json_object_set_new(o, "other_parallel_s", json_real(v->par));
+    json_object_set_new(o, "allreduce_s", json_real(v->comm));
+    json_object_set_new(o, "serial_in_layers_s", json_real(v->serial));
+    json_object_set_new(o, "logits_s", json_real(v->logits));
+    json_object_set_new(o, "logits_matmul_s", json_real(v->logits_mm));
+    json_object_set_new(o, "outside_model_s", json_real(v->outside));
+    return o;
+}
 
 /* Feeds every sequence its next left[i] tokens: each step gives each
  * sequence not already in flight up to `chunk` tokens (sampling at the end
@@ -114,15 +181,25 @@ static lk_status rep_seqs(driver *d, int S, int p, int n, double *pp, double *tg
         d->busy[i] = false;
     }
     int share = (S + LK_MIN(d->depth, S) - 1) / LK_MIN(d->depth, S);
+    if (d->prof) lk_prof_reset();
     double t0 = lk_time_s();
     if ((st = drive(d, d->n_batch, d->depth > 1 ? share : S, err, errlen))) return st;
     *pp = p > 0 ? (double)S * p / (lk_time_s() - t0) : 0;
+    if (d->prof) {
+        prof_sum(&d->prof_pp);
+        d->prof_pp_s += lk_time_s() - t0;
+    }
     if (n > 0) {
         for (int i = 0; i < S; i++) d->left[i] = n;
         double j0 = lk_energy_joules(d->en);
+        if (d->prof) lk_prof_reset();
         t0 = lk_time_s();
         if ((st = drive(d, 1, share, err, errlen))) return st;
         d->tg_s = lk_time_s() - t0;
+        if (d->prof) {
+            prof_sum(&d->prof_tg);
+            d->prof_tg_s += d->tg_s;
+        }
         d->tg_j = lk_energy_joules(d->en) - j0;
         *tg = (double)S * n / d->tg_s;
     }
@@ -139,7 +216,7 @@ int lk_cmd_bench(int argc, char **argv) {
     const char *emulate_link = NULL;
     int64_t p = 512, n = 128, reps = 3, bw_mib = 0, local = 0, tp = 0, pp_stages = 0;
     bool json = false, csv = false, md = false, kv_f16 = false, seal = false, ep = false, no_ep = false,
-         no_tune = false;
+         no_tune = false, profile = false;
     const char *tune = NULL;
     const lk_opt opts[] = {
         { "--model", "-m", LK_OPT_STR, &model, "FILE", "GGUF model (required)" },
@@ -175,6 +252,11 @@ int lk_cmd_bench(int argc, char **argv) {
         { "--json", NULL, LK_OPT_FLAG, &json, NULL, "one JSON object per row (thread count x seqs)" },
         { "--csv", NULL, LK_OPT_FLAG, &csv, NULL, "CSV rows" },
         { "--md", NULL, LK_OPT_FLAG, &md, NULL, "a Markdown table (default)" },
+        { "--profile", NULL, LK_OPT_FLAG, &profile, NULL,
+          "after each row, where prefill's and decode's time went on the head's rank (stderr; 'profile_prefill' and "
+          "'profile_decode' in --json): matrix products (and how busy the threads were in them), attention, "
+          "experts, all-reduces, the serial rest of the layers, the logits, and the engine outside the model; "
+          "timing every parallel task costs a little speed" },
         { "--trace", NULL, LK_OPT_STR, &trace, "FILE",
           "write Chrome trace events (Perfetto) of every step of this host's ranks, all rows (see 'lockstep run --help')" },
         { NULL, NULL, 0, NULL, NULL, NULL },
@@ -271,7 +353,8 @@ int lk_cmd_bench(int argc, char **argv) {
         size_t bw_bytes = bw_mib ? (size_t)bw_mib << 20 : LK_MAX((size_t)512 << 20, 8 * llc);
         double bw = lk_membw_read_gbs(threads, bw_bytes, 5);
         const int64_t nv = lk_engine_cfg(e)->n_vocab;
-        driver d = { .e = e, .en = en, .depth = LK_MAX(1, lk_engine_depth(e)), .n_batch = lk_engine_n_batch(e) };
+        driver d = { .e = e, .en = en, .depth = LK_MAX(1, lk_engine_depth(e)), .n_batch = lk_engine_n_batch(e),
+                     .prof = profile };
         d.items = lk_xcalloc((size_t)d.depth * smax, sizeof(lk_engine_item));
         d.n_items = lk_xcalloc((size_t)d.depth, sizeof(int));
         d.next = lk_xcalloc((size_t)smax, sizeof(int32_t));
@@ -297,14 +380,25 @@ int lk_cmd_bench(int argc, char **argv) {
             memset(pp, 0, sizeof(double) * (size_t)reps);
             memset(tg, 0, sizeof(double) * (size_t)reps);
             double jsum = 0, ssum = 0;
+            memset(&d.prof_pp, 0, sizeof d.prof_pp);
+            memset(&d.prof_tg, 0, sizeof d.prof_tg);
+            d.prof_pp_s = d.prof_tg_s = 0;
+            lk_prof_enable(profile);
             for (int r = 0; r < reps && st == LK_OK; r++) {
                 st = rep_seqs(&d, S, (int)p, (int)n, &pp[r], &tg[r], err, sizeof err);
                 jsum += d.tg_j;
                 ssum += d.tg_s;
                 if (!json && !csv) fprintf(stderr, "\rbench: threads %d seqs %d rep %d/%lld", threads, S, r + 1, (long long)reps);
             }
+            lk_prof_enable(false);
             if (!json && !csv) fprintf(stderr, "\r%48s\r", "");
             if (st) break;
+            const prof_view pv_pp = prof_make(&d.prof_pp, d.prof_pp_s, threads),
+                            pv_tg = prof_make(&d.prof_tg, d.prof_tg_s, threads);
+            if (profile) {
+                prof_print("prefill", &pv_pp, threads, S);
+                prof_print("decode", &pv_tg, threads, S);
+            }
             stat3 P = stats(pp, (int)reps), T = stats(tg, (int)reps);
             double wb = (double)lk_engine_weight_bytes(e);
             double bound = bw > 0 ? S * bw * 1e9 / wb : 0;
@@ -334,6 +428,10 @@ int lk_cmd_bench(int argc, char **argv) {
                 json_object_set_new(o, "decode_j_per_token", has_j ? json_real(jpt) : json_null());
                 json_object_set_new(o, "decode_watts", has_j ? json_real(watts) : json_null());
                 json_object_set_new(o, "tune", json_string(lk_tune_report()));
+                if (profile) {
+                    json_object_set_new(o, "profile_prefill", prof_json(&pv_pp));
+                    json_object_set_new(o, "profile_decode", prof_json(&pv_tg));
+                }
                 char *str = json_dumps(o, JSON_COMPACT);
                 printf("%s\n", str);
                 free(str);

@@ -31,6 +31,40 @@ void     lk_pool_run(lk_pool *p, lk_pool_fn fn, void *arg);
 /* The same with n_tasks tasks (>= 1): each thread starts on its own
  * contiguous share of them, then takes what is left of the others'. */
 void     lk_pool_run_n(lk_pool *p, lk_pool_fn fn, void *arg, int n_tasks);
+/* ---- where a forward's time goes (bench --profile) ----
+ * Off by default (a test of one flag per call when off). When on, every
+ * pool run adds its wall time (the caller's view: dispatch, the tasks, the
+ * wait for the slowest) and its tasks' summed run time ("busy") under the
+ * kind its caller gave; serial sections add their wall time. Process-wide
+ * counters: one model per process is what bench profiles (the head's). */
+typedef enum {
+    LK_PROF_MATMUL,  /* lk_matmul*: activation quantisation + the rows, whole call */
+    LK_PROF_QUANT,   /* ... of which quantising the activations */
+    LK_PROF_ATTN,    /* attention over the KV cache (and MLA's per-head products) */
+    LK_PROF_MOE,     /* a mixture's routed experts */
+    LK_PROF_PAR,     /* every other pool run (delta net, GELU, copies) */
+    LK_PROF_COMM,    /* the all-reduces between ranks */
+    LK_PROF_LAYERS,  /* the whole of lk_model_layers */
+    LK_PROF_LOGITS,  /* the whole of lk_model_logits (its matmul included) */
+    LK_PROF_LOGITS_MATMUL, /* lk_model_logits' matmul (not in LK_PROF_MATMUL) */
+    LK_PROF_N
+} lk_prof_kind;
+typedef struct {
+    uint64_t wall_ns[LK_PROF_N], busy_ns[LK_PROF_N], calls[LK_PROF_N];
+} lk_prof;
+void lk_prof_enable(bool on);
+void lk_prof_reset(void);
+void lk_prof_get(lk_prof *out);
+/* A serial section: t0 = lk_prof_t0() (0 when off), then lk_prof_add(kind, t0). */
+uint64_t lk_prof_t0(void);
+void     lk_prof_add(lk_prof_kind k, uint64_t t0);
+/* The kind this thread's lk_matmul calls count under (LK_PROF_MATMUL unless
+ * set); returns the previous one. */
+lk_prof_kind lk_prof_matmul_kind(lk_prof_kind k);
+lk_prof_kind lk_prof_matmul_kind_now(void);
+/* lk_pool_run_n whose time counts under kind k (lk_pool_run_n: LK_PROF_PAR). */
+void lk_pool_run_k(lk_pool *p, lk_prof_kind k, lk_pool_fn fn, void *arg, int n_tasks);
+
 /* Splits [0, n) into nth contiguous chunks whose boundaries are multiples of
  * `align`; returns this thread's [*a, *b). */
 void lk_split_range(int64_t n, int64_t align, int ith, int nth, int64_t *a, int64_t *b);

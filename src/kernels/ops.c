@@ -143,6 +143,7 @@ bool lk_matmul_can_fuse(const lk_mat *const *W, int nw) {
 void lk_matmul_fused(lk_pool *p, const lk_mat *const *W, int nw, const float *x, int64_t x_stride, int64_t ntok,
                      float *const *y, const int64_t *y_stride, bool swiglu, void *scratch) {
     LK_ASSERT(lk_matmul_can_fuse(W, nw) && (!swiglu || (nw == 2 && W[0]->rows == W[1]->rows)));
+    const uint64_t t0 = lk_prof_t0();
     matmul_job j = { .W = W, .nw = nw, .x = x, .x_stride = x_stride, .ntok = ntok, .y = y, .y_stride = y_stride,
                      .swiglu = swiglu, .at = lk_type_vec_dot(W[0]->type), .scratch = scratch };
     if (j.at == LK_TYPE_F32) {
@@ -154,15 +155,19 @@ void lk_matmul_fused(lk_pool *p, const lk_mat *const *W, int nw, const float *x,
         LK_ASSERT(lk_type_row_bytes(j.at, W[0]->cols, &rb));
         j.a = scratch;
         j.a_stride = rb;
-        if (ntok >= 4 && lk_pool_size(p) > 1) lk_pool_run(p, quantize_job, &j);
+        const uint64_t q0 = lk_prof_t0();
+        if (ntok >= 4 && lk_pool_size(p) > 1) lk_pool_run_k(p, LK_PROF_QUANT, quantize_job, &j, lk_pool_size(p));
         else quantize_job(&j, 0, 1);
+        lk_prof_add(LK_PROF_QUANT, q0);
     }
     /* no more tasks than row units of the widest matrix: a task without
      * rows is a claim for nothing */
     int64_t units = 1;
     for (int i = 0; i < nw; i++) units = LK_MAX(units, (W[i]->rows + ROW_ALIGN - 1) / ROW_ALIGN);
     const int nt = (int)LK_MIN((int64_t)lk_pool_size(p) * atomic_load_explicit(&g_split, memory_order_relaxed), units);
-    lk_pool_run_n(p, matmul_job_fn, &j, LK_MAX(nt, 1));
+    const lk_prof_kind kind = lk_prof_matmul_kind_now();
+    lk_pool_run_k(p, kind, matmul_job_fn, &j, LK_MAX(nt, 1));
+    lk_prof_add(kind, t0);
 }
 
 void lk_matmul(lk_pool *p, const lk_mat *W, const float *x, int64_t x_stride, int64_t ntok,

@@ -48,12 +48,56 @@ struct lk_pool {
     _Alignas(64) atomic_uint gen;   /* bumped per job; futex word */
     _Alignas(64) atomic_uint done;  /* tasks finished in the current job; futex word */
     atomic_int main_waiting;        /* the caller sleeps on `done` (0 or 1) */
+    atomic_int kind;                /* lk_prof_kind of the current job */
     _Alignas(64) atomic_int sleepers;
     atomic_bool stop;
     uint64_t spin_ns;
 };
 
 typedef struct { lk_pool *p; int ith; } worker_arg;
+
+/* ---- the profile (kernels.h): relaxed counters, read between steps ---- */
+static atomic_bool g_prof_on;
+static _Atomic uint64_t g_prof_wall[LK_PROF_N], g_prof_busy[LK_PROF_N], g_prof_calls[LK_PROF_N];
+static _Thread_local int t_matmul_kind = LK_PROF_MATMUL;
+
+void lk_prof_enable(bool on) { atomic_store(&g_prof_on, on); }
+
+void lk_prof_reset(void) {
+    for (int k = 0; k < LK_PROF_N; k++) {
+        atomic_store_explicit(&g_prof_wall[k], 0, memory_order_relaxed);
+        atomic_store_explicit(&g_prof_busy[k], 0, memory_order_relaxed);
+        atomic_store_explicit(&g_prof_calls[k], 0, memory_order_relaxed);
+    }
+}
+
+void lk_prof_get(lk_prof *out) {
+    for (int k = 0; k < LK_PROF_N; k++) {
+        out->wall_ns[k] = atomic_load_explicit(&g_prof_wall[k], memory_order_relaxed);
+        out->busy_ns[k] = atomic_load_explicit(&g_prof_busy[k], memory_order_relaxed);
+        out->calls[k] = atomic_load_explicit(&g_prof_calls[k], memory_order_relaxed);
+    }
+}
+
+uint64_t lk_prof_t0(void) { return atomic_load_explicit(&g_prof_on, memory_order_relaxed) ? lk_time_ns() : 0; }
+
+void lk_prof_add(lk_prof_kind k, uint64_t t0) {
+    if (!t0) return;
+    atomic_fetch_add_explicit(&g_prof_wall[k], lk_time_ns() - t0, memory_order_relaxed);
+    atomic_fetch_add_explicit(&g_prof_calls[k], 1, memory_order_relaxed);
+}
+
+lk_prof_kind lk_prof_matmul_kind(lk_prof_kind k) {
+    lk_prof_kind old = (lk_prof_kind)t_matmul_kind;
+    t_matmul_kind = (int)k;
+    return old;
+}
+
+lk_prof_kind lk_prof_matmul_kind_now(void) { return (lk_prof_kind)t_matmul_kind; }
+
+static void prof_busy(int k, uint64_t t0) {
+    atomic_fetch_add_explicit(&g_prof_busy[k], lk_time_ns() - t0, memory_order_relaxed);
+}
 
 static long futex(atomic_uint *addr, int op, unsigned val) {
     return syscall(SYS_futex, (unsigned *)addr, op, val, NULL, NULL, 0);
@@ -114,7 +158,9 @@ static void run_tasks(lk_pool *p, int ith) {
             lk_pool_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
             void *arg = atomic_load_explicit(&p->arg, memory_order_relaxed);
             const int nt = atomic_load_explicit(&p->n_tasks, memory_order_relaxed);
+            const uint64_t t0 = lk_prof_t0();
             fn(arg, (int)(uint32_t)c, nt);
+            if (t0) prof_busy(atomic_load_explicit(&p->kind, memory_order_relaxed), t0);
             /* seq_cst, as the caller's announcement in main_waiting: one of
              * the two sees the other */
             if (atomic_fetch_add(&p->done, 1) + 1 == (unsigned)nt &&
@@ -152,6 +198,7 @@ lk_pool *lk_pool_create(int n_threads) {
     atomic_init(&p->done, 0);
     atomic_init(&p->main_waiting, 0);
     atomic_init(&p->sleepers, 0);
+    atomic_init(&p->kind, LK_PROF_PAR);
     atomic_init(&p->stop, false);
     const char *s = getenv("LK_SPIN_US");
     p->spin_ns = (s && *s ? (uint64_t)atoll(s) : 200) * 1000;
@@ -166,12 +213,17 @@ lk_pool *lk_pool_create(int n_threads) {
 
 int lk_pool_size(const lk_pool *p) { return p->n; }
 
-void lk_pool_run_n(lk_pool *p, lk_pool_fn fn, void *arg, int n_tasks) {
+static void pool_run(lk_pool *p, lk_prof_kind kind, lk_pool_fn fn, void *arg, int n_tasks) {
     LK_ASSERT(n_tasks >= 1);
     if (p->n == 1 || n_tasks == 1) {
-        for (int i = 0; i < n_tasks; i++) fn(arg, i, n_tasks);
+        for (int i = 0; i < n_tasks; i++) {
+            const uint64_t t0 = lk_prof_t0();
+            fn(arg, i, n_tasks);
+            if (t0) prof_busy(kind, t0);
+        }
         return;
     }
+    atomic_store_explicit(&p->kind, (int)kind, memory_order_relaxed);
     atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
     atomic_store_explicit(&p->arg, arg, memory_order_relaxed);
     atomic_store_explicit(&p->n_tasks, n_tasks, memory_order_relaxed);
@@ -190,6 +242,15 @@ void lk_pool_run_n(lk_pool *p, lk_pool_fn fn, void *arg, int n_tasks) {
      * last one wakes us instead of burning the core it needs. */
     wait_word(p, &p->done, &p->main_waiting, (unsigned)n_tasks, true);
 }
+
+void lk_pool_run_k(lk_pool *p, lk_prof_kind kind, lk_pool_fn fn, void *arg, int n_tasks) {
+    const uint64_t t0 = lk_prof_t0();
+    pool_run(p, kind, fn, arg, n_tasks);
+    /* a matmul's runs count in the matmul call's wall (lk_matmul_fused) */
+    if (t0 && kind != LK_PROF_MATMUL && kind != LK_PROF_LOGITS_MATMUL && kind != LK_PROF_QUANT) lk_prof_add(kind, t0);
+}
+
+void lk_pool_run_n(lk_pool *p, lk_pool_fn fn, void *arg, int n_tasks) { lk_pool_run_k(p, LK_PROF_PAR, fn, arg, n_tasks); }
 
 void lk_pool_run(lk_pool *p, lk_pool_fn fn, void *arg) { lk_pool_run_n(p, fn, arg, p->n); }
 

@@ -1589,7 +1589,10 @@ static void attn_block_fn(void *arg, int ith, int nth) {
 
 static lk_status allreduce(lk_model *m, float *x, int64_t n, int layer, const char *what) {
     if (!m->hooks.allreduce_sum) return LK_OK;
-    return m->hooks.allreduce_sum(m->hooks.ctx, x, n, layer, what);
+    const uint64_t t0 = lk_prof_t0();
+    lk_status st = m->hooks.allreduce_sum(m->hooks.ctx, x, n, layer, what);
+    lk_prof_add(LK_PROF_COMM, t0);
+    return st;
 }
 
 /* This rank's share of attention for layer li over the current batch:
@@ -1646,7 +1649,7 @@ static void attention(lk_model *m, int li, const float *x) {
         }
     }
     attn_job aj = { m, li };
-    lk_pool_run(m->pool, m->kv_f16 ? attn_f16_fn : attn_block_fn, &aj);
+    lk_pool_run_k(m->pool, LK_PROF_ATTN, m->kv_f16 ? attn_f16_fn : attn_block_fn, &aj, lk_pool_size(m->pool));
     if (w->gated) /* the output gate: sigmoid(gate) on each head's result */
         for (int t = 0; t < n; t++)
             for (int h = 0; h < m->nh; h++) {
@@ -1757,12 +1760,12 @@ static void attention_mla(lk_model *m, int li, const float *x) {
         }
     /* q_abs(t, h) = attn_k_b[h] . q_nope(t, h), into the first kl of each query */
     heads_job kb = { m, &w->wkb, kl, m->mqb, nh * kh, kh, m->q, nh * ahd, ahd, n };
-    lk_pool_run(m->pool, heads_fn, &kb);
+    lk_pool_run_k(m->pool, LK_PROF_ATTN, heads_fn, &kb, lk_pool_size(m->pool));
     attn_job aj = { m, li };
-    lk_pool_run(m->pool, m->kv_f16 ? attn_f16_fn : attn_block_fn, &aj);
+    lk_pool_run_k(m->pool, LK_PROF_ATTN, m->kv_f16 ? attn_f16_fn : attn_block_fn, &aj, lk_pool_size(m->pool));
     /* o_h = attn_v_b[h] . o_latent(t, h), heads side by side for Wo */
     heads_job vb = { m, &w->wvb, vh, m->att, nh * ahd, ahd, m->mvo, nh * vh, vh, n };
-    lk_pool_run(m->pool, heads_fn, &vb);
+    lk_pool_run_k(m->pool, LK_PROF_ATTN, heads_fn, &vb, lk_pool_size(m->pool));
     lk_matmul(m->pool, &w->wo, m->mvo, nh * vh, n, m->o, d, m->act);
 }
 
@@ -2113,12 +2116,12 @@ static void moe_ffn(lk_model *m, int li, const float *x, int n) {
     moe_job j = { m, w, n };
     const int slots = acc + (m->nfs > 0 ? n : 0);
     const bool par = slots >= 4 && lk_pool_size(m->pool) > 1;
-    if (par) lk_pool_run(m->pool, moe_quant_in_fn, &j);
+    if (par) lk_pool_run_k(m->pool, LK_PROF_MOE, moe_quant_in_fn, &j, lk_pool_size(m->pool));
     else moe_quant_in_fn(&j, 0, 1);
-    lk_pool_run(m->pool, moe_gate_up_fn, &j);
-    if (par) lk_pool_run(m->pool, moe_quant_dn_fn, &j);
+    lk_pool_run_k(m->pool, LK_PROF_MOE, moe_gate_up_fn, &j, lk_pool_size(m->pool));
+    if (par) lk_pool_run_k(m->pool, LK_PROF_MOE, moe_quant_dn_fn, &j, lk_pool_size(m->pool));
     else moe_quant_dn_fn(&j, 0, 1);
-    lk_pool_run(m->pool, moe_down_fn, &j);
+    lk_pool_run_k(m->pool, LK_PROF_MOE, moe_down_fn, &j, lk_pool_size(m->pool));
 }
 
 void lk_model_trace_routing(lk_model *m, const lk_route_trace *t) {
@@ -2141,7 +2144,16 @@ static void post_norm(lk_model *m, const float *w, int n) {
     for (int t = 0; t < n; t++) lk_rmsnorm(m->o + t * d, m->o + t * d, w, d, m->cfg.rms_eps);
 }
 
+static lk_status model_layers(lk_model *m, float *x);
+
 lk_status lk_model_layers(lk_model *m, float *x) {
+    const uint64_t t0 = lk_prof_t0();
+    lk_status st = model_layers(m, x);
+    lk_prof_add(LK_PROF_LAYERS, t0);
+    return st;
+}
+
+static lk_status model_layers(lk_model *m, float *x) {
     LK_ASSERT(m->n_rows > 0); /* lk_model_batch first */
     const int n = m->n_rows;
     const int64_t nd = (int64_t)n * m->cfg.n_embd;
@@ -2171,15 +2183,19 @@ int lk_model_first_nonfinite(const lk_model *m, bool *ffn) {
 
 lk_status lk_model_logits(lk_model *m, const float *x, const int32_t *rows, int n_rows, float *logits) {
     LK_ASSERT(n_rows >= 0 && n_rows <= m->n_batch);
+    const uint64_t t0 = lk_prof_t0();
     const int64_t d = m->cfg.n_embd;
     for (int t = 0; t < n_rows; t++) {
         LK_ASSERT(rows[t] >= 0 && rows[t] < m->n_batch);
         lk_rmsnorm(m->xb + t * d, x + (size_t)rows[t] * d, m->out_norm, d, m->cfg.rms_eps);
     }
+    const lk_prof_kind mk = lk_prof_matmul_kind(LK_PROF_LOGITS_MATMUL);
     lk_matmul(m->pool, &m->wout, m->xb, d, n_rows, logits, m->nvoc, m->act);
+    lk_prof_matmul_kind(mk);
     const float cap = m->cfg.logit_softcap;
     if (cap > 0)
         for (int64_t i = 0; i < (int64_t)n_rows * m->nvoc; i++) logits[i] = cap * tanhf(logits[i] / cap);
+    lk_prof_add(LK_PROF_LOGITS, t0);
     return LK_OK;
 }
 
