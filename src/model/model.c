@@ -1595,6 +1595,80 @@ static lk_status allreduce(lk_model *m, float *x, int64_t n, int layer, const ch
     return st;
 }
 
+/* ---- per-row work beside the matrices ----
+ * RMSNorm of a batch's rows, and attention's per-token q/k norms, RoPE and
+ * KV writes, are independent per row: from PAR_ROWS rows on they are spread
+ * over the pool (each row's arithmetic unchanged, so the bits do not depend
+ * on the split). Serial, they were 15-18 % of a 16-token step at 16 threads
+ * (bench --profile, BENCHMARKS.md); one row stays inline, where a dispatch
+ * would cost more than it saves. */
+enum { PAR_ROWS = 4 };
+
+typedef struct {
+    float *out;
+    const float *x, *w;
+    int64_t d;
+    float eps;
+    int n;
+} norm_job;
+
+static void norm_rows_fn(void *arg, int ith, int nth) {
+    const norm_job *j = arg;
+    int64_t a, b;
+    lk_split_range(j->n, 1, ith, nth, &a, &b);
+    for (int64_t t = a; t < b; t++) lk_rmsnorm(j->out + t * j->d, j->x + t * j->d, j->w, j->d, j->eps);
+}
+
+/* out[t] = rmsnorm(x[t]) * w for t < n rows of d (out may be x) */
+static void norm_rows(lk_model *m, float *out, const float *x, const float *w, int n, int64_t d) {
+    norm_job j = { out, x, w, d, m->cfg.rms_eps, n };
+    const int nt = LK_MIN(n, lk_pool_size(m->pool));
+    if (n >= PAR_ROWS && nt > 1) lk_pool_run_k(m->pool, LK_PROF_PAR, norm_rows_fn, &j, nt);
+    else norm_rows_fn(&j, 0, 1);
+}
+
+/* A token's q/k after the projections: biases, q/k norms, RoPE, and its
+ * keys and values into the KV cache. */
+static void qk_prepare(lk_model *m, int li, int t) {
+    const lk_model_config *c = &m->cfg;
+    const layer_w *w = &m->layers[li];
+    const int64_t hd = c->head_dim, qd = (int64_t)m->nh * hd, kvd = (int64_t)m->nkv * hd;
+    float *q = m->q + t * qd, *k = m->k + t * kvd, *v = m->v + t * kvd;
+    const int pos = m->row_pos[t], seq = m->items[m->row_item[t]].seq;
+    if (w->bq) {
+        for (int64_t i = 0; i < qd; i++) q[i] += w->bq[i];
+        for (int64_t i = 0; i < kvd; i++) { k[i] += w->bk[i]; v[i] += w->bv[i]; }
+    }
+    for (int h = 0; h < m->nh; h++) {
+        if (w->q_norm) lk_rmsnorm(q + h * hd, q + h * hd, w->q_norm, hd, c->rms_eps);
+        rope_at(m, w->swa, q + h * hd, pos);
+    }
+    for (int h = 0; h < m->nkv; h++) {
+        if (w->k_norm) lk_rmsnorm(k + h * hd, k + h * hd, w->k_norm, hd, c->rms_eps);
+        rope_at(m, w->swa, k + h * hd, pos);
+        size_t at = kv_page_kv(m, seq, pos / LK_KV_PAGE, li, h) + (size_t)(pos % LK_KV_PAGE) * hd;
+        if (m->kv_f16) {
+            uint16_t *kc = (uint16_t *)m->kcache + at, *vc = (uint16_t *)m->vcache + at;
+            for (int i = 0; i < hd; i++) { kc[i] = lk_fp32_to_fp16(k[h * hd + i]); vc[i] = lk_fp32_to_fp16(v[h * hd + i]); }
+        } else {
+            memcpy((float *)m->kcache + at, k + h * hd, sizeof(float) * hd);
+            memcpy((float *)m->vcache + at, v + h * hd, sizeof(float) * hd);
+        }
+    }
+}
+
+typedef struct {
+    lk_model *m;
+    int li;
+} qk_job;
+
+static void qk_prepare_fn(void *arg, int ith, int nth) {
+    const qk_job *j = arg;
+    int64_t a, b;
+    lk_split_range(j->m->n_rows, 1, ith, nth, &a, &b);
+    for (int64_t t = a; t < b; t++) qk_prepare(j->m, j->li, (int)t);
+}
+
 /* This rank's share of attention for layer li over the current batch:
  * o = Wo_slice . attn(x). A rank without heads contributes zeros. */
 static void attention(lk_model *m, int li, const float *x) {
@@ -1607,7 +1681,7 @@ static void attention(lk_model *m, int li, const float *x) {
         memset(m->o, 0, sizeof(float) * (size_t)n * d);
         return;
     }
-    for (int t = 0; t < n; t++) lk_rmsnorm(m->xb + t * d, x + t * d, w->attn_norm, d, c->rms_eps);
+    norm_rows(m, m->xb, x, w->attn_norm, n, d);
     const lk_mat *qkv[3] = {&w->wq, &w->wk, &w->wv};
     float *qout = w->gated ? m->gate : m->q; /* gated: per head [q | gate], split below */
     const int64_t qs = w->gated ? 2 * qd : qd;
@@ -1624,30 +1698,10 @@ static void attention(lk_model *m, int li, const float *x) {
         for (int t = 0; t < n; t++)
             for (int h = 0; h < m->nh; h++)
                 memcpy(m->q + t * qd + h * hd, m->gate + t * 2 * qd + h * 2 * hd, sizeof(float) * (size_t)hd);
-    for (int t = 0; t < n; t++) {
-        float *q = m->q + t * qd, *k = m->k + t * kvd, *v = m->v + t * kvd;
-        const int pos = m->row_pos[t], seq = m->items[m->row_item[t]].seq;
-        if (w->bq) {
-            for (int64_t i = 0; i < qd; i++) q[i] += w->bq[i];
-            for (int64_t i = 0; i < kvd; i++) { k[i] += w->bk[i]; v[i] += w->bv[i]; }
-        }
-        for (int h = 0; h < m->nh; h++) {
-            if (w->q_norm) lk_rmsnorm(q + h * hd, q + h * hd, w->q_norm, hd, c->rms_eps);
-            rope_at(m, w->swa, q + h * hd, pos);
-        }
-        for (int h = 0; h < m->nkv; h++) {
-            if (w->k_norm) lk_rmsnorm(k + h * hd, k + h * hd, w->k_norm, hd, c->rms_eps);
-            rope_at(m, w->swa, k + h * hd, pos);
-            size_t at = kv_page_kv(m, seq, pos / LK_KV_PAGE, li, h) + (size_t)(pos % LK_KV_PAGE) * hd;
-            if (m->kv_f16) {
-                uint16_t *kc = (uint16_t *)m->kcache + at, *vc = (uint16_t *)m->vcache + at;
-                for (int i = 0; i < hd; i++) { kc[i] = lk_fp32_to_fp16(k[h * hd + i]); vc[i] = lk_fp32_to_fp16(v[h * hd + i]); }
-            } else {
-                memcpy((float *)m->kcache + at, k + h * hd, sizeof(float) * hd);
-                memcpy((float *)m->vcache + at, v + h * hd, sizeof(float) * hd);
-            }
-        }
-    }
+    qk_job qj = { m, li };
+    const int nt = LK_MIN(n, lk_pool_size(m->pool));
+    if (n >= PAR_ROWS && nt > 1) lk_pool_run_k(m->pool, LK_PROF_PAR, qk_prepare_fn, &qj, nt);
+    else qk_prepare_fn(&qj, 0, 1);
     attn_job aj = { m, li };
     lk_pool_run_k(m->pool, LK_PROF_ATTN, m->kv_f16 ? attn_f16_fn : attn_block_fn, &aj, lk_pool_size(m->pool));
     if (w->gated) /* the output gate: sigmoid(gate) on each head's result */
@@ -1734,7 +1788,7 @@ static void attention_mla(lk_model *m, int li, const float *x) {
         memset(m->o, 0, sizeof(float) * (size_t)n * d);
         return;
     }
-    for (int t = 0; t < n; t++) lk_rmsnorm(m->xb + t * d, x + t * d, w->attn_norm, d, c->rms_eps);
+    norm_rows(m, m->xb, x, w->attn_norm, n, d);
     const lk_mat *down[2] = {&w->wqa, &w->wkva};
     if (lk_matmul_can_fuse(down, 2)) {
         float *const ys[2] = {m->mqa, m->mkva};
@@ -1792,7 +1846,7 @@ static void ffn(lk_model *m, int li, const float *x, int n) {
         memset(m->o, 0, sizeof(float) * (size_t)n * d);
         return;
     }
-    for (int t = 0; t < n; t++) lk_rmsnorm(m->xb + t * d, x + t * d, w->ffn_norm, d, m->cfg.rms_eps);
+    norm_rows(m, m->xb, x, w->ffn_norm, n, d);
     const lk_mat *gu[2] = {&w->w1, &w->w3};
     const bool gelu = m->cfg.ffn_gelu;
     if (lk_matmul_can_fuse(gu, 2)) {
@@ -2062,7 +2116,7 @@ static void moe_ffn(lk_model *m, int li, const float *x, int n) {
         memset(m->o, 0, sizeof(float) * (size_t)n * d);
         return;
     }
-    for (int t = 0; t < n; t++) lk_rmsnorm(m->xb + t * d, x + t * d, w->ffn_norm, d, c->rms_eps);
+    norm_rows(m, m->xb, x, w->ffn_norm, n, d);
     lk_matmul(m->pool, &w->wr, m->xb, d, n, ms->logits, E, m->act);
     for (int t = 0; t < n; t++) route_row(m, w, ms->logits + (size_t)t * E, ms->sel + t * k, ms->wgt + t * k);
     if (w->sh_gate) /* qwen35moe: the shared expert's per-token sigmoid gate */
@@ -2141,7 +2195,7 @@ static bool add_nonfinite(float *x, const float *o, int64_t n) {
 static void post_norm(lk_model *m, const float *w, int n) {
     if (!w) return;
     const int64_t d = m->cfg.n_embd;
-    for (int t = 0; t < n; t++) lk_rmsnorm(m->o + t * d, m->o + t * d, w, d, m->cfg.rms_eps);
+    norm_rows(m, m->o, m->o, w, n, d);
 }
 
 static lk_status model_layers(lk_model *m, float *x);
