@@ -110,6 +110,13 @@ enum { LK_MATMUL_MAX_FUSE = 3 };
 bool lk_matmul_can_fuse(const lk_mat *const *W, int nw);
 void lk_matmul_fused(lk_pool *p, const lk_mat *const *W, int nw, const float *x, int64_t x_stride, int64_t ntok,
                      float *const *y, const int64_t *y_stride, bool swiglu, void *scratch);
+/* The same on RMSNorm'd input: xn[t] = lk_rmsnorm(x[t]) * norm_w (x and xn
+ * [ntok][W.cols], contiguous) in the pass that quantises the activations,
+ * one dispatch instead of two; the same bits as lk_rmsnorm then
+ * lk_matmul_fused (xn holds the normed rows afterwards). */
+void lk_matmul_fused_norm(lk_pool *p, const lk_mat *const *W, int nw, const float *x, const float *norm_w, float eps,
+                          float *xn, int64_t ntok, float *const *y, const int64_t *y_stride, bool swiglu,
+                          void *scratch);
 
 /* ---- vectors (attention) ---- */
 float lk_vec_dot_f32(const float *a, const float *b, int64_t n);

@@ -90,6 +90,9 @@ typedef struct {
     bool swiglu;
     lk_type at;
     void *scratch;
+    const float *norm_w; /* lk_matmul_fused_norm: RMSNorm x into xn first */
+    float eps;
+    float *xn;
 } matmul_job;
 
 /* Rows are handed out in multiples of 16 so SIMD kernels that work on row
@@ -114,8 +117,15 @@ static void quantize_job(void *arg, int ith, int nth) {
     matmul_job *j = arg;
     int64_t t0, t1;
     lk_split_range(j->ntok, 1, ith, nth, &t0, &t1);
-    for (int64_t t = t0; t < t1; t++)
-        lk_quantize_row_act(j->at, j->x + t * j->x_stride, (char *)j->scratch + t * j->a_stride, j->W[0]->cols);
+    const int64_t n = j->W[0]->cols;
+    for (int64_t t = t0; t < t1; t++) {
+        const float *x = j->x + t * j->x_stride;
+        if (j->norm_w) {
+            lk_rmsnorm(j->xn + t * n, x, j->norm_w, n, j->eps);
+            x = j->xn + t * n;
+        }
+        if (j->at != LK_TYPE_F32) lk_quantize_row_act(j->at, x, (char *)j->scratch + t * j->a_stride, n);
+    }
 }
 
 static void matmul_job_fn(void *arg, int ith, int nth) {
@@ -140,25 +150,52 @@ bool lk_matmul_can_fuse(const lk_mat *const *W, int nw) {
     return true;
 }
 
+static void matmul_run(lk_pool *p, matmul_job *jp);
+
 void lk_matmul_fused(lk_pool *p, const lk_mat *const *W, int nw, const float *x, int64_t x_stride, int64_t ntok,
                      float *const *y, const int64_t *y_stride, bool swiglu, void *scratch) {
-    LK_ASSERT(lk_matmul_can_fuse(W, nw) && (!swiglu || (nw == 2 && W[0]->rows == W[1]->rows)));
-    const uint64_t t0 = lk_prof_t0();
     matmul_job j = { .W = W, .nw = nw, .x = x, .x_stride = x_stride, .ntok = ntok, .y = y, .y_stride = y_stride,
-                     .swiglu = swiglu, .at = lk_type_vec_dot(W[0]->type), .scratch = scratch };
-    if (j.at == LK_TYPE_F32) {
-        /* F32 weights take the activations as they are: no copy */
-        j.a = x;
-        j.a_stride = (size_t)x_stride * sizeof(float);
-    } else {
-        size_t rb = 0;
-        LK_ASSERT(lk_type_row_bytes(j.at, W[0]->cols, &rb));
-        j.a = scratch;
-        j.a_stride = rb;
+                     .swiglu = swiglu, .scratch = scratch };
+    matmul_run(p, &j);
+}
+
+void lk_matmul_fused_norm(lk_pool *p, const lk_mat *const *W, int nw, const float *x, const float *norm_w, float eps,
+                          float *xn, int64_t ntok, float *const *y, const int64_t *y_stride, bool swiglu,
+                          void *scratch) {
+    LK_ASSERT(norm_w && xn && nw >= 1);
+    matmul_job j = { .W = W, .nw = nw, .x = x, .x_stride = W[0]->cols, .ntok = ntok, .y = y, .y_stride = y_stride,
+                     .swiglu = swiglu, .scratch = scratch, .norm_w = norm_w, .eps = eps, .xn = xn };
+    matmul_run(p, &j);
+}
+
+static void matmul_run(lk_pool *p, matmul_job *jp) {
+    matmul_job j = *jp;
+    const lk_mat *const *W = j.W;
+    const int nw = j.nw;
+    const int64_t ntok = j.ntok;
+    LK_ASSERT(lk_matmul_can_fuse(W, nw) && (!j.swiglu || (nw == 2 && W[0]->rows == W[1]->rows)));
+    const uint64_t t0 = lk_prof_t0();
+    j.at = lk_type_vec_dot(W[0]->type);
+    /* the activations' pass: RMSNorm (lk_matmul_fused_norm) and quantising
+     * to the weights' activation type, per token, over the pool from 4
+     * tokens on */
+    if (j.norm_w || j.at != LK_TYPE_F32) {
+        if (j.at != LK_TYPE_F32) {
+            size_t rb = 0;
+            LK_ASSERT(lk_type_row_bytes(j.at, W[0]->cols, &rb));
+            j.a = j.scratch;
+            j.a_stride = rb;
+        }
         const uint64_t q0 = lk_prof_t0();
-        if (ntok >= 4 && lk_pool_size(p) > 1) lk_pool_run_k(p, LK_PROF_QUANT, quantize_job, &j, lk_pool_size(p));
+        if (ntok >= 4 && lk_pool_size(p) > 1)
+            lk_pool_run_k(p, LK_PROF_QUANT, quantize_job, &j, (int)LK_MIN(ntok, (int64_t)lk_pool_size(p)));
         else quantize_job(&j, 0, 1);
         lk_prof_add(LK_PROF_QUANT, q0);
+    }
+    if (j.at == LK_TYPE_F32) {
+        /* F32 weights take the activations as they are (normed: from xn): no copy */
+        j.a = j.norm_w ? j.xn : j.x;
+        j.a_stride = (size_t)(j.norm_w ? W[0]->cols : j.x_stride) * sizeof(float);
     }
     /* no more tasks than row units of the widest matrix: a task without
      * rows is a claim for nothing */

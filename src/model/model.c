@@ -1681,15 +1681,15 @@ static void attention(lk_model *m, int li, const float *x) {
         memset(m->o, 0, sizeof(float) * (size_t)n * d);
         return;
     }
-    norm_rows(m, m->xb, x, w->attn_norm, n, d);
     const lk_mat *qkv[3] = {&w->wq, &w->wk, &w->wv};
     float *qout = w->gated ? m->gate : m->q; /* gated: per head [q | gate], split below */
     const int64_t qs = w->gated ? 2 * qd : qd;
     if (lk_matmul_can_fuse(qkv, 3)) {
         float *const ys[3] = {qout, m->k, m->v};
         const int64_t ss[3] = {qs, kvd, kvd};
-        lk_matmul_fused(m->pool, qkv, 3, m->xb, d, n, ys, ss, false, m->act);
+        lk_matmul_fused_norm(m->pool, qkv, 3, x, w->attn_norm, c->rms_eps, m->xb, n, ys, ss, false, m->act);
     } else {
+        norm_rows(m, m->xb, x, w->attn_norm, n, d);
         lk_matmul(m->pool, &w->wq, m->xb, d, n, qout, qs, m->act);
         lk_matmul(m->pool, &w->wk, m->xb, d, n, m->k, kvd, m->act);
         lk_matmul(m->pool, &w->wv, m->xb, d, n, m->v, kvd, m->act);
@@ -1846,14 +1846,14 @@ static void ffn(lk_model *m, int li, const float *x, int n) {
         memset(m->o, 0, sizeof(float) * (size_t)n * d);
         return;
     }
-    norm_rows(m, m->xb, x, w->ffn_norm, n, d);
     const lk_mat *gu[2] = {&w->w1, &w->w3};
     const bool gelu = m->cfg.ffn_gelu;
     if (lk_matmul_can_fuse(gu, 2)) {
         float *const ys[2] = {m->hg, m->hu};
         const int64_t ss[2] = {m->nff, m->nff};
-        lk_matmul_fused(m->pool, gu, 2, m->xb, d, n, ys, ss, !gelu, m->act);
+        lk_matmul_fused_norm(m->pool, gu, 2, x, w->ffn_norm, m->cfg.rms_eps, m->xb, n, ys, ss, !gelu, m->act);
     } else {
+        norm_rows(m, m->xb, x, w->ffn_norm, n, d);
         lk_matmul(m->pool, &w->w1, m->xb, d, n, m->hg, m->nff, m->act);
         lk_matmul(m->pool, &w->w3, m->xb, d, n, m->hu, m->nff, m->act);
         if (!gelu) lk_swiglu(m->hg, m->hu, (int64_t)n * m->nff);
