@@ -21,6 +21,7 @@
 #include "kernels/tune.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -2184,10 +2185,33 @@ void lk_model_trace_routing(lk_model *m, const lk_route_trace *t) {
 }
 
 /* The residual stream: x += o (lk_vec_axpy_f32 with 1, the same bits as a
- * plain sum), then whether the sums went non-finite. */
-static bool add_nonfinite(float *x, const float *o, int64_t n) {
-    lk_vec_axpy_f32(x, 1.0f, o, n);
-    return lk_any_nonfinite(x, n);
+ * plain sum), then whether the sums went non-finite; from PAR_ROWS rows on,
+ * rows over the pool (o's lines were written by every thread's matmul rows,
+ * so one thread reading them all waited on the other cores' caches). */
+typedef struct {
+    float *x;
+    const float *o;
+    int64_t d;
+    int n;
+    _Atomic bool bad;
+} resid_job;
+
+static void resid_fn(void *arg, int ith, int nth) {
+    resid_job *j = arg;
+    int64_t a, b;
+    lk_split_range(j->n, 1, ith, nth, &a, &b);
+    if (b <= a) return;
+    lk_vec_axpy_f32(j->x + a * j->d, 1.0f, j->o + a * j->d, (b - a) * j->d);
+    if (lk_any_nonfinite(j->x + a * j->d, (b - a) * j->d)) atomic_store_explicit(&j->bad, true, memory_order_relaxed);
+}
+
+static bool add_nonfinite(lk_model *m, float *x, const float *o, int n) {
+    resid_job j = { .x = x, .o = o, .d = m->cfg.n_embd, .n = n };
+    atomic_init(&j.bad, false);
+    const int nt = LK_MIN(n, lk_pool_size(m->pool));
+    if (n >= PAR_ROWS && nt > 1) lk_pool_run_k(m->pool, LK_PROF_PAR, resid_fn, &j, nt);
+    else resid_fn(&j, 0, 1);
+    return atomic_load(&j.bad);
 }
 
 /* Gemma's post-norms: o = rmsnorm(o) * w per row, after the all-reduce
@@ -2220,12 +2244,12 @@ static lk_status model_layers(lk_model *m, float *x) {
         else attention(m, li, x);
         if ((st = allreduce(m, m->o, nd, layer, "attention output all-reduce"))) return st;
         post_norm(m, m->layers[li].post_attn_norm, n);
-        if (add_nonfinite(x, m->o, nd) && m->bad_layer < 0) m->bad_layer = layer, m->bad_ffn = false;
+        if (add_nonfinite(m, x, m->o, n) && m->bad_layer < 0) m->bad_layer = layer, m->bad_ffn = false;
         if (m->layers[li].moe) moe_ffn(m, li, x, n);
         else ffn(m, li, x, n);
         if ((st = allreduce(m, m->o, nd, layer, "FFN output all-reduce"))) return st;
         post_norm(m, m->layers[li].post_ffn_norm, n);
-        if (add_nonfinite(x, m->o, nd) && m->bad_layer < 0) m->bad_layer = layer, m->bad_ffn = true;
+        if (add_nonfinite(m, x, m->o, n) && m->bad_layer < 0) m->bad_layer = layer, m->bad_ffn = true;
     }
     return LK_OK;
 }
