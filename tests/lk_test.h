@@ -92,6 +92,12 @@ static inline const char *lk_td(const char *rel) {
 /* Whether a test data file is there (if not, the running test reports SKIP). */
 static inline int lk_td_have(const char *rel) { return lk_t_exists(lk_td(rel)); }
 
+/* The program under test: $LOCKSTEP, else build/lockstep. */
+static inline const char *lk_test_bin(void) {
+    const char *b = getenv("LOCKSTEP");
+    return b && *b ? b : "build/lockstep";
+}
+
 /* ---- allocation counting via the linker's --wrap ---- */
 void *__real_malloc(size_t);
 void *__real_calloc(size_t, size_t);

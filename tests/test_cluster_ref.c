@@ -6,47 +6,15 @@
  * --local N --json` as a user would; $LOCKSTEP names the program. */
 #include "lk_test.h"
 
-#include <jansson.h>
-#include <unistd.h>
+#include "lk_ref.h"
 
-#include "common/lk_common.h"
-
-static const char *bin(void) { return getenv("LOCKSTEP") && *getenv("LOCKSTEP") ? getenv("LOCKSTEP") : "build/lockstep"; }
-
-/* Runs the program; returns the generated ids as a JSON array (caller
- * decrefs) or NULL, with the command's stderr tail in err. */
+/* The program's greedy ids (a JSON array; caller decrefs) or NULL, with
+ * the command's stderr tail in err. */
 static json_t *run_ids(const char *model, const char *prompt, int n, const char *layout, char *err, size_t errlen) {
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s run -m %s -p '%s' -n %d --temp 0 --json -t 1 %s 2>/tmp/lk_clref_%d.err", bin(), model,
-             prompt, n, layout, (int)getpid());
-    FILE *p = popen(cmd, "r");
-    if (!p) { snprintf(err, errlen, "popen failed"); return NULL; }
-    static char out[1 << 16];
-    size_t len = fread(out, 1, sizeof out - 1, p);
-    out[len] = 0;
-    int rc = pclose(p);
-    json_error_t je;
-    json_t *o = rc == 0 ? json_loads(out, JSON_ALLOW_NUL, &je) : NULL;
+    json_t *o = lk_ref_run(model, prompt, n, layout, err, errlen);
     json_t *ids = o ? json_incref(json_object_get(o, "generated_ids")) : NULL;
     json_decref(o);
-    if (!ids) {
-        char path[64], tail[400] = "";
-        snprintf(path, sizeof path, "/tmp/lk_clref_%d.err", (int)getpid());
-        FILE *f = fopen(path, "r");
-        if (f) {
-            size_t k = fread(tail, 1, sizeof tail - 1, f);
-            tail[k] = 0;
-            fclose(f);
-        }
-        snprintf(err, errlen, "'%.300s' exit %d: %.400s", cmd, rc, tail);
-    }
     return ids;
-}
-
-static int same_prefix(json_t *a, json_t *b) {
-    size_t n = LK_MIN(json_array_size(a), json_array_size(b)), i = 0;
-    while (i < n && json_integer_value(json_array_get(a, i)) == json_integer_value(json_array_get(b, i))) i++;
-    return (int)i;
 }
 
 static const char *layouts[] = {
@@ -59,9 +27,7 @@ static const char *layouts[] = {
 };
 
 TEST(stories260k_every_layout_matches_llama_cpp) {
-    json_error_t je;
-    json_t *ref = json_load_file(lk_td("reference/stories260K.json"), JSON_ALLOW_NUL, &je);
-    CHECKF(ref, "%s", je.text);
+    json_t *ref = lk_ref_load("reference/stories260K.json");
     if (!ref) return;
     char err[1024];
     for (size_t l = 0; l < sizeof layouts / sizeof layouts[0]; l++) {
@@ -74,7 +40,7 @@ TEST(stories260k_every_layout_matches_llama_cpp) {
                                   (int)json_array_size(want), layouts[l], err, sizeof err);
             CHECKF(got, "%s", err);
             if (!got) continue;
-            int k = same_prefix(got, want);
+            int k = lk_ref_same_prefix(got, want, INT32_MAX);
             CHECKF(k == (int)json_array_size(want), "%s, prompt %zu: first difference at token %d", layouts[l], ci, k);
             ok += k == (int)json_array_size(want);
             json_decref(got);
@@ -103,7 +69,7 @@ TEST(quantised_synth_models_match_one_node) {
                 json_t *got = run_ids(lk_td(models[mi]), prompts[pi], 24, lay[l], err, sizeof err);
                 CHECKF(got, "%s", err);
                 if (!got) continue;
-                int k = same_prefix(got, one);
+                int k = lk_ref_same_prefix(got, one, INT32_MAX);
                 CHECKF(k == (int)json_array_size(one) && json_array_size(got) == json_array_size(one),
                        "%s %s prompt %zu: first difference at token %d", models[mi], lay[l], pi, k);
                 json_decref(got);
@@ -116,8 +82,5 @@ TEST(quantised_synth_models_match_one_node) {
 int main(void) {
     RUN(stories260k_every_layout_matches_llama_cpp);
     RUN(quantised_synth_models_match_one_node);
-    char path[64];
-    snprintf(path, sizeof path, "/tmp/lk_clref_%d.err", (int)getpid());
-    remove(path);
     return lk_test_end();
 }

@@ -22,8 +22,6 @@
 
 #define PROMPT "Once upon a time"
 
-static const char *bin(void) { return getenv("LOCKSTEP") && *getenv("LOCKSTEP") ? getenv("LOCKSTEP") : "build/lockstep"; }
-
 static char key_file[128], tmp[64];
 static uint8_t key[LK_KEY_BYTES];
 
@@ -222,7 +220,7 @@ static void head_generates(int port, const char *what, const char *want_err) {
     snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
     snprintf(out, sizeof out, "%s.out", tmp);
     snprintf(errf, sizeof errf, "%s.err", tmp);
-    const char *args[] = {bin(), "run", "-m", lk_td("models/stories260K.gguf"), "-p", PROMPT, "-n", "16", "--temp", "0",
+    const char *args[] = {lk_test_bin(), "run", "-m", lk_td("models/stories260K.gguf"), "-p", PROMPT, "-n", "16", "--temp", "0",
                           "-t", "1", "--workers", addr, "--key-file", key_file, NULL};
     double took;
     int rc = run_prog(args, out, errf, 40, &took);
@@ -238,7 +236,7 @@ static void make_reference(void) {
     char out[96], errf[96];
     snprintf(out, sizeof out, "%s.ref", tmp);
     snprintf(errf, sizeof errf, "%s.referr", tmp);
-    const char *args[] = {bin(), "run", "-m", lk_td("models/stories260K.gguf"), "-p", PROMPT, "-n", "16", "--temp", "0",
+    const char *args[] = {lk_test_bin(), "run", "-m", lk_td("models/stories260K.gguf"), "-p", PROMPT, "-n", "16", "--temp", "0",
                           "-t", "1", NULL};
     double took;
     int rc = run_prog(args, out, errf, 30, &took);
@@ -324,7 +322,7 @@ TEST(head_gives_up_on_busy_worker) {
     snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
     snprintf(out, sizeof out, "%s.out", tmp);
     snprintf(errf, sizeof errf, "%s.err", tmp);
-    const char *args[] = {bin(), "run", "-m", lk_td("models/stories260K.gguf"), "-p", PROMPT, "-n", "4", "-t", "1",
+    const char *args[] = {lk_test_bin(), "run", "-m", lk_td("models/stories260K.gguf"), "-p", PROMPT, "-n", "4", "-t", "1",
                           "--workers", addr, "--key-file", key_file, NULL};
     double took;
     int rc = run_prog(args, out, errf, 30, &took);

@@ -12,12 +12,7 @@
  * program. */
 #include "lk_test.h"
 
-#include <jansson.h>
-#include <math.h>
-#include <unistd.h>
-
-#include "gguf/gguf.h"
-#include "model/model.h"
+#include "lk_ref.h"
 #include "tokenizer/tokenizer.h"
 
 typedef struct {
@@ -34,109 +29,47 @@ typedef struct {
 static const g3_case f16 = { "synth/synth-gemma3-f16.gguf", "synth/synth-gemma3-f16.json", 5e-2, 1e-2, 2e-2 };
 static const g3_case q4km = { "synth/synth-gemma3-q4_k_m.gguf", "synth/synth-gemma3-q4_k_m.json", 0.6, 0.06, 0.05 };
 
-static int cmp_f(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double num(json_t *a, size_t i) { return json_number_value(json_array_get(a, i)); }
-
 static lk_model *load(const char *path, lk_gguf **g, int n_threads) {
-    char err[LK_ERRLEN];
-    *g = NULL;
-    if (lk_gguf_open(path, g, err, sizeof err)) { CHECKF(0, "%s", err); return NULL; }
     lk_model_params mp = { .n_ctx = 256, .n_threads = n_threads };
-    lk_model *m = NULL;
-    CHECKF(lk_model_load(*g, NULL, &mp, &m, err, sizeof err) == LK_OK, "%s", err);
-    if (!m) { lk_gguf_close(*g); *g = NULL; }
-    return m;
+    return lk_ref_open_model(path, &mp, g);
 }
 
-static int32_t argmax(const float *l, int64_t n) {
-    int32_t b = 0;
-    for (int64_t j = 1; j < n; j++) if (l[j] > l[b]) b = (int32_t)j;
-    return b;
-}
-
-typedef struct { double max, median; int matched, compared, cases; } g3_stats;
-
-/* Runs every reference prompt through m: prompt logits against the
- * reference's (max and per-prompt median into st), then greedy decoding one
- * token at a time against `tokens_key` of each case (or of its
- * checks.<variant> when variant is set), for at most upto(case) steps. */
-static void run_cases(lk_model *m, json_t *ref, const char *variant, int (*upto)(json_t *c, const void *arg),
-                      const void *arg, g3_stats *st) {
-    const int64_t nv = lk_model_cfg(m)->n_vocab;
-    memset(st, 0, sizeof *st);
-    size_t ci;
-    json_t *c;
-    json_array_foreach(json_object_get(ref, "cases"), ci, c) {
-        json_t *jids = json_object_get(c, "prompt_token_ids");
-        int n = (int)json_array_size(jids);
-        int32_t toks[256];
-        for (int i = 0; i < n; i++) toks[i] = (int32_t)json_integer_value(json_array_get(jids, i));
-        float *logits = malloc(sizeof(float) * (size_t)nv * n), *diffs = malloc(sizeof(float) * (size_t)nv * n);
-        CHECK(lk_model_forward(m, toks, n, 0, n, logits) == LK_OK);
-        json_t *rows = json_object_get(c, "prompt_logits_all_positions");
-        CHECK((int)json_array_size(rows) == n);
-        size_t nd = 0;
-        for (int i = 0; i < n && i < (int)json_array_size(rows); i++)
-            for (int64_t j = 0; j < nv; j++) {
-                double d = fabs(logits[(size_t)i * nv + j] - num(json_array_get(rows, (size_t)i), (size_t)j));
-                diffs[nd++] = (float)d;
-                st->max = fmax(st->max, d);
-            }
-        qsort(diffs, nd, sizeof(float), cmp_f);
-        st->median = fmax(st->median, nd ? diffs[nd / 2] : 0);
-        json_t *want = variant ? json_object_get(json_object_get(json_object_get(c, "checks"), variant), "generated_token_ids")
-                               : json_object_get(c, "generated_token_ids");
-        int steps = LK_MIN(upto(c, arg), (int)json_array_size(want)), pos = n;
-        const float *last = logits + (size_t)(n - 1) * nv;
-        float *step = malloc(sizeof(float) * (size_t)nv);
-        for (int k = 0; k < steps; k++) {
-            int32_t best = argmax(last, nv), w = (int32_t)json_integer_value(json_array_get(want, (size_t)k));
-            /* the last comparable step may be the near-tie itself */
-            CHECKF(best == w || k == steps - 1, "%s case %zu step %d: %d, llama.cpp %d", variant ? variant : "reference",
-                   ci, k, best, w);
-            if (best != w) break;
-            st->matched++;
-            if (k + 1 == steps) break;
-            CHECK(lk_model_forward(m, &w, 1, pos++, 1, step) == LK_OK);
-            last = step;
-        }
-        st->compared += steps;
-        st->cases++;
-        free(step);
-        free(diffs);
-        free(logits);
-    }
-}
-
-/* Steps up to and including the first reference step whose top-1 margin is
- * below 2 x gen_tol (all 48 when none is). */
-static int comparable(json_t *c, const void *arg) {
-    const g3_case *gc = arg;
-    json_t *mg = json_object_get(c, "generated_top1_margin");
-    int n = (int)json_array_size(mg);
-    for (int k = 0; k < n; k++)
-        if (num(mg, (size_t)k) < 2 * gc->gen_tol) return k + 1;
-    return n;
-}
-
+/* Every reference prompt through one model: prompt logits at every
+ * position against the reference's (the largest max and per-prompt median
+ * within the tolerances), then greedy decoding one token at a time up to
+ * the first step whose reference top-1 margin is below 2 x gen_tol (only
+ * that step may differ). */
 static void check_reference(const g3_case *gc, int n_threads) {
-    json_error_t je;
-    json_t *ref = json_load_file(lk_td(gc->json), JSON_ALLOW_NUL, &je);
-    CHECKF(ref, "%s: %s", gc->json, je.text);
+    json_t *ref = lk_ref_load(gc->json);
     lk_gguf *g;
     lk_model *m = ref ? load(lk_td(gc->gguf), &g, n_threads) : NULL;
     if (!m) { json_decref(ref); return; }
-    g3_stats st;
-    run_cases(m, ref, NULL, comparable, gc, &st);
-    CHECKF(st.max <= gc->max_tol, "%s: max |dlogit| %.3g > %.3g", gc->gguf, st.max, gc->max_tol);
-    CHECKF(st.median <= gc->median_tol, "%s: median |dlogit| %.3g > %.3g", gc->gguf, st.median, gc->median_tol);
-    CHECKF(st.matched >= st.compared - st.cases, "%s: %d of %d greedy tokens", gc->gguf, st.matched, st.compared);
+    const int64_t nv = lk_model_cfg(m)->n_vocab;
+    float *step = malloc(sizeof(float) * (size_t)nv);
+    double max = 0, median = 0;
+    int matched = 0, compared = 0, cases = 0;
+    size_t ci;
+    json_t *c;
+    json_array_foreach(json_object_get(ref, "cases"), ci, c) {
+        int n;
+        float *logits = lk_ref_prompt_pass(lk_ref_model_fwd, m, nv, c, &n);
+        CHECK((int)json_array_size(json_object_get(c, "prompt_logits_all_positions")) == n);
+        double mx, md = lk_ref_logit_diff(logits, c, n, nv, &mx);
+        max = fmax(max, mx), median = fmax(median, md);
+        json_t *want = json_object_get(c, "generated_token_ids");
+        int steps = LK_MIN(lk_ref_comparable(c, gc->gen_tol), (int)json_array_size(want)), got;
+        int k = lk_ref_greedy(lk_ref_model_fwd, m, nv, logits + (size_t)(n - 1) * nv, want, steps, n, step, &got);
+        /* the last comparable step may be the near-tie itself */
+        CHECKF(got < 0 || k == steps - 1, "reference case %zu step %d: %d, llama.cpp %d", ci, k, got, lk_ref_tok(want, k));
+        matched += k, compared += steps, cases++;
+        free(logits);
+    }
+    CHECKF(max <= gc->max_tol, "%s: max |dlogit| %.3g > %.3g", gc->gguf, max, gc->max_tol);
+    CHECKF(median <= gc->median_tol, "%s: median |dlogit| %.3g > %.3g", gc->gguf, median, gc->median_tol);
+    CHECKF(matched >= compared - cases, "%s: %d of %d greedy tokens", gc->gguf, matched, compared);
     printf("  %-32s threads=%d max|d|=%.2e median|d|=%.2e (largest per-prompt median) greedy %d/%d\n", gc->gguf,
-           n_threads, st.max, st.median, st.matched, st.compared);
+           n_threads, max, median, matched, compared);
+    free(step);
     lk_model_free(m);
     lk_gguf_close(g);
     json_decref(ref);
@@ -172,9 +105,7 @@ TEST(gemma3_tokenizer_cases) {
     lk_tokenizer *t = NULL;
     CHECKF(lk_tokenizer_load(g, &t, err, sizeof err) == LK_OK, "%s", err);
     lk_gguf_close(g);
-    json_error_t je;
-    json_t *ref = json_load_file(lk_td(f16.json), JSON_ALLOW_NUL, &je);
-    CHECKF(ref, "%s", je.text);
+    json_t *ref = lk_ref_load(f16.json);
     if (!t || !ref) { lk_tokenizer_free(t); json_decref(ref); return; }
     int n_tc = 0, bad = 0;
     size_t i;
@@ -184,9 +115,7 @@ TEST(gemma3_tokenizer_cases) {
         int32_t *ids = NULL, n = 0;
         CHECK(lk_tokenizer_encode(t, json_string_value(jt), json_string_length(jt), false, false, &ids, &n, err,
                                   sizeof err) == LK_OK);
-        bool same = n == (int32_t)json_array_size(want);
-        for (int32_t k = 0; same && k < n; k++) same = ids[k] == json_integer_value(json_array_get(want, (size_t)k));
-        if (!same && bad++ < 3) printf("  tokenizer case %zu differs (%d ids, want %zu)\n", i, n, json_array_size(want));
+        if (!lk_ref_ids_equal(ids, n, want) && bad++ < 3) printf("  tokenizer case %zu differs (%d ids, want %zu)\n", i, n, json_array_size(want));
         free(ids);
         n_tc++;
     }
@@ -196,9 +125,7 @@ TEST(gemma3_tokenizer_cases) {
         json_t *want = json_object_get(c, "prompt_token_ids");
         int32_t *ids = NULL, n = 0;
         CHECK(lk_tokenizer_encode(t, p, strlen(p), true, false, &ids, &n, err, sizeof err) == LK_OK);
-        bool same = n == (int32_t)json_array_size(want);
-        for (int32_t k = 0; same && k < n; k++) same = ids[k] == json_integer_value(json_array_get(want, (size_t)k));
-        CHECKF(same, "prompt %zu tokenised differently", i);
+        CHECKF(lk_ref_ids_equal(ids, n, want), "prompt %zu tokenised differently", i);
         free(ids);
     }
     CHECKF(n_tc == 46 && bad == 0, "%d of %d tokenizer cases differ", bad, n_tc);
@@ -212,33 +139,20 @@ TEST(gemma3_tokenizer_cases) {
 /* A copy of the F16 file whose metadata value after `key` (of GGUF type
  * `type`, 4 bytes) is replaced by `val`; path gets the copy's name. */
 static bool patched_copy(const char *key, uint32_t type, const void *val, char *path, size_t len) {
-    char err[LK_ERRLEN];
-    lk_gguf *g = NULL;
-    if (lk_gguf_open(lk_td(f16.gguf), &g, err, sizeof err)) { CHECKF(0, "%s", err); return false; }
-    uint64_t size = lk_gguf_file_size(g);
-    uint8_t *b = malloc(size);
-    memcpy(b, lk_gguf_file_bytes(g), size);
-    lk_gguf_close(g);
+    size_t size;
+    uint8_t *b = lk_ref_read_file(lk_td(f16.gguf), &size);
+    if (!b) { CHECKF(0, "cannot read %s", f16.gguf); return false; }
     uint8_t *k = memmem(b, size, key, strlen(key));
     uint32_t t = 0;
     if (k) memcpy(&t, k + strlen(key), 4);
     CHECKF(k && t == type, "%s: no key %s of type %u", f16.gguf, key, type);
-    if (!k || t != type) { free(b); return false; }
-    memcpy(k + strlen(key) + 4, val, 4);
-    snprintf(path, len, "/tmp/lk-gemma3-%d.gguf", (int)getpid());
-    FILE *f = fopen(path, "wb");
-    bool ok = f && fwrite(b, 1, size, f) == size;
-    if (f) fclose(f);
+    bool ok = k && t == type;
+    if (ok) {
+        memcpy(k + strlen(key) + 4, val, 4);
+        ok = lk_ref_write_tmp("gemma3", b, size, path, len);
+    }
     free(b);
-    CHECKF(ok, "cannot write %s", path);
     return ok;
-}
-
-/* Up to and including the variant's first departure from the reference
- * tokens (nothing when it never departs). */
-static int variant_upto(json_t *c, const void *arg) {
-    json_t *fd = json_object_get(json_object_get(json_object_get(c, "checks"), (const char *)arg), "first_divergence");
-    return json_is_integer(fd) ? (int)json_integer_value(fd) + 1 : 0;
 }
 
 /* The variant's logits must leave the reference's tolerance by far, and
@@ -247,19 +161,17 @@ static int variant_upto(json_t *c, const void *arg) {
 static void check_variant(const char *key, uint32_t type, const void *val, const char *variant, double min_move) {
     char path[128];
     if (!patched_copy(key, type, val, path, sizeof path)) return;
-    json_error_t je;
-    json_t *ref = json_load_file(lk_td(f16.json), JSON_ALLOW_NUL, &je);
-    CHECKF(ref, "%s", je.text);
+    json_t *ref = lk_ref_load(f16.json);
     lk_gguf *g;
     lk_model *m = ref ? load(path, &g, 2) : NULL;
     if (m) {
-        g3_stats st;
-        run_cases(m, ref, variant, variant_upto, variant, &st);
-        CHECKF(st.max > min_move, "%s: logits moved only %.3g", variant, st.max);
-        CHECKF(st.matched == st.compared && st.compared > 0, "%s: %d of %d tokens as llama.cpp's variant", variant,
-               st.matched, st.compared);
+        lk_ref_variant_stats vs;
+        lk_ref_variant(m, ref, variant, 0, INT32_MAX, NULL, NULL, &vs);
+        CHECKF(vs.max > min_move, "%s: logits moved only %.3g", variant, vs.max);
+        CHECKF(vs.tokens == vs.compared && vs.compared > 0, "%s: %d of %d tokens as llama.cpp's variant", variant,
+               vs.tokens, vs.compared);
         printf("  %-24s max |dlogit| %.2f vs the reference; %d/%d tokens as llama.cpp's variant, through its "
-               "departures\n", variant, st.max, st.matched, st.compared);
+               "departures\n", variant, vs.max, vs.tokens, vs.compared);
         lk_model_free(m);
         lk_gguf_close(g);
     }
@@ -293,35 +205,10 @@ TEST(gemma3_batch_invariant_and_no_allocation) {
     lk_model *m = NULL;
     CHECKF(lk_model_load(g, NULL, &mp, &m, err, sizeof err) == LK_OK, "%s", err);
     if (!m) { lk_gguf_close(g); return; }
-    const int64_t nv = lk_model_cfg(m)->n_vocab;
     enum { NA = 45, NB = 7 };
-    int32_t a[NA], b[NB] = { 99, 3, 512, 45, 45, 180, 7 }, rows[64];
+    int32_t a[NA], b[NB] = { 99, 3, 512, 45, 45, 180, 7 };
     for (int i = 0; i < NA; i++) a[i] = (int32_t)((i * 37 + 11) % 600);
-    static float alone[(NA + NB) * 603], mixed[(NA + NB) * 603];
-    lk_batch_item ia = { 0, 0, NA }, ib = { 1, 0, NB };
-    long before = lk_test_allocs();
-    CHECK(lk_model_batch(m, &ia, 1, err, sizeof err) == LK_OK);
-    lk_model_embed(m, a, NA, lk_model_hidden(m));
-    CHECK(lk_model_layers(m, lk_model_hidden(m)) == LK_OK);
-    for (int i = 0; i < NA; i++) rows[i] = i;
-    lk_model_logits(m, lk_model_hidden(m), rows, NA, alone);
-    CHECK(lk_model_batch(m, &ib, 1, err, sizeof err) == LK_OK);
-    lk_model_embed(m, b, NB, lk_model_hidden(m));
-    CHECK(lk_model_layers(m, lk_model_hidden(m)) == LK_OK);
-    lk_model_logits(m, lk_model_hidden(m), rows, NB, alone + NA * nv);
-    CHECKF(lk_test_allocs() == before, "%ld allocations in two steps", lk_test_allocs() - before);
-    CHECK(lk_model_seq_keep(m, 0, 0, err, sizeof err) == LK_OK);
-    lk_batch_item both[2] = { { 2, 0, NB }, { 0, 0, NA } };
-    CHECK(lk_model_batch(m, both, 2, err, sizeof err) == LK_OK);
-    int32_t toks[NA + NB];
-    memcpy(toks, b, sizeof b);
-    memcpy(toks + NB, a, sizeof a);
-    lk_model_embed(m, toks, NA + NB, lk_model_hidden(m));
-    CHECK(lk_model_layers(m, lk_model_hidden(m)) == LK_OK);
-    for (int i = 0; i < NA + NB; i++) rows[i] = i;
-    lk_model_logits(m, lk_model_hidden(m), rows, NA + NB, mixed);
-    CHECKF(!memcmp(mixed + NB * nv, alone, sizeof(float) * NA * nv), "a's logits changed beside b");
-    CHECKF(!memcmp(mixed, alone + NA * nv, sizeof(float) * NB * nv), "b's logits changed beside a");
+    lk_ref_batch_invariance(m, a, NA, b, NB, f16.gguf);
     lk_model_free(m);
     lk_gguf_close(g);
 }
@@ -354,9 +241,7 @@ TEST(gemma3_window_ring) {
     char err[LK_ERRLEN];
     lk_gguf *g = NULL;
     if (lk_gguf_open(lk_td(f16.gguf), &g, err, sizeof err)) { CHECKF(0, "%s", err); return; }
-    json_error_t je;
-    json_t *ref = json_load_file(lk_td(f16.json), JSON_ALLOW_NUL, &je);
-    CHECKF(ref, "%s", je.text);
+    json_t *ref = lk_ref_load(f16.json);
     lk_model_params pr = { .n_ctx = 256, .n_batch = 16, .max_seqs = 2, .n_threads = 2 },
                     pf = { .n_ctx = 256, .n_batch = 256, .max_seqs = 2, .n_threads = 2 },
                     pl = { .n_ctx = 2048, .n_batch = 16, .max_seqs = 2, .n_threads = 1 };
@@ -387,13 +272,13 @@ TEST(gemma3_window_ring) {
         for (int i = 0; i < n; i++) toks[i] = (int32_t)json_integer_value(json_array_get(jids, i));
         feed(mr, 0, toks, n, 16, lr);
         feed(mf, 0, toks, n, 16, lf);
-        const int upto = comparable(c, &f16);
+        const int upto = lk_ref_comparable(c, f16.gen_tol);
         bool agree = true;
         for (int k = 0; k < (int)json_array_size(want_ids); k++) {
             steps++;
             agree &= !memcmp(lr, lf, sizeof(float) * (size_t)nv);
             same += agree;
-            int32_t best = argmax(lr, nv), w = (int32_t)json_integer_value(json_array_get(want_ids, (size_t)k));
+            int32_t best = lk_ref_argmax(lr, nv), w = (int32_t)json_integer_value(json_array_get(want_ids, (size_t)k));
             if (k < upto) {
                 CHECKF(best == w || k == upto - 1, "case %zu step %d: %d, llama.cpp %d", ci, k, best, w);
                 tokens += best == w;
@@ -436,64 +321,24 @@ out:
 
 /* ---- cluster layouts and batches, through the program as a user runs it ---- */
 
-static const char *bin(void) { return getenv("LOCKSTEP") && *getenv("LOCKSTEP") ? getenv("LOCKSTEP") : "build/lockstep"; }
-
 /* All reference prompts as concurrent sequences (`run --prompts-file`,
  * JSON lines; --parallel 1 runs them one by one), each compared with
  * llama.cpp's greedy tokens up to its first near-tie. */
 static void check_program(const g3_case *gc, const char *layout, int parallel) {
-    json_error_t je;
-    json_t *ref = json_load_file(lk_td(gc->json), JSON_ALLOW_NUL, &je);
-    CHECKF(ref, "%s", je.text);
+    json_t *ref = lk_ref_load(gc->json);
     if (!ref) return;
     json_t *cases = json_object_get(ref, "cases");
     const int nc = (int)json_array_size(cases);
-    int upto[8] = {0}, nmax = 1;
-    char ppath[64], epath[64], cmd[2048];
-    snprintf(ppath, sizeof ppath, "/tmp/lk_gemma3_%d.jsonl", (int)getpid());
-    snprintf(epath, sizeof epath, "/tmp/lk_gemma3_%d.err", (int)getpid());
-    FILE *pf = fopen(ppath, "w");
-    CHECK(pf && nc <= 8);
-    if (!pf || nc > 8) { if (pf) fclose(pf); json_decref(ref); return; }
-    for (int ci = 0; ci < nc; ci++) {
-        json_t *c = json_array_get(cases, (size_t)ci);
-        upto[ci] = comparable(c, gc);
-        nmax = LK_MAX(nmax, upto[ci]);
-        json_t *line = json_pack("{sO}", "prompt", json_object_get(c, "prompt"));
-        char *txt = json_dumps(line, JSON_COMPACT);
-        fprintf(pf, "%s\n", txt);
-        free(txt);
-        json_decref(line);
-    }
-    fclose(pf);
-    snprintf(cmd, sizeof cmd, "%s run -m %s --prompts-file %s --parallel %d -n %d --temp 0 --json -t 1 --ctx 256 %s 2>%s",
-             bin(), lk_td(gc->gguf), ppath, parallel, nmax, layout, epath);
-    FILE *p = popen(cmd, "r");
-    if (!p) { CHECKF(0, "popen failed"); json_decref(ref); return; }
-    static char line[1 << 16];
-    int got_n = 0, tokens = 0, compared = 0;
-    while (got_n < nc && fgets(line, sizeof line, p)) {
-        json_t *o = json_loads(line, JSON_ALLOW_NUL, &je);
-        if (!o) continue;
-        json_t *c = json_array_get(cases, (size_t)got_n);
-        json_t *got = json_object_get(o, "generated_ids"), *want = json_object_get(c, "generated_token_ids");
-        int same = 0, ng = (int)json_array_size(got);
-        while (same < ng && same < upto[got_n] &&
-               json_integer_value(json_array_get(got, (size_t)same)) == json_integer_value(json_array_get(want, (size_t)same)))
-            same++;
-        CHECKF(json_equal(json_object_get(o, "prompt_ids"), json_object_get(c, "prompt_token_ids")) &&
-               same >= upto[got_n] - 1, "%s %s --parallel %d case %d: first difference at token %d of %d", gc->gguf,
-               layout, parallel, got_n, same, upto[got_n]);
-        tokens += same, compared += upto[got_n];
-        got_n++;
-        json_decref(o);
-    }
-    int rc = pclose(p);
-    CHECKF(rc == 0 && got_n == nc, "'%s': exit %d, %d of %d results", cmd, rc, got_n, nc);
+    int upto[8] = {0}, compared;
+    CHECK(nc <= 8);
+    if (nc > 8) { json_decref(ref); return; }
+    for (int ci = 0; ci < nc; ci++) upto[ci] = lk_ref_comparable(json_array_get(cases, (size_t)ci), gc->gen_tol);
+    char flags[512], what[640];
+    snprintf(flags, sizeof flags, "--ctx 256 %s", layout);
+    snprintf(what, sizeof what, "%s %s --parallel %d", gc->gguf, layout, parallel);
+    int tokens = lk_ref_run_batch(lk_td(gc->gguf), cases, upto, parallel, flags, what, &compared);
     printf("  %-30s --parallel %d %-34s %d/%d greedy tokens as llama.cpp\n", gc->gguf, parallel,
            *layout ? layout : "(one node)", tokens, compared);
-    remove(ppath);
-    remove(epath);
     json_decref(ref);
 }
 
@@ -516,22 +361,14 @@ TEST(gemma3_prefix_reuse_with_ring) {
     const int ns[2] = { 20, 60 }, want_reused[2] = { 28, 0 };
     for (int k = 0; k < 2; k++) {
         /* prompt 2 alone */
-        snprintf(cmd, sizeof cmd, "%s run -m %s -p '%s' -n %d --temp 0 --json -t 1 --ctx 256 --batch 16 2>/dev/null", bin(),
-                 lk_td(f16.gguf), p2, ns[k]);
-        FILE *p = popen(cmd, "r");
-        static char out[1 << 16];
-        size_t len = p ? fread(out, 1, sizeof out - 1, p) : 0;
-        out[len] = 0;
-        if (p) pclose(p);
-        json_error_t je;
-        json_t *alone = json_loads(out, JSON_ALLOW_NUL, &je);
-        CHECKF(alone, "'%s': %s", cmd, out);
+        json_t *alone = lk_ref_run(lk_td(f16.gguf), p2, ns[k], "--ctx 256 --batch 16", err, sizeof err);
+        CHECKF(alone, "%s", err);
         snprintf(cmd, sizeof cmd, "%s run -m %s --prompts-file %s --parallel 1 -n %d --temp 0 --json -t 1 --ctx 256 "
-                 "--batch 16 2>%s", bin(), lk_td(f16.gguf), ppath, ns[k], epath);
-        p = popen(cmd, "r");
-        len = p ? fread(out, 1, sizeof out - 1, p) : 0;
-        out[len] = 0;
-        int rc = p ? pclose(p) : -1;
+                 "--batch 16 2>%s", lk_test_bin(), lk_td(f16.gguf), ppath, ns[k], epath);
+        static char out[1 << 16];
+        int rc = lk_ref_capture(cmd, out, sizeof out);
+        size_t len;
+        json_error_t je;
         FILE *ef = fopen(epath, "r");
         len = ef ? fread(err, 1, sizeof err - 1, ef) : 0;
         err[len] = 0;

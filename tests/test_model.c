@@ -4,11 +4,7 @@
  * at a time. Tolerances follow the READMEs next to the references. */
 #include "lk_test.h"
 
-#include <jansson.h>
-#include <math.h>
-
-#include "gguf/gguf.h"
-#include "model/model.h"
+#include "lk_ref.h"
 
 typedef struct {
     const char *gguf, *json;
@@ -18,88 +14,37 @@ typedef struct {
     double gen_tol;     /* logit error assumed when comparing greedy tokens */
 } ref_case;
 
-static int cmp_f(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* Runs one reference file; returns the number of greedy tokens matched in
- * total (for the report line). */
+/* Runs one reference file: logits at every prompt position within the
+ * tolerances, then greedy generation one token at a time, compared up to
+ * the first reference step whose top-1 margin is within 2x gen_tol (after
+ * a near-tie a correct engine may take the other branch). */
 static void check_reference(const ref_case *rc, int n_threads, bool kv_f16) {
-    char err[LK_ERRLEN];
-    lk_gguf *g = NULL;
-    lk_status st = lk_gguf_open(lk_td(rc->gguf), &g, err, sizeof err);
-    CHECKF(st == LK_OK, "%s", err);
-    if (st) return;
-    json_error_t jerr;
-    json_t *ref = json_load_file(lk_td(rc->json), JSON_ALLOW_NUL, &jerr);
-    CHECKF(ref, "%s: %s", rc->json, jerr.text);
-    if (!ref) { lk_gguf_close(g); return; }
+    json_t *ref = lk_ref_load(rc->json);
+    if (!ref) return;
     lk_model_params mp = { .n_ctx = 512, .n_threads = n_threads, .kv_f16 = kv_f16 };
-    lk_model *m = NULL;
-    st = lk_model_load(g, NULL, &mp, &m, err, sizeof err);
-    CHECKF(st == LK_OK, "%s", err);
-    if (st) { json_decref(ref); lk_gguf_close(g); return; }
+    lk_gguf *g;
+    lk_model *m = lk_ref_open_model(lk_td(rc->gguf), &mp, &g);
+    if (!m) { json_decref(ref); return; }
     const int64_t nv = lk_model_cfg(m)->n_vocab;
-    json_t *cases = json_object_get(ref, "cases");
+    float *step = malloc(sizeof(float) * (size_t)nv);
     size_t ci;
     json_t *c;
     double worst = 0, worst_median = 0;
     int matched_total = 0, compared_total = 0;
-    json_array_foreach(cases, ci, c) {
-        json_t *jids = json_object_get(c, "prompt_token_ids");
-        int n = (int)json_array_size(jids);
-        int32_t toks[512];
-        for (int i = 0; i < n; i++) toks[i] = (int32_t)json_integer_value(json_array_get(jids, i));
-        float *logits = malloc(sizeof(float) * nv * n);
-        st = lk_model_forward(m, toks, n, 0, n, logits);
-        CHECK(st == LK_OK);
-        /* logits at every prompt position */
-        json_t *rows = json_object_get(c, "prompt_logits_all_positions");
-        CHECK((int)json_array_size(rows) == n);
-        float *diffs = malloc(sizeof(float) * nv * n);
-        size_t nd = 0;
-        double mx = 0;
-        for (int i = 0; i < n && i < (int)json_array_size(rows); i++) {
-            json_t *row = json_array_get(rows, i);
-            for (int64_t j = 0; j < nv; j++) {
-                double d = fabs(logits[i * nv + j] - json_number_value(json_array_get(row, j)));
-                diffs[nd++] = (float)d;
-                if (d > mx) mx = d;
-            }
-        }
-        qsort(diffs, nd, sizeof(float), cmp_f);
-        double median = nd ? diffs[nd / 2] : 0;
-        free(diffs);
-        if (mx > worst) worst = mx;
-        if (median > worst_median) worst_median = median;
+    json_array_foreach(json_object_get(ref, "cases"), ci, c) {
+        int n;
+        float *logits = lk_ref_prompt_pass(lk_ref_model_fwd, m, nv, c, &n);
+        CHECK((int)json_array_size(json_object_get(c, "prompt_logits_all_positions")) == n);
+        double mx, median = lk_ref_logit_diff(logits, c, n, nv, &mx);
+        worst = fmax(worst, mx), worst_median = fmax(worst_median, median);
         CHECKF(mx <= rc->max_tol, "%s case %zu: max |dlogit| %.3g > %.3g", rc->json, ci, mx, rc->max_tol);
         if (rc->median_tol > 0)
             CHECKF(median <= rc->median_tol, "%s case %zu: median |dlogit| %.3g > %.3g", rc->json, ci, median, rc->median_tol);
-        /* greedy generation, one token at a time; compared up to the first
-         * reference step whose top-1 margin is within 2x the logit tolerance
-         * (after a near-tie a correct engine may take the other branch) */
         json_t *gen = json_object_get(c, "generated_token_ids");
-        json_t *margins = json_object_get(c, "generated_top1_margin");
-        int ngen = (int)json_array_size(gen), pos = n, matched = 0, comparable = ngen;
-        for (int k = 0; k < ngen; k++)
-            if (json_number_value(json_array_get(margins, k)) < 2 * rc->gen_tol) { comparable = k + 1; break; }
-        const float *last = logits + (size_t)(n - 1) * nv;
-        for (int k = 0; k < comparable; k++) {
-            int32_t best = 0;
-            for (int64_t j = 1; j < nv; j++) if (last[j] > last[best]) best = (int32_t)j;
-            int32_t want = (int32_t)json_integer_value(json_array_get(gen, k));
-            if (best != want) {
-                CHECKF(k == comparable - 1 && comparable < ngen, "%s case %zu: generated token %d is %d, want %d",
-                       rc->json, ci, k, best, want);
-                break;
-            }
-            matched++;
-            if (k + 1 == ngen) break;
-            st = lk_model_forward(m, &want, 1, pos++, 1, logits);
-            CHECK(st == LK_OK);
-            last = logits;
-        }
+        int ngen = (int)json_array_size(gen), comparable = lk_ref_comparable(c, rc->gen_tol), got;
+        int matched = lk_ref_greedy(lk_ref_model_fwd, m, nv, logits + (size_t)(n - 1) * nv, gen, comparable, n, step, &got);
+        CHECKF(got < 0 || (matched == comparable - 1 && comparable < ngen),
+               "%s case %zu: generated token %d is %d, want %d", rc->json, ci, matched, got, lk_ref_tok(gen, matched));
         CHECKF(matched >= LK_MIN(rc->min_gen, comparable), "%s case %zu: only %d greedy tokens matched", rc->json, ci, matched);
         matched_total += matched;
         compared_total += ngen;
@@ -107,6 +52,7 @@ static void check_reference(const ref_case *rc, int n_threads, bool kv_f16) {
     }
     printf("  %-34s threads=%d kv=%s max|d|=%.2e median|d|=%.2e greedy %d/%d\n", rc->gguf, n_threads,
            kv_f16 ? "f16" : "f32", worst, worst_median, matched_total, compared_total);
+    free(step);
     lk_model_free(m);
     json_decref(ref);
     lk_gguf_close(g);

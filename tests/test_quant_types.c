@@ -652,7 +652,7 @@ static char g_tmp[64];
 static bool run_quantize(const char *in, const char *type, char *out, size_t outlen) {
     snprintf(out, outlen, "%s/%s.gguf", g_tmp, type);
     char cmd[1024];
-    const char *bin = getenv("LOCKSTEP") ? getenv("LOCKSTEP") : "build/lockstep";
+    const char *bin = lk_test_bin();
     snprintf(cmd, sizeof cmd, "%s quantize %s %s --type %s -q -t 2", bin, lk_td(in), out, type);
     int rc = system(cmd);
     CHECKF(rc == 0, "%s", cmd);

@@ -50,7 +50,7 @@ static void agreement(const char *path, json_t *ref, int *agree, int *n_cases) {
 static void run_quantize(const char *type, char *out, size_t outlen) {
     snprintf(out, outlen, "%s/stories-%s.gguf", tmpdir, type);
     char cmd[1024];
-    const char *bin = getenv("LOCKSTEP") ? getenv("LOCKSTEP") : "build/lockstep";
+    const char *bin = lk_test_bin();
     snprintf(cmd, sizeof cmd, "%s quantize %s %s --type %s -q", bin, lk_td("models/stories260K.gguf"), out, type);
     CHECKF(system(cmd) == 0, "%s", cmd);
 }

@@ -12,10 +12,10 @@
  * the qwen35 pre-tokenizer's combining marks.
  *
  * The reference machinery (gap rule, comparable steps, CLI layouts) is
- * test_moe.c's, included here. */
-#define main test_moe_main
-#include "test_moe.c"
-#undef main
+ * test_moe's too: lk_ref_moe.h. */
+#include "lk_test.h"
+
+#include "lk_ref_moe.h"
 
 #include "model/model_impl.h"
 #include "tokenizer/pretokenize.h"
@@ -36,13 +36,6 @@ TEST(qwen35moe_f16_reference) { check_moe(&q35_f16, 1); }
 TEST(qwen35moe_f16_two_threads) { check_moe(&q35_f16, 2); }
 TEST(qwen35moe_q4_k_m_reference) { check_moe(&q35_q4km, 2); }
 
-static json_t *load_ref(const char *rel) {
-    json_error_t je;
-    json_t *ref = json_load_file(lk_td(rel), JSON_ALLOW_NUL, &je);
-    CHECKF(ref, "%s: %s", rel, je.text);
-    return ref;
-}
-
 static lk_model *load_model(const char *rel, lk_gguf **g, int n_ctx, int n_batch, int seqs) {
     char err[LK_ERRLEN];
     *g = NULL;
@@ -60,7 +53,7 @@ static lk_model *load_model(const char *rel, lk_gguf **g, int n_ctx, int n_batch
 TEST(qwen35moe_shared_expert_gate) {
     lk_gguf *g;
     lk_model *m = load_model(q35_f16.gguf, &g, 512, 64, 1);
-    json_t *ref = load_ref(q35_f16.json);
+    json_t *ref = lk_ref_load(q35_f16.json);
     if (!m || !ref) { json_decref(ref); if (m) { lk_model_free(m); lk_gguf_close(g); } return; }
     trace_buf tb;
     trace_init(&tb, m);
@@ -73,13 +66,8 @@ TEST(qwen35moe_shared_expert_gate) {
     size_t ci;
     json_t *c;
     json_array_foreach(json_object_get(ref, "cases"), ci, c) {
-        json_t *jids = json_object_get(c, "prompt_token_ids");
-        int n = (int)json_array_size(jids);
-        int32_t toks[64];
-        for (int i = 0; i < n; i++) toks[i] = (int32_t)json_integer_value(json_array_get(jids, i));
-        float *logits = malloc(sizeof(float) * nv * n);
-        CHECK(lk_model_forward(m, toks, n, 0, n, logits) == LK_OK);
-        free(logits);
+        int n;
+        free(lk_ref_prompt_pass(lk_ref_model_fwd, m, nv, c, &n));
         json_t *pr = json_object_get(c, "prompt_routing");
         for (int i = 0; i < n; i++) {
             bool same = true;
@@ -87,18 +75,14 @@ TEST(qwen35moe_shared_expert_gate) {
             json_t *L;
             json_array_foreach(pr, li, L) {
                 int layer = (int)json_integer_value(json_object_get(L, "layer"));
-                json_t *re = json_array_get(json_object_get(L, "experts"), (size_t)i);
-                const int32_t *ex = tb.experts + ((size_t)layer * tb.n_batch + i) * tb.k;
-                for (int j = 0; j < tb.k; j++) {
-                    bool f = false;
-                    for (int q = 0; q < tb.k; q++) f |= ex[q] == (int32_t)json_integer_value(json_array_get(re, (size_t)j));
-                    same &= f;
-                }
+                same &= same_experts(tb.experts + ((size_t)layer * tb.n_batch + i) * tb.k,
+                                     json_array_get(json_object_get(L, "experts"), (size_t)i), tb.k);
             }
             if (!same) break;
             json_array_foreach(pr, li, L) {
                 int layer = (int)json_integer_value(json_object_get(L, "layer"));
-                double want = num(json_object_get(L, "shared_expert_gate"), (size_t)i), got = sg[(size_t)layer * tb.n_batch + i];
+                double want = lk_ref_num(json_object_get(L, "shared_expert_gate"), (size_t)i),
+                       got = sg[(size_t)layer * tb.n_batch + i];
                 worst = fmax(worst, fabs(got - want));
                 lo = fmin(lo, got), hi = fmax(hi, got);
                 compared++;
@@ -124,66 +108,21 @@ TEST(qwen35moe_shared_expert_gate) {
 TEST(qwen35moe_grouped_pairing_is_caught) {
     lk_gguf *g;
     lk_model *m = load_model(q35_f16.gguf, &g, 512, 64, 1);
-    json_t *ref = load_ref(q35_f16.json);
+    json_t *ref = lk_ref_load(q35_f16.json);
     if (!m || !ref) { json_decref(ref); if (m) { lk_model_free(m); lk_gguf_close(g); } return; }
     m->dn_grouped = true;
-    const int64_t nv = lk_model_cfg(m)->n_vocab;
-    double worst = 0;
-    int variant_tokens = 0;
-    size_t ci;
-    json_t *c;
-    json_array_foreach(json_object_get(ref, "cases"), ci, c) {
-        json_t *jids = json_object_get(c, "prompt_token_ids");
-        int n = (int)json_array_size(jids);
-        int32_t toks[64];
-        for (int i = 0; i < n; i++) toks[i] = (int32_t)json_integer_value(json_array_get(jids, i));
-        float *logits = malloc(sizeof(float) * nv * n);
-        CHECK(lk_model_forward(m, toks, n, 0, n, logits) == LK_OK);
-        json_t *rows = json_object_get(c, "prompt_logits_all_positions");
-        for (int i = 0; i < n; i++)
-            for (int64_t j = 0; j < nv; j++)
-                worst = fmax(worst, fabs(logits[i * nv + j] - num(json_array_get(rows, (size_t)i), (size_t)j)));
-        json_t *var = json_object_get(json_object_get(c, "checks"), "v_heads_grouped_order");
-        json_t *vgen = json_object_get(var, "generated_token_ids"), *fd = json_object_get(var, "first_divergence");
-        int upto = json_is_integer(fd) ? (int)json_integer_value(fd) + 1 : 4, pos = n;
-        const float *last = logits + (size_t)(n - 1) * nv;
-        float *step = malloc(sizeof(float) * nv);
-        for (int s = 0; s < upto && s < 4; s++) {
-            int32_t best = 0;
-            for (int64_t j = 1; j < nv; j++) if (last[j] > last[best]) best = (int32_t)j;
-            int32_t want = (int32_t)json_integer_value(json_array_get(vgen, (size_t)s));
-            CHECKF(best == want, "grouped variant case %zu step %d: %d, llama.cpp's variant %d", ci, s, best, want);
-            if (best != want) break;
-            variant_tokens++;
-            CHECK(lk_model_forward(m, &want, 1, pos++, 1, step) == LK_OK);
-            last = step;
-        }
-        free(step);
-        free(logits);
-    }
-    CHECKF(worst > 10 * q35_f16.logit_max, "the grouped pairing moved the logits only %.3g", worst);
-    CHECKF(variant_tokens >= 3, "only %d tokens of llama.cpp's grouped-order run compared", variant_tokens);
+    lk_ref_variant_stats vs;
+    lk_ref_variant(m, ref, "v_heads_grouped_order", 4, 4, NULL, NULL, &vs);
+    CHECKF(vs.max > 10 * q35_f16.logit_max, "the grouped pairing moved the logits only %.3g", vs.max);
+    CHECKF(vs.tokens >= 3, "only %d tokens of llama.cpp's grouped-order run compared", vs.tokens);
     printf("  grouped V-head pairing: max |dlogit| %.2f vs the reference; %d tokens as llama.cpp's grouped-order run\n",
-           worst, variant_tokens);
+           vs.max, vs.tokens);
     lk_model_free(m);
     lk_gguf_close(g);
     json_decref(ref);
 }
 
 /* ---- sequences: batches, a slot freed and reused, keep and fork ---- */
-
-/* One forward pass of the given items (tokens in item order) into out, every row's logits. */
-static void run_batch(lk_model *m, const lk_batch_item *it, int n_items, const int32_t *toks, float *out) {
-    char err[LK_ERRLEN];
-    int rows = 0;
-    for (int i = 0; i < n_items; i++) rows += it[i].n;
-    CHECKF(lk_model_batch(m, it, n_items, err, sizeof err) == LK_OK, "%s", err);
-    lk_model_embed(m, toks, rows, lk_model_hidden(m));
-    CHECK(lk_model_layers(m, lk_model_hidden(m)) == LK_OK);
-    int32_t r[64];
-    for (int i = 0; i < rows; i++) r[i] = i;
-    lk_model_logits(m, lk_model_hidden(m), r, rows, out);
-}
 
 /* Two qwen35moe sequences of different lengths share batches (prompt
  * beside prompt, decode beside decode, decode beside a new prompt); one is
@@ -202,19 +141,19 @@ TEST(qwen35moe_batch_free_and_reuse) {
     static float A[12 * 601], B[7 * 601], Cc[5 * 601], out[16 * 601];
     /* alone, each in slot 0 from empty */
     lk_batch_item it = { 0, 0, 9 };
-    run_batch(m, &it, 1, a, A);
+    lk_ref_step(m, &it, 1, a, A);
     for (int s = 0; s < 3; s++) {
         it = (lk_batch_item){ 0, 9 + s, 1 };
-        run_batch(m, &it, 1, &ad[s], A + (size_t)(9 + s) * nv);
+        lk_ref_step(m, &it, 1, &ad[s], A + (size_t)(9 + s) * nv);
     }
     CHECK(lk_model_seq_keep(m, 0, 0, err, sizeof err) == LK_OK);
     it = (lk_batch_item){ 0, 0, 6 };
-    run_batch(m, &it, 1, b, B);
+    lk_ref_step(m, &it, 1, b, B);
     it = (lk_batch_item){ 0, 6, 1 };
-    run_batch(m, &it, 1, &bd, B + 6 * nv);
+    lk_ref_step(m, &it, 1, &bd, B + 6 * nv);
     CHECK(lk_model_seq_keep(m, 0, 0, err, sizeof err) == LK_OK);
     it = (lk_batch_item){ 0, 0, 5 };
-    run_batch(m, &it, 1, c, Cc);
+    lk_ref_step(m, &it, 1, c, Cc);
     CHECK(lk_model_seq_keep(m, 0, 0, err, sizeof err) == LK_OK);
     /* together: a in slot 1 and b in slot 2 */
     long before = lk_test_allocs();
@@ -222,12 +161,12 @@ TEST(qwen35moe_batch_free_and_reuse) {
     int32_t toks[16];
     memcpy(toks, b, sizeof b);
     memcpy(toks + 6, a, sizeof a);
-    run_batch(m, two, 2, toks, out);
+    lk_ref_step(m, two, 2, toks, out);
     CHECKF(!memcmp(out, B, sizeof(float) * 6 * nv), "b's prompt logits changed beside a");
     CHECKF(!memcmp(out + 6 * nv, A, sizeof(float) * 9 * nv), "a's prompt logits changed beside b");
     two[0] = (lk_batch_item){ 1, 9, 1 }, two[1] = (lk_batch_item){ 2, 6, 1 };
     toks[0] = ad[0], toks[1] = bd;
-    run_batch(m, two, 2, toks, out);
+    lk_ref_step(m, two, 2, toks, out);
     CHECKF(!memcmp(out, A + 9 * nv, sizeof(float) * nv), "a's first decode changed beside b");
     CHECKF(!memcmp(out + nv, B + 6 * nv, sizeof(float) * nv), "b's decode changed beside a");
     /* b is freed; its slot takes c, beside a's decode */
@@ -235,11 +174,11 @@ TEST(qwen35moe_batch_free_and_reuse) {
     two[0] = (lk_batch_item){ 2, 0, 5 }, two[1] = (lk_batch_item){ 1, 10, 1 };
     memcpy(toks, c, sizeof c);
     toks[5] = ad[1];
-    run_batch(m, two, 2, toks, out);
+    lk_ref_step(m, two, 2, toks, out);
     CHECKF(!memcmp(out, Cc, sizeof(float) * 5 * nv), "c's logits in b's reused slot differ from c alone");
     CHECKF(!memcmp(out + 5 * nv, A + 10 * nv, sizeof(float) * nv), "a's second decode changed beside c");
     it = (lk_batch_item){ 1, 11, 1 };
-    run_batch(m, &it, 1, &ad[2], out);
+    lk_ref_step(m, &it, 1, &ad[2], out);
     CHECKF(!memcmp(out, A + 11 * nv, sizeof(float) * nv), "a's third decode differs");
     CHECKF(lk_test_allocs() == before, "%ld allocations in the steps", lk_test_allocs() - before);
     lk_model_free(m);
@@ -260,7 +199,7 @@ TEST(qwen35moe_keep_and_fork_rules) {
     static float first[9 * 601], x0[601], x1[601];
     CHECK(lk_model_recurrent(m));
     lk_batch_item it = { 0, 0, 9 };
-    run_batch(m, &it, 1, a, first);
+    lk_ref_step(m, &it, 1, a, first);
     lk_status st = lk_model_seq_keep(m, 0, 4, err, sizeof err);
     CHECKF(st == LK_ERR_ARG && strstr(err, "recurrent"), "keep 4 of 9: status %d '%s'", (int)st, err);
     CHECK(lk_model_seq_len(m, 0) == 9);
@@ -269,14 +208,14 @@ TEST(qwen35moe_keep_and_fork_rules) {
     CHECKF(st == LK_ERR_ARG && strstr(err, "prefix"), "fork 5 of 9: status %d '%s'", (int)st, err);
     CHECKF(lk_model_seq_fork(m, 1, 0, 9, err, sizeof err) == LK_OK, "%s", err);
     it = (lk_batch_item){ 1, 9, 1 };
-    run_batch(m, &it, 1, &nx, x1);
+    lk_ref_step(m, &it, 1, &nx, x1);
     it = (lk_batch_item){ 0, 9, 1 };
-    run_batch(m, &it, 1, &nx, x0);
+    lk_ref_step(m, &it, 1, &nx, x0);
     CHECKF(!memcmp(x0, x1, sizeof x0), "the fork's continuation differs from the source's");
     CHECK(lk_model_seq_keep(m, 1, 0, err, sizeof err) == LK_OK);
     static float again[9 * 601];
     it = (lk_batch_item){ 1, 0, 9 };
-    run_batch(m, &it, 1, a, again);
+    lk_ref_step(m, &it, 1, a, again);
     CHECKF(!memcmp(again, first, sizeof(float) * 9 * nv), "after keep 0 the prompt's logits differ (state not reset)");
     lk_model_free(m);
     lk_gguf_close(g);
@@ -315,7 +254,7 @@ TEST(qwen35moe_f16_batched) { check_batched(&q35_f16, q35_batch_layouts, 1); }
 static void check_split(const moe_case *mc) {
     static const char *const layouts[] = { "--local 2 --tp 2 --transport shm", "--local 2 --pp 2 --transport shm" };
     check_layouts(mc, layouts, 2);
-    json_t *ref = load_ref(mc->json);
+    json_t *ref = lk_ref_load(mc->json);
     if (!ref) return;
     moe_case tight = *mc;
     tight.gap_tol = 0.005, tight.gen_tol = 0.01;
@@ -324,20 +263,17 @@ static void check_split(const moe_case *mc) {
     json_t *c;
     json_array_foreach(json_object_get(ref, "cases"), ci, c) {
         const char *prompt = json_string_value(json_object_get(c, "prompt"));
-        json_t *one = run_json(lk_td(mc->gguf), prompt, 32, "", err, sizeof err);
+        json_t *one = lk_ref_run(lk_td(mc->gguf), prompt, 32, "", err, sizeof err);
         CHECKF(one, "%s", err);
         if (!one) continue;
         const int upto = comparable_steps(&tight, c, 8, 2, false);
         json_t *want = json_object_get(one, "generated_ids");
         for (int l = 0; l < 2; l++) {
-            json_t *o = run_json(lk_td(mc->gguf), prompt, 32, layouts[l], err, sizeof err);
+            json_t *o = lk_ref_run(lk_td(mc->gguf), prompt, 32, layouts[l], err, sizeof err);
             CHECKF(o, "%s", err);
             if (!o) continue;
             json_t *got = json_object_get(o, "generated_ids");
-            int same = 0;
-            while (same < 32 && json_integer_value(json_array_get(got, (size_t)same)) ==
-                                json_integer_value(json_array_get(want, (size_t)same)))
-                same++;
+            int same = lk_ref_same_prefix(got, want, 32);
             const int need = l == 1 ? 32 : upto - 1;
             CHECKF(same >= need, "%s %s case %zu: tokens differ from the one-process run at %d (%d must match)",
                    mc->gguf, layouts[l], ci, same, need);
@@ -371,7 +307,7 @@ TEST(qwen35moe_session_prefix) {
     fprintf(f, "%s\n%s\n%s\n", p1, p2, p1);
     fclose(f);
     const char *model = lk_td(q35_f16.gguf);
-    snprintf(cmd, sizeof cmd, "%s run -m %s --prompts-file %s --parallel 1 -n 8 --temp 0 --json -t 1 2>%s", bin(), model,
+    snprintf(cmd, sizeof cmd, "%s run -m %s --prompts-file %s --parallel 1 -n 8 --temp 0 --json -t 1 2>%s", lk_test_bin(), model,
              path, errp);
     FILE *p = popen(cmd, "r");
     char line[1 << 14];
@@ -381,7 +317,7 @@ TEST(qwen35moe_session_prefix) {
         json_t *o = json_loads(line, 0, &je);
         if (!o) continue;
         char err[1024];
-        json_t *alone = run_json(model, prompts[got], 8, "", err, sizeof err);
+        json_t *alone = lk_ref_run(model, prompts[got], 8, "", err, sizeof err);
         CHECKF(alone, "%s", err);
         CHECKF(json_array_size(json_object_get(o, "prompt_ids")) > 32, "prompt %d: only %zu tokens", got,
                json_array_size(json_object_get(o, "prompt_ids")));
@@ -408,44 +344,22 @@ TEST(qwen35moe_session_prefix) {
  * gives the same 16 greedy tokens for "Once upon a time" as all three
  * layouts here; llama.cpp is not part of CI.) */
 static void check_gen_shape(const char *shape, bool moe) {
-    char path[128], cmd[1024], err[LK_ERRLEN];
-    snprintf(path, sizeof path, "/tmp/lk-q35-tiny-%d.gguf", (int)getpid());
-    snprintf(cmd, sizeof cmd, "%s gen-model --shape %s --type q8_0 -o %s -q -t 1 2>/dev/null", bin(), shape, path);
-    CHECKF(system(cmd) == 0, "'%s' failed", cmd);
-    lk_gguf *g = NULL;
-    if (lk_gguf_open(path, &g, err, sizeof err)) { CHECKF(0, "%s", err); unlink(path); return; }
+    char path[128], cmd[1024], out[8192];
     lk_model_config c;
-    CHECKF(lk_model_config_read(g, &c, err, sizeof err) == LK_OK, "%s", err);
+    if (!lk_ref_gen_model(shape, path, sizeof path, &c)) return;
     CHECKF(c.n_recurrent == 3 && lk_model_layer_recurrent(&c, 0) && !lk_model_layer_recurrent(&c, 3) && c.ssm_nk == 2 &&
            c.ssm_nv == 4 && c.ssm_dk == 32 && c.ssm_dv == 32 && c.rope_dim == 16 && c.attn_gate && c.shexp_gate == moe &&
            (moe ? c.n_ff_shexp == 128 && c.n_expert == 8 : c.n_ff == 512 && c.n_expert == 0),
            "%s config read back: %d recurrent, nk %d nv %d rope %d", shape, c.n_recurrent, c.ssm_nk, c.ssm_nv,
            c.rope_dim);
-    lk_gguf_close(g);
-    snprintf(cmd, sizeof cmd, "%s info %s", bin(), path);
-    FILE *p = popen(cmd, "r");
-    char out[8192] = "";
-    size_t len = p ? fread(out, 1, sizeof out - 1, p) : 0;
-    out[len] = 0;
-    if (p) pclose(p);
+    snprintf(cmd, sizeof cmd, "%s info %s", lk_test_bin(), path);
+    lk_ref_capture(cmd, out, sizeof out);
     CHECKF(strstr(out, "3 gated delta net (L), 1 gated full attention (A): LLLA"), "info does not print the layer kinds:\n%s",
            out);
-    snprintf(cmd, sizeof cmd, "%s plan -m %s --tp 2 >/dev/null 2>&1", bin(), path);
+    snprintf(cmd, sizeof cmd, "%s plan -m %s --tp 2 >/dev/null 2>&1", lk_test_bin(), path);
     CHECKF(system(cmd) == 0, "'%s' failed", cmd);
-    json_t *ref = NULL;
-    const char *layouts[] = { "", "--local 2 --tp 2 --transport shm", "--local 2 --pp 2 --transport shm" };
-    for (int l = 0; l < 3; l++) {
-        json_t *o = run_json(path, "Once upon a time", 12, layouts[l], err, sizeof err);
-        CHECKF(o, "%s", err);
-        if (!o) continue;
-        if (!ref) ref = o;
-        else {
-            CHECKF(json_equal(json_object_get(o, "generated_ids"), json_object_get(ref, "generated_ids")),
-                   "%s %s: tokens differ from one node's", shape, layouts[l]);
-            json_decref(o);
-        }
-    }
-    json_decref(ref);
+    static const char *const layouts[] = { "", "--local 2 --tp 2 --transport shm", "--local 2 --pp 2 --transport shm" };
+    lk_ref_layouts_agree(path, "Once upon a time", 12, layouts, 3, shape);
     unlink(path);
 }
 TEST(qwen35_gen_model_shape) { check_gen_shape("qwen3.5-tiny", true); }
