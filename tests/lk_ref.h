@@ -216,6 +216,31 @@ static inline void lk_ref_batch_invariance(lk_model *m, const int32_t *a, int na
 /* Token s of the JSON array a (for messages). */
 static inline int lk_ref_tok(json_t *a, int s) { return (int)json_integer_value(json_array_get(a, (size_t)s)); }
 
+/* One reference case through one model, the whole comparison of a dense
+ * model: its prompt in one pass, |dlogit| at every position, then greedy
+ * steps along llama.cpp's tokens up to the first near-tie (a margin below
+ * 2 x gen_tol). step: n_vocab floats of scratch. */
+typedef struct {
+    double max, median;   /* |dlogit| over the prompt's positions */
+    int ngen, comparable; /* llama.cpp's greedy tokens; the steps compared */
+    int matched;          /* steps that gave llama.cpp's token */
+    int32_t got, want;    /* at the first that did not: ours and llama.cpp's (-1: none) */
+} lk_ref_case_result;
+static inline void lk_ref_case(lk_model *m, json_t *c, double gen_tol, float *step, lk_ref_case_result *r) {
+    const int64_t nv = lk_model_cfg(m)->n_vocab;
+    int n;
+    float *logits = lk_ref_prompt_pass(lk_ref_model_fwd, m, nv, c, &n);
+    CHECK((int)json_array_size(json_object_get(c, "prompt_logits_all_positions")) == n);
+    r->median = lk_ref_logit_diff(logits, c, n, nv, &r->max);
+    json_t *gen = json_object_get(c, "generated_token_ids");
+    r->ngen = (int)json_array_size(gen);
+    r->comparable = LK_MIN(lk_ref_comparable(c, gen_tol), r->ngen);
+    r->matched = lk_ref_greedy(lk_ref_model_fwd, m, nv, logits + (size_t)(n - 1) * nv, gen, r->comparable, n, step,
+                               &r->got);
+    r->want = r->got < 0 ? -1 : lk_ref_tok(gen, r->matched);
+    free(logits);
+}
+
 /* What a must-not-match variant (README "checks") gives, all cases:
  * the largest |dlogit| against the correct reference's prompt logits, and
  * how many greedy steps (through each case's first departure, at most cap;

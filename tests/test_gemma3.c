@@ -44,25 +44,19 @@ static void check_reference(const g3_case *gc, int n_threads) {
     lk_gguf *g;
     lk_model *m = ref ? load(lk_td(gc->gguf), &g, n_threads) : NULL;
     if (!m) { json_decref(ref); return; }
-    const int64_t nv = lk_model_cfg(m)->n_vocab;
-    float *step = malloc(sizeof(float) * (size_t)nv);
+    float *step = malloc(sizeof(float) * (size_t)lk_model_cfg(m)->n_vocab);
     double max = 0, median = 0;
     int matched = 0, compared = 0, cases = 0;
     size_t ci;
     json_t *c;
     json_array_foreach(json_object_get(ref, "cases"), ci, c) {
-        int n;
-        float *logits = lk_ref_prompt_pass(lk_ref_model_fwd, m, nv, c, &n);
-        CHECK((int)json_array_size(json_object_get(c, "prompt_logits_all_positions")) == n);
-        double mx, md = lk_ref_logit_diff(logits, c, n, nv, &mx);
-        max = fmax(max, mx), median = fmax(median, md);
-        json_t *want = json_object_get(c, "generated_token_ids");
-        int steps = LK_MIN(lk_ref_comparable(c, gc->gen_tol), (int)json_array_size(want)), got;
-        int k = lk_ref_greedy(lk_ref_model_fwd, m, nv, logits + (size_t)(n - 1) * nv, want, steps, n, step, &got);
+        lk_ref_case_result r;
+        lk_ref_case(m, c, gc->gen_tol, step, &r);
+        max = fmax(max, r.max), median = fmax(median, r.median);
         /* the last comparable step may be the near-tie itself */
-        CHECKF(got < 0 || k == steps - 1, "reference case %zu step %d: %d, llama.cpp %d", ci, k, got, lk_ref_tok(want, k));
-        matched += k, compared += steps, cases++;
-        free(logits);
+        CHECKF(r.got < 0 || r.matched == r.comparable - 1, "reference case %zu step %d: %d, llama.cpp %d", ci, r.matched,
+               r.got, r.want);
+        matched += r.matched, compared += r.comparable, cases++;
     }
     CHECKF(max <= gc->max_tol, "%s: max |dlogit| %.3g > %.3g", gc->gguf, max, gc->max_tol);
     CHECKF(median <= gc->median_tol, "%s: median |dlogit| %.3g > %.3g", gc->gguf, median, gc->median_tol);

@@ -25,30 +25,25 @@ static void check_reference(const ref_case *rc, int n_threads, bool kv_f16) {
     lk_gguf *g;
     lk_model *m = lk_ref_open_model(lk_td(rc->gguf), &mp, &g);
     if (!m) { json_decref(ref); return; }
-    const int64_t nv = lk_model_cfg(m)->n_vocab;
-    float *step = malloc(sizeof(float) * (size_t)nv);
+    float *step = malloc(sizeof(float) * (size_t)lk_model_cfg(m)->n_vocab);
     size_t ci;
     json_t *c;
     double worst = 0, worst_median = 0;
     int matched_total = 0, compared_total = 0;
     json_array_foreach(json_object_get(ref, "cases"), ci, c) {
-        int n;
-        float *logits = lk_ref_prompt_pass(lk_ref_model_fwd, m, nv, c, &n);
-        CHECK((int)json_array_size(json_object_get(c, "prompt_logits_all_positions")) == n);
-        double mx, median = lk_ref_logit_diff(logits, c, n, nv, &mx);
-        worst = fmax(worst, mx), worst_median = fmax(worst_median, median);
-        CHECKF(mx <= rc->max_tol, "%s case %zu: max |dlogit| %.3g > %.3g", rc->json, ci, mx, rc->max_tol);
+        lk_ref_case_result r;
+        lk_ref_case(m, c, rc->gen_tol, step, &r);
+        worst = fmax(worst, r.max), worst_median = fmax(worst_median, r.median);
+        CHECKF(r.max <= rc->max_tol, "%s case %zu: max |dlogit| %.3g > %.3g", rc->json, ci, r.max, rc->max_tol);
         if (rc->median_tol > 0)
-            CHECKF(median <= rc->median_tol, "%s case %zu: median |dlogit| %.3g > %.3g", rc->json, ci, median, rc->median_tol);
-        json_t *gen = json_object_get(c, "generated_token_ids");
-        int ngen = (int)json_array_size(gen), comparable = lk_ref_comparable(c, rc->gen_tol), got;
-        int matched = lk_ref_greedy(lk_ref_model_fwd, m, nv, logits + (size_t)(n - 1) * nv, gen, comparable, n, step, &got);
-        CHECKF(got < 0 || (matched == comparable - 1 && comparable < ngen),
-               "%s case %zu: generated token %d is %d, want %d", rc->json, ci, matched, got, lk_ref_tok(gen, matched));
-        CHECKF(matched >= LK_MIN(rc->min_gen, comparable), "%s case %zu: only %d greedy tokens matched", rc->json, ci, matched);
-        matched_total += matched;
-        compared_total += ngen;
-        free(logits);
+            CHECKF(r.median <= rc->median_tol, "%s case %zu: median |dlogit| %.3g > %.3g", rc->json, ci, r.median,
+                   rc->median_tol);
+        CHECKF(r.got < 0 || (r.matched == r.comparable - 1 && r.comparable < r.ngen),
+               "%s case %zu: generated token %d is %d, want %d", rc->json, ci, r.matched, r.got, r.want);
+        CHECKF(r.matched >= LK_MIN(rc->min_gen, r.comparable), "%s case %zu: only %d greedy tokens matched", rc->json, ci,
+               r.matched);
+        matched_total += r.matched;
+        compared_total += r.ngen;
     }
     printf("  %-34s threads=%d kv=%s max|d|=%.2e median|d|=%.2e greedy %d/%d\n", rc->gguf, n_threads,
            kv_f16 ? "f16" : "f32", worst, worst_median, matched_total, compared_total);
