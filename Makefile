@@ -7,6 +7,12 @@
 CC      ?= cc
 OPT     ?= -O2
 CFLAGS  += -std=c11 -D_GNU_SOURCE -g $(OPT) -Wall -Wextra -Wno-unused-parameter -pthread -Isrc
+# No multiply-add the source does not write (fmaf, _mm*_fmadd_ps): clang, and
+# gcc outside strict ISO mode, fuse a*b+c where the target has FMA, so the
+# same scalar code would give other bits on an Arm node or in an AVX2
+# function than on the scalar level (docs/ARCHITECTURE.md, "Every level
+# gives the same bits").
+CFLAGS  += -ffp-contract=off
 LDLIBS  += -lmicrohttpd -lsodium -ljansson -licuuc -lm -pthread
 SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 # Optional HPC stack, used when its Debian -dev package is there (issue 13):

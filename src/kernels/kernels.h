@@ -135,8 +135,15 @@ void   lk_vec_attn_av_f32(float *out, size_t out_stride, const float *S, size_t 
                           int64_t npos, int nq, int64_t hd);
 /* gate[i] = silu(gate[i]) * up[i] (lk_swiglu) */
 void   lk_vec_swiglu(float *gate, const float *up, int64_t n);
-/* The SIMD level the vector kernels above run at ("scalar", "avx2", "avx512"). */
-const char *lk_vec_simd_name(void);
+/* The SIMD level the vector kernels above (and the delta net's state
+ * passes, which ask lk_vec_simd_level) run at ("scalar", "avx2", "avx512").
+ * The scalar and AVX2 levels give the same bits (vec.c's file comment). */
+const char   *lk_vec_simd_name(void);
+lk_simd_level lk_vec_simd_level(void);
+/* Switches them to `level` for the whole process, as lk_quant_set_simd does
+ * the matrix kernels (tests; not while a forward runs); false for an unknown
+ * name or a level the CPU cannot run. LK_SIMD does not limit it. */
+bool          lk_vec_set_simd(const char *level);
 
 /* ---- elementwise ---- */
 void lk_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);

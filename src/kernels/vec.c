@@ -1,7 +1,16 @@
 /* Small F32 vector kernels for attention: dot products of a query with cached
  * keys and weighted sums of cached values, F32 or F16 cache. gcc does not
  * vectorise float reductions at -O2 (it may not reorder the sums), so the
- * SIMD versions are written out; the level is chosen once at run time. */
+ * SIMD versions are written out; the level is chosen once at run time.
+ *
+ * Every level gives the same bits (a cluster of AVX2 and scalar nodes, or a
+ * Mac beside a PC, must agree): the scalar code is the AVX2 code's
+ * arithmetic written out lane by lane, not a plainer loop. A dot product
+ * keeps 16 partial sums, element i (below the last multiple of 8) going to
+ * partial i mod 16 by a fused multiply-add; the partials are summed by the
+ * tree of sum16(); the last n mod 8 elements are fused onto that sum in
+ * order. An axpy is one fused multiply-add per element. The exponentials
+ * (softmax, SwiGLU) are expf at the scalar and AVX2 levels. */
 #include "kernels/kernels.h"
 
 #include <immintrin.h>
@@ -10,21 +19,40 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The AVX2 kernels' reduction of 16 partial sums (two registers of 8): the
+ * registers added lane by lane, then the upper half of what is left added
+ * onto the lower, 8 -> 4 -> 2 -> 1 (hsum256 below). */
+static float sum16(const float p[16]) {
+    float h[8];
+    for (int j = 0; j < 8; j++) h[j] = p[j] + p[j + 8];
+    for (int w = 4; w >= 1; w /= 2)
+        for (int j = 0; j < w; j++) h[j] += h[j + w];
+    return h[0];
+}
+
+/* fmaf: one rounding per multiply-add, as the SIMD levels' FMA instructions
+ * (libm's, or the instruction itself where the compiler targets FMA). */
 static float dot_scalar(const float *a, const float *b, int64_t n) {
-    float s = 0;
-    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    float p[16] = {0};
+    const int64_t n8 = n & ~(int64_t)7;
+    for (int64_t i = 0; i < n8; i++) p[i % 16] = fmaf(a[i], b[i], p[i % 16]);
+    float s = sum16(p);
+    for (int64_t i = n8; i < n; i++) s = fmaf(a[i], b[i], s);
     return s;
 }
 static void axpy_scalar(float *y, float a, const float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+    for (int64_t i = 0; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
 }
 static float dot_f16_scalar(const float *a, const uint16_t *b, int64_t n) {
-    float s = 0;
-    for (int64_t i = 0; i < n; i++) s += a[i] * lk_fp16_to_fp32(b[i]);
+    float p[16] = {0};
+    const int64_t n8 = n & ~(int64_t)7;
+    for (int64_t i = 0; i < n8; i++) p[i % 16] = fmaf(a[i], lk_fp16_to_fp32(b[i]), p[i % 16]);
+    float s = sum16(p);
+    for (int64_t i = n8; i < n; i++) s = fmaf(a[i], lk_fp16_to_fp32(b[i]), s);
     return s;
 }
 static void axpy_f16_scalar(float *y, float a, const uint16_t *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] += a * lk_fp16_to_fp32(x[i]);
+    for (int64_t i = 0; i < n; i++) y[i] = fmaf(a, lk_fp16_to_fp32(x[i]), y[i]);
 }
 
 static double expsum_scalar(float *x, int64_t n, float sub) {
@@ -48,6 +76,8 @@ AVX2 static float hsum256(__m256 v) {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
+/* Partials 0-7 in s0, 8-15 in s1 (the file comment's order); a last block
+ * of 8 below n goes to s0, as its elements are partials 0-7. */
 AVX2 static float dot_avx2(const float *a, const float *b, int64_t n) {
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
     int64_t i = 0;
@@ -55,32 +85,35 @@ AVX2 static float dot_avx2(const float *a, const float *b, int64_t n) {
         s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
         s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
     }
-    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    if (i + 8 <= n) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0), i += 8;
     float s = hsum256(_mm256_add_ps(s0, s1));
-    for (; i < n; i++) s += a[i] * b[i];
+    for (; i < n; i++) s = fmaf(a[i], b[i], s);
     return s;
 }
 AVX2 static void axpy_avx2(float *y, float a, const float *x, int64_t n) {
     __m256 va = _mm256_set1_ps(a);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-    for (; i < n; i++) y[i] += a * x[i];
+    for (; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
 }
+AVX2 static inline __m256 ld_f16x8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 AVX2 static float dot_f16_avx2(const float *a, const uint16_t *b, int64_t n) {
-    __m256 s0 = _mm256_setzero_ps();
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + i))), s0);
-    float s = hsum256(s0);
-    for (; i < n; i++) s += a[i] * lk_fp16_to_fp32(b[i]);
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), ld_f16x8(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), ld_f16x8(b + i + 8), s1);
+    }
+    if (i + 8 <= n) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), ld_f16x8(b + i), s0), i += 8;
+    float s = hsum256(_mm256_add_ps(s0, s1));
+    for (; i < n; i++) s = fmaf(a[i], lk_fp16_to_fp32(b[i]), s);
     return s;
 }
 AVX2 static void axpy_f16_avx2(float *y, float a, const uint16_t *x, int64_t n) {
     __m256 va = _mm256_set1_ps(a);
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))), _mm256_loadu_ps(y + i)));
-    for (; i < n; i++) y[i] += a * lk_fp16_to_fp32(x[i]);
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, ld_f16x8(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] = fmaf(a, lk_fp16_to_fp32(x[i]), y[i]);
 }
 AVX512 static float dot_avx512(const float *a, const float *b, int64_t n) {
     __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
@@ -204,28 +237,35 @@ typedef struct {
     void (*av4)(float *, size_t, const float *, size_t, const float *, int64_t, int, int64_t);
 } vec_ops;
 
-/* Chosen once from the program's CPU probe (lk_cpu: LK_SIMD caps it). The
- * AVX-512 code needs only F and VL besides the AVX2 set, so it runs on CPUs
- * below the quant kernels' avx512 level too, unless LK_SIMD says otherwise. */
-static vec_ops g_table;
+/* One table per level the CPU runs, built once; g_ops points at the one in
+ * force: the highest that the program's CPU probe allows (lk_cpu: LK_SIMD
+ * caps it). The AVX-512 code needs only F and VL besides the AVX2 set, so
+ * it runs on CPUs below the quant kernels' avx512 level too, unless LK_SIMD
+ * says otherwise. lk_vec_set_simd swaps the pointer (tests). */
+static vec_ops g_tables[LK_SIMD_LEVELS];
+static const uint32_t k_need[LK_SIMD_LEVELS] = {
+    [LK_SIMD_SCALAR] = 0,
+    [LK_SIMD_AVX2] = LK_CPU_AVX2 | LK_CPU_FMA | LK_CPU_F16C,
+    [LK_SIMD_AVX512] = LK_CPU_AVX2 | LK_CPU_FMA | LK_CPU_F16C | LK_CPU_AVX512F | LK_CPU_AVX512VL,
+};
 static const vec_ops *_Atomic g_ops;
 
 static void pick(void) {
-    const uint32_t avx2 = LK_CPU_AVX2 | LK_CPU_FMA | LK_CPU_F16C;
     vec_ops o = { "scalar", dot_scalar, axpy_scalar, dot_f16_scalar, axpy_f16_scalar, expsum_scalar, swiglu_scalar,
                   av4_generic };
-    if (lk_cpu_can(LK_SIMD_AVX2, avx2))
-        o = (vec_ops){ "avx2", dot_avx2, axpy_avx2, dot_f16_avx2, axpy_f16_avx2, expsum_scalar, swiglu_scalar, av4_generic };
-    if (lk_cpu_can(LK_SIMD_AVX512, avx2 | LK_CPU_AVX512F | LK_CPU_AVX512VL)) {
-        o.name = "avx512";
-        o.dot = dot_avx512;
-        o.axpy = axpy_avx512;
-        o.expsum = expsum_avx512;
-        o.swiglu = swiglu_avx512;
-        o.av4 = av4_avx512;
-    }
-    g_table = o;
-    g_ops = &g_table;
+    g_tables[LK_SIMD_SCALAR] = o;
+    o = (vec_ops){ "avx2", dot_avx2, axpy_avx2, dot_f16_avx2, axpy_f16_avx2, expsum_scalar, swiglu_scalar, av4_generic };
+    g_tables[LK_SIMD_AVX2] = o;
+    o.name = "avx512";
+    o.dot = dot_avx512;
+    o.axpy = axpy_avx512;
+    o.expsum = expsum_avx512;
+    o.swiglu = swiglu_avx512;
+    o.av4 = av4_avx512;
+    g_tables[LK_SIMD_AVX512] = o;
+    int l = LK_SIMD_AVX512;
+    while (l > LK_SIMD_SCALAR && !lk_cpu_can((lk_simd_level)l, k_need[l])) l--;
+    g_ops = &g_tables[l];
 }
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
@@ -236,9 +276,17 @@ static inline const vec_ops *ops(void) {
 }
 
 /* Which level the vector kernels run ("scalar", "avx2", "avx512"), so tests
- * can check that LK_SIMD reaches them. Declared by its users until
- * kernels.h (another part's header) carries it. */
+ * can check that LK_SIMD reaches them. */
 const char *lk_vec_simd_name(void) { return ops()->name; }
+lk_simd_level lk_vec_simd_level(void) { return (lk_simd_level)(ops() - g_tables); }
+
+bool lk_vec_set_simd(const char *level) {
+    lk_simd_level l;
+    (void)ops();
+    if (!lk_simd_level_parse(level, &l) || (lk_cpu()->feat & k_need[l]) != k_need[l]) return false;
+    g_ops = &g_tables[l];
+    return true;
+}
 
 float lk_vec_dot_f32(const float *a, const float *b, int64_t n) { return ops()->dot(a, b, n); }
 void lk_vec_axpy_f32(float *y, float a, const float *x, int64_t n) { ops()->axpy(y, a, x, n); }

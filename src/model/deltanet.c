@@ -262,17 +262,24 @@ static void conv_fn(void *arg, int ith, int nth) {
 }
 
 /* The two passes over one value head's state S (dk rows of dv), see the
- * file comment: sk = S^T k and sq = S^T q; then S = decay S + k delta^T. */
+ * file comment: sk = S^T k and sq = S^T q; then S = decay S + k delta^T.
+ * The scalar passes are the AVX2 ones' arithmetic per element (each
+ * column summed down the rows in order by fused multiply-adds; decay S
+ * rounded, then k delta^T fused onto it), so both levels give the same
+ * state bits. */
 #define AVX2 __attribute__((target("avx2,fma")))
 static void pass_read_scalar(const float *S, const float *k, const float *q, float *sk, float *sq, int64_t dk, int64_t dv) {
     memset(sk, 0, sizeof(float) * (size_t)dv);
     memset(sq, 0, sizeof(float) * (size_t)dv);
     for (int64_t i = 0; i < dk; i++)
-        for (int64_t e = 0; e < dv; e++) sk[e] += k[i] * S[i * dv + e], sq[e] += q[i] * S[i * dv + e];
+        for (int64_t e = 0; e < dv; e++) {
+            sk[e] = fmaf(k[i], S[i * dv + e], sk[e]);
+            sq[e] = fmaf(q[i], S[i * dv + e], sq[e]);
+        }
 }
 static void pass_write_scalar(float *S, float decay, const float *k, const float *delta, int64_t dk, int64_t dv) {
     for (int64_t i = 0; i < dk; i++)
-        for (int64_t e = 0; e < dv; e++) S[i * dv + e] = decay * S[i * dv + e] + k[i] * delta[e];
+        for (int64_t e = 0; e < dv; e++) S[i * dv + e] = fmaf(k[i], delta[e], decay * S[i * dv + e]);
 }
 /* dv a multiple of 16: columns in blocks of 16, accumulated in registers down the dk rows */
 AVX2 static void pass_read_avx2(const float *S, const float *k, const float *q, float *sk, float *sq, int64_t dk,
@@ -312,7 +319,7 @@ static void delta_fn(void *arg, int ith, int nth) {
     const int nvl = m->nvl, nkl = m->nkl, K = c->ssm_conv;
     const int64_t dk = c->ssm_dk, dv = c->ssm_dv, C = 2 * nkl * dk + (int64_t)nvl * dv, VD = (int64_t)nvl * dv;
     const float qscale = 1.0f / sqrtf((float)dk);
-    const bool avx2 = dv % 16 == 0 && lk_cpu_can(LK_SIMD_AVX2, LK_CPU_AVX2 | LK_CPU_FMA);
+    const bool avx2 = dv % 16 == 0 && lk_vec_simd_level() >= LK_SIMD_AVX2; /* the vector kernels' level */
     float kv[1024], sq[1024], delta[1024];
     for (int task = ith; task < m->n_items * nvl; task += nth) {
         const int it = task / nvl, vi = task % nvl, ki = m->dn_grouped ? vi / (nvl / nkl) : vi % nkl;
