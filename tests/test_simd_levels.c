@@ -43,6 +43,47 @@ static int other_levels(const char **out) {
 
 static bool same(const void *a, const void *b, size_t n) { return memcmp(a, b, n) == 0; }
 
+/* ---- lk_fmaf: the scalar code's fused multiply-add ---- */
+
+static float from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+/* Against libm's fmaf (correctly rounded): random operands of every
+ * magnitude (denormals, overflow, zeros, infinities), and sums that round to
+ * exactly halfway between two floats in double, where a plain double sum
+ * rounded again to float is wrong. */
+TEST(fmaf_matches_libm) {
+    long n = 0, bad = 0;
+    const float c1 = 1 + 0x1p-23f, a1 = (1 + 0x1p-18f) * 0x1p-12f, b1 = (1 - 0x1p-18f) * 0x1p-12f;
+    /* c1 + a1 b1 = 1 + 2^-23 + 2^-24 - 2^-60: a double rounds it to the
+     * float midpoint, which ties to even (1 + 2^-22); fmaf gives 1 + 2^-23 */
+    const float trio[][3] = {{a1, b1, c1}, {-a1, b1, -c1}, {a1, -b1, c1 + 0x1p-22f}, {0x1p-75f, 0x1p-75f, 0x1p-126f},
+                             {0x1p-70f, -0x1p-70f, 0x1p-140f}, {0x1p127f, 4.0f, -0x1p127f}, {0.0f, -0.0f, -0.0f},
+                             {-0.0f, 0.0f, 0.0f}, {INFINITY, 0.0f, 1.0f}, {3.0f, 0x1p127f, 0x1p127f}};
+    for (size_t i = 0; i < sizeof trio / sizeof trio[0]; i++) {
+        const float got = lk_fmaf(trio[i][0], trio[i][1], trio[i][2]), want = fmaf(trio[i][0], trio[i][1], trio[i][2]);
+        n++;
+        if (!same(&got, &want, 4) && !(isnan(got) && isnan(want)) && bad++ < 4)
+            CHECKF(0, "lk_fmaf(%a, %a, %a) = %a, fmaf %a", trio[i][0], trio[i][1], trio[i][2], got, want);
+    }
+    for (int i = 0; i < 400000; i++) {
+        /* random bits, exponents drawn near each other so the sum cancels
+         * or rounds (and sometimes far apart, denormal or huge) */
+        uint32_t u[3];
+        const int e0 = (int)frand(1, 254);
+        for (int k = 0; k < 3; k++) {
+            const int e = i % 7 == 0 ? (int)frand(0, 255) : LK_MAX(0, LK_MIN(254, e0 + (int)frand(-30, 30) + (k == 2 ? e0 - 127 : 0)));
+            u[k] = ((uint32_t)(frand(0, 2) >= 1) << 31) | (uint32_t)e << 23 | ((uint32_t)(frand(0, 1) * 8388608.0f) & 0x7fffff);
+        }
+        const float a = from_bits(u[0]), b = from_bits(u[1]), c = from_bits(u[2]);
+        const float got = lk_fmaf(a, b, c), want = fmaf(a, b, c);
+        n++;
+        if (!same(&got, &want, 4) && !(isnan(got) && isnan(want)) && bad++ < 4)
+            CHECKF(0, "lk_fmaf(%a, %a, %a) = %a, fmaf %a", a, b, c, got, want);
+    }
+    CHECKF(bad == 0, "%ld of %ld differ", bad, n);
+    printf("  %ld operand triples: lk_fmaf = fmaf\n", n);
+}
+
 /* ---- the vector kernels, one by one ---- */
 
 enum { NMAX = 300 };
@@ -94,6 +135,20 @@ static void run_vec(const char *level, outs *o) {
         lk_swiglu(y, b, n);
         put(o, y, (size_t)n);
     }
+    /* the exponential's edges: where it turns 0, denormal results, where it
+     * saturates, infinities */
+    float e[] = {-87.3f, nextafterf(-87.3f, 0), nextafterf(-87.3f, -100), -87.31f, -87.2f, -86.99f, -87.0f, 88.7f,
+                 88.69f, 88.71f, 88.38f, 100, INFINITY, -INFINITY, 0.0f, -0.0f, 0.34657359f, -0.34657359f, 1e-8f,
+                 -1e-8f, 44.36142f, -44.36142f, 20, -20};
+    const int ne = (int)(sizeof e / sizeof e[0]);
+    memcpy(y, e, sizeof e);
+    const double es = lk_vec_exp_sum(y, ne, 0);
+    put(o, (const float *)&es, 2);
+    put(o, y, (size_t)ne);
+    memcpy(y, e, sizeof e);
+    for (int i = 0; i < ne; i++) b[i] = 1.5f;
+    lk_swiglu(y, b, ne - 2); /* not the infinities: -inf / inf is NaN */
+    put(o, y, (size_t)ne);
 }
 
 TEST(vec_kernels_same_bits_at_every_level) {
@@ -270,6 +325,7 @@ static bool quant_levels_agree(char *why, size_t len) {
 }
 
 int main(void) {
+    RUN(fmaf_matches_libm);
     RUN(vec_kernels_same_bits_at_every_level);
     RUN(deltanet_passes_same_bits);
     RUN(forward_vector_kernels_same_bits);

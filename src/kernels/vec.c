@@ -1,16 +1,25 @@
 /* Small F32 vector kernels for attention: dot products of a query with cached
- * keys and weighted sums of cached values, F32 or F16 cache. gcc does not
- * vectorise float reductions at -O2 (it may not reorder the sums), so the
- * SIMD versions are written out; the level is chosen once at run time.
+ * keys and weighted sums of cached values, F32 or F16 cache; and the
+ * exponentials of softmax and SwiGLU. gcc does not vectorise float
+ * reductions at -O2 (it may not reorder the sums), so the SIMD versions are
+ * written out; the level is chosen once at run time.
  *
- * Every level gives the same bits (a cluster of AVX2 and scalar nodes, or a
- * Mac beside a PC, must agree): the scalar code is the AVX2 code's
- * arithmetic written out lane by lane, not a plainer loop. A dot product
- * keeps 16 partial sums, element i (below the last multiple of 8) going to
- * partial i mod 16 by a fused multiply-add; the partials are summed by the
- * tree of sum16(); the last n mod 8 elements are fused onto that sum in
- * order. An axpy is one fused multiply-add per element. The exponentials
- * (softmax, SwiGLU) are expf at the scalar and AVX2 levels. */
+ * Every level gives the same bits (a cluster of AVX-512, AVX2 and scalar
+ * nodes, or a Mac beside a PC, must agree), so every level does the same
+ * float operations on every element, in the same order; the scalar code is
+ * that arithmetic written out lane by lane, the reference a new level
+ * copies:
+ *   - a dot product keeps 32 partial sums, element i below the last
+ *     multiple of 8 going to partial i mod 32 by a fused multiply-add (AVX2:
+ *     4 registers of 8; AVX-512: 2 of 16); sum32() adds them by halves,
+ *     32 -> 16 -> 8 -> 4 -> 2 -> 1; the last n mod 8 elements are fused
+ *     onto that sum in order;
+ *   - an axpy is one fused multiply-add per element;
+ *   - e^x is exp_poly() (Cody-Waite reduction, a degree-7 polynomial in
+ *     fused multiply-adds, scaled by 2^k): within 2 ulp of expf, and the
+ *     same function at every level, which libm's expf is not;
+ *   - exp_sum adds the exponentials in double into 16 partial sums, element
+ *     i to partial i mod 16, summed by halves like sum32's last steps. */
 #include "kernels/kernels.h"
 
 #include <immintrin.h>
@@ -19,95 +28,147 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The AVX2 kernels' reduction of 16 partial sums (two registers of 8): the
- * registers added lane by lane, then the upper half of what is left added
- * onto the lower, 8 -> 4 -> 2 -> 1 (hsum256 below). */
-static float sum16(const float p[16]) {
-    float h[8];
-    for (int j = 0; j < 8; j++) h[j] = p[j] + p[j + 8];
-    for (int w = 4; w >= 1; w /= 2)
-        for (int j = 0; j < w; j++) h[j] += h[j + w];
-    return h[0];
+/* The SIMD kernels' reduction of 32 float partial sums: the upper half
+ * added onto the lower, lane by lane, until one is left (AVX2: 4 registers
+ * -> 2 -> 1, then hsum256; AVX-512: 2 -> 1 -> its halves, then hsum256). */
+static float sum32(float p[32]) {
+    for (int w = 16; w >= 1; w /= 2)
+        for (int j = 0; j < w; j++) p[j] += p[j + w];
+    return p[0];
 }
 
-/* fmaf: one rounding per multiply-add, as the SIMD levels' FMA instructions
- * (libm's, or the instruction itself where the compiler targets FMA). */
+/* lk_fmaf (kernels.h): one rounding per multiply-add, as the SIMD levels'
+ * FMA instructions. */
 static float dot_scalar(const float *a, const float *b, int64_t n) {
-    float p[16] = {0};
+    float p[32] = {0};
     const int64_t n8 = n & ~(int64_t)7;
-    for (int64_t i = 0; i < n8; i++) p[i % 16] = fmaf(a[i], b[i], p[i % 16]);
-    float s = sum16(p);
-    for (int64_t i = n8; i < n; i++) s = fmaf(a[i], b[i], s);
+    for (int64_t i = 0; i < n8; i++) p[i % 32] = lk_fmaf(a[i], b[i], p[i % 32]);
+    float s = sum32(p);
+    for (int64_t i = n8; i < n; i++) s = lk_fmaf(a[i], b[i], s);
     return s;
 }
 static void axpy_scalar(float *y, float a, const float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
+    for (int64_t i = 0; i < n; i++) y[i] = lk_fmaf(a, x[i], y[i]);
 }
 static float dot_f16_scalar(const float *a, const uint16_t *b, int64_t n) {
-    float p[16] = {0};
+    float p[32] = {0};
     const int64_t n8 = n & ~(int64_t)7;
-    for (int64_t i = 0; i < n8; i++) p[i % 16] = fmaf(a[i], lk_fp16_to_fp32(b[i]), p[i % 16]);
-    float s = sum16(p);
-    for (int64_t i = n8; i < n; i++) s = fmaf(a[i], lk_fp16_to_fp32(b[i]), s);
+    for (int64_t i = 0; i < n8; i++) p[i % 32] = lk_fmaf(a[i], lk_fp16_to_fp32(b[i]), p[i % 32]);
+    float s = sum32(p);
+    for (int64_t i = n8; i < n; i++) s = lk_fmaf(a[i], lk_fp16_to_fp32(b[i]), s);
     return s;
 }
 static void axpy_f16_scalar(float *y, float a, const uint16_t *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] = fmaf(a, lk_fp16_to_fp32(x[i]), y[i]);
+    for (int64_t i = 0; i < n; i++) y[i] = lk_fmaf(a, lk_fp16_to_fp32(x[i]), y[i]);
 }
 
+/* e^x: x = k ln2 + r (Cody-Waite: ln2 in two parts, |r| <= ln2/2), e^r by
+ * its Taylor polynomial to degree 7 (truncation below 5e-9 relative), times
+ * 2^k; within 2 ulp of expf. Below -87.3 (and NaN) it is 0 (expf: a
+ * denormal or 0), above 88.7 it saturates at ~3e38 (expf: inf). The SIMD
+ * versions (exp256, exp512) do these operations per lane. */
+#define EXP_LO (-87.3f)
+#define EXP_HI 88.7f
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_LN2_HI 0.693145751953125f
+#define EXP_LN2_LO 1.428606765330187e-06f
+/* 2^e for e in [-126, 127], from its bits */
+static inline float pow2i(int e) {
+    const uint32_t u = (uint32_t)(e + 127) << 23;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline float exp_poly(float x) {
+    if (!(x >= EXP_LO)) return 0;
+    x = x > EXP_HI ? EXP_HI : x;
+    /* k = x log2(e) rounded to nearest, ties to even (|k| < 2^22: adding
+     * and subtracting 1.5 2^23 leaves no fraction bits; rintf is a libm call) */
+    const float k = (x * EXP_LOG2E + 0x1.8p23f) - 0x1.8p23f;
+    float r = lk_fmaf(-k, EXP_LN2_HI, x);
+    r = lk_fmaf(-k, EXP_LN2_LO, r);
+    float p = 1.f / 5040;
+    p = lk_fmaf(p, r, 1.f / 720);
+    p = lk_fmaf(p, r, 1.f / 120);
+    p = lk_fmaf(p, r, 1.f / 24);
+    p = lk_fmaf(p, r, 1.f / 6);
+    p = lk_fmaf(p, r, 0.5f);
+    p = lk_fmaf(p, r, 1.f);
+    p = lk_fmaf(p, r, 1.f);
+    /* p 2^k with one rounding (to a denormal near EXP_LO, else exact), in
+     * two exact powers of two since 2^128 is not a float */
+    const int ki = (int)k, k1 = ki / 2;
+    return p * pow2i(k1) * pow2i(ki - k1);
+}
+
+/* The sum in double, as llama.cpp's ggml_float; 16 partials (see above). */
 static double expsum_scalar(float *x, int64_t n, float sub) {
-    double sum = 0;
-    for (int64_t i = 0; i < n; i++) { x[i] = expf(x[i] - sub); sum += x[i]; }
-    return sum;
+    double p[16] = {0};
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = exp_poly(x[i] - sub);
+        p[i % 16] += x[i];
+    }
+    for (int w = 8; w >= 1; w /= 2)
+        for (int j = 0; j < w; j++) p[j] += p[j + w];
+    return p[0];
 }
 static void swiglu_scalar(float *gate, const float *up, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
-        float g = gate[i];
-        gate[i] = g / (1.0f + expf(-g)) * up[i];
+        const float g = gate[i];
+        gate[i] = g / (1.0f + exp_poly(-g)) * up[i];
     }
 }
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define AVX512 __attribute__((target("avx512f,avx512vl,avx2,fma,f16c")))
 
-AVX2 static float hsum256(__m256 v) {
+/* sum32's last steps on 8 lanes: 8 -> 4 -> 2 -> 1 */
+AVX2 static inline float hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
-/* Partials 0-7 in s0, 8-15 in s1 (the file comment's order); a last block
- * of 8 below n goes to s0, as its elements are partials 0-7. */
-AVX2 static float dot_avx2(const float *a, const float *b, int64_t n) {
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-    }
-    if (i + 8 <= n) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0), i += 8;
-    float s = hsum256(_mm256_add_ps(s0, s1));
-    for (; i < n; i++) s = fmaf(a[i], b[i], s);
-    return s;
+/* expsum's last steps on 4 doubles: 4 -> 2 -> 1 */
+AVX2 static inline double hsum256d(__m256d v) {
+    __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+    s = _mm_add_sd(s, _mm_unpackhi_pd(s, s));
+    return _mm_cvtsd_f64(s);
 }
+AVX2 static inline __m256 ld_f16x8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+
+/* Partials 0-7, 8-15, 16-23, 24-31 in s0..s3; after the blocks of 32,
+ * what is left in blocks of 8 goes to s0, s1, s2, as its elements are
+ * those partials. */
+#define DOT_AVX2(LOAD_B, TAIL_B)                                                                     \
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;                                      \
+    int64_t i = 0;                                                                                   \
+    for (; i + 32 <= n; i += 32) {                                                                   \
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), LOAD_B(b + i), s0);                             \
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), LOAD_B(b + i + 8), s1);                     \
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), LOAD_B(b + i + 16), s2);                   \
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), LOAD_B(b + i + 24), s3);                   \
+    }                                                                                                \
+    if (i + 8 <= n) {                                                                                \
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), LOAD_B(b + i), s0), i += 8;                     \
+        if (i + 8 <= n) {                                                                            \
+            s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), LOAD_B(b + i), s1), i += 8;                 \
+            if (i + 8 <= n) s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), LOAD_B(b + i), s2), i += 8; \
+        }                                                                                            \
+    }                                                                                                \
+    float r = hsum256(_mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3)));                 \
+    for (; i < n; i++) r = fmaf(a[i], TAIL_B(b[i]), r);                                              \
+    return r;
+#define LD_F32X8(p) _mm256_loadu_ps(p)
+#define AS_F32(x) (x)
+AVX2 static float dot_avx2(const float *a, const float *b, int64_t n) { DOT_AVX2(LD_F32X8, AS_F32) }
+AVX2 static float dot_f16_avx2(const float *a, const uint16_t *b, int64_t n) { DOT_AVX2(ld_f16x8, lk_fp16_to_fp32) }
+
 AVX2 static void axpy_avx2(float *y, float a, const float *x, int64_t n) {
     __m256 va = _mm256_set1_ps(a);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
     for (; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
-}
-AVX2 static inline __m256 ld_f16x8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
-AVX2 static float dot_f16_avx2(const float *a, const uint16_t *b, int64_t n) {
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), ld_f16x8(b + i), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), ld_f16x8(b + i + 8), s1);
-    }
-    if (i + 8 <= n) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), ld_f16x8(b + i), s0), i += 8;
-    float s = hsum256(_mm256_add_ps(s0, s1));
-    for (; i < n; i++) s = fmaf(a[i], lk_fp16_to_fp32(b[i]), s);
-    return s;
 }
 AVX2 static void axpy_f16_avx2(float *y, float a, const uint16_t *x, int64_t n) {
     __m256 va = _mm256_set1_ps(a);
@@ -115,6 +176,61 @@ AVX2 static void axpy_f16_avx2(float *y, float a, const uint16_t *x, int64_t n) 
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, ld_f16x8(x + i), _mm256_loadu_ps(y + i)));
     for (; i < n; i++) y[i] = fmaf(a, lk_fp16_to_fp32(x[i]), y[i]);
 }
+
+/* exp_poly on 8 lanes. 2^k is applied as two exact powers of two, 2^(k/2)
+ * and 2^(k - k/2), both normal for k in [-126, 128] (2^128 is not a float):
+ * the first product is exact, the second rounds once, as ldexpf does. */
+AVX2 static inline __m256 exp256(__m256 x) {
+    const __m256 live = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_LO), _CMP_GE_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(EXP_LO)), _mm256_set1_ps(EXP_HI));
+    const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(EXP_LN2_HI), x);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(EXP_LN2_LO), r);
+    __m256 p = _mm256_set1_ps(1.f / 5040);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 720));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+    const __m256i ki = _mm256_cvtps_epi32(k), k1 = _mm256_srai_epi32(ki, 1), k2 = _mm256_sub_epi32(ki, k1);
+    const __m256i bias = _mm256_set1_epi32(127);
+    p = _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k1, bias), 23)));
+    p = _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k2, bias), 23)));
+    return _mm256_and_ps(p, live); /* NaN and below EXP_LO: 0 */
+}
+/* Lanes [0, m) of 8 as an all-ones mask. */
+AVX2 static inline __m256i first_lanes(int64_t m) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)LK_MIN(m, 8)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+AVX2 static double expsum_avx2(float *x, int64_t n, float sub) {
+    const __m256 vs = _mm256_set1_ps(sub);
+    __m256d p[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
+    for (int64_t i = 0; i < n; i += 16)
+        for (int h = 0; h < 2; h++) { /* partials 8h .. 8h+7 in p[2h], p[2h+1] */
+            const __m256i m = first_lanes(n - i - 8 * h);
+            const __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_maskload_ps(x + i + 8 * h, m), vs)),
+                                           _mm256_castsi256_ps(m));
+            _mm256_maskstore_ps(x + i + 8 * h, m, e);
+            p[2 * h] = _mm256_add_pd(p[2 * h], _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+            p[2 * h + 1] = _mm256_add_pd(p[2 * h + 1], _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+        }
+    return hsum256d(_mm256_add_pd(_mm256_add_pd(p[0], p[2]), _mm256_add_pd(p[1], p[3])));
+}
+AVX2 static void swiglu_avx2(float *gate, const float *up, int64_t n) {
+    const __m256 one = _mm256_set1_ps(1.f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gate + i);
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), g));
+        _mm256_storeu_ps(gate + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
+    }
+    for (; i < n; i++) gate[i] = gate[i] / (1.0f + exp_poly(-gate[i])) * up[i];
+}
+
+/* Partials 0-15 and 16-31 in s0, s1; what is left after the blocks of 32 in
+ * a block of 16 (s0) and one of 8 (the next partials' lower half). */
 AVX512 static float dot_avx512(const float *a, const float *b, int64_t n) {
     __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
     int64_t i = 0;
@@ -122,29 +238,36 @@ AVX512 static float dot_avx512(const float *a, const float *b, int64_t n) {
         s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
         s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
     }
-    for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
-    float s = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
+    if (i + 16 <= n) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+        i += 16;
+        if (i + 8 <= n)
+            s1 = _mm512_mask3_fmadd_ps(_mm512_maskz_loadu_ps(0xFF, a + i), _mm512_maskz_loadu_ps(0xFF, b + i), s1, 0xFF), i += 8;
+    } else if (i + 8 <= n) {
+        s0 = _mm512_mask3_fmadd_ps(_mm512_maskz_loadu_ps(0xFF, a + i), _mm512_maskz_loadu_ps(0xFF, b + i), s0, 0xFF);
+        i += 8;
+    }
+    const __m512 h = _mm512_add_ps(s0, s1);
+    float r = hsum256(_mm256_add_ps(_mm512_castps512_ps256(h),
+                                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(h), 1))));
+    for (; i < n; i++) r = fmaf(a[i], b[i], r);
+    return r;
 }
 AVX512 static void axpy_avx512(float *y, float a, const float *x, int64_t n) {
     __m512 va = _mm512_set1_ps(a);
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
-    for (; i < n; i++) y[i] += a * x[i];
+    for (; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
 }
 
-/* e^x, 16 lanes: x = k ln2 + r (Cody-Waite, |r| <= ln2/2), e^r by its Taylor
- * polynomial to degree 7 (truncation below 5e-9 relative), times 2^k by
- * vscalefps; within 2 ulp of expf. Below -87.3 it is 0 (expf: a denormal
- * or 0), above 88.7 it saturates at ~3e38 (expf: inf). */
+/* exp_poly on 16 lanes (vscalefps: p 2^k, rounded once). */
 AVX512 static inline __m512 exp512(__m512 x) {
-    const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_GE_OQ);
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.7f));
-    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+    const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_LO), _CMP_GE_OQ);
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
+    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(EXP_LOG2E)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693145751953125f), x);
-    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.428606765330187e-06f), r);
+    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(EXP_LN2_HI), x);
+    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(EXP_LN2_LO), r);
     __m512 p = _mm512_set1_ps(1.f / 5040);
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
@@ -156,7 +279,9 @@ AVX512 static inline __m512 exp512(__m512 x) {
     return _mm512_maskz_mov_ps(live, _mm512_scalef_ps(p, k));
 }
 /* Softmax's middle pass and SwiGLU were a sixth of a 512-token prefill in
- * libm's scalar expf. The sum stays in double as the scalar code's. */
+ * libm's scalar expf. Partials 0-7 in s0, 8-15 in s1 (masked lanes add 0);
+ * summed by halves, written out rather than _mm512_reduce_add_pd, whose
+ * order is the compiler's. */
 AVX512 static double expsum_avx512(float *x, int64_t n, float sub) {
     const __m512 vs = _mm512_set1_ps(sub);
     __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
@@ -168,7 +293,8 @@ AVX512 static double expsum_avx512(float *x, int64_t n, float sub) {
         s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
         s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
     }
-    return _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+    const __m512d h = _mm512_add_pd(s0, s1);
+    return hsum256d(_mm256_add_pd(_mm512_castpd512_pd256(h), _mm512_extractf64x4_pd(h, 1)));
 }
 AVX512 static void swiglu_avx512(float *gate, const float *up, int64_t n) {
     const __m512 one = _mm512_set1_ps(1.f);
@@ -216,10 +342,10 @@ AVX512 static void av4_avx512(float *out, size_t os, const float *S, size_t ss, 
             for (int64_t p = 0; p < npos; p++) a = _mm512_fmadd_ps(_mm512_set1_ps(S[q * ss + p]), _mm512_loadu_ps(V + p * hd + i), a);
             _mm512_storeu_ps(out + q * os + i, a);
         }
-    for (; i < hd; i++) /* axpy_avx512's scalar tail: not fused */
+    for (; i < hd; i++) /* axpy_avx512's scalar tail */
         for (int q = 0; q < nq; q++) {
             float a = out[q * os + i];
-            for (int64_t p = 0; p < npos; p++) a += S[q * ss + p] * V[p * hd + i];
+            for (int64_t p = 0; p < npos; p++) a = fmaf(S[q * ss + p], V[p * hd + i], a);
             out[q * os + i] = a;
         }
 }
@@ -254,7 +380,7 @@ static void pick(void) {
     vec_ops o = { "scalar", dot_scalar, axpy_scalar, dot_f16_scalar, axpy_f16_scalar, expsum_scalar, swiglu_scalar,
                   av4_generic };
     g_tables[LK_SIMD_SCALAR] = o;
-    o = (vec_ops){ "avx2", dot_avx2, axpy_avx2, dot_f16_avx2, axpy_f16_avx2, expsum_scalar, swiglu_scalar, av4_generic };
+    o = (vec_ops){ "avx2", dot_avx2, axpy_avx2, dot_f16_avx2, axpy_f16_avx2, expsum_avx2, swiglu_avx2, av4_generic };
     g_tables[LK_SIMD_AVX2] = o;
     o.name = "avx512";
     o.dot = dot_avx512;

@@ -273,13 +273,13 @@ static void pass_read_scalar(const float *S, const float *k, const float *q, flo
     memset(sq, 0, sizeof(float) * (size_t)dv);
     for (int64_t i = 0; i < dk; i++)
         for (int64_t e = 0; e < dv; e++) {
-            sk[e] = fmaf(k[i], S[i * dv + e], sk[e]);
-            sq[e] = fmaf(q[i], S[i * dv + e], sq[e]);
+            sk[e] = lk_fmaf(k[i], S[i * dv + e], sk[e]);
+            sq[e] = lk_fmaf(q[i], S[i * dv + e], sq[e]);
         }
 }
 static void pass_write_scalar(float *S, float decay, const float *k, const float *delta, int64_t dk, int64_t dv) {
     for (int64_t i = 0; i < dk; i++)
-        for (int64_t e = 0; e < dv; e++) S[i * dv + e] = fmaf(k[i], delta[e], decay * S[i * dv + e]);
+        for (int64_t e = 0; e < dv; e++) S[i * dv + e] = lk_fmaf(k[i], delta[e], decay * S[i * dv + e]);
 }
 /* dv a multiple of 16: columns in blocks of 16, accumulated in registers down the dk rows */
 AVX2 static void pass_read_avx2(const float *S, const float *k, const float *q, float *sk, float *sq, int64_t dk,
