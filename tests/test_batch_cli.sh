@@ -11,23 +11,9 @@
 # --seqs and the flag errors (exit 2). Run from the repository root by
 # tests/run.sh with LOCKSTEP set.
 set -u
-L=${LOCKSTEP:-build/lockstep}
-. tests/lk_td.sh
-T=$(mktemp -d /tmp/lk_batch_cli.XXXXXX)
-trap 'rm -rf "$T"' EXIT
+. "$(dirname "$0")/lib.sh"
+lk_tmp batch_cli
 
-ok() { echo "PASS $1"; }
-no() { echo "FAIL $1"; shift; for l in "$@"; do echo "  $l"; done; }
-expect() {
-    local name=$1 code=$2; shift 2
-    "$@" >"$T/out" 2>"$T/err"; local rc=$?
-    if [ "$rc" -eq "$code" ]; then ok "$name"; else no "$name" "exit $rc, want $code" "$(tail -n 3 "$T/err")"; fi
-}
-has() {
-    if grep -Eq -- "$3" "$2"; then ok "$1"; else no "$1" "no line matching '$3' in:" "$(head -n 12 "$2")"; fi
-}
-# ids FIELD < JSON lines: the FIELD array of each line, comma-separated, one line each
-ids() { sed -n "s/.*\"$1\": *\[\([^]]*\)\].*/\1/p" | tr -d ' '; }
 # ref_field FIELD REF.json: that field of each case (the cases' keys are indented by 3 spaces)
 ref_field() { grep -E "^   \"$1\": " "$2" | sed 's/^[^[]*\[//; s/\].*//' | tr -d ' '; }
 

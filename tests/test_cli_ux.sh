@@ -7,26 +7,9 @@
 # impossible cluster layouts exit 2, naming only flags the user gave.
 # Run from the repository root by tests/run.sh with LOCKSTEP set.
 set -u
-L=${LOCKSTEP:-build/lockstep}
-. tests/lk_td.sh
+. "$(dirname "$0")/lib.sh"
 M=$RD/models/stories260K.gguf
-T=$(mktemp -d /tmp/lk_cli_ux.XXXXXX)
-trap 'rm -rf "$T"' EXIT
-
-ok() { echo "PASS $1"; }
-no() { echo "FAIL $1"; shift; for l in "$@"; do echo "  $l"; done; }
-# expect NAME CODE ARGS...: runs the program (stdin from /dev/null), checks the exit code
-expect() {
-    local name=$1 code=$2; shift 2
-    "$@" </dev/null >"$T/out" 2>"$T/err"; local rc=$?
-    if [ "$rc" -eq "$code" ]; then ok "$name"; else no "$name" "exit $rc, want $code" "$(tail -n 3 "$T/err")"; fi
-}
-has() {
-    if grep -Eq -- "$3" "$2"; then ok "$1"; else no "$1" "no line matching '$3' in:" "$(head -n 12 "$2")"; fi
-}
-hasnt() {
-    if grep -Eq -- "$3" "$2"; then no "$1" "a line matches '$3':" "$(grep -E -- "$3" "$2" | head -n 3)"; else ok "$1"; fi
-}
+lk_tmp cli_ux
 
 # ---- an oversized context: refused at once, with the numbers -------------------
 t0=$(date +%s.%N)

@@ -4,27 +4,8 @@
 # stays up), netbench --local. Run from the repository root by tests/run.sh
 # with LOCKSTEP set.
 set -u
-L=${LOCKSTEP:-build/lockstep}
-T=$(mktemp -d /tmp/lk_cluster_cli.XXXXXX)
-WPID=
-PIDS=
-cleanup() {
-    for p in $WPID $PIDS; do kill "$p" 2>/dev/null; done
-    wait 2>/dev/null
-    rm -rf "$T"
-}
-trap cleanup EXIT
-
-ok() { echo "PASS $1"; }
-no() { echo "FAIL $1"; shift; for l in "$@"; do echo "  $l"; done; }
-expect() {
-    local name=$1 code=$2; shift 2
-    "$@" >"$T/out" 2>"$T/err"; local rc=$?
-    if [ "$rc" -eq "$code" ]; then ok "$name"; else no "$name" "exit $rc, want $code" "$(tail -n 3 "$T/err")"; fi
-}
-has() {
-    if grep -Eq -- "$3" "$2"; then ok "$1"; else no "$1" "no line matching '$3' in:" "$(head -n 12 "$2")"; fi
-}
+. "$(dirname "$0")/lib.sh"
+lk_tmp cluster_cli
 
 # keygen: 64 hex digits, fresh each time
 expect keygen 0 "$L" keygen
@@ -47,12 +28,8 @@ has worker_bad_listen_msg "$T/err" "bad address 'nonsense'"
 # a running daemon: garbage and a stalled half frame are refused, it stays up
 "$L" worker --listen 127.0.0.1:0 --key-file "$T/k1" 2>"$T/wlog" &
 WPID=$!
-PORT=
-for _ in $(seq 50); do
-    PORT=$(sed -n 's/.*listening on .* (port \([0-9]*\)).*/\1/p' "$T/wlog")
-    [ -n "$PORT" ] && break
-    sleep 0.1
-done
+PIDS+=("$WPID")
+PORT=$(listen_port "$T/wlog" "$WPID")
 if [ -z "$PORT" ]; then no worker_listens "$(cat "$T/wlog")"; exit 0; fi
 ok worker_listens
 exec 3<>"/dev/tcp/127.0.0.1/$PORT"
@@ -79,7 +56,6 @@ expect netbench_workers_no_key 2 "$L" netbench --workers "127.0.0.1:$PORT"
 
 # run over a cluster writes exactly what one node writes (greedy, and sampled
 # with penalties): --local TP and PP, and --workers through the daemon
-. tests/lk_td.sh
 M="$RD/models/stories260K.gguf"
 gen() { "$L" run -m "$M" -p "Once upon a time" -n 24 "$@" 2>>"$T/run.err"; }
 gen --temp 0 >"$T/one.txt"
@@ -112,13 +88,8 @@ start_worker() {
     local log=$1; shift
     "$L" worker --listen 127.0.0.1:0 --key-file "$T/k1" --model-dir "$T/nomodels" "$@" 2>"$log" &
     WK=$!
-    PIDS="$PIDS $WK"
-    WP=
-    for _ in $(seq 50); do
-        WP=$(sed -n 's/.*listening on .* (port \([0-9]*\)).*/\1/p' "$log" 2>/dev/null)
-        [ -n "$WP" ] && break
-        sleep 0.1
-    done
+    PIDS+=("$WK")
+    WP=$(listen_port "$log" "$WK")
 }
 same_text() { # name, layout...: generates through the cluster and compares with one node
     local name=$1; shift
@@ -208,10 +179,8 @@ if unshare -Urm true 2>/dev/null; then
     mkdir -p "$T/tiny"
     unshare -Urm sh -c "mount -t tmpfs -o size=256k none '$T/tiny' && exec '$L' worker --listen 127.0.0.1:0 \
         --key-file '$T/k1' --model-dir '$T/nomodels' --cache-dir '$T/tiny'" 2>"$T/s6.log" &
-    PIDS="$PIDS $!"
-    for _ in $(seq 50); do
-        WP=$(sed -n 's/.*listening on .* (port \([0-9]*\)).*/\1/p' "$T/s6.log" 2>/dev/null); [ -n "$WP" ] && break; sleep 0.1
-    done
+    PIDS+=($!)
+    WP=$(listen_port "$T/s6.log" $!)
     expect slices_disk_full 1 "$L" run -m "$M" -p hi -n 2 --workers "127.0.0.1:$WP" --key-file "$T/k1"
     has slices_disk_full_msg "$T/err" "cannot load the model: cache disk full: $T/tiny has .* free, this rank's slices need"
     expect slices_disk_full_still_serving 1 "$L" run -m "$M" -p hi -n 2 --workers "127.0.0.1:$WP" --key-file "$T/k1"

@@ -11,26 +11,9 @@
 # oversubscribed --local cluster (more threads than cores: named). Run from
 # the repository root by tests/run.sh with LOCKSTEP set.
 set -u
-L=${LOCKSTEP:-build/lockstep}
-. tests/lk_td.sh
-T=$(mktemp -d /tmp/lk_doctor.XXXXXX)
-PIDS=()
-trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done; rm -rf "$T"' EXIT
+. "$(dirname "$0")/lib.sh"
+lk_tmp doctor
 
-ok() { echo "PASS $1"; }
-no() { echo "FAIL $1"; shift; for l in "$@"; do echo "  $l"; done; }
-expect() {
-    local name=$1 code=$2; shift 2
-    "$@" </dev/null >"$T/out" 2>"$T/err"; local rc=$?
-    if [ "$rc" -eq "$code" ]; then ok "$name"; else no "$name" "exit $rc, want $code" "$(tail -n 5 "$T/err")" "$(tail -n 8 "$T/out")"; fi
-}
-# pyt NAME EXPR: the JSON in $T/out (as d) makes the Python expression EXPR true
-pyt() {
-    if [ -s "$T/out" ] && python3 -c "import json,re,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if ($2) else 1)" "$T/out" \
-        >/dev/null 2>&1; then ok "$1"; else no "$1" "false: $2" "$(head -c 1500 "$T/out")"; fi
-}
-# checks whose fields match: chk(d, check=..., result=..., node=..., detail=REGEX) -> how many
-CHK='(lambda d, **k: sum(1 for c in d["checks"] if all((re.search(v, c[f]) if f == "detail" else c[f] == v) for f, v in k.items())))'
 M1=$RD/models/stories260K.gguf
 M2=$RD/models/stories260K-q8_0.gguf
 
@@ -75,12 +58,7 @@ cp "$M1" "$T/head/m.gguf"; cp "$M1" "$T/a/m.gguf"; cp "$M2" "$T/b/m.gguf"
 start_worker() { # DIR LOG: sets WP to its port (empty if it did not start)
     "$L" worker --listen 127.0.0.1:0 --key-file "$T/key" --model-dir "$1" --threads 1 </dev/null >/dev/null 2>"$2" &
     PIDS+=($!)
-    WP=
-    for _ in $(seq 100); do
-        WP=$(sed -n 's/.*listening on .* (port \([0-9]*\)).*/\1/p' "$2" 2>/dev/null)
-        [ -n "$WP" ] && return
-        sleep 0.1
-    done
+    WP=$(listen_port "$2" $!)
 }
 start_worker "$T/a" "$T/wa.log"; PA=$WP
 start_worker "$T/b" "$T/wb.log"; PB=$WP
@@ -139,7 +117,7 @@ pyt trace_bench_ranks 'sorted({e["pid"] for e in d["traceEvents"] if e.get("cat"
     and all(sum(1 for e in d["traceEvents"] if e.get("cat") == "step" and e["pid"] == r) >= 5 for r in (0, 1))
     and any(e.get("cat") == "comm" for e in d["traceEvents"])'
 # serve --trace: one request's steps, written when the server stops (SIGTERM)
-SPORT=$((20000 + RANDOM % 20000))
+SPORT=$(free_port)
 "$L" serve -m "$M1" --port "$SPORT" --local 2 --tp 2 -t 1 --trace "$T/strace.json" >"$T/serve.log" 2>&1 &
 SP=$!
 PIDS+=($SP)

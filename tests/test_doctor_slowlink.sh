@@ -10,25 +10,9 @@
 # latency-bound and that fewer nodes would be faster. Run from the
 # repository root by tests/run.sh with LOCKSTEP set.
 set -u
-L=${LOCKSTEP:-build/lockstep}
-. tests/lk_td.sh
-T=$(mktemp -d /tmp/lk_slowlink.XXXXXX)
-trap 'rm -rf "$T"' EXIT
+. "$(dirname "$0")/lib.sh"
+lk_tmp slowlink
 
-ok() { echo "PASS $1"; }
-no() { echo "FAIL $1"; shift; for l in "$@"; do echo "  $l"; done; }
-expect() {
-    local name=$1 code=$2; shift 2
-    "$@" </dev/null >"$T/out" 2>"$T/err"; local rc=$?
-    if [ "$rc" -eq "$code" ]; then ok "$name"; else no "$name" "exit $rc, want $code" "$(tail -n 5 "$T/err")" "$(tail -n 8 "$T/out")"; fi
-}
-# says NAME REGEX: stderr of the last command matches
-says() { if grep -Eq "$2" "$T/err"; then ok "$1"; else no "$1" "stderr lacks /$2/" "$(tail -n 3 "$T/err")"; fi; }
-pyt() {
-    if [ -s "$T/out" ] && python3 -c "import json,re,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if ($2) else 1)" "$T/out" \
-        >/dev/null 2>&1; then ok "$1"; else no "$1" "false: $2" "$(head -c 1500 "$T/out")"; fi
-}
-CHK='(lambda d, **k: sum(1 for c in d["checks"] if all((re.search(v, c[f]) if f == "detail" else c[f] == v) for f, v in k.items())))'
 M=$RD/models/stories260K.gguf
 
 # ---- usage ---------------------------------------------------------------------------------

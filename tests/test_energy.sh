@@ -9,13 +9,8 @@
 # says "unavailable" and its JSON fields are null. Run from the repository
 # root by tests/run.sh with LOCKSTEP set.
 set -u
-L=${LOCKSTEP:-build/lockstep}
-. tests/lk_td.sh
-T=$(mktemp -d /tmp/lk_energy.XXXXXX)
-PIDS=()
-trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done; rm -rf "$T"' EXIT
-ok() { echo "PASS $1"; }
-no() { echo "FAIL $1"; shift; for l in "$@"; do echo "  $l"; done; }
+. "$(dirname "$0")/lib.sh"
+lk_tmp energy
 M=$RD/models/stories260K.gguf
 # decode long enough (several seconds) for the 1 s RAPL sampler to see wraps
 BENCH=(bench -m "$M" -t 1 -p 4 -n 400 -r 3 --json)
@@ -51,7 +46,7 @@ if [ $rc -eq 0 ] && grep -qE '^lockstep: energy [0-9.]+ J while generating: [0-9
 else no run_energy_line "exit $rc" "$(tail -n 3 "$T/err")"; fi
 
 # ---- serve: the counter grows while the server runs
-PORT=$((20000 + RANDOM % 20000))
+PORT=$(free_port)
 LK_POWERCAP_ROOT=$T/pc "$L" serve -m "$M" --port "$PORT" >"$T/serve.log" 2>&1 &
 SP=$!
 PIDS+=($SP)

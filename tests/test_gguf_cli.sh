@@ -3,23 +3,8 @@
 # `info`, `gen-model` and `quantize` (0 ok, 1 runtime failure, 2 usage error).
 # Run from the repository root by tests/run.sh with LOCKSTEP set.
 set -u
-L=${LOCKSTEP:-build/lockstep}
-. tests/lk_td.sh
-T=$(mktemp -d /tmp/lk_gguf_cli.XXXXXX)
-trap 'rm -rf "$T"' EXIT
-
-ok() { echo "PASS $1"; }
-no() { echo "FAIL $1"; shift; for l in "$@"; do echo "  $l"; done; }
-# expect NAME CODE CMD... : the exit status of CMD is CODE
-expect() {
-    local name=$1 code=$2; shift 2
-    "$@" >"$T/out" 2>"$T/err"; local rc=$?
-    if [ "$rc" -eq "$code" ]; then ok "$name"; else no "$name" "exit $rc, want $code" "$(tail -n 3 "$T/err")"; fi
-}
-# has NAME FILE PATTERN : FILE contains a line matching PATTERN (grep -E)
-has() {
-    if grep -Eq -- "$3" "$2"; then ok "$1"; else no "$1" "no line matching '$3' in:" "$(head -n 12 "$2")"; fi
-}
+. "$(dirname "$0")/lib.sh"
+lk_tmp gguf_cli
 
 expect info_stories 0 "$L" info -m "$RD/models/stories260K.gguf" --tensors
 has info_arch "$T/out" '^architecture: llama'

@@ -14,27 +14,9 @@
 #    killed by an allocation.
 # Run from the repository root by tests/run.sh with LOCKSTEP set.
 set -u
-L=${LOCKSTEP:-build/lockstep}
-. tests/lk_td.sh
+. "$(dirname "$0")/lib.sh"
 M=$RD/models/stories260K.gguf
-T=$(mktemp -d /tmp/lk_harden.XXXXXX)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done; rm -rf "$T"; }
-trap cleanup EXIT
-
-ok() { echo "PASS $1"; }
-no() { echo "FAIL $1"; shift; for l in "$@"; do echo "  $l"; done; }
-expect() {
-    local name=$1 code=$2; shift 2
-    "$@" </dev/null >"$T/out" 2>"$T/err"; local rc=$?
-    if [ "$rc" -eq "$code" ]; then ok "$name"; else no "$name" "exit $rc, want $code" "$(tail -n 3 "$T/err")"; fi
-}
-has() {
-    if grep -Eq -- "$3" "$2"; then ok "$1"; else no "$1" "no line matching '$3' in:" "$(head -n 12 "$2")"; fi
-}
-hasnt() {
-    if grep -Eq -- "$3" "$2"; then no "$1" "a line matches '$3':" "$(grep -E -- "$3" "$2" | head -n 3)"; else ok "$1"; fi
-}
+lk_tmp harden
 
 # ---- threads ---------------------------------------------------------------------
 # The reference: distinct (package, core) pairs among the CPUs taskset/nproc
@@ -106,12 +88,7 @@ if ldd "$L" 2>/dev/null | grep -q libasan; then
 else
     (ulimit -v 1500000; exec "$L" worker --listen 127.0.0.1:0 --key-file "$T/key") >"$T/w2out" 2>"$T/w2err" &
     PIDS+=($!)
-    port=
-    for _ in $(seq 100); do
-        port=$(sed -n 's/.*listening on .*(port \([0-9]*\)).*/\1/p' "$T/w2err" | head -n 1)
-        [ -n "$port" ] && break
-        sleep 0.1
-    done
+    port=$(listen_port "$T/w2err" $!)
     t0=$(date +%s.%N)
     expect worker_ctx_refused 1 timeout 60 "$L" run -m "$M" -p hi -n 2 --workers "127.0.0.1:$port" --key-file "$T/key" -c 4000000
     t1=$(date +%s.%N)

@@ -5,12 +5,9 @@
 # The length is calibrated on this machine (decoding at depth d costs about
 # d, so time grows with the square of the length). Run by tests/run.sh.
 set -u
-L=${LOCKSTEP:-build/lockstep}
+. "$(dirname "$0")/lib.sh"
 M=testdata/models/stories260K.gguf
-T=$(mktemp -d /tmp/lk_long.XXXXXX)
-trap 'rm -rf "$T"' EXIT
-ok() { echo "PASS $1"; }
-no() { echo "FAIL $1"; shift; for l in "$@"; do echo "  $l"; done; }
+lk_tmp long
 
 gen() { # n ctx out-prefix extra flags...
     local n=$1 ctx=$2 out=$3; shift 3

@@ -3,11 +3,9 @@
 # PREFIX and DESTDIR say and it runs from there; the default output is one
 # line per file (V=1 for whole commands). Run by tests/run.sh.
 set -u
-B=$(dirname "${LOCKSTEP:-build/lockstep}")
-T=$(mktemp -d /tmp/lk_make.XXXXXX)
-trap 'rm -rf "$T"' EXIT
-ok() { echo "PASS $1"; }
-no() { echo "FAIL $1"; shift; for l in "$@"; do echo "  $l"; done; }
+. "$(dirname "$0")/lib.sh"
+B=$(dirname "$L")
+lk_tmp make
 if make -s install B="$B" DESTDIR="$T" PREFIX=/opt/lk >"$T/out" 2>&1 && [ -x "$T/opt/lk/bin/lockstep" ]; then
     ok install
 else no install "$(tail -n 3 "$T/out")"; fi

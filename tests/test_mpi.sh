@@ -15,22 +15,16 @@
 # SKIPs when mpirun is missing or the build has no MPI. Run from the
 # repository root by tests/run.sh with LOCKSTEP set.
 set -u
-L=${LOCKSTEP:-build/lockstep}
-. tests/lk_td.sh
-T=$(mktemp -d /tmp/lk_mpi.XXXXXX)
+. "$(dirname "$0")/lib.sh"
+lk_tmp mpi
 MP=
 cleanup() {
     [ -n "$MP" ] && kill "$MP" 2>/dev/null
     wait 2>/dev/null
-    rm -rf "$T"
+    lk_cleanup
 }
 trap cleanup EXIT
 
-ok() { echo "PASS $1"; }
-no() { echo "FAIL $1"; shift; for l in "$@"; do echo "  $l"; done; }
-has() {
-    if grep -Eq -- "$3" "$2"; then ok "$1"; else no "$1" "no line matching '$3' in:" "$(head -n 12 "$2")"; fi
-}
 M=$RD/models/stories260K.gguf
 
 if ! command -v mpirun >/dev/null 2>&1; then
@@ -75,7 +69,6 @@ has mpi_head_says_so "$T/many.err" 'started by mpirun \(Open MPI\): rank 0 of [0
 
 # a batch, --json: one object per prompt, from rank 0 alone
 printf 'Once upon a time\nThe little dog\nLily wanted to\n' >"$T/prompts.txt"
-ids() { sed -n 's/.*"generated_ids": *\[\([^]]*\)\].*/\1/p' | tr -d ' '; }
 "$L" run -m "$M" --prompts-file "$T/prompts.txt" -n 12 --temp 0 --json 2>/dev/null | ids >"$T/oneb.txt"
 timeout 60 $MPIRUN -np 2 "$L" run -m "$M" --prompts-file "$T/prompts.txt" -n 12 --temp 0 --json >"$T/manyb.json" 2>"$T/many.err"
 ids <"$T/manyb.json" >"$T/manyb.txt"
@@ -152,7 +145,7 @@ done
 # serve under mpirun: the head answers; its text is the one-process text
 for tflag in "" "--transport mpi"; do
     sfx=${tflag:+_over_mpi}
-    port=$(( 20000 + RANDOM % 20000 ))
+    port=$(free_port)
     # shellcheck disable=SC2086
     $MPIRUN -np 2 "$L" serve -m "$M" --port "$port" $tflag >"$T/serve.out" 2>"$T/serve.err" &
     MP=$!

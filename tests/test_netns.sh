@@ -21,13 +21,13 @@
 # namespaces (and with them the veth ends) are deleted on exit.
 # Run from the repository root by tests/run.sh with LOCKSTEP set.
 set -u
-L=${LOCKSTEP:-build/lockstep}
+. "$(dirname "$0")/lib.sh"
 L=$(realpath -m "$L")
 M=testdata/models/stories260K.gguf
 P="Once upon a time"
 NH=lk_nh_$$ NR=lk_nr_$$ NW=lk_nw_$$
 HEAD_IP=10.231.1.2 RH_IP=10.231.1.1 RW_IP=10.231.2.1 WORK_IP=10.231.2.2
-T=$(mktemp -d /tmp/lk_netns.XXXXXX)
+lk_tmp netns
 WPID=
 MADE=()
 
@@ -35,19 +35,13 @@ cleanup() {
     if [ -n "$WPID" ]; then kill "$WPID" 2>/dev/null; wait "$WPID" 2>/dev/null; fi
     local ns
     for ns in ${MADE[@]+"${MADE[@]}"}; do timeout 10 ip netns del "$ns" 2>/dev/null; done
-    rm -rf "$T"
+    lk_cleanup
 }
 trap cleanup EXIT
 trap "exit 1" INT TERM HUP
 
-ok() { echo "PASS $1"; }
-no() { echo "FAIL $1"; shift; for l in "$@"; do echo "  $l"; done; }
-has() {
-    if grep -Eq -- "$3" "$2"; then ok "$1"; else no "$1" "no line matching '$3' in:" "$(head -n 12 "$2")"; fi
-}
 # nsx NS CMD...: runs CMD inside namespace NS, bounded
 nsx() { local ns=$1; shift; timeout 60 ip netns exec "$ns" "$@"; }
-ids() { sed -n 's/.*"generated_ids":\(\[[0-9,]*\]\).*/\1/p' "$1"; }
 # head NAME OUT ARGS...: runs the head in its namespace, expects exit 0
 head_run() {
     local name=$1 out=$2; shift 2
@@ -56,7 +50,7 @@ head_run() {
     if [ "$rc" -eq 0 ]; then ok "$name"; else no "$name" "exit $rc, want 0" "$(tail -n 3 "$T/err")"; fi
 }
 same_ids() { # NAME FILE: generated_ids equal the one-node run's
-    local got; got=$(ids "$2")
+    local got; got=$(ids <"$2")
     if [ -n "$got" ] && [ "$got" = "$REF" ]; then ok "$1"; else no "$1" "got '$got'" "want '$REF'"; fi
 }
 fwd_bytes() { # bytes the router sent towards the worker
@@ -95,7 +89,7 @@ has route_via_router "$T/route" "^$WORK_IP via $RH_IP dev eth0 src $HEAD_IP"
 
 # ---- the one-node reference (outside any namespace: no network at all) ----
 timeout 60 "$L" run -m "$M" -p "$P" --temp 0 --json -n 16 >"$T/ref" 2>"$T/err"
-REF=$(ids "$T/ref")
+REF=$(ids <"$T/ref")
 if [ -n "$REF" ]; then ok one_node_reference; else no one_node_reference "$(tail -n 3 "$T/err")"; exit 0; fi
 
 # ---- the worker daemon in its namespace ----
@@ -103,13 +97,7 @@ if [ -n "$REF" ]; then ok one_node_reference; else no one_node_reference "$(tail
 "$L" keygen >"$T/wrong"
 timeout 120 ip netns exec "$NW" "$L" worker --listen "$WORK_IP:0" --key-file "$T/key" 2>"$T/wlog" &
 WPID=$!
-PORT=
-for _ in $(seq 100); do
-    PORT=$(sed -n 's/.*listening on .* (port \([0-9]*\)).*/\1/p' "$T/wlog")
-    [ -n "$PORT" ] && break
-    kill -0 "$WPID" 2>/dev/null || break
-    sleep 0.05
-done
+PORT=$(listen_port "$T/wlog" "$WPID")
 if [ -z "$PORT" ]; then no worker_listens "$(tail -n 5 "$T/wlog")"; exit 0; fi
 ok worker_listens
 

@@ -6,21 +6,8 @@
 # latency-bound layout, and netbench run through linkemu measures the delay
 # that was set. Run from the repository root by tests/run.sh with LOCKSTEP set.
 set -u
-L=${LOCKSTEP:-build/lockstep}
-T=$(mktemp -d /tmp/lk_plan_cli.XXXXXX)
-PIDS=()
-trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$T"' EXIT
-
-ok() { echo "PASS $1"; }
-no() { echo "FAIL $1"; shift; for l in "$@"; do echo "  $l"; done; }
-expect() {
-    local name=$1 code=$2; shift 2
-    "$@" </dev/null >"$T/out" 2>"$T/err"; local rc=$?
-    if [ "$rc" -eq "$code" ]; then ok "$name"; else no "$name" "exit $rc, want $code" "$(tail -n 3 "$T/err")"; fi
-}
-has() {
-    if grep -Eq -- "$3" "$2"; then ok "$1"; else no "$1" "no line matching '$3' in:" "$(head -n 12 "$2")"; fi
-}
+. "$(dirname "$0")/lib.sh"
+lk_tmp plan_cli
 
 # ---- help and usage ------------------------------------------------------------
 expect plan_help 0 "$L" plan --help

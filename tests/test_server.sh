@@ -23,21 +23,15 @@
 # Every server must stop on SIGTERM with exit 0. The trap kills whatever is
 # left. Run from the repository root by tests/run.sh with LOCKSTEP set.
 set -u
-L=${LOCKSTEP:-build/lockstep}
+. "$(dirname "$0")/lib.sh"
 LA=${LOCKSTEP_ASAN:-$(dirname "$L")/asan/lockstep}
 LOAD_CLIENTS=${LOAD_CLIENTS:-32}
 LOAD_SECONDS=${LOAD_SECONDS:-60}
 ASAN_LOAD_CLIENTS=${ASAN_LOAD_CLIENTS:-8}
 ASAN_LOAD_SECONDS=${ASAN_LOAD_SECONDS:-15}
-. tests/lk_td.sh
 M=$TD/models/stories260K.gguf
 [ -f "$M" ] || M=$RD/models/stories260K.gguf
-T=$(mktemp -d /tmp/lk_server.XXXXXX)
-PIDS=()
-FAILED=0
-
-ok() { echo "PASS $1"; }
-no() { echo "FAIL $1"; FAILED=1; shift; for l in "$@"; do echo "  $l"; done; }
+lk_tmp server
 
 # stop_pid PID: SIGTERM, then (after 10 s) SIGKILL, its child processes (--local ranks) too; RC = its exit status
 stop_pid() {
@@ -53,7 +47,8 @@ stop_pid() {
 cleanup() {
     local p
     for p in "${PIDS[@]}"; do kill -0 "$p" 2>/dev/null && stop_pid "$p"; done
-    rm -rf "$T"
+    PIDS=() # stopped and reaped: nothing left for lk_cleanup to signal
+    lk_cleanup
 }
 trap cleanup EXIT
 trap 'exit 1' INT TERM

@@ -8,8 +8,7 @@
 # daemons do not come up. Run from the repository root by tests/run.sh with
 # LOCKSTEP set.
 set -u
-L=${LOCKSTEP:-build/lockstep}
-. tests/lk_td.sh
+. "$(dirname "$0")/lib.sh"
 M=$RD/models/stories260K.gguf
 for c in munged slurmctld slurmd srun sinfo; do
     command -v "$c" >/dev/null 2>&1 || { echo "SKIP slurm: $c not found (Debian slurmctld slurmd slurm-client munge)"; exit 0; }
@@ -19,7 +18,7 @@ if OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=2 "$L" run -m "$M" -p hi --local 
     echo "SKIP slurm: lockstep was built without MPI (install libopenmpi-dev and rebuild)"
     exit 0
 fi
-T=$(mktemp -d /tmp/lk_slurm.XXXXXX)
+lk_tmp slurm
 chmod 755 "$T"
 cleanup() {
     for f in slurmd.pid slurmctld.pid munged.pid; do
@@ -33,11 +32,9 @@ cleanup() {
         [ -z "$alive" ] && break
         sleep 0.1
     done
-    rm -rf "$T"
+    lk_cleanup
 }
 trap cleanup EXIT
-ok() { echo "PASS $1"; }
-no() { echo "FAIL $1"; shift; for l in "$@"; do echo "  $l"; done; }
 
 # munge with its own key and socket
 mkdir -p "$T/state" "$T/spool" "$T/munge"

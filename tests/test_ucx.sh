@@ -8,18 +8,9 @@
 # worker is named; netbench runs over it. SKIPs when the build has no UCX.
 # Run from the repository root by tests/run.sh with LOCKSTEP set.
 set -u
-L=${LOCKSTEP:-build/lockstep}
-. tests/lk_td.sh
-T=$(mktemp -d /tmp/lk_ucx.XXXXXX)
-trap 'rm -rf "$T"' EXIT
+. "$(dirname "$0")/lib.sh"
+lk_tmp ucx
 
-ok() { echo "PASS $1"; }
-no() { echo "FAIL $1"; shift; for l in "$@"; do echo "  $l"; done; }
-has() {
-    if grep -Eq -- "$3" "$2"; then ok "$1"; else no "$1" "no line matching '$3' in:" "$(head -n 12 "$2")"; fi
-}
-# ids < JSON lines: each line's generated_ids, comma-separated, one line each
-ids() { sed -n 's/.*"generated_ids": *\[\([^]]*\)\].*/\1/p' | tr -d ' '; }
 M=$RD/models/stories260K.gguf
 
 # Without UCX built in: the clear error, exit 2, and nothing else to test.
