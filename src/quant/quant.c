@@ -482,6 +482,7 @@ void lk_quant_fill_scalar(lk_quant_ops *ops) {
     ops->quant[LK_TYPE_Q4_0] = quant_q4_0;
     ops->quant[LK_TYPE_Q8_K] = quant_q8_k;
     ops->quant[LK_TYPE_Q4_K] = lk_quantize_row_q4_k;
+    ops->quant[LK_TYPE_Q5_K] = lk_quantize_row_q5_k;
     ops->act[LK_TYPE_Q8_0] = lk_act_q8_0_scalar;
     lk_q5_fill_scalar(ops);
     lk_k23_fill_scalar(ops);

@@ -554,4 +554,5 @@ void lk_quant_fill_avx2(lk_quant_ops *ops) {
     ops->quant[LK_TYPE_Q8_K] = quant_q8_k_avx2;
     ops->act[LK_TYPE_Q8_0] = act_q8_0_avx2;
     ops->quant[LK_TYPE_Q4_K] = lk_quantize_row_q4_k_avx2;
+    ops->quant[LK_TYPE_Q5_K] = lk_quantize_row_q5_k_avx2;
 }

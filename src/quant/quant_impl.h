@@ -8,6 +8,8 @@
 #ifndef LK_QUANT_IMPL_H
 #define LK_QUANT_IMPL_H
 
+#include <limits.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <string.h>
 
@@ -50,6 +52,16 @@ enum {
     LK_Q3K_BYTES = 110, LK_Q3K_QS = 32, LK_Q3K_SC = 96, LK_Q3K_D = 108,
     LK_IQ4XS_BYTES = 136, LK_IQ4XS_SH = 2, LK_IQ4XS_SL = 4, LK_IQ4XS_QS = 8,
 };
+
+/* Round half to even, as ggml's nearest_int (the 1.5*2^23 trick) on every
+ * value its quantisers give it. NaN and values outside int's range give
+ * INT_MIN, as x86's cvttss2si (what a plain cast compiles to) and vcvtps2dq
+ * do: defined in C, and the same in the AVX2 twins of the quantisers'
+ * searches, which convert 8 lanes with vcvtps2dq. */
+static inline int lk_nearest(float f) {
+    f = nearbyintf(f);
+    return f >= -2147483648.f && f < 2147483648.f ? (int)f : INT_MIN;
+}
 
 static inline uint16_t lk_ld_u16(const void *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 static inline int16_t  lk_ld_i16(const void *p) { int16_t v; memcpy(&v, p, 2); return v; }
@@ -163,13 +175,29 @@ void lk_quant_gemm_kq_avx2(int kind, int64_t n, int64_t nrows, const void *w, si
 void lk_act_q8_0_scalar(const float *x, void *dst, int64_t n);
 void lk_act_q8_0_avx512(const float *x, void *dst, int64_t n);
 
-/* quant_kq.c: ggml's reference Q4_K quantiser (weights). */
+/* quant_kq.c: the scale search of the K-quants with a min (ggml's
+ * make_qkx2_quants): x ~ scale * L + min (min <= 0), L in [0, nmax], the
+ * weighted squared error (absolute with use_mad: Q2_K) minimised over the
+ * grid of nstep + 1 candidate inverse scales (nmax + rmin + rdelta * i) /
+ * (max - min). n <= 32, nstep <= 24. Returns the scale, -min in *neg_min.
+ * The AVX2 twin tries 8 candidates at a time and returns the same bits. */
+typedef struct {
+    int   nmax, nstep;
+    float rmin, rdelta;
+    bool  use_mad;
+} lk_kfit;
+typedef float (*lk_kfit_fn)(const lk_kfit *p, int n, const float *x, const float *w, uint8_t *L, float *neg_min);
+float lk_kfit_scale_min(const lk_kfit *p, int n, const float *x, const float *w, uint8_t *L, float *neg_min);
+float lk_kfit_scale_min_avx2(const lk_kfit *p, int n, const float *x, const float *w, uint8_t *L, float *neg_min);
+/* ggml's reference Q4_K and Q5_K quantisers (weights); the _avx2 ones give
+ * the same bytes through lk_kfit_scale_min_avx2 (AVX2 level and up). */
 void lk_quantize_row_q4_k(const float *x, void *dst, int64_t n);
-/* The same bytes, its scale search 8 candidates at a time (AVX2 level). */
 void lk_quantize_row_q4_k_avx2(const float *x, void *dst, int64_t n);
+void lk_quantize_row_q5_k(const float *x, void *dst, int64_t n);
+void lk_quantize_row_q5_k_avx2(const float *x, void *dst, int64_t n);
 
 /* quant_q5.c (Q5_0, Q5_1, Q8_1) and quant_k23.c (Q2_K, Q3_K, IQ4_XS; the
- * Q5_K and Q6_K weight quantisers the Q2_K/Q3_K mixes need): their
+ * Q6_K weight quantiser the Q2_K/Q3_K mixes need): their
  * dequantisers and scalar dots (false: not one of the file's types), and
  * the entries they add to each level's table. */
 bool lk_q5_dequantize(lk_type t, const uint8_t *src, float *dst, int64_t nb);

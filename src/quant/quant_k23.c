@@ -2,8 +2,10 @@
  * llama.cpp's x86 build pairs them with): dequantisation, the matrix
  * kernels (scalar definition, AVX2, AVX-512), and the weight quantisers of
  * `lockstep quantize --type q2_k|q3_k` and its _S/_M/_L mixes, which also
- * need Q5_K and Q6_K: the algorithms of ggml's reference quantisers (what
- * llama-quantize runs without an importance matrix). Layouts: quant_impl.h.
+ * need Q5_K (quant_kq.c) and Q6_K: the algorithms of ggml's reference
+ * quantisers (what llama-quantize runs without an importance matrix), the
+ * searches of Q2_K and Q6_K with AVX2 twins that give the same bytes.
+ * Layouts: quant_impl.h.
  *
  * Kernels, all levels: per super-block an exact integer sum of
  * scale_j * (q . a)_j over the sub-blocks, one int->float conversion and one
@@ -163,83 +165,18 @@ LK_SCALAR_MM(iq4_xs, LK_TYPE_IQ4_XS)
 /* Weight quantisers (ggml's reference algorithms)                         */
 /* ===================================================================== */
 
-/* Round half to even, as ggml's nearest_int. */
-static inline int nearest(float f) { return (int)nearbyintf(f); }
-
-/* x ~ scale * L + min (min <= 0), L in [0, nmax]: the weighted fit over a
- * grid of nstep+1 candidate scales around nmax/(max-min) (ggml's
- * make_qkx2_quants); the error is squared, or absolute with use_mad (Q2_K).
- * Returns the scale, -min in *neg_min. */
-static float fit_scale_min(int n, int nmax, const float *x, const float *w, uint8_t *L, float *neg_min,
-                           uint8_t *Laux, float rmin, float rdelta, int nstep, bool use_mad) {
-    float min = x[0], max = x[0], sum_w = w[0], sum_x = sum_w * x[0];
-    for (int i = 1; i < n; i++) {
-        if (x[i] < min) min = x[i];
-        if (x[i] > max) max = x[i];
-        sum_w += w[i];
-        sum_x += w[i] * x[i];
-    }
-    if (min > 0) min = 0;
-    if (max == min) {
-        memset(L, 0, (size_t)n);
-        *neg_min = -min;
-        return 0.f;
-    }
-    float iscale = nmax / (max - min), scale = 1 / iscale, best = 0;
-    for (int i = 0; i < n; i++) {
-        int l = nearest(iscale * (x[i] - min));
-        L[i] = (uint8_t)(l < 0 ? 0 : l > nmax ? nmax : l);
-        float diff = scale * L[i] + min - x[i];
-        diff = use_mad ? fabsf(diff) : diff * diff;
-        best += w[i] * diff;
-    }
-    for (int is = 0; is <= nstep; is++) {
-        iscale = (rmin + rdelta * is + nmax) / (max - min);
-        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
-        for (int i = 0; i < n; i++) {
-            int l = nearest(iscale * (x[i] - min));
-            l = l < 0 ? 0 : l > nmax ? nmax : l;
-            Laux[i] = (uint8_t)l;
-            sum_l += w[i] * l;
-            sum_l2 += w[i] * l * l;
-            sum_xl += w[i] * l * x[i];
-        }
-        float D = sum_w * sum_l2 - sum_l * sum_l;
-        if (D > 0) {
-            float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
-            float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
-            if (this_min > 0) {
-                this_min = 0;
-                this_scale = sum_xl / sum_l2;
-            }
-            float err = 0;
-            for (int i = 0; i < n; i++) {
-                float diff = this_scale * Laux[i] + this_min - x[i];
-                diff = use_mad ? fabsf(diff) : diff * diff;
-                err += w[i] * diff;
-            }
-            if (err < best) {
-                memcpy(L, Laux, (size_t)n);
-                best = err;
-                scale = this_scale;
-                min = this_min;
-            }
-        }
-    }
-    *neg_min = -min;
-    return scale;
-}
-
-/* Q2_K: per sub-block of 16 a scale/min fit with |x| weights and absolute
- * error; scales and mins to 4 bits against the super-block's d, dmin. */
-static void quant_q2_k(const float *x, void *dst, int64_t n) {
+/* Q2_K: per sub-block of 16 a scale/min fit (quant_kq.c's, or its AVX2
+ * twin: the same bits) with |x| weights and absolute error; scales and
+ * mins to 4 bits against the super-block's d, dmin. */
+static void quant_q2_k_fit(const float *x, void *dst, int64_t n, lk_kfit_fn fit) {
+    static const lk_kfit grid = {3, 15, -0.5f, 0.1f, true};
     uint8_t *b = dst;
     for (int64_t ib = 0; ib < n / LK_QK_K; ib++, x += LK_QK_K, b += LK_Q2K_BYTES) {
-        uint8_t L[LK_QK_K], Laux[16];
+        uint8_t L[LK_QK_K];
         float w[16], mins[16], scales[16], max_scale = 0, max_min = 0;
         for (int j = 0; j < 16; j++) {
             for (int l = 0; l < 16; l++) w[l] = fabsf(x[16 * j + l]);
-            scales[j] = fit_scale_min(16, 3, x + 16 * j, w, L + 16 * j, &mins[j], Laux, -0.5f, 0.1f, 15, true);
+            scales[j] = fit(&grid, 16, x + 16 * j, w, L + 16 * j, &mins[j]);
             if (scales[j] > max_scale) max_scale = scales[j];
             if (mins[j] > max_min) max_min = mins[j];
         }
@@ -247,14 +184,14 @@ static void quant_q2_k(const float *x, void *dst, int64_t n) {
         uint16_t hd = 0, hm = 0;
         if (max_scale > 0) {
             float iscale = 15.f / max_scale;
-            for (int j = 0; j < 16; j++) sc[j] = (uint8_t)nearest(iscale * scales[j]);
+            for (int j = 0; j < 16; j++) sc[j] = (uint8_t)lk_nearest(iscale * scales[j]);
             hd = lk_fp32_to_fp16(max_scale / 15.f);
         } else {
             memset(sc, 0, 16);
         }
         if (max_min > 0) {
             float iscale = 15.f / max_min;
-            for (int j = 0; j < 16; j++) sc[j] |= (uint8_t)(nearest(iscale * mins[j]) << 4);
+            for (int j = 0; j < 16; j++) sc[j] |= (uint8_t)(lk_nearest(iscale * mins[j]) << 4);
             hm = lk_fp32_to_fp16(max_min / 15.f);
         }
         memcpy(b + LK_Q2K_D, &hd, 2);
@@ -264,7 +201,7 @@ static void quant_q2_k(const float *x, void *dst, int64_t n) {
             if (d == 0) continue;
             const float dm = lk_fp16_to_fp32(hm) * (float)(sc[j] >> 4);
             for (int i = 0; i < 16; i++) {
-                int l = nearest((x[16 * j + i] + dm) / d);
+                int l = lk_nearest((x[16 * j + i] + dm) / d);
                 L[16 * j + i] = (uint8_t)(l < 0 ? 0 : l > 3 ? 3 : l);
             }
         }
@@ -274,6 +211,8 @@ static void quant_q2_k(const float *x, void *dst, int64_t n) {
                 qs[j / 4 + l] = (uint8_t)(L[j + l] | L[j + l + 32] << 2 | L[j + l + 64] << 4 | L[j + l + 96] << 6);
     }
 }
+static void quant_q2_k(const float *x, void *dst, int64_t n) { quant_q2_k_fit(x, dst, n, lk_kfit_scale_min); }
+static void quant_q2_k_avx2(const float *x, void *dst, int64_t n) { quant_q2_k_fit(x, dst, n, lk_kfit_scale_min_avx2); }
 
 /* ggml's make_q3_quants with rmse: L in [-nmax, nmax-1] for the scale
  * -nmax/max (max: the signed element of largest magnitude), then up to 5
@@ -289,7 +228,7 @@ static float q3_fit(int n, int nmax, const float *x, int8_t *L) {
     }
     float iscale = -nmax / max, sumlx = 0, suml2 = 0;
     for (int i = 0; i < n; i++) {
-        int l = nearest(iscale * x[i]);
+        int l = lk_nearest(iscale * x[i]);
         l = l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l;
         L[i] = (int8_t)l;
         float w = x[i] * x[i];
@@ -302,7 +241,7 @@ static float q3_fit(int n, int nmax, const float *x, int8_t *L) {
             float w = x[i] * x[i], slx = sumlx - w * x[i] * L[i];
             if (slx > 0) {
                 float sl2 = suml2 - w * L[i] * L[i];
-                int nl = nearest(x[i] * sl2 / slx);
+                int nl = lk_nearest(x[i] * sl2 / slx);
                 nl = nl < -nmax ? -nmax : nl > nmax - 1 ? nmax - 1 : nl;
                 if (nl != L[i]) {
                     slx += w * x[i] * nl;
@@ -338,7 +277,7 @@ static void quant_q3_k(const float *x, void *dst, int64_t n) {
         if (max_scale != 0) {
             float iscale = -32.f / max_scale;
             for (int j = 0; j < 16; j++) {
-                int l = nearest(iscale * scales[j]);
+                int l = lk_nearest(iscale * scales[j]);
                 l = (l < -32 ? -32 : l > 31 ? 31 : l) + 32;
                 if (j < 8) sc[j] = (uint8_t)(l & 0xF);
                 else sc[j - 8] |= (uint8_t)((l & 0xF) << 4);
@@ -358,7 +297,7 @@ static void quant_q3_k(const float *x, void *dst, int64_t n) {
                 continue;
             }
             for (int i = 0; i < 16; i++) {
-                int l = nearest(x[16 * j + i] / d);
+                int l = lk_nearest(x[16 * j + i] / d);
                 U[16 * j + i] = (uint8_t)((l < -4 ? -4 : l > 3 ? 3 : l) + 4);
             }
         }
@@ -376,92 +315,45 @@ static void quant_q3_k(const float *x, void *dst, int64_t n) {
     }
 }
 
-/* Q5_K: as Q4_K (quant_kq.c) with 5-bit levels and a finer grid. */
-static void quant_q5_k(const float *x, void *dst, int64_t n) {
-    uint8_t *b = dst;
-    for (int64_t ib = 0; ib < n / LK_QK_K; ib++, x += LK_QK_K, b += LK_Q5K_BYTES) {
-        uint8_t L[LK_QK_K], Laux[32];
-        float w[32], mins[8], scales[8], max_scale = 0, max_min = 0;
-        for (int j = 0; j < 8; j++) {
-            const float *xs = x + 32 * j;
-            float sum_x2 = 0;
-            for (int l = 0; l < 32; l++) sum_x2 += xs[l] * xs[l];
-            float av_x = sqrtf(sum_x2 / 32);
-            for (int l = 0; l < 32; l++) w[l] = av_x + fabsf(xs[l]);
-            scales[j] = fit_scale_min(32, 31, xs, w, L + 32 * j, &mins[j], Laux, -0.5f, 0.1f, 15, false);
-            if (scales[j] > max_scale) max_scale = scales[j];
-            if (mins[j] > max_min) max_min = mins[j];
-        }
-        float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f, inv_min = max_min > 0 ? 63.f / max_min : 0.f;
-        uint8_t *sc = b + LK_Q5K_SC;
-        memset(sc, 0, 12);
-        for (int j = 0; j < 8; j++) {
-            int ls = nearest(inv_scale * scales[j]), lm = nearest(inv_min * mins[j]);
-            ls = ls > 63 ? 63 : ls;
-            lm = lm > 63 ? 63 : lm;
-            if (j < 4) {
-                sc[j] = (uint8_t)ls;
-                sc[j + 4] = (uint8_t)lm;
-            } else {
-                sc[j + 4] = (uint8_t)((ls & 0xF) | ((lm & 0xF) << 4));
-                sc[j - 4] |= (uint8_t)((ls >> 4) << 6);
-                sc[j] |= (uint8_t)((lm >> 4) << 6);
-            }
-        }
-        uint16_t hd = lk_fp32_to_fp16(max_scale / 63.f), hm = lk_fp32_to_fp16(max_min / 63.f);
-        memcpy(b, &hd, 2);
-        memcpy(b + 2, &hm, 2);
-        for (int j = 0; j < 8; j++) {
-            uint8_t s, m;
-            lk_k_scale_min(j, sc, &s, &m);
-            const float d = lk_fp16_to_fp32(hd) * s;
-            if (d == 0) continue;
-            const float dm = lk_fp16_to_fp32(hm) * m;
-            for (int l = 0; l < 32; l++) {
-                int v = nearest((x[32 * j + l] + dm) / d);
-                L[32 * j + l] = (uint8_t)(v < 0 ? 0 : v > 31 ? 31 : v);
-            }
-        }
-        uint8_t *qh = b + LK_Q5K_QH, *ql = b + LK_Q5K_QS;
-        memset(qh, 0, 32);
-        uint8_t m1 = 1, m2 = 2;
-        for (int j = 0; j < LK_QK_K; j += 64, ql += 32, m1 <<= 2, m2 <<= 2)
-            for (int l = 0; l < 32; l++) {
-                int l1 = L[j + l], l2 = L[j + l + 32];
-                if (l1 > 15) { l1 -= 16; qh[l] |= m1; }
-                if (l2 > 15) { l2 -= 16; qh[l] |= m2; }
-                ql[l] = (uint8_t)(l1 | l2 << 4);
-            }
-    }
-}
-
-/* ggml's make_qx_quants, rmse_type 1 (weights x^2): levels in
- * [-nmax, nmax-1] for the scale -nmax/max, then 18 nearby scales
- * -(nmax + 0.1 is)/max, keeping the best weighted correlation. L: l + nmax. */
-static float qx_fit(int n, int nmax, const float *x, int8_t *L) {
+/* What both versions of qx_fit begin with: max (the signed element of
+ * largest magnitude) and the first guess -nmax/max: its levels (+nmax) in
+ * L, its scale and its weighted correlation best = scale * sum(w x l).
+ * False for an all-zero sub-block (L zeroed, the scale 0). */
+static bool qx_begin(int n, int nmax, const float *x, int8_t *L, float *max_out, float *scale, float *best) {
     float max = 0, amax = 0;
     for (int i = 0; i < n; i++)
         if (fabsf(x[i]) > amax) { amax = fabsf(x[i]); max = x[i]; }
     if (amax < 1e-15f) {
         memset(L, 0, (size_t)n);
-        return 0.f;
+        return false;
     }
     float iscale = -nmax / max, sumlx = 0, suml2 = 0;
     for (int i = 0; i < n; i++) {
-        int l = nearest(iscale * x[i]);
+        int l = lk_nearest(iscale * x[i]);
         l = l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l;
         L[i] = (int8_t)(l + nmax);
         float w = x[i] * x[i];
         sumlx += w * x[i] * l;
         suml2 += w * l * l;
     }
-    float scale = suml2 != 0 ? sumlx / suml2 : 0.0f, best = scale * sumlx;
+    *max_out = max;
+    *scale = suml2 != 0 ? sumlx / suml2 : 0.0f;
+    *best = *scale * sumlx;
+    return true;
+}
+
+/* ggml's make_qx_quants, rmse_type 1 (weights x^2): levels in
+ * [-nmax, nmax-1] for the scale -nmax/max, then 18 nearby scales
+ * -(nmax + 0.1 is)/max, keeping the best weighted correlation. L: l + nmax. */
+static float qx_fit(int n, int nmax, const float *x, int8_t *L) {
+    float max, scale, best;
+    if (!qx_begin(n, nmax, x, L, &max, &scale, &best)) return 0.f;
     for (int is = -9; is <= 9; is++) {
         if (is == 0) continue;
-        iscale = -(nmax + 0.1f * is) / max;
-        sumlx = suml2 = 0;
+        float iscale = -(nmax + 0.1f * is) / max;
+        float sumlx = 0, suml2 = 0;
         for (int i = 0; i < n; i++) {
-            int l = nearest(iscale * x[i]);
+            int l = lk_nearest(iscale * x[i]);
             l = l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l;
             float w = x[i] * x[i];
             sumlx += w * x[i] * l;
@@ -469,7 +361,7 @@ static float qx_fit(int n, int nmax, const float *x, int8_t *L) {
         }
         if (suml2 > 0 && sumlx * sumlx > best * suml2) {
             for (int i = 0; i < n; i++) {
-                int l = nearest(iscale * x[i]);
+                int l = lk_nearest(iscale * x[i]);
                 L[i] = (int8_t)(nmax + (l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l));
             }
             scale = sumlx / suml2;
@@ -479,15 +371,66 @@ static float qx_fit(int n, int nmax, const float *x, int8_t *L) {
     return scale;
 }
 
-/* Q6_K: per sub-block of 16 a 6-bit symmetric fit; the scales to int8
- * against d = max_scale / -128. */
-static void quant_q6_k(const float *x, void *dst, int64_t n) {
+/* The same bits, the 18 candidate scales in 3 ymm of 8 lanes (AVX2 only, no
+ * FMA: each lane does qx_fit's float operations in its order, vcvtps2dq
+ * rounds as lk_nearest; test_quant_kq compares the bytes); only the choice
+ * among the candidates, which depends on the best so far, stays sequential,
+ * on their 18 pairs of sums. */
+#define LK_T2_NOFMA __attribute__((target("avx2")))
+LK_T2_NOFMA static float qx_fit_avx2(int n, int nmax, const float *x, int8_t *L) {
+    enum { NC = 18, NV = 3 }; /* candidates is = -9..-1, 1..9 in lanes 0..17 */
+    float max, scale, best;
+    if (!qx_begin(n, nmax, x, L, &max, &scale, &best)) return 0.f;
+    const __m256i lo = _mm256_set1_epi32(-nmax), hi = _mm256_set1_epi32(nmax - 1);
+    __m256 isc[NV], slx[NV], sl2[NV];
+    for (int v = 0; v < NV; v++) {
+        __m256i c = _mm256_add_epi32(_mm256_set1_epi32(8 * v), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        /* is = c - 9 below 9, c - 8 from 9 on (lanes past 17: is 10..15, ignored) */
+        __m256i is = _mm256_sub_epi32(c, _mm256_add_epi32(_mm256_set1_epi32(9), _mm256_cmpgt_epi32(c, _mm256_set1_epi32(8))));
+        __m256 num = _mm256_add_ps(_mm256_set1_ps((float)nmax), _mm256_mul_ps(_mm256_set1_ps(0.1f), _mm256_cvtepi32_ps(is)));
+        isc[v] = _mm256_div_ps(_mm256_xor_ps(num, _mm256_set1_ps(-0.f)), _mm256_set1_ps(max));
+        slx[v] = sl2[v] = _mm256_setzero_ps();
+    }
+    for (int i = 0; i < n; i++) {
+        const float w = x[i] * x[i];
+        const __m256 vx = _mm256_set1_ps(x[i]), vw = _mm256_set1_ps(w), vwx = _mm256_set1_ps(w * x[i]);
+        for (int v = 0; v < NV; v++) {
+            __m256i li = _mm256_cvtps_epi32(_mm256_mul_ps(isc[v], vx));
+            __m256 l = _mm256_cvtepi32_ps(_mm256_min_epi32(_mm256_max_epi32(li, lo), hi));
+            slx[v] = _mm256_add_ps(slx[v], _mm256_mul_ps(vwx, l));
+            sl2[v] = _mm256_add_ps(sl2[v], _mm256_mul_ps(_mm256_mul_ps(vw, l), l));
+        }
+    }
+    _Alignas(32) float c_isc[8 * NV], c_slx[8 * NV], c_sl2[8 * NV];
+    for (int v = 0; v < NV; v++) {
+        _mm256_store_ps(c_isc + 8 * v, isc[v]);
+        _mm256_store_ps(c_slx + 8 * v, slx[v]);
+        _mm256_store_ps(c_sl2 + 8 * v, sl2[v]);
+    }
+    int win = -1;
+    for (int c = 0; c < NC; c++)
+        if (c_sl2[c] > 0 && c_slx[c] * c_slx[c] > best * c_sl2[c]) {
+            win = c;
+            scale = c_slx[c] / c_sl2[c];
+            best = scale * c_slx[c];
+        }
+    if (win >= 0)
+        for (int i = 0; i < n; i++) {
+            int l = lk_nearest(c_isc[win] * x[i]);
+            L[i] = (int8_t)(nmax + (l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l));
+        }
+    return scale;
+}
+
+/* Q6_K: per sub-block of 16 a 6-bit symmetric fit (qx_fit or its twin);
+ * the scales to int8 against d = max_scale / -128. */
+static void quant_q6_k_fit(const float *x, void *dst, int64_t n, float (*fit)(int, int, const float *, int8_t *)) {
     uint8_t *b = dst;
     for (int64_t ib = 0; ib < n / LK_QK_K; ib++, x += LK_QK_K, b += LK_Q6K_BYTES) {
         int8_t L[LK_QK_K];
         float scales[16], max_scale = 0, max_abs = 0;
         for (int j = 0; j < 16; j++) {
-            scales[j] = qx_fit(16, 32, x + 16 * j, L + 16 * j);
+            scales[j] = fit(16, 32, x + 16 * j, L + 16 * j);
             if (fabsf(scales[j]) > max_abs) { max_abs = fabsf(scales[j]); max_scale = scales[j]; }
         }
         if (max_abs < 1e-15f) {
@@ -499,14 +442,14 @@ static void quant_q6_k(const float *x, void *dst, int64_t n) {
         memcpy(b + LK_Q6K_D, &hd, 2);
         int8_t *sc = (int8_t *)(b + LK_Q6K_SC);
         for (int j = 0; j < 16; j++) {
-            int v = nearest(iscale * scales[j]);
+            int v = lk_nearest(iscale * scales[j]);
             sc[j] = (int8_t)(v < 127 ? v : 127);
         }
         for (int j = 0; j < 16; j++) {
             float d = lk_fp16_to_fp32(hd) * sc[j];
             if (d == 0) continue;
             for (int i = 0; i < 16; i++) {
-                int l = nearest(x[16 * j + i] / d);
+                int l = lk_nearest(x[16 * j + i] / d);
                 L[16 * j + i] = (int8_t)((l < -32 ? -32 : l > 31 ? 31 : l) + 32);
             }
         }
@@ -522,6 +465,8 @@ static void quant_q6_k(const float *x, void *dst, int64_t n) {
             }
     }
 }
+static void quant_q6_k(const float *x, void *dst, int64_t n) { quant_q6_k_fit(x, dst, n, qx_fit); }
+static void quant_q6_k_avx2(const float *x, void *dst, int64_t n) { quant_q6_k_fit(x, dst, n, qx_fit_avx2); }
 
 void lk_k23_fill_scalar(lk_quant_ops *ops) {
     ops->mm[LK_TYPE_Q2_K] = mm_q2_k;
@@ -529,7 +474,6 @@ void lk_k23_fill_scalar(lk_quant_ops *ops) {
     ops->mm[LK_TYPE_IQ4_XS] = mm_iq4_xs;
     ops->quant[LK_TYPE_Q2_K] = quant_q2_k;
     ops->quant[LK_TYPE_Q3_K] = quant_q3_k;
-    ops->quant[LK_TYPE_Q5_K] = quant_q5_k;
     ops->quant[LK_TYPE_Q6_K] = quant_q6_k;
 }
 
@@ -706,6 +650,8 @@ void lk_k23_fill_avx2(lk_quant_ops *ops) {
     ops->mm[LK_TYPE_Q2_K] = mm_q2ka2;
     ops->mm[LK_TYPE_Q3_K] = mm_q3ka2;
     ops->mm[LK_TYPE_IQ4_XS] = mm_iq4a2;
+    ops->quant[LK_TYPE_Q2_K] = quant_q2_k_avx2;
+    ops->quant[LK_TYPE_Q6_K] = quant_q6_k_avx2;
 }
 
 /* ===================================================================== */

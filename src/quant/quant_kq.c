@@ -1,24 +1,30 @@
-/* K-quant weight quantisers (for `gen-model --type q4_k` and `quantize`),
- * following the algorithm of ggml's reference quantiser for Q4_K (no
- * importance matrix): per 32-element sub-block a weighted least-squares fit
- * of scale and min over a small grid of candidate scales, then 6-bit packing
- * of the sub-block scales and mins against the super-block's d and dmin. The
+/* K-quant weight quantisers with a min (Q4_K, Q5_K: `gen-model --type q4_k`
+ * and `quantize`), following ggml's reference quantisers (no importance
+ * matrix): per 32-element sub-block a weighted least-squares fit of scale
+ * and min over a small grid of candidate scales, then 6-bit packing of the
+ * sub-block scales and mins against the super-block's d and dmin. The
  * weights favour large-magnitude elements (sqrt(mean x^2) + |x|). Matching
  * the reference makes our files byte-identical to llama-quantize's
- * (tests/test_quant.c checks against synth-llama-q4_k_m). */
+ * (tests/test_quant_kq.c checks against synth-llama-q4_k_m and q5_k_m).
+ *
+ * The fit itself (lk_kfit_scale_min) also serves Q2_K (quant_k23.c), and
+ * has an AVX2 twin that returns the same bits: the search is nearly all of
+ * the quantisers' time. */
 #include "quant/quant_impl.h"
 
+#include <immintrin.h>
 #include <math.h>
 #include <string.h>
 
-/* Round half to even, as ggml's nearest_int (the 1.5*2^23 trick). */
-static inline int nearest(float f) { return (int)nearbyintf(f); }
+/* What both versions of the search begin with: min (<= 0), max, the
+ * weight sums, and the first guess nmax / (max - min): its levels in L, its
+ * scale and weighted error. False for a constant sub-block (L zeroed,
+ * *neg_min set): nothing to search. */
+typedef struct { float min, max, sum_w, sum_x, scale, best; } kfit_start;
 
-/* Fits x ~ scale * L + min (min <= 0) with L in [0, nmax], minimising the
- * weighted squared error; tries nstep scales around nmax/(max-min). Returns
- * the scale and stores -min in *neg_min. */
-static float fit_scale_min(int n, int nmax, const float *x, const float *w, uint8_t *L, float *neg_min,
-                           uint8_t *Laux, float rmin, float rdelta, int nstep) {
+static bool kfit_begin(const lk_kfit *p, int n, const float *x, const float *w, uint8_t *L, float *neg_min,
+                       kfit_start *s) {
+    const int nmax = p->nmax;
     float min = x[0], max = x[0], sum_w = w[0], sum_x = sum_w * x[0];
     for (int i = 1; i < n; i++) {
         if (x[i] < min) min = x[i];
@@ -30,20 +36,34 @@ static float fit_scale_min(int n, int nmax, const float *x, const float *w, uint
     if (max == min) {
         memset(L, 0, (size_t)n);
         *neg_min = -min;
-        return 0.f;
+        return false;
     }
     float iscale = nmax / (max - min), scale = 1 / iscale, best = 0;
     for (int i = 0; i < n; i++) {
-        int l = nearest(iscale * (x[i] - min));
+        int l = lk_nearest(iscale * (x[i] - min));
         L[i] = (uint8_t)(l < 0 ? 0 : l > nmax ? nmax : l);
         float diff = scale * L[i] + min - x[i];
-        best += w[i] * diff * diff;
+        diff = p->use_mad ? fabsf(diff) : diff * diff;
+        best += w[i] * diff;
     }
-    for (int is = 0; is <= nstep; is++) {
-        iscale = (rmin + rdelta * is + nmax) / (max - min);
+    *s = (kfit_start){min, max, sum_w, sum_x, scale, best};
+    return true;
+}
+
+/* ggml's make_qkx2_quants, in its float operations and their order (the
+ * error is w * (diff * diff)). */
+float lk_kfit_scale_min(const lk_kfit *p, int n, const float *x, const float *w, uint8_t *L, float *neg_min) {
+    const int nmax = p->nmax;
+    uint8_t Laux[32];
+    LK_ASSERT(n <= 32);
+    kfit_start s0;
+    if (!kfit_begin(p, n, x, w, L, neg_min, &s0)) return 0.f;
+    float min = s0.min, max = s0.max, sum_w = s0.sum_w, sum_x = s0.sum_x, scale = s0.scale, best = s0.best;
+    for (int is = 0; is <= p->nstep; is++) {
+        float iscale = (p->rmin + p->rdelta * is + nmax) / (max - min);
         float sum_l = 0, sum_l2 = 0, sum_xl = 0;
         for (int i = 0; i < n; i++) {
-            int l = nearest(iscale * (x[i] - min));
+            int l = lk_nearest(iscale * (x[i] - min));
             l = l < 0 ? 0 : l > nmax ? nmax : l;
             Laux[i] = (uint8_t)l;
             sum_l += w[i] * l;
@@ -61,7 +81,8 @@ static float fit_scale_min(int n, int nmax, const float *x, const float *w, uint
             float err = 0;
             for (int i = 0; i < n; i++) {
                 float diff = this_scale * Laux[i] + this_min - x[i];
-                err += w[i] * diff * diff;
+                diff = p->use_mad ? fabsf(diff) : diff * diff;
+                err += w[i] * diff;
             }
             if (err < best) {
                 memcpy(L, Laux, (size_t)n);
@@ -75,51 +96,32 @@ static float fit_scale_min(int n, int nmax, const float *x, const float *w, uint
     return scale;
 }
 
-typedef float (*fit_fn)(int n, int nmax, const float *x, const float *w, uint8_t *L, float *neg_min,
-                        uint8_t *Laux, float rmin, float rdelta, int nstep);
-
 /* The same search, 8 candidate scales at a time in the lanes of a ymm (AVX2;
  * FMA deliberately not enabled, so no compiler may fuse a multiply and an
  * add here: every lane does the scalar code's float operations in its order,
- * so the result is the scalar one bit for bit; test_quant checks the bytes).
- * The reference's loop is sequential in one way: a candidate that wins
- * replaces `min`, and the later candidates use the new min (in x - min and
- * in max - min). So all remaining candidates are tried with the current
- * min, the first winner in candidate order is taken, and only the ones after
- * it are tried again with its min; a sub-block sees a few winners, so this
- * costs a few passes of 3 vectors instead of 21 scalar passes. */
+ * and rounds with vcvtps2dq, which lk_nearest mirrors, so the result is the
+ * scalar one bit for bit; test_quant_kq checks the bytes). The reference's
+ * loop is sequential in one way: a candidate that wins replaces `min`, and
+ * the later candidates use the new min (in x - min and in max - min). So
+ * all remaining candidates are tried with the current min, the first winner
+ * in candidate order is taken, and only the ones after it are tried again
+ * with its min; a sub-block sees a few winners, so this costs a few passes
+ * of 2-3 vectors instead of 16-21 scalar passes. */
 #define LK_T2 __attribute__((target("avx2")))
-#include <immintrin.h>
 
-LK_T2 static float fit_scale_min_avx2(int n, int nmax, const float *x, const float *w, uint8_t *L, float *neg_min,
-                                      uint8_t *Laux, float rmin, float rdelta, int nstep) {
+LK_T2 float lk_kfit_scale_min_avx2(const lk_kfit *p, int n, const float *x, const float *w, uint8_t *L,
+                                   float *neg_min) {
     enum { NMAX_N = 32, NMAX_C = 32 };
-    LK_ASSERT(n <= NMAX_N && nstep < NMAX_C);
-    float min = x[0], max = x[0], sum_w = w[0], sum_x = sum_w * x[0];
-    for (int i = 1; i < n; i++) {
-        if (x[i] < min) min = x[i];
-        if (x[i] > max) max = x[i];
-        sum_w += w[i];
-        sum_x += w[i] * x[i];
-    }
-    if (min > 0) min = 0;
-    if (max == min) {
-        memset(L, 0, (size_t)n);
-        *neg_min = -min;
-        return 0.f;
-    }
-    float iscale = nmax / (max - min), scale = 1 / iscale, best = 0;
-    for (int i = 0; i < n; i++) {
-        int l = nearest(iscale * (x[i] - min));
-        L[i] = (uint8_t)(l < 0 ? 0 : l > nmax ? nmax : l);
-        float diff = scale * L[i] + min - x[i];
-        best += w[i] * diff * diff;
-    }
-    (void)Laux;
+    const int nmax = p->nmax, nstep = p->nstep;
+    LK_ASSERT(n <= NMAX_N && nstep + 8 <= NMAX_C);
+    kfit_start s0;
+    if (!kfit_begin(p, n, x, w, L, neg_min, &s0)) return 0.f;
+    float min = s0.min, max = s0.max, sum_w = s0.sum_w, sum_x = s0.sum_x, scale = s0.scale, best = s0.best;
     float win_iscale = 0, win_min = 0; /* the last winner's iscale and the min it used */
     bool won = false;
-    const __m256 zero = _mm256_setzero_ps(), vmax = _mm256_set1_ps((float)nmax);
-    const __m256 vsw = _mm256_set1_ps(sum_w), vsx = _mm256_set1_ps(sum_x);
+    const __m256 zero = _mm256_setzero_ps(), vsw = _mm256_set1_ps(sum_w), vsx = _mm256_set1_ps(sum_x);
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    const __m256i izero = _mm256_setzero_si256(), imax = _mm256_set1_epi32(nmax);
     _Alignas(32) float c_err[NMAX_C], c_scale[NMAX_C], c_min[NMAX_C], c_isc[NMAX_C];
     _Alignas(32) int32_t c_ok[NMAX_C];
     for (int is0 = 0; is0 <= nstep;) {
@@ -127,14 +129,13 @@ LK_T2 static float fit_scale_min_avx2(int n, int nmax, const float *x, const flo
         for (int c0 = is0; c0 <= nstep; c0 += 8) {
             /* lanes: candidates c0..c0+7 (those past nstep are computed and ignored) */
             __m256 isv = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_set1_epi32(c0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
-            __m256 isc = _mm256_div_ps(_mm256_add_ps(_mm256_add_ps(_mm256_set1_ps(rmin), _mm256_mul_ps(_mm256_set1_ps(rdelta), isv)),
+            __m256 isc = _mm256_div_ps(_mm256_add_ps(_mm256_add_ps(_mm256_set1_ps(p->rmin), _mm256_mul_ps(_mm256_set1_ps(p->rdelta), isv)),
                                                      _mm256_set1_ps((float)nmax)),
                                        _mm256_set1_ps(range));
             __m256 sl = zero, sl2 = zero, sxl = zero, lv[NMAX_N];
             for (int i = 0; i < n; i++) {
-                __m256 l = _mm256_round_ps(_mm256_mul_ps(isc, _mm256_set1_ps(x[i] - min)),
-                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-                l = _mm256_min_ps(_mm256_max_ps(l, zero), vmax);
+                __m256i li = _mm256_cvtps_epi32(_mm256_mul_ps(isc, _mm256_set1_ps(x[i] - min)));
+                __m256 l = _mm256_cvtepi32_ps(_mm256_min_epi32(_mm256_max_epi32(li, izero), imax));
                 lv[i] = l;
                 __m256 wl = _mm256_mul_ps(_mm256_set1_ps(w[i]), l);
                 sl = _mm256_add_ps(sl, wl);
@@ -150,7 +151,8 @@ LK_T2 static float fit_scale_min_avx2(int n, int nmax, const float *x, const flo
             __m256 err = zero;
             for (int i = 0; i < n; i++) {
                 __m256 diff = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(tsc, lv[i]), tmn), _mm256_set1_ps(x[i]));
-                err = _mm256_add_ps(err, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(w[i]), diff), diff));
+                diff = p->use_mad ? _mm256_andnot_ps(sign, diff) : _mm256_mul_ps(diff, diff);
+                err = _mm256_add_ps(err, _mm256_mul_ps(_mm256_set1_ps(w[i]), diff));
             }
             const int k = c0; /* arrays are NMAX_C long: lanes past nstep land in spare slots */
             _mm256_storeu_ps(c_err + k, err);
@@ -173,17 +175,23 @@ LK_T2 static float fit_scale_min_avx2(int n, int nmax, const float *x, const flo
     }
     if (won)
         for (int i = 0; i < n; i++) {
-            int l = nearest(win_iscale * (x[i] - win_min));
+            int l = lk_nearest(win_iscale * (x[i] - win_min));
             L[i] = (uint8_t)(l < 0 ? 0 : l > nmax ? nmax : l);
         }
     *neg_min = -min;
     return scale;
 }
 
-static void quantize_row_q4_k(const float *x, void *dst, int64_t n, fit_fn fit) {
+/* Q4_K (bits 4) and Q5_K (bits 5): the same fit per sub-block of 32 on
+ * their grids (ggml's: Q4_K 21 scales from nmax - 1, Q5_K 16 from
+ * nmax - 0.5), the same 6-bit scale packing; they differ in the packing of
+ * the levels (Q5_K's fifth bits in qh). */
+static void quantize_row_k45(const int bits, const float *x, void *dst, int64_t n, lk_kfit_fn fit) {
+    const lk_kfit p = bits == 4 ? (lk_kfit){15, 20, -1.f, 0.1f, false} : (lk_kfit){31, 15, -0.5f, 0.1f, false};
+    const size_t bb = bits == 4 ? LK_Q4K_BYTES : LK_Q5K_BYTES;
     uint8_t *b = dst;
-    for (int64_t ib = 0; ib < n / LK_QK_K; ib++, x += LK_QK_K, b += LK_Q4K_BYTES) {
-        uint8_t L[LK_QK_K], Laux[32];
+    for (int64_t ib = 0; ib < n / LK_QK_K; ib++, x += LK_QK_K, b += bb) {
+        uint8_t L[LK_QK_K];
         float w[32], mins[8], scales[8], max_scale = 0, max_min = 0;
         for (int j = 0; j < 8; j++) {
             const float *xs = x + 32 * j;
@@ -191,15 +199,15 @@ static void quantize_row_q4_k(const float *x, void *dst, int64_t n, fit_fn fit) 
             for (int l = 0; l < 32; l++) sum_x2 += xs[l] * xs[l];
             float av_x = sqrtf(sum_x2 / 32);
             for (int l = 0; l < 32; l++) w[l] = av_x + fabsf(xs[l]);
-            scales[j] = fit(32, 15, xs, w, L + 32 * j, &mins[j], Laux, -1.f, 0.1f, 20);
+            scales[j] = fit(&p, 32, xs, w, L + 32 * j, &mins[j]);
             if (scales[j] > max_scale) max_scale = scales[j];
             if (mins[j] > max_min) max_min = mins[j];
         }
         float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f, inv_min = max_min > 0 ? 63.f / max_min : 0.f;
-        uint8_t *sc = b + LK_Q4K_SC;
+        uint8_t *sc = b + LK_Q4K_SC; /* = LK_Q5K_SC */
         memset(sc, 0, 12);
         for (int j = 0; j < 8; j++) {
-            int ls = nearest(inv_scale * scales[j]), lm = nearest(inv_min * mins[j]);
+            int ls = lk_nearest(inv_scale * scales[j]), lm = lk_nearest(inv_min * mins[j]);
             ls = ls > 63 ? 63 : ls;
             lm = lm > 63 ? 63 : lm;
             /* 6-bit packing: sub-blocks 0-3 in the low 6 bits of bytes 0-3
@@ -225,18 +233,36 @@ static void quantize_row_q4_k(const float *x, void *dst, int64_t n, fit_fn fit) 
             if (d == 0) continue;
             const float dm = dmin_all * m;
             for (int l = 0; l < 32; l++) {
-                int v = nearest((x[32 * j + l] + dm) / d);
-                L[32 * j + l] = (uint8_t)(v < 0 ? 0 : v > 15 ? 15 : v);
+                int v = lk_nearest((x[32 * j + l] + dm) / d);
+                L[32 * j + l] = (uint8_t)(v < 0 ? 0 : v > p.nmax ? p.nmax : v);
             }
         }
-        uint8_t *q = b + LK_Q4K_QS;
-        for (int j = 0; j < LK_QK_K; j += 64, q += 32)
-            for (int l = 0; l < 32; l++) q[l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 4));
+        if (bits == 4) {
+            uint8_t *q = b + LK_Q4K_QS;
+            for (int j = 0; j < LK_QK_K; j += 64, q += 32)
+                for (int l = 0; l < 32; l++) q[l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 4));
+            continue;
+        }
+        /* Q5_K: low nibbles as Q4_K; the fifth bit of element j + l (j a
+         * multiple of 64) in bit j/32 of qh[l], of j + l + 32 in bit j/32 + 1 */
+        uint8_t *qh = b + LK_Q5K_QH, *ql = b + LK_Q5K_QS;
+        memset(qh, 0, 32);
+        uint8_t m1 = 1, m2 = 2;
+        for (int j = 0; j < LK_QK_K; j += 64, ql += 32, m1 <<= 2, m2 <<= 2)
+            for (int l = 0; l < 32; l++) {
+                int l1 = L[j + l], l2 = L[j + l + 32];
+                if (l1 > 15) { l1 -= 16; qh[l] |= m1; }
+                if (l2 > 15) { l2 -= 16; qh[l] |= m2; }
+                ql[l] = (uint8_t)(l1 | l2 << 4);
+            }
     }
 }
 
-void lk_quantize_row_q4_k(const float *x, void *dst, int64_t n) { quantize_row_q4_k(x, dst, n, fit_scale_min); }
-
+void lk_quantize_row_q4_k(const float *x, void *dst, int64_t n) { quantize_row_k45(4, x, dst, n, lk_kfit_scale_min); }
 void lk_quantize_row_q4_k_avx2(const float *x, void *dst, int64_t n) {
-    quantize_row_q4_k(x, dst, n, fit_scale_min_avx2);
+    quantize_row_k45(4, x, dst, n, lk_kfit_scale_min_avx2);
+}
+void lk_quantize_row_q5_k(const float *x, void *dst, int64_t n) { quantize_row_k45(5, x, dst, n, lk_kfit_scale_min); }
+void lk_quantize_row_q5_k_avx2(const float *x, void *dst, int64_t n) {
+    quantize_row_k45(5, x, dst, n, lk_kfit_scale_min_avx2);
 }
