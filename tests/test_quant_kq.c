@@ -11,7 +11,7 @@
 #include <math.h>
 
 #include "gguf/gguf.h"
-#include "quant/quant.h"
+#include "quant/quant_impl.h"
 
 static const char *k_levels[] = {"scalar", "avx2", "avx512"};
 
@@ -127,7 +127,30 @@ TEST(kquant_levels_identical_to_scalar) {
     free(x); free(ref); free(got);
 }
 
+/* lk_nearest (the quantisers' rounding) is nearbyintf and a cast, with NaN
+ * and values past int's range giving INT_MIN as the AVX2 twins' vcvtps2dq:
+ * every float of magnitude below 2^24 whose bit pattern is a multiple of 61
+ * (both signs; the fast path ends at 2^22), ties, and the edges. */
+TEST(nearest_is_nearbyintf) {
+    long bad = 0, n = 0;
+    for (uint32_t u = 0; u < 0x4B800000u; u += 61)
+        for (int sgn = 0; sgn < 2; sgn++, n++) {
+            float f;
+            uint32_t v = u | (uint32_t)sgn << 31;
+            memcpy(&f, &v, 4);
+            if (lk_nearest(f) != (int)nearbyintf(f) && bad++ < 4) printf("  %a: %d, nearbyintf %g\n", f, lk_nearest(f), nearbyintf(f));
+        }
+    static const float ties[] = {0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, 4194303.5f, -4194303.5f, 4194304.f, 4194305.f,
+                                 8388607.5f, 2147483520.f, -2147483648.f};
+    for (size_t i = 0; i < sizeof ties / sizeof ties[0]; i++)
+        CHECKF(lk_nearest(ties[i]) == (int)nearbyintf(ties[i]), "%a: %d", ties[i], lk_nearest(ties[i]));
+    CHECKF(bad == 0, "%ld of %ld floats round differently", bad, n);
+    static const float out[] = {2147483648.f, -2147483904.f, 3e38f, -3e38f, INFINITY, -INFINITY, NAN};
+    for (size_t i = 0; i < sizeof out / sizeof out[0]; i++) CHECKF(lk_nearest(out[i]) == INT_MIN, "%g: %d", out[i], lk_nearest(out[i]));
+}
+
 int main(void) {
+    RUN(nearest_is_nearbyintf);
     RUN(kquant_rows_identical_to_llama_quantize);
     RUN(kquant_levels_identical_to_scalar);
     return lk_test_end();

@@ -102,76 +102,76 @@ float lk_kfit_scale_min(const lk_kfit *p, int n, const float *x, const float *w,
  * and rounds with vcvtps2dq, which lk_nearest mirrors, so the result is the
  * scalar one bit for bit; test_quant_kq checks the bytes). The reference's
  * loop is sequential in one way: a candidate that wins replaces `min`, and
- * the later candidates use the new min (in x - min and in max - min). So
- * all remaining candidates are tried with the current min, the first winner
- * in candidate order is taken, and only the ones after it are tried again
- * with its min; a sub-block sees a few winners, so this costs a few passes
- * of 2-3 vectors instead of 16-21 scalar passes. */
+ * the later candidates use the new min (in x - min and in max - min). So a
+ * window of 8 candidates is tried with the current min, the first winner
+ * in it is taken, and the next window starts just after it (after the
+ * window when none won): each candidate the reference tries with some min
+ * is tried here with the same min, in a few windows instead of 16-21
+ * scalar passes. */
 #define LK_T2 __attribute__((target("avx2")))
 
 LK_T2 float lk_kfit_scale_min_avx2(const lk_kfit *p, int n, const float *x, const float *w, uint8_t *L,
                                    float *neg_min) {
-    enum { NMAX_N = 32, NMAX_C = 32 };
+    enum { NMAX_N = 32 };
     const int nmax = p->nmax, nstep = p->nstep;
-    LK_ASSERT(n <= NMAX_N && nstep + 8 <= NMAX_C);
+    LK_ASSERT(n <= NMAX_N);
     kfit_start s0;
     if (!kfit_begin(p, n, x, w, L, neg_min, &s0)) return 0.f;
-    float min = s0.min, max = s0.max, sum_w = s0.sum_w, sum_x = s0.sum_x, scale = s0.scale, best = s0.best;
+    float min = s0.min, scale = s0.scale, best = s0.best;
+    const float max = s0.max;
     float win_iscale = 0, win_min = 0; /* the last winner's iscale and the min it used */
     bool won = false;
-    const __m256 zero = _mm256_setzero_ps(), vsw = _mm256_set1_ps(sum_w), vsx = _mm256_set1_ps(sum_x);
+    const __m256 zero = _mm256_setzero_ps(), vsw = _mm256_set1_ps(s0.sum_w), vsx = _mm256_set1_ps(s0.sum_x);
     const __m256 sign = _mm256_set1_ps(-0.f);
     const __m256i izero = _mm256_setzero_si256(), imax = _mm256_set1_epi32(nmax);
-    _Alignas(32) float c_err[NMAX_C], c_scale[NMAX_C], c_min[NMAX_C], c_isc[NMAX_C];
-    _Alignas(32) int32_t c_ok[NMAX_C];
-    for (int is0 = 0; is0 <= nstep;) {
-        const float range = max - min;
-        for (int c0 = is0; c0 <= nstep; c0 += 8) {
-            /* lanes: candidates c0..c0+7 (those past nstep are computed and ignored) */
-            __m256 isv = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_set1_epi32(c0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
-            __m256 isc = _mm256_div_ps(_mm256_add_ps(_mm256_add_ps(_mm256_set1_ps(p->rmin), _mm256_mul_ps(_mm256_set1_ps(p->rdelta), isv)),
-                                                     _mm256_set1_ps((float)nmax)),
-                                       _mm256_set1_ps(range));
-            __m256 sl = zero, sl2 = zero, sxl = zero, lv[NMAX_N];
-            for (int i = 0; i < n; i++) {
-                __m256i li = _mm256_cvtps_epi32(_mm256_mul_ps(isc, _mm256_set1_ps(x[i] - min)));
-                __m256 l = _mm256_cvtepi32_ps(_mm256_min_epi32(_mm256_max_epi32(li, izero), imax));
-                lv[i] = l;
-                __m256 wl = _mm256_mul_ps(_mm256_set1_ps(w[i]), l);
-                sl = _mm256_add_ps(sl, wl);
-                sl2 = _mm256_add_ps(sl2, _mm256_mul_ps(wl, l));
-                sxl = _mm256_add_ps(sxl, _mm256_mul_ps(wl, _mm256_set1_ps(x[i])));
-            }
-            __m256 D = _mm256_sub_ps(_mm256_mul_ps(vsw, sl2), _mm256_mul_ps(sl, sl));
-            __m256 tsc = _mm256_div_ps(_mm256_sub_ps(_mm256_mul_ps(vsw, sxl), _mm256_mul_ps(vsx, sl)), D);
-            __m256 tmn = _mm256_div_ps(_mm256_sub_ps(_mm256_mul_ps(sl2, vsx), _mm256_mul_ps(sl, sxl)), D);
-            __m256 pos = _mm256_cmp_ps(tmn, zero, _CMP_GT_OQ);
-            tmn = _mm256_blendv_ps(tmn, zero, pos);
-            tsc = _mm256_blendv_ps(tsc, _mm256_div_ps(sxl, sl2), pos);
-            __m256 err = zero;
-            for (int i = 0; i < n; i++) {
-                __m256 diff = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(tsc, lv[i]), tmn), _mm256_set1_ps(x[i]));
-                diff = p->use_mad ? _mm256_andnot_ps(sign, diff) : _mm256_mul_ps(diff, diff);
-                err = _mm256_add_ps(err, _mm256_mul_ps(_mm256_set1_ps(w[i]), diff));
-            }
-            const int k = c0; /* arrays are NMAX_C long: lanes past nstep land in spare slots */
-            _mm256_storeu_ps(c_err + k, err);
-            _mm256_storeu_ps(c_scale + k, tsc);
-            _mm256_storeu_ps(c_min + k, tmn);
-            _mm256_storeu_ps(c_isc + k, isc);
-            _mm256_storeu_si256((__m256i *)(c_ok + k), _mm256_castps_si256(_mm256_cmp_ps(D, zero, _CMP_GT_OQ)));
+    for (int c0 = 0; c0 <= nstep;) {
+        /* lanes: candidates c0..c0+7 (those past nstep are computed and ignored) */
+        __m256 isv = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_set1_epi32(c0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+        __m256 isc = _mm256_div_ps(_mm256_add_ps(_mm256_add_ps(_mm256_set1_ps(p->rmin), _mm256_mul_ps(_mm256_set1_ps(p->rdelta), isv)),
+                                                 _mm256_set1_ps((float)nmax)),
+                                   _mm256_set1_ps(max - min));
+        __m256 sl = zero, sl2 = zero, sxl = zero, lv[NMAX_N];
+        for (int i = 0; i < n; i++) {
+            __m256i li = _mm256_cvtps_epi32(_mm256_mul_ps(isc, _mm256_set1_ps(x[i] - min)));
+            __m256 l = _mm256_cvtepi32_ps(_mm256_min_epi32(_mm256_max_epi32(li, izero), imax));
+            lv[i] = l;
+            __m256 wl = _mm256_mul_ps(_mm256_set1_ps(w[i]), l);
+            sl = _mm256_add_ps(sl, wl);
+            sl2 = _mm256_add_ps(sl2, _mm256_mul_ps(wl, l));
+            sxl = _mm256_add_ps(sxl, _mm256_mul_ps(wl, _mm256_set1_ps(x[i])));
         }
-        int win = -1;
-        for (int is = is0; is <= nstep; is++)
-            if (c_ok[is] && c_err[is] < best) { win = is; break; }
-        if (win < 0) break;
-        best = c_err[win];
-        scale = c_scale[win];
-        win_iscale = c_isc[win];
+        __m256 D = _mm256_sub_ps(_mm256_mul_ps(vsw, sl2), _mm256_mul_ps(sl, sl));
+        __m256 tsc = _mm256_div_ps(_mm256_sub_ps(_mm256_mul_ps(vsw, sxl), _mm256_mul_ps(vsx, sl)), D);
+        __m256 tmn = _mm256_div_ps(_mm256_sub_ps(_mm256_mul_ps(sl2, vsx), _mm256_mul_ps(sl, sxl)), D);
+        __m256 pos = _mm256_cmp_ps(tmn, zero, _CMP_GT_OQ);
+        tmn = _mm256_blendv_ps(tmn, zero, pos);
+        tsc = _mm256_blendv_ps(tsc, _mm256_div_ps(sxl, sl2), pos);
+        __m256 err = zero;
+        for (int i = 0; i < n; i++) {
+            __m256 diff = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(tsc, lv[i]), tmn), _mm256_set1_ps(x[i]));
+            diff = p->use_mad ? _mm256_andnot_ps(sign, diff) : _mm256_mul_ps(diff, diff);
+            err = _mm256_add_ps(err, _mm256_mul_ps(_mm256_set1_ps(w[i]), diff));
+        }
+        /* the winners: D > 0 and err < best (ordered: NaN never wins) */
+        __m256 ok = _mm256_and_ps(_mm256_cmp_ps(D, zero, _CMP_GT_OQ), _mm256_cmp_ps(err, _mm256_set1_ps(best), _CMP_LT_OQ));
+        unsigned mask = (unsigned)_mm256_movemask_ps(ok) & (nstep - c0 >= 7 ? 0xFFu : (1u << (nstep - c0 + 1)) - 1);
+        if (!mask) {
+            c0 += 8;
+            continue;
+        }
+        const int k = __builtin_ctz(mask);
+        _Alignas(32) float c_err[8], c_scale[8], c_min[8], c_isc[8];
+        _mm256_store_ps(c_err, err);
+        _mm256_store_ps(c_scale, tsc);
+        _mm256_store_ps(c_min, tmn);
+        _mm256_store_ps(c_isc, isc);
+        best = c_err[k];
+        scale = c_scale[k];
+        win_iscale = c_isc[k];
         win_min = min;
-        min = c_min[win];
+        min = c_min[k];
         won = true;
-        is0 = win + 1;
+        c0 += k + 1;
     }
     if (won)
         for (int i = 0; i < n; i++) {
