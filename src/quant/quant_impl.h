@@ -193,8 +193,19 @@ typedef struct {
 typedef float (*lk_kfit_fn)(const lk_kfit *p, int n, const float *x, const float *w, uint8_t *L, float *neg_min);
 float lk_kfit_scale_min(const lk_kfit *p, int n, const float *x, const float *w, uint8_t *L, float *neg_min);
 float lk_kfit_scale_min_avx2(const lk_kfit *p, int n, const float *x, const float *w, uint8_t *L, float *neg_min);
+/* L[i] = clamp(lk_nearest((x[i] + dm) / d), 0, nmax) for i < n (a multiple
+ * of 8): a sub-block's levels against its final scale d and min -dm. */
+typedef void (*lk_klevels_fn)(const float *x, int n, float dm, float d, int nmax, uint8_t *L);
+void lk_klevels(const float *x, int n, float dm, float d, int nmax, uint8_t *L);
+void lk_klevels_avx2(const float *x, int n, float dm, float d, int nmax, uint8_t *L);
+/* A level's search and levels: scalar, or the AVX2 twins (the same bytes). */
+typedef struct {
+    lk_kfit_fn    fit;
+    lk_klevels_fn levels;
+} lk_kq_impl;
+extern const lk_kq_impl lk_kq_scalar, lk_kq_avx2;
 /* ggml's reference Q4_K and Q5_K quantisers (weights); the _avx2 ones give
- * the same bytes through lk_kfit_scale_min_avx2 (AVX2 level and up). */
+ * the same bytes through the _avx2 search and levels (AVX2 level and up). */
 void lk_quantize_row_q4_k(const float *x, void *dst, int64_t n);
 void lk_quantize_row_q4_k_avx2(const float *x, void *dst, int64_t n);
 void lk_quantize_row_q5_k(const float *x, void *dst, int64_t n);

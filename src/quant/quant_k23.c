@@ -166,9 +166,9 @@ LK_SCALAR_MM(iq4_xs, LK_TYPE_IQ4_XS)
 /* ===================================================================== */
 
 /* Q2_K: per sub-block of 16 a scale/min fit (quant_kq.c's, or its AVX2
- * twin: the same bits) with |x| weights and absolute error; scales and
+ * twins: the same bits) with |x| weights and absolute error; scales and
  * mins to 4 bits against the super-block's d, dmin. */
-static void quant_q2_k_fit(const float *x, void *dst, int64_t n, lk_kfit_fn fit) {
+static void quant_q2_k_with(const float *x, void *dst, int64_t n, const lk_kq_impl *im) {
     static const lk_kfit grid = {3, 15, -0.5f, 0.1f, true};
     uint8_t *b = dst;
     for (int64_t ib = 0; ib < n / LK_QK_K; ib++, x += LK_QK_K, b += LK_Q2K_BYTES) {
@@ -176,7 +176,7 @@ static void quant_q2_k_fit(const float *x, void *dst, int64_t n, lk_kfit_fn fit)
         float w[16], mins[16], scales[16], max_scale = 0, max_min = 0;
         for (int j = 0; j < 16; j++) {
             for (int l = 0; l < 16; l++) w[l] = fabsf(x[16 * j + l]);
-            scales[j] = fit(&grid, 16, x + 16 * j, w, L + 16 * j, &mins[j]);
+            scales[j] = im->fit(&grid, 16, x + 16 * j, w, L + 16 * j, &mins[j]);
             if (scales[j] > max_scale) max_scale = scales[j];
             if (mins[j] > max_min) max_min = mins[j];
         }
@@ -199,11 +199,7 @@ static void quant_q2_k_fit(const float *x, void *dst, int64_t n, lk_kfit_fn fit)
         for (int j = 0; j < 16; j++) {
             const float d = lk_fp16_to_fp32(hd) * (float)(sc[j] & 0xF);
             if (d == 0) continue;
-            const float dm = lk_fp16_to_fp32(hm) * (float)(sc[j] >> 4);
-            for (int i = 0; i < 16; i++) {
-                int l = lk_nearest((x[16 * j + i] + dm) / d);
-                L[16 * j + i] = (uint8_t)(l < 0 ? 0 : l > 3 ? 3 : l);
-            }
+            im->levels(x + 16 * j, 16, lk_fp16_to_fp32(hm) * (float)(sc[j] >> 4), d, 3, L + 16 * j);
         }
         uint8_t *qs = b + LK_Q2K_QS;
         for (int j = 0; j < LK_QK_K; j += 128)
@@ -211,8 +207,8 @@ static void quant_q2_k_fit(const float *x, void *dst, int64_t n, lk_kfit_fn fit)
                 qs[j / 4 + l] = (uint8_t)(L[j + l] | L[j + l + 32] << 2 | L[j + l + 64] << 4 | L[j + l + 96] << 6);
     }
 }
-static void quant_q2_k(const float *x, void *dst, int64_t n) { quant_q2_k_fit(x, dst, n, lk_kfit_scale_min); }
-static void quant_q2_k_avx2(const float *x, void *dst, int64_t n) { quant_q2_k_fit(x, dst, n, lk_kfit_scale_min_avx2); }
+static void quant_q2_k(const float *x, void *dst, int64_t n) { quant_q2_k_with(x, dst, n, &lk_kq_scalar); }
+static void quant_q2_k_avx2(const float *x, void *dst, int64_t n) { quant_q2_k_with(x, dst, n, &lk_kq_avx2); }
 
 /* ggml's make_q3_quants with rmse: L in [-nmax, nmax-1] for the scale
  * -nmax/max (max: the signed element of largest magnitude), then up to 5

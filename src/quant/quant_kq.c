@@ -182,11 +182,34 @@ LK_T2 float lk_kfit_scale_min_avx2(const lk_kfit *p, int n, const float *x, cons
     return scale;
 }
 
+void lk_klevels(const float *x, int n, float dm, float d, int nmax, uint8_t *L) {
+    for (int i = 0; i < n; i++) {
+        int v = lk_nearest((x[i] + dm) / d);
+        L[i] = (uint8_t)(v < 0 ? 0 : v > nmax ? nmax : v);
+    }
+}
+
+/* The same per element, 8 at a time (vdivps is vdivss 8 times over). */
+LK_T2 void lk_klevels_avx2(const float *x, int n, float dm, float d, int nmax, uint8_t *L) {
+    const __m256 vdm = _mm256_set1_ps(dm), vd = _mm256_set1_ps(d);
+    const __m256i hi = _mm256_set1_epi32(nmax);
+    LK_ASSERT(n % 8 == 0);
+    for (int i = 0; i < n; i += 8) {
+        __m256i q = _mm256_cvtps_epi32(_mm256_div_ps(_mm256_add_ps(_mm256_loadu_ps(x + i), vdm), vd));
+        q = _mm256_min_epi32(_mm256_max_epi32(q, _mm256_setzero_si256()), hi);
+        __m128i q16 = _mm_packus_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+        _mm_storel_epi64((__m128i *)(L + i), _mm_packus_epi16(q16, q16));
+    }
+}
+
+const lk_kq_impl lk_kq_scalar = {lk_kfit_scale_min, lk_klevels};
+const lk_kq_impl lk_kq_avx2 = {lk_kfit_scale_min_avx2, lk_klevels_avx2};
+
 /* Q4_K (bits 4) and Q5_K (bits 5): the same fit per sub-block of 32 on
  * their grids (ggml's: Q4_K 21 scales from nmax - 1, Q5_K 16 from
  * nmax - 0.5), the same 6-bit scale packing; they differ in the packing of
  * the levels (Q5_K's fifth bits in qh). */
-static void quantize_row_k45(const int bits, const float *x, void *dst, int64_t n, lk_kfit_fn fit) {
+static void quantize_row_k45(const int bits, const float *x, void *dst, int64_t n, const lk_kq_impl *im) {
     const lk_kfit p = bits == 4 ? (lk_kfit){15, 20, -1.f, 0.1f, false} : (lk_kfit){31, 15, -0.5f, 0.1f, false};
     const size_t bb = bits == 4 ? LK_Q4K_BYTES : LK_Q5K_BYTES;
     uint8_t *b = dst;
@@ -199,7 +222,7 @@ static void quantize_row_k45(const int bits, const float *x, void *dst, int64_t 
             for (int l = 0; l < 32; l++) sum_x2 += xs[l] * xs[l];
             float av_x = sqrtf(sum_x2 / 32);
             for (int l = 0; l < 32; l++) w[l] = av_x + fabsf(xs[l]);
-            scales[j] = fit(&p, 32, xs, w, L + 32 * j, &mins[j]);
+            scales[j] = im->fit(&p, 32, xs, w, L + 32 * j, &mins[j]);
             if (scales[j] > max_scale) max_scale = scales[j];
             if (mins[j] > max_min) max_min = mins[j];
         }
@@ -231,11 +254,7 @@ static void quantize_row_k45(const int bits, const float *x, void *dst, int64_t 
             lk_k_scale_min(j, sc, &s, &m);
             const float d = d_all * s;
             if (d == 0) continue;
-            const float dm = dmin_all * m;
-            for (int l = 0; l < 32; l++) {
-                int v = lk_nearest((x[32 * j + l] + dm) / d);
-                L[32 * j + l] = (uint8_t)(v < 0 ? 0 : v > p.nmax ? p.nmax : v);
-            }
+            im->levels(x + 32 * j, 32, dmin_all * m, d, p.nmax, L + 32 * j);
         }
         if (bits == 4) {
             uint8_t *q = b + LK_Q4K_QS;
@@ -258,11 +277,11 @@ static void quantize_row_k45(const int bits, const float *x, void *dst, int64_t 
     }
 }
 
-void lk_quantize_row_q4_k(const float *x, void *dst, int64_t n) { quantize_row_k45(4, x, dst, n, lk_kfit_scale_min); }
+void lk_quantize_row_q4_k(const float *x, void *dst, int64_t n) { quantize_row_k45(4, x, dst, n, &lk_kq_scalar); }
 void lk_quantize_row_q4_k_avx2(const float *x, void *dst, int64_t n) {
-    quantize_row_k45(4, x, dst, n, lk_kfit_scale_min_avx2);
+    quantize_row_k45(4, x, dst, n, &lk_kq_avx2);
 }
-void lk_quantize_row_q5_k(const float *x, void *dst, int64_t n) { quantize_row_k45(5, x, dst, n, lk_kfit_scale_min); }
+void lk_quantize_row_q5_k(const float *x, void *dst, int64_t n) { quantize_row_k45(5, x, dst, n, &lk_kq_scalar); }
 void lk_quantize_row_q5_k_avx2(const float *x, void *dst, int64_t n) {
-    quantize_row_k45(5, x, dst, n, lk_kfit_scale_min_avx2);
+    quantize_row_k45(5, x, dst, n, &lk_kq_avx2);
 }
