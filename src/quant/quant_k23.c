@@ -191,7 +191,7 @@ static void quant_q2_k_with(const float *x, void *dst, int64_t n, const lk_kq_im
         }
         if (max_min > 0) {
             float iscale = 15.f / max_min;
-            for (int j = 0; j < 16; j++) sc[j] |= (uint8_t)(lk_nearest(iscale * mins[j]) << 4);
+            for (int j = 0; j < 16; j++) sc[j] |= (uint8_t)((unsigned)lk_nearest(iscale * mins[j]) << 4); /* unsigned: a NaN min's INT_MIN shifts defined */
             hm = lk_fp32_to_fp16(max_min / 15.f);
         }
         memcpy(b + LK_Q2K_D, &hd, 2);

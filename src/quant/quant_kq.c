@@ -241,8 +241,8 @@ static void quantize_row_k45(const int bits, const float *x, void *dst, int64_t 
                 sc[j + 4] = (uint8_t)lm;
             } else {
                 sc[j + 4] = (uint8_t)((ls & 0xF) | ((lm & 0xF) << 4));
-                sc[j - 4] |= (uint8_t)((ls >> 4) << 6);
-                sc[j] |= (uint8_t)((lm >> 4) << 6);
+                sc[j - 4] |= (uint8_t)((unsigned)ls >> 4 << 6); /* unsigned: the same low bits, */
+                sc[j] |= (uint8_t)((unsigned)lm >> 4 << 6);     /* defined for a NaN's INT_MIN */
             }
         }
         uint16_t hd = lk_fp32_to_fp16(max_scale / 63.f), hm = lk_fp32_to_fp16(max_min / 63.f);
