@@ -153,6 +153,20 @@ TEST(quantize_known_vectors) {
     CHECK(nz == 0);
 }
 
+/* x[0..n) quantised to t and back: every element within num * amax / den,
+ * amax the largest |x| of its block of bs. */
+static void check_block_roundtrip(lk_type t, int bs, float num, float den, const float *x, float *y, uint8_t *q,
+                                  int n) {
+    lk_quantize_row(t, x, q, n);
+    lk_dequantize_row(t, q, y, n);
+    for (int b = 0; b < n / bs; b++) {
+        float amax = 0;
+        for (int j = 0; j < bs; j++) amax = fmaxf(amax, fabsf(x[bs * b + j]));
+        for (int j = 0; j < bs; j++)
+            CHECKF(fabsf(x[bs * b + j] - y[bs * b + j]) <= num * amax / den, "%s %d", lk_type_name(t), bs * b + j);
+    }
+}
+
 TEST(quantize_roundtrip_bounds) {
     enum { N = 4096 };
     float *x = malloc(N * 4), *y = malloc(N * 4);
@@ -160,33 +174,12 @@ TEST(quantize_roundtrip_bounds) {
     for (int i = 0; i < N; i++) x[i] = rnd_gauss() * (i % 97 == 0 ? 8 : 1);
     /* Q8_0: q = round(x/d), then dequantised with fp16(d): error <= d/2 plus
      * 127 * |d - fp16(d)| <= 127 * d * 2^-11; 0.57 d covers both. */
-    lk_quantize_row(LK_TYPE_Q8_0, x, q, N);
-    lk_dequantize_row(LK_TYPE_Q8_0, q, y, N);
-    for (int b = 0; b < N / 32; b++) {
-        float amax = 0;
-        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[32 * b + j]));
-        for (int j = 0; j < 32; j++)
-            CHECKF(fabsf(x[32 * b + j] - y[32 * b + j]) <= 0.57f * amax / 127, "q8_0 %d", 32 * b + j);
-    }
+    check_block_roundtrip(LK_TYPE_Q8_0, 32, 0.57f, 127, x, y, q, N);
     /* Q4_0: step |d| = amax/8; rounding error <= |d|/2, but the side opposite
      * the max is clamped at +7 steps, so up to |d| (+ fp16 rounding of d). */
-    lk_quantize_row(LK_TYPE_Q4_0, x, q, N);
-    lk_dequantize_row(LK_TYPE_Q4_0, q, y, N);
-    for (int b = 0; b < N / 32; b++) {
-        float amax = 0;
-        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[32 * b + j]));
-        for (int j = 0; j < 32; j++)
-            CHECKF(fabsf(x[32 * b + j] - y[32 * b + j]) <= 1.01f * amax / 8, "q4_0 %d", 32 * b + j);
-    }
+    check_block_roundtrip(LK_TYPE_Q4_0, 32, 1.01f, 8, x, y, q, N);
     /* Q8_K: d = max/127 exactly as float, error <= |d|/2 (+ float rounding). */
-    lk_quantize_row(LK_TYPE_Q8_K, x, q, N);
-    lk_dequantize_row(LK_TYPE_Q8_K, q, y, N);
-    for (int b = 0; b < N / 256; b++) {
-        float amax = 0;
-        for (int j = 0; j < 256; j++) amax = fmaxf(amax, fabsf(x[256 * b + j]));
-        for (int j = 0; j < 256; j++)
-            CHECKF(fabsf(x[256 * b + j] - y[256 * b + j]) <= 0.5001f * amax / 127, "q8_k %d", 256 * b + j);
-    }
+    check_block_roundtrip(LK_TYPE_Q8_K, 256, 0.5001f, 127, x, y, q, N);
     /* F16 / BF16: round to nearest, relative error <= 2^-11 / 2^-8 (normal range). */
     lk_quantize_row(LK_TYPE_F16, x, q, N);
     lk_dequantize_row(LK_TYPE_F16, q, y, N);
