@@ -383,35 +383,16 @@ LK_T2 static LK_INL __m256i round_away(__m256 x) {
     return _mm256_cvtps_epi32(t);
 }
 
-/* Bit-exact with the scalar quant_q8_0: same float operations in the same
- * order per element (d = amax/127, id = 1/d, q = roundf(x*id)). */
-LK_T2 static void quant_q8_0_avx2(const float *x, void *dst, int64_t n) {
-    uint8_t *b = dst;
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    for (int64_t i = 0; i < n / LK_QK; i++, x += LK_QK, b += LK_Q80_BYTES) {
-        __m256 v[4], m = _mm256_setzero_ps();
-        for (int k = 0; k < 4; k++) {
-            v[k] = _mm256_loadu_ps(x + 8 * k);
-            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[k]));
-        }
-        float amax = hmax8(m);
-        float d = amax / 127.f, id = d != 0 ? 1.0f / d : 0.0f;
-        uint16_t h = lk_fp32_to_fp16(d);
-        memcpy(b, &h, 2);
-        __m256 vid = _mm256_set1_ps(id);
-        __m256i q = pack_i32x4(round_away(_mm256_mul_ps(v[0], vid)), round_away(_mm256_mul_ps(v[1], vid)),
-                               round_away(_mm256_mul_ps(v[2], vid)), round_away(_mm256_mul_ps(v[3], vid)));
-        _mm256_storeu_si256((__m256i *)(b + 2), q);
-    }
-}
-
-/* The matmul's Q8_0 activations as lk_act_q8_0_scalar makes them (llama.cpp's
- * x86 quantize_row_q8_0): the same max, d = amax/127 and id = 127/amax, one
- * product per element, round half to even (vcvtps2dq under the default
- * rounding mode, as nearbyintf), so the same bytes. The scalar loop was 4 %
- * of a 16-token prefill at one thread on Zen 3 (perf: the function, fmaxf
- * and nearbyintf calls). */
-LK_T2 static void act_q8_0_avx2(const float *x, void *dst, int64_t n) {
+/* Q8_0 rows, two roundings. Weights (act false) bit-exact with the scalar
+ * quant_q8_0: d = amax/127, id = 1/d, q = roundf(x*id) (half away from
+ * zero, as ggml's quantize_row_q8_0_ref). The matmul's activations (act
+ * true) as lk_act_q8_0_scalar makes them (llama.cpp's x86
+ * quantize_row_q8_0): id = 127/amax, round half to even (vcvtps2dq under
+ * the default rounding mode, as nearbyintf). Both: the same max, one
+ * product per element, so the same bytes as the scalar code; the scalar
+ * activation loop was 4 % of a 16-token prefill at one thread on Zen 3
+ * (perf: the function, fmaxf and nearbyintf calls). */
+LK_T2 static LK_INL void q8_0_rows_avx2(const float *x, void *dst, int64_t n, const bool act) {
     uint8_t *b = dst;
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int64_t i = 0; i < n / LK_QK; i++, x += LK_QK, b += LK_Q80_BYTES) {
@@ -421,15 +402,22 @@ LK_T2 static void act_q8_0_avx2(const float *x, void *dst, int64_t n) {
             m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[k]));
         }
         const float amax = hmax8(m);
-        const float d = amax / 127.f, id = amax != 0 ? 127.f / amax : 0.0f;
+        const float d = amax / 127.f;
+        const float id = act ? (amax != 0 ? 127.f / amax : 0.0f) : (d != 0 ? 1.0f / d : 0.0f);
         uint16_t h = lk_fp32_to_fp16(d);
         memcpy(b, &h, 2);
         const __m256 vid = _mm256_set1_ps(id);
-        __m256i q = pack_i32x4(_mm256_cvtps_epi32(_mm256_mul_ps(v[0], vid)), _mm256_cvtps_epi32(_mm256_mul_ps(v[1], vid)),
-                               _mm256_cvtps_epi32(_mm256_mul_ps(v[2], vid)), _mm256_cvtps_epi32(_mm256_mul_ps(v[3], vid)));
-        _mm256_storeu_si256((__m256i *)(b + 2), q);
+        __m256i q[4];
+        for (int k = 0; k < 4; k++) {
+            const __m256 p = _mm256_mul_ps(v[k], vid);
+            q[k] = act ? _mm256_cvtps_epi32(p) : round_away(p);
+        }
+        _mm256_storeu_si256((__m256i *)(b + 2), pack_i32x4(q[0], q[1], q[2], q[3]));
     }
 }
+
+LK_T2 static void quant_q8_0_avx2(const float *x, void *dst, int64_t n) { q8_0_rows_avx2(x, dst, n, false); }
+LK_T2 static void act_q8_0_avx2(const float *x, void *dst, int64_t n) { q8_0_rows_avx2(x, dst, n, true); }
 
 /* Bit-exact with the scalar quant_q8_k: max = the first element of largest
  * magnitude (signed), iscale = -127/max, q = min(127, round-half-even). */
