@@ -110,24 +110,31 @@ static void check_against_json(const char *gguf_path, const char *json_path) {
     json_decref(root);
 }
 
-TEST(synth_models_match_llama_cpp) {
-    DIR *d = opendir(lk_td("synth"));
-    CHECK(d);
-    if (!d) return;
+/* The NAMEs of every NAME.gguf in the test data folder rel, at most max
+ * (a failed check if the folder cannot be read); returns how many. */
+static int gguf_names(const char *rel, char (*names)[256], int max) {
+    DIR *d = opendir(lk_td(rel));
+    CHECKF(d, "cannot read %s", lk_td(rel));
     int n = 0;
     struct dirent *e;
-    while ((e = readdir(d))) {
+    while (d && n < max && (e = readdir(d))) {
         size_t l = strlen(e->d_name);
-        if (l < 6 || strcmp(e->d_name + l - 5, ".gguf")) continue;
-        char base[512], gp[1024], jp[1024];
-        snprintf(base, sizeof base, "%.*s", (int)(l - 5), e->d_name);
-        snprintf(gp, sizeof gp, "%s", lk_td("synth"));
-        snprintf(gp + strlen(gp), sizeof gp - strlen(gp), "/%s.gguf", base);
-        snprintf(jp, sizeof jp, "%s/%s.json", lk_td("synth"), base);
-        check_against_json(gp, jp);
-        n++;
+        if (l < 6 || l - 5 >= sizeof names[0] || strcmp(e->d_name + l - 5, ".gguf")) continue;
+        snprintf(names[n++], sizeof names[0], "%.*s", (int)(l - 5), e->d_name);
     }
-    closedir(d);
+    if (d) closedir(d);
+    return n;
+}
+
+TEST(synth_models_match_llama_cpp) {
+    static char names[128][256];
+    int n = gguf_names("synth", names, 128);
+    for (int i = 0; i < n; i++) {
+        char gp[1280], jp[1280];
+        snprintf(gp, sizeof gp, "%.1000s/%.255s.gguf", lk_td("synth"), names[i]);
+        snprintf(jp, sizeof jp, "%.1000s/%.255s.json", lk_td("synth"), names[i]);
+        check_against_json(gp, jp);
+    }
     CHECKF(n >= 16, "only %d synth models found", n);
 }
 
@@ -172,16 +179,12 @@ TEST(stories_models) {
 /* Every vocabulary opens; token/score/type arrays agree in length; and the
  * synth llama vocabulary is (README) the first 600 entries of llama-spm's. */
 TEST(vocab_files) {
-    DIR *d = opendir(lk_td("vocab"));
-    CHECK(d);
-    if (!d) return;
+    static char names[128][256];
+    const int nf = gguf_names("vocab", names, 128);
     int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        size_t l = strlen(e->d_name);
-        if (l < 6 || strcmp(e->d_name + l - 5, ".gguf")) continue;
-        char p[1024];
-        snprintf(p, sizeof p, "%s/%s", lk_td("vocab"), e->d_name);
+    for (int f = 0; f < nf; f++) {
+        char p[1280];
+        snprintf(p, sizeof p, "%.1000s/%.255s.gguf", lk_td("vocab"), names[f]);
         lk_gguf *g = open_ok(p);
         if (!g) continue;
         n++;
@@ -196,7 +199,6 @@ TEST(vocab_files) {
         CHECK(lk_gguf_n_tensors(g) == 0);
         lk_gguf_close(g);
     }
-    closedir(d);
     CHECKF(n >= 12, "only %d vocab files", n);
 
     lk_gguf *a = open_ok(lk_td("vocab/ggml-vocab-llama-spm.gguf"));
