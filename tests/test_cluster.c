@@ -353,21 +353,32 @@ TEST(pipeline_matches_one_node) {
     }
 }
 
+/* A head over o's local workers takes a good step, then worker `rank`
+ * (its pid into *pid) gets signal sig: the next step must fail within 2 s.
+ * The head stays open for the caller's checks of the message; false when
+ * it did not open. */
+static bool step_after_signal(lk_cluster_opts *o, int rank, int sig, lk_cluster **c, lk_model **m, int *pid) {
+    char err[LK_ERRLEN];
+    if (open_head(o, c, m, err)) { CHECKF(0, "%s", err); return false; }
+    float full[NV_MAX];
+    CHECK(cluster_step(*c, *m, toks, 5, 0, full, err) == LK_OK);
+    *pid = lk_cluster_local_pid(*c, rank);
+    kill(*pid, sig);
+    uint64_t t0 = lk_time_ns();
+    lk_status st = cluster_step(*c, *m, toks + 5, 1, 5, full, err);
+    double s = (double)(lk_time_ns() - t0) / 1e9;
+    CHECK(st != LK_OK);
+    CHECKF(s < 2.0, "took %.2f s", s);
+    return true;
+}
+
 /* A worker killed mid-session: the next step fails fast and names it. */
 TEST(killed_worker_named) {
     lk_cluster_opts o = {.local = 3, .dead_after_ms = 1000};
     lk_cluster *c;
     lk_model *m;
-    char err[LK_ERRLEN];
-    if (open_head(&o, &c, &m, err)) { CHECKF(0, "%s", err); return; }
-    float full[NV_MAX];
-    CHECK(cluster_step(c, m, toks, 5, 0, full, err) == LK_OK);
-    kill(lk_cluster_local_pid(c, 2), SIGKILL);
-    uint64_t t0 = lk_time_ns();
-    lk_status st = cluster_step(c, m, toks + 5, 1, 5, full, err);
-    double s = (double)(lk_time_ns() - t0) / 1e9;
-    CHECK(st != LK_OK);
-    CHECKF(s < 2.0, "took %.2f s", s);
+    int pid;
+    if (!step_after_signal(&o, 2, SIGKILL, &c, &m, &pid)) return;
     /* the dead one is named first, not the survivor that reported it */
     CHECKF(!strncmp(lk_cluster_error(c), "lost worker rank 2 (127.0.0.1:", 30), "%s", lk_cluster_error(c));
     close_head(c, m);
@@ -379,17 +390,8 @@ TEST(frozen_worker_named) {
     lk_cluster_opts o = {.local = 2, .dead_after_ms = 1000};
     lk_cluster *c;
     lk_model *m;
-    char err[LK_ERRLEN];
-    if (open_head(&o, &c, &m, err)) { CHECKF(0, "%s", err); return; }
-    float full[NV_MAX];
-    CHECK(cluster_step(c, m, toks, 5, 0, full, err) == LK_OK);
-    int pid = lk_cluster_local_pid(c, 1);
-    kill(pid, SIGSTOP);
-    uint64_t t0 = lk_time_ns();
-    lk_status st = cluster_step(c, m, toks + 5, 1, 5, full, err);
-    double s = (double)(lk_time_ns() - t0) / 1e9;
-    CHECK(st != LK_OK);
-    CHECKF(s < 2.0, "took %.2f s", s);
+    int pid;
+    if (!step_after_signal(&o, 1, SIGSTOP, &c, &m, &pid)) return;
     CHECKF(strstr(lk_cluster_error(c), "worker rank 1 (127.0.0.1:") &&
            strstr(lk_cluster_error(c), "stopped answering heartbeats") && strstr(lk_cluster_error(c), "all-reduce layer"),
            "%s", lk_cluster_error(c));
