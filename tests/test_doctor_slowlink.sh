@@ -32,9 +32,11 @@ if grep -q -- '--emulate-link' "$T/out"; then ok emu_serve_help_lists; else no e
 
 # ---- a run through a 1000 us link --------------------------------------------------------------
 # 5 layers x 2 all-reduces (2 ranks: each waits one one-way delay), the step
-# message and the candidates: 12 one-way delays, 12 ms, per token at least
+# message and the candidates: 12 one-way delays, 12 ms, per decode step at
+# least; of 6 tokens the first comes from the prompt's step, so decode_s
+# times 5 steps (decode_tok_s = 5 / decode_s)
 expect emu_run_slow 0 "$L" run -m "$M" -p "Once upon a time" -n 6 --temp 0 --local 2 --emulate-link 1000 --json
-pyt emu_run_slow_physics 'd["timings"]["decode_s"] / 6 >= 0.012 and len(d["generated_ids"]) == 6'
+pyt emu_run_slow_physics 'd["timings"]["decode_s"] / 5 >= 0.012 and abs(d["timings"]["decode_tok_s"] * d["timings"]["decode_s"] - 5) < 0.01 and len(d["generated_ids"]) == 6'
 # the same tokens as the plain run: the relay carries the bytes unchanged
 cp "$T/out" "$T/slow.json"
 expect emu_run_plain 0 "$L" run -m "$M" -p "Once upon a time" -n 6 --temp 0 --local 2 --json
