@@ -111,9 +111,10 @@ static inline void lk_lanes8_fma(float acc[8], const int32_t s[8], float d) {
 /* s[i] += sc * (q[4i..4i+3] . a[4i..4i+3]) over one 32-element chunk, sc =
  * sc_lo for lanes 0-3 and sc_hi for lanes 4-7 */
 static inline void lk_lanes8_dot(int32_t s[8], const int8_t q[32], const int8_t a[32], int sc_lo, int sc_hi) {
-    int32_t p[32]; /* products first: a loop the compiler vectorises */
-    for (int e = 0; e < 32; e++) p[e] = q[e] * a[e];
-    for (int i = 0; i < 8; i++) s[i] += (i < 4 ? sc_lo : sc_hi) * (p[4 * i] + p[4 * i + 1] + p[4 * i + 2] + p[4 * i + 3]);
+    for (int i = 0; i < 8; i++) {
+        const int8_t *x = q + 4 * i, *y = a + 4 * i;
+        s[i] += (i < 4 ? sc_lo : sc_hi) * (x[0] * y[0] + x[1] * y[1] + x[2] * y[2] + x[3] * y[3]);
+    }
 }
 
 /* The decode tiles' software prefetch distance in tiles (0: none; see
