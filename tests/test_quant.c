@@ -502,87 +502,6 @@ TEST(matmul_batch_invariant) {
     lk_quant_set_simd("scalar");
 }
 
-/* Every level gives the same bits: the scalar matrix kernels follow the AVX2
- * kernels' float arithmetic (quant_impl.h's lanes), so on identical weight
- * and activation bytes lk_quant_matmul at "scalar" and at "avx2" must agree
- * bit for bit for every type the scalar level serves. Weights are random
- * bytes (every nibble, bit and -128 a file may hold) with sane fp16 scales;
- * activations come from the activation quantisers, as lk_matmul makes them
- * (their quants stay in [-127, 127], the range where vpsignb does not wrap).
- * Shapes: rows of one block, of 8 (256), of 128 (4096) and of a count that
- * is no multiple of the AVX2 decode's 4-block groups (or, for float rows,
- * of its 8 lanes); 1..33 rows (4-row tiles and leftovers), 1..16 tokens
- * (decode, the 2-4 token tiles, several chunks of them); odd strides. */
-static int check_scalar_vs_avx2(lk_type t, int64_t n, int64_t nrows, int64_t ntok) {
-    const lk_type at = lk_type_vec_dot(t);
-    size_t wrb, arb;
-    LK_ASSERT(lk_type_row_bytes(t, n, &wrb) && lk_type_row_bytes(at, n, &arb));
-    const size_t ws = wrb + 1, as = arb + 3, ys = (size_t)nrows + 1;
-    uint8_t *w = malloc(ws * (size_t)nrows), *a = malloc(as * (size_t)ntok);
-    float *x = malloc((size_t)n * 4), *y[2];
-    const int64_t bs = lk_type_block_size(t), nb = n / bs;
-    const size_t bb = lk_type_block_bytes(t);
-    for (size_t i = 0; i < ws * (size_t)nrows; i++) w[i] = (uint8_t)rnd_u64();
-    for (int64_t r = 0; r < nrows; r++)
-        for (int64_t b = 0; b < nb; b++) {
-            uint8_t *p = w + (size_t)r * ws + (size_t)b * bb;
-            const float d = 0.01f * (0.5f + fabsf(rnd_unif())), dm = 0.02f * rnd_unif();
-            switch (t) {
-            case LK_TYPE_F32: { float v = rnd_gauss(); memcpy(p, &v, 4); break; }
-            case LK_TYPE_F16: put_h(p, rnd_gauss()); break;
-            case LK_TYPE_BF16: { uint16_t h = lk_fp32_to_bf16(rnd_gauss()); memcpy(p, &h, 2); break; }
-            case LK_TYPE_Q6_K: put_h(p + 208, d); break;
-            case LK_TYPE_Q2_K: put_h(p + 80, d); put_h(p + 82, dm); break;
-            case LK_TYPE_Q3_K: put_h(p + 108, rnd_unif() < 0 ? -d : d); break;
-            case LK_TYPE_Q4_K: case LK_TYPE_Q5_K: case LK_TYPE_Q5_1: put_h(p, d); put_h(p + 2, dm); break;
-            default: put_h(p, rnd_unif() < 0 ? -d : d); break; /* Q4_0, Q8_0, Q5_0, IQ4_XS */
-            }
-        }
-    CHECK(lk_quant_set_simd("scalar"));
-    for (int64_t k = 0; k < ntok; k++) {
-        for (int64_t i = 0; i < n; i++) x[i] = rnd_gauss();
-        lk_quantize_row_act(at, x, a + (size_t)k * as, n);
-    }
-    for (int l = 0; l < 2; l++) {
-        y[l] = malloc(ys * (size_t)ntok * 4);
-        CHECK(lk_quant_set_simd(l ? "avx2" : "scalar"));
-        lk_quant_matmul(t, n, nrows, w, ws, ntok, a, as, y[l], ys);
-    }
-    int bad = 0;
-    for (int64_t k = 0; k < ntok; k++)
-        for (int64_t r = 0; r < nrows; r++) {
-            const float *p0 = &y[0][(size_t)k * ys + (size_t)r], *p1 = &y[1][(size_t)k * ys + (size_t)r];
-            if (memcmp(p0, p1, 4) && bad++ < 2)
-                printf("  %s n=%lld rows=%lld ntok=%lld: token %lld row %lld scalar %a, avx2 %a\n", lk_type_name(t),
-                       (long long)n, (long long)nrows, (long long)ntok, (long long)k, (long long)r, *p0, *p1);
-        }
-    free(w); free(a); free(x); free(y[0]); free(y[1]);
-    return bad;
-}
-
-TEST(matmul_scalar_gives_avx2_bits) {
-    if (!lk_quant_set_simd("avx2")) { printf("  (no avx2 on this CPU)\n"); return; }
-    static const lk_type types[] = {LK_TYPE_F32,  LK_TYPE_F16,  LK_TYPE_BF16, LK_TYPE_Q4_0, LK_TYPE_Q8_0,
-                                    LK_TYPE_Q5_0, LK_TYPE_Q5_1, LK_TYPE_Q2_K, LK_TYPE_Q3_K, LK_TYPE_Q4_K,
-                                    LK_TYPE_Q5_K, LK_TYPE_Q6_K, LK_TYPE_IQ4_XS};
-    static const int64_t shapes[][2] = {{1, 1}, {4, 1}, {33, 1}, {5, 2}, {33, 3}, {9, 4}, {6, 7}, {33, 16}};
-    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
-        const lk_type t = types[i];
-        const int64_t bs = lk_type_block_size(t);
-        const int64_t ns[4] = {32, 256, 4096, bs == 1 ? 357 : bs == 32 ? 32 * 11 : 256 * 3};
-        int bad = 0;
-        for (int k = 0; k < 4; k++) {
-            if (ns[k] % bs) continue;
-            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-                if (ns[k] == 4096 && shapes[s][0] * shapes[s][1] > 40) continue; /* time */
-                bad += check_scalar_vs_avx2(t, ns[k], shapes[s][0], shapes[s][1]);
-            }
-        }
-        CHECKF(bad == 0, "%s: %d outputs differ between scalar and avx2", lk_type_name(t), bad);
-    }
-    lk_quant_set_simd("scalar");
-}
-
 /* The AVX2 prefill GEMM (quant_gemm_avx2.c, from 2 tokens) against the
  * AVX2 decode kernels (one token per call, quant_avx2.c's register tiles):
  * the same bits for every (row, token), under every tuning choice it may
@@ -854,7 +773,6 @@ int main(int argc, char **argv) {
     RUN(matmul_prefill_gemm_edges);
     RUN(matmul_batch_invariant);
     RUN(matmul_avx2_gemm_choices_bit_exact);
-    RUN(matmul_scalar_gives_avx2_bits);
     RUN(simd_env_reaches_every_dispatch);
     RUN(requantize_matches_llama_quantize);
     RUN(dequantize_real_files_vs_master);

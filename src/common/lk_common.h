@@ -14,8 +14,6 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <math.h>
-#include <string.h>
 
 typedef enum {
     LK_OK = 0,
@@ -123,34 +121,6 @@ static inline float lk_bf16_to_fp32(uint16_t h) {
     return v.f;
 }
 uint16_t lk_fp32_to_bf16(float f);
-
-/* a * b + c rounded once, as fmaf and the SIMD levels' FMA instructions,
- * for the scalar kernels that must give their bits (kernels/vec.c,
- * model/deltanet.c, the scalar matrix kernels of quant/).
- * Where the compiler targets an FMA unit (__FP_FAST_FMAF: Arm, -mfma) it is
- * that instruction. Else in double: the product is exact (24 + 24 bits) and
- * the sum s rounds once; rounding s to float then gives fmaf's result,
- * since no point halfway between two floats can lie between s and the exact
- * sum, unless s is such a point itself and the sum was not exact (its error,
- * by Knuth's two-sum, decides the side), or s is among the float denormals
- * (different halfway points): there libm's fmaf (tens of ns without the
- * instruction) decides. A sum of 0 is exact: two doubles cancel only
- * exactly. */
-static inline float lk_fmaf(float a, float b, float c) {
-#ifdef __FP_FAST_FMAF
-    return fmaf(a, b, c);
-#else
-    const double p = (double)a * b, s = p + c;
-    uint64_t u;
-    memcpy(&u, &s, sizeof u);
-    if ((u & 0x1fffffffu) == 0x10000000u) {
-        const double t = s - p;
-        if ((p - (s - t)) + (c - t) != 0) return fmaf(a, b, c);
-    }
-    if (s != 0 && fabs(s) < 0x1p-126) return fmaf(a, b, c);
-    return (float)s;
-#endif
-}
 
 /* ---- CPU features and the SIMD level (cpu.c) -------------------------------
  * The one CPU probe of the program, made on first use (any thread). Every

@@ -1,10 +1,8 @@
 /* quant.c — type traits, the scalar reference kernels, and run-time dispatch.
  *
- * The scalar code is written for clarity. Its quantisers and dequantisers do
- * what ggml's reference code does; its matrix kernels give the AVX2 level's
- * bits (the lanes of quant_impl.h), so that every level computes the same
- * numbers; the block-order dots (integer dot product per block, then one
- * float scale per block) serve the SIMD kernels' leftover blocks. */
+ * The scalar code is the definition every SIMD variant is tested against: it
+ * is written for clarity, block by block, doing what ggml's reference code
+ * does (integer dot product per block, then one float scale per block). */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -312,7 +310,7 @@ static void quant_q8_k(const float *x, void *dst, int64_t n) {
 }
 
 /* ===================================================================== */
-/* Block-order dots: one weight row . one activation row (SIMD tails)    */
+/* Scalar dot products: one weight row . one activation row               */
 /* ===================================================================== */
 
 static float dot_f32(int64_t n, const uint8_t *w, const uint8_t *a) {
@@ -357,116 +355,69 @@ static float dot_q8_0(int64_t n, const uint8_t *w, const uint8_t *a) {
     return s;
 }
 
-/* ===================================================================== */
-/* The scalar level's dots: the AVX2 kernels' arithmetic (quant_impl.h)   */
-/* ===================================================================== */
-
-/* Every level gives the same bits (ARCHITECTURE.md section 11), so these
- * are the AVX2 tiles of quant_avx2.c done one lane at a time: the AVX2
- * decode (1 token) and prefill tiles (2-4 tokens) do the same float
- * operations per (row, token), so one function serves both. */
-
-/* Float element i of a row: kind 32 (F32), 16 (F16) or 0 (BF16). */
-static inline float fl_at(int kind, const uint8_t *p, int64_t i) {
-    if (kind == 32) return lk_ld_f32(p + 4 * i);
-    return kind == 16 ? lk_ld_h(p + 2 * i) : lk_bf16_to_fp32(lk_ld_u16(p + 2 * i));
-}
-
-/* Lane l takes elements 8k + l; past the last multiple of 8 the rest is
- * added to the lanes' sum in order (dot_f32 and its kin, as fl_tile2). */
-static float dot_fl_lanes(int kind, int64_t n, const uint8_t *w, const uint8_t *a) {
-    float acc[8] = {0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++) acc[l] = lk_fmaf(fl_at(kind, w, i + l), fl_at(kind, a, i + l), acc[l]);
-    float s = lk_hsum8(acc);
-    if (i < n) {
-        const int es = kind == 32 ? 4 : 2;
-        const uint8_t *wt = w + i * es, *at = a + i * es;
-        s += kind == 32 ? dot_f32(n - i, wt, at) : kind == 16 ? dot_f16(n - i, wt, at) : dot_bf16(n - i, wt, at);
-    }
-    return s;
-}
-static float dot_f32_lanes(int64_t n, const uint8_t *w, const uint8_t *a) { return dot_fl_lanes(32, n, w, a); }
-static float dot_f16_lanes(int64_t n, const uint8_t *w, const uint8_t *a) { return dot_fl_lanes(16, n, w, a); }
-static float dot_bf16_lanes(int64_t n, const uint8_t *w, const uint8_t *a) { return dot_fl_lanes(0, n, w, a); }
-
-/* Q4_0 / Q8_0 x Q8_0: per block the 8 lane sums of signed products (the
- * AVX2 code's unsigned nibbles plus its -8 * sum(a) correction are the same
- * integers), one FMA per lane with d_w * d_a. */
-static float dot_q40q80_lanes(bool is_q8, int64_t n, const uint8_t *w, const uint8_t *a) {
-    const size_t wbb = is_q8 ? LK_Q80_BYTES : LK_Q40_BYTES;
-    float acc[8] = {0};
-    int8_t q[32];
-    for (int64_t i = 0; i < n / LK_QK; i++, w += wbb, a += LK_Q80_BYTES) {
-        if (is_q8) memcpy(q, w + 2, 32);
-        else
-            for (int j = 0; j < 16; j++) q[j] = (int8_t)((w[2 + j] & 0xF) - 8), q[j + 16] = (int8_t)((w[2 + j] >> 4) - 8);
-        int32_t s[8] = {0};
-        lk_lanes8_dot(s, q, (const int8_t *)(a + 2), 1, 1);
-        lk_lanes8_fma(acc, s, lk_ld_h(w) * lk_ld_h(a));
-    }
-    return lk_hsum8(acc);
-}
-static float dot_q4_0_lanes(int64_t n, const uint8_t *w, const uint8_t *a) { return dot_q40q80_lanes(false, n, w, a); }
-static float dot_q8_0_lanes(int64_t n, const uint8_t *w, const uint8_t *a) { return dot_q40q80_lanes(true, n, w, a); }
-
 /* Sum over the 16-element group g of a Q8_K block (its precomputed bsum). */
 static inline int q8k_bsum(const uint8_t *a, int g) { return lk_ld_i16(a + LK_Q8K_BS + 2 * g); }
 
 /* Q4_K/Q5_K: x = d*sc_j*q - dmin*m_j per sub-block j of 32, so
  *   dot = d*da * sum_j sc_j * (q . q8)_j  -  dmin*da * sum_j m_j * sum(q8)_j
- * where sum(q8)_j is two bsums: the min term costs no per-element work.
- * The scale term in 8 lanes; the min term in 4: lane k gets sub-blocks 2k
- * and 2k+1 (vpmaddwd of the mins with vphaddw's pairs of bsums, i16). */
-static float dot_q45k_lanes(bool q5, int64_t n, const uint8_t *w, const uint8_t *a) {
-    const size_t bb = q5 ? LK_Q5K_BYTES : LK_Q4K_BYTES;
-    float acc[8] = {0}, accm[4] = {0};
-    int8_t q[32];
-    for (int64_t i = 0; i < n / LK_QK_K; i++, w += bb, a += LK_Q8K_BYTES) {
-        const uint8_t *qs = w + (q5 ? LK_Q5K_QS : LK_Q4K_QS), *qh = w + LK_Q5K_QH;
+ * where sum(q8)_j is two bsums: the min term costs no per-element work. */
+static float dot_q4_k(int64_t n, const uint8_t *w, const uint8_t *a) {
+    float s = 0;
+    for (int64_t i = 0; i < n / LK_QK_K; i++, w += LK_Q4K_BYTES, a += LK_Q8K_BYTES) {
+        const uint8_t *q = w + LK_Q4K_QS;
         const int8_t *q8 = (const int8_t *)(a + LK_Q8K_QS);
-        uint8_t sc[8], m[8];
-        int32_t s[8] = {0}, mm[4];
+        int sumi = 0, summ = 0;
         for (int j = 0; j < 8; j++) {
-            lk_k_scale_min(j, w + (q5 ? LK_Q5K_SC : LK_Q4K_SC), &sc[j], &m[j]);
-            const uint8_t *qq = qs + 32 * (j / 2);
-            const int shift = 4 * (j & 1);
-            for (int l = 0; l < 32; l++)
-                q[l] = (int8_t)(((qq[l] >> shift) & 0xF) | (q5 ? ((qh[l] >> j) & 1) << 4 : 0));
-            lk_lanes8_dot(s, q, q8 + 32 * j, sc[j], sc[j]);
+            uint8_t sc, m;
+            lk_k_scale_min(j, w + LK_Q4K_SC, &sc, &m);
+            const uint8_t *qq = q + 32 * (j / 2);
+            int shift = 4 * (j & 1), si = 0;
+            for (int l = 0; l < 32; l++) si += ((qq[l] >> shift) & 0xF) * q8[32 * j + l];
+            sumi += sc * si;
+            summ += m * (q8k_bsum(a, 2 * j) + q8k_bsum(a, 2 * j + 1));
         }
-        for (int k = 0; k < 4; k++)
-            mm[k] = m[2 * k] * (int16_t)(q8k_bsum(a, 4 * k) + q8k_bsum(a, 4 * k + 1)) +
-                    m[2 * k + 1] * (int16_t)(q8k_bsum(a, 4 * k + 2) + q8k_bsum(a, 4 * k + 3));
-        const float da = lk_ld_f32(a), dmin = lk_ld_h(w + 2) * da;
-        lk_lanes8_fma(acc, s, lk_ld_h(w) * da);
-        for (int k = 0; k < 4; k++) accm[k] = lk_fmaf((float)mm[k], dmin, accm[k]);
+        float da = lk_ld_f32(a);
+        s += lk_ld_h(w) * da * (float)sumi - lk_ld_h(w + 2) * da * (float)summ;
     }
-    return lk_hsum8(acc) - lk_hsum4(accm);
+    return s;
 }
-static float dot_q4_k_lanes(int64_t n, const uint8_t *w, const uint8_t *a) { return dot_q45k_lanes(false, n, w, a); }
-static float dot_q5_k_lanes(int64_t n, const uint8_t *w, const uint8_t *a) { return dot_q45k_lanes(true, n, w, a); }
 
-/* Q6_K: the quants unsigned (0..63) per 32-element chunk c (sub-blocks 2c,
- * 2c+1), the -32 offset as 32 * sum_g sc_g * bsum_g, lane i taking groups
- * 2i and 2i+1 (vpmaddwd of the scales with the bsums). */
-static float dot_q6_k_lanes(int64_t n, const uint8_t *w, const uint8_t *a) {
-    float acc[8] = {0};
-    int8_t q[32];
+static float dot_q5_k(int64_t n, const uint8_t *w, const uint8_t *a) {
+    float s = 0;
+    for (int64_t i = 0; i < n / LK_QK_K; i++, w += LK_Q5K_BYTES, a += LK_Q8K_BYTES) {
+        const uint8_t *q = w + LK_Q5K_QS, *qh = w + LK_Q5K_QH;
+        const int8_t *q8 = (const int8_t *)(a + LK_Q8K_QS);
+        int sumi = 0, summ = 0;
+        for (int j = 0; j < 8; j++) {
+            uint8_t sc, m;
+            lk_k_scale_min(j, w + LK_Q5K_SC, &sc, &m);
+            const uint8_t *qq = q + 32 * (j / 2);
+            int shift = 4 * (j & 1), si = 0;
+            for (int l = 0; l < 32; l++)
+                si += (((qq[l] >> shift) & 0xF) | (((qh[l] >> j) & 1) << 4)) * q8[32 * j + l];
+            sumi += sc * si;
+            summ += m * (q8k_bsum(a, 2 * j) + q8k_bsum(a, 2 * j + 1));
+        }
+        float da = lk_ld_f32(a);
+        s += lk_ld_h(w) * da * (float)sumi - lk_ld_h(w + 2) * da * (float)summ;
+    }
+    return s;
+}
+
+static float dot_q6_k(int64_t n, const uint8_t *w, const uint8_t *a) {
+    float s = 0;
     for (int64_t i = 0; i < n / LK_QK_K; i++, w += LK_Q6K_BYTES, a += LK_Q8K_BYTES) {
         const int8_t *sc = (const int8_t *)(w + LK_Q6K_SC);
         const int8_t *q8 = (const int8_t *)(a + LK_Q8K_QS);
-        int32_t s[8] = {0};
-        for (int c = 0; c < 8; c++) {
-            for (int l = 0; l < 32; l++) q[l] = (int8_t)(q6k_val(w + LK_Q6K_QL, w + LK_Q6K_QH, 32 * c + l) + 32);
-            lk_lanes8_dot(s, q, q8 + 32 * c, sc[2 * c], sc[2 * c + 1]);
+        int sumi = 0;
+        for (int g = 0; g < 16; g++) {
+            int si = 0;
+            for (int l = 0; l < 16; l++) si += q6k_val(w + LK_Q6K_QL, w + LK_Q6K_QH, 16 * g + l) * q8[16 * g + l];
+            sumi += sc[g] * si;
         }
-        for (int l = 0; l < 8; l++)
-            s[l] -= 32 * (sc[2 * l] * q8k_bsum(a, 2 * l) + sc[2 * l + 1] * q8k_bsum(a, 2 * l + 1));
-        lk_lanes8_fma(acc, s, lk_ld_h(w + LK_Q6K_D) * lk_ld_f32(a));
+        s += lk_ld_h(w + LK_Q6K_D) * lk_ld_f32(a) * (float)sumi;
     }
-    return lk_hsum8(acc);
+    return s;
 }
 
 typedef float (*lk_dot_fn)(int64_t n, const uint8_t *w, const uint8_t *a);
@@ -478,9 +429,12 @@ float lk_quant_dot_scalar(lk_type t, int64_t n, const void *w, const void *a) {
     case LK_TYPE_BF16: return dot_bf16(n, w, a);
     case LK_TYPE_Q4_0: return dot_q4_0(n, w, a);
     case LK_TYPE_Q8_0: return dot_q8_0(n, w, a);
+    case LK_TYPE_Q4_K: return dot_q4_k(n, w, a);
+    case LK_TYPE_Q5_K: return dot_q5_k(n, w, a);
+    case LK_TYPE_Q6_K: return dot_q6_k(n, w, a);
     default: {
         float r;
-        if (lk_q5_dot_scalar(t, n, w, a, &r)) return r;
+        if (lk_q5_dot_scalar(t, n, w, a, &r) || lk_k23_dot_scalar(t, n, w, a, &r)) return r;
         LK_ASSERT(!"lk_quant_dot_scalar: unsupported type");
         return 0;
     }
@@ -501,26 +455,26 @@ static void mm_generic(lk_dot_fn dot, int64_t n, int64_t nrows, const void *w, s
                        const void *a, size_t a_stride, float *y, size_t y_stride) {            \
         mm_generic(dot_##T, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);           \
     }
-LK_SCALAR_MM(f32_lanes)
-LK_SCALAR_MM(f16_lanes)
-LK_SCALAR_MM(bf16_lanes)
-LK_SCALAR_MM(q4_0_lanes)
-LK_SCALAR_MM(q8_0_lanes)
-LK_SCALAR_MM(q4_k_lanes)
-LK_SCALAR_MM(q5_k_lanes)
-LK_SCALAR_MM(q6_k_lanes)
+LK_SCALAR_MM(f32)
+LK_SCALAR_MM(f16)
+LK_SCALAR_MM(bf16)
+LK_SCALAR_MM(q4_0)
+LK_SCALAR_MM(q8_0)
+LK_SCALAR_MM(q4_k)
+LK_SCALAR_MM(q5_k)
+LK_SCALAR_MM(q6_k)
 
 void lk_quant_fill_scalar(lk_quant_ops *ops) {
     memset(ops, 0, sizeof *ops);
     ops->name = "scalar";
-    ops->mm[LK_TYPE_F32] = mm_f32_lanes;
-    ops->mm[LK_TYPE_F16] = mm_f16_lanes;
-    ops->mm[LK_TYPE_BF16] = mm_bf16_lanes;
-    ops->mm[LK_TYPE_Q4_0] = mm_q4_0_lanes;
-    ops->mm[LK_TYPE_Q8_0] = mm_q8_0_lanes;
-    ops->mm[LK_TYPE_Q4_K] = mm_q4_k_lanes;
-    ops->mm[LK_TYPE_Q5_K] = mm_q5_k_lanes;
-    ops->mm[LK_TYPE_Q6_K] = mm_q6_k_lanes;
+    ops->mm[LK_TYPE_F32] = mm_f32;
+    ops->mm[LK_TYPE_F16] = mm_f16;
+    ops->mm[LK_TYPE_BF16] = mm_bf16;
+    ops->mm[LK_TYPE_Q4_0] = mm_q4_0;
+    ops->mm[LK_TYPE_Q8_0] = mm_q8_0;
+    ops->mm[LK_TYPE_Q4_K] = mm_q4_k;
+    ops->mm[LK_TYPE_Q5_K] = mm_q5_k;
+    ops->mm[LK_TYPE_Q6_K] = mm_q6_k;
     ops->quant[LK_TYPE_F32] = quant_f32;
     ops->quant[LK_TYPE_F16] = quant_f16;
     ops->quant[LK_TYPE_BF16] = quant_bf16;

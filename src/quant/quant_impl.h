@@ -86,37 +86,6 @@ static inline void lk_k_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t 
     }
 }
 
-/* The AVX2 level's float arithmetic, written out for the scalar matrix
- * kernels so that they give its bits (and a NEON port has one order to
- * copy). A dot product keeps 8 float lanes. Quantised types: per block (32
- * elements) or super-block, lane i gets the exact integer sum of the
- * products of elements 4i..4i+3 of each 32-element chunk, times the chunk
- * half's scale (lanes 0-3: elements 0..15, lanes 4-7: 16..31, which is how
- * 16-element sub-blocks fall), then one fused multiply-add of that integer
- * (converted to float, exact) with the block's float scale d_w * d_a; float
- * types: lane l gets element 8k + l, one fused multiply-add each. At the end
- * one fixed reduction tree, that of the SIMD files' hsum8. The integer
- * stage matches vpmaddubsw/vpmaddwd only where their i16 pairs do not
- * saturate and vpsignb's -(-128) does not wrap: activation quants in
- * [-127, 127], which every activation quantiser writes. */
-static inline float lk_hsum8(const float v[8]) {
-    return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
-}
-/* the 4-lane tree (the K-quants' min accumulator) */
-static inline float lk_hsum4(const float v[4]) { return (v[0] + v[2]) + (v[1] + v[3]); }
-/* acc[i] = s[i] * d + acc[i], rounded once per lane (vcvtdq2ps, vfmadd) */
-static inline void lk_lanes8_fma(float acc[8], const int32_t s[8], float d) {
-    for (int i = 0; i < 8; i++) acc[i] = lk_fmaf((float)s[i], d, acc[i]);
-}
-/* s[i] += sc * (q[4i..4i+3] . a[4i..4i+3]) over one 32-element chunk, sc =
- * sc_lo for lanes 0-3 and sc_hi for lanes 4-7 */
-static inline void lk_lanes8_dot(int32_t s[8], const int8_t q[32], const int8_t a[32], int sc_lo, int sc_hi) {
-    for (int i = 0; i < 8; i++) {
-        const int8_t *x = q + 4 * i, *y = a + 4 * i;
-        s[i] += (i < 4 ? sc_lo : sc_hi) * (x[0] * y[0] + x[1] * y[1] + x[2] * y[2] + x[3] * y[3]);
-    }
-}
-
 /* The decode tiles' software prefetch distance in tiles (0: none; see
  * lk_quant_set_prefetch): a relaxed load per prefetch call, which the
  * kernels' pf_range make once per block. */
@@ -137,11 +106,9 @@ typedef struct {
     lk_qrow_fn  act[LK_TYPE_COUNT];   /* activation quantisers where they differ from quant[] (NULL: quant[]) */
 } lk_quant_ops;
 
-/* The dot product of one weight row with one activation row (n elements)
- * block by block in order, without FMA: F32, F16, BF16, Q4_0, Q8_0 (and
- * Q5_0, Q5_1 through lk_q5_dot_scalar), what SIMD kernels add for the
- * elements or blocks left over after their unrolled groups. The scalar
- * level's matmul does not use it: it follows the AVX2 lanes (above). */
+/* The scalar dot product of one weight row with one activation row (n
+ * elements): SIMD kernels use it for the blocks left over after their
+ * unrolled groups. */
 float lk_quant_dot_scalar(lk_type t, int64_t n, const void *w, const void *a);
 
 /* Register-tile kernels and the driver that walks a matrix with them.
@@ -246,8 +213,7 @@ void lk_quantize_row_q5_k_avx2(const float *x, void *dst, int64_t n);
 
 /* quant_q5.c (Q5_0, Q5_1, Q8_1) and quant_k23.c (Q2_K, Q3_K, IQ4_XS; the
  * Q6_K weight quantiser the Q2_K/Q3_K mixes need): their
- * dequantisers and (Q5 only) block-order dots for SIMD tails (false: not
- * one of the file's types), and
+ * dequantisers and scalar dots (false: not one of the file's types), and
  * the entries they add to each level's table. */
 bool lk_q5_dequantize(lk_type t, const uint8_t *src, float *dst, int64_t nb);
 bool lk_q5_dot_scalar(lk_type t, int64_t n, const uint8_t *w, const uint8_t *a, float *out);
@@ -255,6 +221,7 @@ void lk_q5_fill_scalar(lk_quant_ops *ops);
 void lk_q5_fill_avx2(lk_quant_ops *ops);
 void lk_q5_fill_avx512(lk_quant_ops *ops);
 bool lk_k23_dequantize(lk_type t, const uint8_t *src, float *dst, int64_t nb);
+bool lk_k23_dot_scalar(lk_type t, int64_t n, const uint8_t *w, const uint8_t *a, float *out);
 void lk_k23_fill_scalar(lk_quant_ops *ops);
 void lk_k23_fill_avx2(lk_quant_ops *ops);
 void lk_k23_fill_avx512(lk_quant_ops *ops);

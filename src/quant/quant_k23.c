@@ -89,64 +89,64 @@ bool lk_k23_dequantize(lk_type t, const uint8_t *b, float *y, int64_t nb) {
 
 static inline int q8k_bsum(const uint8_t *a, int g) { return lk_ld_i16(a + LK_Q8K_BS + 2 * g); }
 
-/* The scalar level's dots: the AVX2 tile k23_tile2's arithmetic (quant_impl.h's
- * lanes). Per super-block, 32-element chunk c holds sub-blocks 2c (lanes
- * 0-3) and 2c+1 (lanes 4-7) of 16 (Q2_K, Q3_K) or sub-block c of 32
- * (IQ4_XS); one FMA per lane with d*da.
- * Q2_K: x = d*sc_j*q - dmin*m_j per sub-block j of 16, so
- *   dot = d*da * sum_j sc_j (q . q8)_j - dmin*da * sum_j m_j bsum_j,
- * the min term in 8 lanes of its own (lane i: sub-blocks 2i, 2i+1),
- * subtracted after both lanes' sums. Q3_K: the quants unsigned (0..7), the
- * -4 offset as 4 * sum_j s_j bsum_j out of the same lanes. */
+/* Q2_K: x = d*sc_j*q - dmin*m_j per sub-block j of 16, so
+ *   dot = d*da * sum_j sc_j (q . q8)_j - dmin*da * sum_j m_j bsum_j */
 static float dot_q2_k(int64_t n, const uint8_t *w, const uint8_t *a) {
-    float acc[8] = {0}, accm[8] = {0};
-    int8_t q[32];
+    float s = 0;
     for (int64_t i = 0; i < n / LK_QK_K; i++, w += LK_Q2K_BYTES, a += LK_Q8K_BYTES) {
         const int8_t *q8 = (const int8_t *)(a + LK_Q8K_QS);
-        int32_t s[8] = {0}, mm[8];
-        for (int c = 0; c < 8; c++) {
-            for (int l = 0; l < 32; l++) q[l] = (int8_t)k2_low(w + LK_Q2K_QS, 32 * c + l);
-            lk_lanes8_dot(s, q, q8 + 32 * c, w[2 * c] & 15, w[2 * c + 1] & 15);
+        int sumi = 0, summ = 0;
+        for (int j = 0; j < 16; j++) {
+            int si = 0;
+            for (int l = 0; l < 16; l++) si += k2_low(w + LK_Q2K_QS, 16 * j + l) * q8[16 * j + l];
+            sumi += (w[j] & 15) * si;
+            summ += (w[j] >> 4) * q8k_bsum(a, j);
         }
-        for (int l = 0; l < 8; l++) mm[l] = (w[2 * l] >> 4) * q8k_bsum(a, 2 * l) + (w[2 * l + 1] >> 4) * q8k_bsum(a, 2 * l + 1);
-        const float da = lk_ld_f32(a);
-        lk_lanes8_fma(accm, mm, lk_ld_h(w + LK_Q2K_D + 2) * da);
-        lk_lanes8_fma(acc, s, lk_ld_h(w + LK_Q2K_D) * da);
+        float da = lk_ld_f32(a);
+        s += lk_ld_h(w + LK_Q2K_D) * da * (float)sumi - lk_ld_h(w + LK_Q2K_D + 2) * da * (float)summ;
     }
-    return lk_hsum8(acc) - lk_hsum8(accm);
+    return s;
 }
 
 static float dot_q3_k(int64_t n, const uint8_t *w, const uint8_t *a) {
-    float acc[8] = {0};
-    int8_t q[32];
+    float s = 0;
     for (int64_t i = 0; i < n / LK_QK_K; i++, w += LK_Q3K_BYTES, a += LK_Q8K_BYTES) {
         const int8_t *q8 = (const int8_t *)(a + LK_Q8K_QS);
         int8_t sc[16];
         q3k_scales(w + LK_Q3K_SC, sc);
-        int32_t s[8] = {0};
-        for (int c = 0; c < 8; c++) {
-            for (int l = 0; l < 32; l++) q[l] = (int8_t)(q3k_val(w, 32 * c + l) + 4);
-            lk_lanes8_dot(s, q, q8 + 32 * c, sc[2 * c], sc[2 * c + 1]);
+        int sumi = 0;
+        for (int j = 0; j < 16; j++) {
+            int si = 0;
+            for (int l = 0; l < 16; l++) si += q3k_val(w, 16 * j + l) * q8[16 * j + l];
+            sumi += sc[j] * si;
         }
-        for (int l = 0; l < 8; l++) s[l] -= 4 * (sc[2 * l] * q8k_bsum(a, 2 * l) + sc[2 * l + 1] * q8k_bsum(a, 2 * l + 1));
-        lk_lanes8_fma(acc, s, lk_ld_h(w + LK_Q3K_D) * lk_ld_f32(a));
+        s += lk_ld_h(w + LK_Q3K_D) * lk_ld_f32(a) * (float)sumi;
     }
-    return lk_hsum8(acc);
+    return s;
 }
 
 static float dot_iq4_xs(int64_t n, const uint8_t *w, const uint8_t *a) {
-    float acc[8] = {0};
-    int8_t q[32];
+    float s = 0;
     for (int64_t i = 0; i < n / LK_QK_K; i++, w += LK_IQ4XS_BYTES, a += LK_Q8K_BYTES) {
         const int8_t *q8 = (const int8_t *)(a + LK_Q8K_QS);
-        int32_t s[8] = {0};
+        int sumi = 0;
         for (int ib = 0; ib < 8; ib++) {
-            for (int l = 0; l < 32; l++) q[l] = (int8_t)iq4xs_val(w, 32 * ib + l);
-            lk_lanes8_dot(s, q, q8 + 32 * ib, iq4xs_scale(w, ib), iq4xs_scale(w, ib));
+            int si = 0;
+            for (int l = 0; l < 32; l++) si += iq4xs_val(w, 32 * ib + l) * q8[32 * ib + l];
+            sumi += iq4xs_scale(w, ib) * si;
         }
-        lk_lanes8_fma(acc, s, lk_ld_h(w) * lk_ld_f32(a));
+        s += lk_ld_h(w) * lk_ld_f32(a) * (float)sumi;
     }
-    return lk_hsum8(acc);
+    return s;
+}
+
+bool lk_k23_dot_scalar(lk_type t, int64_t n, const uint8_t *w, const uint8_t *a, float *out) {
+    switch (t) {
+    case LK_TYPE_Q2_K: *out = dot_q2_k(n, w, a); return true;
+    case LK_TYPE_Q3_K: *out = dot_q3_k(n, w, a); return true;
+    case LK_TYPE_IQ4_XS: *out = dot_iq4_xs(n, w, a); return true;
+    default: return false;
+    }
 }
 
 #define LK_SCALAR_MM(T, TY)                                                                        \

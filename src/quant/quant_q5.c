@@ -183,26 +183,6 @@ static float dot_q5_1(int64_t n, const uint8_t *w, const uint8_t *a) {
     return s + sm;
 }
 
-/* The scalar level's dots: the AVX2 tile q5_tile2's arithmetic (quant_impl.h's
- * lanes): per block the 8 lane sums of (q - 16) * a (Q5_0) or q * a (Q5_1),
- * one FMA per lane with d_w * d_a; Q5_1's m_w * s_a summed in order without
- * FMA and added after the lanes' sum. */
-static float dot_q5_lanes(bool q51, int64_t n, const uint8_t *w, const uint8_t *a) {
-    const size_t wbb = q51 ? LK_Q51_BYTES : LK_Q50_BYTES, abb = q51 ? LK_Q81_BYTES : LK_Q80_BYTES;
-    float acc[8] = {0}, sm = 0;
-    uint8_t u[32];
-    int8_t q[32];
-    for (int64_t i = 0; i < n / 32; i++, w += wbb, a += abb) {
-        q5_quants(w + (q51 ? 4 : 2), u);
-        for (int j = 0; j < 32; j++) q[j] = (int8_t)(q51 ? u[j] : u[j] - 16);
-        int32_t s[8] = {0};
-        lk_lanes8_dot(s, q, (const int8_t *)(a + (q51 ? 4 : 2)), 1, 1);
-        lk_lanes8_fma(acc, s, lk_ld_h(w) * lk_ld_h(a));
-        if (q51) sm += lk_ld_h(w + 2) * lk_ld_h(a + 2);
-    }
-    return lk_hsum8(acc) + sm;
-}
-
 bool lk_q5_dot_scalar(lk_type t, int64_t n, const uint8_t *w, const uint8_t *a, float *out) {
     switch (t) {
     case LK_TYPE_Q5_0: *out = dot_q5_0(n, w, a); return true;
@@ -215,8 +195,8 @@ static void mm_scalar(lk_type t, int64_t n, int64_t nrows, const void *w, size_t
                       const void *a, size_t as, float *y, size_t ys) {
     for (int64_t k = 0; k < ntok; k++)
         for (int64_t r = 0; r < nrows; r++)
-            y[(size_t)k * ys + (size_t)r] = dot_q5_lanes(t == LK_TYPE_Q5_1, n, (const uint8_t *)w + (size_t)r * ws,
-                                                         (const uint8_t *)a + (size_t)k * as);
+            lk_q5_dot_scalar(t, n, (const uint8_t *)w + (size_t)r * ws, (const uint8_t *)a + (size_t)k * as,
+                             &y[(size_t)k * ys + (size_t)r]);
 }
 static void mm_q5_0(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a, size_t as,
                     float *y, size_t ys) {
