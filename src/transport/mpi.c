@@ -196,10 +196,9 @@ static void note_fail(mpi_link *u, const char *what, int code) {
 
 /* Is the peer of u still there? Peeks at its TCP control link (g_mu held). */
 static bool ctl_dead(mpi_link *u) {
-    int e;
-    if (!lk_tcp_peer_gone(u->ctl, &e)) return false;
-    if (!u->failed)
-        snprintf(u->why, sizeof u->why, "peer process gone (control connection %s)", e ? strerror(e) : "closed");
+    char why[sizeof u->why];
+    if (!lk_tcp_peer_gone(u->ctl, why, sizeof why)) return false;
+    if (!u->failed) memcpy(u->why, why, sizeof why);
     u->failed = true;
     return true;
 }

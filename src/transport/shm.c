@@ -122,18 +122,10 @@ static bool ready(shm_link *s, bool for_send) {
 
 /* Is the peer still there? Looks at the TCP control link without consuming. */
 static bool ctl_dead(shm_link *s, char *err, size_t errlen) {
-    int fd = lk_tcp_fd(s->ctl);
-    if (fd < 0) return false;
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-    if (poll(&p, 1, 0) <= 0) return false;
-    char c;
-    ssize_t k = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-        lk_fail(err, errlen, LK_ERR_NET, "peer process gone (control connection %s)",
-                k == 0 ? "closed" : strerror(errno));
-        return true;
-    }
-    return false;
+    char why[96];
+    if (!lk_tcp_peer_gone(s->ctl, why, sizeof why)) return false;
+    lk_fail(err, errlen, LK_ERR_NET, "%s", why);
+    return true;
 }
 
 static int shm_wait(lk_link *l, bool for_send, uint64_t timeout_ns, char *err, size_t errlen) {

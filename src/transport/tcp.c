@@ -71,7 +71,7 @@ int lk_tcp_fd(const lk_link *l) {
     return l && l->ops == &tcp_ops ? ((const tcp_link *)l)->fd : -1;
 }
 
-bool lk_tcp_peer_gone(const lk_link *l, int *err) {
+bool lk_tcp_peer_gone(const lk_link *l, char *why, size_t n) {
     int fd = lk_tcp_fd(l);
     if (fd < 0) return false;
     struct pollfd p = {.fd = fd, .events = POLLIN};
@@ -79,7 +79,7 @@ bool lk_tcp_peer_gone(const lk_link *l, int *err) {
     char c;
     ssize_t k = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
     if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-        *err = k == 0 ? 0 : errno;
+        snprintf(why, n, "peer process gone (control connection %s)", k == 0 ? "closed" : strerror(errno));
         return true;
     }
     return false;

@@ -121,10 +121,10 @@ lk_link *lk_tcp_wrap(int fd, const char *peer_addr);
 /* The socket of a TCP link (-1 if l is not TCP). */
 int lk_tcp_fd(const lk_link *l);
 /* Has the peer of TCP link l closed it or failed? Peeks without consuming
- * or blocking; *err is 0 for an orderly close, else the errno. For links
- * whose data travel elsewhere (ucx, mpi) and whose TCP control connection
- * is the liveness check. */
-bool lk_tcp_peer_gone(const lk_link *l, int *err);
+ * or blocking; if so, says "peer process gone (control connection closed
+ * | <errno text>)" in why. For links whose data travel elsewhere (shm, ucx,
+ * mpi) and whose TCP control connection is the liveness check. */
+bool lk_tcp_peer_gone(const lk_link *l, char *why, size_t n);
 /* Splits "host:port" (host may be "[v6]"); false if malformed. */
 bool lk_addr_split(const char *addr, char *host, size_t hostlen, int *port);
 

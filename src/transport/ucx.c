@@ -251,10 +251,9 @@ static int ucx_poll_fd(lk_link *l) { return -1; }
 
 /* Is the peer still there? Looks at the TCP control link without consuming. */
 static bool ctl_dead(ucx_link *u) {
-    int e;
-    if (!lk_tcp_peer_gone(u->ctl, &e)) return false;
-    if (!u->failed)
-        snprintf(u->why, sizeof u->why, "peer process gone (control connection %s)", e ? strerror(e) : "closed");
+    char why[sizeof u->why];
+    if (!lk_tcp_peer_gone(u->ctl, why, sizeof why)) return false;
+    if (!u->failed) memcpy(u->why, why, sizeof why);
     u->failed = true;
     return true;
 }
