@@ -158,7 +158,43 @@ bool lk_matmul_can_fuse(const lk_mat *const *W, int nw) {
     return true;
 }
 
-static void matmul_run(lk_pool *p, matmul_job *jp);
+static void matmul_run(lk_pool *p, matmul_job *j) {
+    const lk_mat *const *W = j->W;
+    const int nw = j->nw;
+    const int64_t ntok = j->ntok;
+    LK_ASSERT(lk_matmul_can_fuse(W, nw) && (!j->swiglu || (nw == 2 && W[0]->rows == W[1]->rows)));
+    const uint64_t t0 = lk_prof_t0();
+    j->at = lk_type_vec_dot(W[0]->type);
+    /* the activations' pass: RMSNorm (lk_matmul_fused_norm) and quantising
+     * to the weights' activation type, per token, over the pool from 4
+     * tokens on */
+    if (j->norm_w || j->at != LK_TYPE_F32) {
+        if (j->at != LK_TYPE_F32) {
+            size_t rb = 0;
+            LK_ASSERT(lk_type_row_bytes(j->at, W[0]->cols, &rb));
+            j->a = j->scratch;
+            j->a_stride = rb;
+        }
+        const uint64_t q0 = lk_prof_t0();
+        if (ntok >= 4 && lk_pool_size(p) > 1)
+            lk_pool_run_k(p, LK_PROF_QUANT, quantize_job, j, (int)LK_MIN(ntok, (int64_t)lk_pool_size(p)));
+        else quantize_job(j, 0, 1);
+        lk_prof_add(LK_PROF_QUANT, q0);
+    }
+    if (j->at == LK_TYPE_F32) {
+        /* F32 weights take the activations as they are (normed: from xn): no copy */
+        j->a = j->norm_w ? j->xn : j->x;
+        j->a_stride = (size_t)(j->norm_w ? W[0]->cols : j->x_stride) * sizeof(float);
+    }
+    /* no more tasks than row units of the widest matrix: a task without
+     * rows is a claim for nothing */
+    int64_t units = 1;
+    for (int i = 0; i < nw; i++) units = LK_MAX(units, (W[i]->rows + ROW_ALIGN - 1) / ROW_ALIGN);
+    const int nt = (int)LK_MIN((int64_t)lk_pool_size(p) * atomic_load_explicit(&g_split, memory_order_relaxed), units);
+    const lk_prof_kind kind = lk_prof_matmul_kind_now();
+    lk_pool_run_k(p, kind, matmul_job_fn, j, LK_MAX(nt, 1));
+    lk_prof_add(kind, t0);
+}
 
 void lk_matmul_fused(lk_pool *p, const lk_mat *const *W, int nw, const float *x, int64_t x_stride, int64_t ntok,
                      float *const *y, const int64_t *y_stride, bool swiglu, void *scratch) {
@@ -174,45 +210,6 @@ void lk_matmul_fused_norm(lk_pool *p, const lk_mat *const *W, int nw, const floa
     matmul_job j = { .W = W, .nw = nw, .x = x, .x_stride = W[0]->cols, .ntok = ntok, .y = y, .y_stride = y_stride,
                      .swiglu = swiglu, .scratch = scratch, .norm_w = norm_w, .eps = eps, .xn = xn };
     matmul_run(p, &j);
-}
-
-static void matmul_run(lk_pool *p, matmul_job *jp) {
-    matmul_job j = *jp;
-    const lk_mat *const *W = j.W;
-    const int nw = j.nw;
-    const int64_t ntok = j.ntok;
-    LK_ASSERT(lk_matmul_can_fuse(W, nw) && (!j.swiglu || (nw == 2 && W[0]->rows == W[1]->rows)));
-    const uint64_t t0 = lk_prof_t0();
-    j.at = lk_type_vec_dot(W[0]->type);
-    /* the activations' pass: RMSNorm (lk_matmul_fused_norm) and quantising
-     * to the weights' activation type, per token, over the pool from 4
-     * tokens on */
-    if (j.norm_w || j.at != LK_TYPE_F32) {
-        if (j.at != LK_TYPE_F32) {
-            size_t rb = 0;
-            LK_ASSERT(lk_type_row_bytes(j.at, W[0]->cols, &rb));
-            j.a = j.scratch;
-            j.a_stride = rb;
-        }
-        const uint64_t q0 = lk_prof_t0();
-        if (ntok >= 4 && lk_pool_size(p) > 1)
-            lk_pool_run_k(p, LK_PROF_QUANT, quantize_job, &j, (int)LK_MIN(ntok, (int64_t)lk_pool_size(p)));
-        else quantize_job(&j, 0, 1);
-        lk_prof_add(LK_PROF_QUANT, q0);
-    }
-    if (j.at == LK_TYPE_F32) {
-        /* F32 weights take the activations as they are (normed: from xn): no copy */
-        j.a = j.norm_w ? j.xn : j.x;
-        j.a_stride = (size_t)(j.norm_w ? W[0]->cols : j.x_stride) * sizeof(float);
-    }
-    /* no more tasks than row units of the widest matrix: a task without
-     * rows is a claim for nothing */
-    int64_t units = 1;
-    for (int i = 0; i < nw; i++) units = LK_MAX(units, (W[i]->rows + ROW_ALIGN - 1) / ROW_ALIGN);
-    const int nt = (int)LK_MIN((int64_t)lk_pool_size(p) * atomic_load_explicit(&g_split, memory_order_relaxed), units);
-    const lk_prof_kind kind = lk_prof_matmul_kind_now();
-    lk_pool_run_k(p, kind, matmul_job_fn, &j, LK_MAX(nt, 1));
-    lk_prof_add(kind, t0);
 }
 
 void lk_matmul(lk_pool *p, const lk_mat *W, const float *x, int64_t x_stride, int64_t ntok,

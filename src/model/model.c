@@ -1605,6 +1605,14 @@ static lk_status allreduce(lk_model *m, float *x, int64_t n, int layer, const ch
  * would cost more than it saves. */
 enum { PAR_ROWS = 4 };
 
+/* fn over a batch's n rows: on the pool (a task per thread, at most one per
+ * row) from PAR_ROWS rows on, else inline; fn splits the rows by its task */
+static void run_rows(lk_model *m, lk_pool_fn fn, void *arg, int n) {
+    const int nt = LK_MIN(n, lk_pool_size(m->pool));
+    if (n >= PAR_ROWS && nt > 1) lk_pool_run_k(m->pool, LK_PROF_PAR, fn, arg, nt);
+    else fn(arg, 0, 1);
+}
+
 typedef struct {
     float *out;
     const float *x, *w;
@@ -1623,9 +1631,7 @@ static void norm_rows_fn(void *arg, int ith, int nth) {
 /* out[t] = rmsnorm(x[t]) * w for t < n rows of d (out may be x) */
 static void norm_rows(lk_model *m, float *out, const float *x, const float *w, int n, int64_t d) {
     norm_job j = { out, x, w, d, m->cfg.rms_eps, n };
-    const int nt = LK_MIN(n, lk_pool_size(m->pool));
-    if (n >= PAR_ROWS && nt > 1) lk_pool_run_k(m->pool, LK_PROF_PAR, norm_rows_fn, &j, nt);
-    else norm_rows_fn(&j, 0, 1);
+    run_rows(m, norm_rows_fn, &j, n);
 }
 
 /* A token's q/k after the projections: biases, q/k norms, RoPE, and its
@@ -1700,9 +1706,7 @@ static void attention(lk_model *m, int li, const float *x) {
             for (int h = 0; h < m->nh; h++)
                 memcpy(m->q + t * qd + h * hd, m->gate + t * 2 * qd + h * 2 * hd, sizeof(float) * (size_t)hd);
     qk_job qj = { m, li };
-    const int nt = LK_MIN(n, lk_pool_size(m->pool));
-    if (n >= PAR_ROWS && nt > 1) lk_pool_run_k(m->pool, LK_PROF_PAR, qk_prepare_fn, &qj, nt);
-    else qk_prepare_fn(&qj, 0, 1);
+    run_rows(m, qk_prepare_fn, &qj, n);
     attn_job aj = { m, li };
     lk_pool_run_k(m->pool, LK_PROF_ATTN, m->kv_f16 ? attn_f16_fn : attn_block_fn, &aj, lk_pool_size(m->pool));
     if (w->gated) /* the output gate: sigmoid(gate) on each head's result */
@@ -2208,9 +2212,7 @@ static void resid_fn(void *arg, int ith, int nth) {
 static bool add_nonfinite(lk_model *m, float *x, const float *o, int n) {
     resid_job j = { .x = x, .o = o, .d = m->cfg.n_embd, .n = n };
     atomic_init(&j.bad, false);
-    const int nt = LK_MIN(n, lk_pool_size(m->pool));
-    if (n >= PAR_ROWS && nt > 1) lk_pool_run_k(m->pool, LK_PROF_PAR, resid_fn, &j, nt);
-    else resid_fn(&j, 0, 1);
+    run_rows(m, resid_fn, &j, n);
     return atomic_load(&j.bad);
 }
 
