@@ -36,7 +36,9 @@ static LK_INL void pf_range(const uint8_t *p, size_t tile, size_t len) {
 }
 
 /* ===================================================================== */
-/* Q4_0 and Q8_0 weights x Q8_0 activations, one block at a time          */
+/* Q8_0 weights x Q8_0 activations, one block at a time (Q4_0 was here    */
+/* too; it is quant_q40_avx2.c now, rows in lanes, the scalar order; the   */
+/* is_q8 == false paths below are its former arithmetic, kept generic)     */
 /* ===================================================================== */
 
 /* A Q8_0 activation block: 32 quants, the scale, and the offset correction
@@ -481,7 +483,6 @@ LK_T2 static void quant_q8_k_avx2(const float *x, void *dst, int64_t n) {
                                           {{NULL, name##_1x1, name##_1x2, name##_1x3, name##_1x4}, \
                                            {NULL, name##_1x1, name##_1x2, name##_1x3, name##_1x4}}};
 
-#define Q40_CALL(R, T) q4q8_tile2(R, T, false, n, w, ws, a, as, y, ys)
 #define Q80_CALL(R, T) q4q8_tile2(R, T, true, n, w, ws, a, as, y, ys)
 #define Q4K_CALL(R, T) kq_tile2(R, T, 4, n, w, ws, a, as, y, ys)
 #define Q5K_CALL(R, T) kq_tile2(R, T, 5, n, w, ws, a, as, y, ys)
@@ -489,11 +490,8 @@ LK_T2 static void quant_q8_k_avx2(const float *x, void *dst, int64_t n) {
 #define F32_CALL(R, T) fl_tile2(R, T, 32, n, w, ws, a, as, y, ys)
 #define F16_CALL(R, T) fl_tile2(R, T, 16, n, w, ws, a, as, y, ys)
 #define BF_CALL(R, T) fl_tile2(R, T, 0, n, w, ws, a, as, y, ys)
-LK_TILE_FN(q40d, 4, 1, q4q8_dec2(4, false, n, w, ws, a, y))
-LK_TILE_FN(q40d, 1, 1, q4q8_dec2(1, false, n, w, ws, a, y))
 LK_TILE_FN(q80d, 4, 1, q4q8_dec2(4, true, n, w, ws, a, y))
 LK_TILE_FN(q80d, 1, 1, q4q8_dec2(1, true, n, w, ws, a, y))
-LK_TILES_4x3(q40, Q40_CALL, q40d_4x1, q40d_1x1)
 LK_TILES_4x3(q80, Q80_CALL, q80d_4x1, q80d_1x1)
 LK_TILES_1x4(q4k, Q4K_CALL)
 LK_TILES_1x4(q5k, Q5K_CALL)
@@ -519,7 +517,6 @@ LK_TILES_4x3(bf, BF_CALL, bf_4x1, bf_1x1)
         if (ntok >= 2 && lk_quant_gemm_avx2_on()) GEMM_CALL;                                    \
         else lk_quant_run_tiles(&name##_set, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride); \
     }
-LK_MM_GEMM_FN(q40, lk_quant_gemm_q4q8_avx2(false, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride))
 LK_MM_GEMM_FN(q80, lk_quant_gemm_q4q8_avx2(true, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride))
 LK_MM_GEMM_FN(q4k, lk_quant_gemm_kq_avx2(4, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride))
 LK_MM_GEMM_FN(q5k, lk_quant_gemm_kq_avx2(5, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride))
@@ -530,7 +527,7 @@ LK_MM_FN(bf)
 
 void lk_quant_fill_avx2(lk_quant_ops *ops) {
     ops->name = "avx2";
-    ops->mm[LK_TYPE_Q4_0] = mm_q40;
+    ops->mm[LK_TYPE_Q4_0] = lk_quant_mm_q40_avx2;
     ops->mm[LK_TYPE_Q8_0] = mm_q80;
     ops->mm[LK_TYPE_Q4_K] = mm_q4k;
     ops->mm[LK_TYPE_Q5_K] = mm_q5k;

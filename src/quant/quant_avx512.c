@@ -31,16 +31,21 @@
  * per block are exact; only the float scaling and summation order differ
  * from the scalar reference.
  *
- * Not batch invariant yet (the scalar and AVX2 levels are: test_quant's
- * matmul_batch_invariant fails here). A token's bits depend on the call's
- * token count because three paths sum in three orders: decode (Q4_0 4-row
- * blocks and Q4_K/Q5_K 4-row blocks add each block's lanes in integers and
- * transpose rows into lanes; Q4_0/Q8_0 rows over 12288 elements add column
- * chunks into y), the R x T tiles (16 lanes per row and token, one FMA per
- * group or super-block), and the GEMMs from LK_GEMM_MIN_TOK* tokens
- * (quant_gemm_avx512.c: per row a block's whole integer sum, multiply and
- * add per block, K blocks added into y; floats sum along the row). Making
- * them agree means one order per type for all three. */
+ * Batch invariance. Q4_0 is batch invariant here and gives the scalar
+ * code's bits: decode (q40_dec4_buf: each block's exact integer sum, then
+ * per row s = s + sum * (d_w * d_a) block after block), 2-4 tokens
+ * (lk_quant_q40_rows_avx512: 16 rows in the lanes) and the GEMM from
+ * LK_GEMM_MIN_TOK tokens (the same arithmetic, each K block continuing the
+ * row's sum from y) all do the scalar reference's operations in its order;
+ * test_quant checks them bit for bit against the scalar level. The other
+ * types are not yet (test_quant's matmul_batch_invariant reports them): a
+ * token's bits depend on the call's token count because three paths sum in
+ * three orders: decode (Q4_K/Q5_K 4-row blocks add each block's lanes in
+ * integers and transpose rows into lanes; Q8_0 rows over 12288 elements add
+ * column chunks into y), the R x T tiles (16 lanes per row and token, one
+ * FMA per group or super-block), and the GEMMs (quant_gemm_avx512.c, which
+ * already follow the scalar order). Making them agree means giving decode
+ * and the tiles the GEMMs' order, as Q4_0's did. */
 #include <immintrin.h>
 
 #include "quant/quant_impl.h"
@@ -271,14 +276,18 @@ LK_T512 static LK_INL void q4q8_dec_rows(const int R, const bool is_q8, const lk
 
 /* Q4_0, 4 rows: instead of scaling each row's 16 partial sums separately (a
  * scale permute + fp16 conversion + multiply per row), the 4 rows' integer
- * sums are transposed and added so that lane 4k + r holds row r's sum for
- * block k; one conversion and one FMA then serve all 4 rows, and one fp16
- * conversion gives all 16 (row, block) scales. Decode of 4-bit weights on
- * one core is close to compute-bound, so uops per byte matter. */
+ * sums are transposed and added so that lane 4k + r holds row r's exact sum
+ * for block k; one conversion and one multiply then serve all 4 rows, and
+ * one fp16 conversion gives all 16 (row, block) scales. Each row's products
+ * are then added onto its sum (acc, lane r, starting from y) block after
+ * block, k = 0..3 in the 128-bit quarters of the vector: the scalar
+ * reference's arithmetic, and so the bits of the register tiles and the GEMM
+ * (batch invariance). Decode of 4-bit weights on one core is close to
+ * compute-bound, so uops per byte matter. */
 LK_T512 static void q40_dec4_buf(const lk_tabs *tb, const uint8_t *buf, int64_t gn, const uint8_t *w,
                                  size_t ws, float *out) {
     const __m512i d2 = _mm512_loadu_si512(k_q40_d2);
-    __m512 acc = _mm512_setzero_ps();
+    __m128 acc = _mm_loadu_ps(out);
     for (int64_t g = 0; g < gn; g++, buf += PG_BYTES) {
         const uint8_t *p0 = w + (size_t)g * 4 * LK_Q40_BYTES;
         __m512i alo = _mm512_load_si512(buf + PG_LO), ahi = _mm512_load_si512(buf + PG_HI);
@@ -300,11 +309,14 @@ LK_T512 static void q40_dec4_buf(const lk_tabs *tb, const uint8_t *buf, int64_t 
                                              _mm512_permutex2var_epi8(L0[2], d2, L0[3]));
         __m512 sc = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(dw)), _mm512_load_ps(buf + PG_D));
         u = _mm512_add_epi32(u, _mm512_load_si512(buf + PG_NEGR));
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(u), sc, acc);
+        /* row r's block k at lane 4k + r: added onto lane r of acc, k in order */
+        const __m512 p = _mm512_mul_ps(_mm512_cvtepi32_ps(u), sc);
+        acc = _mm_add_ps(acc, _mm512_castps512_ps128(p));
+        acc = _mm_add_ps(acc, _mm512_extractf32x4_ps(p, 1));
+        acc = _mm_add_ps(acc, _mm512_extractf32x4_ps(p, 2));
+        acc = _mm_add_ps(acc, _mm512_extractf32x4_ps(p, 3));
     }
-    /* rows are lanes r, r+4, r+8, r+12 */
-    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
-    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+    _mm_storeu_ps(out, acc);
 }
 
 LK_T512 static void q4q8_decode(const bool is_q8, int64_t n, int64_t nrows, const uint8_t *w, size_t ws,
@@ -312,30 +324,52 @@ LK_T512 static void q4q8_decode(const bool is_q8, int64_t n, int64_t nrows, cons
     const lk_tabs tb = tabs_load();
     const size_t wbb = is_q8 ? LK_Q80_BYTES : LK_Q40_BYTES;
     const int64_t nb = n / LK_QK, ng = nb / 4;
+    /* Q4_0: 4-row tiles in the scalar order here; the rows left over, and the
+     * blocks past the last group of 4, continue each row's sum in that order */
+    const int64_t nr4 = is_q8 ? nrows : nrows & ~(int64_t)3;
     _Alignas(64) uint8_t buf[PG_CHUNK * PG_BYTES];
-    for (int64_t r = 0; r < nrows; r++) y[r] = 0;
+    for (int64_t r = 0; r < nr4; r++) y[r] = 0;
     for (int64_t g0 = 0; g0 < ng; g0 += PG_CHUNK) {
         int64_t gn = LK_MIN((int64_t)PG_CHUNK, ng - g0);
         q80_prep(&tb, a + (size_t)g0 * 4 * LK_Q80_BYTES, gn, !is_q8, buf);
         const uint8_t *wc = w + (size_t)g0 * 4 * wbb;
         float out[4];
         int64_t r = 0;
-        for (; r + 4 <= nrows; r += 4) {
-            if (is_q8) q4q8_dec_rows(4, true, &tb, buf, gn, wc + (size_t)r * ws, ws, out);
-            else q40_dec4_buf(&tb, buf, gn, wc + (size_t)r * ws, ws, out);
-            for (int i = 0; i < 4; i++) y[r + i] += out[i];
+        for (; r + 4 <= nr4; r += 4) {
+            if (is_q8) {
+                q4q8_dec_rows(4, true, &tb, buf, gn, wc + (size_t)r * ws, ws, out);
+                for (int i = 0; i < 4; i++) y[r + i] += out[i];
+            } else {
+                q40_dec4_buf(&tb, buf, gn, wc + (size_t)r * ws, ws, y + r);
+            }
         }
-        for (; r < nrows; r++) {
-            if (is_q8) q4q8_dec_rows(1, true, &tb, buf, gn, wc + (size_t)r * ws, ws, out);
-            else q4q8_dec_rows(1, false, &tb, buf, gn, wc + (size_t)r * ws, ws, out);
+        for (; r < nr4; r++) {
+            q4q8_dec_rows(1, true, &tb, buf, gn, wc + (size_t)r * ws, ws, out);
             y[r] += out[0];
         }
+    }
+    if (!is_q8) {
+        for (int64_t r = 0; r < nr4; r++) {
+            const uint8_t *wr = w + (size_t)r * ws;
+            float s = y[r];
+            for (int64_t b = ng * 4; b < nb; b++) {
+                const uint8_t *wb = wr + (size_t)b * LK_Q40_BYTES, *ab = a + (size_t)b * LK_Q80_BYTES;
+                const int8_t *q8 = (const int8_t *)(ab + 2);
+                int sumi = 0;
+                for (int j = 0; j < 16; j++)
+                    sumi += ((wb[2 + j] & 0xF) - 8) * q8[j] + ((wb[2 + j] >> 4) - 8) * q8[j + 16];
+                s += (float)sumi * (lk_ld_h(wb) * lk_ld_h(ab));
+            }
+            y[r] = s;
+        }
+        if (nr4 < nrows)
+            lk_quant_q40_rows_avx512(n, nrows - nr4, w + (size_t)nr4 * ws, ws, 1, a, 0, y + nr4, 0);
+        return;
     }
     if (nb > ng * 4) {
         const int64_t tail = (nb - ng * 4) * LK_QK;
         for (int64_t r = 0; r < nrows; r++)
-            y[r] += lk_quant_dot_scalar(is_q8 ? LK_TYPE_Q8_0 : LK_TYPE_Q4_0, tail,
-                                        w + (size_t)r * ws + (size_t)ng * 4 * wbb,
+            y[r] += lk_quant_dot_scalar(LK_TYPE_Q8_0, tail, w + (size_t)r * ws + (size_t)ng * 4 * wbb,
                                         a + (size_t)ng * 4 * LK_Q80_BYTES);
     }
 }
@@ -745,7 +779,6 @@ LK_T512BF static LK_INL void bf_tile(const int R, const int T, int64_t n, const 
     static const lk_tileset name##_set = {dec4, name##_1x1, 4, 3,                                   \
                                           {{NULL, name##_1x1, name##_1x2, name##_1x3, NULL},        \
                                            {NULL, name##_4x1, name##_4x2, name##_4x3, NULL}}};
-LK_Q_TILES(q40, false, q40_4x1) /* decode goes through q4q8_decode */
 LK_Q_TILES(q80, true, q80_4x1)
 
 /* K-quants: decode 4 rows (Q4_K/Q5_K: the reducing kernel above), prefill 1x4 */
@@ -779,24 +812,30 @@ LK_F_TILES(LK_T512, f16, F16_CALL)
 LK_F_TILES(LK_T512, bfc, BFC_CALL)
 LK_F_TILES(LK_T512BF, bf, BF_CALL)
 
+
 #define LK_MM_FN(name)                                                                      \
     static void mm_##name(int64_t n, int64_t nrows, const void *w, size_t w_stride,         \
                           int64_t ntok, const void *a, size_t a_stride, float *y,           \
                           size_t y_stride) {                                                \
         lk_quant_run_tiles(&name##_set, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride); \
     }
-/* Q4_0 / Q8_0: decode through the prepared-activation kernels, prefill tiles */
-#define LK_MM_Q_FN(name, isq8)                                                              \
-    static void mm_##name(int64_t n, int64_t nrows, const void *w, size_t w_stride,         \
-                          int64_t ntok, const void *a, size_t a_stride, float *y,           \
-                          size_t y_stride) {                                                \
-        if (ntok == 1) q4q8_decode(isq8, n, nrows, w, w_stride, a, y);                      \
-        else if (ntok >= LK_GEMM_MIN_TOK)                                                   \
-            lk_quant_gemm_q4q8_avx512(isq8, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride); \
-        else lk_quant_run_tiles(&name##_set, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride); \
-    }
-LK_MM_Q_FN(q40, false)
-LK_MM_Q_FN(q80, true)
+/* Q4_0: one arithmetic for every token count (the scalar reference's, so
+ * batch invariant): decode through the prepared-activation 4-row kernel,
+ * 2-4 tokens rows in lanes, then the GEMM */
+static void mm_q40(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
+                   size_t a_stride, float *y, size_t y_stride) {
+    if (ntok == 1) q4q8_decode(false, n, nrows, w, w_stride, a, y);
+    else if (ntok < LK_GEMM_MIN_TOK) lk_quant_q40_rows_avx512(n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
+    else lk_quant_gemm_q4q8_avx512(false, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
+}
+/* Q8_0: decode through the prepared-activation kernels, prefill tiles, then
+ * the GEMM (three orders: not batch invariant yet) */
+static void mm_q80(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
+                   size_t a_stride, float *y, size_t y_stride) {
+    if (ntok == 1) q4q8_decode(true, n, nrows, w, w_stride, a, y);
+    else if (ntok >= LK_GEMM_MIN_TOK) lk_quant_gemm_q4q8_avx512(true, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
+    else lk_quant_run_tiles(&q80_set, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
+}
 /* K-quants: prefill through the GEMM (quant_gemm_avx512.c) */
 static void mm_q4k(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
                    size_t a_stride, float *y, size_t y_stride) {

@@ -1,4 +1,4 @@
-/* quant_gemm_avx2.c — prefill (two or more tokens at once) for Q4_0 / Q8_0
+/* quant_gemm_avx2.c — prefill (two or more tokens at once) for Q8_0
  * (Q8_0 activations) and Q4_K / Q5_K / Q6_K (Q8_K activations) on AVX2 + FMA
  * + F16C machines (no VNNI, no AVX-512: Zen 1-3, Haswell to Skylake client).
  * quant_avx2.c's matmul entries call it from 2 tokens on when it is on (off
@@ -47,7 +47,10 @@
  * would be faster changes the numbers: llama.cpp's repacked Q4_0 GEMM puts
  * 8 rows in the lanes (one conversion and FMA per 8 rows) and sums 4 blocks'
  * products in i16 before widening, which is not batch invariant against
- * its own decode. */
+ * its own decode. Q4_0 has since left this file for quant_q40_avx2.c: rows
+ * in lanes there too, with decode in the same arithmetic (the scalar
+ * reference's), so it is batch invariant and 1.9x faster at 64 tokens; the
+ * types here still have their old order. */
 #include <immintrin.h>
 #include <stdatomic.h>
 

@@ -37,11 +37,13 @@
  * pool threads have the default 8 MB).
  *
  * Integer block sums are exact and the float work per block is the scalar
- * reference's in its order, so a row of one K block (512 elements) gives the
- * scalar code's bits; longer rows add K blocks' partial sums in another
- * order. (An FMA instead of multiply + add would save ~8 %, at the price of
- * different roundings from the scalar code and llama.cpp.) The K-quants:
- * see their section below. */
+ * reference's in its order, and each K block's accumulators start from what
+ * the previous K blocks left in y (gk_init), so every row gives the scalar
+ * code's bits whatever its length; Q4_0's decode and small-batch kernels
+ * keep the same order (batch invariance: quant_avx512.c). (An FMA instead
+ * of multiply + add would save ~8 %, at the price of different roundings
+ * from the scalar code and llama.cpp.) The K-quants: see their section
+ * below. */
 #include <immintrin.h>
 
 #include "quant/quant_impl.h"
@@ -192,14 +194,27 @@ LK_TG static LK_INL void gk_store(const int RG, const int T, const __m512 *acc, 
     }
 }
 
+/* The quantised tiles' accumulators at the start of a K block: zero for the
+ * first, else what y holds, so a row's blocks are added one after another
+ * onto one sum from its first block to its last, as the scalar reference
+ * adds them (and as decode does: the same bits whatever the K blocking and
+ * the call's token count). */
+LK_TG static LK_INL void gk_init(const int RG, const int T, __m512 *acc, const int ld, const float *y, size_t ys,
+                                 int nlast, bool add) {
+#pragma GCC unroll 4
+    for (int g = 0; g < RG; g++) {
+        __mmask16 m = g == RG - 1 ? (__mmask16)((1u << nlast) - 1) : 0xFFFF;
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++)
+            acc[g * ld + t] = add ? _mm512_maskz_loadu_ps(m, y + (size_t)t * ys + (size_t)g * GK_ROWS) : _mm512_setzero_ps();
+    }
+}
+
 LK_TG static LK_INL void gk_tile(const int RG, const int T, const gk_panel *wp, const uint8_t *const *at,
                                  const gk_act *act, int t0, int b1, int kb, float *y, size_t ys, int nlast,
                                  bool add) {
     __m512 fa[GK_RG][GK_T];
-#pragma GCC unroll 4
-    for (int g = 0; g < RG; g++)
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++) fa[g][t] = _mm512_setzero_ps();
+    gk_init(RG, T, &fa[0][0], GK_T, y, ys, nlast, add);
     for (int b = 0; b < kb; b++) {
         __m512i ia[GK_RG][GK_T];
 #pragma GCC unroll 4
@@ -228,7 +243,7 @@ LK_TG static LK_INL void gk_tile(const int RG, const int T, const gk_panel *wp, 
                                            _mm512_mul_ps(wd, _mm512_set1_ps(act->d[t0 + t][b1 + b]))));
         }
     }
-    gk_store(RG, T, &fa[0][0], GK_T, y, ys, nlast, add);
+    gk_store(RG, T, &fa[0][0], GK_T, y, ys, nlast, false);
 }
 
 typedef void (*gk_tile_fn)(const gk_panel *wp, const uint8_t *const *at, const gk_act *act, int t0, int b1,
@@ -292,6 +307,106 @@ LK_TG void lk_quant_gemm_q4q8_avx512(bool is_q8, int64_t n, int64_t nrows, const
                                                 ys, nlast, b0 > 0);
                     }
                 }
+            }
+        }
+    }
+}
+
+/* ===================================================================== */
+/* Q4_0 decode and a few tokens, rows in lanes                            */
+/* ===================================================================== */
+
+/* Below LK_GEMM_MIN_TOK tokens Q4_0 comes here, so that every token count
+ * gives a row the GEMM's bits, which are the scalar reference's
+ * (quant_q40_avx2.c has the AVX2 twin and the reasoning): 16 rows' block
+ * transposed into the lanes in registers (no panel, nothing stored), each
+ * token's 8 vpdpbusd from its offset correction, then per block one
+ * conversion, two multiplies and an add for 16 rows. */
+enum { GQ_T = 4, GQ_KB = 256 };
+typedef struct { float d[GQ_T][GQ_KB]; int32_t corr[GQ_T][GQ_KB]; } gq_act;
+
+LK_TG static LK_INL void gq_rows(const uint8_t *w, size_t ws, int nr, int64_t b, __m512i v[8], __m512 *d) {
+    __m128i q[16];
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; r++)
+        q[r] = r < nr ? _mm_loadu_si128((const __m128i *)(w + (size_t)r * ws + (size_t)b * LK_Q40_BYTES + 2))
+                      : _mm_setzero_si128();
+    gk_transpose16x4(q, v);
+    const __m512i m0f = _mm512_set1_epi8(0x0F);
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        v[k + 4] = gk_hi_nibble(v[k]);
+        v[k] = _mm512_and_si512(v[k], m0f);
+    }
+    *d = gk_gather_h16(w + (size_t)b * LK_Q40_BYTES, ws, nr);
+}
+
+LK_TG static LK_INL void gq_tile(const int T, int64_t b0, int kb, const uint8_t *w, size_t ws, int nr,
+                                 const uint8_t *a, size_t as, const gq_act *A, float *y, size_t ys, size_t pf,
+                                 bool cont) {
+    const __mmask16 m = (__mmask16)((1u << nr) - 1);
+    __m512 acc[GQ_T];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) acc[t] = cont ? _mm512_maskz_loadu_ps(m, y + (size_t)t * ys) : _mm512_setzero_ps();
+    size_t next_pf = (size_t)b0 * LK_Q40_BYTES;
+    for (int b = 0; b < kb; b++) {
+        if (pf && (size_t)(b0 + b) * LK_Q40_BYTES >= next_pf) {
+            for (int r = 0; r < nr; r++) _mm_prefetch((const char *)w + (size_t)r * ws + pf + next_pf, _MM_HINT_T0);
+            next_pf += 64;
+        }
+        __m512i v[8];
+        __m512 wd;
+        gq_rows(w, ws, nr, b0 + b, v, &wd);
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            const uint8_t *aq = a + (size_t)t * as + (size_t)(b0 + b) * LK_Q80_BYTES + 2;
+            __m512i ia = _mm512_set1_epi32(A->corr[t][b]);
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) ia = _mm512_dpbusd_epi32(ia, v[k], _mm512_set1_epi32(gk_ld_i32(aq + 4 * k)));
+            acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_cvtepi32_ps(ia),
+                                                         _mm512_mul_ps(wd, _mm512_set1_ps(A->d[t][b]))));
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) _mm512_mask_storeu_ps(y + (size_t)t * ys, m, acc[t]);
+}
+
+#define GQ_TILE(T)                                                                                             \
+    LK_TG static void gq_tile_##T(int64_t b0, int kb, const uint8_t *w, size_t ws, int nr, const uint8_t *a,  \
+                                  size_t as, const gq_act *A, float *y, size_t ys, size_t pf, bool cont) {    \
+        gq_tile(T, b0, kb, w, ws, nr, a, as, A, y, ys, pf, cont);                                              \
+    }
+GQ_TILE(1) GQ_TILE(2) GQ_TILE(3) GQ_TILE(4)
+typedef void (*gq_tile_fn)(int64_t b0, int kb, const uint8_t *w, size_t ws, int nr, const uint8_t *a, size_t as,
+                           const gq_act *A, float *y, size_t ys, size_t pf, bool cont);
+static const gq_tile_fn k_gq_tiles[GQ_T + 1] = { NULL, gq_tile_1, gq_tile_2, gq_tile_3, gq_tile_4 };
+
+LK_TG void lk_quant_q40_rows_avx512(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
+                                    size_t as, float *y, size_t ys) {
+    const int64_t nb = n / LK_QK;
+    const uint8_t *W = w, *A = a;
+    const int d = lk_quant_pf_tiles();
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    gq_act act;
+    for (int64_t t = 0; t < ntok; t += GQ_T) {
+        const int tt = (int)LK_MIN((int64_t)GQ_T, ntok - t);
+        const uint8_t *at = A + (size_t)t * as;
+        for (int64_t b0 = 0; b0 < nb; b0 += GQ_KB) {
+            const int kb = (int)LK_MIN((int64_t)GQ_KB, nb - b0);
+            for (int i = 0; i < tt; i++)
+                for (int b = 0; b < kb; b++) { /* as gk_prep */
+                    const uint8_t *p = at + (size_t)i * as + (size_t)(b0 + b) * LK_Q80_BYTES;
+                    act.d[i][b] = _cvtsh_ss(lk_ld_u16(p));
+                    __m256i s = _mm256_sad_epu8(_mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p + 2)), flip),
+                                                _mm256_setzero_si256());
+                    __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+                    act.corr[i][b] = -8 * ((int32_t)(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 32 * 128);
+                }
+            for (int64_t r0 = 0; r0 < nrows; r0 += 16) {
+                const int nr = (int)LK_MIN((int64_t)16, nrows - r0);
+                const size_t pf = d && r0 + (int64_t)(d + 1) * 16 <= nrows ? (size_t)d * 16 * ws : 0;
+                k_gq_tiles[tt](b0, kb, W + (size_t)r0 * ws, ws, nr, at, as, &act, y + (size_t)t * ys + (size_t)r0, ys,
+                               t == 0 ? pf : 0, b0 > 0);
             }
         }
     }
@@ -473,10 +588,7 @@ LK_TG static LK_INL void gkk_tile(const int kind, const int RG, const int T, con
                                   const uint8_t *const *at, const gk4_act *act, int t0, int s1, int kb, float *y,
                                   size_t ys, int nlast, bool add) {
     __m512 fa[GK4_RG][GK4_T];
-#pragma GCC unroll 4
-    for (int g = 0; g < RG; g++)
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++) fa[g][t] = _mm512_setzero_ps();
+    gk_init(RG, T, &fa[0][0], GK4_T, y, ys, nlast, add);
     for (int s = 0; s < kb; s++) {
         __m512i is[GK4_RG][GK4_T];
         if (kind != 6) {
@@ -553,7 +665,7 @@ LK_TG static LK_INL void gkk_tile(const int kind, const int RG, const int T, con
             }
         }
     }
-    gk_store(RG, T, &fa[0][0], GK4_T, y, ys, nlast, add);
+    gk_store(RG, T, &fa[0][0], GK4_T, y, ys, nlast, false);
 }
 
 typedef void (*gk4_tile_fn)(const gk4_panel *wp, const uint8_t *const *at, const gk4_act *act, int t0, int s1,

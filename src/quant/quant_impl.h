@@ -134,6 +134,13 @@ void lk_quant_fill_scalar(lk_quant_ops *ops);
 void lk_quant_fill_avx2(lk_quant_ops *ops);
 void lk_quant_fill_avx512(lk_quant_ops *ops);
 
+/* quant_q40_avx2.c: the AVX2 level's Q4_0 kernel, rows in lanes, in the
+ * scalar reference's arithmetic; from LK_Q40_GEMM_TOK tokens on a GEMM over
+ * panels packed once per 64 tokens (below, register tiles). */
+enum { LK_Q40_GEMM_TOK = 5 };
+void lk_quant_mm_q40_avx2(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
+                          size_t as, float *y, size_t ys);
+
 /* quant_gemm_avx512.c: lk_quant_matmul for Q4_0 (is_q8 false) or Q8_0
  * weights over many tokens (prefill) as a packed-panel GEMM; the AVX-512
  * table uses it from LK_GEMM_MIN_TOK tokens on (below that the register
@@ -145,6 +152,10 @@ void lk_quant_fill_avx512(lk_quant_ops *ops);
 enum { LK_GEMM_MIN_TOK = 5, LK_GEMM_MIN_TOK_Q6K = 10, LK_GEMM_MIN_TOK_FLOAT = 16 };
 void lk_quant_gemm_q4q8_avx512(bool is_q8, int64_t n, int64_t nrows, const void *w, size_t ws,
                                int64_t ntok, const void *a, size_t as, float *y, size_t ys);
+/* Q4_0 below LK_GEMM_MIN_TOK tokens (ntok <= 4 per tile, any ntok), rows
+ * in lanes: the GEMM's bits, which are the scalar reference's. */
+void lk_quant_q40_rows_avx512(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
+                              size_t as, float *y, size_t ys);
 /* The same for Q4_K, Q5_K and Q6_K weights (Q8_K activations). */
 void lk_quant_gemm_q4k_avx512(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
                               const void *a, size_t as, float *y, size_t ys);
