@@ -7,11 +7,13 @@
  * token, so a kernel is good when it retires a block faster than memory
  * delivers it (~13-16 GB/s on one SPR core: a Q4_0 block of 18 bytes every
  * ~3 cycles), and on one core 4-bit formats are close to compute-bound. So:
- *  - Q4_0/Q8_0 work on groups of 4 blocks per 512-bit register: one
+ *  - Q4_0 decode works on groups of 4 blocks per 512-bit register: one
  *    two-table byte permute (vpermt2b) gathers the 4 blocks' quants out of
- *    their packed 18/34-byte records, one vpdpbusd does 64 products, one more
+ *    their packed 18-byte records, two vpdpbusd do 64 products, one more
  *    permute gathers the scales. Decode rearranges the activation row once
- *    per call; Q4_0 reduces 4 rows' sums into one vector before scaling.
+ *    per call and reduces 4 rows' sums into one vector before scaling.
+ *    Q8_0 decode and both types' 2-4 tokens put 16 rows in the lanes
+ *    (quant_gemm_avx512.c, lk_quant_q4q8_rows_avx512).
  *  - K-quants: one super-block per step, per-sub-block scales applied in the
  *    integer domain with vpdpwssd (i16-sized dot x scale per lane), mins
  *    through the activation's bsums.
@@ -21,8 +23,9 @@
  *    two sequences decoded slower in total than one).
  *  - prefill: from a few tokens on (per type, quant_impl.h) the GEMM of
  *    quant_gemm_avx512.c (weights packed per call into L1 panels, reused by
- *    up to 128 tokens); below that, R rows x T tokens register tiles here,
- *    weights decoded once per tile and reused for T tokens.
+ *    up to 128 tokens); below that, R rows x T tokens register tiles
+ *    (K-quants and floats here, Q4_0/Q8_0 rows in lanes), weights decoded
+ *    once per tile and reused for T tokens.
  *
  * vpdpbusd multiplies unsigned by signed bytes, so weights are made unsigned
  * (Q4_0 nibbles are 0..15; Q8_0 is flipped to w+128; K-quant quants are
@@ -31,21 +34,20 @@
  * per block are exact; only the float scaling and summation order differ
  * from the scalar reference.
  *
- * Batch invariance. Q4_0 is batch invariant here and gives the scalar
- * code's bits: decode (q40_dec4_buf: each block's exact integer sum, then
- * per row s = s + sum * (d_w * d_a) block after block), 2-4 tokens
- * (lk_quant_q40_rows_avx512: 16 rows in the lanes) and the GEMM from
- * LK_GEMM_MIN_TOK tokens (the same arithmetic, each K block continuing the
- * row's sum from y) all do the scalar reference's operations in its order;
- * test_quant checks them bit for bit against the scalar level. The other
- * types are not yet (test_quant's matmul_batch_invariant reports them): a
- * token's bits depend on the call's token count because three paths sum in
- * three orders: decode (Q4_K/Q5_K 4-row blocks add each block's lanes in
- * integers and transpose rows into lanes; Q8_0 rows over 12288 elements add
- * column chunks into y), the R x T tiles (16 lanes per row and token, one
- * FMA per group or super-block), and the GEMMs (quant_gemm_avx512.c, which
- * already follow the scalar order). Making them agree means giving decode
- * and the tiles the GEMMs' order, as Q4_0's did. */
+ * Batch invariance. Q4_0 and Q8_0 are batch invariant here and give the
+ * scalar code's bits: decode (Q4_0: q40_dec4_buf, each block's exact
+ * integer sum, then per row s = s + sum * (d_w * d_a) block after block;
+ * Q8_0: rows in lanes), 2-4 tokens (lk_quant_q4q8_rows_avx512: 16 rows in
+ * the lanes) and the GEMM from LK_GEMM_MIN_TOK tokens (the same arithmetic,
+ * each K block continuing the row's sum from y) all do the scalar
+ * reference's operations in its order; test_quant checks them bit for bit
+ * against the scalar level. The K-quants and float types are not yet
+ * (test_quant's matmul_batch_invariant reports them): their decode (Q4_K/
+ * Q5_K 4-row blocks add each super-block's lanes in integers and transpose
+ * rows into lanes) and R x T tiles (16 lanes per row and token, one FMA per
+ * super-block) sum in other orders than their GEMMs, which already follow
+ * the scalar order. Making them agree means giving decode and the tiles the
+ * GEMMs' order, as Q4_0's and Q8_0's did. */
 #include <immintrin.h>
 
 #include "quant/quant_impl.h"
@@ -157,74 +159,6 @@ LK_T512 static LK_INL __m512i q80_negsum(const q8grp *a, __m512i k) {
     return _mm512_sub_epi32(_mm512_setzero_si512(), c);
 }
 
-typedef struct { __m512i lo, hi; __m512 d; } wgrp;
-
-LK_T512 static LK_INL wgrp q40_wload(const lk_tabs *tb, const uint8_t *p) {
-    __m512i l0 = _mm512_loadu_si512(p), l1 = _mm512_loadu_si512(p + 8);
-    __m512i q = _mm512_permutex2var_epi8(l0, tb->q40_qs, l1);
-    wgrp w;
-    w.lo = _mm512_and_si512(q, tb->m0f);
-    w.hi = hi_nibble(q);
-    w.d = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi8(tb->q40_d, l0)));
-    return w;
-}
-
-LK_T512 static LK_INL wgrp q80_wload(const lk_tabs *tb, const uint8_t *p) {
-    q8grp g = q80_load(tb, p);
-    __m512i flip = _mm512_set1_epi8((char)0x80);
-    wgrp w = {_mm512_xor_si512(g.lo, flip), _mm512_xor_si512(g.hi, flip), g.d};
-    return w;
-}
-
-/* One R x T register tile over `ng` groups of 4 blocks: rows w + r*ws,
- * activation rows a + t*as. is_q8: weights are Q8_0 (else Q4_0). Leftover
- * blocks (nb % 4) go through the scalar code. */
-LK_T512 static LK_INL void q4q8_tile(const int R, const int T, const bool is_q8, int64_t n,
-                                     const uint8_t *w, size_t ws, const uint8_t *a, size_t as,
-                                     float *y, size_t ys) {
-    const lk_tabs tb = tabs_load();
-    const int64_t nb = n / LK_QK, ng = nb / 4;
-    const size_t wbb = is_q8 ? LK_Q80_BYTES : LK_Q40_BYTES;
-    const __m512i kofs = _mm512_set1_epi8(is_q8 ? (char)0x80 : 8);
-    __m512 acc[4][4];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < ng; g++) {
-        wgrp W[4];
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            const uint8_t *p = w + r * ws + (size_t)g * 4 * wbb;
-            pf_range(p, R * ws, 4 * wbb);
-            W[r] = is_q8 ? q80_wload(&tb, p) : q40_wload(&tb, p);
-        }
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++) {
-            q8grp A = q80_load(&tb, a + t * as + (size_t)g * 4 * LK_Q80_BYTES);
-            __m512i neg = q80_negsum(&A, kofs);
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) {
-                __m512i s = _mm512_dpbusd_epi32(neg, W[r].lo, A.lo);
-                s = _mm512_dpbusd_epi32(s, W[r].hi, A.hi);
-                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(W[r].d, A.d), acc[r][t]);
-            }
-        }
-    }
-    const int64_t tail = (nb - ng * 4) * LK_QK;
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++) {
-            float s = hsum(acc[r][t]);
-            if (tail)
-                s += lk_quant_dot_scalar(is_q8 ? LK_TYPE_Q8_0 : LK_TYPE_Q4_0, tail,
-                                         w + r * ws + (size_t)ng * 4 * wbb,
-                                         a + t * as + (size_t)ng * 4 * LK_Q80_BYTES);
-            y[t * ys + r] = s;
-        }
-}
-
 /* ---- decode (one token) ------------------------------------------------
  * The activation row is rearranged once per call into a stack buffer (per
  * group of 4 blocks: quants lo/hi in the weights' lane order, scales as 16
@@ -247,31 +181,6 @@ LK_T512 static void q80_prep(const lk_tabs *tb, const uint8_t *a, int64_t gn, co
         c = _mm512_add_epi32(c, _mm512_shuffle_epi32(c, _MM_PERM_CDAB));
         _mm512_store_si512(buf + PG_NEGR, c);
     }
-}
-
-/* R rows x the prepared groups, each row scaled on its own (Q8_0, and the
- * Q4_0 rows left over after the 4-row kernel). */
-LK_T512 static LK_INL void q4q8_dec_rows(const int R, const bool is_q8, const lk_tabs *tb, const uint8_t *buf,
-                                         int64_t gn, const uint8_t *w, size_t ws, float *out) {
-    const size_t wbb = is_q8 ? LK_Q80_BYTES : LK_Q40_BYTES;
-    __m512 acc[4];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < gn; g++, buf += PG_BYTES) {
-        __m512i alo = _mm512_load_si512(buf + PG_LO), ahi = _mm512_load_si512(buf + PG_HI);
-        __m512i neg = _mm512_load_si512(buf + PG_NEGL);
-        __m512 ad = _mm512_load_ps(buf + PG_D);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            const uint8_t *p = w + r * ws + (size_t)g * 4 * wbb;
-            pf_range(p, R * ws, 4 * wbb);
-            wgrp W = is_q8 ? q80_wload(tb, p) : q40_wload(tb, p);
-            __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(neg, W.lo, alo), W.hi, ahi);
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(W.d, ad), acc[r]);
-        }
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) out[r] = hsum(acc[r]);
 }
 
 /* Q4_0, 4 rows: instead of scaling each row's 16 partial sums separately (a
@@ -319,59 +228,34 @@ LK_T512 static void q40_dec4_buf(const lk_tabs *tb, const uint8_t *buf, int64_t 
     _mm_storeu_ps(out, acc);
 }
 
-LK_T512 static void q4q8_decode(const bool is_q8, int64_t n, int64_t nrows, const uint8_t *w, size_t ws,
-                                const uint8_t *a, float *y) {
+/* Q4_0 decode: 4-row tiles over column chunks of the prepared activation,
+ * each row's sum continued from y chunk after chunk; the blocks past the
+ * last group of 4, and the rows past the last 4-row tile, continue it in
+ * the same order. */
+LK_T512 static void q40_decode(int64_t n, int64_t nrows, const uint8_t *w, size_t ws, const uint8_t *a, float *y) {
     const lk_tabs tb = tabs_load();
-    const size_t wbb = is_q8 ? LK_Q80_BYTES : LK_Q40_BYTES;
-    const int64_t nb = n / LK_QK, ng = nb / 4;
-    /* Q4_0: 4-row tiles in the scalar order here; the rows left over, and the
-     * blocks past the last group of 4, continue each row's sum in that order */
-    const int64_t nr4 = is_q8 ? nrows : nrows & ~(int64_t)3;
+    const int64_t nb = n / LK_QK, ng = nb / 4, nr4 = nrows & ~(int64_t)3;
     _Alignas(64) uint8_t buf[PG_CHUNK * PG_BYTES];
     for (int64_t r = 0; r < nr4; r++) y[r] = 0;
     for (int64_t g0 = 0; g0 < ng; g0 += PG_CHUNK) {
         int64_t gn = LK_MIN((int64_t)PG_CHUNK, ng - g0);
-        q80_prep(&tb, a + (size_t)g0 * 4 * LK_Q80_BYTES, gn, !is_q8, buf);
-        const uint8_t *wc = w + (size_t)g0 * 4 * wbb;
-        float out[4];
-        int64_t r = 0;
-        for (; r + 4 <= nr4; r += 4) {
-            if (is_q8) {
-                q4q8_dec_rows(4, true, &tb, buf, gn, wc + (size_t)r * ws, ws, out);
-                for (int i = 0; i < 4; i++) y[r + i] += out[i];
-            } else {
-                q40_dec4_buf(&tb, buf, gn, wc + (size_t)r * ws, ws, y + r);
-            }
-        }
-        for (; r < nr4; r++) {
-            q4q8_dec_rows(1, true, &tb, buf, gn, wc + (size_t)r * ws, ws, out);
-            y[r] += out[0];
-        }
+        q80_prep(&tb, a + (size_t)g0 * 4 * LK_Q80_BYTES, gn, true, buf);
+        const uint8_t *wc = w + (size_t)g0 * 4 * LK_Q40_BYTES;
+        for (int64_t r = 0; r + 4 <= nr4; r += 4) q40_dec4_buf(&tb, buf, gn, wc + (size_t)r * ws, ws, y + r);
     }
-    if (!is_q8) {
-        for (int64_t r = 0; r < nr4; r++) {
-            const uint8_t *wr = w + (size_t)r * ws;
-            float s = y[r];
-            for (int64_t b = ng * 4; b < nb; b++) {
-                const uint8_t *wb = wr + (size_t)b * LK_Q40_BYTES, *ab = a + (size_t)b * LK_Q80_BYTES;
-                const int8_t *q8 = (const int8_t *)(ab + 2);
-                int sumi = 0;
-                for (int j = 0; j < 16; j++)
-                    sumi += ((wb[2 + j] & 0xF) - 8) * q8[j] + ((wb[2 + j] >> 4) - 8) * q8[j + 16];
-                s += (float)sumi * (lk_ld_h(wb) * lk_ld_h(ab));
-            }
-            y[r] = s;
+    for (int64_t r = 0; r < nr4 && nb > ng * 4; r++) {
+        const uint8_t *wr = w + (size_t)r * ws;
+        float s = y[r];
+        for (int64_t b = ng * 4; b < nb; b++) {
+            const uint8_t *wb = wr + (size_t)b * LK_Q40_BYTES, *ab = a + (size_t)b * LK_Q80_BYTES;
+            const int8_t *q8 = (const int8_t *)(ab + 2);
+            int sumi = 0;
+            for (int j = 0; j < 16; j++) sumi += ((wb[2 + j] & 0xF) - 8) * q8[j] + ((wb[2 + j] >> 4) - 8) * q8[j + 16];
+            s += (float)sumi * (lk_ld_h(wb) * lk_ld_h(ab));
         }
-        if (nr4 < nrows)
-            lk_quant_q40_rows_avx512(n, nrows - nr4, w + (size_t)nr4 * ws, ws, 1, a, 0, y + nr4, 0);
-        return;
+        y[r] = s;
     }
-    if (nb > ng * 4) {
-        const int64_t tail = (nb - ng * 4) * LK_QK;
-        for (int64_t r = 0; r < nrows; r++)
-            y[r] += lk_quant_dot_scalar(LK_TYPE_Q8_0, tail, w + (size_t)r * ws + (size_t)ng * 4 * wbb,
-                                        a + (size_t)ng * 4 * LK_Q80_BYTES);
-    }
+    if (nr4 < nrows) lk_quant_q4q8_rows_avx512(false, n, nrows - nr4, w + (size_t)nr4 * ws, ws, 1, a, 0, y + nr4, 0);
 }
 
 /* ===================================================================== */
@@ -779,7 +663,6 @@ LK_T512BF static LK_INL void bf_tile(const int R, const int T, int64_t n, const 
     static const lk_tileset name##_set = {dec4, name##_1x1, 4, 3,                                   \
                                           {{NULL, name##_1x1, name##_1x2, name##_1x3, NULL},        \
                                            {NULL, name##_4x1, name##_4x2, name##_4x3, NULL}}};
-LK_Q_TILES(q80, true, q80_4x1)
 
 /* K-quants: decode 4 rows (Q4_K/Q5_K: the reducing kernel above), prefill 1x4 */
 #define LK_K_TILES(name, kind, dec4)                                                           \
@@ -824,17 +707,16 @@ LK_F_TILES(LK_T512BF, bf, BF_CALL)
  * 2-4 tokens rows in lanes, then the GEMM */
 static void mm_q40(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
                    size_t a_stride, float *y, size_t y_stride) {
-    if (ntok == 1) q4q8_decode(false, n, nrows, w, w_stride, a, y);
-    else if (ntok < LK_GEMM_MIN_TOK) lk_quant_q40_rows_avx512(n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
+    if (ntok == 1) q40_decode(n, nrows, w, w_stride, a, y);
+    else if (ntok < LK_GEMM_MIN_TOK) lk_quant_q4q8_rows_avx512(false, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
     else lk_quant_gemm_q4q8_avx512(false, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
 }
-/* Q8_0: decode through the prepared-activation kernels, prefill tiles, then
- * the GEMM (three orders: not batch invariant yet) */
+/* Q8_0: the same one arithmetic; decode and 2-4 tokens rows in lanes (the
+ * 4-row trick of Q4_0's decode needs Q4_0's 18-byte records) */
 static void mm_q80(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
                    size_t a_stride, float *y, size_t y_stride) {
-    if (ntok == 1) q4q8_decode(true, n, nrows, w, w_stride, a, y);
-    else if (ntok >= LK_GEMM_MIN_TOK) lk_quant_gemm_q4q8_avx512(true, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
-    else lk_quant_run_tiles(&q80_set, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
+    if (ntok < LK_GEMM_MIN_TOK) lk_quant_q4q8_rows_avx512(true, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
+    else lk_quant_gemm_q4q8_avx512(true, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
 }
 /* K-quants: prefill through the GEMM (quant_gemm_avx512.c) */
 static void mm_q4k(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,

@@ -39,8 +39,9 @@
  * Integer block sums are exact and the float work per block is the scalar
  * reference's in its order, and each K block's accumulators start from what
  * the previous K blocks left in y (gk_init), so every row gives the scalar
- * code's bits whatever its length; Q4_0's decode and small-batch kernels
- * keep the same order (batch invariance: quant_avx512.c). (An FMA instead
+ * code's bits whatever its length; Q4_0's and Q8_0's decode and
+ * small-batch kernels keep the same order (batch invariance:
+ * quant_avx512.c). (An FMA instead
  * of multiply + add would save ~8 %, at the price of different roundings
  * from the scalar code and llama.cpp.) The K-quants: see their section
  * below. */
@@ -313,50 +314,63 @@ LK_TG void lk_quant_gemm_q4q8_avx512(bool is_q8, int64_t n, int64_t nrows, const
 }
 
 /* ===================================================================== */
-/* Q4_0 decode and a few tokens, rows in lanes                            */
+/* Q4_0 / Q8_0 decode and a few tokens, rows in lanes                     */
 /* ===================================================================== */
 
-/* Below LK_GEMM_MIN_TOK tokens Q4_0 comes here, so that every token count
- * gives a row the GEMM's bits, which are the scalar reference's
- * (quant_q40_avx2.c has the AVX2 twin and the reasoning): 16 rows' block
- * transposed into the lanes in registers (no panel, nothing stored), each
- * token's 8 vpdpbusd from its offset correction, then per block one
- * conversion, two multiplies and an add for 16 rows. */
+/* Below LK_GEMM_MIN_TOK tokens Q4_0 and Q8_0 come here (Q8_0 for decode
+ * too), so that every token count gives a row the GEMM's bits, which are
+ * the scalar reference's (quant_q40_avx2.c has the AVX2 twin of Q4_0 and
+ * the reasoning): 16 rows' block transposed into the lanes in registers (no
+ * panel, nothing stored), made unsigned as the GEMM's panels are (Q4_0
+ * nibbles; Q8_0 + 128), each token's 8 vpdpbusd from its offset correction,
+ * then per block one conversion, two multiplies and an add for 16 rows. */
 enum { GQ_T = 4, GQ_KB = 256 };
 typedef struct { float d[GQ_T][GQ_KB]; int32_t corr[GQ_T][GQ_KB]; } gq_act;
 
-LK_TG static LK_INL void gq_rows(const uint8_t *w, size_t ws, int nr, int64_t b, __m512i v[8], __m512 *d) {
-    __m128i q[16];
+LK_TG static LK_INL void gq_rows(const bool is_q8, const uint8_t *w, size_t ws, int nr, int64_t b, __m512i v[8],
+                                 __m512 *d) {
+    const size_t bb = is_q8 ? LK_Q80_BYTES : LK_Q40_BYTES;
+    __m128i q[16], h[16];
 #pragma GCC unroll 16
-    for (int r = 0; r < 16; r++)
-        q[r] = r < nr ? _mm_loadu_si128((const __m128i *)(w + (size_t)r * ws + (size_t)b * LK_Q40_BYTES + 2))
-                      : _mm_setzero_si128();
-    gk_transpose16x4(q, v);
-    const __m512i m0f = _mm512_set1_epi8(0x0F);
-#pragma GCC unroll 4
-    for (int k = 0; k < 4; k++) {
-        v[k + 4] = gk_hi_nibble(v[k]);
-        v[k] = _mm512_and_si512(v[k], m0f);
+    for (int r = 0; r < 16; r++) {
+        const uint8_t *p = w + (size_t)r * ws + (size_t)b * bb;
+        q[r] = r < nr ? _mm_loadu_si128((const __m128i *)(p + 2)) : _mm_setzero_si128();
+        if (is_q8) h[r] = r < nr ? _mm_loadu_si128((const __m128i *)(p + 18)) : _mm_setzero_si128();
     }
-    *d = gk_gather_h16(w + (size_t)b * LK_Q40_BYTES, ws, nr);
+    gk_transpose16x4(q, v);
+    if (is_q8) {
+        gk_transpose16x4(h, v + 4);
+        const __m512i flip = _mm512_set1_epi8((char)0x80);
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) v[k] = _mm512_xor_si512(v[k], flip);
+    } else {
+        const __m512i m0f = _mm512_set1_epi8(0x0F);
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            v[k + 4] = gk_hi_nibble(v[k]);
+            v[k] = _mm512_and_si512(v[k], m0f);
+        }
+    }
+    *d = gk_gather_h16(w + (size_t)b * bb, ws, nr);
 }
 
-LK_TG static LK_INL void gq_tile(const int T, int64_t b0, int kb, const uint8_t *w, size_t ws, int nr,
-                                 const uint8_t *a, size_t as, const gq_act *A, float *y, size_t ys, size_t pf,
+LK_TG static LK_INL void gq_tile(const bool is_q8, const int T, int64_t b0, int kb, const uint8_t *w, size_t ws,
+                                 int nr, const uint8_t *a, size_t as, const gq_act *A, float *y, size_t ys, size_t pf,
                                  bool cont) {
+    const size_t bb = is_q8 ? LK_Q80_BYTES : LK_Q40_BYTES;
     const __mmask16 m = (__mmask16)((1u << nr) - 1);
     __m512 acc[GQ_T];
 #pragma GCC unroll 4
     for (int t = 0; t < T; t++) acc[t] = cont ? _mm512_maskz_loadu_ps(m, y + (size_t)t * ys) : _mm512_setzero_ps();
-    size_t next_pf = (size_t)b0 * LK_Q40_BYTES;
+    size_t next_pf = (size_t)b0 * bb;
     for (int b = 0; b < kb; b++) {
-        if (pf && (size_t)(b0 + b) * LK_Q40_BYTES >= next_pf) {
+        if (pf && (size_t)(b0 + b) * bb >= next_pf) {
             for (int r = 0; r < nr; r++) _mm_prefetch((const char *)w + (size_t)r * ws + pf + next_pf, _MM_HINT_T0);
             next_pf += 64;
         }
         __m512i v[8];
         __m512 wd;
-        gq_rows(w, ws, nr, b0 + b, v, &wd);
+        gq_rows(is_q8, w, ws, nr, b0 + b, v, &wd);
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
             const uint8_t *aq = a + (size_t)t * as + (size_t)(b0 + b) * LK_Q80_BYTES + 2;
@@ -371,22 +385,27 @@ LK_TG static LK_INL void gq_tile(const int T, int64_t b0, int kb, const uint8_t 
     for (int t = 0; t < T; t++) _mm512_mask_storeu_ps(y + (size_t)t * ys, m, acc[t]);
 }
 
-#define GQ_TILE(T)                                                                                             \
-    LK_TG static void gq_tile_##T(int64_t b0, int kb, const uint8_t *w, size_t ws, int nr, const uint8_t *a,  \
-                                  size_t as, const gq_act *A, float *y, size_t ys, size_t pf, bool cont) {    \
-        gq_tile(T, b0, kb, w, ws, nr, a, as, A, y, ys, pf, cont);                                              \
+#define GQ_TILE(Q, T)                                                                                          \
+    LK_TG static void gq_tile_##Q##_##T(int64_t b0, int kb, const uint8_t *w, size_t ws, int nr, const uint8_t *a, \
+                                        size_t as, const gq_act *A, float *y, size_t ys, size_t pf, bool cont) { \
+        gq_tile(Q, T, b0, kb, w, ws, nr, a, as, A, y, ys, pf, cont);                                           \
     }
-GQ_TILE(1) GQ_TILE(2) GQ_TILE(3) GQ_TILE(4)
+GQ_TILE(0, 1) GQ_TILE(0, 2) GQ_TILE(0, 3) GQ_TILE(0, 4)
+GQ_TILE(1, 1) GQ_TILE(1, 2) GQ_TILE(1, 3) GQ_TILE(1, 4)
 typedef void (*gq_tile_fn)(int64_t b0, int kb, const uint8_t *w, size_t ws, int nr, const uint8_t *a, size_t as,
                            const gq_act *A, float *y, size_t ys, size_t pf, bool cont);
-static const gq_tile_fn k_gq_tiles[GQ_T + 1] = { NULL, gq_tile_1, gq_tile_2, gq_tile_3, gq_tile_4 };
+static const gq_tile_fn k_gq_tiles[2][GQ_T + 1] = {
+    { NULL, gq_tile_0_1, gq_tile_0_2, gq_tile_0_3, gq_tile_0_4 },
+    { NULL, gq_tile_1_1, gq_tile_1_2, gq_tile_1_3, gq_tile_1_4 },
+};
 
-LK_TG void lk_quant_q40_rows_avx512(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
-                                    size_t as, float *y, size_t ys) {
+LK_TG void lk_quant_q4q8_rows_avx512(bool is_q8, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
+                                     const void *a, size_t as, float *y, size_t ys) {
     const int64_t nb = n / LK_QK;
     const uint8_t *W = w, *A = a;
     const int d = lk_quant_pf_tiles();
     const __m256i flip = _mm256_set1_epi8((char)0x80);
+    const int32_t kofs = is_q8 ? 128 : 8;
     gq_act act;
     for (int64_t t = 0; t < ntok; t += GQ_T) {
         const int tt = (int)LK_MIN((int64_t)GQ_T, ntok - t);
@@ -400,13 +419,13 @@ LK_TG void lk_quant_q40_rows_avx512(int64_t n, int64_t nrows, const void *w, siz
                     __m256i s = _mm256_sad_epu8(_mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p + 2)), flip),
                                                 _mm256_setzero_si256());
                     __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-                    act.corr[i][b] = -8 * ((int32_t)(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 32 * 128);
+                    act.corr[i][b] = -kofs * ((int32_t)(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 32 * 128);
                 }
             for (int64_t r0 = 0; r0 < nrows; r0 += 16) {
                 const int nr = (int)LK_MIN((int64_t)16, nrows - r0);
                 const size_t pf = d && r0 + (int64_t)(d + 1) * 16 <= nrows ? (size_t)d * 16 * ws : 0;
-                k_gq_tiles[tt](b0, kb, W + (size_t)r0 * ws, ws, nr, at, as, &act, y + (size_t)t * ys + (size_t)r0, ys,
-                               t == 0 ? pf : 0, b0 > 0);
+                k_gq_tiles[is_q8][tt](b0, kb, W + (size_t)r0 * ws, ws, nr, at, as, &act,
+                                      y + (size_t)t * ys + (size_t)r0, ys, t == 0 ? pf : 0, b0 > 0);
             }
         }
     }

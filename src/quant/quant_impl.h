@@ -152,10 +152,11 @@ void lk_quant_mm_q40_avx2(int64_t n, int64_t nrows, const void *w, size_t ws, in
 enum { LK_GEMM_MIN_TOK = 5, LK_GEMM_MIN_TOK_Q6K = 10, LK_GEMM_MIN_TOK_FLOAT = 16 };
 void lk_quant_gemm_q4q8_avx512(bool is_q8, int64_t n, int64_t nrows, const void *w, size_t ws,
                                int64_t ntok, const void *a, size_t as, float *y, size_t ys);
-/* Q4_0 below LK_GEMM_MIN_TOK tokens (ntok <= 4 per tile, any ntok), rows
- * in lanes: the GEMM's bits, which are the scalar reference's. */
-void lk_quant_q40_rows_avx512(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
-                              size_t as, float *y, size_t ys);
+/* Q4_0 (is_q8 false) or Q8_0 below LK_GEMM_MIN_TOK tokens (tiles of up to
+ * 4 tokens, any ntok), rows in lanes: the GEMM's bits, which are the scalar
+ * reference's. */
+void lk_quant_q4q8_rows_avx512(bool is_q8, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
+                               const void *a, size_t as, float *y, size_t ys);
 /* The same for Q4_K, Q5_K and Q6_K weights (Q8_K activations). */
 void lk_quant_gemm_q4k_avx512(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
                               const void *a, size_t as, float *y, size_t ys);
