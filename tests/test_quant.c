@@ -478,10 +478,10 @@ static int check_batch_invariance(lk_type t, int64_t n, int64_t nrows) {
 
 /* The kernels that promise the scalar reference's arithmetic (a block's
  * exact integer sum, then s = s + sum * (d_w * d_a) block after block) for
- * every token count: AVX2 Q4_0 (quant_q40_avx2.c), AVX-512 Q4_0 and Q8_0
+ * every token count: Q4_0 and Q8_0 at AVX2 (quant_q4q8_avx2.c) and AVX-512
  * (decode, rows-in-lanes tiles and the GEMM). */
 static bool scalar_order(const char *level, lk_type t) {
-    if (!strcmp(level, "avx2")) return t == LK_TYPE_Q4_0;
+    if (!strcmp(level, "avx2")) return t == LK_TYPE_Q4_0 || t == LK_TYPE_Q8_0;
     if (!strcmp(level, "avx512")) return t == LK_TYPE_Q4_0 || t == LK_TYPE_Q8_0;
     return false;
 }
@@ -565,9 +565,9 @@ TEST(matmul_batch_invariant) {
  * short of 64). */
 TEST(matmul_avx2_gemm_choices_bit_exact) {
     if (!lk_quant_set_simd("avx2")) { printf("  (no avx2 on this CPU)\n"); return; }
-    /* (Q4_0 has its own GEMM, quant_q40_avx2.c, which these choices do not
-     * reach; matmul_levels_scalar_order_bit_exact covers it) */
-    static const lk_type types[] = {LK_TYPE_Q8_0, LK_TYPE_Q4_K, LK_TYPE_Q5_K, LK_TYPE_Q6_K};
+    /* (Q4_0 and Q8_0 have their own GEMM, quant_q4q8_avx2.c, which these
+     * choices do not reach; matmul_levels_scalar_order_bit_exact covers it) */
+    static const lk_type types[] = {LK_TYPE_Q4_K, LK_TYPE_Q5_K, LK_TYPE_Q6_K};
     static const int chunks[] = {0, 1, 2, 3, 7, 32, 64};
     enum { NT = 37, NR = 9 };
     for (size_t q = 0; q < sizeof types / sizeof types[0]; q++) {

@@ -35,160 +35,7 @@ static LK_INL void pf_range(const uint8_t *p, size_t tile, size_t len) {
     for (size_t o = 0; o < len; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
 }
 
-/* ===================================================================== */
-/* Q8_0 weights x Q8_0 activations, one block at a time (Q4_0 was here    */
-/* too; it is quant_q40_avx2.c now, rows in lanes, the scalar order; the   */
-/* is_q8 == false paths below are its former arithmetic, kept generic)     */
-/* ===================================================================== */
-
-/* A Q8_0 activation block: 32 quants, the scale, and the offset correction
- * -8*sum (Q4_0 weights, whose nibbles are unsigned) as 8 i32 lanes that line
- * up with the weight's lanes. */
-typedef struct { __m256i q, neg8; float d; } a80;
-
-LK_T2 static LK_INL a80 a80_load(const uint8_t *p, const bool q4) {
-    a80 a;
-    a.q = _mm256_loadu_si256((const __m256i *)(p + 2));
-    a.d = h2f(p);
-    if (q4) {
-        __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(8), a.q), _mm256_set1_epi16(1));
-        a.neg8 = _mm256_sub_epi32(_mm256_setzero_si256(), s);
-    } else {
-        a.neg8 = _mm256_setzero_si256();
-    }
-    return a;
-}
-
-/* Q4_0 block as 32 unsigned nibbles in element order (low nibbles are
- * elements 0..15, high 16..31) */
-LK_T2 static LK_INL __m256i q40_unpack(const uint8_t *p) {
-    __m128i q = _mm_loadu_si128((const __m128i *)(p + 2));
-    __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
-    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
-}
-
-LK_T2 static LK_INL void q4q8_tile2(const int R, const int T, const bool is_q8, int64_t n,
-                                    const uint8_t *w, size_t ws, const uint8_t *a, size_t as,
-                                    float *y, size_t ys) {
-    const int64_t nb = n / LK_QK;
-    const size_t wbb = is_q8 ? LK_Q80_BYTES : LK_Q40_BYTES;
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[4][4];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        __m256i wv[4];
-        float wd[4];
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            const uint8_t *p = w + r * ws + (size_t)b * wbb;
-            if ((b & 1) == 0) pf_range(p, R * ws, 64);
-            wv[r] = is_q8 ? _mm256_loadu_si256((const __m256i *)(p + 2)) : q40_unpack(p);
-            wd[r] = h2f(p);
-        }
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++) {
-            a80 A = a80_load(a + t * as + (size_t)b * LK_Q80_BYTES, !is_q8);
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) {
-                __m256i p16 = is_q8 ? _mm256_maddubs_epi16(_mm256_sign_epi8(wv[r], wv[r]),
-                                                           _mm256_sign_epi8(A.q, wv[r]))
-                                    : _mm256_maddubs_epi16(wv[r], A.q);
-                __m256i s = _mm256_add_epi32(_mm256_madd_epi16(p16, ones), A.neg8);
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(wd[r] * A.d), acc[r][t]);
-            }
-        }
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++) y[t * ys + r] = hsum8(acc[r][t]);
-}
-
-/* Decode (one token), R rows, 4 blocks per step. Batch invariance: a
- * token's result must not depend on how many tokens share the call, so this
- * does the float arithmetic of q4q8_tile2 exactly (per block, 8 i32 lanes ->
- * float, times wd*ad, FMA into 8 lanes; one hsum8 at the end; blocks past
- * the last group of 4 the same way), which is also the order of llama.cpp's
- * AVX2 vec_dot and of its llamafile tinyBLAS, which made the references.
- * (Folding 4 blocks' sums with hadds before one conversion and FMA saves a
- * few uops per block, but gives other bits than the tiles.) What is shared
- * is integer work and bookkeeping: the activation's Q4_0 offset corrections
- * once per block for all R rows, each row's 4 scales from one fp16
- * conversion (h4) and one multiply, broadcast per block by an in-lane
- * permute. */
-LK_T2 static LK_INL __m128 h4(const uint8_t *p, size_t stride) {
-    __m128i v = _mm_cvtsi32_si128(lk_ld_u16(p));
-    v = _mm_insert_epi16(v, lk_ld_u16(p + stride), 1);
-    v = _mm_insert_epi16(v, lk_ld_u16(p + 2 * stride), 2);
-    v = _mm_insert_epi16(v, lk_ld_u16(p + 3 * stride), 3);
-    return _mm_cvtph_ps(v);
-}
-
-/* One weight block against one activation block: 8 exact i32 lane sums,
- * the integers q4q8_tile2 forms (neg8: that block's Q4_0 correction). |w|
- * by vpabsb, not vpsignb(w, w) as there (the same bytes, -128 included):
- * Q8_0 decode is short of vector integer ports on Zen 3, and this measured
- * a few per cent faster there. */
-LK_T2 static LK_INL __m256i q4q8_block_sum(const bool is_q8, const uint8_t *b, __m256i aq, __m256i neg8) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i p16;
-    if (is_q8) {
-        __m256i wv = _mm256_loadu_si256((const __m256i *)(b + 2));
-        p16 = _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(aq, wv));
-        return _mm256_madd_epi16(p16, ones);
-    }
-    p16 = _mm256_maddubs_epi16(q40_unpack(b), aq);
-    return _mm256_add_epi32(_mm256_madd_epi16(p16, ones), neg8);
-}
-
-LK_T2 static LK_INL void q4q8_dec2(const int R, const bool is_q8, int64_t n, const uint8_t *w, size_t ws,
-                                   const uint8_t *a, float *y) {
-    const int64_t nb = n / LK_QK, ng = nb / 4;
-    const size_t wbb = is_q8 ? LK_Q80_BYTES : LK_Q40_BYTES;
-    __m256 acc[4];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < ng; g++) {
-        const uint8_t *ap = a + (size_t)g * 4 * LK_Q80_BYTES;
-        __m256i aq[4], neg[4];
-#pragma GCC unroll 4
-        for (int k = 0; k < 4; k++) {
-            a80 A = a80_load(ap + k * LK_Q80_BYTES, !is_q8);
-            aq[k] = A.q;
-            neg[k] = A.neg8;
-        }
-        const __m128 da = h4(ap, LK_Q80_BYTES);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            const uint8_t *p = w + r * ws + (size_t)g * 4 * wbb;
-            pf_range(p, R * ws, 4 * wbb);
-            __m128 sc4 = _mm_mul_ps(h4(p, wbb), da);
-            __m256 sc = _mm256_set_m128(sc4, sc4);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4q8_block_sum(is_q8, p, aq[0], neg[0])),
-                                     _mm256_permute_ps(sc, 0x00), acc[r]);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4q8_block_sum(is_q8, p + wbb, aq[1], neg[1])),
-                                     _mm256_permute_ps(sc, 0x55), acc[r]);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4q8_block_sum(is_q8, p + 2 * wbb, aq[2], neg[2])),
-                                     _mm256_permute_ps(sc, 0xAA), acc[r]);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4q8_block_sum(is_q8, p + 3 * wbb, aq[3], neg[3])),
-                                     _mm256_permute_ps(sc, 0xFF), acc[r]);
-        }
-    }
-    for (int64_t b = ng * 4; b < nb; b++) {
-        a80 A = a80_load(a + (size_t)b * LK_Q80_BYTES, !is_q8);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            const uint8_t *p = w + r * ws + (size_t)b * wbb;
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4q8_block_sum(is_q8, p, A.q, A.neg8)),
-                                     _mm256_set1_ps(h2f(p) * A.d), acc[r]);
-        }
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) y[r] = hsum8(acc[r]);
-}
+/* Q4_0 and Q8_0 are quant_q4q8_avx2.c: rows in lanes, the scalar order. */
 
 /* ===================================================================== */
 /* K-quants x Q8_K                                                         */
@@ -483,16 +330,12 @@ LK_T2 static void quant_q8_k_avx2(const float *x, void *dst, int64_t n) {
                                           {{NULL, name##_1x1, name##_1x2, name##_1x3, name##_1x4}, \
                                            {NULL, name##_1x1, name##_1x2, name##_1x3, name##_1x4}}};
 
-#define Q80_CALL(R, T) q4q8_tile2(R, T, true, n, w, ws, a, as, y, ys)
 #define Q4K_CALL(R, T) kq_tile2(R, T, 4, n, w, ws, a, as, y, ys)
 #define Q5K_CALL(R, T) kq_tile2(R, T, 5, n, w, ws, a, as, y, ys)
 #define Q6K_CALL(R, T) kq_tile2(R, T, 6, n, w, ws, a, as, y, ys)
 #define F32_CALL(R, T) fl_tile2(R, T, 32, n, w, ws, a, as, y, ys)
 #define F16_CALL(R, T) fl_tile2(R, T, 16, n, w, ws, a, as, y, ys)
 #define BF_CALL(R, T) fl_tile2(R, T, 0, n, w, ws, a, as, y, ys)
-LK_TILE_FN(q80d, 4, 1, q4q8_dec2(4, true, n, w, ws, a, y))
-LK_TILE_FN(q80d, 1, 1, q4q8_dec2(1, true, n, w, ws, a, y))
-LK_TILES_4x3(q80, Q80_CALL, q80d_4x1, q80d_1x1)
 LK_TILES_1x4(q4k, Q4K_CALL)
 LK_TILES_1x4(q5k, Q5K_CALL)
 LK_TILES_1x4(q6k, Q6K_CALL)
@@ -517,7 +360,6 @@ LK_TILES_4x3(bf, BF_CALL, bf_4x1, bf_1x1)
         if (ntok >= 2 && lk_quant_gemm_avx2_on()) GEMM_CALL;                                    \
         else lk_quant_run_tiles(&name##_set, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride); \
     }
-LK_MM_GEMM_FN(q80, lk_quant_gemm_q4q8_avx2(true, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride))
 LK_MM_GEMM_FN(q4k, lk_quant_gemm_kq_avx2(4, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride))
 LK_MM_GEMM_FN(q5k, lk_quant_gemm_kq_avx2(5, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride))
 LK_MM_GEMM_FN(q6k, lk_quant_gemm_kq_avx2(6, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride))
@@ -528,7 +370,7 @@ LK_MM_FN(bf)
 void lk_quant_fill_avx2(lk_quant_ops *ops) {
     ops->name = "avx2";
     ops->mm[LK_TYPE_Q4_0] = lk_quant_mm_q40_avx2;
-    ops->mm[LK_TYPE_Q8_0] = mm_q80;
+    ops->mm[LK_TYPE_Q8_0] = lk_quant_mm_q80_avx2;
     ops->mm[LK_TYPE_Q4_K] = mm_q4k;
     ops->mm[LK_TYPE_Q5_K] = mm_q5k;
     ops->mm[LK_TYPE_Q6_K] = mm_q6k;

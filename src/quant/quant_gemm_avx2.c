@@ -1,5 +1,5 @@
-/* quant_gemm_avx2.c — prefill (two or more tokens at once) for Q8_0
- * (Q8_0 activations) and Q4_K / Q5_K / Q6_K (Q8_K activations) on AVX2 + FMA
+/* quant_gemm_avx2.c — prefill (two or more tokens at once) for Q4_K / Q5_K /
+ * Q6_K (Q8_K activations) on AVX2 + FMA
  * + F16C machines (no VNNI, no AVX-512: Zen 1-3, Haswell to Skylake client).
  * quant_avx2.c's matmul entries call it from 2 tokens on when it is on (off
  * by default: see Measured below); decode (1 token) keeps its register
@@ -47,10 +47,10 @@
  * would be faster changes the numbers: llama.cpp's repacked Q4_0 GEMM puts
  * 8 rows in the lanes (one conversion and FMA per 8 rows) and sums 4 blocks'
  * products in i16 before widening, which is not batch invariant against
- * its own decode. Q4_0 has since left this file for quant_q40_avx2.c: rows
- * in lanes there too, with decode in the same arithmetic (the scalar
- * reference's), so it is batch invariant and 1.9x faster at 64 tokens; the
- * types here still have their old order. */
+ * its own decode. Q4_0 and Q8_0 have since left this file for
+ * quant_q4q8_avx2.c: rows in lanes there too, with decode in the same
+ * arithmetic (the scalar reference's), so they are batch invariant and Q4_0
+ * is 1.9x faster at 64 tokens; the K-quants here keep their old order. */
 #include <immintrin.h>
 #include <stdatomic.h>
 
@@ -100,72 +100,8 @@ LK_T2 static LK_INL float g2_hsum4(__m128 m) {
 
 LK_T2 static LK_INL float g2_h2f(const uint8_t *p) { return _cvtsh_ss(lk_ld_u16(p)); }
 
-/* ===================================================================== */
-/* Q4_0 / Q8_0 x Q8_0                                                      */
-/* ===================================================================== */
-
-/* R rows [r0, r0+R) x tokens [0, tc) of the chunk, all blocks. acc: the
- * pairs' float lanes, acc[r*G2_TMAX + t]. */
-LK_T2 static LK_INL void q4q8_pass(const int R, const bool is_q8, int64_t nb, const uint8_t *w, size_t ws,
-                                   int tc, const uint8_t *a, size_t as, float *y, size_t ys, __m256 *acc) {
-    const size_t wbb = is_q8 ? LK_Q80_BYTES : LK_Q40_BYTES;
-    const __m256i ones = _mm256_set1_epi16(1), m0f = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8);
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < tc; t++) acc[r * G2_TMAX + t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        __m256i wq[G2_RMAX], wabs[G2_RMAX];
-        __m256 wd[G2_RMAX];
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            const uint8_t *p = w + (size_t)r * ws + (size_t)b * wbb;
-            if (is_q8) {
-                wq[r] = _mm256_loadu_si256((const __m256i *)(p + 2));
-                wabs[r] = _mm256_abs_epi8(wq[r]);
-            } else {
-                /* low nibbles are elements 0..15, high 16..31 */
-                __m128i q = _mm_loadu_si128((const __m128i *)(p + 2));
-                __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
-                wq[r] = wabs[r] = _mm256_and_si256(v, m0f);
-            }
-            wd[r] = _mm256_set1_ps(g2_h2f(p));
-        }
-        for (int t = 0; t < tc; t++) {
-            const uint8_t *ap = a + (size_t)t * as + (size_t)b * LK_Q80_BYTES;
-            const __m256i aq = _mm256_loadu_si256((const __m256i *)(ap + 2));
-            const __m256 ad = _mm256_set1_ps(g2_h2f(ap));
-            __m256i neg8 = _mm256_setzero_si256();
-            if (!is_q8)
-                neg8 = _mm256_sub_epi32(_mm256_setzero_si256(),
-                                        _mm256_madd_epi16(_mm256_maddubs_epi16(eight, aq), ones));
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) {
-                __m256i s;
-                if (is_q8)
-                    s = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[r], _mm256_sign_epi8(aq, wq[r])), ones);
-                else
-                    s = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wq[r], aq), ones), neg8);
-                __m256 *pa = &acc[r * G2_TMAX + t];
-                *pa = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(wd[r], ad), *pa);
-            }
-        }
-    }
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < tc; t++) y[(size_t)t * ys + (size_t)r] = g2_hsum8(acc[r * G2_TMAX + t]);
-}
-
-#define Q4Q8_PASS(R, Q8)                                                                                     \
-    LK_T2 static void q4q8_pass_##R##_##Q8(int64_t nb, const uint8_t *w, size_t ws, int tc, const uint8_t *a, \
-                                           size_t as, float *y, size_t ys, __m256 *acc) {                  \
-        q4q8_pass(R, Q8, nb, w, ws, tc, a, as, y, ys, acc);                                                  \
-    }
-Q4Q8_PASS(1, 0) Q4Q8_PASS(2, 0) Q4Q8_PASS(3, 0) Q4Q8_PASS(4, 0)
-Q4Q8_PASS(1, 1) Q4Q8_PASS(2, 1) Q4Q8_PASS(3, 1) Q4Q8_PASS(4, 1)
 typedef void (*g2_pass_fn)(int64_t nb, const uint8_t *w, size_t ws, int tc, const uint8_t *a, size_t as, float *y,
                            size_t ys, __m256 *acc);
-static const g2_pass_fn k_q4q8[2][G2_RMAX] = {
-    {q4q8_pass_1_0, q4q8_pass_2_0, q4q8_pass_3_0, q4q8_pass_4_0},
-    {q4q8_pass_1_1, q4q8_pass_2_1, q4q8_pass_3_1, q4q8_pass_4_1},
-};
 
 /* ===================================================================== */
 /* Q4_K / Q5_K / Q6_K x Q8_K                                               */
@@ -362,13 +298,6 @@ static void g2_run(const g2_pass_fn *passes, int R, int chunk, int64_t nb, int64
                            y + (size_t)t0 * ys + (size_t)r0, ys, acc);
         }
     }
-}
-
-void lk_quant_gemm_q4q8_avx2(bool is_q8, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
-                             const void *a, size_t as, float *y, size_t ys) {
-    int R, chunk;
-    g2_choice(4, 32, &R, &chunk);
-    g2_run(k_q4q8[is_q8], R, chunk, n / LK_QK, nrows, w, ws, ntok, a, as, y, ys);
 }
 
 void lk_quant_gemm_kq_avx2(int kind, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,

@@ -319,7 +319,7 @@ LK_TG void lk_quant_gemm_q4q8_avx512(bool is_q8, int64_t n, int64_t nrows, const
 
 /* Below LK_GEMM_MIN_TOK tokens Q4_0 and Q8_0 come here (Q8_0 for decode
  * too), so that every token count gives a row the GEMM's bits, which are
- * the scalar reference's (quant_q40_avx2.c has the AVX2 twin of Q4_0 and
+ * the scalar reference's (quant_q4q8_avx2.c has the AVX2 twin of Q4_0 and
  * the reasoning): 16 rows' block transposed into the lanes in registers (no
  * panel, nothing stored), made unsigned as the GEMM's panels are (Q4_0
  * nibbles; Q8_0 + 128), each token's 8 vpdpbusd from its offset correction,

@@ -134,11 +134,13 @@ void lk_quant_fill_scalar(lk_quant_ops *ops);
 void lk_quant_fill_avx2(lk_quant_ops *ops);
 void lk_quant_fill_avx512(lk_quant_ops *ops);
 
-/* quant_q40_avx2.c: the AVX2 level's Q4_0 kernel, rows in lanes, in the
- * scalar reference's arithmetic; from LK_Q40_GEMM_TOK tokens on a GEMM over
- * panels packed once per 64 tokens (below, register tiles). */
+/* quant_q4q8_avx2.c: the AVX2 level's Q4_0 and Q8_0 kernels, rows in
+ * lanes, in the scalar reference's arithmetic; from LK_Q40_GEMM_TOK tokens on
+ * a GEMM over panels packed once per 64 tokens (below, register tiles). */
 enum { LK_Q40_GEMM_TOK = 5 };
 void lk_quant_mm_q40_avx2(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
+                          size_t as, float *y, size_t ys);
+void lk_quant_mm_q80_avx2(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
                           size_t as, float *y, size_t ys);
 
 /* quant_gemm_avx512.c: lk_quant_matmul for Q4_0 (is_q8 false) or Q8_0
@@ -174,14 +176,11 @@ enum { LK_GEMM_MIN_FLOAT_N = 256 };
 void lk_quant_gemm_float_avx512(int kind, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
                                 const void *a, size_t as, float *y, size_t ys);
 
-/* quant_gemm_avx2.c: lk_quant_matmul for Q4_0 / Q8_0 (is_q8) and Q4_K /
- * Q5_K / Q6_K (kind 4, 5, 6) weights over 2+ tokens on AVX2, with the
- * decode kernels' bits for every (row, token) (the AVX2 level is batch
- * invariant). Its tuning choices: lk_quant_gemm_avx2_force (quant.h);
- * lk_quant_gemm_avx2_on: false unless forced on (the register tiles take
- * 2+ tokens by default). */
-void lk_quant_gemm_q4q8_avx2(bool is_q8, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
-                             const void *a, size_t as, float *y, size_t ys);
+/* quant_gemm_avx2.c: lk_quant_matmul for Q4_K / Q5_K / Q6_K (kind 4, 5, 6)
+ * weights over 2+ tokens on AVX2, with the decode kernels' bits for every
+ * (row, token) (the AVX2 level is batch invariant). Its tuning choices:
+ * lk_quant_gemm_avx2_force (quant.h); lk_quant_gemm_avx2_on: false unless
+ * forced on (the register tiles take 2+ tokens by default). */
 bool lk_quant_gemm_avx2_on(void);
 void lk_quant_gemm_kq_avx2(int kind, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
                            const void *a, size_t as, float *y, size_t ys);
