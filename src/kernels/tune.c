@@ -158,9 +158,9 @@ static int append(char *buf, size_t n, int at, const char *fmt, ...) {
     return k < 0 ? at : LK_MIN(at + k, (int)n - 1);
 }
 
-static bool gemm_type(lk_type t) {
-    return t == LK_TYPE_Q4_0 || t == LK_TYPE_Q8_0 || t == LK_TYPE_Q4_K || t == LK_TYPE_Q5_K || t == LK_TYPE_Q6_K;
-}
+/* the types the AVX2 prefill GEMM choice reaches (Q4_0 and Q8_0 have their
+ * own GEMM, quant_q4q8_avx2.c, with no such choice) */
+static bool gemm_type(lk_type t) { return t == LK_TYPE_Q4_K || t == LK_TYPE_Q5_K || t == LK_TYPE_Q6_K; }
 
 void lk_tune_calibrate(lk_pool *p, lk_type t, int64_t cols, int64_t rows, size_t bytes, lk_tune_set *out,
                        char *report, size_t n) {
