@@ -560,9 +560,8 @@ TEST(matmul_batch_invariant) {
  * the same bits for every (row, token), under every tuning choice it may
  * take (rows per pass 1..4, token chunks 1..64: passes of fewer rows at the
  * end, chunks cut short). Shapes: 9 rows (passes of 4 and 2 leave a tail),
- * Q4_0/Q8_0 rows of 11 blocks (not a multiple of the decode's 4-block
- * groups), K-quant rows of 3 super-blocks, 37 tokens (past a chunk of 32,
- * short of 64). */
+ * K-quant rows of 3 super-blocks, 37 tokens (past a chunk of 32, short of
+ * 64). */
 TEST(matmul_avx2_gemm_choices_bit_exact) {
     if (!lk_quant_set_simd("avx2")) { printf("  (no avx2 on this CPU)\n"); return; }
     /* (Q4_0 and Q8_0 have their own GEMM, quant_q4q8_avx2.c, which these
@@ -572,7 +571,7 @@ TEST(matmul_avx2_gemm_choices_bit_exact) {
     enum { NT = 37, NR = 9 };
     for (size_t q = 0; q < sizeof types / sizeof types[0]; q++) {
         lk_type t = types[q], at = lk_type_vec_dot(t);
-        int64_t n = lk_type_block_size(t) == 256 ? 256 * 3 : 32 * 11;
+        int64_t n = 256 * 3;
         size_t wrb, arb;
         LK_ASSERT(lk_type_row_bytes(t, n, &wrb) && lk_type_row_bytes(at, n, &arb));
         uint8_t *w = malloc(wrb * NR), *a = malloc(arb * NT);
