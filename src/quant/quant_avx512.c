@@ -62,7 +62,7 @@
 /* ===================================================================== */
 
 /* Built once at fill time (the dispatch table's init), read-only after. */
-static uint8_t k_q40_qs[64], k_q40_d[64], k_q80_lo[64], k_q80_hi[64], k_q80_d[64], k_q40_d2[64];
+static uint8_t k_q40_qs[64], k_q80_lo[64], k_q80_hi[64], k_q80_d[64], k_q40_d2[64];
 
 static void build_tables(void) {
     for (int i = 0; i < 64; i++) {
@@ -71,8 +71,6 @@ static void build_tables(void) {
          * of the group is table index x (< 64) or x - 8 + 64. */
         int x = 18 * k + 2 + j;
         k_q40_qs[i] = (uint8_t)(x < 64 ? x : x + 56);
-        /* the 4 fp16 scales, each repeated 4 times (16 words) */
-        k_q40_d[i] = (uint8_t)(i < 32 ? 18 * (i / 8) + (i & 1) : 0);
         /* 4-row decode: word 4k + r = scale of block k of row r, taken from
          * the first 64 bytes of rows r&~1 and r|1 (a two-row table) */
         int wd = i / 2, kb = wd / 4, rr = wd % 4;
@@ -86,13 +84,12 @@ static void build_tables(void) {
 }
 
 typedef struct {
-    __m512i q40_qs, q40_d, q80_lo, q80_hi, q80_d, m0f;
+    __m512i q40_qs, q80_lo, q80_hi, q80_d, m0f;
 } lk_tabs;
 
 LK_T512 static LK_INL lk_tabs tabs_load(void) {
     lk_tabs t;
     t.q40_qs = _mm512_loadu_si512(k_q40_qs);
-    t.q40_d = _mm512_loadu_si512(k_q40_d);
     t.q80_lo = _mm512_loadu_si512(k_q80_lo);
     t.q80_hi = _mm512_loadu_si512(k_q80_hi);
     t.q80_d = _mm512_loadu_si512(k_q80_d);
@@ -159,23 +156,23 @@ LK_T512 static LK_INL __m512i q80_negsum(const q8grp *a, __m512i k) {
     return _mm512_sub_epi32(_mm512_setzero_si512(), c);
 }
 
-/* ---- decode (one token) ------------------------------------------------
+/* ---- Q4_0 decode (one token) ---------------------------------------------
  * The activation row is rearranged once per call into a stack buffer (per
  * group of 4 blocks: quants lo/hi in the weights' lane order, scales as 16
- * floats, the offset correction per lane and per block), so its permutes are
+ * floats, each block's offset correction -8 * sum(a)), so its permutes are
  * paid once for all rows instead of once per 4 rows. Long rows go in column
- * chunks of PG_CHUNK groups (30 KiB of buffer), partial sums added into y. */
-enum { PG_LO = 0, PG_HI = 64, PG_D = 128, PG_NEGL = 192, PG_NEGR = 256, PG_BYTES = 320, PG_CHUNK = 96 };
+ * chunks of PG_CHUNK groups (24 KiB of buffer), each row's sum continued
+ * from y chunk after chunk. */
+enum { PG_LO = 0, PG_HI = 64, PG_D = 128, PG_NEGR = 192, PG_BYTES = 256, PG_CHUNK = 96 };
 
-LK_T512 static void q80_prep(const lk_tabs *tb, const uint8_t *a, int64_t gn, const bool q4, uint8_t *buf) {
-    const __m512i kofs = _mm512_set1_epi8(q4 ? 8 : (char)0x80);
+LK_T512 static void q80_prep(const lk_tabs *tb, const uint8_t *a, int64_t gn, uint8_t *buf) {
+    const __m512i kofs = _mm512_set1_epi8(8);
     for (int64_t g = 0; g < gn; g++, buf += PG_BYTES) {
         q8grp A = q80_load(tb, a + (size_t)g * 4 * LK_Q80_BYTES);
         __m512i c = q80_negsum(&A, kofs);
         _mm512_store_si512(buf + PG_LO, A.lo);
         _mm512_store_si512(buf + PG_HI, A.hi);
         _mm512_store_ps(buf + PG_D, A.d);
-        _mm512_store_si512(buf + PG_NEGL, c);
         /* per block: the 4 lanes' total in each of them */
         c = _mm512_add_epi32(c, _mm512_shuffle_epi32(c, _MM_PERM_BADC));
         c = _mm512_add_epi32(c, _mm512_shuffle_epi32(c, _MM_PERM_CDAB));
@@ -239,7 +236,7 @@ LK_T512 static void q40_decode(int64_t n, int64_t nrows, const uint8_t *w, size_
     for (int64_t r = 0; r < nr4; r++) y[r] = 0;
     for (int64_t g0 = 0; g0 < ng; g0 += PG_CHUNK) {
         int64_t gn = LK_MIN((int64_t)PG_CHUNK, ng - g0);
-        q80_prep(&tb, a + (size_t)g0 * 4 * LK_Q80_BYTES, gn, true, buf);
+        q80_prep(&tb, a + (size_t)g0 * 4 * LK_Q80_BYTES, gn, buf);
         const uint8_t *wc = w + (size_t)g0 * 4 * LK_Q40_BYTES;
         for (int64_t r = 0; r + 4 <= nr4; r += 4) q40_dec4_buf(&tb, buf, gn, wc + (size_t)r * ws, ws, y + r);
     }
