@@ -153,20 +153,22 @@ LK_TG static void gk_pack_group(const bool is_q8, const uint8_t *w, size_t ws, i
     }
 }
 
-/* Scale and offset correction of every (token, block) of the tile. */
-LK_TG static void gk_prep(const bool is_q8, const uint8_t *a, size_t as, int tb, int64_t b0, int kb, gk_act *act) {
+/* Scale and offset correction of every (token, block) of the tile: tokens
+ * [0, tb) x blocks [b0, b0 + kb) into d / corr, rows `ld` apart. */
+LK_TG static void gk_prep(const bool is_q8, const uint8_t *a, size_t as, int tb, int64_t b0, int kb, float *d,
+                          int32_t *corr, int ld) {
     const __m256i flip = _mm256_set1_epi8((char)0x80);
     const int32_t k = is_q8 ? 128 : 8;
     for (int t = 0; t < tb; t++)
         for (int b = 0; b < kb; b++) {
             const uint8_t *p = a + (size_t)t * as + (size_t)(b0 + b) * LK_Q80_BYTES;
-            act->d[t][b] = _cvtsh_ss(lk_ld_u16(p));
+            d[t * ld + b] = _cvtsh_ss(lk_ld_u16(p));
             /* sum of 32 signed quants = sum of (q + 128) - 32*128 */
             __m256i s = _mm256_sad_epu8(_mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p + 2)), flip),
                                         _mm256_setzero_si256());
             __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
             int32_t sum = (int32_t)(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 32 * 128;
-            act->corr[t][b] = -k * sum;
+            corr[t * ld + b] = -k * sum;
         }
 }
 
@@ -274,7 +276,7 @@ LK_TG void lk_quant_gemm_q4q8_avx512(bool is_q8, int64_t n, int64_t nrows, const
         const int tb = (int)LK_MIN((int64_t)GK_TB, ntok - t0);
         for (int64_t s0 = 0; s0 < nb; s0 += GK_KSB) {
             const int ksb = (int)LK_MIN((int64_t)GK_KSB, nb - s0);
-            gk_prep(is_q8, A + (size_t)t0 * as, as, tb, s0, ksb, &act);
+            gk_prep(is_q8, A + (size_t)t0 * as, as, tb, s0, ksb, &act.d[0][0], &act.corr[0][0], GK_KSB);
             for (int64_t r0 = 0; r0 < nrows; r0 += GK_RG * GK_ROWS) {
                 const int nr = (int)LK_MIN((int64_t)(GK_RG * GK_ROWS), nrows - r0);
                 const int rg = (nr + GK_ROWS - 1) / GK_ROWS, nlast = nr - (rg - 1) * GK_ROWS;
@@ -364,10 +366,7 @@ LK_TG static LK_INL void gq_tile(const bool is_q8, const int T, int64_t b0, int 
     for (int t = 0; t < T; t++) acc[t] = cont ? _mm512_maskz_loadu_ps(m, y + (size_t)t * ys) : _mm512_setzero_ps();
     size_t next_pf = (size_t)b0 * bb;
     for (int b = 0; b < kb; b++) {
-        if (pf && (size_t)(b0 + b) * bb >= next_pf) {
-            for (int r = 0; r < nr; r++) _mm_prefetch((const char *)w + (size_t)r * ws + pf + next_pf, _MM_HINT_T0);
-            next_pf += 64;
-        }
+        lk_quant_pf_group(w, ws, nr, pf, (size_t)(b0 + b) * bb, &next_pf);
         __m512i v[8];
         __m512 wd;
         gq_rows(is_q8, w, ws, nr, b0 + b, v, &wd);
@@ -404,23 +403,13 @@ LK_TG void lk_quant_q4q8_rows_avx512(bool is_q8, int64_t n, int64_t nrows, const
     const int64_t nb = n / LK_QK;
     const uint8_t *W = w, *A = a;
     const int d = lk_quant_pf_tiles();
-    const __m256i flip = _mm256_set1_epi8((char)0x80);
-    const int32_t kofs = is_q8 ? 128 : 8;
     gq_act act;
     for (int64_t t = 0; t < ntok; t += GQ_T) {
         const int tt = (int)LK_MIN((int64_t)GQ_T, ntok - t);
         const uint8_t *at = A + (size_t)t * as;
         for (int64_t b0 = 0; b0 < nb; b0 += GQ_KB) {
             const int kb = (int)LK_MIN((int64_t)GQ_KB, nb - b0);
-            for (int i = 0; i < tt; i++)
-                for (int b = 0; b < kb; b++) { /* as gk_prep */
-                    const uint8_t *p = at + (size_t)i * as + (size_t)(b0 + b) * LK_Q80_BYTES;
-                    act.d[i][b] = _cvtsh_ss(lk_ld_u16(p));
-                    __m256i s = _mm256_sad_epu8(_mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p + 2)), flip),
-                                                _mm256_setzero_si256());
-                    __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-                    act.corr[i][b] = -kofs * ((int32_t)(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 32 * 128);
-                }
+            gk_prep(is_q8, at, as, tt, b0, kb, &act.d[0][0], &act.corr[0][0], GQ_KB);
             for (int64_t r0 = 0; r0 < nrows; r0 += 16) {
                 const int nr = (int)LK_MIN((int64_t)16, nrows - r0);
                 const size_t pf = d && r0 + (int64_t)(d + 1) * 16 <= nrows ? (size_t)d * 16 * ws : 0;
