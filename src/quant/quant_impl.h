@@ -91,6 +91,16 @@ static inline void lk_k_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t 
  * kernels' pf_range make once per block. */
 extern _Atomic int lk_quant_pf_g;
 static inline int lk_quant_pf_tiles(void) { return atomic_load_explicit(&lk_quant_pf_g, memory_order_relaxed); }
+/* The row-group kernels' prefetch (quant_q4q8_avx2.c, the AVX-512 rows
+ * kernel): each time a group of nr rows has read another 64 bytes of its
+ * rows (pos: bytes read so far in each; *next: the next 64-byte mark), the
+ * same line of each row `pf` bytes below (the group d ahead) into L1; pf 0:
+ * none. */
+static inline void lk_quant_pf_group(const uint8_t *w, size_t ws, int nr, size_t pf, size_t pos, size_t *next) {
+    if (!pf || pos < *next) return;
+    for (int r = 0; r < nr; r++) __builtin_prefetch(w + (size_t)r * ws + pf + *next, 0, 3);
+    *next += 64;
+}
 
 /* One matrix kernel: the contract of lk_quant_matmul for one weight type. */
 typedef void (*lk_qmm_fn)(int64_t n, int64_t nrows, const void *w, size_t w_stride,

@@ -208,10 +208,7 @@ LK_T2 static LK_INL void q_tile(const int Q, const int T, int64_t b0, int kb, co
     for (int t = 0; t < T; t++) acc[t] = cont ? q_load(y + (size_t)t * ys, nr) : _mm256_setzero_ps();
     size_t next_pf = (size_t)b0 * Q_BB(Q);
     for (int b = 0; b < kb; b++) {
-        if (pf && (size_t)(b0 + b) * Q_BB(Q) >= next_pf) {
-            for (int r = 0; r < nr; r++) _mm_prefetch((const char *)w + (size_t)r * ws + pf + next_pf, _MM_HINT_T0);
-            next_pf += 64;
-        }
+        lk_quant_pf_group(w, ws, nr, pf, (size_t)(b0 + b) * Q_BB(Q), &next_pf);
         __m256i v[16];
         __m256 wd;
         q_rows(Q, w, ws, nr, b0 + b, v, &wd);
