@@ -436,6 +436,39 @@ TEST(matmul_prefill_gemm_edges) {
     lk_quant_set_simd("scalar");
 }
 
+/* A compact problem for the bit-for-bit checks below: nrows rows of random
+ * weights of type t (random_weights) and ntok activation rows quantised as
+ * lk_matmul makes them, with room for two [ntok][nrows] outputs. */
+typedef struct { lk_type t; int64_t n, nrows; int ntok; size_t wrb, arb; uint8_t *w, *a; float *ref, *got; } mm_case;
+
+static mm_case mm_case_new(lk_type t, int64_t n, int64_t nrows, int ntok) {
+    mm_case c = { .t = t, .n = n, .nrows = nrows, .ntok = ntok };
+    const lk_type at = lk_type_vec_dot(t);
+    LK_ASSERT(lk_type_row_bytes(t, n, &c.wrb) && lk_type_row_bytes(at, n, &c.arb));
+    c.w = malloc(c.wrb * (size_t)nrows);
+    c.a = malloc(c.arb * (size_t)ntok);
+    c.ref = malloc(sizeof(float) * (size_t)nrows * (size_t)ntok);
+    c.got = malloc(sizeof(float) * (size_t)nrows * (size_t)ntok);
+    float *mag = malloc((size_t)n * 4), *x = malloc((size_t)n * 4);
+    for (int64_t r = 0; r < nrows; r++) random_weights(t, n, c.w + (size_t)r * c.wrb, mag);
+    for (int k = 0; k < ntok; k++) {
+        for (int64_t i = 0; i < n; i++) x[i] = rnd_gauss();
+        lk_quantize_row_act(at, x, c.a + (size_t)k * c.arb, n);
+    }
+    free(mag); free(x);
+    return c;
+}
+
+static void mm_case_free(mm_case *c) { free(c->w); free(c->a); free(c->ref); free(c->got); }
+
+/* y[ntok][nrows] = the case's product, in calls of `chunk` tokens (the last
+ * one shorter) */
+static void mm_case_run(const mm_case *c, int64_t chunk, float *y) {
+    for (int64_t t0 = 0; t0 < c->ntok; t0 += chunk)
+        lk_quant_matmul(c->t, c->n, c->nrows, c->w, c->wrb, LK_MIN(chunk, c->ntok - t0), c->a + (size_t)t0 * c->arb,
+                        c->arb, y + (size_t)t0 * (size_t)c->nrows, (size_t)c->nrows);
+}
+
 /* Batch invariance: the engine multiplies many sequences' tokens in one call,
  * and a sequence's logits must not depend on what else is in the batch. So a
  * token's row must come out with the same bits whatever the call's token
@@ -449,30 +482,18 @@ TEST(matmul_prefill_gemm_edges) {
 static int check_batch_invariance(lk_type t, int64_t n, int64_t nrows) {
     enum { NT = 40 };
     static const int64_t chunks[] = {1, 2, 3, 4, 5, 7, 16, 17, 33};
-    lk_type at = lk_type_vec_dot(t);
-    size_t wrb, arb;
-    LK_ASSERT(lk_type_row_bytes(t, n, &wrb) && lk_type_row_bytes(at, n, &arb));
-    uint8_t *w = malloc(wrb * (size_t)nrows), *a = malloc(arb * NT);
-    float *mag = malloc((size_t)n * 4), *x = malloc((size_t)n * 4);
-    float *ref = malloc(sizeof(float) * (size_t)nrows * NT), *got = malloc(sizeof(float) * (size_t)nrows * NT);
-    for (int64_t r = 0; r < nrows; r++) random_weights(t, n, w + (size_t)r * wrb, mag);
-    for (int k = 0; k < NT; k++) {
-        for (int64_t i = 0; i < n; i++) x[i] = rnd_gauss();
-        lk_quantize_row_act(at, x, a + (size_t)k * arb, n); /* as lk_matmul makes them */
-    }
-    lk_quant_matmul(t, n, nrows, w, wrb, NT, a, arb, ref, (size_t)nrows);
+    mm_case c = mm_case_new(t, n, nrows, NT);
+    mm_case_run(&c, NT, c.ref);
     int bad = 0;
-    for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
-        for (int64_t t0 = 0; t0 < NT; t0 += chunks[c])
-            lk_quant_matmul(t, n, nrows, w, wrb, LK_MIN(chunks[c], NT - t0), a + (size_t)t0 * arb, arb,
-                            got + (size_t)t0 * (size_t)nrows, (size_t)nrows);
+    for (size_t k = 0; k < sizeof chunks / sizeof chunks[0]; k++) {
+        mm_case_run(&c, chunks[k], c.got);
         for (int64_t i = 0; i < nrows * NT; i++)
-            if (memcmp(&got[i], &ref[i], sizeof(float)) && bad++ < 3)
+            if (memcmp(&c.got[i], &c.ref[i], sizeof(float)) && bad++ < 3)
                 printf("  %s %s n=%lld ntok=%lld: token %lld row %lld is %.9g, %.9g in the 40-token call\n",
-                       lk_quant_simd_name(), lk_type_name(t), (long long)n, (long long)chunks[c],
-                       (long long)(i / nrows), (long long)(i % nrows), got[i], ref[i]);
+                       lk_quant_simd_name(), lk_type_name(t), (long long)n, (long long)chunks[k],
+                       (long long)(i / nrows), (long long)(i % nrows), c.got[i], c.ref[i]);
     }
-    free(w); free(a); free(mag); free(x); free(ref); free(got);
+    mm_case_free(&c);
     return bad;
 }
 
@@ -497,33 +518,21 @@ TEST(matmul_levels_scalar_order_bit_exact) {
     for (int l = 0; l < 2; l++) {
         if (!lk_quant_set_simd(levels[l])) { printf("  (no %s on this CPU)\n", levels[l]); continue; }
         for (size_t i = 0; i < sizeof k_wtypes / sizeof k_wtypes[0]; i++) {
-            const lk_type t = k_wtypes[i], at = lk_type_vec_dot(t);
+            const lk_type t = k_wtypes[i];
             if (!scalar_order(levels[l], t)) continue;
-            const int64_t n = lk_type_block_size(t) == 256 ? 256 * 13 : 32 * 389;
-            size_t wrb, arb;
-            LK_ASSERT(lk_type_row_bytes(t, n, &wrb) && lk_type_row_bytes(at, n, &arb));
-            uint8_t *w = malloc(wrb * NR), *a = malloc(arb * NT);
-            float *mag = malloc((size_t)n * 4), *x = malloc((size_t)n * 4);
-            float *ref = malloc(sizeof(float) * NR * NT), *got = malloc(sizeof(float) * NR * NT);
-            for (int r = 0; r < NR; r++) random_weights(t, n, w + (size_t)r * wrb, mag);
-            for (int k = 0; k < NT; k++) {
-                for (int64_t e = 0; e < n; e++) x[e] = rnd_gauss();
-                lk_quantize_row_act(at, x, a + (size_t)k * arb, n);
-            }
+            mm_case mc = mm_case_new(t, lk_type_block_size(t) == 256 ? 256 * 13 : 32 * 389, NR, NT);
             CHECK(lk_quant_set_simd("scalar"));
-            lk_quant_matmul(t, n, NR, w, wrb, NT, a, arb, ref, NR);
+            mm_case_run(&mc, NT, mc.ref);
             CHECK(lk_quant_set_simd(levels[l]));
             for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
-                memset(got, 0xff, sizeof(float) * NR * NT);
-                for (int64_t t0 = 0; t0 < NT; t0 += chunks[c])
-                    lk_quant_matmul(t, n, NR, w, wrb, LK_MIN(chunks[c], NT - t0), a + (size_t)t0 * arb, arb,
-                                    got + (size_t)t0 * NR, NR);
+                memset(mc.got, 0xff, sizeof(float) * NR * NT);
+                mm_case_run(&mc, chunks[c], mc.got);
                 int bad = 0;
-                for (int e = 0; e < NR * NT; e++) bad += memcmp(&got[e], &ref[e], sizeof(float)) != 0;
+                for (int e = 0; e < NR * NT; e++) bad += memcmp(&mc.got[e], &mc.ref[e], sizeof(float)) != 0;
                 CHECKF(bad == 0, "%s %s, calls of %lld tokens: %d of %d outputs differ from scalar's", levels[l],
                        lk_type_name(t), (long long)chunks[c], bad, NR * NT);
             }
-            free(w); free(a); free(mag); free(x); free(ref); free(got);
+            mm_case_free(&mc);
         }
     }
     lk_quant_set_simd("scalar");
@@ -570,32 +579,21 @@ TEST(matmul_avx2_gemm_choices_bit_exact) {
     static const int chunks[] = {0, 1, 2, 3, 7, 32, 64};
     enum { NT = 37, NR = 9 };
     for (size_t q = 0; q < sizeof types / sizeof types[0]; q++) {
-        lk_type t = types[q], at = lk_type_vec_dot(t);
-        int64_t n = 256 * 3;
-        size_t wrb, arb;
-        LK_ASSERT(lk_type_row_bytes(t, n, &wrb) && lk_type_row_bytes(at, n, &arb));
-        uint8_t *w = malloc(wrb * NR), *a = malloc(arb * NT);
-        float *mag = malloc((size_t)n * 4), *x = malloc((size_t)n * 4);
-        float *ref = malloc(sizeof(float) * NR * NT), *got = malloc(sizeof(float) * NR * NT);
-        for (int r = 0; r < NR; r++) random_weights(t, n, w + (size_t)r * wrb, mag);
-        for (int k = 0; k < NT; k++) {
-            for (int64_t i = 0; i < n; i++) x[i] = rnd_gauss();
-            lk_quantize_row_act(at, x, a + (size_t)k * arb, n);
-        }
-        for (int k = 0; k < NT; k++) /* decode: one token a call */
-            lk_quant_matmul(t, n, NR, w, wrb, 1, a + (size_t)k * arb, arb, ref + k * NR, NR);
+        const lk_type t = types[q];
+        mm_case mc = mm_case_new(t, 256 * 3, NR, NT);
+        mm_case_run(&mc, 1, mc.ref); /* decode: one token a call */
         for (int rows = -1; rows <= 4; rows++) /* -1, 0: GEMM off, the register tiles */
             for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
                 lk_quant_gemm_avx2_force(rows, chunks[c]);
-                memset(got, 0xff, sizeof(float) * NR * NT);
-                lk_quant_matmul(t, n, NR, w, wrb, NT, a, arb, got, NR);
+                memset(mc.got, 0xff, sizeof(float) * NR * NT);
+                mm_case_run(&mc, NT, mc.got);
                 int bad = 0;
-                for (int i = 0; i < NR * NT; i++) bad += memcmp(&got[i], &ref[i], sizeof(float)) != 0;
+                for (int i = 0; i < NR * NT; i++) bad += memcmp(&mc.got[i], &mc.ref[i], sizeof(float)) != 0;
                 CHECKF(bad == 0, "%s rows %d chunk %d: %d of %d outputs differ from decode's", lk_type_name(t), rows,
                        chunks[c], bad, NR * NT);
             }
         lk_quant_gemm_avx2_force(0, 0);
-        free(w); free(a); free(mag); free(x); free(ref); free(got);
+        mm_case_free(&mc);
     }
     lk_quant_set_simd("scalar");
 }
