@@ -360,19 +360,22 @@ static inline int q8k_bsum(const uint8_t *a, int g) { return lk_ld_i16(a + LK_Q8
 
 /* Q4_K/Q5_K: x = d*sc_j*q - dmin*m_j per sub-block j of 32, so
  *   dot = d*da * sum_j sc_j * (q . q8)_j  -  dmin*da * sum_j m_j * sum(q8)_j
- * where sum(q8)_j is two bsums: the min term costs no per-element work. */
-static float dot_q4_k(int64_t n, const uint8_t *w, const uint8_t *a) {
+ * where sum(q8)_j is two bsums: the min term costs no per-element work.
+ * Q5_K's quants have a 5th bit (bit j of qh[l] for sub-block j). */
+static inline float dot_k45(const bool q5, int64_t n, const uint8_t *w, const uint8_t *a) {
+    const size_t bb = q5 ? LK_Q5K_BYTES : LK_Q4K_BYTES;
     float s = 0;
-    for (int64_t i = 0; i < n / LK_QK_K; i++, w += LK_Q4K_BYTES, a += LK_Q8K_BYTES) {
-        const uint8_t *q = w + LK_Q4K_QS;
+    for (int64_t i = 0; i < n / LK_QK_K; i++, w += bb, a += LK_Q8K_BYTES) {
+        const uint8_t *q = w + (q5 ? LK_Q5K_QS : LK_Q4K_QS), *qh = w + LK_Q5K_QH;
         const int8_t *q8 = (const int8_t *)(a + LK_Q8K_QS);
         int sumi = 0, summ = 0;
         for (int j = 0; j < 8; j++) {
             uint8_t sc, m;
-            lk_k_scale_min(j, w + LK_Q4K_SC, &sc, &m);
+            lk_k_scale_min(j, w + (q5 ? LK_Q5K_SC : LK_Q4K_SC), &sc, &m);
             const uint8_t *qq = q + 32 * (j / 2);
             int shift = 4 * (j & 1), si = 0;
-            for (int l = 0; l < 32; l++) si += ((qq[l] >> shift) & 0xF) * q8[32 * j + l];
+            for (int l = 0; l < 32; l++)
+                si += (((qq[l] >> shift) & 0xF) | (q5 ? ((qh[l] >> j) & 1) << 4 : 0)) * q8[32 * j + l];
             sumi += sc * si;
             summ += m * (q8k_bsum(a, 2 * j) + q8k_bsum(a, 2 * j + 1));
         }
@@ -382,27 +385,8 @@ static float dot_q4_k(int64_t n, const uint8_t *w, const uint8_t *a) {
     return s;
 }
 
-static float dot_q5_k(int64_t n, const uint8_t *w, const uint8_t *a) {
-    float s = 0;
-    for (int64_t i = 0; i < n / LK_QK_K; i++, w += LK_Q5K_BYTES, a += LK_Q8K_BYTES) {
-        const uint8_t *q = w + LK_Q5K_QS, *qh = w + LK_Q5K_QH;
-        const int8_t *q8 = (const int8_t *)(a + LK_Q8K_QS);
-        int sumi = 0, summ = 0;
-        for (int j = 0; j < 8; j++) {
-            uint8_t sc, m;
-            lk_k_scale_min(j, w + LK_Q5K_SC, &sc, &m);
-            const uint8_t *qq = q + 32 * (j / 2);
-            int shift = 4 * (j & 1), si = 0;
-            for (int l = 0; l < 32; l++)
-                si += (((qq[l] >> shift) & 0xF) | (((qh[l] >> j) & 1) << 4)) * q8[32 * j + l];
-            sumi += sc * si;
-            summ += m * (q8k_bsum(a, 2 * j) + q8k_bsum(a, 2 * j + 1));
-        }
-        float da = lk_ld_f32(a);
-        s += lk_ld_h(w) * da * (float)sumi - lk_ld_h(w + 2) * da * (float)summ;
-    }
-    return s;
-}
+static float dot_q4_k(int64_t n, const uint8_t *w, const uint8_t *a) { return dot_k45(false, n, w, a); }
+static float dot_q5_k(int64_t n, const uint8_t *w, const uint8_t *a) { return dot_k45(true, n, w, a); }
 
 static float dot_q6_k(int64_t n, const uint8_t *w, const uint8_t *a) {
     float s = 0;
