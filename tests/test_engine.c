@@ -380,17 +380,6 @@ TEST(logprobs_whole_vocabulary) {
 
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
-    /* The AVX-512 kernels of the K-quants and float types are not batch
-     * invariant yet (decode, 2-4 token tiles and GEMMs sum in three orders:
-     * quant_avx512.c's header; Q4_0 and Q8_0 are, and this test passed at
-     * LK_SIMD=avx512 on the 16-core Xeon on 2026-12-02); the rest of the
-     * engine is checked at the avx2 level there. Before the first use of the
-     * CPU probe, so every kernel and every forked rank takes it. */
-    __builtin_cpu_init();
-    if (!getenv("LK_SIMD") && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2")) {
-        setenv("LK_SIMD", "avx2", 1);
-        printf("  AVX-512 CPU: checking at LK_SIMD=avx2 (the avx512 float and K-quant kernels are not batch invariant yet)\n");
-    }
     lk_log_set_level(LK_LOG_ERROR);
     RUN(batch_invariance_one_node);
     RUN(batch_invariance_clusters);

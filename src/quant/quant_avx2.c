@@ -8,7 +8,10 @@
  * 63 (2*63*127 < 32767), and Q8_0 x Q8_0 uses |w| x sign(a, w) (2*128*127 <
  * 32767). Weights are unsigned where the format allows and offsets removed
  * with activation-only corrections, as in the AVX-512 file; several rows
- * share each activation block (R x T register tiles, same driver). */
+ * share each activation block (R x T register tiles, same driver). The
+ * K-quants keep the scalar reference's arithmetic (kq_tile2), so they are
+ * batch invariant and equal to the scalar level, as Q4_0 and Q8_0 are
+ * (quant_q4q8_avx2.c); the float types sum in 8 FMA lanes. */
 #include <immintrin.h>
 
 #include "quant/quant_impl.h"
@@ -51,56 +54,62 @@ static LK_INL void k_scales_unpack(const uint8_t *q, uint64_t *sc, uint64_t *m) 
     *m = m_lo | (uint64_t)m_hi << 32;
 }
 
-/* One super-block of one weight row x one Q8_K activation row. Integer sum
- * of sc_j * (q . a)_j over the 8 (Q4_K/Q5_K) or 16 (Q6_K) sub-blocks in i32
- * lanes, then one float scale; Q4_K/Q5_K subtract dmin*da*sum_j m_j*bsum_j,
- * Q6_K folds its -32 offset in as 32*sum_j sc_j*bsum_j. */
-LK_T2 static LK_INL void k_block2(const int kind, const uint8_t *w, const uint8_t *a, __m256 *acc,
-                                  __m128 *accm) {
+/* One super-block of one weight row x T Q8_K activation rows (token t's
+ * block at a + t*as): the exact integer sums of sc_j * (q . a)_j over the 8
+ * (Q4_K/Q5_K) or 16 (Q6_K) sub-blocks, added into is[t]'s 8 i32 lanes (Q6_K
+ * folds its -32 offset in as 32 * sum_j sc_j*bsum_j); Q4_K/Q5_K: sum_j m_j *
+ * bsum_j into mm[t]'s 4 lanes. The weights are decoded once for the T
+ * tokens. Integer sums are exact in any order, so how the lanes split the
+ * work does not show in the result. */
+LK_T2 static LK_INL void k_isum(const int kind, const int T, const uint8_t *w, const uint8_t *a, size_t as,
+                                __m256i *is, __m128i *mm) {
     const __m256i m0f = _mm256_set1_epi8(0x0F);
-    const int8_t *q8 = (const int8_t *)(a + LK_Q8K_QS);
-    float da = lk_ld_f32(a);
-    __m256i isum = _mm256_setzero_si256();
     if (kind == 4 || kind == 5) {
         uint64_t sc, m;
         k_scales_unpack(w + (kind == 4 ? LK_Q4K_SC : LK_Q5K_SC), &sc, &m);
         /* sc_j as i16 words in both 128-bit lanes; shuffle_epi8 broadcasts one */
-        __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc)));
+        const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc)));
         const uint8_t *qs = w + (kind == 4 ? LK_Q4K_QS : LK_Q5K_QS);
-        __m256i qh = kind == 5 ? _mm256_loadu_si256((const __m256i *)(w + LK_Q5K_QH)) : _mm256_setzero_si256();
+        const __m256i qh = kind == 5 ? _mm256_loadu_si256((const __m256i *)(w + LK_Q5K_QH)) : _mm256_setzero_si256();
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
-            __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
             __m256i lo = _mm256_and_si256(q, m0f);
             __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m0f);
             if (kind == 5) {
                 /* bit 2j / 2j+1 of qh[l] is the 5th bit of sub-block 2j / 2j+1 */
-                __m256i b0 = _mm256_set1_epi8((char)(1 << (2 * j))), b1 = _mm256_set1_epi8((char)(2 << (2 * j)));
-                __m256i m10 = _mm256_set1_epi8(0x10);
+                const __m256i b0 = _mm256_set1_epi8((char)(1 << (2 * j))), b1 = _mm256_set1_epi8((char)(2 << (2 * j)));
+                const __m256i m10 = _mm256_set1_epi8(0x10);
                 lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b0), b0), m10));
                 hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b1), b1), m10));
             }
-            __m256i s0 = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * j))));
-            __m256i s1 = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * j + 1))));
-            __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(q8 + 64 * j)));
-            __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(q8 + 64 * j + 32)));
-            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p0, s0));
-            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p1, s1));
+            const __m256i s0 = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * j))));
+            const __m256i s1 = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * j + 1))));
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) {
+                const int8_t *q8 = (const int8_t *)(a + (size_t)t * as + LK_Q8K_QS);
+                const __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(q8 + 64 * j)));
+                const __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(q8 + 64 * j + 32)));
+                is[t] = _mm256_add_epi32(is[t], _mm256_add_epi32(_mm256_madd_epi16(p0, s0), _mm256_madd_epi16(p1, s1)));
+            }
         }
-        __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)(a + LK_Q8K_BS)),
-                                    _mm_loadu_si128((const __m128i *)(a + LK_Q8K_BS + 16)));
-        __m128i mm = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m)), bs);
-        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(h2f(w) * da), *acc);
-        *accm = _mm_fmadd_ps(_mm_cvtepi32_ps(mm), _mm_set1_ps(h2f(w + 2) * da), *accm);
+        const __m128i m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m));
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            const uint8_t *at = a + (size_t)t * as;
+            const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)(at + LK_Q8K_BS)),
+                                              _mm_loadu_si128((const __m128i *)(at + LK_Q8K_BS + 16)));
+            mm[t] = _mm_madd_epi16(m16, bs);
+        }
     } else {
         const uint8_t *ql = w + LK_Q6K_QL, *qhp = w + LK_Q6K_QH;
-        __m128i sc8 = _mm_loadu_si128((const __m128i *)(w + LK_Q6K_SC));
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)(w + LK_Q6K_SC));
         const __m256i m03 = _mm256_set1_epi8(3);
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
-            __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h));
-            __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32));
-            __m256i qh = _mm256_loadu_si256((const __m256i *)(qhp + 32 * h));
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h));
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32));
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(qhp + 32 * h));
             __m256i v[4];
             v[0] = _mm256_or_si256(_mm256_and_si256(l0, m0f), _mm256_slli_epi16(_mm256_and_si256(qh, m03), 4));
             v[1] = _mm256_or_si256(_mm256_and_si256(l1, m0f),
@@ -112,49 +121,80 @@ LK_T2 static LK_INL void k_block2(const int kind, const uint8_t *w, const uint8_
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
                 /* elements 128h + 32k .. +31: sub-blocks g and g+1, g = 8h + 2k */
-                int g = 8 * h + 2 * k;
-                __m128i idx = _mm_set_epi8((char)(g + 1), (char)(g + 1), (char)(g + 1), (char)(g + 1),
-                                           (char)(g + 1), (char)(g + 1), (char)(g + 1), (char)(g + 1),
-                                           (char)g, (char)g, (char)g, (char)g, (char)g, (char)g, (char)g, (char)g);
-                __m256i s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, idx));
-                __m256i p = _mm256_maddubs_epi16(v[k], _mm256_loadu_si256((const __m256i *)(q8 + 128 * h + 32 * k)));
-                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, s));
+                const int g = 8 * h + 2 * k;
+                const __m128i idx = _mm_set_epi8((char)(g + 1), (char)(g + 1), (char)(g + 1), (char)(g + 1),
+                                                 (char)(g + 1), (char)(g + 1), (char)(g + 1), (char)(g + 1),
+                                                 (char)g, (char)g, (char)g, (char)g, (char)g, (char)g, (char)g, (char)g);
+                const __m256i s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, idx));
+#pragma GCC unroll 4
+                for (int t = 0; t < T; t++) {
+                    const int8_t *q8 = (const int8_t *)(a + (size_t)t * as + LK_Q8K_QS);
+                    const __m256i p = _mm256_maddubs_epi16(v[k], _mm256_loadu_si256((const __m256i *)(q8 + 128 * h + 32 * k)));
+                    is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(p, s));
+                }
             }
         }
-        __m256i c = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8), _mm256_loadu_si256((const __m256i *)(a + LK_Q8K_BS)));
-        isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(c, 5));
-        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(h2f(w + LK_Q6K_D) * da), *acc);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            const __m256i c = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(a + (size_t)t * as + LK_Q8K_BS)));
+            is[t] = _mm256_sub_epi32(is[t], _mm256_slli_epi32(c, 5));
+        }
     }
 }
 
+/* R rows x T tokens (R * T <= 4: 1 x 1..4 for prefill, 4 x 1 for decode),
+ * in the scalar reference's arithmetic (dot_k45 / dot_q6_k in quant.c): per
+ * super-block the exact integer sums, then
+ *   s = s + ((d_w*d_a)*(float)sumi - (dmin_w*d_a)*(float)summ)
+ * (Q6_K: s = s + (d_w*d_a)*(float)sumi), super-block after super-block. The
+ * (row, token) pairs sit in the 4 float lanes, so one conversion, the
+ * multiplies and the add serve four pairs; their integer sums reach the
+ * lanes through one tree of horizontal adds. Every tile shape does each
+ * pair's arithmetic the same way, so a token's outputs do not depend on the
+ * call's token count (batch invariance) and equal the scalar level's. */
 LK_T2 static LK_INL void kq_tile2(const int R, const int T, const int kind, int64_t n,
                                   const uint8_t *w, size_t ws, const uint8_t *a, size_t as,
                                   float *y, size_t ys) {
     const size_t bb = kind == 4 ? LK_Q4K_BYTES : kind == 5 ? LK_Q5K_BYTES : LK_Q6K_BYTES;
-    __m256 acc[4][4];
-    __m128 accm[4][4];
+    const size_t dof = kind == 6 ? LK_Q6K_D : 0;
+    __m128 s = _mm_setzero_ps();
+    for (int64_t i = 0; i < n / LK_QK_K; i++) {
+        __m256i is[4];
+        __m128i mm[4];
 #pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps(), accm[r][t] = _mm_setzero_ps();
-    for (int64_t i = 0; i < n / LK_QK_K; i++)
+        for (int p = 0; p < 4; p++) is[p] = _mm256_setzero_si256(), mm[p] = _mm_setzero_si128();
+        const uint8_t *ai = a + (size_t)i * LK_Q8K_BYTES;
+        float dw[4] = {0, 0, 0, 0}, dm[4] = {0, 0, 0, 0}, da[4] = {0, 0, 0, 0};
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *wp = w + r * ws + (size_t)i * bb;
             pf_range(wp, R * ws, bb);
+            k_isum(kind, T, wp, ai, as, &is[r * T], &mm[r * T]);
 #pragma GCC unroll 4
-            for (int t = 0; t < T; t++)
-                k_block2(kind, wp, a + t * as + (size_t)i * LK_Q8K_BYTES, &acc[r][t], &accm[r][t]);
+            for (int t = 0; t < T; t++) {
+                dw[r * T + t] = h2f(wp + dof);
+                if (kind != 6) dm[r * T + t] = h2f(wp + 2);
+                da[r * T + t] = lk_ld_f32(ai + (size_t)t * as);
+            }
         }
+        /* lane p = the exact total of is[p] */
+        const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(is[0], is[1]), _mm256_hadd_epi32(is[2], is[3]));
+        const __m128i si = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        const __m128 dav = _mm_setr_ps(da[0], da[1], da[2], da[3]);
+        __m128 x = _mm_mul_ps(_mm_mul_ps(_mm_setr_ps(dw[0], dw[1], dw[2], dw[3]), dav), _mm_cvtepi32_ps(si));
+        if (kind != 6) {
+            const __m128i sm = _mm_hadd_epi32(_mm_hadd_epi32(mm[0], mm[1]), _mm_hadd_epi32(mm[2], mm[3]));
+            x = _mm_sub_ps(x, _mm_mul_ps(_mm_mul_ps(_mm_setr_ps(dm[0], dm[1], dm[2], dm[3]), dav), _mm_cvtepi32_ps(sm)));
+        }
+        s = _mm_add_ps(s, x);
+    }
+    float o[4];
+    _mm_storeu_ps(o, s);
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int t = 0; t < T; t++) {
-            __m128 m = accm[r][t];
-            m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-            m = _mm_add_ss(m, _mm_movehdup_ps(m));
-            y[t * ys + r] = hsum8(acc[r][t]) - _mm_cvtss_f32(m);
-        }
+        for (int t = 0; t < T; t++) y[t * ys + r] = o[r * T + t];
 }
 
 /* ===================================================================== */

@@ -22,32 +22,33 @@
  *    2-4 sequences decoding together is as memory-bound as one: without it
  *    two sequences decoded slower in total than one).
  *  - prefill: from a few tokens on (per type, quant_impl.h) the GEMM of
- *    quant_gemm_avx512.c (weights packed per call into L1 panels, reused by
- *    up to 128 tokens); below that, R rows x T tokens register tiles
- *    (K-quants and floats here, Q4_0/Q8_0 rows in lanes), weights decoded
- *    once per tile and reused for T tokens.
+ *    quant_gemm_avx512.c for the quantised types (weights packed per call
+ *    into L1 panels, reused by up to 128 tokens); below that, and for the
+ *    float types always, R rows x T tokens register tiles (K-quants and
+ *    floats here, Q4_0/Q8_0 rows in lanes), weights decoded once per tile
+ *    and reused for T tokens.
  *
  * vpdpbusd multiplies unsigned by signed bytes, so weights are made unsigned
  * (Q4_0 nibbles are 0..15; Q8_0 is flipped to w+128; K-quant quants are
  * unsigned) and the offset is removed with a per-lane correction computed
  * from the activations only: sum (q-8)*a = sum q*a - 8*sum a. Integer sums
- * per block are exact; only the float scaling and summation order differ
- * from the scalar reference.
+ * per block are exact in any order.
  *
- * Batch invariance. Q4_0 and Q8_0 are batch invariant here and give the
- * scalar code's bits: decode (Q4_0: q40_dec4_buf, each block's exact
- * integer sum, then per row s = s + sum * (d_w * d_a) block after block;
- * Q8_0: rows in lanes), 2-4 tokens (lk_quant_q4q8_rows_avx512: 16 rows in
- * the lanes) and the GEMM from LK_GEMM_MIN_TOK tokens (the same arithmetic,
- * each K block continuing the row's sum from y) all do the scalar
- * reference's operations in its order; test_quant checks them bit for bit
- * against the scalar level. The K-quants and float types are not yet
- * (test_quant's matmul_batch_invariant reports them): their decode (Q4_K/
- * Q5_K 4-row blocks add each super-block's lanes in integers and transpose
- * rows into lanes) and R x T tiles (16 lanes per row and token, one FMA per
- * super-block) sum in other orders than their GEMMs, which already follow
- * the scalar order. Making them agree means giving decode and the tiles the
- * GEMMs' order, as Q4_0's and Q8_0's did. */
+ * Batch invariance: every type is batch invariant here. Q4_0, Q8_0 and
+ * the K-quants give the scalar code's bits: decode (Q4_0: q40_dec4_buf,
+ * each block's exact integer sum, then per row s = s + sum * (d_w * d_a)
+ * block after block; Q8_0: rows in lanes; K-quants: kq_tile, each
+ * super-block's exact integer sums, then the scalar float work with 4 (row,
+ * token) pairs in the lanes), 2-4 tokens (lk_quant_q4q8_rows_avx512: 16
+ * rows in the lanes; kq_tile) and the GEMMs from LK_GEMM_MIN_TOK tokens
+ * (the same arithmetic, each K block continuing the row's sum from y) all
+ * do the scalar reference's operations in its order; test_quant checks them
+ * bit for bit against the scalar level. The float types take the register
+ * tiles (fl_tile, bf_tile) for every token count: 16 FMA lanes per (row,
+ * token), added by one tree at the end, whatever the tile shape. (A
+ * rows-in-lanes float GEMM summed along the row from 16 tokens on: 1.09x
+ * the tiles' F16 prefill on Zen 5 and 2.7x F32's, but another order than
+ * decode's, so a server's output changed with its load; it is gone.) */
 #include <immintrin.h>
 
 #include "quant/quant_impl.h"
@@ -403,146 +404,83 @@ LK_T512 static LK_INL kwgrp q6k_wload(const ktabs *kt, const uint8_t *p) {
     return w;
 }
 
-/* One super-block of one row x one token: accumulates d*da*sum_j sc_j*(q.a)_j
- * into acc and (K4/K5) dmin*da*sum_j m_j*bsum_j into accm (subtracted at the
- * end); Q6_K's -32 offset is sum_j sc_j*32*bsum_j, folded into the integer
- * sum before scaling. */
-LK_T512 static LK_INL void kq_block(const int kind, const kwgrp *w, const q8kgrp *a, __m512 *acc,
-                                    __m128 *accm) {
-    __m512i isum = _mm512_setzero_si512();
-    #pragma GCC unroll 4
-    for (int k = 0; k < 4; k++) {
-        __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w->v[k], a->v[k]);
-        isum = _mm512_dpwssd_epi32(isum, p, w->sc[k]);
-    }
-    __m128 s = _mm_mul_ps(w->dd, a->d);
-    if (kind == 6) {
-        __m256i c = _mm256_slli_epi32(_mm256_madd_epi16(w->m, a->bs), 5);
-        isum = _mm512_sub_epi32(isum, _mm512_zextsi256_si512(c));
-        *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_broadcastss_ps(s), *acc);
-    } else {
-        __m128i mm = _mm_madd_epi16(_mm256_castsi256_si128(w->m), _mm256_castsi256_si128(a->bs));
-        *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_broadcastss_ps(s), *acc);
-        *accm = _mm_fmadd_ps(_mm_cvtepi32_ps(mm), _mm_permute_ps(s, 0x55), *accm);
-    }
+/* The exact totals of four vectors' 16 i32 lanes, in lanes 0..3 (integer
+ * adds: any order gives them). */
+LK_T512 static LK_INL __m128i red4_i32(__m512i s0, __m512i s1, __m512i s2, __m512i s3) {
+    const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(s0, s1), _mm512_unpackhi_epi32(s0, s1));
+    const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(s2, s3), _mm512_unpackhi_epi32(s2, s3));
+    const __m512i u = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
+    const __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(u), _mm512_extracti64x4_epi64(u, 1));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
 
-/* R x T tile over the super-blocks of a row. Decode (T = 1): the activation
+/* R rows x T tokens (R * T <= 4: 1 x 1..4 for a few tokens, 4 x 1 for
+ * decode), in the scalar reference's arithmetic (dot_k45 / dot_q6_k in
+ * quant.c), as the AVX2 tiles and the GEMM of quant_gemm_avx512.c: per
+ * super-block each (row, token) pair's exact integer sums (sum_j sc_j *
+ * (q . a)_j over 16 i32 lanes, Q6_K's -32 offset folded in; Q4_K/Q5_K's
+ * sum_j m_j * bsum_j), then s = s + ((d*da)*(float)sumi - (dmin*da)*
+ * (float)summ) (Q6_K: s = s + (d*da)*(float)sumi), super-block after
+ * super-block. The pairs sit in 4 float lanes, so the conversions, the
+ * multiplies and the add serve four pairs. Decode (T = 1): the activation
  * super-block is prepared once and each row's weights decoded and used at
- * once (4 rows' worth would not fit the 32 registers). Prefill (R = 1): the
- * row's weights are decoded once and used for T tokens. */
+ * once; a few tokens (R = 1): the row's weights are decoded once and used
+ * for T tokens. */
 LK_T512 static LK_INL void kq_tile(const int R, const int T, const int kind, int64_t n,
                                    const uint8_t *w, size_t ws, const uint8_t *a, size_t as,
                                    float *y, size_t ys) {
     const ktabs kt = ktabs_load();
     const size_t bb = kind == 4 ? LK_Q4K_BYTES : kind == 5 ? LK_Q5K_BYTES : LK_Q6K_BYTES;
     const int64_t nb = n / LK_QK_K;
-    __m512 acc[4][4];
-    __m128 accm[4][4];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps(), accm[r][t] = _mm_setzero_ps();
+    __m128 s = _mm_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
-        if (T == 1) {
-            const uint8_t *ap = a + (size_t)i * LK_Q8K_BYTES;
-            q8kgrp A = kind == 6 ? q8k_load_6k(ap) : q8k_load_4k(ap);
+        __m512i S[4];
+        __m128i M[4];
+        float dw[4] = {0, 0, 0, 0}, dm[4] = {0, 0, 0, 0}, da[4] = {0, 0, 0, 0};
 #pragma GCC unroll 4
-            for (int r = 0; r < R; r++) {
-                const uint8_t *wp = w + r * ws + (size_t)i * bb;
-                pf_range(wp, R * ws, bb);
-                kwgrp W = kind == 4 ? q4k_wload(&kt, wp) : kind == 5 ? q5k_wload(&kt, wp) : q6k_wload(&kt, wp);
-                kq_block(kind, &W, &A, &acc[r][0], &accm[r][0]);
-            }
-        } else {
+        for (int p = 0; p < 4; p++) S[p] = _mm512_setzero_si512(), M[p] = _mm_setzero_si128();
+        q8kgrp A1;
+        if (T == 1) A1 = kind == 6 ? q8k_load_6k(a + (size_t)i * LK_Q8K_BYTES) : q8k_load_4k(a + (size_t)i * LK_Q8K_BYTES);
 #pragma GCC unroll 4
-            for (int r = 0; r < R; r++) {
-                const uint8_t *wp = w + r * ws + (size_t)i * bb;
-                pf_range(wp, R * ws, bb);
-                kwgrp W = kind == 4 ? q4k_wload(&kt, wp) : kind == 5 ? q5k_wload(&kt, wp) : q6k_wload(&kt, wp);
+        for (int r = 0; r < R; r++) {
+            const uint8_t *wp = w + r * ws + (size_t)i * bb;
+            pf_range(wp, R * ws, bb);
+            const kwgrp W = kind == 4 ? q4k_wload(&kt, wp) : kind == 5 ? q5k_wload(&kt, wp) : q6k_wload(&kt, wp);
 #pragma GCC unroll 4
-                for (int t = 0; t < T; t++) {
+            for (int t = 0; t < T; t++) {
+                const int p = r * T + t;
+                q8kgrp A = A1;
+                if (T > 1) {
                     const uint8_t *ap = a + t * as + (size_t)i * LK_Q8K_BYTES;
-                    q8kgrp A = kind == 6 ? q8k_load_6k(ap) : q8k_load_4k(ap);
-                    kq_block(kind, &W, &A, &acc[r][t], &accm[r][t]);
+                    A = kind == 6 ? q8k_load_6k(ap) : q8k_load_4k(ap);
                 }
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++)
+                    S[p] = _mm512_dpwssd_epi32(S[p], _mm512_dpbusd_epi32(_mm512_setzero_si512(), W.v[k], A.v[k]), W.sc[k]);
+                if (kind == 6)
+                    S[p] = _mm512_sub_epi32(S[p], _mm512_zextsi256_si512(_mm256_slli_epi32(_mm256_madd_epi16(W.m, A.bs), 5)));
+                else
+                    M[p] = _mm_madd_epi16(_mm256_castsi256_si128(W.m), _mm256_castsi256_si128(A.bs));
+                dw[p] = _mm_cvtss_f32(W.dd);
+                dm[p] = _mm_cvtss_f32(_mm_movehdup_ps(W.dd));
+                da[p] = _mm_cvtss_f32(A.d);
             }
         }
+        const __m128 dav = _mm_setr_ps(da[0], da[1], da[2], da[3]);
+        __m128 x = _mm_mul_ps(_mm_mul_ps(_mm_setr_ps(dw[0], dw[1], dw[2], dw[3]), dav),
+                              _mm_cvtepi32_ps(red4_i32(S[0], S[1], S[2], S[3])));
+        if (kind != 6) {
+            const __m128i sm = _mm_hadd_epi32(_mm_hadd_epi32(M[0], M[1]), _mm_hadd_epi32(M[2], M[3]));
+            x = _mm_sub_ps(x, _mm_mul_ps(_mm_mul_ps(_mm_setr_ps(dm[0], dm[1], dm[2], dm[3]), dav), _mm_cvtepi32_ps(sm)));
+        }
+        s = _mm_add_ps(s, x);
     }
+    float o[4];
+    _mm_storeu_ps(o, s);
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int t = 0; t < T; t++) {
-            __m128 m = accm[r][t];
-            m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-            m = _mm_add_ss(m, _mm_movehdup_ps(m));
-            y[t * ys + r] = hsum(acc[r][t]) - _mm_cvtss_f32(m);
-        }
-}
-
-/* Q4_K / Q5_K decode, 4 rows: each row's scaled integer sums are reduced
- * together (lane 4k + r = row r's partial) so the float conversion, the
- * super-block scale and the min term are done once per 4 rows instead of per
- * row; the 4 rows' [d, dmin] come from one fp16 conversion. */
-LK_T512 static LK_INL void k45_dec4(const int kind, int64_t n, const uint8_t *w, size_t ws,
-                                    const uint8_t *a, float *y) {
-    const ktabs kt = ktabs_load();
-    const size_t bb = kind == 4 ? LK_Q4K_BYTES : LK_Q5K_BYTES;
-    const size_t scoff = kind == 4 ? LK_Q4K_SC : LK_Q5K_SC;
-    /* from [d0, dmin0, d1, dmin1, ...]: lane 4k + r <- d_r; lane 4r + i <- dmin_r */
-    const __m512i pd = _mm512_set_epi32(6, 4, 2, 0, 6, 4, 2, 0, 6, 4, 2, 0, 6, 4, 2, 0);
-    const __m512i pm = _mm512_set_epi32(7, 7, 7, 7, 5, 5, 5, 5, 3, 3, 3, 3, 1, 1, 1, 1);
-    __m512 acc = _mm512_setzero_ps(), accm = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n / LK_QK_K; i++) {
-        q8kgrp A = q8k_load_4k(a + (size_t)i * LK_Q8K_BYTES);
-        __m512i S[4];
-        long long mr[4];
-        int ddr[4];
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) {
-            const uint8_t *wp = w + r * ws + (size_t)i * bb;
-            pf_range(wp, 4 * ws, bb);
-            kwgrp W = kind == 4 ? q4k_wload(&kt, wp) : q5k_wload(&kt, wp);
-            __m512i isum = _mm512_setzero_si512();
-#pragma GCC unroll 4
-            for (int k = 0; k < 4; k++)
-                isum = _mm512_dpwssd_epi32(isum, _mm512_dpbusd_epi32(_mm512_setzero_si512(), W.v[k], A.v[k]), W.sc[k]);
-            S[r] = isum;
-            uint64_t sc, m;
-            k_scales_unpack(wp + scoff, &sc, &m);
-            mr[r] = (long long)m;
-            uint32_t dd;
-            memcpy(&dd, wp, 4);
-            ddr[r] = (int)dd;
-        }
-        __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(S[0], S[1]), _mm512_unpackhi_epi32(S[0], S[1]));
-        __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(S[2], S[3]), _mm512_unpackhi_epi32(S[2], S[3]));
-        __m512i u = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
-        __m256 dd = _mm256_mul_ps(_mm256_cvtph_ps(_mm_setr_epi32(ddr[0], ddr[1], ddr[2], ddr[3])),
-                                  _mm256_broadcastss_ps(A.d));
-        __m512 dz = _mm512_zextps256_ps512(dd);
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(u), _mm512_permutexvar_ps(pd, dz), acc);
-        /* mins: row r's 8 mins as i16 in 128-bit lane r, times the 8 sub-block sums */
-        __m512i mw = _mm512_cvtepu8_epi16(_mm256_setr_epi64x(mr[0], mr[1], mr[2], mr[3]));
-        __m512i mi = _mm512_madd_epi16(mw, _mm512_broadcast_i32x4(_mm256_castsi256_si128(A.bs)));
-        accm = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mi), _mm512_permutexvar_ps(pm, dz), accm);
-    }
-    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
-    __m128 v = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    __m128 m = _mm_hadd_ps(_mm_hadd_ps(_mm512_castps512_ps128(accm), _mm512_extractf32x4_ps(accm, 1)),
-                           _mm_hadd_ps(_mm512_extractf32x4_ps(accm, 2), _mm512_extractf32x4_ps(accm, 3)));
-    float out[4];
-    _mm_storeu_ps(out, _mm_sub_ps(v, m));
-    for (int r = 0; r < 4; r++) y[r] = out[r];
-}
-
-LK_T512 static void q4k_dec4(int64_t n, const uint8_t *w, size_t ws, const uint8_t *a, size_t as,
-                             float *y, size_t ys) {
-    k45_dec4(4, n, w, ws, a, y);
-}
-LK_T512 static void q5k_dec4(int64_t n, const uint8_t *w, size_t ws, const uint8_t *a, size_t as,
-                             float *y, size_t ys) {
-    k45_dec4(5, n, w, ws, a, y);
+        for (int t = 0; t < T; t++) y[t * ys + r] = o[r * T + t];
 }
 
 /* ===================================================================== */
@@ -661,19 +599,19 @@ LK_T512BF static LK_INL void bf_tile(const int R, const int T, int64_t n, const 
                                           {{NULL, name##_1x1, name##_1x2, name##_1x3, NULL},        \
                                            {NULL, name##_4x1, name##_4x2, name##_4x3, NULL}}};
 
-/* K-quants: decode 4 rows (Q4_K/Q5_K: the reducing kernel above), prefill 1x4 */
-#define LK_K_TILES(name, kind, dec4)                                                           \
+/* K-quants: decode 4 rows, a few tokens 1x4 */
+#define LK_K_TILES(name, kind)                                                                 \
+    LK_TILE_FN(LK_T512, name, 4, 1, kq_tile(4, 1, kind, n, w, ws, a, as, y, ys))            \
     LK_TILE_FN(LK_T512, name, 1, 1, kq_tile(1, 1, kind, n, w, ws, a, as, y, ys))            \
     LK_TILE_FN(LK_T512, name, 1, 2, kq_tile(1, 2, kind, n, w, ws, a, as, y, ys))            \
     LK_TILE_FN(LK_T512, name, 1, 3, kq_tile(1, 3, kind, n, w, ws, a, as, y, ys))            \
     LK_TILE_FN(LK_T512, name, 1, 4, kq_tile(1, 4, kind, n, w, ws, a, as, y, ys))            \
-    static const lk_tileset name##_set = {dec4, name##_1x1, 1, 4,                          \
+    static const lk_tileset name##_set = {name##_4x1, name##_1x1, 1, 4,                    \
                                           {{NULL, name##_1x1, name##_1x2, name##_1x3, name##_1x4}, \
                                            {NULL, name##_1x1, name##_1x2, name##_1x3, name##_1x4}}};
-LK_TILE_FN(LK_T512, q6k, 4, 1, kq_tile(4, 1, 6, n, w, ws, a, as, y, ys))
-LK_K_TILES(q4k, 4, q4k_dec4)
-LK_K_TILES(q5k, 5, q5k_dec4)
-LK_K_TILES(q6k, 6, q6k_4x1)
+LK_K_TILES(q4k, 4)
+LK_K_TILES(q5k, 5)
+LK_K_TILES(q6k, 6)
 
 /* float types: decode 4x1, prefill 4x3 */
 #define LK_F_TILES(attr, name, CALL)                                                          \
@@ -731,20 +669,12 @@ static void mm_q6k(int64_t n, int64_t nrows, const void *w, size_t w_stride, int
     if (ntok >= LK_GEMM_MIN_TOK_Q6K) lk_quant_gemm_q6k_avx512(n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
     else lk_quant_run_tiles(&q6k_set, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
 }
-/* float types: prefill through the GEMM (kind: 32 F32, 16 F16, 0 BF16) for
- * rows of LK_GEMM_MIN_FLOAT_N elements or more (see quant_impl.h) */
-#define LK_MM_F_FN(name, kind)                                                              \
-    static void mm_##name(int64_t n, int64_t nrows, const void *w, size_t w_stride,         \
-                          int64_t ntok, const void *a, size_t a_stride, float *y,           \
-                          size_t y_stride) {                                                \
-        if (ntok >= LK_GEMM_MIN_TOK_FLOAT && n >= LK_GEMM_MIN_FLOAT_N)                      \
-            lk_quant_gemm_float_avx512(kind, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride); \
-        else lk_quant_run_tiles(&name##_set, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride); \
-    }
-LK_MM_F_FN(f32, 32)
-LK_MM_F_FN(f16, 16)
-LK_MM_F_FN(bfc, 0)
-LK_MM_F_FN(bf, 0)
+/* float types: the register tiles for every token count (one arithmetic:
+ * batch invariant; see the header) */
+LK_MM_FN(f32)
+LK_MM_FN(f16)
+LK_MM_FN(bfc)
+LK_MM_FN(bf)
 
 void lk_quant_fill_avx512(lk_quant_ops *ops) {
     build_tables();

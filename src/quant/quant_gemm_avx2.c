@@ -5,26 +5,22 @@
  * by default: see Measured below); decode (1 token) keeps its register
  * tiles.
  *
- * The numbers are the decode kernels' bits, not merely close to them. The
- * AVX2 level is batch invariant (test_quant's matmul_batch_invariant: a
- * token's outputs do not depend on how many tokens share the call, which the
- * engine's batched decode relies on), so this GEMM keeps the decode's
- * arithmetic per (row, token): 8 i32 lanes per block (elements 4i..4i+3 in
- * lane i), exact integer sums, then per block one conversion and one FMA
- * with the scale d_w*d_a into 8 float lanes, and the same horizontal sum at
- * the end. Only where the work is done changes:
+ * The numbers are the decode kernels' bits, not merely close to them: the
+ * scalar reference's (dot_k45 / dot_q6_k in quant.c). Per (row, token) and
+ * super-block the exact integer sums (sc_j * (q . a)_j in 8 i32 lanes, then
+ * their total; the mins' sum_j m_j * bsum_j), then
+ * s = s + ((d*da)*(float)sumi - (dmin*da)*(float)summ), super-block after
+ * super-block. So the AVX2 level is batch invariant (test_quant's
+ * matmul_batch_invariant: a token's outputs do not depend on how many
+ * tokens share the call, which the engine's batched decode relies on) and
+ * equal to the scalar level. Only where the work is done changes:
  *
- *  - Each weight block is unpacked once per token chunk (up to 64 tokens)
- *    instead of once per register tile of 3 tokens (Q4_0/Q8_0) or once per
- *    token (the K-quants' 1 x 4 tiles, which re-decoded a super-block's
- *    nibbles, 5th bits and 6-bit scales for every token): R rows' block is
- *    decoded into registers / a small L1 buffer, then every token of the
- *    chunk is multiplied with it.
- *  - A token's per-block terms (the Q4_0 offset correction -8*sum(a), the
- *    K-quants' bsum pairs) are made once per R rows.
- *  - The float accumulators of the (row, token) pairs live in an L1 array
- *    (R x chunk x 8 floats), so the chunk is not limited by 16 ymm
- *    registers; each block adds one load and one store per pair.
+ *  - Each weight super-block is unpacked once per token chunk (up to 64
+ *    tokens) instead of once per register tile of up to 4 tokens: R rows'
+ *    block is decoded into a small L1 buffer, then every token of the chunk
+ *    is multiplied with it.
+ *  - A token's bsum pairs are made once per R rows.
+ *  - The (row, token) pairs' sums live in an L1 array (R x chunk floats).
  *
  * Weights are read from memory once per chunk (rows stream in order, R
  * streams the hardware prefetchers follow); the chunk's activations (64 x
@@ -35,22 +31,15 @@
  * is chosen); lk_quant_gemm_avx2_force sets them for the test that checks
  * exactly that.
  *
- * Measured (AMD EPYC Zen 3, 2 vCPUs, load 15-19 from other jobs; thread CPU
- * time, best of 15, 1024 x 2048 weights hot in cache x 64 tokens, GFLOP/s,
- * register tiles / this GEMM at its best R): Q4_0 44 / 44, Q8_0 58 / 56,
- * Q4_K 65-67 / 62-68, Q5_K 61 / 60, Q6_K 53-67 / 57-59. Decoding a weight
- * block once per chunk instead of per tile bought nothing: both are bound
- * by the per-(row, token, block) work that bit-exactness fixes (vpmaddubsw
- * + vpmaddwd per 32 products, then a conversion and an FMA per block into 8
- * lanes). So it is off by default (the tiles take prefill) and stays as a
- * tuning choice proven to give the same bits (rows > 0 turns it on). What
- * would be faster changes the numbers: llama.cpp's repacked Q4_0 GEMM puts
- * 8 rows in the lanes (one conversion and FMA per 8 rows) and sums 4 blocks'
- * products in i16 before widening, which is not batch invariant against
- * its own decode. Q4_0 and Q8_0 have since left this file for
- * quant_q4q8_avx2.c: rows in lanes there too, with decode in the same
- * arithmetic (the scalar reference's), so they are batch invariant and Q4_0
- * is 1.9x faster at 64 tokens; the K-quants here keep their old order. */
+ * Measured (AMD EPYC Zen 5, AVX2 level, one thread, 2048 x 5632 x 64
+ * tokens, weights from memory, `BENCH_GEMM=R,C BENCH_LEVEL=avx2
+ * bench_quant 2048 5632 64`), GFLOP/s, the register tiles of quant_avx2.c /
+ * this GEMM at R = 1, 2, 4: Q4_K 94 / 77, 77, 71; Q5_K 90 / 75, 65, 74;
+ * Q6_K 94 / 66, 77, 72. Decoding a weight super-block once per chunk buys
+ * less than the chunk's extra loads and stores of the decoded vectors cost.
+ * So it is off by default (the tiles take prefill) and stays as a tuning
+ * choice the tuner measures, proven to give the same bits (rows > 0 turns
+ * it on). Q4_0 and Q8_0 are quant_q4q8_avx2.c (rows in lanes). */
 #include <immintrin.h>
 #include <stdatomic.h>
 
@@ -84,24 +73,10 @@ static void g2_choice(int def_rows, int def_chunk, int *rows, int *chunk) {
     *chunk = c ? c : def_chunk;
 }
 
-/* The horizontal sums of quant_avx2.c, operation for operation. */
-LK_T2 static LK_INL float g2_hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-LK_T2 static LK_INL float g2_hsum4(__m128 m) {
-    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_add_ss(m, _mm_movehdup_ps(m));
-    return _mm_cvtss_f32(m);
-}
-
 LK_T2 static LK_INL float g2_h2f(const uint8_t *p) { return _cvtsh_ss(lk_ld_u16(p)); }
 
 typedef void (*g2_pass_fn)(int64_t nb, const uint8_t *w, size_t ws, int tc, const uint8_t *a, size_t as, float *y,
-                           size_t ys, __m256 *acc);
+                           size_t ys, float *acc);
 
 /* ===================================================================== */
 /* Q4_K / Q5_K / Q6_K x Q8_K                                               */
@@ -186,12 +161,27 @@ LK_T2 static LK_INL void kq_unpack(const int kind, const uint8_t *w, kq_unp *u) 
     }
 }
 
+/* The exact total of 8 i32 lanes (integer adds: any order gives it) */
+LK_T2 static LK_INL int g2_hsum_i8(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+LK_T2 static LK_INL int g2_hsum_i4(__m128i s) {
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
 /* R rows x T tokens of one super-block (u: the rows, decoded; ap[t]: token
  * t's Q8_K block): the integer sums in T*R registers (each activation
  * vector loaded once for the R rows, each weight vector once for the T
- * tokens), then each pair's float work into its accumulators. */
+ * tokens), then each pair's float work in the scalar order (dot_k45 /
+ * dot_q6_k): acc = acc + ((d*da)*(float)sumi - (dmin*da)*(float)summ). */
 LK_T2 static LK_INL void kq_tile(const int R, const int T, const int kind, const kq_unp *u,
-                                 const uint8_t *const *ap, __m256 *acc, __m128 *accm) {
+                                 const uint8_t *const *ap, float *acc) {
     __m256i is[G2_RMAX][4];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
@@ -218,32 +208,30 @@ LK_T2 static LK_INL void kq_tile(const int R, const int T, const int kind, const
                                         _mm_loadu_si128((const __m128i *)(ap[t] + LK_Q8K_BS + 16)));
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
-                __m256 *pa = &acc[r * G2_TMAX + t];
-                __m128 *pm = &accm[r * G2_TMAX + t];
-                *pa = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[r][t]), _mm256_set1_ps(u[r].d * da), *pa);
-                *pm = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(u[r].mins, bs)), _mm_set1_ps(u[r].dmin * da), *pm);
+                const int sumi = g2_hsum_i8(is[r][t]), summ = g2_hsum_i4(_mm_madd_epi16(u[r].mins, bs));
+                float *pa = &acc[r * G2_TMAX + t];
+                *pa += u[r].d * da * (float)sumi - u[r].dmin * da * (float)summ;
             }
         } else {
             __m256i bs6 = _mm256_loadu_si256((const __m256i *)(ap[t] + LK_Q8K_BS));
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
-                __m256i v = _mm256_sub_epi32(is[r][t], _mm256_slli_epi32(_mm256_madd_epi16(u[r].sc6, bs6), 5));
-                __m256 *pa = &acc[r * G2_TMAX + t];
-                *pa = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(u[r].d * da), *pa);
+                const int sumi = g2_hsum_i8(_mm256_sub_epi32(is[r][t], _mm256_slli_epi32(_mm256_madd_epi16(u[r].sc6, bs6), 5)));
+                acc[r * G2_TMAX + t] += u[r].d * da * (float)sumi;
             }
         }
     }
 }
 
 /* R rows x tc tokens, all super-blocks: tiles of R rows x (4 tokens for R
- * <= 2, else 2), the chunk's last tokens in a shorter tile. acc / accm: the
- * pairs' float lanes (accm: Q4_K/Q5_K's min terms), index r*G2_TMAX + t. */
+ * <= 2, else 2), the chunk's last tokens in a shorter tile. acc: the pairs'
+ * sums, index r*G2_TMAX + t. */
 LK_T2 static LK_INL void kq_pass(const int R, const int kind, int64_t nb, const uint8_t *w, size_t ws, int tc,
-                                 const uint8_t *a, size_t as, float *y, size_t ys, __m256 *acc, __m128 *accm) {
+                                 const uint8_t *a, size_t as, float *y, size_t ys, float *acc) {
     const size_t bb = kind == 4 ? LK_Q4K_BYTES : kind == 5 ? LK_Q5K_BYTES : LK_Q6K_BYTES;
     const int TT = R <= 2 ? 4 : 2;
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < tc; t++) acc[r * G2_TMAX + t] = _mm256_setzero_ps(), accm[r * G2_TMAX + t] = _mm_setzero_ps();
+        for (int t = 0; t < tc; t++) acc[r * G2_TMAX + t] = 0;
     kq_unp u[G2_RMAX];
     for (int64_t i = 0; i < nb; i++) {
         for (int r = 0; r < R; r++) kq_unpack(kind, w + (size_t)r * ws + (size_t)i * bb, &u[r]);
@@ -251,26 +239,23 @@ LK_T2 static LK_INL void kq_pass(const int R, const int kind, int64_t nb, const 
             const uint8_t *ap[4];
             const int tt = LK_MIN(TT, tc - t);
             for (int k = 0; k < tt; k++) ap[k] = a + (size_t)(t + k) * as + (size_t)i * LK_Q8K_BYTES;
-            __m256 *pa = acc + t;
-            __m128 *pm = accm + t;
+            float *pa = acc + t;
             switch (tt) {
-            case 4: kq_tile(R, 4 > TT ? TT : 4, kind, u, ap, pa, pm); break;
-            case 3: kq_tile(R, 3 > TT ? TT : 3, kind, u, ap, pa, pm); break;
-            case 2: kq_tile(R, 2, kind, u, ap, pa, pm); break;
-            default: kq_tile(R, 1, kind, u, ap, pa, pm); break;
+            case 4: kq_tile(R, 4 > TT ? TT : 4, kind, u, ap, pa); break;
+            case 3: kq_tile(R, 3 > TT ? TT : 3, kind, u, ap, pa); break;
+            case 2: kq_tile(R, 2, kind, u, ap, pa); break;
+            default: kq_tile(R, 1, kind, u, ap, pa); break;
             }
         }
     }
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < tc; t++)
-            y[(size_t)t * ys + (size_t)r] = g2_hsum8(acc[r * G2_TMAX + t]) - g2_hsum4(accm[r * G2_TMAX + t]);
+        for (int t = 0; t < tc; t++) y[(size_t)t * ys + (size_t)r] = acc[r * G2_TMAX + t];
 }
 
 #define KQ_PASS(R, K)                                                                                       \
     LK_T2 static void kq_pass_##R##_##K(int64_t nb, const uint8_t *w, size_t ws, int tc, const uint8_t *a,   \
-                                        size_t as, float *y, size_t ys, __m256 *acc) {                      \
-        __m128 accm[G2_RMAX * G2_TMAX];                                                                     \
-        kq_pass(R, K, nb, w, ws, tc, a, as, y, ys, acc, accm);                                              \
+                                        size_t as, float *y, size_t ys, float *acc) {                       \
+        kq_pass(R, K, nb, w, ws, tc, a, as, y, ys, acc);                                                    \
     }
 KQ_PASS(1, 4) KQ_PASS(2, 4) KQ_PASS(3, 4) KQ_PASS(4, 4)
 KQ_PASS(1, 5) KQ_PASS(2, 5) KQ_PASS(3, 5) KQ_PASS(4, 5)
@@ -289,7 +274,7 @@ static const g2_pass_fn k_kq[3][G2_RMAX] = {
  * pass). */
 static void g2_run(const g2_pass_fn *passes, int R, int chunk, int64_t nb, int64_t nrows, const uint8_t *W,
                    size_t ws, int64_t ntok, const uint8_t *A, size_t as, float *y, size_t ys) {
-    __m256 acc[G2_RMAX * G2_TMAX];
+    float acc[G2_RMAX * G2_TMAX];
     for (int64_t t0 = 0; t0 < ntok; t0 += chunk) {
         const int tc = (int)LK_MIN((int64_t)chunk, ntok - t0);
         for (int64_t r0 = 0; r0 < nrows; r0 += R) {

@@ -1,6 +1,7 @@
 /* quant_gemm_avx512.c — prefill (many tokens at once) for Q4_0 / Q8_0
- * (Q8_0 activations), Q4_K / Q5_K / Q6_K (Q8_K activations) and F32 / F16 /
- * BF16 weights, as a blocked GEMM with packed weights. lk_quant_matmul's
+ * (Q8_0 activations) and Q4_K / Q5_K / Q6_K (Q8_K activations) weights, as
+ * a blocked GEMM with packed weights (float weights take quant_avx512.c's
+ * register tiles for every token count). lk_quant_matmul's
  * AVX-512 entries call it from LK_GEMM_MIN_TOK* tokens on (quant_impl.h);
  * decode (1 token) never comes here.
  *
@@ -33,15 +34,14 @@
  * vpdpbusd, so loads (2-3 a cycle) never limit. Blocking: K blocks of
  * GK_KB blocks keep the 48-row panel (27 KB) in L1 across all token tiles;
  * token blocks of GK_TB keep the activations and y in L2. Stack: the panel
- * and the activation terms, under 160 KB (K-quants under 70 KB, floats 96 KB;
+ * and the activation terms, under 160 KB (K-quants under 70 KB;
  * pool threads have the default 8 MB).
  *
  * Integer block sums are exact and the float work per block is the scalar
  * reference's in its order, and each K block's accumulators start from what
  * the previous K blocks left in y (gk_init), so every row gives the scalar
- * code's bits whatever its length; Q4_0's and Q8_0's decode and
- * small-batch kernels keep the same order (batch invariance:
- * quant_avx512.c). (An FMA instead
+ * code's bits whatever its length; the decode and small-batch kernels keep
+ * the same order (batch invariance: quant_avx512.c). (An FMA instead
  * of multiply + add would save ~8 %, at the price of different roundings
  * from the scalar code and llama.cpp.) The K-quants: see their section
  * below. */
@@ -760,160 +760,4 @@ LK_TG void lk_quant_gemm_q5k_avx512(int64_t n, int64_t nrows, const void *w, siz
 LK_TG void lk_quant_gemm_q6k_avx512(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
                                     const void *a, size_t as, float *y, size_t ys) {
     gkk_gemm(6, n, nrows, w, ws, ntok, a, as, y, ys);
-}
-
-/* ===================================================================== */
-/* F32, F16, BF16 weights x activations of the same type                  */
-/* ===================================================================== */
-
-/* Float weights: the same panels, one fp32 vector per element (16 rows),
- * and the token's element as an fp32 broadcast: one FMA = 16 products, no
- * conversion in the loop (the register tiles converted fp16/bf16 weights
- * every 3 tokens and activations every 4 rows: ~2 uops per FMA). Products
- * of fp16 or bf16 values are exact in fp32, so this computes what the dot
- * kernels do, in another order. F16/BF16 activations are converted to fp32
- * once per (token block, K super-block); F32 ones are used in place. */
-enum {
-    GF_RG = 4,     /* row groups per micro-tile */
-    GF_T = 6,      /* tokens per micro-tile: 24 accumulators */
-    GF_KB = 128,   /* elements per K block: 4 x 16 rows x 128 x 4 B = 32 KB panel */
-    GF_TB = 128,   /* tokens per token block */
-    GF_KSB = 128,  /* elements per activation conversion: 128 x 128 x 4 B = 64 KB */
-};
-
-typedef struct {
-    _Alignas(64) float v[GF_RG][GF_KB][16];
-} gf_panel;
-
-/* 16 elements (fewer under m, zeros beyond) of a row of float kind (32, 16,
- * or 0 = bf16) as fp32 */
-LK_TG static LK_INL __m512 gf_load(const int kind, const uint8_t *p, __mmask16 m) {
-    if (kind == 32) return _mm512_maskz_loadu_ps(m, p);
-    __m256i h = _mm256_maskz_loadu_epi16(m, p);
-    if (kind == 16) return _mm512_cvtph_ps(h);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-/* r[i] = row i (16 floats) -> r[c] = column c (lane i = row i) */
-LK_TG static LK_INL void gf_transpose16(__m512 r[16]) {
-    __m512 u[16], v[16];
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; i++) {
-        u[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        u[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) {
-        __m512d a0 = _mm512_castps_pd(u[4 * i]), a1 = _mm512_castps_pd(u[4 * i + 1]);
-        __m512d a2 = _mm512_castps_pd(u[4 * i + 2]), a3 = _mm512_castps_pd(u[4 * i + 3]);
-        v[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, a2));     /* column j = 0 (+4, +8, +12 in lanes 1-3) */
-        v[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a2)); /* 1 */
-        v[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, a3)); /* 2 */
-        v[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, a3)); /* 3 */
-    }
-    /* v[4q + j], 128-bit lane L = column 4L + j of rows 4q..4q+3 */
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; j++) {
-        __m512 y0 = _mm512_shuffle_f32x4(v[j], v[4 + j], 0x88), y1 = _mm512_shuffle_f32x4(v[j], v[4 + j], 0xDD);
-        __m512 y2 = _mm512_shuffle_f32x4(v[8 + j], v[12 + j], 0x88), y3 = _mm512_shuffle_f32x4(v[8 + j], v[12 + j], 0xDD);
-        r[j] = _mm512_shuffle_f32x4(y0, y2, 0x88);
-        r[8 + j] = _mm512_shuffle_f32x4(y0, y2, 0xDD);
-        r[4 + j] = _mm512_shuffle_f32x4(y1, y3, 0x88);
-        r[12 + j] = _mm512_shuffle_f32x4(y1, y3, 0xDD);
-    }
-}
-
-/* rows [0, nr) x elements [k0, k0 + kb) -> out[k][16] */
-LK_TG static void gf_pack_group(const int kind, const uint8_t *w, size_t ws, int nr, int64_t k0, int kb,
-                                float (*out)[16]) {
-    const int es = kind == 32 ? 4 : 2;
-    for (int c = 0; c < kb; c += 16) {
-        const __mmask16 m = kb - c >= 16 ? 0xFFFF : (__mmask16)((1u << (kb - c)) - 1);
-        __m512 r[16];
-        for (int i = 0; i < 16; i++)
-            r[i] = i < nr ? gf_load(kind, w + (size_t)i * ws + (size_t)(k0 + c) * es, m) : _mm512_setzero_ps();
-        gf_transpose16(r);
-        for (int i = 0; i < 16 && c + i < kb; i++) _mm512_store_ps(out[c + i], r[i]);
-    }
-}
-
-LK_TG static LK_INL void gf_tile(const int RG, const int T, const gf_panel *wp, const uint8_t *const *at, int kb,
-                                 float *y, size_t ys, int nlast, bool add) {
-    __m512 acc[GF_RG][GF_T];
-#pragma GCC unroll 4
-    for (int g = 0; g < RG; g++)
-#pragma GCC unroll 8
-        for (int t = 0; t < T; t++) acc[g][t] = _mm512_setzero_ps();
-    for (int k = 0; k < kb; k++) {
-#pragma GCC unroll 4
-        for (int g = 0; g < RG; g++) {
-            __m512 wv = _mm512_load_ps(wp->v[g][k]);
-#pragma GCC unroll 8
-            for (int t = 0; t < T; t++) acc[g][t] = _mm512_fmadd_ps(wv, _mm512_set1_ps(lk_ld_f32(at[t] + 4 * (size_t)k)), acc[g][t]);
-        }
-    }
-    gk_store(RG, T, &acc[0][0], GF_T, y, ys, nlast, add);
-}
-
-typedef void (*gf_tile_fn)(const gf_panel *wp, const uint8_t *const *at, int kb, float *y, size_t ys, int nlast,
-                           bool add);
-#define GF_TILE(RG, T)                                                                                    \
-    LK_TG static void gf_tile_##RG##x##T(const gf_panel *wp, const uint8_t *const *at, int kb, float *y,   \
-                                         size_t ys, int nlast, bool add) {                                \
-        gf_tile(RG, T, wp, at, kb, y, ys, nlast, add);                                                    \
-    }
-#define GF_TILES(RG) GF_TILE(RG, 1) GF_TILE(RG, 2) GF_TILE(RG, 3) GF_TILE(RG, 4) GF_TILE(RG, 5) GF_TILE(RG, 6)
-GF_TILES(1) GF_TILES(2) GF_TILES(3) GF_TILES(4)
-#define GF_ROW(RG) {gf_tile_##RG##x1, gf_tile_##RG##x2, gf_tile_##RG##x3, gf_tile_##RG##x4, gf_tile_##RG##x5, gf_tile_##RG##x6}
-static const gf_tile_fn kf_tiles[GF_RG][GF_T] = {GF_ROW(1), GF_ROW(2), GF_ROW(3), GF_ROW(4)};
-
-LK_TG void lk_quant_gemm_float_avx512(int kind, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
-                                      const void *a, size_t as, float *y, size_t ys) {
-    const uint8_t *W = w, *A = a;
-    const int es = kind == 32 ? 4 : 2;
-    const int PR = GF_RG * GK_ROWS;
-    gf_panel wp;
-    _Alignas(64) float act[GF_TB][GF_KSB];
-    for (int64_t t0 = 0; t0 < ntok; t0 += GF_TB) {
-        const int tb = (int)LK_MIN((int64_t)GF_TB, ntok - t0);
-        for (int64_t s0 = 0; s0 < n; s0 += GF_KSB) {
-            const int ksb = (int)LK_MIN((int64_t)GF_KSB, n - s0);
-            if (kind != 32)
-                for (int t = 0; t < tb; t++)
-                    for (int c = 0; c < ksb; c += 16) {
-                        const __mmask16 m = ksb - c >= 16 ? 0xFFFF : (__mmask16)((1u << (ksb - c)) - 1);
-                        _mm512_mask_storeu_ps(act[t] + c, m, gf_load(kind, A + (size_t)(t0 + t) * as + (size_t)(s0 + c) * es, m));
-                    }
-            for (int64_t r0 = 0; r0 < nrows; r0 += PR) {
-                const int nr = (int)LK_MIN((int64_t)PR, nrows - r0);
-                const int rg = (nr + GK_ROWS - 1) / GK_ROWS, nlast = nr - (rg - 1) * GK_ROWS;
-                for (int k1 = 0; k1 < ksb; k1 += GF_KB) {
-                    const int kb = LK_MIN(GF_KB, ksb - k1);
-                    const int64_t k0 = s0 + k1;
-                    for (int g = 0; g < rg; g++)
-                        gf_pack_group(kind, W + (size_t)(r0 + g * GK_ROWS) * ws, ws, LK_MIN(GK_ROWS, nr - g * GK_ROWS),
-                                      k0, kb, wp.v[g]);
-                    /* prefetch the next panel while the tiles run (see the Q4_0 driver) */
-                    int64_t pr0 = r0, pk = k1 + kb;
-                    if (pk >= ksb) pr0 += PR, pk = 0;
-                    const int pnr = pr0 < nrows ? (int)LK_MIN((int64_t)PR, nrows - pr0) : 0;
-                    const size_t plo = (size_t)(s0 + pk) * es, phi = (size_t)(s0 + LK_MIN(pk + GF_KB, ksb)) * es;
-                    const int ntl = (tb + GF_T - 1) / GF_T;
-                    for (int t = 0, ti = 0; t < tb; t += GF_T, ti++) {
-                        for (int r = ti * pnr / ntl; r < (ti + 1) * pnr / ntl; r++) {
-                            const uint8_t *rp = W + (size_t)(pr0 + r) * ws;
-                            for (size_t o = plo & ~(size_t)63; o < phi; o += 64)
-                                _mm_prefetch((const char *)rp + o, _MM_HINT_T1);
-                        }
-                        const int tt = LK_MIN(GF_T, tb - t);
-                        const uint8_t *at[GF_T]; /* F32 rows may be unaligned: bytes */
-                        for (int i = 0; i < tt; i++)
-                            at[i] = kind == 32 ? A + (size_t)(t0 + t + i) * as + (size_t)k0 * 4
-                                               : (const uint8_t *)(act[t + i] + k1);
-                        kf_tiles[rg - 1][tt - 1](&wp, at, kb, y + (size_t)(t0 + t) * ys + (size_t)r0, ys, nlast, k0 > 0);
-                    }
-                }
-            }
-        }
-    }
 }

@@ -159,9 +159,9 @@ void lk_quant_mm_q80_avx2(int64_t n, int64_t nrows, const void *w, size_t ws, in
  * tiles win: packing is paid per call). Crossovers measured with bench_quant
  * (weights from memory): Q4_0 4 tokens tiles 82 / GEMM 67 GFLOP/s, 5 tokens
  * 73 / 79; Q8_0, Q4_K, Q5_K already win at 5; Q6_K 5 tokens 76 / 58, 8
- * tokens 82 / 83, 12 tokens 95 / 117; F16 (transposes to pack) 12 tokens
- * 53 / 40, 16 tokens 54 / 53, 32 tokens 55 / 75. */
-enum { LK_GEMM_MIN_TOK = 5, LK_GEMM_MIN_TOK_Q6K = 10, LK_GEMM_MIN_TOK_FLOAT = 16 };
+ * tokens 82 / 83, 12 tokens 95 / 117. (Float weights take the register
+ * tiles for every token count: quant_avx512.c says why.) */
+enum { LK_GEMM_MIN_TOK = 5, LK_GEMM_MIN_TOK_Q6K = 10 };
 void lk_quant_gemm_q4q8_avx512(bool is_q8, int64_t n, int64_t nrows, const void *w, size_t ws,
                                int64_t ntok, const void *a, size_t as, float *y, size_t ys);
 /* Q4_0 (is_q8 false) or Q8_0 below LK_GEMM_MIN_TOK tokens (tiles of up to
@@ -176,16 +176,6 @@ void lk_quant_gemm_q5k_avx512(int64_t n, int64_t nrows, const void *w, size_t ws
                               const void *a, size_t as, float *y, size_t ys);
 void lk_quant_gemm_q6k_avx512(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
                               const void *a, size_t as, float *y, size_t ys);
-/* Float weights, activations of the same type: kind 32 (F32), 16 (F16) or
- * 0 (BF16). Used for rows of LK_GEMM_MIN_FLOAT_N elements or more: its sums
- * run along the row instead of in 16 lanes, and in small models (the
- * 172-wide F16 ffn_down of stories260K-q8_0) that difference flipped an int8
- * rounding of the next layer's Q8_0 activations (logits off by 0.07 against
- * llama.cpp's reference); short rows keep the dot kernels' bits. */
-enum { LK_GEMM_MIN_FLOAT_N = 256 };
-void lk_quant_gemm_float_avx512(int kind, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
-                                const void *a, size_t as, float *y, size_t ys);
-
 /* quant_gemm_avx2.c: lk_quant_matmul for Q4_K / Q5_K / Q6_K (kind 4, 5, 6)
  * weights over 2+ tokens on AVX2, with the decode kernels' bits for every
  * (row, token) (the AVX2 level is batch invariant). Its tuning choices:
