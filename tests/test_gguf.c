@@ -1084,6 +1084,7 @@ static void tensor_stats(const lk_gguf_tensor *t, double *mean, double *sd) {
             float v;
             if (t->type == 0) memcpy(&v, b + 4 * i, 4);
             else if (t->type == 1) { uint16_t h; memcpy(&h, b + 2 * i, 2); v = lk_fp16_to_fp32(h); }
+            else if (t->type == 30) { uint16_t h; memcpy(&h, b + 2 * i, 2); v = lk_bf16_to_fp32(h); }
             else {
                 const uint8_t *blk = b + (i / 32) * (t->type == 8 ? 34 : 18);
                 uint16_t h;
@@ -1101,10 +1102,43 @@ static void tensor_stats(const lk_gguf_tensor *t, double *mean, double *sd) {
     *sd = sqrt(s2 / (double)n - *mean * *mean);
 }
 
+/* BF16 (the type Zen 5's AVX512_BF16 multiplies natively): every 2-D
+ * weight is the F32 file's value of the same seed rounded to BF16, as
+ * ggml's fp32 -> bf16 conversion does (nearest, ties to even). */
+TEST(gen_model_bf16_is_f32_rounded) {
+    char args[1024];
+    const char *f32p = tmp_path("tiny-f32.gguf");
+    snprintf(args, sizeof args, "--shape tiny --type f32 -o %s --seed 9 -q", f32p);
+    CHECK(run_cmd(lk_cmd_gen_model, args) == 0);
+    const char *bfp = tmp_path("tiny-bf16.gguf");
+    snprintf(args, sizeof args, "--shape tiny --type bf16 -o %s --seed 9 -q", bfp);
+    CHECK(run_cmd(lk_cmd_gen_model, args) == 0);
+    lk_gguf *gf = open_ok(f32p), *gb = open_ok(bfp);
+    if (!gf || !gb) { if (gf) lk_gguf_close(gf); if (gb) lk_gguf_close(gb); return; }
+    int n2d = 0, bad = 0;
+    for (int64_t i = 0; i < lk_gguf_n_tensors(gb); i++) {
+        const lk_gguf_tensor *tb = lk_gguf_tensor_at(gb, i), *tf = lk_gguf_find_tensor(gf, tb->name);
+        CHECKF(tf && tf->n_elements == tb->n_elements, "%s", tb->name);
+        if (!tf || tb->n_dims != 2) continue;
+        CHECKF(tb->type == LK_TYPE_BF16, "%s is type %u", tb->name, (unsigned)tb->type);
+        n2d++;
+        for (uint64_t e = 0; e < tb->n_elements; e++) {
+            float v;
+            uint16_t h;
+            memcpy(&v, (const uint8_t *)tf->data + 4 * e, 4);
+            memcpy(&h, (const uint8_t *)tb->data + 2 * e, 2);
+            bad += h != lk_fp32_to_bf16(v);
+        }
+    }
+    CHECKF(n2d == 2 * 7 + 2 && bad == 0, "%d 2-D tensors, %d values not the f32 ones rounded", n2d, bad);
+    lk_gguf_close(gf);
+    lk_gguf_close(gb);
+}
+
 TEST(gen_model_tiny_every_type) {
     static const struct { const char *name; uint32_t type, ftype; } types[] = {
-        {"f32", 0, 0}, {"f16", 1, 1}, {"q8_0", 8, 7}, {"q4_0", 2, 2}};
-    for (int k = 0; k < 4; k++) {
+        {"f32", 0, 0}, {"f16", 1, 1}, {"q8_0", 8, 7}, {"q4_0", 2, 2}, {"bf16", 30, 32}};
+    for (int k = 0; k < 5; k++) {
         char args[1024];
         const char *out = tmp_path("tiny.gguf");
         snprintf(args, sizeof args, "--shape tiny --type %s -o %s --seed 7 -q", types[k].name, out);
@@ -1275,6 +1309,7 @@ int main(void) {
     RUN(quantize_matches_llama_quantize);
     RUN(quantize_errors);
     RUN(gen_model_tiny_every_type);
+    RUN(gen_model_bf16_is_f32_rounded);
     RUN(gen_model_reproducible_and_options);
     RUN(gen_model_errors);
     cleanup_tmp();

@@ -375,6 +375,7 @@ static uint32_t file_type_of(uint32_t t) {
     case LK_TYPE_F16: return 1;  /* MOSTLY_F16 */
     case LK_TYPE_Q4_0: return 2; /* MOSTLY_Q4_0 */
     case LK_TYPE_Q8_0: return 7; /* MOSTLY_Q8_0 */
+    case LK_TYPE_BF16: return 32; /* MOSTLY_BF16 */
     case LK_TYPE_Q4_K: return 14; /* MOSTLY_Q4_K_S: every 2-D weight Q4_K */
     }
     return 0;
@@ -386,7 +387,7 @@ int lk_cmd_gen_model(int argc, char **argv) {
     bool list = false, quiet = false;
     const lk_opt opts[] = {
         {"--shape", NULL, LK_OPT_STR, &shape_name, "NAME", "model shape (see --list)"},
-        {"--type", NULL, LK_OPT_STR, &type_name, "TYPE", "f32, f16, q8_0 (default), q4_0 or q4_k for 2-D weights"},
+        {"--type", NULL, LK_OPT_STR, &type_name, "TYPE", "f32, f16, bf16, q8_0 (default), q4_0 or q4_k for 2-D weights"},
         {"--output", "-o", LK_OPT_STR, &out, "FILE", "GGUF file to write"},
         {"--layers", NULL, LK_OPT_INT, &layers, "N", "override the number of layers (quick runs of big shapes)"},
         {"--seed", NULL, LK_OPT_INT, &seed, "S", "random seed (default 1); same seed, same file"},
@@ -396,7 +397,7 @@ int lk_cmd_gen_model(int argc, char **argv) {
         {"--list", NULL, LK_OPT_FLAG, &list, NULL, "list the shapes and exit"},
         {0},
     };
-    const char *syn = "--shape NAME -o FILE [--type f32|f16|q8_0|q4_0|q4_k] [--layers N] [--seed S] [--vocab GGUF]";
+    const char *syn = "--shape NAME -o FILE [--type f32|f16|bf16|q8_0|q4_0|q4_k] [--layers N] [--seed S] [--vocab GGUF]";
     int np = lk_args_parse("gen-model", syn, opts, argc, argv, NULL, 0);
     if (np == LK_ARGS_VERSION) return 0;
     if (np == LK_ARGS_HELP) { list_shapes(stdout); return 0; }
@@ -413,9 +414,9 @@ int lk_cmd_gen_model(int argc, char **argv) {
     }
     lk_type wtype;
     if (!lk_type_from_name(type_name, &wtype) ||
-        (wtype != LK_TYPE_F32 && wtype != LK_TYPE_F16 && wtype != LK_TYPE_Q8_0 && wtype != LK_TYPE_Q4_0 &&
-         wtype != LK_TYPE_Q4_K)) {
-        fprintf(stderr, "lockstep gen-model: --type must be f32, f16, q8_0, q4_0 or q4_k (got '%s')\n", type_name);
+        (wtype != LK_TYPE_F32 && wtype != LK_TYPE_F16 && wtype != LK_TYPE_BF16 && wtype != LK_TYPE_Q8_0 &&
+         wtype != LK_TYPE_Q4_0 && wtype != LK_TYPE_Q4_K)) {
+        fprintf(stderr, "lockstep gen-model: --type must be f32, f16, bf16, q8_0, q4_0 or q4_k (got '%s')\n", type_name);
         return 2;
     }
     if (!out) {
