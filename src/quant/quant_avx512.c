@@ -44,11 +44,16 @@
  * (the same arithmetic, each K block continuing the row's sum from y) all
  * do the scalar reference's operations in its order; test_quant checks them
  * bit for bit against the scalar level. The float types take the register
- * tiles (fl_tile, bf_tile) for every token count: 16 FMA lanes per (row,
- * token), added by one tree at the end, whatever the tile shape. (A
- * rows-in-lanes float GEMM summed along the row from 16 tokens on: 1.09x
- * the tiles' F16 prefill on Zen 5 and 2.7x F32's, but another order than
- * decode's, so a server's output changed with its load; it is gone.) */
+ * tiles for every token count: 16 FMA lanes (BF16 with AVX512_BF16:
+ * vdpbf16ps lanes) per (row, token), the row's chunks in order, added by
+ * one tree at the end, whatever the tile shape. From FLA_MIN_TOK tokens
+ * the tiles grow to 4 rows x 6 tokens and F16 / BF16-without-AVX512_BF16
+ * activations are widened to fp32 once per call (exact, so the same bits),
+ * which made F16 prefill faster than the rows-in-lanes float GEMM that
+ * summed along the row from 16 tokens (another order than decode's, so a
+ * server's output changed with its load; it is gone): 2048 x 5632 x 64 on
+ * Zen 5, one thread, bench_quant: F16 97 -> 109-152 GFLOP/s, BF16 116 ->
+ * 178, F32 117 -> 80. */
 #include <immintrin.h>
 
 #include "quant/quant_impl.h"
@@ -406,6 +411,8 @@ LK_T512 static LK_INL kwgrp q6k_wload(const ktabs *kt, const uint8_t *p) {
 
 /* The exact totals of four vectors' 16 i32 lanes, in lanes 0..3 (integer
  * adds: any order gives them). */
+static LK_INL int32_t ld_i32(const uint8_t *p) { int32_t v; memcpy(&v, p, 4); return v; }
+
 LK_T512 static LK_INL __m128i red4_i32(__m512i s0, __m512i s1, __m512i s2, __m512i s3) {
     const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(s0, s1), _mm512_unpackhi_epi32(s0, s1));
     const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(s2, s3), _mm512_unpackhi_epi32(s2, s3));
@@ -459,19 +466,45 @@ LK_T512 static LK_INL void kq_tile(const int R, const int T, const int kind, int
                     S[p] = _mm512_dpwssd_epi32(S[p], _mm512_dpbusd_epi32(_mm512_setzero_si512(), W.v[k], A.v[k]), W.sc[k]);
                 if (kind == 6)
                     S[p] = _mm512_sub_epi32(S[p], _mm512_zextsi256_si512(_mm256_slli_epi32(_mm256_madd_epi16(W.m, A.bs), 5)));
-                else
+                else if (!(T == 1 && R == 4))
                     M[p] = _mm_madd_epi16(_mm256_castsi256_si128(W.m), _mm256_castsi256_si128(A.bs));
                 dw[p] = _mm_cvtss_f32(W.dd);
                 dm[p] = _mm_cvtss_f32(_mm_movehdup_ps(W.dd));
                 da[p] = _mm_cvtss_f32(A.d);
             }
         }
-        const __m128 dav = _mm_setr_ps(da[0], da[1], da[2], da[3]);
-        __m128 x = _mm_mul_ps(_mm_mul_ps(_mm_setr_ps(dw[0], dw[1], dw[2], dw[3]), dav),
-                              _mm_cvtepi32_ps(red4_i32(S[0], S[1], S[2], S[3])));
-        if (kind != 6) {
-            const __m128i sm = _mm_hadd_epi32(_mm_hadd_epi32(M[0], M[1]), _mm_hadd_epi32(M[2], M[3]));
-            x = _mm_sub_ps(x, _mm_mul_ps(_mm_mul_ps(_mm_setr_ps(dm[0], dm[1], dm[2], dm[3]), dav), _mm_cvtepi32_ps(sm)));
+        __m128 x;
+        if (T == 1 && R == 4 && kind != 6) {
+            /* decode: the 4 rows' [d, dmin] in one conversion, their min
+             * terms in one vpmaddwd (row r's 8 mins in 128-bit lane r, times
+             * the 8 sub-block sums), each lane's total by two swaps */
+            const uint8_t *w0 = w + (size_t)i * bb;
+            const __m256 dd = _mm256_cvtph_ps(_mm_setr_epi32(ld_i32(w0), ld_i32(w0 + ws), ld_i32(w0 + 2 * ws), ld_i32(w0 + 3 * ws)));
+            const __m128 d4 = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(dd, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6)));
+            const __m128 m4 = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(dd, _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7)));
+            uint64_t mr[4];
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) {
+                uint64_t sc;
+                k_scales_unpack(w0 + r * ws + (kind == 4 ? LK_Q4K_SC : LK_Q5K_SC), &sc, &mr[r]);
+            }
+            const __m512i mw = _mm512_cvtepu8_epi16(_mm256_setr_epi64x((long long)mr[0], (long long)mr[1],
+                                                                       (long long)mr[2], (long long)mr[3]));
+            __m512i mi = _mm512_madd_epi16(mw, _mm512_broadcast_i32x4(_mm256_castsi256_si128(A1.bs)));
+            mi = _mm512_add_epi32(mi, _mm512_shuffle_epi32(mi, _MM_PERM_BADC));
+            mi = _mm512_add_epi32(mi, _mm512_shuffle_epi32(mi, _MM_PERM_CDAB));
+            const __m128i sm = _mm512_castsi512_si128(_mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), mi));
+            const __m128 dav = _mm_broadcastss_ps(A1.d);
+            x = _mm_mul_ps(_mm_mul_ps(d4, dav), _mm_cvtepi32_ps(red4_i32(S[0], S[1], S[2], S[3])));
+            x = _mm_sub_ps(x, _mm_mul_ps(_mm_mul_ps(m4, dav), _mm_cvtepi32_ps(sm)));
+        } else {
+            const __m128 dav = _mm_setr_ps(da[0], da[1], da[2], da[3]);
+            x = _mm_mul_ps(_mm_mul_ps(_mm_setr_ps(dw[0], dw[1], dw[2], dw[3]), dav),
+                           _mm_cvtepi32_ps(red4_i32(S[0], S[1], S[2], S[3])));
+            if (kind != 6) {
+                const __m128i sm = _mm_hadd_epi32(_mm_hadd_epi32(M[0], M[1]), _mm_hadd_epi32(M[2], M[3]));
+                x = _mm_sub_ps(x, _mm_mul_ps(_mm_mul_ps(_mm_setr_ps(dm[0], dm[1], dm[2], dm[3]), dav), _mm_cvtepi32_ps(sm)));
+            }
         }
         s = _mm_add_ps(s, x);
     }
@@ -543,6 +576,45 @@ LK_T512 static LK_INL void fl_tile(const int R, const int T, const int kind, int
         for (int t = 0; t < T; t++) y[t * ys + r] = hsum(acc[r][t]);
 }
 
+/* ---- prefill: activations as fp32, tiles of 4 rows x 6 tokens ---------- */
+
+/* The fl_tile / bf_tile arithmetic with the activations already in fp32
+ * (F32, F16 and BF16 without AVX512_BF16: fp16/bf16 -> fp32 is exact, so
+ * converting once per call instead of per tile changes no bit) and a
+ * larger tile: 24 accumulators, 4 weight vectors converted once per 6
+ * tokens, the tokens' fp32 elements as memory operands of the FMAs. Each
+ * (row, token) accumulator takes the row's 16-element chunks in order, the
+ * last one masked, then the same hsum: fl_tile's chain (which steps 32
+ * elements as two chunks), so decode and prefill agree bit for bit. */
+LK_T512 static LK_INL void fla_tile(const int R, const int T, const int kind, int64_t n, const uint8_t *w,
+                                    size_t ws, const float *a, size_t as, float *y, size_t ys, bool pf) {
+    const int es = kind == 32 ? 4 : 2;
+    __m512 acc[4][6];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 6
+        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m512 wv[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            if (pf && (i & 31) == 0) pf_range(w + r * ws + i * es, R * ws, 32 * es);
+            wv[r] = fl_load(kind, w + r * ws + i * es, m);
+        }
+#pragma GCC unroll 6
+        for (int t = 0; t < T; t++) {
+            const __m512 av = _mm512_maskz_loadu_ps(m, a + t * as + i);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) acc[r][t] = _mm512_fmadd_ps(wv[r], av, acc[r][t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 6
+        for (int t = 0; t < T; t++) y[t * ys + r] = hsum(acc[r][t]);
+}
+
 /* BF16 x BF16 with AVX512_BF16: vdpbf16ps does 32 products per instruction
  * into fp32 (as ggml's BF16 dot on such CPUs). */
 #define LK_T512BF                                                                              \
@@ -551,10 +623,10 @@ LK_T512 static LK_INL void fl_tile(const int R, const int T, const int kind, int
 
 LK_T512BF static LK_INL void bf_tile(const int R, const int T, int64_t n, const uint8_t *w,
                                      size_t ws, const uint8_t *a, size_t as, float *y, size_t ys) {
-    __m512 acc[4][4];
+    __m512 acc[4][6];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
+#pragma GCC unroll 6
         for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
     for (int64_t i = 0; i < n; i += 32) {
         __mmask32 m = n - i >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << (n - i)) - 1);
@@ -564,7 +636,7 @@ LK_T512BF static LK_INL void bf_tile(const int R, const int T, int64_t n, const 
             pf_range(w + r * ws + i * 2, R * ws, 64);
             wv[r] = _mm512_maskz_loadu_epi16(m, w + r * ws + i * 2);
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 6
         for (int t = 0; t < T; t++) {
             __m512bh av = (__m512bh)_mm512_maskz_loadu_epi16(m, a + t * as + i * 2);
 #pragma GCC unroll 4
@@ -573,7 +645,7 @@ LK_T512BF static LK_INL void bf_tile(const int R, const int T, int64_t n, const 
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
+#pragma GCC unroll 6
         for (int t = 0; t < T; t++) y[t * ys + r] = hsum(acc[r][t]);
 }
 
@@ -669,12 +741,99 @@ static void mm_q6k(int64_t n, int64_t nrows, const void *w, size_t w_stride, int
     if (ntok >= LK_GEMM_MIN_TOK_Q6K) lk_quant_gemm_q6k_avx512(n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
     else lk_quant_run_tiles(&q6k_set, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
 }
-/* float types: the register tiles for every token count (one arithmetic:
- * batch invariant; see the header) */
-LK_MM_FN(f32)
-LK_MM_FN(f16)
-LK_MM_FN(bfc)
-LK_MM_FN(bf)
+/* The prefill driver of the float types from FLA_MIN_TOK tokens: F16 and
+ * BF16 activations are converted to fp32 into a stack buffer of
+ * FLA_BUF_FLOATS, as many tokens at a time as fit (rows padded to 16), F32
+ * ones are read in place; then 4-row groups x 6-token tiles, each group's
+ * weights read from memory once per buffer of tokens. Rows too long for
+ * FLA_MIN_TOK tokens in the buffer take the 4 x 3 tiles. */
+enum { FLA_MIN_TOK = 4, FLA_T = 6, FLA_BUF_FLOATS = 128 * 1024 /* 512 KB of the thread's stack */ };
+typedef void (*fla_fn)(int64_t n, const uint8_t *w, size_t ws, const float *a, size_t as, float *y, size_t ys, bool pf);
+#define FLA_FN(name, kind, R, T)                                                                               \
+    LK_T512 static void name##_##R##x##T(int64_t n, const uint8_t *w, size_t ws, const float *a, size_t as,   \
+                                         float *y, size_t ys, bool pf) {                                      \
+        fla_tile(R, T, kind, n, w, ws, a, as, y, ys, pf);                                                     \
+    }
+#define FLA_SET(name, kind)                                                                                    \
+    FLA_FN(name, kind, 4, 1) FLA_FN(name, kind, 4, 2) FLA_FN(name, kind, 4, 3) FLA_FN(name, kind, 4, 4)        \
+    FLA_FN(name, kind, 4, 5) FLA_FN(name, kind, 4, 6) FLA_FN(name, kind, 1, 1) FLA_FN(name, kind, 1, 2)        \
+    FLA_FN(name, kind, 1, 3) FLA_FN(name, kind, 1, 4) FLA_FN(name, kind, 1, 5) FLA_FN(name, kind, 1, 6)        \
+    static const fla_fn name##_tiles[2][FLA_T] = {                                                             \
+        {name##_1x1, name##_1x2, name##_1x3, name##_1x4, name##_1x5, name##_1x6},                              \
+        {name##_4x1, name##_4x2, name##_4x3, name##_4x4, name##_4x5, name##_4x6}};
+FLA_SET(fla32, 32)
+FLA_SET(fla16, 16)
+FLA_SET(flab, 0)
+
+/* n fp16 / bf16 values as fp32, zeros up to the next multiple of 16 */
+LK_T512 static void fla_widen(const int kind, int64_t n, const uint8_t *src, float *dst) {
+    for (int64_t c = 0; c < n; c += 16) {
+        const __mmask16 m = n - c >= 16 ? 0xFFFF : (__mmask16)((1u << (n - c)) - 1);
+        _mm512_store_ps(dst + c, kind == 16 ? fl_load(16, src + 2 * c, m) : fl_load(0, src + 2 * c, m));
+    }
+}
+
+static void fla_run(const int kind, const lk_tileset *small, int64_t n, int64_t nrows, const void *w, size_t ws,
+                    int64_t ntok, const void *a, size_t as, float *y, size_t ys) {
+    const size_t ld = ((size_t)n + 15) & ~(size_t)15;
+    const int64_t tc = kind == 32 ? 64 : (int64_t)(FLA_BUF_FLOATS / ld);
+    if (ntok < FLA_MIN_TOK || tc < FLA_MIN_TOK || (kind == 32 && as % 4)) {
+        lk_quant_run_tiles(small, n, nrows, w, ws, ntok, a, as, y, ys);
+        return;
+    }
+    const fla_fn(*tiles)[FLA_T] = kind == 32 ? fla32_tiles : kind == 16 ? fla16_tiles : flab_tiles;
+    _Alignas(64) float buf[kind == 32 ? 1 : FLA_BUF_FLOATS];
+    const uint8_t *W = w, *A = a;
+    for (int64_t t0 = 0; t0 < ntok; t0 += tc) {
+        const int64_t t1 = LK_MIN(ntok, t0 + tc);
+        const float *act = (const float *)(const void *)(A + (size_t)t0 * as);
+        size_t ald = as / 4;
+        if (kind != 32) {
+            for (int64_t t = t0; t < t1; t++) fla_widen(kind, n, A + (size_t)t * as, buf + (size_t)(t - t0) * ld);
+            act = buf;
+            ald = ld;
+        }
+        for (int64_t r = 0, step; r < nrows; r += step) {
+            const int rr = nrows - r >= 4;
+            step = rr ? 4 : 1;
+            for (int64_t t = t0; t < t1; t += FLA_T) {
+                const int tt = (int)LK_MIN((int64_t)FLA_T, t1 - t);
+                tiles[rr][tt - 1](n, W + (size_t)r * ws, ws, act + (size_t)(t - t0) * ald, ald,
+                                  y + (size_t)t * ys + (size_t)r, ys, t == t0);
+            }
+        }
+    }
+}
+
+/* float types: one arithmetic for every token count (batch invariant; see
+ * the header): the register tiles, from FLA_MIN_TOK tokens with fp32
+ * activations in 4 x 6 tiles (BF16 with AVX512_BF16: vdpbf16ps tiles) */
+#define LK_MM_FLA_FN(name, kind)                                                                \
+    static void mm_##name(int64_t n, int64_t nrows, const void *w, size_t w_stride,             \
+                          int64_t ntok, const void *a, size_t a_stride, float *y,               \
+                          size_t y_stride) {                                                    \
+        fla_run(kind, &name##_set, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);      \
+    }
+LK_MM_FLA_FN(f32, 32)
+LK_MM_FLA_FN(f16, 16)
+LK_MM_FLA_FN(bfc, 0)
+/* BF16 with AVX512_BF16: vdpbf16ps on the bf16 activations as they are
+ * (no conversion to amortise), from FLA_MIN_TOK tokens in 4 x 6 tiles: the
+ * 4 x 3 tiles' chain per (row, token), with twice the tokens per weight
+ * load. */
+#define BF_FN(R, T)                                                                                       \
+    LK_T512BF static void bf6_##R##x##T(int64_t n, const uint8_t *w, size_t ws, const uint8_t *a, size_t as, \
+                                        float *y, size_t ys) {                                            \
+        bf_tile(R, T, n, w, ws, a, as, y, ys);                                                            \
+    }
+BF_FN(4, 4) BF_FN(4, 5) BF_FN(4, 6) BF_FN(1, 4) BF_FN(1, 5) BF_FN(1, 6)
+static const lk_tileset bf6_set = {bf_4x1, bf_1x1, 4, FLA_T,
+                                   {{NULL, bf_1x1, bf_1x2, bf_1x3, bf6_1x4, bf6_1x5, bf6_1x6},
+                                    {NULL, bf_4x1, bf_4x2, bf_4x3, bf6_4x4, bf6_4x5, bf6_4x6}}};
+static void mm_bf(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
+                  size_t a_stride, float *y, size_t y_stride) {
+    lk_quant_run_tiles(ntok < FLA_MIN_TOK ? &bf_set : &bf6_set, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
+}
 
 void lk_quant_fill_avx512(lk_quant_ops *ops) {
     build_tables();

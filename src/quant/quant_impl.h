@@ -128,8 +128,8 @@ typedef void (*lk_tile_fn)(int64_t n, const uint8_t *w, size_t ws, const uint8_t
                            float *y, size_t ys);
 typedef struct {
     lk_tile_fn dec4, dec1;   /* decode: 4 rows x 1 token, 1 row x 1 token */
-    int        r_pf, t_pf;   /* prefill tile shape: r_pf rows (1..4) x t_pf tokens (1..4) */
-    lk_tile_fn pf[2][5];     /* [r_pf rows or 1 row][1..t_pf tokens] */
+    int        r_pf, t_pf;   /* prefill tile shape: r_pf rows (1..4) x t_pf tokens (1..6) */
+    lk_tile_fn pf[2][7];     /* [r_pf rows or 1 row][1..t_pf tokens] */
 } lk_tileset;
 /* lk_quant_matmul over tiles: decode walks 4 rows at a time; prefill takes
  * tokens in chunks that stay in L2 (64) and covers each chunk with
