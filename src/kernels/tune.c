@@ -301,26 +301,42 @@ static void mkdirs(const char *dir) {
     mkdir(tmp, 0755);
 }
 
-/* The CPU's model name (/proc/cpuinfo), with anything but printable
- * non-tab characters replaced: it becomes part of a cache key. */
+/* The CPU's model name (/proc/cpuinfo) and its family / model / stepping
+ * numbers (a hypervisor may show every AMD server CPU as "AMD EPYC": Zen 3
+ * and Zen 5 then differ only there), with anything but printable non-tab
+ * characters replaced: it becomes part of a cache key. */
 static void cpu_model(char *buf, size_t n) {
     snprintf(buf, n, "unknown");
     FILE *f = fopen("/proc/cpuinfo", "r");
     if (!f) return;
-    char line[512];
-    while (fgets(line, sizeof line, f)) {
-        if (strncmp(line, "model name", 10)) continue;
+    char line[512], name[256] = "unknown", fam[32] = "?", mod[32] = "?", step[32] = "?";
+    int seen = 0;
+    while (seen != 15 && fgets(line, sizeof line, f)) {
         const char *c = strchr(line, ':');
-        if (!c) break;
+        if (!c) {
+            if (seen) break; /* the first processor's block ended */
+            continue;
+        }
+        size_t k = (size_t)(c - line);
+        while (k && (line[k - 1] == ' ' || line[k - 1] == '\t')) k--;
         c++;
         while (*c == ' ') c++;
-        snprintf(buf, n, "%s", c);
-        break;
+        char *dst = NULL;
+        size_t dn = 0;
+        int bit = 0;
+        if (k == 10 && !strncmp(line, "model name", 10)) dst = name, dn = sizeof name, bit = 1;
+        else if (k == 10 && !strncmp(line, "cpu family", 10)) dst = fam, dn = sizeof fam, bit = 2;
+        else if (k == 5 && !strncmp(line, "model", 5)) dst = mod, dn = sizeof mod, bit = 4;
+        else if (k == 8 && !strncmp(line, "stepping", 8)) dst = step, dn = sizeof step, bit = 8;
+        if (!dst) continue;
+        snprintf(dst, dn, "%s", c);
+        dst[strcspn(dst, "\n")] = 0;
+        seen |= bit;
     }
     fclose(f);
+    snprintf(buf, n, "%s (family %s model %s stepping %s)", name, fam, mod, step);
     for (char *c = buf; *c; c++)
-        if (*c == '\n') *c = 0;
-        else if (*c < 32 || *c > 126 || *c == '|') *c = '_';
+        if (*c < 32 || *c > 126 || *c == '|') *c = '_';
 }
 
 /* This build: the executable's size and modification time (a rebuild
