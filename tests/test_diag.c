@@ -403,8 +403,10 @@ TEST(linkemu_delay_and_rate) {
     /* never less than the delay; beyond it, at most the relay's own hop as
      * measured in this run (which grows with the machine's load) plus slack:
      * the loaded 2-core CI machine added 41 us at 200 us set with a fixed 40 us
-     * bound; --help quotes the figures measured on a quiet machine */
-    double slack = LK_MAX(80.0, 2 * a0 + 40.0);
+     * bound, and 89 us (hop 15) under ASan beside a compile; a relay that
+     * doubled a delay or slept twice would still be far outside; --help
+     * quotes the figures measured on a quiet machine */
+    double slack = LK_MAX(120.0, 2 * a0 + 60.0);
     CHECKF(a50 - 50 > -5 && a50 - 50 < slack, "set 50 us, added %.1f (hop %.1f)", a50, a0);
     CHECKF(a200 - 200 > -5 && a200 - 200 < slack, "set 200 us, added %.1f (hop %.1f)", a200, a0);
     shutdown(e.lfd, SHUT_RDWR);
