@@ -746,8 +746,11 @@ static void mm_q6k(int64_t n, int64_t nrows, const void *w, size_t w_stride, int
  * FLA_BUF_FLOATS, as many tokens at a time as fit (rows padded to 16), F32
  * ones are read in place; then 4-row groups x 6-token tiles, each group's
  * weights read from memory once per buffer of tokens. Rows too long for
- * FLA_MIN_TOK tokens in the buffer take the 4 x 3 tiles. */
-enum { FLA_MIN_TOK = 4, FLA_T = 6, FLA_BUF_FLOATS = 128 * 1024 /* 512 KB of the thread's stack */ };
+ * FLA_MIN_TOK tokens in the buffer, and calls of fewer than FLA_MIN_ROWS
+ * rows (a thread's share of a small matrix at many threads, where widening
+ * the whole token block would cost more than a sixteenth of the products),
+ * take the 4 x 3 tiles. */
+enum { FLA_MIN_TOK = 4, FLA_MIN_ROWS = 16, FLA_T = 6, FLA_BUF_FLOATS = 128 * 1024 /* 512 KB of the thread's stack */ };
 typedef void (*fla_fn)(int64_t n, const uint8_t *w, size_t ws, const float *a, size_t as, float *y, size_t ys, bool pf);
 #define FLA_FN(name, kind, R, T)                                                                               \
     LK_T512 static void name##_##R##x##T(int64_t n, const uint8_t *w, size_t ws, const float *a, size_t as,   \
@@ -777,7 +780,7 @@ static void fla_run(const int kind, const lk_tileset *small, int64_t n, int64_t 
                     int64_t ntok, const void *a, size_t as, float *y, size_t ys) {
     const size_t ld = ((size_t)n + 15) & ~(size_t)15;
     const int64_t tc = kind == 32 ? 64 : (int64_t)(FLA_BUF_FLOATS / ld);
-    if (ntok < FLA_MIN_TOK || tc < FLA_MIN_TOK || (kind == 32 && as % 4)) {
+    if (ntok < FLA_MIN_TOK || tc < FLA_MIN_TOK || (kind == 32 && as % 4) || (kind != 32 && nrows < FLA_MIN_ROWS)) {
         lk_quant_run_tiles(small, n, nrows, w, ws, ntok, a, as, y, ys);
         return;
     }
