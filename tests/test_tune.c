@@ -1,6 +1,6 @@
 /* Tuning changes speed, never numbers: every setting the tuner may choose
  * (decode prefetch distance, thread split of a matrix, the AVX2 prefill
- * GEMM and its chunk) gives the bits of the defaults, for the matrix kernel
+ * GEMM and its chunk, where the AVX-512 quantised GEMM takes over) gives the bits of the defaults, for the matrix kernel
  * on real weight formats at every SIMD level this CPU runs, and for a
  * model's logits (synth GGUF files, prefill and decode). Also: the pool runs
  * every task exactly once while threads steal, the cache file survives a
@@ -26,6 +26,8 @@ static int settings(lk_tune_set *out, int cap) {
     for (size_t i = 0; i < sizeof grs / sizeof *grs; i++)
         for (size_t j = 0; j < sizeof chs / sizeof *chs && n < cap; j++)
             out[n] = d, out[n].gemm_rows = grs[i], out[n++].gemm_chunk = chs[j];
+    static const int gts[] = { 5, 7, 9, 16 };
+    for (size_t i = 0; i < sizeof gts / sizeof *gts && n < cap; i++) out[n] = d, out[n++].gemm_tok = gts[i];
     out[n] = d, out[n].pf = 4, out[n].split = 8, out[n].gemm_rows = 4, out[n++].gemm_chunk = 0;
     return n;
 }
@@ -152,7 +154,8 @@ TEST(model_logits_across_settings) {
             float *l = model_logits(files[fi], &n2);
             lk_tune_set now;
             lk_tune_get(&now);
-            CHECKF(now.pf == cand[c].pf && now.split == cand[c].split && now.gemm_rows == cand[c].gemm_rows,
+            CHECKF(now.pf == cand[c].pf && now.split == cand[c].split && now.gemm_rows == cand[c].gemm_rows &&
+                       now.gemm_tok == cand[c].gemm_tok,
                    "LK_TUNE=%s was not applied", s);
             CHECKF(l && n2 == n && !memcmp(l, ref, sizeof(float) * (size_t)n), "%s: %s gives other logits",
                    files[fi], s);
@@ -277,7 +280,7 @@ TEST(cache_file_and_env) {
 
 TEST(parse_rejects_bad_specs) {
     static const char *bad[] = { "pf=9", "split=0", "split=17", "gemm=5", "gemm=2x65", "gemm=2x", "pf", "pf=1,", "x=1",
-                                 "pf=-1", "pf=1;split=2" };
+                                 "pf=-1", "pf=1;split=2", "gtok=4", "gtok=17", "gtok=" };
     char err[200];
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         lk_tune_set s;
@@ -287,6 +290,11 @@ TEST(parse_rejects_bad_specs) {
     lk_tune_set s;
     lk_tune_defaults(&s);
     CHECK(lk_tune_parse("gemm=off,split=16,pf=0", &s, err, sizeof err) && s.split == 16 && s.pf == 0);
+    CHECK(lk_tune_parse("gtok=9", &s, err, sizeof err) && s.gemm_tok == 9);
+    char buf[64];
+    lk_tune_format(&s, buf, sizeof buf);
+    CHECKF(!strcmp(buf, "pf=0,split=16,gemm=off,gtok=9"), "formatted as '%s'", buf);
+    CHECK(lk_tune_parse("gtok=0", &s, err, sizeof err) && s.gemm_tok == 0);
 }
 
 int main(void) {

@@ -21,12 +21,15 @@
  * against a matrix's tens of microseconds at least), and when a thread is
  * descheduled the others take up to three quarters of its share (2-thread
  * decode next to another 2-thread decode on 2 cores: BENCHMARKS.md) */
-void lk_tune_defaults(lk_tune_set *s) { *s = (lk_tune_set){ .pf = 1, .split = 4, .gemm_rows = 0, .gemm_chunk = 0 }; }
+void lk_tune_defaults(lk_tune_set *s) {
+    *s = (lk_tune_set){ .pf = 1, .split = 4, .gemm_rows = 0, .gemm_chunk = 0, .gemm_tok = 0 };
+}
 
 void lk_tune_apply(const lk_tune_set *s) {
     lk_quant_set_prefetch(s->pf);
     lk_matmul_set_split(s->split);
     lk_quant_gemm_avx2_force(s->gemm_rows, s->gemm_chunk);
+    lk_quant_set_gemm_tok(s->gemm_tok);
 }
 
 void lk_tune_get(lk_tune_set *s) {
@@ -34,12 +37,15 @@ void lk_tune_get(lk_tune_set *s) {
     s->split = lk_matmul_split();
     lk_quant_gemm_avx2_get(&s->gemm_rows, &s->gemm_chunk);
     if (s->gemm_rows < 0) s->gemm_rows = 0;
+    s->gemm_tok = lk_quant_gemm_tok();
 }
 
 void lk_tune_format(const lk_tune_set *s, char *buf, size_t n) {
-    if (s->gemm_rows <= 0) snprintf(buf, n, "pf=%d,split=%d,gemm=off", s->pf, s->split);
-    else if (s->gemm_chunk == 0) snprintf(buf, n, "pf=%d,split=%d,gemm=%d", s->pf, s->split, s->gemm_rows);
-    else snprintf(buf, n, "pf=%d,split=%d,gemm=%dx%d", s->pf, s->split, s->gemm_rows, s->gemm_chunk);
+    int k;
+    if (s->gemm_rows <= 0) k = snprintf(buf, n, "pf=%d,split=%d,gemm=off", s->pf, s->split);
+    else if (s->gemm_chunk == 0) k = snprintf(buf, n, "pf=%d,split=%d,gemm=%d", s->pf, s->split, s->gemm_rows);
+    else k = snprintf(buf, n, "pf=%d,split=%d,gemm=%dx%d", s->pf, s->split, s->gemm_rows, s->gemm_chunk);
+    if (s->gemm_tok && k > 0 && (size_t)k < n) snprintf(buf + k, n - (size_t)k, ",gtok=%d", s->gemm_tok);
 }
 
 static bool parse_int(const char *s, const char *end, int lo, int hi, int *out) {
@@ -72,10 +78,15 @@ bool lk_tune_parse(const char *spec, lk_tune_set *s, char *err, size_t errlen) {
                 ok = parse_int(v, end, 0, 4, &t.gemm_rows);
                 t.gemm_chunk = 0;
             }
+        } else if (ok && eq - p == 4 && !strncmp(p, "gtok", 4)) {
+            ok = parse_int(eq + 1, end, 0, LK_QUANT_GEMM_TOK_MAX, &t.gemm_tok) &&
+                 (t.gemm_tok == 0 || t.gemm_tok >= LK_QUANT_GEMM_TOK_MIN);
         } else ok = false;
         if (!ok) {
-            snprintf(err, errlen, "bad tuning setting '%.*s' (expected pf=0..%d, split=1..%d, gemm=off|1..4[x1..64])",
-                     (int)(end - p), p, LK_QUANT_PF_MAX, LK_MATMUL_SPLIT_MAX);
+            snprintf(err, errlen,
+                     "bad tuning setting '%.*s' (expected pf=0..%d, split=1..%d, gemm=off|1..4[x1..64], gtok=0|%d..%d)",
+                     (int)(end - p), p, LK_QUANT_PF_MAX, LK_MATMUL_SPLIT_MAX, LK_QUANT_GEMM_TOK_MIN,
+                     LK_QUANT_GEMM_TOK_MAX);
             return false;
         }
         if (!*end) break;
@@ -260,6 +271,20 @@ void lk_tune_calibrate(lk_pool *p, lk_type t, int64_t cols, int64_t rows, size_t
         cur.gemm_rows = grs[pick(ratio, 3, 0)];
         at = append(report, n, at, " gemm off/2/4 (%d tokens x %lld rows) %.2f/%.2f/%.2f (1/x%.2f/x%.2f);", NTOK,
                     (long long)hot.rows, med[0], med[1], med[2], ratio[1], ratio[2]);
+    }
+    /* 4. where the AVX-512 quantised GEMM takes over: an 8-token step (a
+     * server's 8 sequences) over the memory-bound matrices, through the GEMM
+     * (from 5 tokens, the default) or the few-token kernels (from 9) */
+    if (!strcmp(lk_quant_simd_name(), "avx512") && (t == LK_TYPE_Q4_0 || t == LK_TYPE_Q8_0 || t == LK_TYPE_Q4_K ||
+                                                    t == LK_TYPE_Q5_K)) {
+        enum { GT = 8 };
+        static const int gts[] = { 0, 9 };
+        lk_tune_set c[2];
+        double med[2], ratio[2];
+        for (int k = 0; k < 2; k++) c[k] = cur, c[k].gemm_tok = gts[k];
+        stage(p, c, 2, 0, med, ratio, mats, nm, x, GT, y, scratch, 120);
+        cur.gemm_tok = gts[pick(ratio, 2, 0)];
+        at = append(report, n, at, " gtok 5/9 (%d tokens) %.2f/%.2f (1/x%.2f);", GT, med[0], med[1], ratio[1]);
     }
     lk_tune_apply(&cur);
     *out = cur;

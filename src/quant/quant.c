@@ -531,6 +531,15 @@ void lk_quant_set_prefetch(int tiles) {
 
 int lk_quant_prefetch(void) { return lk_quant_pf_tiles(); }
 
+static _Atomic int g_gemm_tok;
+
+void lk_quant_set_gemm_tok(int ntok) {
+    LK_ASSERT(ntok == 0 || (ntok >= LK_QUANT_GEMM_TOK_MIN && ntok <= LK_QUANT_GEMM_TOK_MAX));
+    atomic_store_explicit(&g_gemm_tok, ntok, memory_order_relaxed);
+}
+
+int lk_quant_gemm_tok(void) { return atomic_load_explicit(&g_gemm_tok, memory_order_relaxed); }
+
 void lk_quant_init(void) { pthread_once(&g_once, init_once); }
 
 static inline const lk_quant_ops *ops_get(void) {

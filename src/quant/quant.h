@@ -95,6 +95,15 @@ enum { LK_QUANT_PF_MAX = 8 };
 void lk_quant_set_prefetch(int tiles);
 int  lk_quant_prefetch(void);
 
+/* From how many tokens the AVX-512 level's Q4_0, Q8_0, Q4_K and Q5_K calls
+ * take the packed GEMM instead of the few-token kernels (0 = the default,
+ * LK_GEMM_MIN_TOK = 5; else LK_QUANT_GEMM_TOK_MIN..MAX). Both give the
+ * scalar reference's bits, so it is a tuning choice: speed, never
+ * results. Process-wide. */
+enum { LK_QUANT_GEMM_TOK_MIN = 5, LK_QUANT_GEMM_TOK_MAX = 16 };
+void lk_quant_set_gemm_tok(int ntok);
+int  lk_quant_gemm_tok(void);
+
 /* Which SIMD level is active: "avx512" (needs AVX-512 F/BW/VL/DQ/VNNI/VBMI
  * and GFNI: Ice Lake, Sapphire Rapids, Zen 4 and later; BF16 used where
  * present), "avx2" (AVX2 + FMA + F16C + BMI1/2) or "scalar". */

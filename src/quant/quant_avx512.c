@@ -709,31 +709,39 @@ LK_F_TILES(LK_T512BF, bf, BF_CALL)
                           size_t y_stride) {                                                \
         lk_quant_run_tiles(&name##_set, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride); \
     }
+/* The first token count that takes the GEMM: LK_GEMM_MIN_TOK unless the
+ * tuner chose otherwise (lk_quant_set_gemm_tok: on a Zen 5 the 4-token rows
+ * kernel beats the GEMM up to about 8 tokens, on the Xeon not at 5). */
+static inline int64_t gemm_min_tok(void) {
+    const int v = lk_quant_gemm_tok();
+    return v ? v : LK_GEMM_MIN_TOK;
+}
+
 /* Q4_0: one arithmetic for every token count (the scalar reference's, so
  * batch invariant): decode through the prepared-activation 4-row kernel,
- * 2-4 tokens rows in lanes, then the GEMM */
+ * then rows in lanes in tiles of up to 4 tokens, then the GEMM */
 static void mm_q40(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
                    size_t a_stride, float *y, size_t y_stride) {
     if (ntok == 1) q40_decode(n, nrows, w, w_stride, a, y);
-    else if (ntok < LK_GEMM_MIN_TOK) lk_quant_q4q8_rows_avx512(false, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
+    else if (ntok < gemm_min_tok()) lk_quant_q4q8_rows_avx512(false, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
     else lk_quant_gemm_q4q8_avx512(false, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
 }
 /* Q8_0: the same one arithmetic; decode and 2-4 tokens rows in lanes (the
  * 4-row trick of Q4_0's decode needs Q4_0's 18-byte records) */
 static void mm_q80(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
                    size_t a_stride, float *y, size_t y_stride) {
-    if (ntok < LK_GEMM_MIN_TOK) lk_quant_q4q8_rows_avx512(true, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
+    if (ntok < gemm_min_tok()) lk_quant_q4q8_rows_avx512(true, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
     else lk_quant_gemm_q4q8_avx512(true, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
 }
 /* K-quants: prefill through the GEMM (quant_gemm_avx512.c) */
 static void mm_q4k(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
                    size_t a_stride, float *y, size_t y_stride) {
-    if (ntok >= LK_GEMM_MIN_TOK) lk_quant_gemm_q4k_avx512(n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
+    if (ntok >= gemm_min_tok()) lk_quant_gemm_q4k_avx512(n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
     else lk_quant_run_tiles(&q4k_set, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
 }
 static void mm_q5k(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
                    size_t a_stride, float *y, size_t y_stride) {
-    if (ntok >= LK_GEMM_MIN_TOK) lk_quant_gemm_q5k_avx512(n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
+    if (ntok >= gemm_min_tok()) lk_quant_gemm_q5k_avx512(n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
     else lk_quant_run_tiles(&q5k_set, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
 }
 static void mm_q6k(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
