@@ -411,8 +411,6 @@ LK_T512 static LK_INL kwgrp q6k_wload(const ktabs *kt, const uint8_t *p) {
 
 /* The exact totals of four vectors' 16 i32 lanes, in lanes 0..3 (integer
  * adds: any order gives them). */
-static LK_INL int32_t ld_i32(const uint8_t *p) { int32_t v; memcpy(&v, p, 4); return v; }
-
 LK_T512 static LK_INL __m128i red4_i32(__m512i s0, __m512i s1, __m512i s2, __m512i s3) {
     const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(s0, s1), _mm512_unpackhi_epi32(s0, s1));
     const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(s2, s3), _mm512_unpackhi_epi32(s2, s3));
@@ -479,7 +477,7 @@ LK_T512 static LK_INL void kq_tile(const int R, const int T, const int kind, int
              * terms in one vpmaddwd (row r's 8 mins in 128-bit lane r, times
              * the 8 sub-block sums), each lane's total by two swaps */
             const uint8_t *w0 = w + (size_t)i * bb;
-            const __m256 dd = _mm256_cvtph_ps(_mm_setr_epi32(ld_i32(w0), ld_i32(w0 + ws), ld_i32(w0 + 2 * ws), ld_i32(w0 + 3 * ws)));
+            const __m256 dd = _mm256_cvtph_ps(_mm_setr_epi32(lk_ld_i32(w0), lk_ld_i32(w0 + ws), lk_ld_i32(w0 + 2 * ws), lk_ld_i32(w0 + 3 * ws)));
             const __m128 d4 = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(dd, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6)));
             const __m128 m4 = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(dd, _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7)));
             uint64_t mr[4];

@@ -172,8 +172,6 @@ LK_TG static void gk_prep(const bool is_q8, const uint8_t *a, size_t as, int tb,
         }
 }
 
-static LK_INL int32_t gk_ld_i32(const uint8_t *p) { int32_t v; memcpy(&v, p, 4); return v; }
-
 /* One micro-tile: RG row groups x T tokens over kb blocks. wp: the panel;
  * at[t]: token t's activation row at the K block's first block; act/t0: its
  * (token, block) terms; y: row 0 of token 0 of the tile. nlast: valid rows
@@ -234,7 +232,7 @@ LK_TG static LK_INL void gk_tile(const int RG, const int T, const gk_panel *wp, 
 #pragma GCC unroll 4
                 for (int t = 0; t < T; t++)
                     ia[g][t] = _mm512_dpbusd_epi32(ia[g][t], wv,
-                                                   _mm512_set1_epi32(gk_ld_i32(at[t] + (size_t)b * LK_Q80_BYTES + 2 + 4 * k)));
+                                                   _mm512_set1_epi32(lk_ld_i32(at[t] + (size_t)b * LK_Q80_BYTES + 2 + 4 * k)));
             }
         }
 #pragma GCC unroll 4
@@ -375,7 +373,7 @@ LK_TG static LK_INL void gq_tile(const bool is_q8, const int T, int64_t b0, int 
             const uint8_t *aq = a + (size_t)t * as + (size_t)(b0 + b) * LK_Q80_BYTES + 2;
             __m512i ia = _mm512_set1_epi32(A->corr[t][b]);
 #pragma GCC unroll 8
-            for (int k = 0; k < 8; k++) ia = _mm512_dpbusd_epi32(ia, v[k], _mm512_set1_epi32(gk_ld_i32(aq + 4 * k)));
+            for (int k = 0; k < 8; k++) ia = _mm512_dpbusd_epi32(ia, v[k], _mm512_set1_epi32(lk_ld_i32(aq + 4 * k)));
             acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_cvtepi32_ps(ia),
                                                          _mm512_mul_ps(wd, _mm512_set1_ps(A->d[t][b]))));
         }
@@ -614,7 +612,7 @@ LK_TG static LK_INL void gkk_tile(const int kind, const int RG, const int T, con
 #pragma GCC unroll 8
                     for (int i = 0; i < 8; i++)
                         c = _mm512_dpwssd_epi32(c, _mm512_load_si512(wp->v[g][s][GK6_SP + i]),
-                                                _mm512_set1_epi32(gk_ld_i32(at[t] + (size_t)s * LK_Q8K_BYTES + LK_Q8K_BS + 4 * i)));
+                                                _mm512_set1_epi32(lk_ld_i32(at[t] + (size_t)s * LK_Q8K_BYTES + LK_Q8K_BS + 4 * i)));
                     is[g][t] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(c, 5));
                 }
         }
@@ -639,7 +637,7 @@ LK_TG static LK_INL void gkk_tile(const int kind, const int RG, const int T, con
                     __m512i wv = _mm512_load_si512(wp->v[g][s][v0 + kk]);
 #pragma GCC unroll 4
                     for (int t = 0; t < T; t++)
-                        ps[g][t] = _mm512_dpbusd_epi32(ps[g][t], wv, _mm512_set1_epi32(gk_ld_i32(
+                        ps[g][t] = _mm512_dpbusd_epi32(ps[g][t], wv, _mm512_set1_epi32(lk_ld_i32(
                             at[t] + (size_t)s * LK_Q8K_BYTES + LK_Q8K_QS + 4 * (v0 + kk))));
                 }
             }

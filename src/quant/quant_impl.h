@@ -69,6 +69,7 @@ static inline int lk_nearest(float f) {
 
 static inline uint16_t lk_ld_u16(const void *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 static inline int16_t  lk_ld_i16(const void *p) { int16_t v; memcpy(&v, p, 2); return v; }
+static inline int32_t  lk_ld_i32(const void *p) { int32_t v; memcpy(&v, p, 4); return v; }
 static inline float    lk_ld_f32(const void *p) { float v; memcpy(&v, p, 4); return v; }
 static inline float    lk_ld_h(const void *p) { return lk_fp16_to_fp32(lk_ld_u16(p)); }
 

@@ -58,8 +58,6 @@ enum {
 #define Q_KB(Q) ((Q) ? 32 : 64)
 #define Q_BB(Q) ((size_t)((Q) ? LK_Q80_BYTES : LK_Q40_BYTES))
 
-static LK_INL int32_t ld_i32(const uint8_t *p) { int32_t v; memcpy(&v, p, 4); return v; }
-
 /* 8 rows' block b (row r at w + r*ws; rows >= nr are zero) -> v: vector k's
  * lane r holds quants 4k..4k+3 of row r (Q4_0: k >= 4 are quants
  * 16+4(k-4).., the high nibbles; Q8_0: v[k] = |w|, v[8 + k] = w); *d = the
@@ -140,17 +138,17 @@ LK_T2 static LK_INL __m256i q4_corr(const uint8_t *ab) {
 LK_T2 static LK_INL __m256i q_isum(const int Q, const __m256i *v, const uint8_t *aq, __m256i corr) {
     const __m256i ones = _mm256_set1_epi16(1);
     if (!Q) {
-        __m256i s16 = _mm256_maddubs_epi16(v[0], _mm256_set1_epi32(ld_i32(aq)));
+        __m256i s16 = _mm256_maddubs_epi16(v[0], _mm256_set1_epi32(lk_ld_i32(aq)));
 #pragma GCC unroll 8
         for (int k = 1; k < 8; k++)
-            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(v[k], _mm256_set1_epi32(ld_i32(aq + 4 * k))));
+            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(v[k], _mm256_set1_epi32(lk_ld_i32(aq + 4 * k))));
         return _mm256_add_epi32(_mm256_madd_epi16(s16, ones), corr);
     }
     __m256i s = corr;
 #pragma GCC unroll 8
     for (int k = 0; k < 8; k++)
         s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(v[k], _mm256_sign_epi8(
-                                                      _mm256_set1_epi32(ld_i32(aq + 4 * k)), v[8 + k])), ones));
+                                                      _mm256_set1_epi32(lk_ld_i32(aq + 4 * k)), v[8 + k])), ones));
     return s;
 }
 
@@ -273,7 +271,7 @@ LK_T2 static LK_INL void q_gtile(const int Q, const int T, const q_panel *P, int
                 const __m256i v = _mm256_load_si256((const __m256i *)(o + 32 * k));
 #pragma GCC unroll 4
                 for (int t = 0; t < T; t++) {
-                    const __m256i p = _mm256_maddubs_epi16(v, _mm256_set1_epi32(ld_i32(aq + (size_t)t * as + 4 * k)));
+                    const __m256i p = _mm256_maddubs_epi16(v, _mm256_set1_epi32(lk_ld_i32(aq + (size_t)t * as + 4 * k)));
                     s[t] = k ? _mm256_add_epi16(s[t], p) : p;
                 }
             }
@@ -289,7 +287,7 @@ LK_T2 static LK_INL void q_gtile(const int Q, const int T, const q_panel *P, int
 #pragma GCC unroll 4
                 for (int t = 0; t < T; t++) {
                     const __m256i p = _mm256_madd_epi16(
-                        _mm256_maddubs_epi16(av, _mm256_sign_epi8(_mm256_set1_epi32(ld_i32(aq + (size_t)t * as + 4 * k)), sv)),
+                        _mm256_maddubs_epi16(av, _mm256_sign_epi8(_mm256_set1_epi32(lk_ld_i32(aq + (size_t)t * as + 4 * k)), sv)),
                         _mm256_set1_epi16(1));
                     s[t] = k ? _mm256_add_epi32(s[t], p) : p;
                 }
