@@ -181,13 +181,10 @@ LK_T2 static LK_INL void kq_tile2(const int R, const int T, const int kind, int6
         /* lane p = the exact total of is[p] */
         const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(is[0], is[1]), _mm256_hadd_epi32(is[2], is[3]));
         const __m128i si = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-        const __m128 dav = _mm_setr_ps(da[0], da[1], da[2], da[3]);
-        __m128 x = _mm_mul_ps(_mm_mul_ps(_mm_setr_ps(dw[0], dw[1], dw[2], dw[3]), dav), _mm_cvtepi32_ps(si));
-        if (kind != 6) {
-            const __m128i sm = _mm_hadd_epi32(_mm_hadd_epi32(mm[0], mm[1]), _mm_hadd_epi32(mm[2], mm[3]));
-            x = _mm_sub_ps(x, _mm_mul_ps(_mm_mul_ps(_mm_setr_ps(dm[0], dm[1], dm[2], dm[3]), dav), _mm_cvtepi32_ps(sm)));
-        }
-        s = _mm_add_ps(s, x);
+        const __m128i sm = kind == 6 ? _mm_setzero_si128()
+                                     : _mm_hadd_epi32(_mm_hadd_epi32(mm[0], mm[1]), _mm_hadd_epi32(mm[2], mm[3]));
+        s = lk_kq_fin4(kind == 6, si, sm, _mm_setr_ps(dw[0], dw[1], dw[2], dw[3]), _mm_setr_ps(dm[0], dm[1], dm[2], dm[3]),
+                       _mm_setr_ps(da[0], da[1], da[2], da[3]), s);
     }
     float o[4];
     _mm_storeu_ps(o, s);

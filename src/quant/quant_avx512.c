@@ -437,6 +437,8 @@ LK_T512 static LK_INL void kq_tile(const int R, const int T, const int kind, int
     const ktabs kt = ktabs_load();
     const size_t bb = kind == 4 ? LK_Q4K_BYTES : kind == 5 ? LK_Q5K_BYTES : LK_Q6K_BYTES;
     const int64_t nb = n / LK_QK_K;
+    /* Q4_K/Q5_K decode: the rows' scales and min terms taken 4 rows at once */
+    const bool dec4 = T == 1 && R == 4 && kind != 6;
     __m128 s = _mm_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         __m512i S[4];
@@ -464,15 +466,17 @@ LK_T512 static LK_INL void kq_tile(const int R, const int T, const int kind, int
                     S[p] = _mm512_dpwssd_epi32(S[p], _mm512_dpbusd_epi32(_mm512_setzero_si512(), W.v[k], A.v[k]), W.sc[k]);
                 if (kind == 6)
                     S[p] = _mm512_sub_epi32(S[p], _mm512_zextsi256_si512(_mm256_slli_epi32(_mm256_madd_epi16(W.m, A.bs), 5)));
-                else if (!(T == 1 && R == 4))
+                else if (!dec4)
                     M[p] = _mm_madd_epi16(_mm256_castsi256_si128(W.m), _mm256_castsi256_si128(A.bs));
-                dw[p] = _mm_cvtss_f32(W.dd);
-                dm[p] = _mm_cvtss_f32(_mm_movehdup_ps(W.dd));
-                da[p] = _mm_cvtss_f32(A.d);
+                if (!dec4) {
+                    dw[p] = _mm_cvtss_f32(W.dd);
+                    dm[p] = _mm_cvtss_f32(_mm_movehdup_ps(W.dd));
+                    da[p] = _mm_cvtss_f32(A.d);
+                }
             }
         }
-        __m128 x;
-        if (T == 1 && R == 4 && kind != 6) {
+        const __m128i si = red4_i32(S[0], S[1], S[2], S[3]);
+        if (dec4) {
             /* decode: the 4 rows' [d, dmin] in one conversion, their min
              * terms in one vpmaddwd (row r's 8 mins in 128-bit lane r, times
              * the 8 sub-block sums), each lane's total by two swaps */
@@ -492,19 +496,13 @@ LK_T512 static LK_INL void kq_tile(const int R, const int T, const int kind, int
             mi = _mm512_add_epi32(mi, _mm512_shuffle_epi32(mi, _MM_PERM_BADC));
             mi = _mm512_add_epi32(mi, _mm512_shuffle_epi32(mi, _MM_PERM_CDAB));
             const __m128i sm = _mm512_castsi512_si128(_mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), mi));
-            const __m128 dav = _mm_broadcastss_ps(A1.d);
-            x = _mm_mul_ps(_mm_mul_ps(d4, dav), _mm_cvtepi32_ps(red4_i32(S[0], S[1], S[2], S[3])));
-            x = _mm_sub_ps(x, _mm_mul_ps(_mm_mul_ps(m4, dav), _mm_cvtepi32_ps(sm)));
+            s = lk_kq_fin4(false, si, sm, d4, m4, _mm_broadcastss_ps(A1.d), s);
         } else {
-            const __m128 dav = _mm_setr_ps(da[0], da[1], da[2], da[3]);
-            x = _mm_mul_ps(_mm_mul_ps(_mm_setr_ps(dw[0], dw[1], dw[2], dw[3]), dav),
-                           _mm_cvtepi32_ps(red4_i32(S[0], S[1], S[2], S[3])));
-            if (kind != 6) {
-                const __m128i sm = _mm_hadd_epi32(_mm_hadd_epi32(M[0], M[1]), _mm_hadd_epi32(M[2], M[3]));
-                x = _mm_sub_ps(x, _mm_mul_ps(_mm_mul_ps(_mm_setr_ps(dm[0], dm[1], dm[2], dm[3]), dav), _mm_cvtepi32_ps(sm)));
-            }
+            const __m128i sm = kind == 6 ? _mm_setzero_si128()
+                                         : _mm_hadd_epi32(_mm_hadd_epi32(M[0], M[1]), _mm_hadd_epi32(M[2], M[3]));
+            s = lk_kq_fin4(kind == 6, si, sm, _mm_setr_ps(dw[0], dw[1], dw[2], dw[3]),
+                           _mm_setr_ps(dm[0], dm[1], dm[2], dm[3]), _mm_setr_ps(da[0], da[1], da[2], da[3]), s);
         }
-        s = _mm_add_ps(s, x);
     }
     float o[4];
     _mm_storeu_ps(o, s);

@@ -73,6 +73,22 @@ static inline int32_t  lk_ld_i32(const void *p) { int32_t v; memcpy(&v, p, 4); r
 static inline float    lk_ld_f32(const void *p) { float v; memcpy(&v, p, 4); return v; }
 static inline float    lk_ld_h(const void *p) { return lk_fp16_to_fp32(lk_ld_u16(p)); }
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+/* The K-quants' float work of one super-block for 4 (row, token) pairs in
+ * the lanes, in the scalar reference's order (dot_k45 / dot_q6_k in
+ * quant.c): s + ((d*da)*(float)sumi - (dmin*da)*(float)summ); Q6_K (q6):
+ * s + (d*da)*(float)sumi. The AVX2 and AVX-512 K-quant kernels all finish
+ * a super-block with it, so they give the scalar code's bits (inlined into
+ * their target-specific code, so the instructions are theirs). */
+static inline __attribute__((always_inline)) __m128 lk_kq_fin4(bool q6, __m128i sumi, __m128i summ, __m128 d,
+                                                                __m128 dmin, __m128 da, __m128 s) {
+    __m128 x = _mm_mul_ps(_mm_mul_ps(d, da), _mm_cvtepi32_ps(sumi));
+    if (!q6) x = _mm_sub_ps(x, _mm_mul_ps(_mm_mul_ps(dmin, da), _mm_cvtepi32_ps(summ)));
+    return _mm_add_ps(s, x);
+}
+#endif
+
 /* The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K super-block,
  * packed in 12 bytes: j < 4 in the low 6 bits of bytes j (scale) and j+4
  * (min); j >= 4 in the nibbles of bytes j+4 plus the top 2 bits of bytes j-4
