@@ -274,6 +274,8 @@ static void random_weights(lk_type t, int64_t n, uint8_t *w, float *mag) {
         switch (t) {
         case LK_TYPE_Q4_0: put_h(p, rnd_unif() < 0 ? -d : d); m = d * 8; break;
         case LK_TYPE_Q8_0: put_h(p, d); m = d * 128; break;
+        case LK_TYPE_Q5_0: put_h(p, rnd_unif() < 0 ? -d : d); m = d * 16; break;
+        case LK_TYPE_Q5_1: put_h(p, d); put_h(p + 2, dm); m = d * 31 + dm; break;
         case LK_TYPE_Q4_K: put_h(p, d); put_h(p + 2, dm); m = d * 63 * 15 + dm * 63; break;
         case LK_TYPE_Q5_K: put_h(p, d); put_h(p + 2, dm); m = d * 63 * 31 + dm * 63; break;
         case LK_TYPE_Q6_K: put_h(p + 208, d); m = d * 128 * 32; break;
@@ -289,7 +291,7 @@ static void random_weights(lk_type t, int64_t n, uint8_t *w, float *mag) {
 }
 
 static const lk_type k_wtypes[] = {LK_TYPE_F32, LK_TYPE_F16, LK_TYPE_BF16, LK_TYPE_Q8_0,
-                                   LK_TYPE_Q4_0, LK_TYPE_Q4_K, LK_TYPE_Q5_K, LK_TYPE_Q6_K};
+                                   LK_TYPE_Q4_0, LK_TYPE_Q4_K, LK_TYPE_Q5_K, LK_TYPE_Q6_K, LK_TYPE_Q5_0, LK_TYPE_Q5_1};
 
 /* Checks lk_quant_matmul(t) on an odd-shaped problem with padded strides and
  * unaligned rows against sum_i deq(w)_i * deq(a)_i in double.
@@ -330,6 +332,15 @@ static int check_matmul(lk_type t, int64_t n, int64_t nrows, int64_t ntok, int m
                 S += fabs((double)ad[k * n + i]) * mag[r * n + i];
             }
             double tol = 2.0 * (double)(m + 8) * 0x1p-24 * S;
+            if (t == LK_TYPE_Q5_1) /* Q8_1 stores s = d*sum(q) in fp16: the min term's m*s is off by up to
+                                    * |m| * |s| * 2^-11 per block, which the reference does not see */
+                for (int64_t b = 0; b < n / 32; b++) {
+                    double sb = 0;
+                    for (int j = 0; j < 32; j++) sb += ad[k * n + b * 32 + j];
+                    uint16_t hm;
+                    memcpy(&hm, w + r * w_stride + (size_t)b * 24 + 2, 2); /* Q5_1 block: d, m, qh, qs */
+                    tol += 2.0 * fabs((double)lk_fp16_to_fp32(hm) * sb) * 0x1p-11;
+                }
             float got = y[(size_t)k * y_stride + (size_t)r];
             if (!(fabs(got - ref) <= tol)) {
                 if (bad++ < 3)
@@ -497,15 +508,14 @@ static int check_batch_invariance(lk_type t, int64_t n, int64_t nrows) {
     return bad;
 }
 
-/* The kernels that promise the scalar reference's arithmetic (a block's
- * exact integer sum, then s = s + sum * (d_w * d_a) block after block) for
- * every token count: Q4_0 and Q8_0 at AVX2 (quant_q4q8_avx2.c) and AVX-512
- * (decode, rows-in-lanes tiles and the GEMM). */
+/* The kernels that promise the scalar reference's arithmetic for every
+ * token count: Q4_0, Q8_0 and the K-quants (a block's exact integer sum,
+ * then s = s + sum * (d_w * d_a) block after block) at AVX2 and AVX-512;
+ * Q5_0 and Q5_1 (llama.cpp's 8-lane arithmetic, quant_q5.c) at AVX2. */
 static bool scalar_order(const char *level, lk_type t) {
-    if (!strcmp(level, "avx2"))
-        return t == LK_TYPE_Q4_0 || t == LK_TYPE_Q8_0 || t == LK_TYPE_Q4_K || t == LK_TYPE_Q5_K || t == LK_TYPE_Q6_K;
-    if (!strcmp(level, "avx512"))
-        return t == LK_TYPE_Q4_0 || t == LK_TYPE_Q8_0 || t == LK_TYPE_Q4_K || t == LK_TYPE_Q5_K || t == LK_TYPE_Q6_K;
+    const bool k = t == LK_TYPE_Q4_0 || t == LK_TYPE_Q8_0 || t == LK_TYPE_Q4_K || t == LK_TYPE_Q5_K || t == LK_TYPE_Q6_K;
+    if (!strcmp(level, "avx2")) return k || t == LK_TYPE_Q5_0 || t == LK_TYPE_Q5_1;
+    if (!strcmp(level, "avx512")) return k;
     return false;
 }
 

@@ -18,7 +18,9 @@
  * a 16-lane vector per block, 4 blocks per step), in block order, then one
  * horizontal sum (Q5_1 adds its sum of m*s at the end); the decode and
  * prefill tiles differ only in how many rows and tokens share a step, never
- * in that arithmetic. */
+ * in that arithmetic. The AVX2 arithmetic is llama.cpp's and the scalar
+ * reference's (dot_q5), bit for bit; AVX-512's 4 lanes per block differ
+ * from it in the last bits. */
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
@@ -156,37 +158,40 @@ static void act_q8_1(const float *x, void *dst, int64_t n) {
     }
 }
 
-static float dot_q5_0(int64_t n, const uint8_t *w, const uint8_t *a) {
-    float s = 0;
+/* The scalar reference keeps the arithmetic of llama.cpp's x86 (AVX2) dot
+ * for these types, which the AVX2 tiles below share: lane j (0..7) of a
+ * block is the exact integer sum of its elements 4j..4j+3; each lane adds
+ * acc_j = fma(isum_j, d_w * d_a, acc_j) block after block; the lanes are
+ * added at the end as ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)), and Q5_1 adds
+ * its sum of m_w * s_a (block order) last. (A sum in block order,
+ * s + isum * (d_w * d_a) as Q4_0's, is as accurate; but the synthetic
+ * Qwen3.5 model of test_qwen35, whose delta net amplifies a rounding of
+ * 1e-7 into logit errors of 1e-2, then misses llama.cpp's reference by more
+ * than its tolerance.) */
+static float dot_q5(int kind, int64_t n, const uint8_t *w, const uint8_t *a) {
+    const size_t wbb = kind == 0 ? LK_Q50_BYTES : LK_Q51_BYTES, abb = kind == 0 ? LK_Q80_BYTES : LK_Q81_BYTES;
+    const int off = kind == 0 ? 16 : 0, qo = kind == 0 ? 2 : 4;
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, sm = 0;
     uint8_t q[32];
-    for (int64_t i = 0; i < n / 32; i++, w += LK_Q50_BYTES, a += LK_Q80_BYTES) {
-        const int8_t *q8 = (const int8_t *)(a + 2);
-        q5_quants(w + 2, q);
-        int sumi = 0;
-        for (int j = 0; j < 32; j++) sumi += (q[j] - 16) * q8[j];
-        s += (float)sumi * (lk_ld_h(w) * lk_ld_h(a));
+    for (int64_t i = 0; i < n / 32; i++, w += wbb, a += abb) {
+        const int8_t *q8 = (const int8_t *)(a + qo);
+        q5_quants(w + qo, q);
+        const float d = lk_ld_h(w) * lk_ld_h(a);
+        for (int j = 0; j < 8; j++) {
+            int sumi = 0;
+            for (int e = 4 * j; e < 4 * j + 4; e++) sumi += (q[e] - off) * q8[e];
+            acc[j] = fmaf((float)sumi, d, acc[j]);
+        }
+        if (kind == 1) sm += lk_ld_h(w + 2) * lk_ld_h(a + 2);
     }
-    return s;
-}
-
-static float dot_q5_1(int64_t n, const uint8_t *w, const uint8_t *a) {
-    float s = 0, sm = 0;
-    uint8_t q[32];
-    for (int64_t i = 0; i < n / 32; i++, w += LK_Q51_BYTES, a += LK_Q81_BYTES) {
-        const int8_t *q8 = (const int8_t *)(a + 4);
-        q5_quants(w + 4, q);
-        int sumi = 0;
-        for (int j = 0; j < 32; j++) sumi += q[j] * q8[j];
-        s += (float)sumi * (lk_ld_h(w) * lk_ld_h(a));
-        sm += lk_ld_h(w + 2) * lk_ld_h(a + 2);
-    }
-    return s + sm;
+    const float x0 = acc[0] + acc[4], x1 = acc[1] + acc[5], x2 = acc[2] + acc[6], x3 = acc[3] + acc[7];
+    return ((x0 + x2) + (x1 + x3)) + sm;
 }
 
 bool lk_q5_dot_scalar(lk_type t, int64_t n, const uint8_t *w, const uint8_t *a, float *out) {
     switch (t) {
-    case LK_TYPE_Q5_0: *out = dot_q5_0(n, w, a); return true;
-    case LK_TYPE_Q5_1: *out = dot_q5_1(n, w, a); return true;
+    case LK_TYPE_Q5_0: *out = dot_q5(0, n, w, a); return true;
+    case LK_TYPE_Q5_1: *out = dot_q5(1, n, w, a); return true;
     default: return false;
     }
 }
