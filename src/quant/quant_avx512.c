@@ -69,6 +69,16 @@
 
 /* Built once at fill time (the dispatch table's init), read-only after. */
 static uint8_t k_q40_qs[64], k_q80_lo[64], k_q80_hi[64], k_q80_d[64], k_q40_d2[64];
+/* Q4_K/Q5_K 4-row decode (kq_tile): the rows' 16-byte heads (d, dmin, the
+ * 12 bytes of 6-bit scales and mins) in the 4 128-bit lanes of a vector;
+ * vpshufb patterns that unpack them there (a: the low 6 or 4 bits, b: the
+ * high nibbles of bytes 8..11, c: the top 2 bits of bytes 0..7, to bits 4-5;
+ * lane byte j = sub-block j's scale, 8 + j its min), then vpermb patterns
+ * that put row r's scales where k_sc_mins puts them (sc[r][k]), the rows'
+ * mins as i16 (row r in 128-bit lane r: m) and their d, dmin as the first 8
+ * words (d: vpermw) */
+static uint8_t k_hd_a[64], k_hd_amask[64], k_hd_b[64], k_hd_c[64], k_hd_sc[4][4][64], k_hd_m[64];
+static uint16_t k_hd_d[32];
 
 static void build_tables(void) {
     for (int i = 0; i < 64; i++) {
@@ -86,6 +96,17 @@ static void build_tables(void) {
         k_q80_lo[i] = (uint8_t)(34 * k + 2 + j);
         k_q80_hi[i] = (uint8_t)(34 * k + 18 + j - 8);
         k_q80_d[i] = (uint8_t)(i < 32 ? 34 * (i / 8) + (i & 1) : 0);
+        /* the heads: q[x] (scale byte x) at lane byte 4 + x */
+        const int j2 = i % 16;
+        k_hd_a[i] = (uint8_t)(j2 < 4 ? 4 + j2 : j2 < 8 ? 12 + (j2 - 4) : j2 < 12 ? 8 + (j2 - 8) : 0x80);
+        k_hd_amask[i] = (uint8_t)(j2 < 4 || (j2 >= 8 && j2 < 12) ? 63 : j2 < 8 ? 0x0F : 0);
+        k_hd_b[i] = (uint8_t)(j2 >= 12 ? j2 : 0x80);
+        k_hd_c[i] = (uint8_t)(j2 >= 4 && j2 < 8 ? j2 : j2 >= 12 ? 8 + (j2 - 12) : 0x80);
+        static const int pairs[4][2] = {{0, 2}, {1, 3}, {4, 6}, {5, 7}};
+        for (int r = 0; r < 4; r++)
+            for (int kk = 0; kk < 4; kk++) k_hd_sc[r][kk][i] = (uint8_t)(16 * r + pairs[kk][i / 4 < 8 ? 0 : 1]);
+        k_hd_m[i] = (uint8_t)(16 * (i / 16) + 8 + (i % 16) / 2);
+        if (i < 32) k_hd_d[i] = (uint16_t)(i < 4 ? 8 * i : i < 8 ? 8 * (i - 4) + 1 : 0);
     }
 }
 
@@ -348,20 +369,25 @@ LK_T512 static LK_INL void k_sc_mins(const ktabs *kt, const uint8_t *scales, kwg
     w->m = _mm256_castsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m)));
 }
 
+/* The quants of a Q4_K super-block (v[] of a kwgrp). */
+LK_T512 static LK_INL void q4k_quants(const ktabs *kt, const uint8_t *p, kwgrp *w) {
+    __m512i q0 = _mm512_loadu_si512(p + LK_Q4K_QS), q1 = _mm512_loadu_si512(p + LK_Q4K_QS + 64);
+    w->v[0] = _mm512_and_si512(q0, kt->m0f);
+    w->v[1] = hi_nibble(q0);
+    w->v[2] = _mm512_and_si512(q1, kt->m0f);
+    w->v[3] = hi_nibble(q1);
+}
+
 LK_T512 static LK_INL kwgrp q4k_wload(const ktabs *kt, const uint8_t *p) {
     kwgrp w;
-    __m512i q0 = _mm512_loadu_si512(p + LK_Q4K_QS), q1 = _mm512_loadu_si512(p + LK_Q4K_QS + 64);
-    w.v[0] = _mm512_and_si512(q0, kt->m0f);
-    w.v[1] = hi_nibble(q0);
-    w.v[2] = _mm512_and_si512(q1, kt->m0f);
-    w.v[3] = hi_nibble(q1);
+    q4k_quants(kt, p, &w);
     k_sc_mins(kt, p + LK_Q4K_SC, &w);
     w.dd = _mm_cvtph_ps(_mm_cvtsi32_si128((int)(lk_ld_u16(p) | (uint32_t)lk_ld_u16(p + 2) << 16)));
     return w;
 }
 
-LK_T512 static LK_INL kwgrp q5k_wload(const ktabs *kt, const uint8_t *p) {
-    kwgrp w;
+/* The quants of a Q5_K super-block (v[] of a kwgrp). */
+LK_T512 static LK_INL void q5k_quants(const ktabs *kt, const uint8_t *p, kwgrp *w) {
     __m512i q0 = _mm512_loadu_si512(p + LK_Q5K_QS), q1 = _mm512_loadu_si512(p + LK_Q5K_QS + 64);
     __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + LK_Q5K_QH)));
     /* The 5th bit of sub-block j is bit j of qh[l]; move it to bit 4 for
@@ -374,10 +400,15 @@ LK_T512 static LK_INL kwgrp q5k_wload(const ktabs *kt, const uint8_t *p) {
     __m512i h1 = _mm512_and_si512(_mm512_sllv_epi16(qh, s13), kt->m10);
     __m512i h2 = _mm512_and_si512(_mm512_srlv_epi16(qh, r46), kt->m10);
     __m512i h3 = _mm512_and_si512(_mm512_srlv_epi16(qh, r57), kt->m10);
-    w.v[0] = LK_AND_OR(q0, h0, kt->m0f);
-    w.v[1] = LK_AND_OR(_mm512_srli_epi16(q0, 4), h1, kt->m0f);
-    w.v[2] = LK_AND_OR(q1, h2, kt->m0f);
-    w.v[3] = LK_AND_OR(_mm512_srli_epi16(q1, 4), h3, kt->m0f);
+    w->v[0] = LK_AND_OR(q0, h0, kt->m0f);
+    w->v[1] = LK_AND_OR(_mm512_srli_epi16(q0, 4), h1, kt->m0f);
+    w->v[2] = LK_AND_OR(q1, h2, kt->m0f);
+    w->v[3] = LK_AND_OR(_mm512_srli_epi16(q1, 4), h3, kt->m0f);
+}
+
+LK_T512 static LK_INL kwgrp q5k_wload(const ktabs *kt, const uint8_t *p) {
+    kwgrp w;
+    q5k_quants(kt, p, &w);
     k_sc_mins(kt, p + LK_Q5K_SC, &w);
     w.dd = _mm_cvtph_ps(_mm_cvtsi32_si128((int)(lk_ld_u16(p) | (uint32_t)lk_ld_u16(p + 2) << 16)));
     return w;
@@ -448,11 +479,35 @@ LK_T512 static LK_INL void kq_tile(const int R, const int T, const int kind, int
         for (int p = 0; p < 4; p++) S[p] = _mm512_setzero_si512(), M[p] = _mm_setzero_si128();
         q8kgrp A1;
         if (T == 1) A1 = kind == 6 ? q8k_load_6k(a + (size_t)i * LK_Q8K_BYTES) : q8k_load_4k(a + (size_t)i * LK_Q8K_BYTES);
+        /* decode: the 4 rows' scales and mins unpacked at once (k_hd_*) */
+        __m512i hs = _mm512_setzero_si512(), SM = _mm512_setzero_si512();
+        if (dec4) {
+            const uint8_t *w0 = w + (size_t)i * bb;
+            hs = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)w0));
+            hs = _mm512_inserti32x4(hs, _mm_loadu_si128((const __m128i *)(w0 + ws)), 1);
+            hs = _mm512_inserti32x4(hs, _mm_loadu_si128((const __m128i *)(w0 + 2 * ws)), 2);
+            hs = _mm512_inserti32x4(hs, _mm_loadu_si128((const __m128i *)(w0 + 3 * ws)), 3);
+            const __m512i lo = _mm512_and_si512(_mm512_shuffle_epi8(hs, _mm512_loadu_si512(k_hd_a)),
+                                                _mm512_loadu_si512(k_hd_amask));
+            const __m512i hn = _mm512_srli_epi16(_mm512_shuffle_epi8(hs, _mm512_loadu_si512(k_hd_b)), 4);
+            const __m512i top = _mm512_srli_epi16(_mm512_shuffle_epi8(hs, _mm512_loadu_si512(k_hd_c)), 2);
+            /* lo | (hn & 0x0F) | (top & 0x30) */
+            SM = _mm512_or_si512(lo, _mm512_ternarylogic_epi32(_mm512_and_si512(hn, kt.m0f), top, kt.m30, 0xF8));
+        }
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *wp = w + r * ws + (size_t)i * bb;
             pf_range(wp, R * ws, bb);
-            const kwgrp W = kind == 4 ? q4k_wload(&kt, wp) : kind == 5 ? q5k_wload(&kt, wp) : q6k_wload(&kt, wp);
+            kwgrp W;
+            if (dec4) {
+                if (kind == 4) q4k_quants(&kt, wp, &W);
+                else q5k_quants(&kt, wp, &W);
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++)
+                    W.sc[k] = _mm512_maskz_permutexvar_epi8(0x1111111111111111ull, _mm512_loadu_si512(k_hd_sc[r][k]), SM);
+            } else {
+                W = kind == 4 ? q4k_wload(&kt, wp) : kind == 5 ? q5k_wload(&kt, wp) : q6k_wload(&kt, wp);
+            }
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++) {
                 const int p = r * T + t;
@@ -477,21 +532,12 @@ LK_T512 static LK_INL void kq_tile(const int R, const int T, const int kind, int
         }
         const __m128i si = red4_i32(S[0], S[1], S[2], S[3]);
         if (dec4) {
-            /* decode: the 4 rows' [d, dmin] in one conversion, their min
+            /* decode: the 4 rows' d and dmin in one conversion, their min
              * terms in one vpmaddwd (row r's 8 mins in 128-bit lane r, times
              * the 8 sub-block sums), each lane's total by two swaps */
-            const uint8_t *w0 = w + (size_t)i * bb;
-            const __m256 dd = _mm256_cvtph_ps(_mm_setr_epi32(lk_ld_i32(w0), lk_ld_i32(w0 + ws), lk_ld_i32(w0 + 2 * ws), lk_ld_i32(w0 + 3 * ws)));
-            const __m128 d4 = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(dd, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6)));
-            const __m128 m4 = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(dd, _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7)));
-            uint64_t mr[4];
-#pragma GCC unroll 4
-            for (int r = 0; r < 4; r++) {
-                uint64_t sc;
-                k_scales_unpack(w0 + r * ws + (kind == 4 ? LK_Q4K_SC : LK_Q5K_SC), &sc, &mr[r]);
-            }
-            const __m512i mw = _mm512_cvtepu8_epi16(_mm256_setr_epi64x((long long)mr[0], (long long)mr[1],
-                                                                       (long long)mr[2], (long long)mr[3]));
+            const __m256 dd = _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutexvar_epi16(_mm512_loadu_si512(k_hd_d), hs)));
+            const __m128 d4 = _mm256_castps256_ps128(dd), m4 = _mm256_extractf128_ps(dd, 1);
+            const __m512i mw = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, _mm512_loadu_si512(k_hd_m), SM);
             __m512i mi = _mm512_madd_epi16(mw, _mm512_broadcast_i32x4(_mm256_castsi256_si128(A1.bs)));
             mi = _mm512_add_epi32(mi, _mm512_shuffle_epi32(mi, _MM_PERM_BADC));
             mi = _mm512_add_epi32(mi, _mm512_shuffle_epi32(mi, _MM_PERM_CDAB));
