@@ -550,6 +550,57 @@ TEST(matmul_levels_scalar_order_bit_exact) {
     lk_quant_set_simd("scalar");
 }
 
+/* F16 and BF16 rows (weights, and the activations of F16/BF16 weights) at
+ * every level against the scalar converters, value by value: rounding ties,
+ * subnormal halves, the largest finite values and the first that overflow,
+ * infinities, zeros of both signs, fp32 denormals, and NaNs with payloads
+ * (the SIMD code must give the scalar code's quiet NaN), at positions inside
+ * and past the 8-value groups. */
+TEST(float_rows_same_bits_every_level) {
+    enum { N = 1003 };
+    static float x[N];
+    static uint16_t want[N];
+    static uint8_t got[2 * N];
+    const uint32_t specials[] = {
+        0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u, 0x7f800001u, 0x7fbfffffu,
+        0x477fe000u /* 65504 */, 0x477fefffu, 0x477ff000u /* 65520: ties to inf */, 0x47800000u, 0x7f7fffffu,
+        0x33000000u /* half of the smallest half subnormal */, 0x33000001u, 0x33800000u, 0x387fc000u, 0x38800000u,
+        0x00000001u, 0x807fffffu, 0x3f801000u /* 1 + 2^-11: an F16 tie */, 0x3f803000u, 0x3f808000u /* BF16 tie */,
+        0x3f818000u, 0x7f7f8000u /* BF16 rounds to inf */, 0xbf808001u};
+    const size_t ns = sizeof specials / sizeof specials[0];
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < N; i++) {
+            float v = rnd_gauss() * powf(2.0f, (float)(int)(rnd_unif() * 40.0f - 20.0f));
+            if (i % 7 == 3 || i >= N - 3) {
+                uint32_t u = specials[(size_t)(i / 7 + pass) % ns];
+                if (pass == 0 && (u & 0x7fffffffu) > 0x7f800000u) u = 0x3f801000u; /* pass 0: no NaN */
+                memcpy(&v, &u, 4);
+            }
+            x[i] = v;
+        }
+        for (int ti = 0; ti < 2; ti++) {
+            const lk_type t = ti ? LK_TYPE_BF16 : LK_TYPE_F16;
+            for (int i = 0; i < N; i++) want[i] = ti ? lk_fp32_to_bf16(x[i]) : lk_fp32_to_fp16(x[i]);
+            const char *levels[] = {"scalar", "avx2", "avx512"};
+            for (int l = 0; l < 3; l++) {
+                if (!lk_quant_set_simd(levels[l])) continue;
+                for (int act = 0; act < 2; act++) {
+                    memset(got, 0xa5, sizeof got);
+                    if (act) lk_quantize_row_act(t, x, got, N);
+                    else lk_quantize_row(t, x, got, N);
+                    int bad = 0, first = -1;
+                    for (int i = 0; i < N; i++)
+                        if (memcmp(got + 2 * i, &want[i], 2)) bad++, first = first < 0 ? i : first;
+                    CHECKF(bad == 0, "%s %s (%s, pass %d): %d of %d values differ from the scalar converter, first %d "
+                           "(0x%08x)", levels[l], lk_type_name(t), act ? "activations" : "weights", pass, bad, N, first,
+                           first < 0 ? 0u : ((const uint32_t *)(const void *)x)[first]);
+                }
+            }
+        }
+    }
+    lk_quant_set_simd("scalar");
+}
+
 TEST(matmul_batch_invariant) {
     const char *levels[] = {"scalar", "avx2", "avx512"};
     for (int l = 0; l < 3; l++) {
@@ -829,6 +880,7 @@ int main(int argc, char **argv) {
     RUN(matmul_prefill_gemm_edges);
     RUN(matmul_batch_invariant);
     RUN(matmul_levels_scalar_order_bit_exact);
+    RUN(float_rows_same_bits_every_level);
     RUN(matmul_avx2_gemm_choices_bit_exact);
     RUN(simd_env_reaches_every_dispatch);
     RUN(requantize_matches_llama_quantize);
