@@ -69,6 +69,9 @@
 
 /* Built once at fill time (the dispatch table's init), read-only after. */
 static uint8_t k_q40_qs[64], k_q80_lo[64], k_q80_hi[64], k_q80_d[64], k_q40_d2[64];
+/* Q4_K/Q5_K: the two sub-blocks whose scales lanes 0-7 and 8-15 of weight
+ * vector k take (v0 = [sb0|sb2], v1 = [sb1|sb3], ...) */
+static const int k_sub_pairs[4][2] = {{0, 2}, {1, 3}, {4, 6}, {5, 7}};
 /* Q4_K/Q5_K 4-row decode (kq_tile): the rows' 16-byte heads (d, dmin, the
  * 12 bytes of 6-bit scales and mins) in the 4 128-bit lanes of a vector;
  * vpshufb patterns that unpack them there (a: the low 6 or 4 bits, b: the
@@ -102,9 +105,8 @@ static void build_tables(void) {
         k_hd_amask[i] = (uint8_t)(j2 < 4 || (j2 >= 8 && j2 < 12) ? 63 : j2 < 8 ? 0x0F : 0);
         k_hd_b[i] = (uint8_t)(j2 >= 12 ? j2 : 0x80);
         k_hd_c[i] = (uint8_t)(j2 >= 4 && j2 < 8 ? j2 : j2 >= 12 ? 8 + (j2 - 12) : 0x80);
-        static const int pairs[4][2] = {{0, 2}, {1, 3}, {4, 6}, {5, 7}};
         for (int r = 0; r < 4; r++)
-            for (int kk = 0; kk < 4; kk++) k_hd_sc[r][kk][i] = (uint8_t)(16 * r + pairs[kk][i / 4 < 8 ? 0 : 1]);
+            for (int kk = 0; kk < 4; kk++) k_hd_sc[r][kk][i] = (uint8_t)(16 * r + k_sub_pairs[kk][i / 4 < 8 ? 0 : 1]);
         k_hd_m[i] = (uint8_t)(16 * (i / 16) + 8 + (i % 16) / 2);
         if (i < 32) k_hd_d[i] = (uint16_t)(i < 4 ? 8 * i : i < 8 ? 8 * (i - 4) + 1 : 0);
     }
@@ -340,12 +342,10 @@ typedef struct { __m512i idx4k[4], idx6k[4], m0f, m10, m30; } ktabs;
 
 LK_T512 static LK_INL ktabs ktabs_load(void) {
     ktabs t;
-    /* Q4_K/Q5_K: v0 = [sb0|sb2] ... lanes 0-7 take scale a, 8-15 scale b */
-    static const int pairs[4][2] = {{0, 2}, {1, 3}, {4, 6}, {5, 7}};
     #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
-        t.idx4k[k] = _mm512_mask_mov_epi32(_mm512_set1_epi32(pairs[k][0]), 0xFF00,
-                                           _mm512_set1_epi32(pairs[k][1]));
+        t.idx4k[k] = _mm512_mask_mov_epi32(_mm512_set1_epi32(k_sub_pairs[k][0]), 0xFF00,
+                                           _mm512_set1_epi32(k_sub_pairs[k][1]));
         /* Q6_K: v_k lanes 4i..4i+3 are sub-block 4k+i (16 elements each) */
         t.idx6k[k] = _mm512_set_epi32(4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 2, 4 * k + 2,
                                       4 * k + 2, 4 * k + 2, 4 * k + 1, 4 * k + 1, 4 * k + 1, 4 * k + 1,
