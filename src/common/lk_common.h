@@ -14,6 +14,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <math.h>
+#include <string.h>
 
 typedef enum {
     LK_OK = 0,
@@ -111,6 +113,34 @@ static inline bool lk_mul_ok(uint64_t a, uint64_t b, uint64_t *out) {
 }
 static inline bool lk_add_ok(uint64_t a, uint64_t b, uint64_t *out) {
     return !__builtin_add_overflow(a, b, out);
+}
+
+/* a * b + c rounded once, as fmaf and the SIMD levels' FMA instructions,
+ * for the scalar kernels that must give their bits (kernels/vec.c,
+ * model/deltanet.c, quant/quant_q5.c).
+ * Where the compiler targets an FMA unit (__FP_FAST_FMAF: Arm, -mfma) it is
+ * that instruction. Else in double: the product is exact (24 + 24 bits) and
+ * the sum s rounds once; rounding s to float then gives fmaf's result,
+ * since no point halfway between two floats can lie between s and the exact
+ * sum, unless s is such a point itself and the sum was not exact (its error,
+ * by Knuth's two-sum, decides the side), or s is among the float denormals
+ * (different halfway points): there libm's fmaf (tens of ns without the
+ * instruction) decides. A sum of 0 is exact: two doubles cancel only
+ * exactly. */
+static inline float lk_fmaf(float a, float b, float c) {
+#ifdef __FP_FAST_FMAF
+    return fmaf(a, b, c);
+#else
+    const double p = (double)a * b, s = p + c;
+    uint64_t u;
+    memcpy(&u, &s, sizeof u);
+    if ((u & 0x1fffffffu) == 0x10000000u) {
+        const double t = s - p;
+        if ((p - (s - t)) + (c - t) != 0) return fmaf(a, b, c);
+    }
+    if (s != 0 && fabs(s) < 0x1p-126) return fmaf(a, b, c);
+    return (float)s;
+#endif
 }
 
 /* fp16 / bf16 <-> fp32 (IEEE, round-to-nearest-even like ggml). */

@@ -148,32 +148,7 @@ lk_simd_level lk_vec_simd_level(void);
  * name or a level the CPU cannot run. LK_SIMD does not limit it. */
 bool          lk_vec_set_simd(const char *level);
 
-/* a * b + c rounded once, as fmaf and the SIMD levels' FMA instructions,
- * for the scalar kernels that must give their bits (vec.c, deltanet.c).
- * Where the compiler targets an FMA unit (__FP_FAST_FMAF: Arm, -mfma) it is
- * that instruction. Else in double: the product is exact (24 + 24 bits) and
- * the sum s rounds once; rounding s to float then gives fmaf's result,
- * since no point halfway between two floats can lie between s and the exact
- * sum, unless s is such a point itself and the sum was not exact (its error,
- * by Knuth's two-sum, decides the side), or s is among the float denormals
- * (different halfway points): there libm's fmaf (tens of ns without the
- * instruction) decides. A sum of 0 is exact: two doubles cancel only
- * exactly. */
-static inline float lk_fmaf(float a, float b, float c) {
-#ifdef __FP_FAST_FMAF
-    return fmaf(a, b, c);
-#else
-    const double p = (double)a * b, s = p + c;
-    uint64_t u;
-    memcpy(&u, &s, sizeof u);
-    if ((u & 0x1fffffffu) == 0x10000000u) {
-        const double t = s - p;
-        if ((p - (s - t)) + (c - t) != 0) return fmaf(a, b, c);
-    }
-    if (s != 0 && fabs(s) < 0x1p-126) return fmaf(a, b, c);
-    return (float)s;
-#endif
-}
+/* lk_fmaf, the scalar kernels' fused multiply-add: common/lk_common.h */
 
 /* ---- elementwise ---- */
 void lk_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);

@@ -180,7 +180,7 @@ static float dot_q5(int kind, int64_t n, const uint8_t *w, const uint8_t *a) {
         for (int j = 0; j < 8; j++) {
             int sumi = 0;
             for (int e = 4 * j; e < 4 * j + 4; e++) sumi += (q[e] - off) * q8[e];
-            acc[j] = fmaf((float)sumi, d, acc[j]);
+            acc[j] = lk_fmaf((float)sumi, d, acc[j]);
         }
         if (kind == 1) sm += lk_ld_h(w + 2) * lk_ld_h(a + 2);
     }
