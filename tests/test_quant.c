@@ -338,7 +338,7 @@ static int check_matmul(lk_type t, int64_t n, int64_t nrows, int64_t ntok, int m
                     double sb = 0;
                     for (int j = 0; j < 32; j++) sb += ad[k * n + b * 32 + j];
                     uint16_t hm;
-                    memcpy(&hm, w + r * w_stride + (size_t)b * 24 + 2, 2); /* Q5_1 block: d, m, qh, qs */
+                    memcpy(&hm, w + r * w_stride + (size_t)b * lk_type_block_bytes(LK_TYPE_Q5_1) + 2, 2); /* d, then m */
                     tol += 2.0 * fabs((double)lk_fp16_to_fp32(hm) * sb) * 0x1p-11;
                 }
             float got = y[(size_t)k * y_stride + (size_t)r];
