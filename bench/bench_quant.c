@@ -17,6 +17,76 @@
 #include "kernels/membw.h"
 #include "quant/quant.h"
 
+/* ---- the compute peak of one core, the bound of a prefill (as the probe's
+ * GB/s is the bound of a decode): 12 independent accumulator chains, so
+ * the pipes' throughput, not an instruction's latency, sets the pace;
+ * best of 5 passes of 20M instructions each. Products per instruction:
+ * fp32 FMA 16 (zmm) or 8 (ymm), vdpbf16ps 32, vpdpbusd 64. */
+#include <immintrin.h>
+#define PEAK_ITERS 1666667L /* x 12 instructions per pass */
+/* the chains start from 12 different values: from equal ones the compiler
+ * folds them into one chain and the probe times an instruction's latency */
+#define PEAK_LOOP(T, init, op)                                                               \
+    T c0 = init(0), c1 = init(1), c2 = init(2), c3 = init(3), c4 = init(4), c5 = init(5),    \
+      c6 = init(6), c7 = init(7), c8 = init(8), c9 = init(9), c10 = init(10), c11 = init(11); \
+    for (long i = 0; i < PEAK_ITERS; i++) {                                                  \
+        c0 = op(c0); c1 = op(c1); c2 = op(c2); c3 = op(c3); c4 = op(c4); c5 = op(c5);        \
+        c6 = op(c6); c7 = op(c7); c8 = op(c8); c9 = op(c9); c10 = op(c10); c11 = op(c11);    \
+    }
+__attribute__((target("avx512f"))) static float peak_fma512(float s) {
+    const __m512 x = _mm512_set1_ps(s), m = _mm512_set1_ps(0.999f);
+#define OP(c) _mm512_fmadd_ps(c, m, x)
+#define INIT(k) _mm512_set1_ps(s + (float)(k))
+    PEAK_LOOP(__m512, INIT, OP)
+#undef INIT
+#undef OP
+    return _mm512_reduce_add_ps(c0 + c1 + c2 + c3 + c4 + c5 + c6 + c7 + c8 + c9 + c10 + c11);
+}
+__attribute__((target("avx2,fma"))) static float peak_fma256(float s) {
+    const __m256 x = _mm256_set1_ps(s), m = _mm256_set1_ps(0.999f);
+#define OP(c) _mm256_fmadd_ps(c, m, x)
+#define INIT(k) _mm256_set1_ps(s + (float)(k))
+    PEAK_LOOP(__m256, INIT, OP)
+#undef INIT
+#undef OP
+    float r[8];
+    _mm256_storeu_ps(r, c0 + c1 + c2 + c3 + c4 + c5 + c6 + c7 + c8 + c9 + c10 + c11);
+    return r[0] + r[7];
+}
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) static float peak_bf16(float s) {
+    const __m512bh x = (__m512bh)_mm512_set1_epi16(0x3f80 + (short)s);
+#define OP(c) _mm512_dpbf16_ps(c, x, x)
+#define INIT(k) _mm512_set1_ps(s + (float)(k))
+    PEAK_LOOP(__m512, INIT, OP)
+#undef INIT
+#undef OP
+    return _mm512_reduce_add_ps(c0 + c1 + c2 + c3 + c4 + c5 + c6 + c7 + c8 + c9 + c10 + c11);
+}
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static float peak_vnni(float s) {
+    const __m512i x = _mm512_set1_epi8((char)(1 + (int)s));
+#define OP(c) _mm512_dpbusd_epi32(c, x, x)
+#define INIT(k) _mm512_set1_epi32((int)s + (k))
+    PEAK_LOOP(__m512i, INIT, OP)
+#undef INIT
+#undef OP
+    __m512i t = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(c0, c1), _mm512_add_epi32(c2, c3)),
+                                 _mm512_add_epi32(_mm512_add_epi32(c4, c5), _mm512_add_epi32(c6, c7)));
+    t = _mm512_add_epi32(t, _mm512_add_epi32(_mm512_add_epi32(c8, c9), _mm512_add_epi32(c10, c11)));
+    return (float)_mm512_reduce_add_epi32(t);
+}
+#undef PEAK_LOOP
+/* GFLOP/s (2 per product) of fn, best of 5 passes */
+static double peak_rate(float (*fn)(float), int products) {
+    static volatile float sink;
+    double best = 1e30;
+    for (int k = 0; k < 5; k++) {
+        double t0 = lk_time_s();
+        sink += fn((float)k);
+        best = LK_MIN(best, lk_time_s() - t0);
+    }
+    return 2.0 * products * 12.0 * PEAK_ITERS / best / 1e9;
+}
+
 static uint64_t rng = 88172645463325252ull;
 static uint64_t rnd(void) { rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17; return rng; }
 
@@ -41,6 +111,14 @@ int main(int argc, char **argv) {
     double bw2 = lk_membw_read_gbs(2, probe_bytes, 7);
     printf("membw: LLC %zu MiB, probe %zu MiB: 1 thread %.2f GB/s, 2 threads %.2f GB/s\n",
            llc >> 20, probe_bytes >> 20, bw1, bw2);
+    /* the compute peaks (one thread) of the arithmetic the prefill kernels use */
+    const lk_cpu_info *ci = lk_cpu();
+    double pk_f32 = (ci->feat & LK_CPU_AVX512F) ? peak_rate(peak_fma512, 16)
+                    : (ci->feat & LK_CPU_AVX2) ? peak_rate(peak_fma256, 8) : 0;
+    double pk_bf = (ci->feat & LK_CPU_AVX512BF16) ? peak_rate(peak_bf16, 32) : 0;
+    double pk_i8 = (ci->feat & LK_CPU_AVX512VNNI) ? peak_rate(peak_vnni, 64) : 0;
+    printf("peak, one thread: fp32 FMA %.1f GFLOP/s, bf16 dot (vdpbf16ps) %.1f, int8 dot (vpdpbusd) %.1f GOP/s (0: absent)\n",
+           pk_f32, pk_bf, pk_i8);
     lk_type types[] = {LK_TYPE_Q4_0, LK_TYPE_Q8_0, LK_TYPE_Q4_K, LK_TYPE_Q5_K, LK_TYPE_Q6_K,
                        LK_TYPE_F16, LK_TYPE_BF16, LK_TYPE_F32, LK_TYPE_Q5_0, LK_TYPE_Q5_1,
                        LK_TYPE_Q2_K, LK_TYPE_Q3_K, LK_TYPE_IQ4_XS};
@@ -115,8 +193,10 @@ int main(int argc, char **argv) {
                     calls3++;
                     el3 = lk_time_s() - t2;
                 } while (el3 < 0.5);
-                printf("prefill %-5s %-6s ntok %lld: %.2f GFLOP/s  %.2f ms\n", lk_type_name(t), levels[l],
-                       (long long)ntok_pf, 2.0 * rows * cols * ntok_pf * calls3 / el3 / 1e9, el3 / calls3 * 1e3);
+                const double gf = 2.0 * rows * cols * ntok_pf * calls3 / el3 / 1e9;
+                printf("prefill %-5s %-6s ntok %lld: %.2f GFLOP/s  %.2f ms  (%.0f %% of the fp32 FMA peak)\n",
+                       lk_type_name(t), levels[l], (long long)ntok_pf, gf, el3 / calls3 * 1e3,
+                       pk_f32 > 0 ? 100 * gf / pk_f32 : 0);
                 /* cold: each call on the next copy, so weights come from
                  * memory as in a model (every matrix read once per chunk) */
                 t2 = lk_time_s();

@@ -32,6 +32,9 @@ run_one() { # label, command...
 for t in $B/tests/test_*; do
     [ -x "$t" ] && run_one "$(basename "$t")" "$t"
 done
+# BF16 takes fp32 FMAs on CPUs without AVX512_BF16: the kernels' checks
+# again with this CPU's vdpbf16ps path turned off (LK_CPU_OFF)
+[ -x $B/tests/test_quant ] && LK_CPU_OFF=avx512bf16 run_one "test_quant (LK_CPU_OFF=avx512bf16)" $B/tests/test_quant
 for t in $B/asan/tests/test_*; do
     [ -x "$t" ] && LOCKSTEP=$B/asan/lockstep run_one "asan/$(basename "$t")" "$t"
 done

@@ -100,8 +100,27 @@ static void missing(uint32_t feat, lk_simd_level l, char *buf, size_t len) {
         }
 }
 
+/* LK_CPU_OFF="avx512bf16,gfni": features the process acts as if the CPU
+ * lacked (comma- or space-separated k_feat_names), so the code paths of
+ * another CPU can be run and tested here; unknown names are warned of. */
+static uint32_t features_off(const char *env) {
+    uint32_t off = 0;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", env);
+    for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
+        size_t i = 0, n = sizeof k_feat_names / sizeof k_feat_names[0];
+        while (i < n && strcmp(tok, k_feat_names[i].name)) i++;
+        if (i < n) off |= k_feat_names[i].bit;
+        else lk_log(LK_LOG_WARN, "LK_CPU_OFF: unknown feature '%s' (one of avx avx2 fma f16c bmi bmi2 avx512f avx512bw "
+                                 "avx512vl avx512dq avx512vnni avx512vbmi gfni avx512bf16); ignored", tok);
+    }
+    return off;
+}
+
 static void cpu_init(void) {
     lk_cpu_info c = {.feat = probe_features()};
+    const char *off = getenv("LK_CPU_OFF");
+    if (off && *off) c.feat &= ~features_off(off);
     c.best = runs(c.feat, LK_SIMD_AVX512) ? LK_SIMD_AVX512 : runs(c.feat, LK_SIMD_AVX2) ? LK_SIMD_AVX2 : LK_SIMD_SCALAR;
     c.level = c.best;
     c.cap = LK_SIMD_AVX512;
