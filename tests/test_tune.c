@@ -28,6 +28,8 @@ static int settings(lk_tune_set *out, int cap) {
             out[n] = d, out[n].gemm_rows = grs[i], out[n++].gemm_chunk = chs[j];
     static const int gts[] = { 5, 7, 9, 16 };
     for (size_t i = 0; i < sizeof gts / sizeof *gts && n < cap; i++) out[n] = d, out[n++].gemm_tok = gts[i];
+    if (n < cap) out[n] = d, out[n++].drows = 1;
+    if (n < cap) out[n] = d, out[n].pf = 0, out[n].split = 16, out[n++].drows = 1;
     out[n] = d, out[n].pf = 4, out[n].split = 8, out[n].gemm_rows = 4, out[n++].gemm_chunk = 0;
     return n;
 }
@@ -155,7 +157,7 @@ TEST(model_logits_across_settings) {
             lk_tune_set now;
             lk_tune_get(&now);
             CHECKF(now.pf == cand[c].pf && now.split == cand[c].split && now.gemm_rows == cand[c].gemm_rows &&
-                       now.gemm_tok == cand[c].gemm_tok,
+                       now.gemm_tok == cand[c].gemm_tok && now.drows == cand[c].drows,
                    "LK_TUNE=%s was not applied", s);
             CHECKF(l && n2 == n && !memcmp(l, ref, sizeof(float) * (size_t)n), "%s: %s gives other logits",
                    files[fi], s);
@@ -280,7 +282,8 @@ TEST(cache_file_and_env) {
 
 TEST(parse_rejects_bad_specs) {
     static const char *bad[] = { "pf=9", "split=0", "split=17", "gemm=5", "gemm=2x65", "gemm=2x", "pf", "pf=1,", "x=1",
-                                 "pf=-1", "pf=1;split=2", "gtok=4", "gtok=17", "gtok=" };
+                                 "pf=-1", "pf=1;split=2", "gtok=4", "gtok=17", "gtok=",
+                                 "drows=2", "drows=0", "drows=" };
     char err[200];
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         lk_tune_set s;
@@ -295,6 +298,10 @@ TEST(parse_rejects_bad_specs) {
     lk_tune_format(&s, buf, sizeof buf);
     CHECKF(!strcmp(buf, "pf=0,split=16,gemm=off,gtok=9"), "formatted as '%s'", buf);
     CHECK(lk_tune_parse("gtok=0", &s, err, sizeof err) && s.gemm_tok == 0);
+    CHECK(lk_tune_parse("drows=1", &s, err, sizeof err) && s.drows == 1);
+    lk_tune_format(&s, buf, sizeof buf);
+    CHECKF(!strcmp(buf, "pf=0,split=16,gemm=off,drows=1"), "formatted as '%s'", buf);
+    CHECK(lk_tune_parse("drows=4", &s, err, sizeof err) && s.drows == 4);
 }
 
 int main(void) {

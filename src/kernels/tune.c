@@ -22,7 +22,7 @@
  * descheduled the others take up to three quarters of its share (2-thread
  * decode next to another 2-thread decode on 2 cores: BENCHMARKS.md) */
 void lk_tune_defaults(lk_tune_set *s) {
-    *s = (lk_tune_set){ .pf = 1, .split = 4, .gemm_rows = 0, .gemm_chunk = 0, .gemm_tok = 0 };
+    *s = (lk_tune_set){ .pf = 1, .split = 4, .gemm_rows = 0, .gemm_chunk = 0, .gemm_tok = 0, .drows = 4 };
 }
 
 void lk_tune_apply(const lk_tune_set *s) {
@@ -30,6 +30,7 @@ void lk_tune_apply(const lk_tune_set *s) {
     lk_matmul_set_split(s->split);
     lk_quant_gemm_avx2_force(s->gemm_rows, s->gemm_chunk);
     lk_quant_set_gemm_tok(s->gemm_tok);
+    lk_quant_set_dec_rows(s->drows);
 }
 
 void lk_tune_get(lk_tune_set *s) {
@@ -38,6 +39,7 @@ void lk_tune_get(lk_tune_set *s) {
     lk_quant_gemm_avx2_get(&s->gemm_rows, &s->gemm_chunk);
     if (s->gemm_rows < 0) s->gemm_rows = 0;
     s->gemm_tok = lk_quant_gemm_tok();
+    s->drows = lk_quant_dec_rows();
 }
 
 void lk_tune_format(const lk_tune_set *s, char *buf, size_t n) {
@@ -45,7 +47,8 @@ void lk_tune_format(const lk_tune_set *s, char *buf, size_t n) {
     if (s->gemm_rows <= 0) k = snprintf(buf, n, "pf=%d,split=%d,gemm=off", s->pf, s->split);
     else if (s->gemm_chunk == 0) k = snprintf(buf, n, "pf=%d,split=%d,gemm=%d", s->pf, s->split, s->gemm_rows);
     else k = snprintf(buf, n, "pf=%d,split=%d,gemm=%dx%d", s->pf, s->split, s->gemm_rows, s->gemm_chunk);
-    if (s->gemm_tok && k > 0 && (size_t)k < n) snprintf(buf + k, n - (size_t)k, ",gtok=%d", s->gemm_tok);
+    if (s->gemm_tok && k > 0 && (size_t)k < n) k += snprintf(buf + k, n - (size_t)k, ",gtok=%d", s->gemm_tok);
+    if (s->drows != 4 && k > 0 && (size_t)k < n) snprintf(buf + k, n - (size_t)k, ",drows=%d", s->drows);
 }
 
 static bool parse_int(const char *s, const char *end, int lo, int hi, int *out) {
@@ -81,10 +84,12 @@ bool lk_tune_parse(const char *spec, lk_tune_set *s, char *err, size_t errlen) {
         } else if (ok && eq - p == 4 && !strncmp(p, "gtok", 4)) {
             ok = parse_int(eq + 1, end, 0, LK_QUANT_GEMM_TOK_MAX, &t.gemm_tok) &&
                  (t.gemm_tok == 0 || t.gemm_tok >= LK_QUANT_GEMM_TOK_MIN);
+        } else if (ok && eq - p == 5 && !strncmp(p, "drows", 5)) {
+            ok = parse_int(eq + 1, end, 1, 4, &t.drows) && (t.drows == 1 || t.drows == 4);
         } else ok = false;
         if (!ok) {
             snprintf(err, errlen,
-                     "bad tuning setting '%.*s' (expected pf=0..%d, split=1..%d, gemm=off|1..4[x1..64], gtok=0|%d..%d)",
+                     "bad tuning setting '%.*s' (expected pf=0..%d, split=1..%d, gemm=off|1..4[x1..64], gtok=0|%d..%d, drows=1|4)",
                      (int)(end - p), p, LK_QUANT_PF_MAX, LK_MATMUL_SPLIT_MAX, LK_QUANT_GEMM_TOK_MIN,
                      LK_QUANT_GEMM_TOK_MAX);
             return false;
@@ -246,6 +251,16 @@ void lk_tune_calibrate(lk_pool *p, lk_type t, int64_t cols, int64_t rows, size_t
         cur.pf = pfs[pick(ratio, 4, 1)];
         at = append(report, n, at, " pf 0/1/2/4 %.2f/%.2f/%.2f/%.2f (x%.2f/1/x%.2f/x%.2f);", med[0], med[1], med[2],
                     med[3], ratio[0], ratio[2], ratio[3]);
+    }
+    /* 1b. rows per decode tile, for the types whose decode is tiled */
+    if (strcmp(lk_quant_simd_name(), "scalar") && t != LK_TYPE_Q4_0 && t != LK_TYPE_Q8_0) {
+        static const int drs[] = { 4, 1 };
+        lk_tune_set c[2];
+        double med[2], ratio[2];
+        for (int k = 0; k < 2; k++) c[k] = cur, c[k].drows = drs[k];
+        stage(p, c, 2, 0, med, ratio, mats, nm, x, 1, y, scratch, 80);
+        cur.drows = drs[pick(ratio, 2, 0)];
+        at = append(report, n, at, " drows 4/1 %.2f/%.2f (1/x%.2f);", med[0], med[1], ratio[1]);
     }
     /* 2. thread split, decode */
     if (lk_pool_size(p) > 1) {

@@ -472,12 +472,15 @@ void lk_quant_fill_scalar(lk_quant_ops *ops) {
     lk_k23_fill_scalar(ops);
 }
 
+static _Atomic int g_dec_rows = 4; /* lk_quant_set_dec_rows */
+
 void lk_quant_run_tiles(const lk_tileset *ts, int64_t n, int64_t nrows, const void *w, size_t ws,
                         int64_t ntok, const void *a, size_t as, float *y, size_t ys) {
     const uint8_t *W = w, *A = a;
     if (ntok == 1) {
         int64_t r = 0;
-        for (; r + 4 <= nrows; r += 4) ts->dec4(n, W + (size_t)r * ws, ws, A, as, y + r, ys);
+        if (atomic_load_explicit(&g_dec_rows, memory_order_relaxed) == 4)
+            for (; r + 4 <= nrows; r += 4) ts->dec4(n, W + (size_t)r * ws, ws, A, as, y + r, ys);
         for (; r < nrows; r++) ts->dec1(n, W + (size_t)r * ws, ws, A, as, y + r, ys);
         return;
     }
@@ -532,6 +535,13 @@ void lk_quant_set_prefetch(int tiles) {
 int lk_quant_prefetch(void) { return lk_quant_pf_tiles(); }
 
 static _Atomic int g_gemm_tok;
+
+void lk_quant_set_dec_rows(int rows) {
+    LK_ASSERT(rows == 1 || rows == 4);
+    atomic_store_explicit(&g_dec_rows, rows, memory_order_relaxed);
+}
+
+int lk_quant_dec_rows(void) { return atomic_load_explicit(&g_dec_rows, memory_order_relaxed); }
 
 void lk_quant_set_gemm_tok(int ntok) {
     LK_ASSERT(ntok == 0 || (ntok >= LK_QUANT_GEMM_TOK_MIN && ntok <= LK_QUANT_GEMM_TOK_MAX));

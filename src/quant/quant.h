@@ -104,6 +104,15 @@ enum { LK_QUANT_GEMM_TOK_MIN = 5, LK_QUANT_GEMM_TOK_MAX = 16 };
 void lk_quant_set_gemm_tok(int ntok);
 int  lk_quant_gemm_tok(void);
 
+/* Rows per decode tile (one token) of the types whose decode goes through
+ * the register tiles (F32, F16, BF16, the K-quants; not Q4_0/Q8_0): 4 (the
+ * default: the rows share the activation's loads) or 1 (each row streamed
+ * alone: on a Zen 5 BF16 decode read 30.7-36.3 GB/s against 20.0-23.4).
+ * Every (row, token) takes the same chain in both, so a tuning choice:
+ * speed, never results. Process-wide. */
+void lk_quant_set_dec_rows(int rows);
+int  lk_quant_dec_rows(void);
+
 /* Which SIMD level is active: "avx512" (needs AVX-512 F/BW/VL/DQ/VNNI/VBMI
  * and GFNI: Ice Lake, Sapphire Rapids, Zen 4 and later; BF16 used where
  * present), "avx2" (AVX2 + FMA + F16C + BMI1/2) or "scalar". */
