@@ -965,7 +965,7 @@ BF6_FN(4, 1) BF6_FN(4, 2) BF6_FN(4, 3) BF6_FN(4, 4) BF6_FN(4, 5) BF6_FN(4, 6)
 BF6_FN(1, 1) BF6_FN(1, 2) BF6_FN(1, 3) BF6_FN(1, 4) BF6_FN(1, 5) BF6_FN(1, 6)
 static const bf6_fn bf6_tiles[2][FLA_T] = {{bf6_1x1, bf6_1x2, bf6_1x3, bf6_1x4, bf6_1x5, bf6_1x6},
                                            {bf6_4x1, bf6_4x2, bf6_4x3, bf6_4x4, bf6_4x5, bf6_4x6}};
-enum { BF6_L1 = 32 * 1024, BF6_BLOCK = 256 * 1024 };
+enum { BF6_L1 = 32 * 1024, BF6_BLOCK = 256 * 1024, BF6_TCHUNK = 64 };
 static void mm_bf(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
                   size_t as, float *y, size_t ys) {
     if (ntok < FLA_MIN_TOK) {
@@ -973,18 +973,22 @@ static void mm_bf(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t nt
         return;
     }
     const uint8_t *W = w, *A = a;
-    /* tokens outside when a tile's tokens fit L1 (then every row group of
-     * a block of rows sized for L2 reads them there), else rows outside */
+    /* 64 tokens at a time (their rows stay in L2); tokens outside when a
+     * tile's tokens fit L1 (then every row group of a block of rows sized
+     * for L2 reads them there), else rows outside */
     const int64_t rb = (size_t)FLA_T * as <= BF6_L1 ? LK_MAX((int64_t)4, (int64_t)(BF6_BLOCK / ws) / 4 * 4) : 4;
-    for (int64_t b0 = 0; b0 < nrows; b0 += rb) {
-        const int64_t b1 = LK_MIN(nrows, b0 + rb);
-        for (int64_t t = 0; t < ntok; t += FLA_T) {
-            const int tt = (int)LK_MIN((int64_t)FLA_T, ntok - t);
-            for (int64_t r = b0, step; r < b1; r += step) {
-                const int rr = b1 - r >= 4;
-                step = rr ? 4 : 1;
-                bf6_tiles[rr][tt - 1](n, W + (size_t)r * ws, ws, A + (size_t)t * as, as, y + (size_t)t * ys + (size_t)r,
-                                      ys, t == 0);
+    for (int64_t t0 = 0; t0 < ntok; t0 += BF6_TCHUNK) {
+        const int64_t t1 = LK_MIN(ntok, t0 + BF6_TCHUNK);
+        for (int64_t b0 = 0; b0 < nrows; b0 += rb) {
+            const int64_t b1 = LK_MIN(nrows, b0 + rb);
+            for (int64_t t = t0; t < t1; t += FLA_T) {
+                const int tt = (int)LK_MIN((int64_t)FLA_T, t1 - t);
+                for (int64_t r = b0, step; r < b1; r += step) {
+                    const int rr = b1 - r >= 4;
+                    step = rr ? 4 : 1;
+                    bf6_tiles[rr][tt - 1](n, W + (size_t)r * ws, ws, A + (size_t)t * as, as,
+                                          y + (size_t)t * ys + (size_t)r, ys, t == t0);
+                }
             }
         }
     }
