@@ -135,6 +135,11 @@ static void run_vec(const char *level, outs *o) {
         for (int i = 0; i < n; i++) y[i] = frand(-95, 95), b[i] = frand(-2, 2);
         lk_swiglu(y, b, n);
         put(o, y, (size_t)n);
+        /* RMSNorm's sum of squares (8 double partials; the tail's elements
+         * onto partials 0, 1, ...) */
+        for (int i = 0; i < n; i++) y[i] = ldexpf(frand(-2, 2), (int)frand(-30, 30)); /* so the sums round */
+        const double ss = lk_vec_sumsq(y, n);
+        put(o, (const float *)&ss, 2);
     }
     /* the exponential's edges: where it turns 0, denormal results, where it
      * saturates, infinities */

@@ -126,6 +126,8 @@ float lk_vec_dot_f32(const float *a, const float *b, int64_t n);
 void  lk_vec_axpy_f32(float *y, float a, const float *x, int64_t n);   /* y += a*x */
 float lk_vec_dot_f16(const float *a, const uint16_t *b, int64_t n);
 void  lk_vec_axpy_f16(float *y, float a, const uint16_t *x, int64_t n);
+/* The sum of x[i]^2 in double (RMSNorm's; vec.c says in which order). */
+double lk_vec_sumsq(const float *x, int64_t n);
 /* x[i] = e^(x[i] - sub); returns the sum (in double). Within 2 ulp of expf. */
 double lk_vec_exp_sum(float *x, int64_t n, float sub);
 /* Attention's weighted sum for nq <= 4 queries: out[q][i] += sum over p <

@@ -9,15 +9,10 @@
 void lk_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
     /* sum of squares in double like ggml (ggml_float), then scale in float.
      * Element i goes into partial sum i % 8, the eight added pairwise at the
-     * end: plain C, so the same bits at every SIMD level and batch size, and
-     * eight independent chains instead of one 4-cycle dependency per element
-     * (a 2048-element row took 3 us, serial in every decode step's matmuls) */
-    double s[8] = { 0 };
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) s[j] += (double)x[i + j] * x[i + j];
-    for (int j = 0; i < n; i++, j++) s[j] += (double)x[i] * x[i];
-    const double ss = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+     * end (lk_vec_sumsq: the same bits at every SIMD level and batch size;
+     * serial in every decode step's matmuls: a 2048-element row took 3 us
+     * as one chain, 1.37 us as eight in plain C, 0.2 us in a zmm) */
+    const double ss = lk_vec_sumsq(x, n);
     const float scale = 1.0f / sqrtf((float)(ss / (double)n) + eps);
     for (int64_t i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
 }

@@ -19,7 +19,11 @@
  *     fused multiply-adds, scaled by 2^k): within 2 ulp of expf, and the
  *     same function at every level, which libm's expf is not;
  *   - exp_sum adds the exponentials in double into 16 partial sums, element
- *     i to partial i mod 16, summed by halves like sum32's last steps. */
+ *     i to partial i mod 16, summed by halves like sum32's last steps;
+ *   - sumsq (RMSNorm's sum of squares, in double like ggml) adds x*x, exact
+ *     in double, into 8 partial sums, element i to partial i mod 8 (the
+ *     last n mod 8 elements to partials 0, 1, ... in order), then
+ *     ((s0+s4)+(s1+s5))+((s2+s6)+(s3+s7)). */
 #include "kernels/kernels.h"
 
 #include <immintrin.h>
@@ -112,6 +116,17 @@ static double expsum_scalar(float *x, int64_t n, float sub) {
         for (int j = 0; j < w; j++) p[j] += p[j + w];
     return p[0];
 }
+static double sumsq_fold(const double s[8]) { return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7])); }
+
+static double sumsq_scalar(const float *x, int64_t n) {
+    double s[8] = { 0 };
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) s[j] += (double)x[i + j] * x[i + j];
+    for (int j = 0; i < n; i++, j++) s[j] += (double)x[i] * x[i];
+    return sumsq_fold(s);
+}
+
 static void swiglu_scalar(float *gate, const float *up, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         const float g = gate[i];
@@ -129,6 +144,23 @@ AVX2 static inline float hsum256(__m256 v) {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
+/* sumsq: partials 0-3 and 4-7 in two registers (the product of two floats
+ * is exact in double, so a fused multiply-add rounds as the add does) */
+AVX2 static double sumsq_avx2(const float *x, int64_t n) {
+    __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256d a = _mm256_cvtps_pd(_mm_loadu_ps(x + i)), b = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4));
+        lo = _mm256_fmadd_pd(a, a, lo);
+        hi = _mm256_fmadd_pd(b, b, hi);
+    }
+    double s[8];
+    _mm256_storeu_pd(s, lo);
+    _mm256_storeu_pd(s + 4, hi);
+    for (int j = 0; i < n; i++, j++) s[j] += (double)x[i] * x[i];
+    return sumsq_fold(s);
+}
+
 /* expsum's last steps on 4 doubles: 4 -> 2 -> 1 */
 AVX2 static inline double hsum256d(__m256d v) {
     __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
@@ -282,6 +314,19 @@ AVX512 static inline __m512 exp512(__m512 x) {
  * libm's scalar expf. Partials 0-7 in s0, 8-15 in s1 (masked lanes add 0);
  * summed by halves, written out rather than _mm512_reduce_add_pd, whose
  * order is the compiler's. */
+AVX512 static double sumsq_avx512(const float *x, int64_t n) {
+    __m512d acc = _mm512_setzero_pd();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m512d a = _mm512_cvtps_pd(_mm256_loadu_ps(x + i));
+        acc = _mm512_fmadd_pd(a, a, acc);
+    }
+    double s[8];
+    _mm512_storeu_pd(s, acc);
+    for (int j = 0; i < n; i++, j++) s[j] += (double)x[i] * x[i];
+    return sumsq_fold(s);
+}
+
 AVX512 static double expsum_avx512(float *x, int64_t n, float sub) {
     const __m512 vs = _mm512_set1_ps(sub);
     __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
@@ -361,6 +406,7 @@ typedef struct {
     double (*expsum)(float *, int64_t, float);
     void (*swiglu)(float *, const float *, int64_t);
     void (*av4)(float *, size_t, const float *, size_t, const float *, int64_t, int, int64_t);
+    double (*sumsq)(const float *, int64_t);
 } vec_ops;
 
 /* One table per level the CPU runs, built once; g_ops points at the one in
@@ -378,9 +424,10 @@ static const vec_ops *_Atomic g_ops;
 
 static void pick(void) {
     vec_ops o = { "scalar", dot_scalar, axpy_scalar, dot_f16_scalar, axpy_f16_scalar, expsum_scalar, swiglu_scalar,
-                  av4_generic };
+                  av4_generic, sumsq_scalar };
     g_tables[LK_SIMD_SCALAR] = o;
-    o = (vec_ops){ "avx2", dot_avx2, axpy_avx2, dot_f16_avx2, axpy_f16_avx2, expsum_avx2, swiglu_avx2, av4_generic };
+    o = (vec_ops){ "avx2", dot_avx2, axpy_avx2, dot_f16_avx2, axpy_f16_avx2, expsum_avx2, swiglu_avx2, av4_generic,
+                   sumsq_avx2 };
     g_tables[LK_SIMD_AVX2] = o;
     o.name = "avx512";
     o.dot = dot_avx512;
@@ -388,6 +435,7 @@ static void pick(void) {
     o.expsum = expsum_avx512;
     o.swiglu = swiglu_avx512;
     o.av4 = av4_avx512;
+    o.sumsq = sumsq_avx512;
     g_tables[LK_SIMD_AVX512] = o;
     int l = LK_SIMD_AVX512;
     while (l > LK_SIMD_SCALAR && !lk_cpu_can((lk_simd_level)l, k_need[l])) l--;
@@ -420,6 +468,7 @@ float lk_vec_dot_f16(const float *a, const uint16_t *b, int64_t n) { return ops(
 void lk_vec_axpy_f16(float *y, float a, const uint16_t *x, int64_t n) { ops()->axpy_f16(y, a, x, n); }
 double lk_vec_exp_sum(float *x, int64_t n, float sub) { return ops()->expsum(x, n, sub); }
 void lk_vec_swiglu(float *gate, const float *up, int64_t n) { ops()->swiglu(gate, up, n); }
+double lk_vec_sumsq(const float *x, int64_t n) { return ops()->sumsq(x, n); }
 
 /* Other levels: one axpy per query and position, as before. */
 static void av4_generic(float *out, size_t os, const float *S, size_t ss, const float *V, int64_t npos, int nq,
