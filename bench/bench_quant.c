@@ -5,6 +5,7 @@
  *   build/bench/bench_quant [rows cols] [ntok]    (defaults 2048 5632, no prefill)
  *   env: BENCH_LEVEL=scalar|avx2|avx512, BENCH_TYPE=q4_0..., BENCH_BYTES=probe size,
  *        BENCH_GEMM=R,C (the AVX2 GEMM's rows per pass and token chunk; 0 = default; R -1: off)
+ *        BENCH_PF=N, BENCH_DROWS=4|1 (decode prefetch distance and rows per tile, as --tune sets them)
  *
  * Decode: a 2048 x 5632 matrix (rows x cols) times one activation row. The
  * L3 of a server may hold that matrix, so the benchmark cycles through
@@ -125,6 +126,9 @@ int main(int argc, char **argv) {
     const char *levels[] = {"scalar", "avx2", "avx512"};
     const char *only = getenv("BENCH_LEVEL");
     const char *only_t = getenv("BENCH_TYPE");
+    /* decode tuning settings, as --tune pf=N / drows=N would set them */
+    if (getenv("BENCH_PF")) lk_quant_set_prefetch(atoi(getenv("BENCH_PF")));
+    if (getenv("BENCH_DROWS")) lk_quant_set_dec_rows(atoi(getenv("BENCH_DROWS")));
     float *x = malloc((size_t)cols * 4 * (ntok_pf ? ntok_pf : 1));
     for (int64_t i = 0; i < cols * (ntok_pf ? ntok_pf : 1); i++) x[i] = (float)((int64_t)(rnd() % 2001) - 1000) / 1000.f;
     float *y = malloc((size_t)rows * 4 * (ntok_pf ? ntok_pf : 1));

@@ -344,6 +344,12 @@ static float dot_q4_0(int64_t n, const uint8_t *w, const uint8_t *a) {
     return s;
 }
 
+int32_t lk_q8_dot32(const int8_t *w, const int8_t *a) {
+    int32_t s = 0;
+    for (int j = 0; j < 32; j++) s += w[j] * a[j];
+    return s;
+}
+
 static float dot_q8_0(int64_t n, const uint8_t *w, const uint8_t *a) {
     float s = 0;
     for (int64_t i = 0; i < n / LK_QK; i++, w += LK_Q80_BYTES, a += LK_Q80_BYTES) {

@@ -7,12 +7,12 @@
  * token, so a kernel is good when it retires a block faster than memory
  * delivers it (~13-16 GB/s on one SPR core: a Q4_0 block of 18 bytes every
  * ~3 cycles), and on one core 4-bit formats are close to compute-bound. So:
- *  - Q4_0 decode works on groups of 4 blocks per 512-bit register: one
- *    two-table byte permute (vpermt2b) gathers the 4 blocks' quants out of
- *    their packed 18-byte records, two vpdpbusd do 64 products, one more
- *    permute gathers the scales. Decode rearranges the activation row once
- *    per call and reduces 4 rows' sums into one vector before scaling.
- *    Q8_0 decode and both types' 2-4 tokens put 16 rows in the lanes
+ *  - Q4_0 and Q8_0 decode work on groups of 4 blocks per 512-bit register:
+ *    two-table byte permutes (vpermt2b) gather the 4 blocks' quants out of
+ *    their packed 18- or 34-byte records, two vpdpbusd do the products
+ *    (64 or 128), more permutes gather the scales. Decode rearranges the
+ *    activation row once per call and reduces 4 rows' sums into one vector
+ *    before scaling. Both types' 2-4 tokens put 16 rows in the lanes
  *    (quant_gemm_avx512.c, lk_quant_q4q8_rows_avx512).
  *  - K-quants: one super-block per step, per-sub-block scales applied in the
  *    integer domain with vpdpwssd (i16-sized dot x scale per lane), mins
@@ -35,9 +35,9 @@
  * per block are exact in any order.
  *
  * Batch invariance: every type is batch invariant here. Q4_0, Q8_0 and
- * the K-quants give the scalar code's bits: decode (Q4_0: q40_dec4_buf,
- * each block's exact integer sum, then per row s = s + sum * (d_w * d_a)
- * block after block; Q8_0: rows in lanes; K-quants: kq_tile, each
+ * the K-quants give the scalar code's bits: decode (Q4_0, Q8_0:
+ * q4q8_dec4_buf, each block's exact integer sum, then per row s = s + sum *
+ * (d_w * d_a) block after block; K-quants: kq_tile, each
  * super-block's exact integer sums, then the scalar float work with 4 (row,
  * token) pairs in the lanes), 2-4 tokens (lk_quant_q4q8_rows_avx512: 16
  * rows in the lanes; kq_tile) and the GEMMs from LK_GEMM_MIN_TOK tokens
@@ -68,7 +68,7 @@
 /* ===================================================================== */
 
 /* Built once at fill time (the dispatch table's init), read-only after. */
-static uint8_t k_q40_qs[64], k_q80_lo[64], k_q80_hi[64], k_q80_d[64], k_q40_d2[64];
+static uint8_t k_q40_qs[64], k_q80_lo[64], k_q80_hi[64], k_q80_d[64], k_q40_d2[64], k_q80_d2[2][64];
 /* Q4_K/Q5_K: the two sub-blocks whose scales lanes 0-7 and 8-15 of weight
  * vector k take (v0 = [sb0|sb2], v1 = [sb1|sb3], ...) */
 static const int k_sub_pairs[4][2] = {{0, 2}, {1, 3}, {4, 6}, {5, 7}};
@@ -94,6 +94,11 @@ static void build_tables(void) {
          * the first 64 bytes of rows r&~1 and r|1 (a two-row table) */
         int wd = i / 2, kb = wd / 4, rr = wd % 4;
         k_q40_d2[i] = (uint8_t)(i < 32 ? 64 * (rr & 1) + 18 * kb + (i & 1) : 0);
+        /* Q8_0 4-row decode: the same words, blocks 0-1 from the first 64
+         * bytes of rows r&~1 and r|1 ([0]), blocks 2-3 from the next 64
+         * ([1]: block k's scale at 34k - 64) */
+        k_q80_d2[0][i] = (uint8_t)(i < 32 && kb < 2 ? 64 * (rr & 1) + 34 * kb + (i & 1) : 0);
+        k_q80_d2[1][i] = (uint8_t)(i < 32 && kb >= 2 ? 64 * (rr & 1) + 34 * kb - 64 + (i & 1) : 0);
         /* Q8_0 group (136 B): lo = quants 0..15 of each block from
          * p[0..127]; hi = quants 16..31 from p[8..135]. */
         k_q80_lo[i] = (uint8_t)(34 * k + 2 + j);
@@ -194,8 +199,8 @@ LK_T512 static LK_INL __m512i q80_negsum(const q8grp *a, __m512i k) {
  * from y chunk after chunk. */
 enum { PG_LO = 0, PG_HI = 64, PG_D = 128, PG_NEGR = 192, PG_BYTES = 256, PG_CHUNK = 96 };
 
-LK_T512 static void q80_prep(const lk_tabs *tb, const uint8_t *a, int64_t gn, uint8_t *buf) {
-    const __m512i kofs = _mm512_set1_epi8(8);
+LK_T512 static void q80_prep(const lk_tabs *tb, const uint8_t *a, int64_t gn, uint8_t *buf, bool is_q8) {
+    const __m512i kofs = _mm512_set1_epi8(is_q8 ? (char)0x80 : 8);
     for (int64_t g = 0; g < gn; g++, buf += PG_BYTES) {
         q8grp A = q80_load(tb, a + (size_t)g * 4 * LK_Q80_BYTES);
         __m512i c = q80_negsum(&A, kofs);
@@ -209,39 +214,65 @@ LK_T512 static void q80_prep(const lk_tabs *tb, const uint8_t *a, int64_t gn, ui
     }
 }
 
-/* Q4_0, 4 rows: instead of scaling each row's 16 partial sums separately (a
- * scale permute + fp16 conversion + multiply per row), the 4 rows' integer
- * sums are transposed and added so that lane 4k + r holds row r's exact sum
- * for block k; one conversion and one multiply then serve all 4 rows, and
- * one fp16 conversion gives all 16 (row, block) scales. Each row's products
- * are then added onto its sum (acc, lane r, starting from y) block after
- * block, k = 0..3 in the 128-bit quarters of the vector: the scalar
- * reference's arithmetic, and so the bits of the register tiles and the GEMM
- * (batch invariance). Decode of 4-bit weights on one core is close to
- * compute-bound, so uops per byte matter. */
-LK_T512 static void q40_dec4_buf(const lk_tabs *tb, const uint8_t *buf, int64_t gn, const uint8_t *w,
-                                 size_t ws, float *out) {
+/* Q4_0 or Q8_0, 4 rows: instead of scaling each row's 16 partial sums
+ * separately (a scale permute + fp16 conversion + multiply per row), the 4
+ * rows' integer sums are transposed and added so that lane 4k + r holds row
+ * r's exact sum for block k; one conversion and one multiply then serve all
+ * 4 rows, and one fp16 conversion gives all 16 (row, block) scales. Each
+ * row's products are then added onto its sum (acc, lane r, starting from y)
+ * block after block, k = 0..3 in the 128-bit quarters of the vector: the
+ * scalar reference's arithmetic, and so the bits of the register tiles and
+ * the GEMM (batch invariance). Decode of 4-bit weights on one core is close
+ * to compute-bound, so uops per byte matter. Q8_0's group of 4 blocks is 136
+ * bytes: quants 0..15 of each block come out of bytes 0..127 and 16..31 out
+ * of bytes 8..135 (one two-table permute each, then flipped to w + 128),
+ * and the scales out of two two-row tables per row pair. (Q8_0 decode took
+ * the rows-in-lanes kernel before, whose in-register transposes and scale
+ * gathers held it to 35 GB/s on a Zen 5 core with the weights in cache.) */
+LK_T512 static LK_INL void q4q8_dec4_buf(const bool is_q8, const lk_tabs *tb, const uint8_t *buf, int64_t gn, const uint8_t *w, size_t ws, float *out) {
+    const size_t gb = 4 * (is_q8 ? LK_Q80_BYTES : LK_Q40_BYTES);
     const __m512i d2 = _mm512_loadu_si512(k_q40_d2);
+    const __m512i e0 = _mm512_loadu_si512(k_q80_d2[0]), e1 = _mm512_loadu_si512(k_q80_d2[1]);
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
     __m128 acc = _mm_loadu_ps(out);
     for (int64_t g = 0; g < gn; g++, buf += PG_BYTES) {
-        const uint8_t *p0 = w + (size_t)g * 4 * LK_Q40_BYTES;
+        const uint8_t *p0 = w + (size_t)g * gb;
         __m512i alo = _mm512_load_si512(buf + PG_LO), ahi = _mm512_load_si512(buf + PG_HI);
-        __m512i S[4], L0[4];
+        __m512i S[4], L0[4], L1[4];
 #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
             const uint8_t *p = p0 + r * ws;
-            pf_range(p, 4 * ws, 4 * LK_Q40_BYTES);
+            pf_range(p, 4 * ws, gb);
             L0[r] = _mm512_loadu_si512(p);
-            __m512i q = _mm512_permutex2var_epi8(L0[r], tb->q40_qs, _mm512_loadu_si512(p + 8));
-            __m512i lo = _mm512_and_si512(q, tb->m0f);
-            S[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, alo), hi_nibble(q), ahi);
+            if (is_q8) {
+                L1[r] = _mm512_loadu_si512(p + 64);
+                __m512i lo = _mm512_permutex2var_epi8(L0[r], tb->q80_lo, L1[r]);
+                __m512i hi = _mm512_permutex2var_epi8(_mm512_loadu_si512(p + 8), tb->q80_hi,
+                                                      _mm512_loadu_si512(p + 72));
+                S[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(lo, flip), alo),
+                                           _mm512_xor_si512(hi, flip), ahi);
+            } else {
+                __m512i q = _mm512_permutex2var_epi8(L0[r], tb->q40_qs, _mm512_loadu_si512(p + 8));
+                __m512i lo = _mm512_and_si512(q, tb->m0f);
+                S[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, alo), hi_nibble(q), ahi);
+            }
         }
         /* lane 4k + r <- sum of row r's 4 lanes of block k */
         __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(S[0], S[1]), _mm512_unpackhi_epi32(S[0], S[1]));
         __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(S[2], S[3]), _mm512_unpackhi_epi32(S[2], S[3]));
         __m512i u = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
-        __m512i dw = _mm512_mask_blend_epi16(0xCCCCu, _mm512_permutex2var_epi8(L0[0], d2, L0[1]),
-                                             _mm512_permutex2var_epi8(L0[2], d2, L0[3]));
+        __m512i dw;
+        if (is_q8) {
+            /* word 4k + r: rows 0-1 / 2-3 (bytes i % 8 < 4 / >= 4), blocks
+             * 0-1 / 2-3 (bytes 0-15 / 16-31) */
+            dw = _mm512_ternarylogic_epi32(_mm512_maskz_permutex2var_epi8(0x0F0Full, L0[0], e0, L0[1]),
+                                           _mm512_maskz_permutex2var_epi8(0xF0F0ull, L0[2], e0, L0[3]),
+                                           _mm512_maskz_permutex2var_epi8(0x0F0F0000ull, L1[0], e1, L1[1]), 0xFE);
+            dw = _mm512_or_si512(dw, _mm512_maskz_permutex2var_epi8(0xF0F00000ull, L1[2], e1, L1[3]));
+        } else {
+            dw = _mm512_mask_blend_epi16(0xCCCCu, _mm512_permutex2var_epi8(L0[0], d2, L0[1]),
+                                         _mm512_permutex2var_epi8(L0[2], d2, L0[3]));
+        }
         __m512 sc = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(dw)), _mm512_load_ps(buf + PG_D));
         u = _mm512_add_epi32(u, _mm512_load_si512(buf + PG_NEGR));
         /* row r's block k at lane 4k + r: added onto lane r of acc, k in order */
@@ -254,34 +285,47 @@ LK_T512 static void q40_dec4_buf(const lk_tabs *tb, const uint8_t *buf, int64_t 
     _mm_storeu_ps(out, acc);
 }
 
-/* Q4_0 decode: 4-row tiles over column chunks of the prepared activation,
- * each row's sum continued from y chunk after chunk; the blocks past the
- * last group of 4, and the rows past the last 4-row tile, continue it in
- * the same order. */
-LK_T512 static void q40_decode(int64_t n, int64_t nrows, const uint8_t *w, size_t ws, const uint8_t *a, float *y) {
+/* Q4_0 / Q8_0 decode: 4-row tiles over column chunks of the prepared
+ * activation, each row's sum continued from y chunk after chunk; the blocks
+ * past the last group of 4, and the rows past the last 4-row tile, continue
+ * it in the same order. */
+LK_T512 static LK_INL void q4q8_decode(const bool is_q8, int64_t n, int64_t nrows, const uint8_t *w, size_t ws,
+                                       const uint8_t *a, float *y) {
     const lk_tabs tb = tabs_load();
+    const size_t bb = is_q8 ? LK_Q80_BYTES : LK_Q40_BYTES;
     const int64_t nb = n / LK_QK, ng = nb / 4, nr4 = nrows & ~(int64_t)3;
     _Alignas(64) uint8_t buf[PG_CHUNK * PG_BYTES];
     for (int64_t r = 0; r < nr4; r++) y[r] = 0;
     for (int64_t g0 = 0; g0 < ng; g0 += PG_CHUNK) {
         int64_t gn = LK_MIN((int64_t)PG_CHUNK, ng - g0);
-        q80_prep(&tb, a + (size_t)g0 * 4 * LK_Q80_BYTES, gn, buf);
-        const uint8_t *wc = w + (size_t)g0 * 4 * LK_Q40_BYTES;
-        for (int64_t r = 0; r + 4 <= nr4; r += 4) q40_dec4_buf(&tb, buf, gn, wc + (size_t)r * ws, ws, y + r);
+        q80_prep(&tb, a + (size_t)g0 * 4 * LK_Q80_BYTES, gn, buf, is_q8);
+        const uint8_t *wc = w + (size_t)g0 * 4 * bb;
+        for (int64_t r = 0; r + 4 <= nr4; r += 4) q4q8_dec4_buf(is_q8, &tb, buf, gn, wc + (size_t)r * ws, ws, y + r);
     }
     for (int64_t r = 0; r < nr4 && nb > ng * 4; r++) {
         const uint8_t *wr = w + (size_t)r * ws;
         float s = y[r];
         for (int64_t b = ng * 4; b < nb; b++) {
-            const uint8_t *wb = wr + (size_t)b * LK_Q40_BYTES, *ab = a + (size_t)b * LK_Q80_BYTES;
+            const uint8_t *wb = wr + (size_t)b * bb, *ab = a + (size_t)b * LK_Q80_BYTES;
             const int8_t *q8 = (const int8_t *)(ab + 2);
             int sumi = 0;
-            for (int j = 0; j < 16; j++) sumi += ((wb[2 + j] & 0xF) - 8) * q8[j] + ((wb[2 + j] >> 4) - 8) * q8[j + 16];
+            if (is_q8)
+                sumi = lk_q8_dot32((const int8_t *)(wb + 2), q8);
+            else
+                for (int j = 0; j < 16; j++) sumi += ((wb[2 + j] & 0xF) - 8) * q8[j] + ((wb[2 + j] >> 4) - 8) * q8[j + 16];
             s += (float)sumi * (lk_ld_h(wb) * lk_ld_h(ab));
         }
         y[r] = s;
     }
-    if (nr4 < nrows) lk_quant_q4q8_rows_avx512(false, n, nrows - nr4, w + (size_t)nr4 * ws, ws, 1, a, 0, y + nr4, 0);
+    if (nr4 < nrows) lk_quant_q4q8_rows_avx512(is_q8, n, nrows - nr4, w + (size_t)nr4 * ws, ws, 1, a, 0, y + nr4, 0);
+}
+
+LK_T512 static void q40_decode(int64_t n, int64_t nrows, const uint8_t *w, size_t ws, const uint8_t *a, float *y) {
+    q4q8_decode(false, n, nrows, w, ws, a, y);
+}
+
+LK_T512 static void q80_decode(int64_t n, int64_t nrows, const uint8_t *w, size_t ws, const uint8_t *a, float *y) {
+    q4q8_decode(true, n, nrows, w, ws, a, y);
 }
 
 /* ===================================================================== */
@@ -849,11 +893,11 @@ static void mm_q40(int64_t n, int64_t nrows, const void *w, size_t w_stride, int
     else if (ntok < gemm_min_tok()) lk_quant_q4q8_rows_avx512(false, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
     else lk_quant_gemm_q4q8_avx512(false, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
 }
-/* Q8_0: the same one arithmetic; decode and 2-4 tokens rows in lanes (the
- * 4-row trick of Q4_0's decode needs Q4_0's 18-byte records) */
+/* Q8_0: the same one arithmetic; decode as Q4_0's, 2-4 tokens rows in lanes */
 static void mm_q80(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
                    size_t a_stride, float *y, size_t y_stride) {
-    if (ntok < gemm_min_tok()) lk_quant_q4q8_rows_avx512(true, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
+    if (ntok == 1) q80_decode(n, nrows, w, w_stride, a, y);
+    else if (ntok < gemm_min_tok()) lk_quant_q4q8_rows_avx512(true, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
     else lk_quant_gemm_q4q8_avx512(true, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
 }
 /* K-quants: prefill through the GEMM (quant_gemm_avx512.c) */

@@ -137,6 +137,12 @@ typedef struct {
  * elements): SIMD kernels use it for the blocks left over after their
  * unrolled groups. */
 float lk_quant_dot_scalar(lk_type t, int64_t n, const void *w, const void *a);
+/* sum_j w[j] * a[j] over 32 signed bytes (a Q8_0 block's integer dot), for
+ * the SIMD files' scalar tails. It lives in quant.c, compiled without
+ * AVX512-VNNI, because GCC 12 vectorises this very loop in a function
+ * targeted at AVX512-VNNI into vpdpbusd, which multiplies *unsigned* by
+ * signed bytes: wrong for any negative weight. */
+int32_t lk_q8_dot32(const int8_t *w, const int8_t *a);
 
 /* Register-tile kernels and the driver that walks a matrix with them.
  * A tile computes y[t*ys + r] for r < R rows and t < T tokens over the whole
