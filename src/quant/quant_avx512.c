@@ -382,7 +382,7 @@ static LK_INL void k_scales_unpack(const uint8_t *q, uint64_t *sc, uint64_t *m) 
     *m = m_lo | (uint64_t)m_hi << 32;
 }
 
-typedef struct { __m512i idx4k[4], idx6k[4], m0f, m10, m30; } ktabs;
+typedef struct { __m512i idx4k[4], idx6k[4], m0f, m10, m30, q6h01, q6h23; } ktabs;
 
 LK_T512 static LK_INL ktabs ktabs_load(void) {
     ktabs t;
@@ -398,6 +398,12 @@ LK_T512 static LK_INL ktabs ktabs_load(void) {
     t.m0f = _mm512_set1_epi8(0x0F);
     t.m10 = _mm512_set1_epi8(0x10);
     t.m30 = _mm512_set1_epi8(0x30);
+    /* Q6_K: qh's 2-bit field f (bits 2f, 2f+1) to bits 4, 5 of each byte:
+     * output bit i takes the parity of the input AND matrix byte 7 - i */
+#define Q6H(f) ((long long)((1ull << (2 * (f))) << 24 | (1ull << (2 * (f) + 1)) << 16))
+    t.q6h01 = _mm512_setr_epi64(Q6H(0), Q6H(0), Q6H(0), Q6H(0), Q6H(1), Q6H(1), Q6H(1), Q6H(1));
+    t.q6h23 = _mm512_setr_epi64(Q6H(2), Q6H(2), Q6H(2), Q6H(2), Q6H(3), Q6H(3), Q6H(3), Q6H(3));
+#undef Q6H
     return t;
 }
 
@@ -462,17 +468,14 @@ LK_T512 static LK_INL kwgrp q6k_wload(const ktabs *kt, const uint8_t *p) {
     kwgrp w;
     /* half h: ql[64h..] low nibbles = elements [0..63] of the half, high
      * nibbles [64..127]; the top 2 bits of element 32k+l are bits 2k..2k+1
-     * of qh[32h+l], moved to bits 4-5 by per-half word shifts. */
-    const __m512i sl42 = _mm512_mask_mov_epi16(_mm512_set1_epi16(4), 0xFFFF0000u, _mm512_set1_epi16(2));
-    const __m512i sr02 = _mm512_mask_mov_epi16(_mm512_set1_epi16(0), 0xFFFF0000u, _mm512_set1_epi16(2));
+     * of qh[32h+l], moved to bits 4-5 (the rest zero) by one GF(2) affine
+     * map per vector whose matrix differs between its 256-bit halves */
     #pragma GCC unroll 4
     for (int h = 0; h < 2; h++) {
         __m512i ql = _mm512_loadu_si512(p + LK_Q6K_QL + 64 * h);
         __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + LK_Q6K_QH + 32 * h)));
-        __m512i t0 = _mm512_and_si512(_mm512_sllv_epi16(qh, sl42), kt->m30);
-        __m512i t1 = _mm512_and_si512(_mm512_srlv_epi16(qh, sr02), kt->m30);
-        w.v[2 * h] = LK_AND_OR(ql, t0, kt->m0f);
-        w.v[2 * h + 1] = LK_AND_OR(_mm512_srli_epi16(ql, 4), t1, kt->m0f);
+        w.v[2 * h] = LK_AND_OR(ql, _mm512_gf2p8affine_epi64_epi8(qh, kt->q6h01, 0), kt->m0f);
+        w.v[2 * h + 1] = _mm512_or_si512(hi_nibble(ql), _mm512_gf2p8affine_epi64_epi8(qh, kt->q6h23, 0));
     }
     __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + LK_Q6K_SC)));
     __m512i s32 = _mm512_cvtepu16_epi32(sc16); /* i16 scale in the low half, zero high half */
