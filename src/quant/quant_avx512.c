@@ -742,77 +742,49 @@ LK_T512 static LK_INL void fla_tile(const int R, const int T, const int kind, in
     __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,avx2,fma," \
                           "f16c,bmi,bmi2,gfni,avx512bf16")))
 
-/* Prefill: the chain of (row, token) accumulators over the row's 32-element
- * steps, the last one masked; weights prefetched only when pf (the first
- * tile of a row group: the later ones find the rows in cache). Unmasked
- * full steps and prefetching once per row group took a 2048 x 2048 x 64
- * BF16 product from 209 to 301-331 GFLOP/s on one Zen 5 core (best of 40;
- * the vdpbf16ps peak measures 440). */
-LK_T512BF static LK_INL void bf_tile_pf(const int R, const int T, int64_t n, const uint8_t *w,
-                                        size_t ws, const uint8_t *a, size_t as, float *y, size_t ys, const bool pf) {
+/* One 32-element step of every (row, token) accumulator at element i:
+ * weights and activations loaded whole, or under mask m (masked), the
+ * weights' lines R rows ahead prefetched when pf. */
+LK_T512BF static LK_INL void bf_step(const int R, const int T, const bool masked, const uint8_t *w, size_t ws,
+                                     const uint8_t *a, size_t as, int64_t i, __mmask32 m, bool pf,
+                                     __m512 acc[4][6]) {
+    __m512i wv[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        if (pf) pf_range(w + r * ws + i * 2, R * ws, 64);
+        wv[r] = masked ? _mm512_maskz_loadu_epi16(m, w + r * ws + i * 2) : _mm512_loadu_si512(w + r * ws + i * 2);
+    }
+#pragma GCC unroll 6
+    for (int t = 0; t < T; t++) {
+        const uint8_t *ap = a + t * as + i * 2;
+        __m512bh av = (__m512bh)(masked ? _mm512_maskz_loadu_epi16(m, ap) : _mm512_loadu_si512(ap));
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], av);
+    }
+}
+
+/* The chain of each (row, token) accumulator over the row's 32-element
+ * steps, the last one masked, then one hsum. Decode (and 2-3 tokens,
+ * `dec`): every step masked and prefetching (on Zen 5 unmasked full steps
+ * streamed a 2048 x 5632 decode at 19.7-23.7 GB/s against 22.0-25.7).
+ * Prefill: full steps unmasked, the weights prefetched only when pf (the
+ * first tile of a row group: the later ones find the rows in cache).
+ * Unmasked full steps and prefetching once per row group took a 2048 x
+ * 2048 x 64 BF16 product from 209 to 301-331 GFLOP/s on one Zen 5 core
+ * (best of 40; the vdpbf16ps peak measures 440). Both take the same chain,
+ * so decode and prefill agree bit for bit. */
+LK_T512BF static LK_INL void bf_tile(const int R, const int T, const bool dec, int64_t n, const uint8_t *w,
+                                     size_t ws, const uint8_t *a, size_t as, float *y, size_t ys, const bool pf) {
     __m512 acc[4][6];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 6
         for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
     int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        __m512i wv[4];
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            if (pf) pf_range(w + r * ws + i * 2, R * ws, 64);
-            wv[r] = _mm512_loadu_si512(w + r * ws + i * 2);
-        }
-#pragma GCC unroll 6
-        for (int t = 0; t < T; t++) {
-            __m512bh av = (__m512bh)_mm512_loadu_si512(a + t * as + i * 2);
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], av);
-        }
-    }
-    if (i < n) {
-        const __mmask32 m = (__mmask32)((1u << (n - i)) - 1);
-        __m512i wv[4];
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) wv[r] = _mm512_maskz_loadu_epi16(m, w + r * ws + i * 2);
-#pragma GCC unroll 6
-        for (int t = 0; t < T; t++) {
-            __m512bh av = (__m512bh)_mm512_maskz_loadu_epi16(m, a + t * as + i * 2);
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], av);
-        }
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 6
-        for (int t = 0; t < T; t++) y[t * ys + r] = hsum(acc[r][t]);
-}
-
-/* Decode and 2-3 tokens: the same chain with every step's loads under a mask
- * and every step prefetching (on Zen 5 the unmasked loop of bf_tile_pf
- * streamed a 2048 x 5632 decode at 19.7-23.7 GB/s against 22.0-25.7) */
-LK_T512BF static LK_INL void bf_tile(const int R, const int T, int64_t n, const uint8_t *w,
-                                     size_t ws, const uint8_t *a, size_t as, float *y, size_t ys) {
-    __m512 acc[4][6];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 6
-        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n; i += 32) {
-        __mmask32 m = n - i >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << (n - i)) - 1);
-        __m512i wv[4];
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            pf_range(w + r * ws + i * 2, R * ws, 64);
-            wv[r] = _mm512_maskz_loadu_epi16(m, w + r * ws + i * 2);
-        }
-#pragma GCC unroll 6
-        for (int t = 0; t < T; t++) {
-            __m512bh av = (__m512bh)_mm512_maskz_loadu_epi16(m, a + t * as + i * 2);
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], av);
-        }
-    }
+    if (!dec)
+        for (; i + 32 <= n; i += 32) bf_step(R, T, false, w, ws, a, as, i, 0, pf, acc);
+    for (; i < n; i += 32)
+        bf_step(R, T, true, w, ws, a, as, i, n - i >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << (n - i)) - 1), dec, acc);
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 6
@@ -866,7 +838,7 @@ LK_K_TILES(q6k, 6)
 #define F32_CALL(R, T) fl_tile(R, T, 32, n, w, ws, a, as, y, ys)
 #define F16_CALL(R, T) fl_tile(R, T, 16, n, w, ws, a, as, y, ys)
 #define BFC_CALL(R, T) fl_tile(R, T, 0, n, w, ws, a, as, y, ys)
-#define BF_CALL(R, T) bf_tile(R, T, n, w, ws, a, as, y, ys)
+#define BF_CALL(R, T) bf_tile(R, T, true, n, w, ws, a, as, y, ys, true)
 LK_F_TILES(LK_T512, f32, F32_CALL)
 LK_F_TILES(LK_T512, f16, F16_CALL)
 LK_F_TILES(LK_T512, bfc, BFC_CALL)
@@ -929,11 +901,13 @@ static void mm_q6k(int64_t n, int64_t nrows, const void *w, size_t w_stride, int
  * the whole token block would cost more than a sixteenth of the products),
  * take the 4 x 3 tiles. */
 enum { FLA_MIN_TOK = 4, FLA_MIN_ROWS = 16, FLA_T = 6, FLA_BUF_FLOATS = 128 * 1024 /* 512 KB of the thread's stack */ };
-typedef void (*fla_fn)(int64_t n, const uint8_t *w, size_t ws, const float *a, size_t as, float *y, size_t ys, bool pf);
+/* A prefill tile: a = its first token, as = the token stride in the
+ * tile's units (floats for fla_tile, bytes for bf_tile) */
+typedef void (*fla_fn)(int64_t n, const uint8_t *w, size_t ws, const void *a, size_t as, float *y, size_t ys, bool pf);
 #define FLA_FN(name, kind, R, T)                                                                               \
-    LK_T512 static void name##_##R##x##T(int64_t n, const uint8_t *w, size_t ws, const float *a, size_t as,   \
+    LK_T512 static void name##_##R##x##T(int64_t n, const uint8_t *w, size_t ws, const void *a, size_t as,    \
                                          float *y, size_t ys, bool pf) {                                      \
-        fla_tile(R, T, kind, n, w, ws, a, as, y, ys, pf);                                                     \
+        fla_tile(R, T, kind, n, w, ws, (const float *)a, as, y, ys, pf);                                      \
     }
 #define FLA_SET(name, kind)                                                                                    \
     FLA_FN(name, kind, 4, 1) FLA_FN(name, kind, 4, 2) FLA_FN(name, kind, 4, 3) FLA_FN(name, kind, 4, 4)        \
@@ -951,6 +925,27 @@ LK_T512 static void fla_widen(const int kind, int64_t n, const uint8_t *src, flo
     for (int64_t c = 0; c < n; c += 16) {
         const __mmask16 m = n - c >= 16 ? 0xFFFF : (__mmask16)((1u << (n - c)) - 1);
         _mm512_store_ps(dst + c, kind == 16 ? fl_load(16, src + 2 * c, m) : fl_load(0, src + 2 * c, m));
+    }
+}
+
+/* nt tokens (a: the first, astep bytes apart, `as` in the tiles' units)
+ * through 4 x 6 tiles: rows in blocks of rb (a multiple of 4), in a block
+ * the 6-token tiles outside its 4-row groups (rb = 4: each row group's
+ * tiles one after another), every group prefetching its weights in its
+ * first tile */
+static void fla_walk(const fla_fn (*tiles)[FLA_T], int64_t n, int64_t nrows, const uint8_t *W, size_t ws,
+                     int64_t nt, const uint8_t *a, size_t astep, size_t as, float *y, size_t ys, int64_t rb) {
+    for (int64_t b0 = 0; b0 < nrows; b0 += rb) {
+        const int64_t b1 = LK_MIN(nrows, b0 + rb);
+        for (int64_t t = 0; t < nt; t += FLA_T) {
+            const int tt = (int)LK_MIN((int64_t)FLA_T, nt - t);
+            for (int64_t r = b0, step; r < b1; r += step) {
+                const int rr = b1 - r >= 4;
+                step = rr ? 4 : 1;
+                tiles[rr][tt - 1](n, W + (size_t)r * ws, ws, a + (size_t)t * astep, as, y + (size_t)t * ys + (size_t)r,
+                                  ys, t == 0);
+            }
+        }
     }
 }
 
@@ -974,15 +969,7 @@ static void fla_run(const int kind, const lk_tileset *small, int64_t n, int64_t 
             act = buf;
             ald = ld;
         }
-        for (int64_t r = 0, step; r < nrows; r += step) {
-            const int rr = nrows - r >= 4;
-            step = rr ? 4 : 1;
-            for (int64_t t = t0; t < t1; t += FLA_T) {
-                const int tt = (int)LK_MIN((int64_t)FLA_T, t1 - t);
-                tiles[rr][tt - 1](n, W + (size_t)r * ws, ws, act + (size_t)(t - t0) * ald, ald,
-                                  y + (size_t)t * ys + (size_t)r, ys, t == t0);
-            }
-        }
+        fla_walk(tiles, n, nrows, W, ws, t1 - t0, (const uint8_t *)act, ald * 4, ald, y + (size_t)t0 * ys, ys, 4);
     }
 }
 
@@ -1002,15 +989,14 @@ LK_MM_FLA_FN(bfc, 0)
  * (no conversion to amortise), from FLA_MIN_TOK tokens in 4 x 6 tiles: the
  * 4 x 3 tiles' chain per (row, token), with twice the tokens per weight
  * load. */
-typedef void (*bf6_fn)(int64_t n, const uint8_t *w, size_t ws, const uint8_t *a, size_t as, float *y, size_t ys, bool pf);
 #define BF6_FN(R, T)                                                                                         \
-    LK_T512BF static void bf6_##R##x##T(int64_t n, const uint8_t *w, size_t ws, const uint8_t *a, size_t as, \
+    LK_T512BF static void bf6_##R##x##T(int64_t n, const uint8_t *w, size_t ws, const void *a, size_t as,    \
                                         float *y, size_t ys, bool pf) {                                      \
-        bf_tile_pf(R, T, n, w, ws, a, as, y, ys, pf);                                                        \
+        bf_tile(R, T, false, n, w, ws, a, as, y, ys, pf);                                                    \
     }
 BF6_FN(4, 1) BF6_FN(4, 2) BF6_FN(4, 3) BF6_FN(4, 4) BF6_FN(4, 5) BF6_FN(4, 6)
 BF6_FN(1, 1) BF6_FN(1, 2) BF6_FN(1, 3) BF6_FN(1, 4) BF6_FN(1, 5) BF6_FN(1, 6)
-static const bf6_fn bf6_tiles[2][FLA_T] = {{bf6_1x1, bf6_1x2, bf6_1x3, bf6_1x4, bf6_1x5, bf6_1x6},
+static const fla_fn bf6_tiles[2][FLA_T] = {{bf6_1x1, bf6_1x2, bf6_1x3, bf6_1x4, bf6_1x5, bf6_1x6},
                                            {bf6_4x1, bf6_4x2, bf6_4x3, bf6_4x4, bf6_4x5, bf6_4x6}};
 enum { BF6_L1 = 32 * 1024, BF6_BLOCK = 256 * 1024, BF6_TCHUNK = 64 };
 static void mm_bf(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
@@ -1019,26 +1005,14 @@ static void mm_bf(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t nt
         lk_quant_run_tiles(&bf_set, n, nrows, w, ws, ntok, a, as, y, ys);
         return;
     }
-    const uint8_t *W = w, *A = a;
+    const uint8_t *A = a;
     /* 64 tokens at a time (their rows stay in L2); tokens outside when a
      * tile's tokens fit L1 (then every row group of a block of rows sized
      * for L2 reads them there), else rows outside */
     const int64_t rb = (size_t)FLA_T * as <= BF6_L1 ? LK_MAX((int64_t)4, (int64_t)(BF6_BLOCK / ws) / 4 * 4) : 4;
-    for (int64_t t0 = 0; t0 < ntok; t0 += BF6_TCHUNK) {
-        const int64_t t1 = LK_MIN(ntok, t0 + BF6_TCHUNK);
-        for (int64_t b0 = 0; b0 < nrows; b0 += rb) {
-            const int64_t b1 = LK_MIN(nrows, b0 + rb);
-            for (int64_t t = t0; t < t1; t += FLA_T) {
-                const int tt = (int)LK_MIN((int64_t)FLA_T, t1 - t);
-                for (int64_t r = b0, step; r < b1; r += step) {
-                    const int rr = b1 - r >= 4;
-                    step = rr ? 4 : 1;
-                    bf6_tiles[rr][tt - 1](n, W + (size_t)r * ws, ws, A + (size_t)t * as, as,
-                                          y + (size_t)t * ys + (size_t)r, ys, t == t0);
-                }
-            }
-        }
-    }
+    for (int64_t t0 = 0; t0 < ntok; t0 += BF6_TCHUNK)
+        fla_walk(bf6_tiles, n, nrows, w, ws, LK_MIN(ntok, t0 + BF6_TCHUNK) - t0, A + (size_t)t0 * as, as, as,
+                 y + (size_t)t0 * ys, ys, rb);
 }
 
 void lk_quant_fill_avx512(lk_quant_ops *ops) {
