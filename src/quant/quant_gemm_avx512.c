@@ -114,27 +114,32 @@ LK_TG static LK_INL __m512 gk_gather_h16(const uint8_t *p, size_t ws, int nr) {
     return _mm512_cvtph_ps(h);
 }
 
+/* The 16 bytes at p + r*ws (r < 16; zero for r >= nr unless full) of 16
+ * rows, unrolled so that they stay in registers (the packers below are
+ * compiled per type and for full groups apart: versions with the type and
+ * the row count unknown kept these loads in rolled loops through stack
+ * arrays, and packing took 40 % of a 16-token Q4_0 GEMM). */
+LK_TG static LK_INL void gk_load16(const uint8_t *p, size_t ws, int nr, const bool full, __m128i q[16]) {
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; r++)
+        q[r] = full || r < nr ? _mm_loadu_si128((const __m128i *)(p + (size_t)r * ws)) : _mm_setzero_si128();
+}
+
 /* Packs rows [0, nr) (nr <= 16; missing rows are zero) x blocks [b0, b0+kb)
  * into out[b][9][64]. */
-LK_TG static void gk_pack_group(const bool is_q8, const uint8_t *w, size_t ws, int nr, int64_t b0, int kb,
-                                uint8_t (*out)[GK_VEC][64]) {
+LK_TG static LK_INL void gk_pack_body(const bool is_q8, const bool full, const uint8_t *w, size_t ws, int nr,
+                                      int64_t b0, int kb, uint8_t (*out)[GK_VEC][64]) {
     const size_t bb = is_q8 ? LK_Q80_BYTES : LK_Q40_BYTES;
     const __m512i m0f = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
     for (int b = 0; b < kb; b++) {
-        __m128i lo[16], hi[16];
-        for (int r = 0; r < 16; r++) {
-            if (r < nr) {
-                const uint8_t *p = w + (size_t)r * ws + (size_t)(b0 + b) * bb;
-                lo[r] = _mm_loadu_si128((const __m128i *)(p + 2));
-                hi[r] = is_q8 ? _mm_loadu_si128((const __m128i *)(p + 18)) : _mm_setzero_si128();
-            } else {
-                lo[r] = hi[r] = _mm_setzero_si128();
-            }
-        }
+        const uint8_t *p = w + (size_t)(b0 + b) * bb;
+        __m128i q[16];
         __m512i v[8];
-        gk_transpose16x4(lo, v);
+        gk_load16(p + 2, ws, nr, full, q);
+        gk_transpose16x4(q, v);
         if (is_q8) {
-            gk_transpose16x4(hi, v + 4);
+            gk_load16(p + 18, ws, nr, full, q);
+            gk_transpose16x4(q, v + 4);
 #pragma GCC unroll 8
             for (int k = 0; k < 8; k++) v[k] = _mm512_xor_si512(v[k], flip);
         } else {
@@ -149,7 +154,18 @@ LK_TG static void gk_pack_group(const bool is_q8, const uint8_t *w, size_t ws, i
         }
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) _mm512_store_si512(out[b][k], v[k]);
-        _mm512_store_ps(out[b][8], gk_gather_h16(w + (size_t)(b0 + b) * bb, ws, nr));
+        _mm512_store_ps(out[b][8], gk_gather_h16(w + (size_t)(b0 + b) * bb, ws, full ? 16 : nr));
+    }
+}
+
+LK_TG static void gk_pack_group(const bool is_q8, const uint8_t *w, size_t ws, int nr, int64_t b0, int kb,
+                                uint8_t (*out)[GK_VEC][64]) {
+    if (is_q8) {
+        if (nr == GK_ROWS) gk_pack_body(true, true, w, ws, nr, b0, kb, out);
+        else gk_pack_body(true, false, w, ws, nr, b0, kb, out);
+    } else {
+        if (nr == GK_ROWS) gk_pack_body(false, true, w, ws, nr, b0, kb, out);
+        else gk_pack_body(false, false, w, ws, nr, b0, kb, out);
     }
 }
 
@@ -462,20 +478,19 @@ typedef struct {
 
 /* Q4_K (kind 4) or Q5_K (kind 5: the fifth bit of element l of sub-block j
  * is bit j of qh[l]). */
-LK_TG static void gk4_pack_group(const int kind, const uint8_t *w, size_t ws, int nr, int64_t s0, int kb,
-                                 uint8_t (*out)[GKK_VEC][64]) {
+LK_TG static LK_INL void gk4_pack_body(const int kind, const bool full, const uint8_t *w, size_t ws, int nr,
+                                       int64_t s0, int kb, uint8_t (*out)[GKK_VEC][64]) {
     const __m512i m0f = _mm512_set1_epi8(0x0F), m3f = _mm512_set1_epi32(63), mf = _mm512_set1_epi32(15),
                   m3 = _mm512_set1_epi32(3);
     for (int s = 0; s < kb; s++) {
-        const uint8_t *p[16];
         __m128i q[16];
         const size_t bb = kind == 4 ? LK_Q4K_BYTES : LK_Q5K_BYTES, qso = kind == 4 ? LK_Q4K_QS : LK_Q5K_QS;
-        for (int r = 0; r < 16; r++) p[r] = r < nr ? w + (size_t)r * ws + (size_t)(s0 + s) * bb : NULL;
+        const uint8_t *p = w + (size_t)(s0 + s) * bb;
         /* the first 16 bytes of each row's super-block: d | dmin | 12 bytes
          * of 6-bit scales and mins; transposed, lane r of h[1..3] holds
          * scale bytes 0-3, 4-7, 8-11 of row r, unpacked in all lanes at once
          * (lk_k_scale_min's packing) */
-        for (int r = 0; r < 16; r++) q[r] = p[r] ? _mm_loadu_si128((const __m128i *)p[r]) : _mm_setzero_si128();
+        gk_load16(p, ws, nr, full, q);
         __m512i h[4];
         gk_transpose16x4(q, h);
         _mm512_store_ps(out[s][GK4_D], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h[0])));
@@ -499,15 +514,13 @@ LK_TG static void gk4_pack_group(const int kind, const uint8_t *w, size_t ws, in
         __m512i qh[8];
         if (kind == 5)
             for (int c = 0; c < 2; c++) {
-                for (int r = 0; r < 16; r++)
-                    q[r] = p[r] ? _mm_loadu_si128((const __m128i *)(p[r] + LK_Q5K_QH + 16 * c)) : _mm_setzero_si128();
+                gk_load16(p + LK_Q5K_QH + 16 * c, ws, nr, full, q);
                 gk_transpose16x4(q, qh + 4 * c);
             }
         /* quant bytes 16c..16c+15 (c = 0..7) of the 16 rows: byte 32q + l
          * holds element l of sub-block 2q (low nibble) and of 2q+1 (high) */
         for (int c = 0; c < 8; c++) {
-            for (int r = 0; r < 16; r++)
-                q[r] = p[r] ? _mm_loadu_si128((const __m128i *)(p[r] + qso + 16 * c)) : _mm_setzero_si128();
+            gk_load16(p + qso + 16 * c, ws, nr, full, q);
             __m512i v[4];
             gk_transpose16x4(q, v);
             const int j = 2 * (c / 2), k0 = 4 * (c & 1);
@@ -535,16 +548,15 @@ LK_TG static void gk4_pack_group(const int kind, const uint8_t *w, size_t ws, in
  * nibble from ql[64h + 32(k&1) + l] (low nibble for k < 2) and bits 2k, 2k+1
  * of qh[32h + l]; packed as q + 32 (0..63, unsigned for vpdpbusd), vector
  * 4g + kk = quants 16g + 4kk .. +3. The -32 comes back through the bsums. */
-LK_TG static void gk6_pack_group(const uint8_t *w, size_t ws, int nr, int64_t s0, int kb, uint8_t (*out)[GKK_VEC][64]) {
+LK_TG static LK_INL void gk6_pack_body(const bool full, const uint8_t *w, size_t ws, int nr, int64_t s0, int kb,
+                                       uint8_t (*out)[GKK_VEC][64]) {
     const __m512i m0f = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), mlo = _mm512_set1_epi32(0xFFFF);
     for (int s = 0; s < kb; s++) {
-        const uint8_t *p[16];
+        const uint8_t *p = w + (size_t)(s0 + s) * LK_Q6K_BYTES;
         __m128i q[16];
         __m512i ql[32], qh[16], sv[4];
-        for (int r = 0; r < 16; r++) p[r] = r < nr ? w + (size_t)r * ws + (size_t)(s0 + s) * LK_Q6K_BYTES : NULL;
         for (int c = 0; c < 12; c++) {
-            for (int r = 0; r < 16; r++)
-                q[r] = p[r] ? _mm_loadu_si128((const __m128i *)(p[r] + LK_Q6K_QL + 16 * c)) : _mm_setzero_si128();
+            gk_load16(p + LK_Q6K_QL + 16 * c, ws, nr, full, q);
             gk_transpose16x4(q, c < 8 ? ql + 4 * c : qh + 4 * (c - 8)); /* ql then qh: contiguous bytes */
         }
         for (int g = 0; g < 16; g++) {
@@ -559,8 +571,7 @@ LK_TG static void gk6_pack_group(const uint8_t *w, size_t ws, int nr, int64_t s0
                 _mm512_store_si512(out[s][4 * g + kk], _mm512_or_si512(lo, _mm512_and_si512(hv, m30)));
             }
         }
-        for (int r = 0; r < 16; r++)
-            q[r] = p[r] ? _mm_loadu_si128((const __m128i *)(p[r] + LK_Q6K_SC)) : _mm_setzero_si128();
+        gk_load16(p + LK_Q6K_SC, ws, nr, full, q);
         gk_transpose16x4(q, sv);
         __m512i sc[16];
 #pragma GCC unroll 16
@@ -572,8 +583,25 @@ LK_TG static void gk6_pack_group(const uint8_t *w, size_t ws, int nr, int64_t s0
         for (int i = 0; i < 8; i++)
             _mm512_store_si512(out[s][GK6_SP + i],
                                _mm512_or_si512(_mm512_and_si512(sc[2 * i], mlo), _mm512_slli_epi32(sc[2 * i + 1], 16)));
-        _mm512_store_ps(out[s][GK6_D], gk_gather_h16(w + (size_t)(s0 + s) * LK_Q6K_BYTES + LK_Q6K_D, ws, nr));
+        _mm512_store_ps(out[s][GK6_D], gk_gather_h16(p + LK_Q6K_D, ws, full ? 16 : nr));
     }
+}
+
+/* The K-quant packers per type, full groups apart (see gk_load16) */
+LK_TG static void gk4_pack_group(const int kind, const uint8_t *w, size_t ws, int nr, int64_t s0, int kb,
+                                 uint8_t (*out)[GKK_VEC][64]) {
+    if (kind == 4) {
+        if (nr == 16) gk4_pack_body(4, true, w, ws, nr, s0, kb, out);
+        else gk4_pack_body(4, false, w, ws, nr, s0, kb, out);
+    } else {
+        if (nr == 16) gk4_pack_body(5, true, w, ws, nr, s0, kb, out);
+        else gk4_pack_body(5, false, w, ws, nr, s0, kb, out);
+    }
+}
+
+LK_TG static void gk6_pack_group(const uint8_t *w, size_t ws, int nr, int64_t s0, int kb, uint8_t (*out)[GKK_VEC][64]) {
+    if (nr == 16) gk6_pack_body(true, w, ws, nr, s0, kb, out);
+    else gk6_pack_body(false, w, ws, nr, s0, kb, out);
 }
 
 LK_TG static void gk4_prep(const uint8_t *a, size_t as, int tb, int64_t s0, int ksb, gk4_act *act) {
