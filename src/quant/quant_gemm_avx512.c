@@ -343,19 +343,16 @@ LK_TG void lk_quant_gemm_q4q8_avx512(bool is_q8, int64_t n, int64_t nrows, const
 enum { GQ_T = 4, GQ_KB = 256 };
 typedef struct { float d[GQ_T][GQ_KB]; int32_t corr[GQ_T][GQ_KB]; } gq_act;
 
-LK_TG static LK_INL void gq_rows(const bool is_q8, const uint8_t *w, size_t ws, int nr, int64_t b, __m512i v[8],
-                                 __m512 *d) {
+LK_TG static LK_INL void gq_rows(const bool is_q8, const bool full, const uint8_t *w, size_t ws, int nr, int64_t b,
+                                 __m512i v[8], __m512 *d) {
     const size_t bb = is_q8 ? LK_Q80_BYTES : LK_Q40_BYTES;
-    __m128i q[16], h[16];
-#pragma GCC unroll 16
-    for (int r = 0; r < 16; r++) {
-        const uint8_t *p = w + (size_t)r * ws + (size_t)b * bb;
-        q[r] = r < nr ? _mm_loadu_si128((const __m128i *)(p + 2)) : _mm_setzero_si128();
-        if (is_q8) h[r] = r < nr ? _mm_loadu_si128((const __m128i *)(p + 18)) : _mm_setzero_si128();
-    }
+    const uint8_t *p = w + (size_t)b * bb;
+    __m128i q[16];
+    gk_load16(p + 2, ws, nr, full, q);
     gk_transpose16x4(q, v);
     if (is_q8) {
-        gk_transpose16x4(h, v + 4);
+        gk_load16(p + 18, ws, nr, full, q);
+        gk_transpose16x4(q, v + 4);
         const __m512i flip = _mm512_set1_epi8((char)0x80);
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) v[k] = _mm512_xor_si512(v[k], flip);
@@ -367,10 +364,10 @@ LK_TG static LK_INL void gq_rows(const bool is_q8, const uint8_t *w, size_t ws, 
             v[k] = _mm512_and_si512(v[k], m0f);
         }
     }
-    *d = gk_gather_h16(w + (size_t)b * bb, ws, nr);
+    *d = gk_gather_h16(p, ws, full ? 16 : nr);
 }
 
-LK_TG static LK_INL void gq_tile(const bool is_q8, const int T, int64_t b0, int kb, const uint8_t *w, size_t ws,
+LK_TG static LK_INL void gq_tile(const bool is_q8, const bool full, const int T, int64_t b0, int kb, const uint8_t *w, size_t ws,
                                  int nr, const uint8_t *a, size_t as, const gq_act *A, float *y, size_t ys, size_t pf,
                                  bool cont) {
     const size_t bb = is_q8 ? LK_Q80_BYTES : LK_Q40_BYTES;
@@ -383,7 +380,7 @@ LK_TG static LK_INL void gq_tile(const bool is_q8, const int T, int64_t b0, int 
         lk_quant_pf_group(w, ws, nr, pf, (size_t)(b0 + b) * bb, &next_pf);
         __m512i v[8];
         __m512 wd;
-        gq_rows(is_q8, w, ws, nr, b0 + b, v, &wd);
+        gq_rows(is_q8, full, w, ws, nr, b0 + b, v, &wd);
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
             const uint8_t *aq = a + (size_t)t * as + (size_t)(b0 + b) * LK_Q80_BYTES + 2;
@@ -398,18 +395,22 @@ LK_TG static LK_INL void gq_tile(const bool is_q8, const int T, int64_t b0, int 
     for (int t = 0; t < T; t++) _mm512_mask_storeu_ps(y + (size_t)t * ys, m, acc[t]);
 }
 
-#define GQ_TILE(Q, T)                                                                                          \
-    LK_TG static void gq_tile_##Q##_##T(int64_t b0, int kb, const uint8_t *w, size_t ws, int nr, const uint8_t *a, \
-                                        size_t as, const gq_act *A, float *y, size_t ys, size_t pf, bool cont) { \
-        gq_tile(Q, T, b0, kb, w, ws, nr, a, as, A, y, ys, pf, cont);                                           \
+/* per type, token count, and full 16-row groups apart (see gk_load16) */
+#define GQ_TILE(Q, F, T)                                                                                         \
+    LK_TG static void gq_tile_##Q##_##F##_##T(int64_t b0, int kb, const uint8_t *w, size_t ws, int nr,           \
+                                              const uint8_t *a, size_t as, const gq_act *A, float *y, size_t ys, \
+                                              size_t pf, bool cont) {                                            \
+        gq_tile(Q, F, T, b0, kb, w, ws, nr, a, as, A, y, ys, pf, cont);                                          \
     }
-GQ_TILE(0, 1) GQ_TILE(0, 2) GQ_TILE(0, 3) GQ_TILE(0, 4)
-GQ_TILE(1, 1) GQ_TILE(1, 2) GQ_TILE(1, 3) GQ_TILE(1, 4)
+#define GQ_TILES(Q, F) GQ_TILE(Q, F, 1) GQ_TILE(Q, F, 2) GQ_TILE(Q, F, 3) GQ_TILE(Q, F, 4)
+GQ_TILES(0, 0) GQ_TILES(0, 1) GQ_TILES(1, 0) GQ_TILES(1, 1)
 typedef void (*gq_tile_fn)(int64_t b0, int kb, const uint8_t *w, size_t ws, int nr, const uint8_t *a, size_t as,
                            const gq_act *A, float *y, size_t ys, size_t pf, bool cont);
-static const gq_tile_fn k_gq_tiles[2][GQ_T + 1] = {
-    { NULL, gq_tile_0_1, gq_tile_0_2, gq_tile_0_3, gq_tile_0_4 },
-    { NULL, gq_tile_1_1, gq_tile_1_2, gq_tile_1_3, gq_tile_1_4 },
+static const gq_tile_fn k_gq_tiles[2][2][GQ_T + 1] = {
+    {{NULL, gq_tile_0_0_1, gq_tile_0_0_2, gq_tile_0_0_3, gq_tile_0_0_4},
+     {NULL, gq_tile_0_1_1, gq_tile_0_1_2, gq_tile_0_1_3, gq_tile_0_1_4}},
+    {{NULL, gq_tile_1_0_1, gq_tile_1_0_2, gq_tile_1_0_3, gq_tile_1_0_4},
+     {NULL, gq_tile_1_1_1, gq_tile_1_1_2, gq_tile_1_1_3, gq_tile_1_1_4}},
 };
 
 LK_TG void lk_quant_q4q8_rows_avx512(bool is_q8, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
@@ -427,7 +428,7 @@ LK_TG void lk_quant_q4q8_rows_avx512(bool is_q8, int64_t n, int64_t nrows, const
             for (int64_t r0 = 0; r0 < nrows; r0 += 16) {
                 const int nr = (int)LK_MIN((int64_t)16, nrows - r0);
                 const size_t pf = d && r0 + (int64_t)(d + 1) * 16 <= nrows ? (size_t)d * 16 * ws : 0;
-                k_gq_tiles[is_q8][tt](b0, kb, W + (size_t)r0 * ws, ws, nr, at, as, &act,
+                k_gq_tiles[is_q8][nr == 16][tt](b0, kb, W + (size_t)r0 * ws, ws, nr, at, as, &act,
                                       y + (size_t)t * ys + (size_t)r0, ys, t == 0 ? pf : 0, b0 > 0);
             }
         }
