@@ -154,7 +154,7 @@ LK_TG static LK_INL void gk_pack_body(const bool is_q8, const bool full, const u
         }
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) _mm512_store_si512(out[b][k], v[k]);
-        _mm512_store_ps(out[b][8], gk_gather_h16(w + (size_t)(b0 + b) * bb, ws, full ? 16 : nr));
+        _mm512_store_ps(out[b][8], gk_gather_h16(p, ws, full ? 16 : nr));
     }
 }
 
