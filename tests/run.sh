@@ -25,8 +25,9 @@ run_one() { # label, command...
     pass=$((pass + p)); fail=$((fail + f)); skip=$((skip + s))
     if [ "$s" -ne 0 ]; then skipped+=$(grep '^SKIP ' <<<"$out" | sed "s|^SKIP |   $label: |")$'\n'; fi
     printf '== %-40s %3d passed %3d failed %3d skipped  (%.1fs)\n' "$label" "$p" "$f" "$s" "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{print b-a}')"
-    # each FAIL line with the 8 lines before it (its CHECK messages), then the tail of the output
-    if [ "$f" -ne 0 ]; then grep -B8 '^FAIL ' <<<"$out" | sed 's/^/   ! /'; fi
+    # each FAIL line with the 8 lines before it (a C test's CHECK messages)
+    # and the 4 after (a JS test's reasons), then the tail of the output
+    if [ "$f" -ne 0 ]; then grep -B8 -A4 '^FAIL ' <<<"$out" | sed 's/^/   ! /'; fi
     if [ "$f" -ne 0 ] || [ -n "${VERBOSE:-}" ]; then sed 's/^/   | /' <<<"$out" | tail -n 60; fi
 }
 for t in $B/tests/test_*; do

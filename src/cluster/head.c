@@ -67,7 +67,10 @@ static void note_step_times(wconn *w, const uint8_t *p, uint32_t n) {
     v[0] = lk_rb_u32(&rb);
     v[1] = lk_rb_u32(&rb);
     if (!rb.ok) return;
-    for (int k = 0; k < 2; k++) {
+    /* network time first: a reader that sees the new compute time
+     * (lk_cluster_rank_times reads it first) sees this PING's network time
+     * too, as the worker orders its own totals */
+    for (int k = 1; k >= 0; k--) {
         atomic_fetch_add(&w->step_us[k], (uint32_t)(v[k] - w->ping_us[k]));
         w->ping_us[k] = v[k];
     }
