@@ -190,13 +190,14 @@ LK_T512 static LK_INL __m512i q80_negsum(const q8grp *a, __m512i k) {
     return _mm512_sub_epi32(_mm512_setzero_si512(), c);
 }
 
-/* ---- Q4_0 decode (one token) ---------------------------------------------
+/* ---- Q4_0 and Q8_0 decode (one token) ------------------------------------
  * The activation row is rearranged once per call into a stack buffer (per
  * group of 4 blocks: quants lo/hi in the weights' lane order, scales as 16
- * floats, each block's offset correction -8 * sum(a)), so its permutes are
- * paid once for all rows instead of once per 4 rows. Long rows go in column
- * chunks of PG_CHUNK groups (24 KiB of buffer), each row's sum continued
- * from y chunk after chunk. */
+ * floats, each block's offset correction -8 * sum(a), for Q8_0's flipped
+ * weights -128 * sum(a)), so its permutes are paid once for all rows
+ * instead of once per 4 rows. Long rows go in column chunks of PG_CHUNK
+ * groups (24 KiB of buffer), each row's sum continued from y chunk after
+ * chunk. */
 enum { PG_LO = 0, PG_HI = 64, PG_D = 128, PG_NEGR = 192, PG_BYTES = 256, PG_CHUNK = 96 };
 
 LK_T512 static void q80_prep(const lk_tabs *tb, const uint8_t *a, int64_t gn, uint8_t *buf, bool is_q8) {
@@ -229,7 +230,8 @@ LK_T512 static void q80_prep(const lk_tabs *tb, const uint8_t *a, int64_t gn, ui
  * and the scales out of two two-row tables per row pair. (Q8_0 decode took
  * the rows-in-lanes kernel before, whose in-register transposes and scale
  * gathers held it to 35 GB/s on a Zen 5 core with the weights in cache.) */
-LK_T512 static LK_INL void q4q8_dec4_buf(const bool is_q8, const lk_tabs *tb, const uint8_t *buf, int64_t gn, const uint8_t *w, size_t ws, float *out) {
+LK_T512 static LK_INL void q4q8_dec4_buf(const bool is_q8, const lk_tabs *tb, const uint8_t *buf, int64_t gn,
+                                         const uint8_t *w, size_t ws, float *out) {
     const size_t gb = 4 * (is_q8 ? LK_Q80_BYTES : LK_Q40_BYTES);
     const __m512i d2 = _mm512_loadu_si512(k_q40_d2);
     const __m512i e0 = _mm512_loadu_si512(k_q80_d2[0]), e1 = _mm512_loadu_si512(k_q80_d2[1]);
