@@ -444,7 +444,12 @@ static void *sched_main(void *arg) {
         }
         pthread_mutex_lock(&s->mu);
         s->running = s->waiting = 0;
-        if (s->e) s->pages_free = lk_engine_pages_free(s->e);
+        if (s->e) {
+            s->pages_free = lk_engine_pages_free(s->e);
+            /* the workers' last steps reach the head with their next
+             * heartbeat, after our last step: keep looking while idle */
+            note_rank_times(s);
+        }
         if (!s->inbox && !s->stop) {
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
