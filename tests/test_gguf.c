@@ -448,6 +448,7 @@ TEST(crafted_malformed) {
         {"dims overflow", off_ne0_a, 8, 1ull << 62, LK_ERR_FORMAT, {"overflow"}}, /* 2^62 * 2 */
         {"unknown type", off_type_b, 4, 99, LK_ERR_UNSUPPORTED, {"type id 99", "'b'"}},
         {"removed type 4", off_type_b, 4, 4, LK_ERR_UNSUPPORTED, {"type id 4"}},
+        {"lockstep's own type 40", off_type_b, 4, 40, LK_ERR_UNSUPPORTED, {"type id 40"}},
         {"row not whole blocks", off_ne0_b, 8, 33, LK_ERR_FORMAT, {"block size", "'b'"}},
         {"misaligned offset", off_off_b, 8, 36, LK_ERR_FORMAT, {"alignment", "'b'", "36"}},
         {"out of file", off_off_b, 8, 64, LK_ERR_FORMAT, {"past end of file", "'b'"}},

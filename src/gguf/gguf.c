@@ -344,7 +344,8 @@ static lk_status parse_tensor_infos(lk_gguf *g, cur *c, uint64_t n_tensors) {
         uint64_t tat = c->off;
         if ((st = rd_u32(c, &t->type, "type"))) return st;
         if ((st = rd_u64(c, &t->offset, "offset"))) return st;
-        int64_t bs = lk_type_block_size(t->type);
+        /* ids from LK_TYPE_COUNT on are lockstep's own layouts, never a file's */
+        int64_t bs = t->type < LK_TYPE_COUNT ? lk_type_block_size(t->type) : 0;
         if (bs <= 0)
             return lk_fail(c->err, c->errlen, LK_ERR_UNSUPPORTED, "%s: %s: unknown tensor type id %" PRIu32 " at byte %" PRIu64,
                            c->path, c->what, t->type, tat);

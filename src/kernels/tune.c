@@ -184,7 +184,10 @@ void lk_tune_calibrate(lk_pool *p, lk_type t, int64_t cols, int64_t rows, size_t
     lk_tune_set cur;
     lk_tune_defaults(&cur);
     size_t rb = 0;
-    if (!lk_type_supported(t) || cols <= 0 || rows <= 0 || !lk_type_row_bytes(t, cols, &rb)) {
+    /* lockstep's own layouts are made from a file type's rows */
+    const bool r16 = t == LK_TYPE_Q4_0_R16;
+    const lk_type ft = r16 ? LK_TYPE_Q4_0 : t;
+    if (!lk_type_supported(ft) || cols <= 0 || rows <= 0 || !lk_type_row_bytes(t, cols, &rb)) {
         lk_tune_apply(&cur);
         *out = cur;
         snprintf(report, n, "defaults (no calibration for %s %lld x %lld)", lk_type_name(t), (long long)rows,
@@ -195,6 +198,7 @@ void lk_tune_calibrate(lk_pool *p, lk_type t, int64_t cols, int64_t rows, size_t
      * each of the model's shape (so the pool's dispatch per matrix counts as
      * in decode); rows cut to fit when one matrix alone is larger */
     rows = LK_MAX((int64_t)16, LK_MIN(rows, (int64_t)(bytes / rb) / 16 * 16));
+    if (r16) rows = rows / 16 * 16; /* whole groups: the 16 rows below repeat as groups */
     const size_t mb = rb * (size_t)rows;
     const int nm = (int)LK_MAX((size_t)1, LK_MIN(bytes / mb, (size_t)4096));
     const size_t len = mb * (size_t)nm;
@@ -218,10 +222,16 @@ void lk_tune_calibrate(lk_pool *p, lk_type t, int64_t cols, int64_t rows, size_t
             s = s * 1664525u + 1013904223u;
             f[i] = (float)(s >> 8) / (float)(1u << 24) * 2.0f - 1.0f;
         }
-        if (lk_quantize_supported(t)) lk_quantize_row(t, f, buf + (size_t)r * rb, cols);
+        if (lk_quantize_supported(ft)) lk_quantize_row(ft, f, buf + (size_t)r * rb, cols);
         else memset(buf + (size_t)r * rb, 0x11, rb);
     }
     free(f);
+    if (r16) {
+        uint8_t *q = lk_xmalloc(rb * 16);
+        memcpy(q, buf, rb * 16);
+        lk_quant_repack(t, ft, cols, 16, q, rb, buf);
+        free(q);
+    }
     for (size_t o = (size_t)n16 * rb; o < len; o += (size_t)n16 * rb)
         memcpy(buf + o, buf, LK_MIN((size_t)n16 * rb, len - o));
     lk_mat *mats = lk_xmalloc(sizeof(lk_mat) * (size_t)nm);
@@ -253,7 +263,7 @@ void lk_tune_calibrate(lk_pool *p, lk_type t, int64_t cols, int64_t rows, size_t
                     med[3], ratio[0], ratio[2], ratio[3]);
     }
     /* 1b. rows per decode tile, for the types whose decode is tiled */
-    if (strcmp(lk_quant_simd_name(), "scalar") && t != LK_TYPE_Q4_0 && t != LK_TYPE_Q8_0) {
+    if (strcmp(lk_quant_simd_name(), "scalar") && ft != LK_TYPE_Q4_0 && t != LK_TYPE_Q8_0) {
         static const int drs[] = { 4, 1 };
         lk_tune_set c[2];
         double med[2], ratio[2];
@@ -290,7 +300,7 @@ void lk_tune_calibrate(lk_pool *p, lk_type t, int64_t cols, int64_t rows, size_t
     /* 4. where the AVX-512 quantised GEMM takes over: an 8-token step (a
      * server's 8 sequences) over the memory-bound matrices, through the GEMM
      * (from 5 tokens, the default) or the few-token kernels (from 9) */
-    if (!strcmp(lk_quant_simd_name(), "avx512") && (t == LK_TYPE_Q4_0 || t == LK_TYPE_Q8_0 || t == LK_TYPE_Q4_K ||
+    if (!strcmp(lk_quant_simd_name(), "avx512") && (ft == LK_TYPE_Q4_0 || t == LK_TYPE_Q8_0 || t == LK_TYPE_Q4_K ||
                                                     t == LK_TYPE_Q5_K)) {
         enum { GT = 8 };
         static const int gts[] = { 0, 9 };

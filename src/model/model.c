@@ -817,6 +817,7 @@ typedef struct {
     int n;
     uint8_t *dst0;
     const size_t *off;
+    const lk_type *to;  /* each matrix's type in the arena (lk_type_repacked) */
 } copy_job;
 
 static size_t compact_bytes(const lk_mat *w) {
@@ -842,7 +843,8 @@ static void copy_fn(void *arg, int ith, int nth) {
         LK_ASSERT(lk_type_row_bytes(w->type, w->cols, &rb));
         uint8_t *dst = j->dst0 + j->off[i];
         const uint8_t *src = w->data;
-        if (w->row_stride == rb) memcpy(dst, src, rb * (size_t)w->rows);
+        if (j->to[i] != w->type) lk_quant_repack(j->to[i], w->type, w->cols, w->rows, src, w->row_stride, dst);
+        else if (w->row_stride == rb) memcpy(dst, src, rb * (size_t)w->rows);
         else
             for (int64_t r = 0; r < w->rows; r++) memcpy(dst + (size_t)r * rb, src + (size_t)r * w->row_stride, rb);
         /* at once, so the process never holds both copies of much more than one matrix */
@@ -854,14 +856,14 @@ static void copy_fn(void *arg, int ith, int nth) {
  * on the weight type with the most bytes and its largest matrix's shape,
  * once the weights are in place and before any token. */
 static void tune_for(lk_model *m, lk_mat **mats, int n) {
-    uint64_t by_type[LK_TYPE_COUNT] = {0}, total = 0;
+    uint64_t by_type[LK_TYPE_ALL] = {0}, total = 0;
     for (int i = 0; i < n; i++) {
         uint64_t b = mat_bytes(mats[i]);
-        if (mats[i]->type < LK_TYPE_COUNT) by_type[mats[i]->type] += b;
+        if (mats[i]->type < LK_TYPE_ALL) by_type[mats[i]->type] += b;
         total += b;
     }
     int t = 0;
-    for (int k = 1; k < LK_TYPE_COUNT; k++)
+    for (int k = 1; k < LK_TYPE_ALL; k++)
         if (by_type[k] > by_type[t]) t = k;
     /* a layer's matrix: the output matrix (as large as 16 of them) is one per model */
     const lk_mat *big = NULL;
@@ -872,7 +874,11 @@ static void tune_for(lk_model *m, lk_mat **mats, int n) {
     if (big) lk_tune_init(m->pool, (lk_type)t, big->cols, big->rows, total);
 }
 
-static void weights_to_arena(lk_model *m, lk_mat **mats, int n) {
+/* The matrices into one huge-page arena, each in the layout its kernels read
+ * best (lk_type_repacked: Q4_0 interleaved by 16 rows on AVX-512) where
+ * `repack[i]`: matrices read only through row ranges that start at
+ * multiples of 16 (the kernels part's splits; not MLA's per-head views). */
+static void weights_to_arena(lk_model *m, lk_mat **mats, const bool *repack, int n) {
     if (n == 0 || !thp_available()) return;
     const size_t huge = (size_t)2 << 20;
     size_t *off = lk_xmalloc(sizeof(size_t) * (size_t)n), total = 0;
@@ -899,7 +905,11 @@ static void weights_to_arena(lk_model *m, lk_mat **mats, int n) {
     }
     uint8_t *dst = (uint8_t *)(((uintptr_t)map + huge - 1) & ~(uintptr_t)(huge - 1));
     madvise(dst, len - (size_t)(dst - (uint8_t *)map), MADV_HUGEPAGE);
-    copy_job j = {mats, n, dst, off};
+    lk_type *to = lk_xmalloc(sizeof(lk_type) * (size_t)n);
+    int nrep = 0;
+    size_t brep = 0;
+    for (int i = 0; i < n; i++) to[i] = repack[i] ? lk_type_repacked(mats[i]->type, mats[i]->rows) : mats[i]->type;
+    copy_job j = {mats, n, dst, off, to};
     lk_pool_run(m->pool, copy_fn, &j);
     for (int i = 0; i < n; i++) {
         lk_mat *w = mats[i];
@@ -907,7 +917,13 @@ static void weights_to_arena(lk_model *m, lk_mat **mats, int n) {
         LK_ASSERT(lk_type_row_bytes(w->type, w->cols, &rb));
         w->data = dst + off[i];
         w->row_stride = rb;
+        if (w->type != to[i]) nrep++, brep += compact_bytes(w);
+        w->type = to[i]; /* the same bytes a row */
     }
+    if (nrep)
+        lk_log(LK_LOG_DEBUG, "model: %d matrices (%zu MiB) repacked to %s for the %s kernels (LK_REPACK=0: as in the "
+                             "file)", nrep, brep >> 20, lk_type_name(LK_TYPE_Q4_0_R16), lk_quant_simd_name());
+    free(to);
     m->arena = map;
     m->arena_len = len;
     free(off);
@@ -1122,26 +1138,28 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
         /* per layer: 7 attention/dense matrices, the router, 3 per expert and 3 shared */
         const size_t per = 7 + 1 + 3 * (size_t)cfg.n_expert + 3 + 5 + 5;
         lk_mat **mats = lk_xmalloc(sizeof(lk_mat *) * (per * (size_t)nl + 1));
+        bool *rep = lk_xmalloc(sizeof(bool) * (per * (size_t)nl + 1));
         int nm = 0;
-        if (sl.pp_rank == sl.pp_size - 1) mats[nm++] = &m->wout;
+        if (sl.pp_rank == sl.pp_size - 1) rep[nm] = true, mats[nm++] = &m->wout;
         for (int i = 0; i < nl; i++) {
             layer_w *w = &m->layers[i];
             lk_mat *all[16] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w1, &w->w3, &w->w2, &w->wr,
                                &w->sh.w1, &w->sh.w3, &w->sh.w2, &w->wqa, &w->wkva, &w->wqb, &w->wkb, &w->wvb};
-            for (int k = 0; k < 16; k++)
-                if (all[k]->rows > 0 && all[k]->cols > 0) mats[nm++] = all[k];
+            for (int k = 0; k < 16; k++) /* MLA's (from 11) take per-head row views */
+                if (all[k]->rows > 0 && all[k]->cols > 0) rep[nm] = k < 11, mats[nm++] = all[k];
             lk_mat *dn[5] = {&w->wqkv, &w->wz, &w->wbeta, &w->walpha, &w->wso};
             for (int k = 0; k < 5 && w->rec && !w->own; k++) /* gathered ones are already compact, in memory of their own */
-                if (dn[k]->rows > 0 && dn[k]->cols > 0) mats[nm++] = dn[k];
+                if (dn[k]->rows > 0 && dn[k]->cols > 0) rep[nm] = false, mats[nm++] = dn[k];
             for (int e = 0; w->moe && e < cfg.n_expert; e++) {
                 lk_mat *ex[3] = {&w->ex[e].w1, &w->ex[e].w3, &w->ex[e].w2};
                 for (int k = 0; k < 3; k++)
-                    if (ex[k]->rows > 0 && ex[k]->cols > 0) mats[nm++] = ex[k];
+                    if (ex[k]->rows > 0 && ex[k]->cols > 0) rep[nm] = true, mats[nm++] = ex[k];
             }
         }
-        weights_to_arena(m, mats, nm);
+        weights_to_arena(m, mats, rep, nm);
         tune_for(m, mats, nm);
         free(mats);
+        free(rep);
     }
 
     const float *ff = cfg.has_rope_freqs ? tensor(g, -1, "rope_freqs.weight")->data : NULL;

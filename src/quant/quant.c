@@ -23,7 +23,7 @@ typedef struct {
 
 /* Sizes are facts of the GGUF format (ggml's block structs). Ids 4, 5, 31-33
  * and 36-38 were removed from ggml and stay unknown. */
-static const lk_type_traits k_traits[LK_TYPE_COUNT] = {
+static const lk_type_traits k_traits[LK_TYPE_ALL] = {
     [LK_TYPE_F32]     = {"f32", 1, 4},
     [LK_TYPE_F16]     = {"f16", 1, 2},
     [LK_TYPE_Q4_0]    = {"q4_0", 32, 18},
@@ -56,10 +56,11 @@ static const lk_type_traits k_traits[LK_TYPE_COUNT] = {
     [LK_TYPE_TQ1_0]   = {"tq1_0", 256, 54},
     [LK_TYPE_TQ2_0]   = {"tq2_0", 256, 66},
     [LK_TYPE_MXFP4]   = {"mxfp4", 32, 17},
+    [LK_TYPE_Q4_0_R16] = {"q4_0_r16", 32, 18}, /* ours: Q4_0's bytes, rows interleaved */
 };
 
 const char *lk_type_name(uint32_t t) {
-    if (t < LK_TYPE_COUNT && k_traits[t].block_size) return k_traits[t].name;
+    if (t < LK_TYPE_ALL && k_traits[t].block_size) return k_traits[t].name;
     /* Unknown ids get a name too (for messages); a small ring of buffers keeps
      * this thread-safe enough for diagnostics without allocation. */
     static _Thread_local char buf[4][24];
@@ -70,11 +71,11 @@ const char *lk_type_name(uint32_t t) {
 }
 
 int64_t lk_type_block_size(uint32_t t) {
-    return t < LK_TYPE_COUNT ? k_traits[t].block_size : 0;
+    return t < LK_TYPE_ALL ? k_traits[t].block_size : 0;
 }
 
 size_t lk_type_block_bytes(uint32_t t) {
-    return t < LK_TYPE_COUNT ? k_traits[t].block_bytes : 0;
+    return t < LK_TYPE_ALL ? k_traits[t].block_bytes : 0;
 }
 
 bool lk_type_row_bytes(uint32_t t, int64_t n, size_t *out) {
@@ -110,7 +111,7 @@ bool lk_type_from_name(const char *name, lk_type *out) {
 
 lk_type lk_type_vec_dot(lk_type t) {
     switch (t) {
-    case LK_TYPE_Q4_0: case LK_TYPE_Q8_0: case LK_TYPE_Q5_0: return LK_TYPE_Q8_0;
+    case LK_TYPE_Q4_0: case LK_TYPE_Q8_0: case LK_TYPE_Q5_0: case LK_TYPE_Q4_0_R16: return LK_TYPE_Q8_0;
     case LK_TYPE_Q5_1: return LK_TYPE_Q8_1; /* its min needs the activation sum */
     case LK_TYPE_Q4_K: case LK_TYPE_Q5_K: case LK_TYPE_Q6_K:
     case LK_TYPE_Q2_K: case LK_TYPE_Q3_K: case LK_TYPE_IQ4_XS: return LK_TYPE_Q8_K;
@@ -465,6 +466,7 @@ void lk_quant_fill_scalar(lk_quant_ops *ops) {
     ops->mm[LK_TYPE_Q4_K] = mm_q4_k;
     ops->mm[LK_TYPE_Q5_K] = mm_q5_k;
     ops->mm[LK_TYPE_Q6_K] = mm_q6_k;
+    ops->mm[LK_TYPE_Q4_0_R16] = lk_quant_mm_r16_generic;
     ops->quant[LK_TYPE_F32] = quant_f32;
     ops->quant[LK_TYPE_F16] = quant_f16;
     ops->quant[LK_TYPE_BF16] = quant_bf16;
@@ -576,12 +578,12 @@ bool lk_quant_set_simd(const char *level) {
 
 bool lk_quantize_supported(lk_type t) {
     lk_quant_init();
-    return t < LK_TYPE_COUNT && g_levels[0].quant[t] != NULL;
+    return t < LK_TYPE_ALL && g_levels[0].quant[t] != NULL;
 }
 
 void lk_quantize_row(lk_type t, const float *src, void *dst, int64_t n) {
     const lk_quant_ops *o = ops_get();
-    LK_ASSERT(t < LK_TYPE_COUNT && o->quant[t] != NULL);
+    LK_ASSERT(t < LK_TYPE_ALL && o->quant[t] != NULL);
     int64_t bs = lk_type_block_size(t);
     LK_ASSERT(n >= 0 && n % bs == 0);
     o->quant[t](src, dst, n);
@@ -589,14 +591,14 @@ void lk_quantize_row(lk_type t, const float *src, void *dst, int64_t n) {
 
 void lk_quantize_row_act(lk_type t, const float *src, void *dst, int64_t n) {
     const lk_quant_ops *o = ops_get();
-    if (t < LK_TYPE_COUNT && o->act[t]) o->act[t](src, dst, n);
+    if (t < LK_TYPE_ALL && o->act[t]) o->act[t](src, dst, n);
     else lk_quantize_row(t, src, dst, n);
 }
 
 void lk_quant_matmul(lk_type wt, int64_t n, int64_t nrows, const void *w, size_t w_stride,
                      int64_t ntok, const void *a, size_t a_stride, float *y, size_t y_stride) {
     const lk_quant_ops *o = ops_get();
-    LK_ASSERT(wt < LK_TYPE_COUNT && o->mm[wt] != NULL);
+    LK_ASSERT(wt < LK_TYPE_ALL && o->mm[wt] != NULL);
     LK_ASSERT(n >= 0 && n % lk_type_block_size(wt) == 0 && nrows >= 0 && ntok >= 0);
     if (n == 0) {
         for (int64_t t = 0; t < ntok; t++)
@@ -604,4 +606,77 @@ void lk_quant_matmul(lk_type wt, int64_t n, int64_t nrows, const void *w, size_t
         return;
     }
     o->mm[wt](n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
+}
+
+/* ===================================================================== */
+/* Repacking at load (quant.h; the layout: quant_impl.h)                   */
+/* ===================================================================== */
+
+lk_type lk_type_repacked(lk_type t, int64_t rows) {
+    if (t != LK_TYPE_Q4_0 || rows < LK_R16_ROWS) return t;
+    const char *env = getenv("LK_REPACK");
+    if (env && !strcmp(env, "0")) return t;
+    /* only where a kernel reads it as it is: elsewhere it would be read
+     * back into Q4_0 rows at every call */
+    return ops_get()->mm[LK_TYPE_Q4_0_R16] != lk_quant_mm_r16_generic ? LK_TYPE_Q4_0_R16 : t;
+}
+
+void lk_quant_repack(lk_type rt, lk_type t, int64_t n, int64_t rows, const void *src, size_t src_stride, void *dst) {
+    size_t rb = 0;
+    LK_ASSERT(lk_type_row_bytes(t, n, &rb));
+    const uint8_t *S = src;
+    uint8_t *D = dst;
+    int64_t r = 0;
+    if (rt == LK_TYPE_Q4_0_R16) {
+        LK_ASSERT(t == LK_TYPE_Q4_0);
+        const int64_t nb = n / LK_QK;
+        for (; r + LK_R16_ROWS <= rows; r += LK_R16_ROWS) {
+            uint8_t *g = D + (size_t)r * rb;
+            for (int64_t b = 0; b < nb; b++) {
+                size_t qo, dof;
+                lk_r16_at(b, nb, &qo, &dof);
+                for (int i = 0; i < LK_R16_ROWS; i++) {
+                    const uint8_t *blk = S + (size_t)(r + i) * src_stride + (size_t)b * LK_Q40_BYTES;
+                    memcpy(g + dof + 2 * i, blk, 2);
+                    for (int k = 0; k < 4; k++) memcpy(g + qo + 64 * k + 4 * i, blk + 2 + 4 * k, 4);
+                }
+            }
+        }
+    } else {
+        LK_ASSERT(rt == t);
+    }
+    /* the rest as rows of the file's type */
+    for (; r < rows; r++) memcpy(D + (size_t)r * rb, S + (size_t)r * src_stride, rb);
+}
+
+void lk_quant_unrepack_row(lk_type rt, int64_t n, const void *w, size_t ws, int64_t r, void *dst) {
+    LK_ASSERT(rt == LK_TYPE_Q4_0_R16);
+    const uint8_t *g = (const uint8_t *)w + (size_t)(r / LK_R16_ROWS * LK_R16_ROWS) * ws;
+    const int i = (int)(r % LK_R16_ROWS);
+    const int64_t nb = n / LK_QK;
+    uint8_t *D = dst;
+    for (int64_t b = 0; b < nb; b++) {
+        size_t qo, dof;
+        lk_r16_at(b, nb, &qo, &dof);
+        uint8_t *blk = D + (size_t)b * LK_Q40_BYTES;
+        memcpy(blk, g + dof + 2 * i, 2);
+        for (int k = 0; k < 4; k++) memcpy(blk + 2 + 4 * k, g + qo + 64 * k + 4 * i, 4);
+    }
+}
+
+/* Q4_0_R16 without a kernel of the level's own: whole groups row by row
+ * through a Q4_0 row on the stack, the rest (Q4_0 rows already) at once */
+void lk_quant_mm_r16_generic(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
+                             size_t as, float *y, size_t ys) {
+    enum { ROW_MAX = 64 * 1024 }; /* n up to 113,000: more than any model's width */
+    _Alignas(64) uint8_t row[ROW_MAX];
+    LK_ASSERT(ws <= ROW_MAX);
+    const int64_t full = nrows / LK_R16_ROWS * LK_R16_ROWS;
+    for (int64_t r = 0; r < full; r++) {
+        lk_quant_unrepack_row(LK_TYPE_Q4_0_R16, n, w, ws, r, row);
+        lk_quant_matmul(LK_TYPE_Q4_0, n, 1, row, ws, ntok, a, as, y + r, ys);
+    }
+    if (full < nrows)
+        lk_quant_matmul(LK_TYPE_Q4_0, n, nrows - full, (const uint8_t *)w + (size_t)full * ws, ws, ntok, a, as,
+                        y + full, ys);
 }

@@ -33,7 +33,11 @@ typedef enum {
     LK_TYPE_IQ4_XS = 23, LK_TYPE_I8 = 24, LK_TYPE_I16 = 25, LK_TYPE_I32 = 26,
     LK_TYPE_I64 = 27, LK_TYPE_F64 = 28, LK_TYPE_IQ1_M = 29, LK_TYPE_BF16 = 30,
     LK_TYPE_TQ1_0 = 34, LK_TYPE_TQ2_0 = 35, LK_TYPE_MXFP4 = 39,
-    LK_TYPE_COUNT = 40
+    LK_TYPE_COUNT = 40,   /* the ids a GGUF file may hold are below this */
+    /* lockstep's own layouts, made at load (lk_quant_repack), never in a
+     * file: the GGUF reader rejects their ids, lk_type_supported is false */
+    LK_TYPE_Q4_0_R16 = 40, /* Q4_0, 16 rows interleaved (quant_impl.h) */
+    LK_TYPE_ALL = 41       /* table size: the file's types and ours */
 } lk_type;
 
 /* Layout facts, known for every id above (so the gguf part can size tensors
@@ -78,6 +82,29 @@ void lk_quantize_row_act(lk_type t, const float *src, void *dst, int64_t n);
 void lk_quant_matmul(lk_type wt, int64_t n, int64_t nrows, const void *w, size_t w_stride,
                      int64_t ntok, const void *a, size_t a_stride,
                      float *y, size_t y_stride);
+
+/* Repacking at load. A matrix's weights are laid out for the kernels once,
+ * when the model is loaded, instead of at every call: Q4_0 becomes
+ * Q4_0_R16, each group of 16 rows interleaved block by block (the 16
+ * rows' quants in the lanes, their scales side by side), which is the
+ * layout the AVX-512 GEMM packed its panels into on every call and which
+ * its decode and few-token kernels read without transposes. The same
+ * bytes as the Q4_0 rows (rows past the last whole group stay Q4_0 rows),
+ * and the same results bit for bit at every level (levels without a kernel
+ * of their own read it back into Q4_0 rows, slowly). A matrix of R16 must
+ * be called on row ranges that start at multiples of 16 from its first row
+ * (the kernels part's row splits do).
+ *
+ * lk_type_repacked: the type a matrix of type t with `rows` rows is best
+ * kept in at the active SIMD level (t itself if no repacking pays there, or
+ * with LK_REPACK=0 in the environment). lk_quant_repack: writes `rows` rows
+ * of type t (row r at src + r*src_stride) as type rt into dst, rows packed
+ * (lk_type_row_bytes apart); rt == t copies. lk_quant_unrepack_row: row r of
+ * a repacked matrix (w: its first row, ws: its row bytes) as a row of the
+ * file's type (Q4_0 for Q4_0_R16) into dst. */
+lk_type lk_type_repacked(lk_type t, int64_t rows);
+void    lk_quant_repack(lk_type rt, lk_type t, int64_t n, int64_t rows, const void *src, size_t src_stride, void *dst);
+void    lk_quant_unrepack_row(lk_type rt, int64_t n, const void *w, size_t ws, int64_t r, void *dst);
 
 /* The AVX2 prefill GEMM's tuning choices (quant_gemm_avx2.c): rows per pass
  * (1..4: GEMM on; 0 or -1: off, the register tiles take 2+ tokens, the

@@ -319,7 +319,7 @@ LK_T512 static LK_INL void q4q8_decode(const bool is_q8, int64_t n, int64_t nrow
         }
         y[r] = s;
     }
-    if (nr4 < nrows) lk_quant_q4q8_rows_avx512(is_q8, n, nrows - nr4, w + (size_t)nr4 * ws, ws, 1, a, 0, y + nr4, 0);
+    if (nr4 < nrows) lk_quant_q4q8_rows_avx512(is_q8 ? LK_FMT_Q80 : LK_FMT_Q40, n, nrows - nr4, w + (size_t)nr4 * ws, ws, 1, a, 0, y + nr4, 0);
 }
 
 LK_T512 static void q40_decode(int64_t n, int64_t nrows, const uint8_t *w, size_t ws, const uint8_t *a, float *y) {
@@ -867,15 +867,23 @@ static inline int64_t gemm_min_tok(void) {
 static void mm_q40(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
                    size_t a_stride, float *y, size_t y_stride) {
     if (ntok == 1) q40_decode(n, nrows, w, w_stride, a, y);
-    else if (ntok < gemm_min_tok()) lk_quant_q4q8_rows_avx512(false, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
-    else lk_quant_gemm_q4q8_avx512(false, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
+    else if (ntok < gemm_min_tok()) lk_quant_q4q8_rows_avx512(LK_FMT_Q40, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
+    else lk_quant_gemm_q4q8_avx512(LK_FMT_Q40, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
+}
+/* Q4_0_R16 (repacked at load): the same arithmetic again, decode and few
+ * tokens with the rows in the lanes as they are stored, the GEMM without
+ * its transposes */
+static void mm_q40r16(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
+                      size_t a_stride, float *y, size_t y_stride) {
+    if (ntok < gemm_min_tok()) lk_quant_q4q8_rows_avx512(LK_FMT_R16, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
+    else lk_quant_gemm_q4q8_avx512(LK_FMT_R16, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
 }
 /* Q8_0: the same one arithmetic; decode as Q4_0's, 2-4 tokens rows in lanes */
 static void mm_q80(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
                    size_t a_stride, float *y, size_t y_stride) {
     if (ntok == 1) q80_decode(n, nrows, w, w_stride, a, y);
-    else if (ntok < gemm_min_tok()) lk_quant_q4q8_rows_avx512(true, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
-    else lk_quant_gemm_q4q8_avx512(true, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
+    else if (ntok < gemm_min_tok()) lk_quant_q4q8_rows_avx512(LK_FMT_Q80, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
+    else lk_quant_gemm_q4q8_avx512(LK_FMT_Q80, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
 }
 /* K-quants: prefill through the GEMM (quant_gemm_avx512.c) */
 static void mm_q4k(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
@@ -1022,6 +1030,7 @@ void lk_quant_fill_avx512(lk_quant_ops *ops) {
     ops->name = "avx512";
     ops->act[LK_TYPE_Q8_0] = lk_act_q8_0_avx512;
     ops->mm[LK_TYPE_Q4_0] = mm_q40;
+    ops->mm[LK_TYPE_Q4_0_R16] = mm_q40r16;
     ops->mm[LK_TYPE_Q8_0] = mm_q80;
     ops->mm[LK_TYPE_Q4_K] = mm_q4k;
     ops->mm[LK_TYPE_Q5_K] = mm_q5k;

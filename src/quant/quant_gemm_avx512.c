@@ -125,8 +125,27 @@ LK_TG static LK_INL void gk_load16(const uint8_t *p, size_t ws, int nr, const bo
         q[r] = full || r < nr ? _mm_loadu_si128((const __m128i *)(p + (size_t)r * ws)) : _mm_setzero_si128();
 }
 
+/* A whole group of Q4_0_R16 (w: its first row; nb blocks a row), block b:
+ * its 16 rows' quants as the 8 unsigned vectors of a panel (vector k < 4:
+ * low nibbles, quants 4k..; k + 4: high nibbles) and their scales. The
+ * layout is the one the packing below makes of Q4_0 rows, so this is all
+ * that is left of it. */
+LK_TG static LK_INL void gk_r16_block(const uint8_t *w, int64_t nb, int64_t b, __m512i v[8], __m512 *d) {
+    const __m512i m0f = _mm512_set1_epi8(0x0F);
+    size_t qo, dof;
+    lk_r16_at(b, nb, &qo, &dof);
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        const __m512i x = _mm512_loadu_si512(w + qo + 64 * k);
+        v[k + 4] = gk_hi_nibble(x);
+        v[k] = _mm512_and_si512(x, m0f);
+    }
+    *d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + dof)));
+}
+
 /* Packs rows [0, nr) (nr <= 16; missing rows are zero) x blocks [b0, b0+kb)
- * into out[b][9][64]. */
+ * of Q4_0 or Q8_0 rows into out[b][9][64] (Q4_0_R16's whole groups:
+ * gk_pack_r16). */
 LK_TG static LK_INL void gk_pack_body(const bool is_q8, const bool full, const uint8_t *w, size_t ws, int nr,
                                       int64_t b0, int kb, uint8_t (*out)[GK_VEC][64]) {
     const size_t bb = is_q8 ? LK_Q80_BYTES : LK_Q40_BYTES;
@@ -158,9 +177,22 @@ LK_TG static LK_INL void gk_pack_body(const bool is_q8, const bool full, const u
     }
 }
 
-LK_TG static void gk_pack_group(const bool is_q8, const uint8_t *w, size_t ws, int nr, int64_t b0, int kb,
+LK_TG static void gk_pack_r16(const uint8_t *w, int64_t nb, int64_t b0, int kb, uint8_t (*out)[GK_VEC][64]) {
+    for (int b = 0; b < kb; b++) {
+        __m512i v[8];
+        __m512 d;
+        gk_r16_block(w, nb, b0 + b, v, &d);
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) _mm512_store_si512(out[b][k], v[k]);
+        _mm512_store_ps(out[b][8], d);
+    }
+}
+
+LK_TG static void gk_pack_group(const int fmt, const uint8_t *w, size_t ws, int nr, int64_t nb, int64_t b0, int kb,
                                 uint8_t (*out)[GK_VEC][64]) {
-    if (is_q8) {
+    if (fmt == LK_FMT_R16 && nr == GK_ROWS) {
+        gk_pack_r16(w, nb, b0, kb, out);
+    } else if (fmt == LK_FMT_Q80) {
         if (nr == GK_ROWS) gk_pack_body(true, true, w, ws, nr, b0, kb, out);
         else gk_pack_body(true, false, w, ws, nr, b0, kb, out);
     } else {
@@ -279,8 +311,9 @@ static const gk_tile_fn k_tiles[GK_RG][GK_T] = {
     {gk_tile_3x1, gk_tile_3x2, gk_tile_3x3, gk_tile_3x4},
 };
 
-LK_TG void lk_quant_gemm_q4q8_avx512(bool is_q8, int64_t n, int64_t nrows, const void *w, size_t ws,
+LK_TG void lk_quant_gemm_q4q8_avx512(int fmt, int64_t n, int64_t nrows, const void *w, size_t ws,
                                      int64_t ntok, const void *a, size_t as, float *y, size_t ys) {
+    const bool is_q8 = fmt == LK_FMT_Q80;
     const uint8_t *W = w, *A = a;
     const int64_t nb = n / LK_QK;
     const size_t bb = is_q8 ? LK_Q80_BYTES : LK_Q40_BYTES;
@@ -298,8 +331,8 @@ LK_TG void lk_quant_gemm_q4q8_avx512(bool is_q8, int64_t n, int64_t nrows, const
                     const int kb = LK_MIN(GK_KB, ksb - b1);
                     const int64_t b0 = s0 + b1;
                     for (int g = 0; g < rg; g++)
-                        gk_pack_group(is_q8, W + (size_t)(r0 + g * GK_ROWS) * ws, ws,
-                                      LK_MIN(GK_ROWS, nr - g * GK_ROWS), b0, kb, wp.v[g]);
+                        gk_pack_group(fmt, W + (size_t)(r0 + g * GK_ROWS) * ws, ws,
+                                      LK_MIN(GK_ROWS, nr - g * GK_ROWS), nb, b0, kb, wp.v[g]);
                     /* The next panel to pack (next K block of these rows, else
                      * the first of the next rows): short pieces of 48 rows that
                      * the hardware prefetchers do not follow, so packing waited
@@ -312,6 +345,14 @@ LK_TG void lk_quant_gemm_q4q8_avx512(bool is_q8, int64_t n, int64_t nrows, const
                     const int ntl = (tb + GK_T - 1) / GK_T;
                     for (int t = 0, ti = 0; t < tb; t += GK_T, ti++) {
                         for (int r = ti * pnr / ntl; r < (ti + 1) * pnr / ntl; r++) {
+                            const int64_t gr = pr0 + r / GK_ROWS * GK_ROWS;
+                            if (fmt == LK_FMT_R16 && gr + GK_ROWS <= nrows) {
+                                /* a whole group's blocks [plo, phi) are 16 (phi - plo)
+                                 * bytes from 16 plo on: a sixteenth of them per row */
+                                const uint8_t *rp = W + (size_t)gr * ws + 16 * plo + (size_t)(r % GK_ROWS) * (phi - plo);
+                                for (size_t o = 0; o < phi - plo; o += 64) _mm_prefetch((const char *)rp + o, _MM_HINT_T1);
+                                continue;
+                            }
                             const uint8_t *rp = W + (size_t)(pr0 + r) * ws;
                             for (size_t o = plo & ~(size_t)63; o < phi; o += 64)
                                 _mm_prefetch((const char *)rp + o, _MM_HINT_T1);
@@ -343,8 +384,13 @@ LK_TG void lk_quant_gemm_q4q8_avx512(bool is_q8, int64_t n, int64_t nrows, const
 enum { GQ_T = 4, GQ_KB = 256 };
 typedef struct { float d[GQ_T][GQ_KB]; int32_t corr[GQ_T][GQ_KB]; } gq_act;
 
-LK_TG static LK_INL void gq_rows(const bool is_q8, const bool full, const uint8_t *w, size_t ws, int nr, int64_t b,
-                                 __m512i v[8], __m512 *d) {
+LK_TG static LK_INL void gq_rows(const int fmt, const bool full, const uint8_t *w, size_t ws, int nr, int64_t nb,
+                                 int64_t b, __m512i v[8], __m512 *d) {
+    if (fmt == LK_FMT_R16 && full) {
+        gk_r16_block(w, nb, b, v, d);
+        return;
+    }
+    const bool is_q8 = fmt == LK_FMT_Q80;
     const size_t bb = is_q8 ? LK_Q80_BYTES : LK_Q40_BYTES;
     const uint8_t *p = w + (size_t)b * bb;
     __m128i q[16];
@@ -367,20 +413,30 @@ LK_TG static LK_INL void gq_rows(const bool is_q8, const bool full, const uint8_
     *d = gk_gather_h16(p, ws, full ? 16 : nr);
 }
 
-LK_TG static LK_INL void gq_tile(const bool is_q8, const bool full, const int T, int64_t b0, int kb, const uint8_t *w, size_t ws,
-                                 int nr, const uint8_t *a, size_t as, const gq_act *A, float *y, size_t ys, size_t pf,
-                                 bool cont) {
-    const size_t bb = is_q8 ? LK_Q80_BYTES : LK_Q40_BYTES;
+LK_TG static LK_INL void gq_tile(const int fmt, const bool full, const int T, int64_t nb, int64_t b0, int kb,
+                                 const uint8_t *w, size_t ws, int nr, const uint8_t *a, size_t as, const gq_act *A,
+                                 float *y, size_t ys, size_t pf, bool cont) {
+    const size_t bb = fmt == LK_FMT_Q80 ? LK_Q80_BYTES : LK_Q40_BYTES;
+    const bool r16 = fmt == LK_FMT_R16 && full;
     const __mmask16 m = (__mmask16)((1u << nr) - 1);
     __m512 acc[GQ_T];
 #pragma GCC unroll 4
     for (int t = 0; t < T; t++) acc[t] = cont ? _mm512_maskz_loadu_ps(m, y + (size_t)t * ys) : _mm512_setzero_ps();
     size_t next_pf = (size_t)b0 * bb;
     for (int b = 0; b < kb; b++) {
-        lk_quant_pf_group(w, ws, nr, pf, (size_t)(b0 + b) * bb, &next_pf);
+        if (r16) {
+            /* the group pf bytes on, as far along as this one: its 16
+             * rows' bytes are one run, 16 times a row's */
+            if (pf && (size_t)(b0 + b) * bb >= next_pf) {
+                for (int r = 0; r < 16; r++) __builtin_prefetch(w + pf + 16 * next_pf + 64 * r, 0, 3);
+                next_pf += 64;
+            }
+        } else {
+            lk_quant_pf_group(w, ws, nr, pf, (size_t)(b0 + b) * bb, &next_pf);
+        }
         __m512i v[8];
         __m512 wd;
-        gq_rows(is_q8, full, w, ws, nr, b0 + b, v, &wd);
+        gq_rows(fmt, full, w, ws, nr, nb, b0 + b, v, &wd);
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
             const uint8_t *aq = a + (size_t)t * as + (size_t)(b0 + b) * LK_Q80_BYTES + 2;
@@ -396,25 +452,30 @@ LK_TG static LK_INL void gq_tile(const bool is_q8, const bool full, const int T,
 }
 
 /* per type, token count, and full 16-row groups apart (see gk_load16) */
-#define GQ_TILE(Q, F, T)                                                                                         \
-    LK_TG static void gq_tile_##Q##_##F##_##T(int64_t b0, int kb, const uint8_t *w, size_t ws, int nr,           \
-                                              const uint8_t *a, size_t as, const gq_act *A, float *y, size_t ys, \
-                                              size_t pf, bool cont) {                                            \
-        gq_tile(Q, F, T, b0, kb, w, ws, nr, a, as, A, y, ys, pf, cont);                                          \
+#define GQ_TILE(Q, F, T)                                                                                          \
+    LK_TG static void gq_tile_##Q##_##F##_##T(int64_t nb, int64_t b0, int kb, const uint8_t *w, size_t ws, int nr, \
+                                              const uint8_t *a, size_t as, const gq_act *A, float *y, size_t ys,  \
+                                              size_t pf, bool cont) {                                             \
+        gq_tile(Q, F, T, nb, b0, kb, w, ws, nr, a, as, A, y, ys, pf, cont);                                       \
     }
 #define GQ_TILES(Q, F) GQ_TILE(Q, F, 1) GQ_TILE(Q, F, 2) GQ_TILE(Q, F, 3) GQ_TILE(Q, F, 4)
-GQ_TILES(0, 0) GQ_TILES(0, 1) GQ_TILES(1, 0) GQ_TILES(1, 1)
-typedef void (*gq_tile_fn)(int64_t b0, int kb, const uint8_t *w, size_t ws, int nr, const uint8_t *a, size_t as,
-                           const gq_act *A, float *y, size_t ys, size_t pf, bool cont);
-static const gq_tile_fn k_gq_tiles[2][2][GQ_T + 1] = {
+GQ_TILES(0, 0) GQ_TILES(0, 1) GQ_TILES(1, 0) GQ_TILES(1, 1) GQ_TILES(2, 1)
+typedef void (*gq_tile_fn)(int64_t nb, int64_t b0, int kb, const uint8_t *w, size_t ws, int nr, const uint8_t *a,
+                           size_t as, const gq_act *A, float *y, size_t ys, size_t pf, bool cont);
+/* [fmt][whole group of 16 rows]: Q4_0_R16's rows past its whole groups are
+ * Q4_0 rows */
+static const gq_tile_fn k_gq_tiles[3][2][GQ_T + 1] = {
     {{NULL, gq_tile_0_0_1, gq_tile_0_0_2, gq_tile_0_0_3, gq_tile_0_0_4},
      {NULL, gq_tile_0_1_1, gq_tile_0_1_2, gq_tile_0_1_3, gq_tile_0_1_4}},
     {{NULL, gq_tile_1_0_1, gq_tile_1_0_2, gq_tile_1_0_3, gq_tile_1_0_4},
      {NULL, gq_tile_1_1_1, gq_tile_1_1_2, gq_tile_1_1_3, gq_tile_1_1_4}},
+    {{NULL, gq_tile_0_0_1, gq_tile_0_0_2, gq_tile_0_0_3, gq_tile_0_0_4},
+     {NULL, gq_tile_2_1_1, gq_tile_2_1_2, gq_tile_2_1_3, gq_tile_2_1_4}},
 };
 
-LK_TG void lk_quant_q4q8_rows_avx512(bool is_q8, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
+LK_TG void lk_quant_q4q8_rows_avx512(int fmt, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
                                      const void *a, size_t as, float *y, size_t ys) {
+    const bool is_q8 = fmt == LK_FMT_Q80;
     const int64_t nb = n / LK_QK;
     const uint8_t *W = w, *A = a;
     const int d = lk_quant_pf_tiles();
@@ -428,7 +489,7 @@ LK_TG void lk_quant_q4q8_rows_avx512(bool is_q8, int64_t n, int64_t nrows, const
             for (int64_t r0 = 0; r0 < nrows; r0 += 16) {
                 const int nr = (int)LK_MIN((int64_t)16, nrows - r0);
                 const size_t pf = d && r0 + (int64_t)(d + 1) * 16 <= nrows ? (size_t)d * 16 * ws : 0;
-                k_gq_tiles[is_q8][nr == 16][tt](b0, kb, W + (size_t)r0 * ws, ws, nr, at, as, &act,
+                k_gq_tiles[fmt][nr == 16][tt](nb, b0, kb, W + (size_t)r0 * ws, ws, nr, at, as, &act,
                                       y + (size_t)t * ys + (size_t)r0, ys, t == 0 ? pf : 0, b0 > 0);
             }
         }

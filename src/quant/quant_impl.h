@@ -34,6 +34,23 @@ enum {
     LK_Q8K_QS = 4, LK_Q8K_BS = 260,
 };
 
+/* Q4_0_R16 (lockstep's, made at load): a group of 16 Q4_0 rows of nb
+ * blocks takes their 16 * 18 * nb bytes, by pairs of blocks so that every
+ * vector is 64-byte aligned when the group is: pair j (blocks 2j, 2j+1) at
+ * byte 576 j holds the quants of block 2j (256 B), those of block 2j+1
+ * (256 B), the 16 fp16 scales of 2j (32 B), those of 2j+1 (32 B); a last
+ * block without a pair sits at 576 (nb / 2): its quants, then its scales.
+ * A block's quants are 4 vectors of 64 bytes: bytes 4r..4r+3 of vector k
+ * are row r's qs[4k..4k+3] (low nibbles quants 4k.., high nibbles 16+4k..).
+ * lk_r16_at: where block b's quants (*q) and scales (*d) start. */
+enum { LK_R16_ROWS = 16, LK_R16_QBYTES = 256, LK_R16_PAIR = 576 };
+static inline void lk_r16_at(int64_t b, int64_t nb, size_t *q, size_t *d) {
+    const size_t j = (size_t)b >> 1, e = (size_t)b & 1;
+    const bool paired = (b | 1) < nb;
+    *q = LK_R16_PAIR * j + (paired ? LK_R16_QBYTES * e : 0);
+    *d = LK_R16_PAIR * j + (paired ? 2 * LK_R16_QBYTES + 32 * e : LK_R16_QBYTES);
+}
+
 /* The types of quant_q5.c and quant_k23.c (what big MoE files use):
  *   Q5_0 (22 B):   fp16 d | u8 qh[4] | u8 qs[16]     q_j = (qs[j]&15) | bit j of qh << 4,
  *                  q_{j+16} = (qs[j]>>4) | bit j+16 of qh << 4 (qh little-endian u32); x = d*(q-16)
@@ -128,9 +145,9 @@ typedef void (*lk_qrow_fn)(const float *src, void *dst, int64_t n);
 
 typedef struct {
     const char *name;
-    lk_qmm_fn   mm[LK_TYPE_COUNT];    /* by weight type; NULL = not provided */
-    lk_qrow_fn  quant[LK_TYPE_COUNT]; /* by target type; NULL = not provided */
-    lk_qrow_fn  act[LK_TYPE_COUNT];   /* activation quantisers where they differ from quant[] (NULL: quant[]) */
+    lk_qmm_fn   mm[LK_TYPE_ALL];      /* by weight type; NULL = not provided */
+    lk_qrow_fn  quant[LK_TYPE_ALL];   /* by target type; NULL = not provided */
+    lk_qrow_fn  act[LK_TYPE_ALL];   /* activation quantisers where they differ from quant[] (NULL: quant[]) */
 } lk_quant_ops;
 
 /* The scalar dot product of one weight row with one activation row (n
@@ -176,7 +193,17 @@ void lk_quant_mm_q40_avx2(int64_t n, int64_t nrows, const void *w, size_t ws, in
 void lk_quant_mm_q80_avx2(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
                           size_t as, float *y, size_t ys);
 
-/* quant_gemm_avx512.c: lk_quant_matmul for Q4_0 (is_q8 false) or Q8_0
+/* Q4_0_R16 at the levels without a kernel of their own: each row read back
+ * into a Q4_0 row and multiplied by the level's Q4_0 kernel (the same bits:
+ * every level's Q4_0 gives the scalar reference's). */
+void lk_quant_mm_r16_generic(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
+                             size_t as, float *y, size_t ys);
+/* The layouts that the AVX-512 Q4_0 / Q8_0 kernels below read (`fmt`):
+ * Q4_0 rows, Q8_0 rows, or Q4_0_R16 (its whole groups; rows past them are
+ * Q4_0 rows). */
+enum { LK_FMT_Q40 = 0, LK_FMT_Q80 = 1, LK_FMT_R16 = 2 };
+
+/* quant_gemm_avx512.c: lk_quant_matmul for Q4_0, Q8_0 or Q4_0_R16 (fmt)
  * weights over many tokens (prefill) as a packed-panel GEMM; the AVX-512
  * table uses it from LK_GEMM_MIN_TOK tokens on (below that the register
  * tiles win: packing is paid per call). Crossovers measured with bench_quant
@@ -185,12 +212,12 @@ void lk_quant_mm_q80_avx2(int64_t n, int64_t nrows, const void *w, size_t ws, in
  * tokens 82 / 83, 12 tokens 95 / 117. (Float weights take the register
  * tiles for every token count: quant_avx512.c says why.) */
 enum { LK_GEMM_MIN_TOK = 5, LK_GEMM_MIN_TOK_Q6K = 10 };
-void lk_quant_gemm_q4q8_avx512(bool is_q8, int64_t n, int64_t nrows, const void *w, size_t ws,
+void lk_quant_gemm_q4q8_avx512(int fmt, int64_t n, int64_t nrows, const void *w, size_t ws,
                                int64_t ntok, const void *a, size_t as, float *y, size_t ys);
-/* Q4_0 (is_q8 false) or Q8_0 below LK_GEMM_MIN_TOK tokens (tiles of up to
+/* The same layouts below LK_GEMM_MIN_TOK tokens (tiles of up to
  * 4 tokens, any ntok), rows in lanes: the GEMM's bits, which are the scalar
  * reference's. */
-void lk_quant_q4q8_rows_avx512(bool is_q8, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
+void lk_quant_q4q8_rows_avx512(int fmt, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
                                const void *a, size_t as, float *y, size_t ys);
 /* The same for Q4_K, Q5_K and Q6_K weights (Q8_K activations). */
 void lk_quant_gemm_q4k_avx512(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
