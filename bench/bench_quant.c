@@ -120,7 +120,7 @@ int main(int argc, char **argv) {
     double pk_i8 = (ci->feat & LK_CPU_AVX512VNNI) ? peak_rate(peak_vnni, 64) : 0;
     printf("peak, one thread: fp32 FMA %.1f GFLOP/s, bf16 dot (vdpbf16ps) %.1f, int8 dot (vpdpbusd) %.1f GOP/s (0: absent)\n",
            pk_f32, pk_bf, pk_i8);
-    lk_type types[] = {LK_TYPE_Q4_0, LK_TYPE_Q8_0, LK_TYPE_Q4_K, LK_TYPE_Q5_K, LK_TYPE_Q6_K,
+    lk_type types[] = {LK_TYPE_Q4_0, LK_TYPE_Q4_0_R16, LK_TYPE_Q8_0, LK_TYPE_Q8_0_R16, LK_TYPE_Q4_K, LK_TYPE_Q5_K, LK_TYPE_Q6_K,
                        LK_TYPE_F16, LK_TYPE_BF16, LK_TYPE_F32, LK_TYPE_Q5_0, LK_TYPE_Q5_1,
                        LK_TYPE_Q2_K, LK_TYPE_Q3_K, LK_TYPE_IQ4_XS};
     const char *levels[] = {"scalar", "avx2", "avx512"};
@@ -145,12 +145,20 @@ int main(int argc, char **argv) {
          * quants with sane fp16 scales for the K-quants), then replicated */
         float *tmp = malloc((size_t)cols * 4);
         for (size_t i = 0; i < mat; i++) w[i] = (uint8_t)rnd();
-        if (lk_quantize_supported(t))
+        /* lockstep's own layouts: the file type's rows, repacked */
+        const lk_type ft = lk_type_file(t);
+        if (lk_quantize_supported(ft)) {
             for (int64_t r = 0; r < rows; r++) {
                 for (int64_t i = 0; i < cols; i++) tmp[i] = (float)((int64_t)(rnd() % 2001) - 1000) / 1000.f;
-                lk_quantize_row(t, tmp, w + (size_t)r * rb, cols);
+                lk_quantize_row(ft, tmp, w + (size_t)r * rb, cols);
             }
-        else {
+            if (ft != t) {
+                uint8_t *q = malloc(mat);
+                memcpy(q, w, mat);
+                lk_quant_repack(t, ft, cols, rows, q, rb, w);
+                free(q);
+            }
+        } else {
             size_t bb = lk_type_block_bytes(t);
             size_t doff = t == LK_TYPE_Q6_K ? 208 : 0; /* the fp16 scale (IQ4_XS: at 0) */
             for (size_t b = 0; b < mat / bb; b++) {

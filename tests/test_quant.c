@@ -70,7 +70,8 @@ TEST(traits) {
     /* lockstep's own layouts: sized, but never a file's and never parsed */
     CHECK(LK_TYPE_Q4_0_R16 >= LK_TYPE_COUNT && !lk_type_supported(LK_TYPE_Q4_0_R16));
     CHECK(lk_type_block_size(LK_TYPE_Q4_0_R16) == 32 && lk_type_block_bytes(LK_TYPE_Q4_0_R16) == 18);
-    CHECK(!lk_type_from_name("q4_0_r16", &(lk_type){0}));
+    CHECK(!lk_type_from_name("q4_0_r16", &(lk_type){0}) && !lk_type_from_name("q8_0_r16", &(lk_type){0}));
+    CHECK(lk_type_block_bytes(LK_TYPE_Q8_0_R16) == 34 && lk_type_file(LK_TYPE_Q8_0_R16) == LK_TYPE_Q8_0);
     uint32_t unknown[] = {4, 5, 31, 32, 33, 36, 37, 38, LK_TYPE_ALL, 1000};
     for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
         CHECK(lk_type_block_size(unknown[i]) == 0);
@@ -554,35 +555,42 @@ TEST(matmul_levels_scalar_order_bit_exact) {
     lk_quant_set_simd("scalar");
 }
 
-/* Q4_0_R16, the Q4_0 layout made at load: lk_quant_repack then
- * lk_quant_unrepack_row give each Q4_0 row back byte for byte, and at every
- * level a call on the repacked matrix gives the scalar Q4_0 call's bits, for
- * 1-40 tokens (the rows kernel, the GEMM and its tails), on row ranges that
- * start at multiples of 16 (as the kernels part splits them) with Q4_0 rows
- * past the last whole group, on rows of an odd block count (a block without
- * a pair), rows past the GEMM's K blocks and the rows kernel's column chunk
- * (256 blocks). The level's choice to repack: Q4_0 with 16+ rows where a
- * kernel reads it, never other types or with LK_REPACK=0. */
-TEST(q4_0_r16_same_bits_as_q4_0) {
+/* Q4_0_R16 and Q8_0_R16, the layouts made at load: lk_quant_repack then
+ * lk_quant_unrepack_row give each file row back byte for byte, and at
+ * every level a call on the repacked matrix gives the scalar call's bits on
+ * the file's rows, for 1-40 tokens (the rows kernel, the GEMM and its
+ * tails), on row ranges that start at multiples of 16 (as the kernels part
+ * splits them) with file rows past the last whole group, on rows of an odd
+ * block count (a block without a pair; groups not 64-byte aligned), rows
+ * past the GEMM's K blocks and the rows kernel's column chunk (256 blocks).
+ * The choice to repack: Q4_0 and Q8_0 with 16+ rows where a kernel reads
+ * the layout, never other types or with LK_REPACK=0. */
+TEST(repacked_same_bits_as_file_rows) {
     static const char *levels[] = {"scalar", "avx2", "avx512"};
     static const int64_t chunks[] = {1, 2, 3, 4, 5, 9, 16, 40};
     static const struct { int64_t nb, nrows; } shapes[] = {{7, 53}, {64, 48}, {389, 37}, {1, 16}};
+    static const lk_type rts[] = {LK_TYPE_Q4_0_R16, LK_TYPE_Q8_0_R16};
     enum { NT = 40 };
+    for (size_t ri = 0; ri < 2; ri++)
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const lk_type rt = rts[ri], ft = lk_type_file(rt);
         const int64_t n = 32 * shapes[si].nb, nrows = shapes[si].nrows;
+        CHECK(ft != rt && lk_type_vec_dot(rt) == lk_type_vec_dot(ft));
         CHECK(lk_quant_set_simd("scalar"));
-        mm_case mc = mm_case_new(LK_TYPE_Q4_0, n, nrows, NT);
+        mm_case mc = mm_case_new(ft, n, nrows, NT);
         mm_case_run(&mc, NT, mc.ref);
         uint8_t *rp = malloc(mc.wrb * (size_t)nrows), *row = malloc(mc.wrb);
-        lk_quant_repack(LK_TYPE_Q4_0_R16, LK_TYPE_Q4_0, n, nrows, mc.w, mc.wrb, rp);
+        lk_quant_repack(rt, ft, n, nrows, mc.w, mc.wrb, rp);
         int back = 0;
         for (int64_t r = 0; r < nrows / 16 * 16; r++) {
-            lk_quant_unrepack_row(LK_TYPE_Q4_0_R16, n, rp, mc.wrb, r, row);
+            lk_quant_unrepack_row(rt, n, rp, mc.wrb, r, row);
             back += memcmp(row, mc.w + (size_t)r * mc.wrb, mc.wrb) != 0;
         }
-        CHECKF(back == 0, "%lld x %lld: %d rows not given back by unrepack", (long long)nrows, (long long)n, back);
+        CHECKF(back == 0, "%s %lld x %lld: %d rows not given back by unrepack", lk_type_name(rt), (long long)nrows,
+               (long long)n, back);
         CHECKF(!memcmp(rp + (size_t)(nrows / 16 * 16) * mc.wrb, mc.w + (size_t)(nrows / 16 * 16) * mc.wrb,
-                       (size_t)(nrows % 16) * mc.wrb), "the rows past the last whole group are not Q4_0 rows");
+                       (size_t)(nrows % 16) * mc.wrb), "%s: the rows past the last whole group are not the file's",
+               lk_type_name(rt));
         for (int l = 0; l < 3; l++) {
             if (!lk_quant_set_simd(levels[l])) continue;
             for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
@@ -593,16 +601,16 @@ TEST(q4_0_r16_same_bits_as_q4_0) {
                     const int64_t cut = nrows > 16 ? 16 : nrows;
                     float *y = mc.got + (size_t)t0 * (size_t)nrows;
                     const uint8_t *a = mc.a + (size_t)t0 * mc.arb;
-                    lk_quant_matmul(LK_TYPE_Q4_0_R16, n, cut, rp, mc.wrb, tn, a, mc.arb, y, (size_t)nrows);
+                    lk_quant_matmul(rt, n, cut, rp, mc.wrb, tn, a, mc.arb, y, (size_t)nrows);
                     if (cut < nrows)
-                        lk_quant_matmul(LK_TYPE_Q4_0_R16, n, nrows - cut, rp + (size_t)cut * mc.wrb, mc.wrb, tn, a,
-                                        mc.arb, y + cut, (size_t)nrows);
+                        lk_quant_matmul(rt, n, nrows - cut, rp + (size_t)cut * mc.wrb, mc.wrb, tn, a, mc.arb, y + cut,
+                                        (size_t)nrows);
                 }
                 int bad = 0;
                 for (int64_t e = 0; e < nrows * NT; e++) bad += memcmp(&mc.got[e], &mc.ref[e], sizeof(float)) != 0;
-                CHECKF(bad == 0, "%s q4_0_r16 %lld x %lld, calls of %lld tokens: %d of %lld outputs differ from "
-                       "scalar q4_0's", levels[l], (long long)nrows, (long long)n, (long long)chunks[c], bad,
-                       (long long)(nrows * NT));
+                CHECKF(bad == 0, "%s %s %lld x %lld, calls of %lld tokens: %d of %lld outputs differ from scalar "
+                       "%s's", levels[l], lk_type_name(rt), (long long)nrows, (long long)n, (long long)chunks[c], bad,
+                       (long long)(nrows * NT), lk_type_name(ft));
             }
         }
         free(rp); free(row);
@@ -611,10 +619,12 @@ TEST(q4_0_r16_same_bits_as_q4_0) {
     /* the choice */
     CHECK(lk_quant_set_simd("scalar"));
     CHECK(lk_type_repacked(LK_TYPE_Q4_0, 4096) == LK_TYPE_Q4_0);
+    CHECK(lk_type_repacked(LK_TYPE_Q8_0, 4096) == LK_TYPE_Q8_0);
     if (lk_quant_set_simd("avx512")) {
         CHECK(lk_type_repacked(LK_TYPE_Q4_0, 4096) == LK_TYPE_Q4_0_R16);
+        CHECK(lk_type_repacked(LK_TYPE_Q8_0, 4096) == LK_TYPE_Q8_0_R16);
         CHECK(lk_type_repacked(LK_TYPE_Q4_0, 15) == LK_TYPE_Q4_0);
-        CHECK(lk_type_repacked(LK_TYPE_Q8_0, 4096) == LK_TYPE_Q8_0);
+        CHECK(lk_type_repacked(LK_TYPE_Q4_K, 4096) == LK_TYPE_Q4_K);
         setenv("LK_REPACK", "0", 1);
         CHECK(lk_type_repacked(LK_TYPE_Q4_0, 4096) == LK_TYPE_Q4_0);
         unsetenv("LK_REPACK");
@@ -952,7 +962,7 @@ int main(int argc, char **argv) {
     RUN(matmul_prefill_gemm_edges);
     RUN(matmul_batch_invariant);
     RUN(matmul_levels_scalar_order_bit_exact);
-    RUN(q4_0_r16_same_bits_as_q4_0);
+    RUN(repacked_same_bits_as_file_rows);
     RUN(float_rows_same_bits_every_level);
     RUN(matmul_avx2_gemm_choices_bit_exact);
     RUN(simd_env_reaches_every_dispatch);

@@ -185,8 +185,8 @@ void lk_tune_calibrate(lk_pool *p, lk_type t, int64_t cols, int64_t rows, size_t
     lk_tune_defaults(&cur);
     size_t rb = 0;
     /* lockstep's own layouts are made from a file type's rows */
-    const bool r16 = t == LK_TYPE_Q4_0_R16;
-    const lk_type ft = r16 ? LK_TYPE_Q4_0 : t;
+    const lk_type ft = lk_type_file(t);
+    const bool r16 = ft != t;
     if (!lk_type_supported(ft) || cols <= 0 || rows <= 0 || !lk_type_row_bytes(t, cols, &rb)) {
         lk_tune_apply(&cur);
         *out = cur;
@@ -263,7 +263,7 @@ void lk_tune_calibrate(lk_pool *p, lk_type t, int64_t cols, int64_t rows, size_t
                     med[3], ratio[0], ratio[2], ratio[3]);
     }
     /* 1b. rows per decode tile, for the types whose decode is tiled */
-    if (strcmp(lk_quant_simd_name(), "scalar") && ft != LK_TYPE_Q4_0 && t != LK_TYPE_Q8_0) {
+    if (strcmp(lk_quant_simd_name(), "scalar") && ft != LK_TYPE_Q4_0 && ft != LK_TYPE_Q8_0) {
         static const int drs[] = { 4, 1 };
         lk_tune_set c[2];
         double med[2], ratio[2];
@@ -300,7 +300,7 @@ void lk_tune_calibrate(lk_pool *p, lk_type t, int64_t cols, int64_t rows, size_t
     /* 4. where the AVX-512 quantised GEMM takes over: an 8-token step (a
      * server's 8 sequences) over the memory-bound matrices, through the GEMM
      * (from 5 tokens, the default) or the few-token kernels (from 9) */
-    if (!strcmp(lk_quant_simd_name(), "avx512") && (ft == LK_TYPE_Q4_0 || t == LK_TYPE_Q8_0 || t == LK_TYPE_Q4_K ||
+    if (!strcmp(lk_quant_simd_name(), "avx512") && (ft == LK_TYPE_Q4_0 || ft == LK_TYPE_Q8_0 || t == LK_TYPE_Q4_K ||
                                                     t == LK_TYPE_Q5_K)) {
         enum { GT = 8 };
         static const int gts[] = { 0, 9 };

@@ -56,7 +56,8 @@ static const lk_type_traits k_traits[LK_TYPE_ALL] = {
     [LK_TYPE_TQ1_0]   = {"tq1_0", 256, 54},
     [LK_TYPE_TQ2_0]   = {"tq2_0", 256, 66},
     [LK_TYPE_MXFP4]   = {"mxfp4", 32, 17},
-    [LK_TYPE_Q4_0_R16] = {"q4_0_r16", 32, 18}, /* ours: Q4_0's bytes, rows interleaved */
+    [LK_TYPE_Q4_0_R16] = {"q4_0_r16", 32, 18}, /* ours: the file type's bytes, rows interleaved */
+    [LK_TYPE_Q8_0_R16] = {"q8_0_r16", 32, 34},
 };
 
 const char *lk_type_name(uint32_t t) {
@@ -111,7 +112,8 @@ bool lk_type_from_name(const char *name, lk_type *out) {
 
 lk_type lk_type_vec_dot(lk_type t) {
     switch (t) {
-    case LK_TYPE_Q4_0: case LK_TYPE_Q8_0: case LK_TYPE_Q5_0: case LK_TYPE_Q4_0_R16: return LK_TYPE_Q8_0;
+    case LK_TYPE_Q4_0: case LK_TYPE_Q8_0: case LK_TYPE_Q5_0: case LK_TYPE_Q4_0_R16: case LK_TYPE_Q8_0_R16:
+        return LK_TYPE_Q8_0;
     case LK_TYPE_Q5_1: return LK_TYPE_Q8_1; /* its min needs the activation sum */
     case LK_TYPE_Q4_K: case LK_TYPE_Q5_K: case LK_TYPE_Q6_K:
     case LK_TYPE_Q2_K: case LK_TYPE_Q3_K: case LK_TYPE_IQ4_XS: return LK_TYPE_Q8_K;
@@ -467,6 +469,7 @@ void lk_quant_fill_scalar(lk_quant_ops *ops) {
     ops->mm[LK_TYPE_Q5_K] = mm_q5_k;
     ops->mm[LK_TYPE_Q6_K] = mm_q6_k;
     ops->mm[LK_TYPE_Q4_0_R16] = lk_quant_mm_r16_generic;
+    ops->mm[LK_TYPE_Q8_0_R16] = lk_quant_mm_q8r16_generic;
     ops->quant[LK_TYPE_F32] = quant_f32;
     ops->quant[LK_TYPE_F16] = quant_f16;
     ops->quant[LK_TYPE_BF16] = quant_bf16;
@@ -612,13 +615,19 @@ void lk_quant_matmul(lk_type wt, int64_t n, int64_t nrows, const void *w, size_t
 /* Repacking at load (quant.h; the layout: quant_impl.h)                   */
 /* ===================================================================== */
 
+lk_type lk_type_file(lk_type t) {
+    return t == LK_TYPE_Q4_0_R16 ? LK_TYPE_Q4_0 : t == LK_TYPE_Q8_0_R16 ? LK_TYPE_Q8_0 : t;
+}
+
 lk_type lk_type_repacked(lk_type t, int64_t rows) {
-    if (t != LK_TYPE_Q4_0 || rows < LK_R16_ROWS) return t;
+    const lk_type rt = t == LK_TYPE_Q4_0 ? LK_TYPE_Q4_0_R16 : t == LK_TYPE_Q8_0 ? LK_TYPE_Q8_0_R16 : t;
+    if (rt == t || rows < LK_R16_ROWS) return t;
     const char *env = getenv("LK_REPACK");
     if (env && !strcmp(env, "0")) return t;
     /* only where a kernel reads it as it is: elsewhere it would be read
-     * back into Q4_0 rows at every call */
-    return ops_get()->mm[LK_TYPE_Q4_0_R16] != lk_quant_mm_r16_generic ? LK_TYPE_Q4_0_R16 : t;
+     * back into the file's rows at every call */
+    const lk_qmm_fn mm = ops_get()->mm[rt];
+    return mm != lk_quant_mm_r16_generic && mm != lk_quant_mm_q8r16_generic ? rt : t;
 }
 
 void lk_quant_repack(lk_type rt, lk_type t, int64_t n, int64_t rows, const void *src, size_t src_stride, void *dst) {
@@ -627,56 +636,74 @@ void lk_quant_repack(lk_type rt, lk_type t, int64_t n, int64_t rows, const void 
     const uint8_t *S = src;
     uint8_t *D = dst;
     int64_t r = 0;
-    if (rt == LK_TYPE_Q4_0_R16) {
-        LK_ASSERT(t == LK_TYPE_Q4_0);
+    if (rt != t) {
+        LK_ASSERT(lk_type_file(rt) == t && rt != t);
+        const bool q8 = t == LK_TYPE_Q8_0;
+        const int nq = q8 ? 8 : 4; /* 4-byte groups of quants a row and block */
+        const size_t bb = q8 ? LK_Q80_BYTES : LK_Q40_BYTES;
         const int64_t nb = n / LK_QK;
         for (; r + LK_R16_ROWS <= rows; r += LK_R16_ROWS) {
             uint8_t *g = D + (size_t)r * rb;
             for (int64_t b = 0; b < nb; b++) {
                 size_t qo, dof;
-                lk_r16_at(b, nb, &qo, &dof);
+                lk_r16_at(q8, b, nb, &qo, &dof);
                 for (int i = 0; i < LK_R16_ROWS; i++) {
-                    const uint8_t *blk = S + (size_t)(r + i) * src_stride + (size_t)b * LK_Q40_BYTES;
+                    const uint8_t *blk = S + (size_t)(r + i) * src_stride + (size_t)b * bb;
                     memcpy(g + dof + 2 * i, blk, 2);
-                    for (int k = 0; k < 4; k++) memcpy(g + qo + 64 * k + 4 * i, blk + 2 + 4 * k, 4);
+                    for (int k = 0; k < nq; k++)
+                        for (int e = 0; e < 4; e++)
+                            g[qo + 64 * k + 4 * i + e] = (uint8_t)(blk[2 + 4 * k + e] ^ (q8 ? 0x80 : 0));
                 }
             }
         }
-    } else {
-        LK_ASSERT(rt == t);
     }
     /* the rest as rows of the file's type */
     for (; r < rows; r++) memcpy(D + (size_t)r * rb, S + (size_t)r * src_stride, rb);
 }
 
 void lk_quant_unrepack_row(lk_type rt, int64_t n, const void *w, size_t ws, int64_t r, void *dst) {
-    LK_ASSERT(rt == LK_TYPE_Q4_0_R16);
+    LK_ASSERT(lk_type_file(rt) != rt);
+    const bool q8 = rt == LK_TYPE_Q8_0_R16;
+    const int nq = q8 ? 8 : 4;
+    const size_t bb = q8 ? LK_Q80_BYTES : LK_Q40_BYTES;
     const uint8_t *g = (const uint8_t *)w + (size_t)(r / LK_R16_ROWS * LK_R16_ROWS) * ws;
     const int i = (int)(r % LK_R16_ROWS);
     const int64_t nb = n / LK_QK;
     uint8_t *D = dst;
     for (int64_t b = 0; b < nb; b++) {
         size_t qo, dof;
-        lk_r16_at(b, nb, &qo, &dof);
-        uint8_t *blk = D + (size_t)b * LK_Q40_BYTES;
+        lk_r16_at(q8, b, nb, &qo, &dof);
+        uint8_t *blk = D + (size_t)b * bb;
         memcpy(blk, g + dof + 2 * i, 2);
-        for (int k = 0; k < 4; k++) memcpy(blk + 2 + 4 * k, g + qo + 64 * k + 4 * i, 4);
+        for (int k = 0; k < nq; k++)
+            for (int e = 0; e < 4; e++) blk[2 + 4 * k + e] = (uint8_t)(g[qo + 64 * k + 4 * i + e] ^ (q8 ? 0x80 : 0));
     }
 }
 
-/* Q4_0_R16 without a kernel of the level's own: whole groups row by row
- * through a Q4_0 row on the stack, the rest (Q4_0 rows already) at once */
-void lk_quant_mm_r16_generic(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
-                             size_t as, float *y, size_t ys) {
-    enum { ROW_MAX = 64 * 1024 }; /* n up to 113,000: more than any model's width */
+/* A repacked type without a kernel of the level's own: whole groups row by
+ * row through a row of the file's type on the stack, the rest (the file's
+ * rows already) at once */
+static void mm_r16_via_file(lk_type rt, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
+                            const void *a, size_t as, float *y, size_t ys) {
+    enum { ROW_MAX = 64 * 1024 }; /* Q8_0 rows of 61,000: more than any model's width */
     _Alignas(64) uint8_t row[ROW_MAX];
     LK_ASSERT(ws <= ROW_MAX);
+    const lk_type ft = lk_type_file(rt);
     const int64_t full = nrows / LK_R16_ROWS * LK_R16_ROWS;
     for (int64_t r = 0; r < full; r++) {
-        lk_quant_unrepack_row(LK_TYPE_Q4_0_R16, n, w, ws, r, row);
-        lk_quant_matmul(LK_TYPE_Q4_0, n, 1, row, ws, ntok, a, as, y + r, ys);
+        lk_quant_unrepack_row(rt, n, w, ws, r, row);
+        lk_quant_matmul(ft, n, 1, row, ws, ntok, a, as, y + r, ys);
     }
     if (full < nrows)
-        lk_quant_matmul(LK_TYPE_Q4_0, n, nrows - full, (const uint8_t *)w + (size_t)full * ws, ws, ntok, a, as,
-                        y + full, ys);
+        lk_quant_matmul(ft, n, nrows - full, (const uint8_t *)w + (size_t)full * ws, ws, ntok, a, as, y + full, ys);
+}
+
+void lk_quant_mm_r16_generic(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
+                             size_t as, float *y, size_t ys) {
+    mm_r16_via_file(LK_TYPE_Q4_0_R16, n, nrows, w, ws, ntok, a, as, y, ys);
+}
+
+void lk_quant_mm_q8r16_generic(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
+                               size_t as, float *y, size_t ys) {
+    mm_r16_via_file(LK_TYPE_Q8_0_R16, n, nrows, w, ws, ntok, a, as, y, ys);
 }

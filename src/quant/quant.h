@@ -37,7 +37,8 @@ typedef enum {
     /* lockstep's own layouts, made at load (lk_quant_repack), never in a
      * file: the GGUF reader rejects their ids, lk_type_supported is false */
     LK_TYPE_Q4_0_R16 = 40, /* Q4_0, 16 rows interleaved (quant_impl.h) */
-    LK_TYPE_ALL = 41       /* table size: the file's types and ours */
+    LK_TYPE_Q8_0_R16 = 41, /* Q8_0, 16 rows interleaved, quants + 128 */
+    LK_TYPE_ALL = 42       /* table size: the file's types and ours */
 } lk_type;
 
 /* Layout facts, known for every id above (so the gguf part can size tensors
@@ -85,24 +86,27 @@ void lk_quant_matmul(lk_type wt, int64_t n, int64_t nrows, const void *w, size_t
 
 /* Repacking at load. A matrix's weights are laid out for the kernels once,
  * when the model is loaded, instead of at every call: Q4_0 becomes
- * Q4_0_R16, each group of 16 rows interleaved block by block (the 16
- * rows' quants in the lanes, their scales side by side), which is the
- * layout the AVX-512 GEMM packed its panels into on every call and which
- * its decode and few-token kernels read without transposes. The same
- * bytes as the Q4_0 rows (rows past the last whole group stay Q4_0 rows),
- * and the same results bit for bit at every level (levels without a kernel
- * of their own read it back into Q4_0 rows, slowly). A matrix of R16 must
+ * Q4_0_R16 and Q8_0 Q8_0_R16, each group of 16 rows interleaved block by
+ * block (the 16 rows' quants in the lanes, their scales side by side),
+ * which is the layout the AVX-512 GEMM packed its panels into on every call
+ * and which its decode and few-token kernels read without transposes. As
+ * many bytes as the file's rows (rows past the last whole group stay rows
+ * of the file's type), and the same results bit for bit at every level
+ * (levels without a kernel of their own read it back into the file's rows,
+ * slowly). A matrix of R16 must
  * be called on row ranges that start at multiples of 16 from its first row
  * (the kernels part's row splits do).
  *
  * lk_type_repacked: the type a matrix of type t with `rows` rows is best
  * kept in at the active SIMD level (t itself if no repacking pays there, or
- * with LK_REPACK=0 in the environment). lk_quant_repack: writes `rows` rows
- * of type t (row r at src + r*src_stride) as type rt into dst, rows packed
- * (lk_type_row_bytes apart); rt == t copies. lk_quant_unrepack_row: row r of
- * a repacked matrix (w: its first row, ws: its row bytes) as a row of the
- * file's type (Q4_0 for Q4_0_R16) into dst. */
+ * with LK_REPACK=0 in the environment); lk_type_file: the file's type of a
+ * repacked one (t itself for the file's types). lk_quant_repack: writes
+ * `rows` rows of type t (row r at src + r*src_stride) as type rt into dst,
+ * rows packed (lk_type_row_bytes apart); rt == t copies.
+ * lk_quant_unrepack_row: row r of a repacked matrix (w: its first row, ws:
+ * its row bytes) as a row of the file's type into dst. */
 lk_type lk_type_repacked(lk_type t, int64_t rows);
+lk_type lk_type_file(lk_type t);
 void    lk_quant_repack(lk_type rt, lk_type t, int64_t n, int64_t rows, const void *src, size_t src_stride, void *dst);
 void    lk_quant_unrepack_row(lk_type rt, int64_t n, const void *w, size_t ws, int64_t r, void *dst);
 

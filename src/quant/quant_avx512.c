@@ -878,6 +878,11 @@ static void mm_q40r16(int64_t n, int64_t nrows, const void *w, size_t w_stride, 
     if (ntok < gemm_min_tok()) lk_quant_q4q8_rows_avx512(LK_FMT_R16, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
     else lk_quant_gemm_q4q8_avx512(LK_FMT_R16, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
 }
+static void mm_q80r16(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
+                      size_t a_stride, float *y, size_t y_stride) {
+    if (ntok < gemm_min_tok()) lk_quant_q4q8_rows_avx512(LK_FMT_Q8R16, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
+    else lk_quant_gemm_q4q8_avx512(LK_FMT_Q8R16, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
+}
 /* Q8_0: the same one arithmetic; decode as Q4_0's, 2-4 tokens rows in lanes */
 static void mm_q80(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
                    size_t a_stride, float *y, size_t y_stride) {
@@ -1031,6 +1036,7 @@ void lk_quant_fill_avx512(lk_quant_ops *ops) {
     ops->act[LK_TYPE_Q8_0] = lk_act_q8_0_avx512;
     ops->mm[LK_TYPE_Q4_0] = mm_q40;
     ops->mm[LK_TYPE_Q4_0_R16] = mm_q40r16;
+    ops->mm[LK_TYPE_Q8_0_R16] = mm_q80r16;
     ops->mm[LK_TYPE_Q8_0] = mm_q80;
     ops->mm[LK_TYPE_Q4_K] = mm_q4k;
     ops->mm[LK_TYPE_Q5_K] = mm_q5k;

@@ -125,20 +125,27 @@ LK_TG static LK_INL void gk_load16(const uint8_t *p, size_t ws, int nr, const bo
         q[r] = full || r < nr ? _mm_loadu_si128((const __m128i *)(p + (size_t)r * ws)) : _mm_setzero_si128();
 }
 
-/* A whole group of Q4_0_R16 (w: its first row; nb blocks a row), block b:
- * its 16 rows' quants as the 8 unsigned vectors of a panel (vector k < 4:
- * low nibbles, quants 4k..; k + 4: high nibbles) and their scales. The
- * layout is the one the packing below makes of Q4_0 rows, so this is all
+/* A whole group of Q4_0_R16 or Q8_0_R16 (q8; w: its first row; nb blocks a
+ * row), block b: its 16 rows' quants as the 8 unsigned vectors of a panel
+ * (Q4_0: vector k < 4 the low nibbles, quants 4k..; k + 4 the high
+ * nibbles; Q8_0: quants 4k.., + 128 as stored) and their scales. The layout
+ * is the one the packing below makes of the file's rows, so this is all
  * that is left of it. */
-LK_TG static LK_INL void gk_r16_block(const uint8_t *w, int64_t nb, int64_t b, __m512i v[8], __m512 *d) {
-    const __m512i m0f = _mm512_set1_epi8(0x0F);
+LK_TG static LK_INL void gk_r16_block(const bool q8, const uint8_t *w, int64_t nb, int64_t b, __m512i v[8],
+                                      __m512 *d) {
     size_t qo, dof;
-    lk_r16_at(b, nb, &qo, &dof);
+    lk_r16_at(q8, b, nb, &qo, &dof);
+    if (q8) {
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) v[k] = _mm512_loadu_si512(w + qo + 64 * k);
+    } else {
+        const __m512i m0f = _mm512_set1_epi8(0x0F);
 #pragma GCC unroll 4
-    for (int k = 0; k < 4; k++) {
-        const __m512i x = _mm512_loadu_si512(w + qo + 64 * k);
-        v[k + 4] = gk_hi_nibble(x);
-        v[k] = _mm512_and_si512(x, m0f);
+        for (int k = 0; k < 4; k++) {
+            const __m512i x = _mm512_loadu_si512(w + qo + 64 * k);
+            v[k + 4] = gk_hi_nibble(x);
+            v[k] = _mm512_and_si512(x, m0f);
+        }
     }
     *d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + dof)));
 }
@@ -177,11 +184,12 @@ LK_TG static LK_INL void gk_pack_body(const bool is_q8, const bool full, const u
     }
 }
 
-LK_TG static void gk_pack_r16(const uint8_t *w, int64_t nb, int64_t b0, int kb, uint8_t (*out)[GK_VEC][64]) {
+LK_TG static void gk_pack_r16(const bool q8, const uint8_t *w, int64_t nb, int64_t b0, int kb,
+                              uint8_t (*out)[GK_VEC][64]) {
     for (int b = 0; b < kb; b++) {
         __m512i v[8];
         __m512 d;
-        gk_r16_block(w, nb, b0 + b, v, &d);
+        gk_r16_block(q8, w, nb, b0 + b, v, &d);
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) _mm512_store_si512(out[b][k], v[k]);
         _mm512_store_ps(out[b][8], d);
@@ -190,9 +198,10 @@ LK_TG static void gk_pack_r16(const uint8_t *w, int64_t nb, int64_t b0, int kb, 
 
 LK_TG static void gk_pack_group(const int fmt, const uint8_t *w, size_t ws, int nr, int64_t nb, int64_t b0, int kb,
                                 uint8_t (*out)[GK_VEC][64]) {
-    if (fmt == LK_FMT_R16 && nr == GK_ROWS) {
-        gk_pack_r16(w, nb, b0, kb, out);
-    } else if (fmt == LK_FMT_Q80) {
+    if (lk_fmt_r16(fmt) && nr == GK_ROWS) {
+        if (fmt == LK_FMT_Q8R16) gk_pack_r16(true, w, nb, b0, kb, out);
+        else gk_pack_r16(false, w, nb, b0, kb, out);
+    } else if (lk_fmt_q8(fmt)) {
         if (nr == GK_ROWS) gk_pack_body(true, true, w, ws, nr, b0, kb, out);
         else gk_pack_body(true, false, w, ws, nr, b0, kb, out);
     } else {
@@ -313,7 +322,7 @@ static const gk_tile_fn k_tiles[GK_RG][GK_T] = {
 
 LK_TG void lk_quant_gemm_q4q8_avx512(int fmt, int64_t n, int64_t nrows, const void *w, size_t ws,
                                      int64_t ntok, const void *a, size_t as, float *y, size_t ys) {
-    const bool is_q8 = fmt == LK_FMT_Q80;
+    const bool is_q8 = lk_fmt_q8(fmt);
     const uint8_t *W = w, *A = a;
     const int64_t nb = n / LK_QK;
     const size_t bb = is_q8 ? LK_Q80_BYTES : LK_Q40_BYTES;
@@ -346,7 +355,7 @@ LK_TG void lk_quant_gemm_q4q8_avx512(int fmt, int64_t n, int64_t nrows, const vo
                     for (int t = 0, ti = 0; t < tb; t += GK_T, ti++) {
                         for (int r = ti * pnr / ntl; r < (ti + 1) * pnr / ntl; r++) {
                             const int64_t gr = pr0 + r / GK_ROWS * GK_ROWS;
-                            if (fmt == LK_FMT_R16 && gr + GK_ROWS <= nrows) {
+                            if (lk_fmt_r16(fmt) && gr + GK_ROWS <= nrows) {
                                 /* a whole group's blocks [plo, phi) are 16 (phi - plo)
                                  * bytes from 16 plo on: a sixteenth of them per row */
                                 const uint8_t *rp = W + (size_t)gr * ws + 16 * plo + (size_t)(r % GK_ROWS) * (phi - plo);
@@ -386,11 +395,11 @@ typedef struct { float d[GQ_T][GQ_KB]; int32_t corr[GQ_T][GQ_KB]; } gq_act;
 
 LK_TG static LK_INL void gq_rows(const int fmt, const bool full, const uint8_t *w, size_t ws, int nr, int64_t nb,
                                  int64_t b, __m512i v[8], __m512 *d) {
-    if (fmt == LK_FMT_R16 && full) {
-        gk_r16_block(w, nb, b, v, d);
+    if (lk_fmt_r16(fmt) && full) {
+        gk_r16_block(fmt == LK_FMT_Q8R16, w, nb, b, v, d);
         return;
     }
-    const bool is_q8 = fmt == LK_FMT_Q80;
+    const bool is_q8 = lk_fmt_q8(fmt);
     const size_t bb = is_q8 ? LK_Q80_BYTES : LK_Q40_BYTES;
     const uint8_t *p = w + (size_t)b * bb;
     __m128i q[16];
@@ -416,8 +425,8 @@ LK_TG static LK_INL void gq_rows(const int fmt, const bool full, const uint8_t *
 LK_TG static LK_INL void gq_tile(const int fmt, const bool full, const int T, int64_t nb, int64_t b0, int kb,
                                  const uint8_t *w, size_t ws, int nr, const uint8_t *a, size_t as, const gq_act *A,
                                  float *y, size_t ys, size_t pf, bool cont) {
-    const size_t bb = fmt == LK_FMT_Q80 ? LK_Q80_BYTES : LK_Q40_BYTES;
-    const bool r16 = fmt == LK_FMT_R16 && full;
+    const size_t bb = lk_fmt_q8(fmt) ? LK_Q80_BYTES : LK_Q40_BYTES;
+    const bool r16 = lk_fmt_r16(fmt) && full;
     const __mmask16 m = (__mmask16)((1u << nr) - 1);
     __m512 acc[GQ_T];
 #pragma GCC unroll 4
@@ -440,9 +449,15 @@ LK_TG static LK_INL void gq_tile(const int fmt, const bool full, const int T, in
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
             const uint8_t *aq = a + (size_t)t * as + (size_t)(b0 + b) * LK_Q80_BYTES + 2;
-            __m512i ia = _mm512_set1_epi32(A->corr[t][b]);
-#pragma GCC unroll 8
-            for (int k = 0; k < 8; k++) ia = _mm512_dpbusd_epi32(ia, v[k], _mm512_set1_epi32(lk_ld_i32(aq + 4 * k)));
+            /* two chains of 4 (exact integers: the same sum), so that one
+             * token's block does not wait 8 vpdpbusd latencies */
+            __m512i ia = _mm512_set1_epi32(A->corr[t][b]), ib = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                ia = _mm512_dpbusd_epi32(ia, v[k], _mm512_set1_epi32(lk_ld_i32(aq + 4 * k)));
+                ib = _mm512_dpbusd_epi32(ib, v[k + 4], _mm512_set1_epi32(lk_ld_i32(aq + 16 + 4 * k)));
+            }
+            ia = _mm512_add_epi32(ia, ib);
             acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_cvtepi32_ps(ia),
                                                          _mm512_mul_ps(wd, _mm512_set1_ps(A->d[t][b]))));
         }
@@ -459,23 +474,25 @@ LK_TG static LK_INL void gq_tile(const int fmt, const bool full, const int T, in
         gq_tile(Q, F, T, nb, b0, kb, w, ws, nr, a, as, A, y, ys, pf, cont);                                       \
     }
 #define GQ_TILES(Q, F) GQ_TILE(Q, F, 1) GQ_TILE(Q, F, 2) GQ_TILE(Q, F, 3) GQ_TILE(Q, F, 4)
-GQ_TILES(0, 0) GQ_TILES(0, 1) GQ_TILES(1, 0) GQ_TILES(1, 1) GQ_TILES(2, 1)
+GQ_TILES(0, 0) GQ_TILES(0, 1) GQ_TILES(1, 0) GQ_TILES(1, 1) GQ_TILES(2, 1) GQ_TILES(3, 1)
 typedef void (*gq_tile_fn)(int64_t nb, int64_t b0, int kb, const uint8_t *w, size_t ws, int nr, const uint8_t *a,
                            size_t as, const gq_act *A, float *y, size_t ys, size_t pf, bool cont);
-/* [fmt][whole group of 16 rows]: Q4_0_R16's rows past its whole groups are
- * Q4_0 rows */
-static const gq_tile_fn k_gq_tiles[3][2][GQ_T + 1] = {
+/* [fmt][whole group of 16 rows]: the rows past a repacked type's whole
+ * groups are the file type's rows */
+static const gq_tile_fn k_gq_tiles[4][2][GQ_T + 1] = {
     {{NULL, gq_tile_0_0_1, gq_tile_0_0_2, gq_tile_0_0_3, gq_tile_0_0_4},
      {NULL, gq_tile_0_1_1, gq_tile_0_1_2, gq_tile_0_1_3, gq_tile_0_1_4}},
     {{NULL, gq_tile_1_0_1, gq_tile_1_0_2, gq_tile_1_0_3, gq_tile_1_0_4},
      {NULL, gq_tile_1_1_1, gq_tile_1_1_2, gq_tile_1_1_3, gq_tile_1_1_4}},
     {{NULL, gq_tile_0_0_1, gq_tile_0_0_2, gq_tile_0_0_3, gq_tile_0_0_4},
      {NULL, gq_tile_2_1_1, gq_tile_2_1_2, gq_tile_2_1_3, gq_tile_2_1_4}},
+    {{NULL, gq_tile_1_0_1, gq_tile_1_0_2, gq_tile_1_0_3, gq_tile_1_0_4},
+     {NULL, gq_tile_3_1_1, gq_tile_3_1_2, gq_tile_3_1_3, gq_tile_3_1_4}},
 };
 
 LK_TG void lk_quant_q4q8_rows_avx512(int fmt, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
                                      const void *a, size_t as, float *y, size_t ys) {
-    const bool is_q8 = fmt == LK_FMT_Q80;
+    const bool is_q8 = lk_fmt_q8(fmt);
     const int64_t nb = n / LK_QK;
     const uint8_t *W = w, *A = a;
     const int d = lk_quant_pf_tiles();

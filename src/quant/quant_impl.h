@@ -34,21 +34,24 @@ enum {
     LK_Q8K_QS = 4, LK_Q8K_BS = 260,
 };
 
-/* Q4_0_R16 (lockstep's, made at load): a group of 16 Q4_0 rows of nb
- * blocks takes their 16 * 18 * nb bytes, by pairs of blocks so that every
- * vector is 64-byte aligned when the group is: pair j (blocks 2j, 2j+1) at
- * byte 576 j holds the quants of block 2j (256 B), those of block 2j+1
- * (256 B), the 16 fp16 scales of 2j (32 B), those of 2j+1 (32 B); a last
- * block without a pair sits at 576 (nb / 2): its quants, then its scales.
- * A block's quants are 4 vectors of 64 bytes: bytes 4r..4r+3 of vector k
- * are row r's qs[4k..4k+3] (low nibbles quants 4k.., high nibbles 16+4k..).
- * lk_r16_at: where block b's quants (*q) and scales (*d) start. */
-enum { LK_R16_ROWS = 16, LK_R16_QBYTES = 256, LK_R16_PAIR = 576 };
-static inline void lk_r16_at(int64_t b, int64_t nb, size_t *q, size_t *d) {
-    const size_t j = (size_t)b >> 1, e = (size_t)b & 1;
+/* Q4_0_R16 and Q8_0_R16 (lockstep's, made at load): a group of 16 rows of
+ * nb blocks takes the bytes of its 16 file rows, by pairs of blocks so that
+ * every vector is 64-byte aligned when the group is. A block's quants are
+ * QB = 256 (Q4_0) or 512 (Q8_0) bytes, vectors of 64: bytes 4r..4r+3 of
+ * vector k are row r's qs[4k..4k+3] (Q4_0: low nibbles quants 4k.., high
+ * nibbles 16+4k..; Q8_0: quants 4k.., each + 128 so that they are the
+ * unsigned operand of vpdpbusd as they are). Pair j (blocks 2j, 2j+1) at
+ * byte j (2 QB + 64) holds the quants of block 2j, those of block 2j+1, the
+ * 16 fp16 scales of 2j (32 B), those of 2j+1 (32 B); a last block without a
+ * pair follows: its quants, then its scales. lk_r16_at: where block b's
+ * quants (*q) and scales (*d) start. */
+enum { LK_R16_ROWS = 16 };
+static inline size_t lk_r16_qbytes(bool q8) { return q8 ? 512 : 256; }
+static inline void lk_r16_at(bool q8, int64_t b, int64_t nb, size_t *q, size_t *d) {
+    const size_t qb = lk_r16_qbytes(q8), j = (size_t)b >> 1, e = (size_t)b & 1;
     const bool paired = (b | 1) < nb;
-    *q = LK_R16_PAIR * j + (paired ? LK_R16_QBYTES * e : 0);
-    *d = LK_R16_PAIR * j + (paired ? 2 * LK_R16_QBYTES + 32 * e : LK_R16_QBYTES);
+    *q = (2 * qb + 64) * j + (paired ? qb * e : 0);
+    *d = (2 * qb + 64) * j + (paired ? 2 * qb + 32 * e : qb);
 }
 
 /* The types of quant_q5.c and quant_k23.c (what big MoE files use):
@@ -193,15 +196,20 @@ void lk_quant_mm_q40_avx2(int64_t n, int64_t nrows, const void *w, size_t ws, in
 void lk_quant_mm_q80_avx2(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
                           size_t as, float *y, size_t ys);
 
-/* Q4_0_R16 at the levels without a kernel of their own: each row read back
- * into a Q4_0 row and multiplied by the level's Q4_0 kernel (the same bits:
- * every level's Q4_0 gives the scalar reference's). */
+/* Q4_0_R16 / Q8_0_R16 at the levels without a kernel of their own: each
+ * row read back into a row of the file's type and multiplied by the level's
+ * kernel of that type (the same bits: every level's Q4_0 and Q8_0 give the
+ * scalar reference's). */
 void lk_quant_mm_r16_generic(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
                              size_t as, float *y, size_t ys);
+void lk_quant_mm_q8r16_generic(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
+                               size_t as, float *y, size_t ys);
 /* The layouts that the AVX-512 Q4_0 / Q8_0 kernels below read (`fmt`):
- * Q4_0 rows, Q8_0 rows, or Q4_0_R16 (its whole groups; rows past them are
- * Q4_0 rows). */
-enum { LK_FMT_Q40 = 0, LK_FMT_Q80 = 1, LK_FMT_R16 = 2 };
+ * Q4_0 rows, Q8_0 rows, Q4_0_R16 or Q8_0_R16 (their whole groups; rows
+ * past them are rows of the file's type). */
+enum { LK_FMT_Q40 = 0, LK_FMT_Q80 = 1, LK_FMT_R16 = 2, LK_FMT_Q8R16 = 3 };
+static inline bool lk_fmt_q8(int fmt) { return fmt == LK_FMT_Q80 || fmt == LK_FMT_Q8R16; }
+static inline bool lk_fmt_r16(int fmt) { return fmt >= LK_FMT_R16; }
 
 /* quant_gemm_avx512.c: lk_quant_matmul for Q4_0, Q8_0 or Q4_0_R16 (fmt)
  * weights over many tokens (prefill) as a packed-panel GEMM; the AVX-512
