@@ -10,7 +10,8 @@
 # THREADS (default: the cores), N_TOK (decode tokens per request, default
 # 64), REQ_X (requests per level = REQ_X x concurrency, default 2), WORDS
 # (prompt words, default 16), ROUNDS (default 1: each server's rows ROUNDS
-# times, the servers taking turns, so a noisy machine shows in the spread).
+# times, the servers taking turns, so a noisy machine shows in the spread),
+# NO_TP (set: no --local 2 --tp 2 rows).
 # The memory-bandwidth bound of one token, measured in the same run, is
 # printed first (lockstep bench).
 set -euo pipefail
@@ -56,7 +57,7 @@ serve_lockstep() { # NAME ARGS...
 
 for _round in $(seq "${ROUNDS:-1}"); do
     serve_lockstep "lockstep-1node" -t "$TH"
-    serve_lockstep "lockstep-tp2" --local 2 --tp 2 -t $((TH / 2 > 0 ? TH / 2 : 1))
+    [ -n "${NO_TP:-}" ] || serve_lockstep "lockstep-tp2" --local 2 --tp 2 -t $((TH / 2 > 0 ? TH / 2 : 1))
     if [ -n "${LLAMA_SERVER:-}" ]; then
         # llama-server divides -c among its slots: each slot gets CTX
         "$LLAMA_SERVER" -m "$M" --port "$PORT" -np "$MAXC" -c $((CTX * MAXC)) -t "$TH" -cb --no-webui >/tmp/bench_serve.$$.out 2>&1 &
