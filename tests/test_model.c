@@ -131,6 +131,50 @@ TEST(no_allocation_per_token) {
     lk_gguf_close(g);
 }
 
+/* Repacking at load (Q4_0 and Q8_0 into 16-row groups on AVX-512) changes
+ * no bit: the same logits, prefill and decode, with LK_REPACK=0 (the file's
+ * layout) and without (the kernels' own), on the dense synthetic models of
+ * both types, one and two threads (row splits across threads). On a CPU
+ * without AVX-512 nothing is repacked and both runs take the same path. */
+static int logits_of(const char *file, bool repack, int threads, float *out, int n_out) {
+    char err[LK_ERRLEN];
+    if (repack) unsetenv("LK_REPACK");
+    else setenv("LK_REPACK", "0", 1);
+    lk_gguf *g = NULL;
+    CHECKF(lk_gguf_open(lk_td(file), &g, err, sizeof err) == LK_OK, "%s", err);
+    lk_model_params mp = { .n_ctx = 64, .n_threads = threads };
+    lk_model *m = NULL;
+    if (g) CHECKF(lk_model_load(g, NULL, &mp, &m, err, sizeof err) == LK_OK, "%s", err);
+    unsetenv("LK_REPACK");
+    if (!m) { lk_gguf_close(g); return 0; }
+    const int V = (int)lk_model_cfg(m)->n_vocab;
+    LK_ASSERT(V * 13 <= n_out);
+    int32_t prompt[12] = { 1, 40, 41, 42, 300, 7, 9, 11, 100, 200, 250, 3 };
+    CHECK(lk_model_forward(m, prompt, 12, 0, 12, out) == LK_OK);
+    int32_t t = 77;
+    CHECK(lk_model_forward(m, &t, 1, 12, 1, out + (size_t)12 * V) == LK_OK);
+    lk_model_free(m);
+    lk_gguf_close(g);
+    return 13 * V;
+}
+
+TEST(repacked_weights_same_logits) {
+    static const char *files[] = {"synth/synth-llama-q4_0.gguf", "synth/synth-llama-q8_0.gguf"};
+    enum { N = 13 * 4096 };
+    static float a[N], b[N];
+    for (int f = 0; f < 2; f++)
+        for (int th = 1; th <= 2; th++) {
+            memset(a, 0, sizeof a);
+            memset(b, 0xff, sizeof b);
+            const int na = logits_of(files[f], false, th, a, N), nb = logits_of(files[f], true, th, b, N);
+            CHECK(na > 0 && na == nb);
+            int bad = 0;
+            for (int i = 0; i < na; i++) bad += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+            CHECKF(bad == 0, "%s, %d threads: %d logits differ between the file's layout and the repacked one",
+                   files[f], th, bad);
+        }
+}
+
 TEST(bad_models_rejected) {
     char err[LK_ERRLEN];
     /* a tokenizer-only GGUF has no tensors: a clear error naming what is missing */
@@ -158,6 +202,7 @@ int main(void) {
     RUN(stories260k_f16_kv_cache);
     RUN(synth_dense_references);
     RUN(no_allocation_per_token);
+    RUN(repacked_weights_same_logits);
     RUN(bad_models_rejected);
     return lk_test_end();
 }

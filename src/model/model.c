@@ -875,7 +875,7 @@ static void tune_for(lk_model *m, lk_mat **mats, int n) {
 }
 
 /* The matrices into one huge-page arena, each in the layout its kernels read
- * best (lk_type_repacked: Q4_0 interleaved by 16 rows on AVX-512) where
+ * best (lk_type_repacked: Q4_0 and Q8_0 interleaved by 16 rows on AVX-512) where
  * `repack[i]`: matrices read only through row ranges that start at
  * multiples of 16 (the kernels part's splits; not MLA's per-head views). */
 static void weights_to_arena(lk_model *m, lk_mat **mats, const bool *repack, int n) {

@@ -13,7 +13,11 @@
  *    (64 or 128), more permutes gather the scales. Decode rearranges the
  *    activation row once per call and reduces 4 rows' sums into one vector
  *    before scaling. Both types' 2-4 tokens put 16 rows in the lanes
- *    (quant_gemm_avx512.c, lk_quant_q4q8_rows_avx512).
+ *    (quant_gemm_avx512.c, lk_quant_q4q8_rows_avx512). That is for the
+ *    file's layout: the model repacks Q4_0 and Q8_0 at load into 16-row
+ *    groups (q4_0_r16, q8_0_r16: quant.h), whose decode and 2-4 tokens
+ *    take the rows-in-lanes kernel with no transposes and (Q8_0) no
+ *    permutes, and whose GEMM packing is loads and nibble splits.
  *  - K-quants: one super-block per step, per-sub-block scales applied in the
  *    integer domain with vpdpwssd (i16-sized dot x scale per lane), mins
  *    through the activation's bsums.

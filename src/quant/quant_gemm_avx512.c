@@ -383,13 +383,15 @@ LK_TG void lk_quant_gemm_q4q8_avx512(int fmt, int64_t n, int64_t nrows, const vo
 /* Q4_0 / Q8_0 decode and a few tokens, rows in lanes                     */
 /* ===================================================================== */
 
-/* Below LK_GEMM_MIN_TOK tokens Q4_0 and Q8_0 come here (Q8_0 for decode
- * too), so that every token count gives a row the GEMM's bits, which are
- * the scalar reference's (quant_q4q8_avx2.c has the AVX2 twin of Q4_0 and
- * the reasoning): 16 rows' block transposed into the lanes in registers (no
- * panel, nothing stored), made unsigned as the GEMM's panels are (Q4_0
- * nibbles; Q8_0 + 128), each token's 8 vpdpbusd from its offset correction,
- * then per block one conversion, two multiplies and an add for 16 rows. */
+/* Below LK_GEMM_MIN_TOK tokens Q4_0 and Q8_0 come here (the repacked
+ * q4_0_r16 / q8_0_r16 for decode too), so that every token count gives a
+ * row the GEMM's bits, which are the scalar reference's (quant_q4q8_avx2.c
+ * has the AVX2 twin of Q4_0 and the reasoning): 16 rows' block in the
+ * lanes (the file's rows transposed in registers, no panel, nothing stored;
+ * a repacked group's block loaded as it is), unsigned as the GEMM's panels
+ * are (Q4_0 nibbles; Q8_0 + 128), each token's 8 vpdpbusd from its offset
+ * correction, then per block one conversion, two multiplies and an add for
+ * 16 rows. */
 enum { GQ_T = 4, GQ_KB = 256 };
 typedef struct { float d[GQ_T][GQ_KB]; int32_t corr[GQ_T][GQ_KB]; } gq_act;
 
