@@ -844,7 +844,7 @@ LK_K_TILES(q6k, 6)
 #define F32_CALL(R, T) fl_tile(R, T, 32, n, w, ws, a, as, y, ys)
 #define F16_CALL(R, T) fl_tile(R, T, 16, n, w, ws, a, as, y, ys)
 #define BFC_CALL(R, T) fl_tile(R, T, 0, n, w, ws, a, as, y, ys)
-#define BF_CALL(R, T) bf_tile(R, T, true, n, w, ws, a, as, y, ys, true)
+#define BF_CALL(R, T) bf_tile(R, T, true, n, w, ws, a, as, y, ys, false) /* decode: pf unused */
 LK_F_TILES(LK_T512, f32, F32_CALL)
 LK_F_TILES(LK_T512, f16, F16_CALL)
 LK_F_TILES(LK_T512, bfc, BFC_CALL)

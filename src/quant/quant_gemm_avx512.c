@@ -677,16 +677,16 @@ LK_TG static LK_INL void gk6_pack_body(const bool full, const uint8_t *w, size_t
 LK_TG static void gk4_pack_group(const int kind, const uint8_t *w, size_t ws, int nr, int64_t s0, int kb,
                                  uint8_t (*out)[GKK_VEC][64]) {
     if (kind == 4) {
-        if (nr == 16) gk4_pack_body(4, true, w, ws, nr, s0, kb, out);
+        if (nr == GK_ROWS) gk4_pack_body(4, true, w, ws, nr, s0, kb, out);
         else gk4_pack_body(4, false, w, ws, nr, s0, kb, out);
     } else {
-        if (nr == 16) gk4_pack_body(5, true, w, ws, nr, s0, kb, out);
+        if (nr == GK_ROWS) gk4_pack_body(5, true, w, ws, nr, s0, kb, out);
         else gk4_pack_body(5, false, w, ws, nr, s0, kb, out);
     }
 }
 
 LK_TG static void gk6_pack_group(const uint8_t *w, size_t ws, int nr, int64_t s0, int kb, uint8_t (*out)[GKK_VEC][64]) {
-    if (nr == 16) gk6_pack_body(true, w, ws, nr, s0, kb, out);
+    if (nr == GK_ROWS) gk6_pack_body(true, w, ws, nr, s0, kb, out);
     else gk6_pack_body(false, w, ws, nr, s0, kb, out);
 }
 
