@@ -650,9 +650,12 @@ void lk_quant_repack(lk_type rt, lk_type t, int64_t n, int64_t rows, const void 
                 for (int i = 0; i < LK_R16_ROWS; i++) {
                     const uint8_t *blk = S + (size_t)(r + i) * src_stride + (size_t)b * bb;
                     memcpy(g + dof + 2 * i, blk, 2);
-                    for (int k = 0; k < nq; k++)
-                        for (int e = 0; e < 4; e++)
-                            g[qo + 64 * k + 4 * i + e] = (uint8_t)(blk[2 + 4 * k + e] ^ (q8 ? 0x80 : 0));
+                    for (int k = 0; k < nq; k++) { /* 4 quants at a time (a load takes seconds otherwise) */
+                        uint32_t v;
+                        memcpy(&v, blk + 2 + 4 * k, 4);
+                        v ^= q8 ? 0x80808080u : 0;
+                        memcpy(g + qo + 64 * k + 4 * i, &v, 4);
+                    }
                 }
             }
         }
@@ -675,8 +678,12 @@ void lk_quant_unrepack_row(lk_type rt, int64_t n, const void *w, size_t ws, int6
         lk_r16_at(q8, b, nb, &qo, &dof);
         uint8_t *blk = D + (size_t)b * bb;
         memcpy(blk, g + dof + 2 * i, 2);
-        for (int k = 0; k < nq; k++)
-            for (int e = 0; e < 4; e++) blk[2 + 4 * k + e] = (uint8_t)(g[qo + 64 * k + 4 * i + e] ^ (q8 ? 0x80 : 0));
+        for (int k = 0; k < nq; k++) {
+            uint32_t v;
+            memcpy(&v, g + qo + 64 * k + 4 * i, 4);
+            v ^= q8 ? 0x80808080u : 0;
+            memcpy(blk + 2 + 4 * k, &v, 4);
+        }
     }
 }
 
