@@ -115,6 +115,34 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* A region of `len` bytes as rows of `cols` elements of type t (rb bytes
+ * each): weights like a model's, 16 rows of random values quantised to the
+ * file's type ft (repacked when t is lockstep's own), repeated (quantising
+ * it all would take seconds); types without a quantiser get 0x11 in every
+ * byte, a small normal scale in every format, so no NaN or denormal slows a
+ * candidate. */
+static void fill_weights(uint8_t *dst, size_t len, lk_type t, lk_type ft, int64_t cols, size_t rb, uint32_t *s) {
+    const size_t pat = rb * 16;
+    LK_ASSERT(len >= pat);
+    float *f = lk_xmalloc(sizeof(float) * (size_t)cols);
+    for (int64_t r = 0; r < 16; r++) {
+        for (int64_t i = 0; i < cols; i++) {
+            *s = *s * 1664525u + 1013904223u;
+            f[i] = (float)(*s >> 8) / (float)(1u << 24) * 2.0f - 1.0f;
+        }
+        if (lk_quantize_supported(ft)) lk_quantize_row(ft, f, dst + (size_t)r * rb, cols);
+        else memset(dst + (size_t)r * rb, 0x11, rb);
+    }
+    free(f);
+    if (ft != t) {
+        uint8_t *q = lk_xmalloc(pat);
+        memcpy(q, dst, pat);
+        lk_quant_repack(t, ft, cols, 16, q, rb, dst);
+        free(q);
+    }
+    for (size_t o = pat; o < len; o += pat) memcpy(dst + o, dst, LK_MIN(pat, len - o));
+}
+
 /* Wall time of one pass over the matrices (ms). */
 static double pass_ms(lk_pool *p, const lk_mat *mats, int nm, const float *x, int64_t ntok, float *y, void *scratch) {
     uint64_t t0 = lk_time_ns();
@@ -196,10 +224,16 @@ void lk_tune_calibrate(lk_pool *p, lk_type t, int64_t cols, int64_t rows, size_t
     }
     /* memory-bound: the matrices together well past the last-level cache,
      * each of the model's shape (so the pool's dispatch per matrix counts as
-     * in decode); rows cut to fit when one matrix alone is larger */
+     * in decode); rows cut to fit when one matrix alone is larger. Every
+     * other matrix takes the transposed shape where the type allows it
+     * (an FFN's down matrix beside its gate and up: on a Zen 5 the rows
+     * per decode tile that suit 2048-wide rows did not suit 5632-wide ones,
+     * and one shape alone chose against the whole model's decode). */
     rows = LK_MAX((int64_t)16, LK_MIN(rows, (int64_t)(bytes / rb) / 16 * 16));
     if (r16) rows = rows / 16 * 16; /* whole groups: the 16 rows below repeat as groups */
     const size_t mb = rb * (size_t)rows;
+    size_t rb2 = 0;
+    const bool two = cols != rows && cols % 16 == 0 && lk_type_row_bytes(t, rows, &rb2) && rb2 * (size_t)cols == mb;
     const int nm = (int)LK_MAX((size_t)1, LK_MIN(bytes / mb, (size_t)4096));
     const size_t len = mb * (size_t)nm;
     uint8_t *buf = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -210,43 +244,26 @@ void lk_tune_calibrate(lk_pool *p, lk_type t, int64_t cols, int64_t rows, size_t
         return;
     }
     madvise(buf, len, MADV_HUGEPAGE);
-    /* weights like a model's: 16 rows of random values quantised to the
-     * type, copied over the buffer (quantising it all would take seconds);
-     * types without a quantiser get 0x11 in every byte, a small normal
-     * scale in every format, so no NaN or denormal slows a candidate */
-    const int64_t n16 = LK_MIN(rows, (int64_t)16);
-    float *f = lk_xmalloc(sizeof(float) * (size_t)cols);
     uint32_t s = 12345;
-    for (int64_t r = 0; r < n16; r++) {
-        for (int64_t i = 0; i < cols; i++) {
-            s = s * 1664525u + 1013904223u;
-            f[i] = (float)(s >> 8) / (float)(1u << 24) * 2.0f - 1.0f;
-        }
-        if (lk_quantize_supported(ft)) lk_quantize_row(ft, f, buf + (size_t)r * rb, cols);
-        else memset(buf + (size_t)r * rb, 0x11, rb);
-    }
-    free(f);
-    if (r16) {
-        uint8_t *q = lk_xmalloc(rb * 16);
-        memcpy(q, buf, rb * 16);
-        lk_quant_repack(t, ft, cols, 16, q, rb, buf);
-        free(q);
-    }
-    for (size_t o = (size_t)n16 * rb; o < len; o += (size_t)n16 * rb)
-        memcpy(buf + o, buf, LK_MIN((size_t)n16 * rb, len - o));
+    fill_weights(buf, mb, t, ft, cols, rb, &s);
+    if (two && nm > 1) fill_weights(buf + mb, mb, t, ft, rows, rb2, &s);
+    for (int i = 2; i < nm; i++) memcpy(buf + (size_t)i * mb, buf + (size_t)(two ? i % 2 : 0) * mb, mb);
     lk_mat *mats = lk_xmalloc(sizeof(lk_mat) * (size_t)nm);
     for (int i = 0; i < nm; i++)
-        mats[i] = (lk_mat){ .type = t, .cols = cols, .rows = rows, .data = buf + (size_t)i * mb, .row_stride = rb };
+        mats[i] = two && i % 2 ? (lk_mat){ .type = t, .cols = rows, .rows = cols, .data = buf + (size_t)i * mb, .row_stride = rb2 }
+                               : (lk_mat){ .type = t, .cols = cols, .rows = rows, .data = buf + (size_t)i * mb, .row_stride = rb };
     enum { NTOK = 64 };
-    float *x = lk_xmalloc(sizeof(float) * (size_t)cols * NTOK);
-    for (int64_t i = 0; i < cols * NTOK; i++) {
+    const int64_t wide = LK_MAX(cols, rows);
+    float *x = lk_xmalloc(sizeof(float) * (size_t)wide * NTOK);
+    for (int64_t i = 0; i < wide * NTOK; i++) {
         s = s * 1664525u + 1013904223u;
         x[i] = (float)(s >> 8) / (float)(1u << 24) * 2.0f - 1.0f;
     }
-    float *y = lk_xmalloc(sizeof(float) * (size_t)rows * NTOK);
-    void *scratch = lk_xmalloc(lk_matmul_scratch_bytes(cols, NTOK));
-    int at = snprintf(report, n, "%s %lld x %lld x %d matrices (%zu MiB), %d threads, median of >= 2 rounds in ms (x its median ratio to the default's):",
-                      lk_type_name(t), (long long)rows, (long long)cols, nm, len >> 20, lk_pool_size(p));
+    float *y = lk_xmalloc(sizeof(float) * (size_t)wide * NTOK);
+    void *scratch = lk_xmalloc(lk_matmul_scratch_bytes(wide, NTOK));
+    int at = snprintf(report, n, "%s %lld x %lld%s x %d matrices (%zu MiB), %d threads, median of >= 2 rounds in ms (x its median ratio to the default's):",
+                      lk_type_name(t), (long long)rows, (long long)cols, two && nm > 1 ? " and transposed" : "", nm,
+                      len >> 20, lk_pool_size(p));
 
     lk_tune_apply(&cur);
     pass_ms(p, mats, nm, x, 1, y, scratch); /* warm-up: TLB, page tables, the pool */
@@ -299,8 +316,10 @@ void lk_tune_calibrate(lk_pool *p, lk_type t, int64_t cols, int64_t rows, size_t
     }
     /* 4. where the AVX-512 quantised GEMM takes over: an 8-token step (a
      * server's 8 sequences) over the memory-bound matrices, through the GEMM
-     * (from 5 tokens, the default) or the few-token kernels (from 9) */
-    if (!strcmp(lk_quant_simd_name(), "avx512") && (ft == LK_TYPE_Q4_0 || ft == LK_TYPE_Q8_0 || t == LK_TYPE_Q4_K ||
+     * (from 5 tokens, the default) or the few-token kernels (from 9). Not
+     * for the repacked types, whose default is 16 (quant_impl.h): both
+     * candidates would take their few-token kernel at 8 tokens. */
+    if (!strcmp(lk_quant_simd_name(), "avx512") && (t == LK_TYPE_Q4_0 || t == LK_TYPE_Q8_0 || t == LK_TYPE_Q4_K ||
                                                     t == LK_TYPE_Q5_K)) {
         enum { GT = 8 };
         static const int gts[] = { 0, 9 };
@@ -538,7 +557,10 @@ void lk_tune_init(lk_pool *p, lk_type t, int64_t cols, int64_t rows, uint64_t mo
         free(lines);
         return;
     }
-    const size_t bytes = LK_MIN(LK_MAX(2 * llc, (size_t)64 << 20), (size_t)256 << 20);
+    /* 4 x the last-level cache: at 2 x (64 MiB on a 32 MiB Zen 5 L3) two F16 matrices of the
+     * model's shape were partly cache-resident and chose the rows per tile that suit
+     * the cache, against the model's decode from memory */
+    const size_t bytes = LK_MIN(LK_MAX(4 * llc, (size_t)128 << 20), (size_t)256 << 20);
     char rep[900];
     lk_tune_calibrate(p, t, cols, rows, bytes, &s, rep, sizeof rep);
     lk_tune_format(&s, set, sizeof set);

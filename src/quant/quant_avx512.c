@@ -864,6 +864,10 @@ static inline int64_t gemm_min_tok(void) {
     const int v = lk_quant_gemm_tok();
     return v ? v : LK_GEMM_MIN_TOK;
 }
+static inline int64_t gemm_min_tok_r16(void) {
+    const int v = lk_quant_gemm_tok();
+    return v ? v : LK_GEMM_MIN_TOK_R16;
+}
 
 /* Q4_0: one arithmetic for every token count (the scalar reference's, so
  * batch invariant): decode through the prepared-activation 4-row kernel,
@@ -879,12 +883,12 @@ static void mm_q40(int64_t n, int64_t nrows, const void *w, size_t w_stride, int
  * its transposes */
 static void mm_q40r16(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
                       size_t a_stride, float *y, size_t y_stride) {
-    if (ntok < gemm_min_tok()) lk_quant_q4q8_rows_avx512(LK_FMT_R16, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
+    if (ntok < gemm_min_tok_r16()) lk_quant_q4q8_rows_avx512(LK_FMT_R16, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
     else lk_quant_gemm_q4q8_avx512(LK_FMT_R16, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
 }
 static void mm_q80r16(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
                       size_t a_stride, float *y, size_t y_stride) {
-    if (ntok < gemm_min_tok()) lk_quant_q4q8_rows_avx512(LK_FMT_Q8R16, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
+    if (ntok < gemm_min_tok_r16()) lk_quant_q4q8_rows_avx512(LK_FMT_Q8R16, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
     else lk_quant_gemm_q4q8_avx512(LK_FMT_Q8R16, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
 }
 /* Q8_0: the same one arithmetic; decode as Q4_0's, 2-4 tokens rows in lanes */

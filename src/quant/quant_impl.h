@@ -220,6 +220,13 @@ static inline bool lk_fmt_r16(int fmt) { return fmt >= LK_FMT_R16; }
  * tokens 82 / 83, 12 tokens 95 / 117. (Float weights take the register
  * tiles for every token count: quant_avx512.c says why.) */
 enum { LK_GEMM_MIN_TOK = 5, LK_GEMM_MIN_TOK_Q6K = 10 };
+/* The repacked Q4_0 / Q8_0 (q4_0_r16, q8_0_r16) read 16 rows in the lanes
+ * without transposes, so their few-token kernel stays ahead of the GEMM for
+ * longer: a Zen 5, 2 threads, TinyLlama shape, `bench --seqs 8` 212-217 ->
+ * 244-245 tok/s (Q4_0) and 119-123 -> 168-211 (Q8_0) with the GEMM from 16
+ * tokens instead of 5; 12 sequences 2-7 % ahead. (A tuned gtok applies to
+ * them too.) */
+enum { LK_GEMM_MIN_TOK_R16 = 16 };
 void lk_quant_gemm_q4q8_avx512(int fmt, int64_t n, int64_t nrows, const void *w, size_t ws,
                                int64_t ntok, const void *a, size_t as, float *y, size_t ys);
 /* The same layouts below LK_GEMM_MIN_TOK tokens (tiles of up to
