@@ -46,8 +46,16 @@ munged --force --socket="$SOCK" --key-file="$T/munge/munge.key" --pid-file="$T/m
     --log-file="$T/munged.log" --seed-file="$T/munge/seed" 2>"$T/munged.err" ||
     { echo "SKIP slurm: munged did not start: $(tail -n 2 "$T/munged.err")"; exit 0; }
 host=$(hostname -s)
-p1=$(( 20000 + RANDOM % 20000 ))
-cat >"$T/slurm.conf" <<EOF
+# A random port pair may be taken (another program's listener or an
+# ephemeral port): slurmctld then dies after daemonising ("Address already
+# in use") and every sinfo waits out its message timeout. So: a wall-clock
+# bound on the wait, sinfo bounded too, and another port pair when the
+# controller is gone.
+export SLURM_CONF=$T/slurm.conf
+up=
+for attempt in 1 2 3; do
+    p1=$(( 20000 + RANDOM % 20000 ))
+    cat >"$T/slurm.conf" <<EOF
 ClusterName=lktest
 SlurmctldHost=$host
 SlurmctldPort=$p1
@@ -69,18 +77,28 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2
 MpiDefault=none
+MessageTimeout=5
 NodeName=$host CPUs=$(nproc) State=UNKNOWN
 PartitionName=lktest Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 EOF
-export SLURM_CONF=$T/slurm.conf
-slurmctld -f "$SLURM_CONF" -i 2>"$T/ctld.err" && slurmd -f "$SLURM_CONF" 2>"$T/d.err" ||
-    { echo "SKIP slurm: slurmctld/slurmd did not start: $(tail -n 2 "$T"/*.err)"; exit 0; }
-up=
-for _ in $(seq 100); do
-    sinfo -h -o %t 2>/dev/null | grep -q idle && { up=1; break; }
-    sleep 0.1
+    slurmctld -f "$SLURM_CONF" -i 2>"$T/ctld.err" && slurmd -f "$SLURM_CONF" 2>"$T/d.err" ||
+        { echo "SKIP slurm: slurmctld/slurmd did not start: $(tail -n 2 "$T"/*.err)"; exit 0; }
+    t_end=$(( $(date +%s) + 10 ))
+    while [ "$(date +%s)" -lt "$t_end" ]; do
+        timeout 3 sinfo -h -o %t 2>/dev/null | grep -q idle && { up=1; break; }
+        # the controller gone (its pid file is written once it runs): another port
+        [ -s "$T/slurmctld.pid" ] && ! kill -0 "$(cat "$T/slurmctld.pid")" 2>/dev/null && break
+        sleep 0.1
+    done
+    [ -n "$up" ] && break
+    echo "note: slurm attempt $attempt on port $p1: $(tail -n 1 "$T/slurmctld.log" 2>/dev/null)"
+    for f in slurmd.pid slurmctld.pid; do
+        [ -s "$T/$f" ] && kill "$(cat "$T/$f")" 2>/dev/null
+        rm -f "$T/$f"
+    done
+    sleep 0.5
 done
-[ -n "$up" ] || { echo "SKIP slurm: the node did not become idle in 10 s: $(tail -n 2 "$T/slurmctld.log" 2>/dev/null)"; exit 0; }
+[ -n "$up" ] || { echo "SKIP slurm: the node did not become idle in 3 tries of 10 s: $(tail -n 2 "$T/slurmctld.log" 2>/dev/null)"; exit 0; }
 ok slurm_daemons_up
 
 "$L" run -m "$M" -p "Once upon a time" -n 24 --temp 0 >"$T/one.txt" 2>/dev/null
