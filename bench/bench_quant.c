@@ -120,8 +120,8 @@ int main(int argc, char **argv) {
     double pk_i8 = (ci->feat & LK_CPU_AVX512VNNI) ? peak_rate(peak_vnni, 64) : 0;
     printf("peak, one thread: fp32 FMA %.1f GFLOP/s, bf16 dot (vdpbf16ps) %.1f, int8 dot (vpdpbusd) %.1f GOP/s (0: absent)\n",
            pk_f32, pk_bf, pk_i8);
-    lk_type types[] = {LK_TYPE_Q4_0, LK_TYPE_Q4_0_R16, LK_TYPE_Q8_0, LK_TYPE_Q8_0_R16, LK_TYPE_Q4_K, LK_TYPE_Q5_K, LK_TYPE_Q6_K,
-                       LK_TYPE_F16, LK_TYPE_BF16, LK_TYPE_F32, LK_TYPE_Q5_0, LK_TYPE_Q5_1,
+    lk_type types[] = {LK_TYPE_Q4_0, LK_TYPE_Q4_0_R16, LK_TYPE_Q8_0, LK_TYPE_Q8_0_R16, LK_TYPE_Q4_K, LK_TYPE_Q4_K_R16, LK_TYPE_Q5_K,
+                       LK_TYPE_Q5_K_R16, LK_TYPE_Q6_K, LK_TYPE_Q6_K_R16, LK_TYPE_F16, LK_TYPE_BF16, LK_TYPE_F32, LK_TYPE_Q5_0, LK_TYPE_Q5_1,
                        LK_TYPE_Q2_K, LK_TYPE_Q3_K, LK_TYPE_IQ4_XS};
     const char *levels[] = {"scalar", "avx2", "avx512"};
     const char *only = getenv("BENCH_LEVEL");
@@ -152,20 +152,20 @@ int main(int argc, char **argv) {
                 for (int64_t i = 0; i < cols; i++) tmp[i] = (float)((int64_t)(rnd() % 2001) - 1000) / 1000.f;
                 lk_quantize_row(ft, tmp, w + (size_t)r * rb, cols);
             }
-            if (ft != t) {
-                uint8_t *q = malloc(mat);
-                memcpy(q, w, mat);
-                lk_quant_repack(t, ft, cols, rows, q, rb, w);
-                free(q);
-            }
         } else {
             size_t bb = lk_type_block_bytes(t);
-            size_t doff = t == LK_TYPE_Q6_K ? 208 : 0; /* the fp16 scale (IQ4_XS: at 0) */
+            size_t doff = ft == LK_TYPE_Q6_K ? 208 : 0; /* the fp16 scale (IQ4_XS: at 0) */
             for (size_t b = 0; b < mat / bb; b++) {
                 uint16_t h = 0x2000 | (uint16_t)(rnd() & 0x3ff);
                 memcpy(w + b * bb + doff, &h, 2);
-                if (t != LK_TYPE_Q6_K) memcpy(w + b * bb + 2, &h, 2);
+                if (ft != LK_TYPE_Q6_K) memcpy(w + b * bb + 2, &h, 2);
             }
+        }
+        if (ft != t) {
+            uint8_t *q = malloc(mat);
+            memcpy(q, w, mat);
+            lk_quant_repack(t, ft, cols, rows, q, rb, w);
+            free(q);
         }
         for (int c = 1; c < copies; c++) memcpy(w + (size_t)c * mat, w, mat);
         uint8_t *a = malloc(arb * (size_t)(ntok_pf ? ntok_pf : 1));

@@ -131,10 +131,11 @@ TEST(no_allocation_per_token) {
     lk_gguf_close(g);
 }
 
-/* Repacking at load (Q4_0 and Q8_0 into 16-row groups on AVX-512) changes
- * no bit: the same logits, prefill and decode, with LK_REPACK=0 (the file's
- * layout) and without (the kernels' own), on the dense synthetic models of
- * both types, one and two threads (row splits across threads). On a CPU
+/* Repacking at load (Q4_0, Q8_0 and the K-quants into 16-row groups on
+ * AVX-512) changes no bit: the same logits, prefill and decode, with
+ * LK_REPACK=0 (the file's layout) and without (the kernels' own), on the
+ * dense synthetic models of those types (Q4_K_M and Q5_K_M mix Q4_K or
+ * Q5_K with Q6_K), one and two threads (row splits across threads). On a CPU
  * without AVX-512 nothing is repacked and both runs take the same path. */
 static int logits_of(const char *file, bool repack, int threads, float *out, int n_out) {
     char err[LK_ERRLEN];
@@ -159,10 +160,12 @@ static int logits_of(const char *file, bool repack, int threads, float *out, int
 }
 
 TEST(repacked_weights_same_logits) {
-    static const char *files[] = {"synth/synth-llama-q4_0.gguf", "synth/synth-llama-q8_0.gguf"};
+    static const char *files[] = {"synth/synth-llama-q4_0.gguf", "synth/synth-llama-q8_0.gguf",
+                                  "synth/synth-llama-q4_k_m.gguf", "synth/synth-llama-q5_k_m.gguf",
+                                  "synth/synth-llama-q6_k.gguf"};
     enum { N = 13 * 4096 };
     static float a[N], b[N];
-    for (int f = 0; f < 2; f++)
+    for (int f = 0; f < (int)(sizeof files / sizeof files[0]); f++)
         for (int th = 1; th <= 2; th++) {
             memset(a, 0, sizeof a);
             memset(b, 0xff, sizeof b);

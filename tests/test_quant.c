@@ -72,6 +72,9 @@ TEST(traits) {
     CHECK(lk_type_block_size(LK_TYPE_Q4_0_R16) == 32 && lk_type_block_bytes(LK_TYPE_Q4_0_R16) == 18);
     CHECK(!lk_type_from_name("q4_0_r16", &(lk_type){0}) && !lk_type_from_name("q8_0_r16", &(lk_type){0}));
     CHECK(lk_type_block_bytes(LK_TYPE_Q8_0_R16) == 34 && lk_type_file(LK_TYPE_Q8_0_R16) == LK_TYPE_Q8_0);
+    CHECK(lk_type_block_bytes(LK_TYPE_Q6_K_R16) == 210 && lk_type_file(LK_TYPE_Q6_K_R16) == LK_TYPE_Q6_K);
+    CHECK(lk_type_file(LK_TYPE_Q4_K_R16) == LK_TYPE_Q4_K && lk_type_file(LK_TYPE_Q5_K_R16) == LK_TYPE_Q5_K);
+    CHECK(!lk_type_from_name("q4_k_r16", &(lk_type){0}) && !lk_type_supported(LK_TYPE_Q6_K_R16));
     uint32_t unknown[] = {4, 5, 31, 32, 33, 36, 37, 38, LK_TYPE_ALL, 1000};
     for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
         CHECK(lk_type_block_size(unknown[i]) == 0);
@@ -555,26 +558,30 @@ TEST(matmul_levels_scalar_order_bit_exact) {
     lk_quant_set_simd("scalar");
 }
 
-/* Q4_0_R16 and Q8_0_R16, the layouts made at load: lk_quant_repack then
+/* Q4_0_R16, Q8_0_R16, Q4_K_R16, Q5_K_R16 and Q6_K_R16, the layouts made at load: lk_quant_repack then
  * lk_quant_unrepack_row give each file row back byte for byte, and at
  * every level a call on the repacked matrix gives the scalar call's bits on
  * the file's rows, for 1-40 tokens (the rows kernel, the GEMM and its
  * tails), on row ranges that start at multiples of 16 (as the kernels part
  * splits them) with file rows past the last whole group, on rows of an odd
  * block count (a block without a pair; groups not 64-byte aligned), rows
- * past the GEMM's K blocks and the rows kernel's column chunk (256 blocks).
- * The choice to repack: Q4_0 and Q8_0 with 16+ rows where a kernel reads
- * the layout, never other types or with LK_REPACK=0. */
+ * past the GEMM's K blocks and the rows kernel's column chunk (256 blocks;
+ * K-quants: 16 super-blocks).
+ * The choice to repack: Q4_0, Q8_0, Q4_K, Q5_K and Q6_K with 16+ rows where
+ * a kernel reads the layout, never other types or with LK_REPACK=0. */
 TEST(repacked_same_bits_as_file_rows) {
     static const char *levels[] = {"scalar", "avx2", "avx512"};
     static const int64_t chunks[] = {1, 2, 3, 4, 5, 9, 16, 40};
-    static const struct { int64_t nb, nrows; } shapes[] = {{7, 53}, {64, 48}, {389, 37}, {1, 16}};
-    static const lk_type rts[] = {LK_TYPE_Q4_0_R16, LK_TYPE_Q8_0_R16};
+    static const struct { int64_t nb, nrows; } shapes[] = {{7, 53}, {64, 48}, {389, 37}, {1, 16}},
+                                               kshapes[] = {{7, 53}, {16, 48}, {33, 37}, {1, 16}};
+    static const lk_type rts[] = {LK_TYPE_Q4_0_R16, LK_TYPE_Q8_0_R16, LK_TYPE_Q4_K_R16, LK_TYPE_Q5_K_R16,
+                                  LK_TYPE_Q6_K_R16};
     enum { NT = 40 };
-    for (size_t ri = 0; ri < 2; ri++)
+    for (size_t ri = 0; ri < sizeof rts / sizeof rts[0]; ri++)
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const lk_type rt = rts[ri], ft = lk_type_file(rt);
-        const int64_t n = 32 * shapes[si].nb, nrows = shapes[si].nrows;
+        const bool kq = lk_type_block_size(rt) == 256;
+        const int64_t n = lk_type_block_size(rt) * (kq ? kshapes : shapes)[si].nb, nrows = (kq ? kshapes : shapes)[si].nrows;
         CHECK(ft != rt && lk_type_vec_dot(rt) == lk_type_vec_dot(ft));
         CHECK(lk_quant_set_simd("scalar"));
         mm_case mc = mm_case_new(ft, n, nrows, NT);
@@ -624,7 +631,11 @@ TEST(repacked_same_bits_as_file_rows) {
         CHECK(lk_type_repacked(LK_TYPE_Q4_0, 4096) == LK_TYPE_Q4_0_R16);
         CHECK(lk_type_repacked(LK_TYPE_Q8_0, 4096) == LK_TYPE_Q8_0_R16);
         CHECK(lk_type_repacked(LK_TYPE_Q4_0, 15) == LK_TYPE_Q4_0);
-        CHECK(lk_type_repacked(LK_TYPE_Q4_K, 4096) == LK_TYPE_Q4_K);
+        CHECK(lk_type_repacked(LK_TYPE_Q4_K, 4096) == LK_TYPE_Q4_K_R16);
+        CHECK(lk_type_repacked(LK_TYPE_Q5_K, 4096) == LK_TYPE_Q5_K_R16);
+        CHECK(lk_type_repacked(LK_TYPE_Q6_K, 4096) == LK_TYPE_Q6_K_R16);
+        CHECK(lk_type_repacked(LK_TYPE_Q6_K, 8) == LK_TYPE_Q6_K);
+        CHECK(lk_type_repacked(LK_TYPE_Q3_K, 4096) == LK_TYPE_Q3_K);
         setenv("LK_REPACK", "0", 1);
         CHECK(lk_type_repacked(LK_TYPE_Q4_0, 4096) == LK_TYPE_Q4_0);
         unsetenv("LK_REPACK");

@@ -279,8 +279,9 @@ void lk_tune_calibrate(lk_pool *p, lk_type t, int64_t cols, int64_t rows, size_t
         at = append(report, n, at, " pf 0/1/2/4 %.2f/%.2f/%.2f/%.2f (x%.2f/1/x%.2f/x%.2f);", med[0], med[1], med[2],
                     med[3], ratio[0], ratio[2], ratio[3]);
     }
-    /* 1b. rows per decode tile, for the types whose decode is tiled */
-    if (strcmp(lk_quant_simd_name(), "scalar") && ft != LK_TYPE_Q4_0 && ft != LK_TYPE_Q8_0) {
+    /* 1b. rows per decode tile, for the types whose decode is tiled (not
+     * the repacked ones: 16 rows in the lanes) */
+    if (strcmp(lk_quant_simd_name(), "scalar") && !r16 && ft != LK_TYPE_Q4_0 && ft != LK_TYPE_Q8_0) {
         static const int drs[] = { 4, 1 };
         lk_tune_set c[2];
         double med[2], ratio[2];

@@ -908,7 +908,7 @@ static void weights_to_arena(lk_model *m, lk_mat **mats, const bool *repack, int
     lk_type *to = lk_xmalloc(sizeof(lk_type) * (size_t)n);
     int nrep = 0;
     size_t brep = 0;
-    lk_type last = LK_TYPE_F32;
+    bool rtype[LK_TYPE_ALL] = {false};
     for (int i = 0; i < n; i++) to[i] = repack[i] ? lk_type_repacked(mats[i]->type, mats[i]->rows) : mats[i]->type;
     copy_job j = {mats, n, dst, off, to};
     lk_pool_run(m->pool, copy_fn, &j);
@@ -918,12 +918,17 @@ static void weights_to_arena(lk_model *m, lk_mat **mats, const bool *repack, int
         LK_ASSERT(lk_type_row_bytes(w->type, w->cols, &rb));
         w->data = dst + off[i];
         w->row_stride = rb;
-        if (w->type != to[i]) nrep++, brep += compact_bytes(w), last = to[i];
+        if (w->type != to[i]) nrep++, brep += compact_bytes(w), rtype[to[i]] = true;
         w->type = to[i]; /* the same bytes a row */
     }
-    if (nrep)
+    if (nrep) {
+        char names[128] = "";
+        for (int t = 0, k = 0; t < LK_TYPE_ALL; t++)
+            if (rtype[t] && k < (int)sizeof names)
+                k += snprintf(names + k, sizeof names - (size_t)k, "%s%s", k ? ", " : "", lk_type_name((uint32_t)t));
         lk_log(LK_LOG_DEBUG, "model: %d matrices (%zu MiB) repacked into 16-row groups (%s) for the %s kernels "
-                             "(LK_REPACK=0: as in the file)", nrep, brep >> 20, lk_type_name(last), lk_quant_simd_name());
+                             "(LK_REPACK=0: as in the file)", nrep, brep >> 20, names, lk_quant_simd_name());
+    }
     free(to);
     m->arena = map;
     m->arena_len = len;

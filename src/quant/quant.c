@@ -58,6 +58,9 @@ static const lk_type_traits k_traits[LK_TYPE_ALL] = {
     [LK_TYPE_MXFP4]   = {"mxfp4", 32, 17},
     [LK_TYPE_Q4_0_R16] = {"q4_0_r16", 32, 18}, /* ours: the file type's bytes, rows interleaved */
     [LK_TYPE_Q8_0_R16] = {"q8_0_r16", 32, 34},
+    [LK_TYPE_Q4_K_R16] = {"q4_k_r16", 256, 144},
+    [LK_TYPE_Q5_K_R16] = {"q5_k_r16", 256, 176},
+    [LK_TYPE_Q6_K_R16] = {"q6_k_r16", 256, 210},
 };
 
 const char *lk_type_name(uint32_t t) {
@@ -115,8 +118,8 @@ lk_type lk_type_vec_dot(lk_type t) {
     case LK_TYPE_Q4_0: case LK_TYPE_Q8_0: case LK_TYPE_Q5_0: case LK_TYPE_Q4_0_R16: case LK_TYPE_Q8_0_R16:
         return LK_TYPE_Q8_0;
     case LK_TYPE_Q5_1: return LK_TYPE_Q8_1; /* its min needs the activation sum */
-    case LK_TYPE_Q4_K: case LK_TYPE_Q5_K: case LK_TYPE_Q6_K:
-    case LK_TYPE_Q2_K: case LK_TYPE_Q3_K: case LK_TYPE_IQ4_XS: return LK_TYPE_Q8_K;
+    case LK_TYPE_Q4_K: case LK_TYPE_Q5_K: case LK_TYPE_Q6_K: case LK_TYPE_Q4_K_R16: case LK_TYPE_Q5_K_R16:
+    case LK_TYPE_Q6_K_R16: case LK_TYPE_Q2_K: case LK_TYPE_Q3_K: case LK_TYPE_IQ4_XS: return LK_TYPE_Q8_K;
     case LK_TYPE_F16: return LK_TYPE_F16;
     case LK_TYPE_BF16: return LK_TYPE_BF16;
     case LK_TYPE_F32: return LK_TYPE_F32;
@@ -470,6 +473,9 @@ void lk_quant_fill_scalar(lk_quant_ops *ops) {
     ops->mm[LK_TYPE_Q6_K] = mm_q6_k;
     ops->mm[LK_TYPE_Q4_0_R16] = lk_quant_mm_r16_generic;
     ops->mm[LK_TYPE_Q8_0_R16] = lk_quant_mm_q8r16_generic;
+    ops->mm[LK_TYPE_Q4_K_R16] = lk_quant_mm_q4kr16_generic;
+    ops->mm[LK_TYPE_Q5_K_R16] = lk_quant_mm_q5kr16_generic;
+    ops->mm[LK_TYPE_Q6_K_R16] = lk_quant_mm_q6kr16_generic;
     ops->quant[LK_TYPE_F32] = quant_f32;
     ops->quant[LK_TYPE_F16] = quant_f16;
     ops->quant[LK_TYPE_BF16] = quant_bf16;
@@ -615,19 +621,82 @@ void lk_quant_matmul(lk_type wt, int64_t n, int64_t nrows, const void *w, size_t
 /* Repacking at load (quant.h; the layout: quant_impl.h)                   */
 /* ===================================================================== */
 
+/* file type <-> repacked type */
+static const struct { lk_type file, rep; } k_repacks[] = {
+    {LK_TYPE_Q4_0, LK_TYPE_Q4_0_R16}, {LK_TYPE_Q8_0, LK_TYPE_Q8_0_R16}, {LK_TYPE_Q4_K, LK_TYPE_Q4_K_R16},
+    {LK_TYPE_Q5_K, LK_TYPE_Q5_K_R16}, {LK_TYPE_Q6_K, LK_TYPE_Q6_K_R16},
+};
+enum { N_REPACKS = sizeof k_repacks / sizeof k_repacks[0] };
+
 lk_type lk_type_file(lk_type t) {
-    return t == LK_TYPE_Q4_0_R16 ? LK_TYPE_Q4_0 : t == LK_TYPE_Q8_0_R16 ? LK_TYPE_Q8_0 : t;
+    for (int i = 0; i < N_REPACKS; i++)
+        if (k_repacks[i].rep == t) return k_repacks[i].file;
+    return t;
+}
+
+static bool mm_is_generic(lk_qmm_fn mm) {
+    return mm == lk_quant_mm_r16_generic || mm == lk_quant_mm_q8r16_generic || mm == lk_quant_mm_q4kr16_generic ||
+           mm == lk_quant_mm_q5kr16_generic || mm == lk_quant_mm_q6kr16_generic;
 }
 
 lk_type lk_type_repacked(lk_type t, int64_t rows) {
-    const lk_type rt = t == LK_TYPE_Q4_0 ? LK_TYPE_Q4_0_R16 : t == LK_TYPE_Q8_0 ? LK_TYPE_Q8_0_R16 : t;
+    lk_type rt = t;
+    for (int i = 0; i < N_REPACKS; i++)
+        if (k_repacks[i].file == t) rt = k_repacks[i].rep;
     if (rt == t || rows < LK_R16_ROWS) return t;
     const char *env = getenv("LK_REPACK");
     if (env && !strcmp(env, "0")) return t;
     /* only where a kernel reads it as it is: elsewhere it would be read
      * back into the file's rows at every call */
-    const lk_qmm_fn mm = ops_get()->mm[rt];
-    return mm != lk_quant_mm_r16_generic && mm != lk_quant_mm_q8r16_generic ? rt : t;
+    return mm_is_generic(ops_get()->mm[rt]) ? t : rt;
+}
+
+/* Where byte 4k (k < 4-byte groups) of row i of a group's block b lands:
+ * `q` + 64k + 4i; for Q4_0/Q8_0 and Q6_K the 2-byte scale of row i at
+ * `d` + 2i (quant_impl.h). *q4: the 4-byte groups of a row's block that go
+ * so, *at: the byte of the block where they start (the scale is elsewhere). */
+static void r16_place(lk_type rt, int64_t b, int64_t nb, size_t *q, size_t *d, int *nq, size_t *at) {
+    switch (rt) {
+    case LK_TYPE_Q4_0_R16: case LK_TYPE_Q8_0_R16: {
+        const bool q8 = rt == LK_TYPE_Q8_0_R16;
+        lk_r16_at(q8, b, nb, q, d);
+        *nq = q8 ? 8 : 4, *at = 2;
+        return;
+    }
+    default: {
+        const size_t bb = lk_type_block_bytes(rt);
+        lk_kr16_at(bb, b, nb, q, d);
+        *nq = (int)(bb / 4), *at = 0;
+        return;
+    }
+    }
+}
+
+/* One row's block to or from its place in a group (back: from) */
+static void r16_move(lk_type rt, bool back, uint8_t *blk, uint8_t *g, int i, int64_t b, int64_t nb) {
+    size_t qo, dof, at;
+    int nq;
+    r16_place(rt, b, nb, &qo, &dof, &nq, &at);
+    const uint32_t flip = rt == LK_TYPE_Q8_0_R16 ? 0x80808080u : 0;
+    const size_t bb = lk_type_block_bytes(rt);
+    /* the 2-byte scale: first (Q4_0, Q8_0) or last (Q6_K) */
+    const size_t so = at ? 0 : bb % 4 ? bb - 2 : SIZE_MAX;
+    if (so != SIZE_MAX) {
+        if (back) memcpy(blk + so, g + dof + 2 * i, 2);
+        else memcpy(g + dof + 2 * i, blk + so, 2);
+    }
+    for (int k = 0; k < nq; k++) { /* 4 bytes at a time (a load takes seconds byte by byte) */
+        uint32_t v;
+        if (back) {
+            memcpy(&v, g + qo + 64 * k + 4 * i, 4);
+            v ^= flip;
+            memcpy(blk + at + 4 * k, &v, 4);
+        } else {
+            memcpy(&v, blk + at + 4 * k, 4);
+            v ^= flip;
+            memcpy(g + qo + 64 * k + 4 * i, &v, 4);
+        }
+    }
 }
 
 void lk_quant_repack(lk_type rt, lk_type t, int64_t n, int64_t rows, const void *src, size_t src_stride, void *dst) {
@@ -637,28 +706,14 @@ void lk_quant_repack(lk_type rt, lk_type t, int64_t n, int64_t rows, const void 
     uint8_t *D = dst;
     int64_t r = 0;
     if (rt != t) {
-        LK_ASSERT(lk_type_file(rt) == t && rt != t);
-        const bool q8 = t == LK_TYPE_Q8_0;
-        const int nq = q8 ? 8 : 4; /* 4-byte groups of quants a row and block */
-        const size_t bb = q8 ? LK_Q80_BYTES : LK_Q40_BYTES;
-        const int64_t nb = n / LK_QK;
-        for (; r + LK_R16_ROWS <= rows; r += LK_R16_ROWS) {
-            uint8_t *g = D + (size_t)r * rb;
-            for (int64_t b = 0; b < nb; b++) {
-                size_t qo, dof;
-                lk_r16_at(q8, b, nb, &qo, &dof);
-                for (int i = 0; i < LK_R16_ROWS; i++) {
-                    const uint8_t *blk = S + (size_t)(r + i) * src_stride + (size_t)b * bb;
-                    memcpy(g + dof + 2 * i, blk, 2);
-                    for (int k = 0; k < nq; k++) { /* 4 quants at a time (a load takes seconds otherwise) */
-                        uint32_t v;
-                        memcpy(&v, blk + 2 + 4 * k, 4);
-                        v ^= q8 ? 0x80808080u : 0;
-                        memcpy(g + qo + 64 * k + 4 * i, &v, 4);
-                    }
-                }
-            }
-        }
+        LK_ASSERT(lk_type_file(rt) == t);
+        const size_t bb = lk_type_block_bytes(t);
+        const int64_t nb = n / lk_type_block_size(t);
+        for (; r + LK_R16_ROWS <= rows; r += LK_R16_ROWS)
+            for (int64_t b = 0; b < nb; b++)
+                for (int i = 0; i < LK_R16_ROWS; i++)
+                    r16_move(rt, false, (uint8_t *)(S + (size_t)(r + i) * src_stride + (size_t)b * bb),
+                             D + (size_t)r * rb, i, b, nb);
     }
     /* the rest as rows of the file's type */
     for (; r < rows; r++) memcpy(D + (size_t)r * rb, S + (size_t)r * src_stride, rb);
@@ -666,25 +721,10 @@ void lk_quant_repack(lk_type rt, lk_type t, int64_t n, int64_t rows, const void 
 
 void lk_quant_unrepack_row(lk_type rt, int64_t n, const void *w, size_t ws, int64_t r, void *dst) {
     LK_ASSERT(lk_type_file(rt) != rt);
-    const bool q8 = rt == LK_TYPE_Q8_0_R16;
-    const int nq = q8 ? 8 : 4;
-    const size_t bb = q8 ? LK_Q80_BYTES : LK_Q40_BYTES;
-    const uint8_t *g = (const uint8_t *)w + (size_t)(r / LK_R16_ROWS * LK_R16_ROWS) * ws;
-    const int i = (int)(r % LK_R16_ROWS);
-    const int64_t nb = n / LK_QK;
-    uint8_t *D = dst;
-    for (int64_t b = 0; b < nb; b++) {
-        size_t qo, dof;
-        lk_r16_at(q8, b, nb, &qo, &dof);
-        uint8_t *blk = D + (size_t)b * bb;
-        memcpy(blk, g + dof + 2 * i, 2);
-        for (int k = 0; k < nq; k++) {
-            uint32_t v;
-            memcpy(&v, g + qo + 64 * k + 4 * i, 4);
-            v ^= q8 ? 0x80808080u : 0;
-            memcpy(blk + 2 + 4 * k, &v, 4);
-        }
-    }
+    const size_t bb = lk_type_block_bytes(rt);
+    const int64_t nb = n / lk_type_block_size(rt);
+    uint8_t *g = (uint8_t *)w + (size_t)(r / LK_R16_ROWS * LK_R16_ROWS) * ws;
+    for (int64_t b = 0; b < nb; b++) r16_move(rt, true, (uint8_t *)dst + (size_t)b * bb, g, (int)(r % LK_R16_ROWS), b, nb);
 }
 
 /* A repacked type without a kernel of the level's own: whole groups row by
@@ -713,4 +753,19 @@ void lk_quant_mm_r16_generic(int64_t n, int64_t nrows, const void *w, size_t ws,
 void lk_quant_mm_q8r16_generic(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
                                size_t as, float *y, size_t ys) {
     mm_r16_via_file(LK_TYPE_Q8_0_R16, n, nrows, w, ws, ntok, a, as, y, ys);
+}
+
+void lk_quant_mm_q4kr16_generic(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
+                                size_t as, float *y, size_t ys) {
+    mm_r16_via_file(LK_TYPE_Q4_K_R16, n, nrows, w, ws, ntok, a, as, y, ys);
+}
+
+void lk_quant_mm_q5kr16_generic(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
+                                size_t as, float *y, size_t ys) {
+    mm_r16_via_file(LK_TYPE_Q5_K_R16, n, nrows, w, ws, ntok, a, as, y, ys);
+}
+
+void lk_quant_mm_q6kr16_generic(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
+                                size_t as, float *y, size_t ys) {
+    mm_r16_via_file(LK_TYPE_Q6_K_R16, n, nrows, w, ws, ntok, a, as, y, ys);
 }

@@ -38,7 +38,10 @@ typedef enum {
      * file: the GGUF reader rejects their ids, lk_type_supported is false */
     LK_TYPE_Q4_0_R16 = 40, /* Q4_0, 16 rows interleaved (quant_impl.h) */
     LK_TYPE_Q8_0_R16 = 41, /* Q8_0, 16 rows interleaved, quants + 128 */
-    LK_TYPE_ALL = 42       /* table size: the file's types and ours */
+    LK_TYPE_Q4_K_R16 = 42, /* Q4_K, Q5_K, Q6_K: 16 rows interleaved 4 bytes */
+    LK_TYPE_Q5_K_R16 = 43, /* at a time (quant_impl.h) */
+    LK_TYPE_Q6_K_R16 = 44,
+    LK_TYPE_ALL = 45       /* table size: the file's types and ours */
 } lk_type;
 
 /* Layout facts, known for every id above (so the gguf part can size tensors
@@ -86,8 +89,9 @@ void lk_quant_matmul(lk_type wt, int64_t n, int64_t nrows, const void *w, size_t
 
 /* Repacking at load. A matrix's weights are laid out for the kernels once,
  * when the model is loaded, instead of at every call: Q4_0 becomes
- * Q4_0_R16 and Q8_0 Q8_0_R16, each group of 16 rows interleaved block by
- * block (the 16 rows' quants in the lanes, their scales side by side),
+ * Q4_0_R16, Q8_0 Q8_0_R16, Q4_K Q4_K_R16 and so on for Q5_K and Q6_K, each
+ * group of 16 rows interleaved block by block (the 16 rows' quants in the
+ * lanes, their scales side by side),
  * which is the layout the AVX-512 GEMM packed its panels into on every call
  * and which its decode and few-token kernels read without transposes. As
  * many bytes as the file's rows (rows past the last whole group stay rows

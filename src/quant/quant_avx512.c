@@ -914,6 +914,32 @@ static void mm_q6k(int64_t n, int64_t nrows, const void *w, size_t w_stride, int
     if (ntok >= LK_GEMM_MIN_TOK_Q6K) lk_quant_gemm_q6k_avx512(n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
     else lk_quant_run_tiles(&q6k_set, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
 }
+/* The repacked K-quants: below the GEMM's threshold (as the repacked
+ * Q4_0's) 16 rows in the lanes as stored, the rows past the last whole
+ * group through the file type's kernel; from it the GEMM, packing from the
+ * groups without transposes */
+static LK_INL void mm_kr16(int kind, lk_qmm_fn file_mm, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
+                           const void *a, size_t as, float *y, size_t ys) {
+    if (ntok >= gemm_min_tok_r16()) {
+        lk_quant_gemm_kr16_avx512(kind, n, nrows, w, ws, ntok, a, as, y, ys);
+        return;
+    }
+    const int64_t full = nrows / 16 * 16;
+    if (full) lk_quant_kr16_rows_avx512(kind, n, full, w, ws, ntok, a, as, y, ys);
+    if (full < nrows) file_mm(n, nrows - full, (const uint8_t *)w + (size_t)full * ws, ws, ntok, a, as, y + full, ys);
+}
+static void mm_q4kr16(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a, size_t as,
+                      float *y, size_t ys) {
+    mm_kr16(4, mm_q4k, n, nrows, w, ws, ntok, a, as, y, ys);
+}
+static void mm_q5kr16(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a, size_t as,
+                      float *y, size_t ys) {
+    mm_kr16(5, mm_q5k, n, nrows, w, ws, ntok, a, as, y, ys);
+}
+static void mm_q6kr16(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a, size_t as,
+                      float *y, size_t ys) {
+    mm_kr16(6, mm_q6k, n, nrows, w, ws, ntok, a, as, y, ys);
+}
 /* The prefill driver of the float types from FLA_MIN_TOK tokens: F16 and
  * BF16 activations are converted to fp32 into a stack buffer of
  * FLA_BUF_FLOATS, as many tokens at a time as fit (rows padded to 16), F32
@@ -1049,6 +1075,9 @@ void lk_quant_fill_avx512(lk_quant_ops *ops) {
     ops->mm[LK_TYPE_Q4_K] = mm_q4k;
     ops->mm[LK_TYPE_Q5_K] = mm_q5k;
     ops->mm[LK_TYPE_Q6_K] = mm_q6k;
+    ops->mm[LK_TYPE_Q4_K_R16] = mm_q4kr16;
+    ops->mm[LK_TYPE_Q5_K_R16] = mm_q5kr16;
+    ops->mm[LK_TYPE_Q6_K_R16] = mm_q6kr16;
     ops->mm[LK_TYPE_F32] = mm_f32;
     ops->mm[LK_TYPE_F16] = mm_f16;
     ops->mm[LK_TYPE_BF16] = (lk_cpu()->feat & LK_CPU_AVX512BF16) ? mm_bf : mm_bfc;

@@ -125,6 +125,22 @@ LK_TG static LK_INL void gk_load16(const uint8_t *p, size_t ws, int nr, const bo
         q[r] = full || r < nr ? _mm_loadu_si128((const __m128i *)(p + (size_t)r * ws)) : _mm_setzero_si128();
 }
 
+/* Bytes off..off+15 of a super-block of 16 rows as 4 vectors (vector i,
+ * lane r: row r's bytes off+4i..off+4i+3): transposed from the file's rows
+ * (p: the first row's super-block), or as stored in a repacked K-quant
+ * group (r16; p: the super-block's first vector, lk_kr16_at). */
+LK_TG static LK_INL void gkk_rows4(const bool r16, const uint8_t *p, size_t off, size_t ws, int nr, const bool full,
+                                   __m512i out[4]) {
+    if (r16) {
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) out[i] = _mm512_loadu_si512(p + 16 * off + 64 * i);
+        return;
+    }
+    __m128i q[16];
+    gk_load16(p + off, ws, nr, full, q);
+    gk_transpose16x4(q, out);
+}
+
 /* A whole group of Q4_0_R16 or Q8_0_R16 (q8; w: its first row; nb blocks a
  * row), block b: its 16 rows' quants as the 8 unsigned vectors of a panel
  * (Q4_0: vector k < 4 the low nibbles, quants 4k..; k + 4 the high
@@ -564,21 +580,21 @@ typedef struct {
 
 /* Q4_K (kind 4) or Q5_K (kind 5: the fifth bit of element l of sub-block j
  * is bit j of qh[l]). */
-LK_TG static LK_INL void gk4_pack_body(const int kind, const bool full, const uint8_t *w, size_t ws, int nr,
-                                       int64_t s0, int kb, uint8_t (*out)[GKK_VEC][64]) {
+LK_TG static LK_INL void gk4_pack_body(const int kind, const bool r16, const bool full, const uint8_t *w, size_t ws,
+                                       int nr, int64_t nb, int64_t s0, int kb, uint8_t (*out)[GKK_VEC][64]) {
     const __m512i m0f = _mm512_set1_epi8(0x0F), m3f = _mm512_set1_epi32(63), mf = _mm512_set1_epi32(15),
                   m3 = _mm512_set1_epi32(3);
     for (int s = 0; s < kb; s++) {
-        __m128i q[16];
         const size_t bb = kind == 4 ? LK_Q4K_BYTES : LK_Q5K_BYTES, qso = kind == 4 ? LK_Q4K_QS : LK_Q5K_QS;
-        const uint8_t *p = w + (size_t)(s0 + s) * bb;
+        size_t qo = (size_t)(s0 + s) * bb, dof;
+        if (r16) lk_kr16_at(bb, s0 + s, nb, &qo, &dof);
+        const uint8_t *p = w + qo;
         /* the first 16 bytes of each row's super-block: d | dmin | 12 bytes
          * of 6-bit scales and mins; transposed, lane r of h[1..3] holds
          * scale bytes 0-3, 4-7, 8-11 of row r, unpacked in all lanes at once
          * (lk_k_scale_min's packing) */
-        gk_load16(p, ws, nr, full, q);
         __m512i h[4];
-        gk_transpose16x4(q, h);
+        gkk_rows4(r16, p, 0, ws, nr, full, h);
         _mm512_store_ps(out[s][GK4_D], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h[0])));
         _mm512_store_ps(out[s][GK4_D + 1], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h[0], 16))));
         __m512i sc[8], mn[8];
@@ -599,16 +615,12 @@ LK_TG static LK_INL void gk4_pack_body(const int kind, const bool full, const ui
         /* Q5_K: qh bytes 4k..4k+3 of the 16 rows in qh[k] */
         __m512i qh[8];
         if (kind == 5)
-            for (int c = 0; c < 2; c++) {
-                gk_load16(p + LK_Q5K_QH + 16 * c, ws, nr, full, q);
-                gk_transpose16x4(q, qh + 4 * c);
-            }
+            for (int c = 0; c < 2; c++) gkk_rows4(r16, p, LK_Q5K_QH + 16 * c, ws, nr, full, qh + 4 * c);
         /* quant bytes 16c..16c+15 (c = 0..7) of the 16 rows: byte 32q + l
          * holds element l of sub-block 2q (low nibble) and of 2q+1 (high) */
         for (int c = 0; c < 8; c++) {
-            gk_load16(p + qso + 16 * c, ws, nr, full, q);
             __m512i v[4];
-            gk_transpose16x4(q, v);
+            gkk_rows4(r16, p, qso + 16 * c, ws, nr, full, v);
             const int j = 2 * (c / 2), k0 = 4 * (c & 1);
 #pragma GCC unroll 4
             for (int i = 0; i < 4; i++) {
@@ -634,17 +646,16 @@ LK_TG static LK_INL void gk4_pack_body(const int kind, const bool full, const ui
  * nibble from ql[64h + 32(k&1) + l] (low nibble for k < 2) and bits 2k, 2k+1
  * of qh[32h + l]; packed as q + 32 (0..63, unsigned for vpdpbusd), vector
  * 4g + kk = quants 16g + 4kk .. +3. The -32 comes back through the bsums. */
-LK_TG static LK_INL void gk6_pack_body(const bool full, const uint8_t *w, size_t ws, int nr, int64_t s0, int kb,
-                                       uint8_t (*out)[GKK_VEC][64]) {
+LK_TG static LK_INL void gk6_pack_body(const bool r16, const bool full, const uint8_t *w, size_t ws, int nr,
+                                       int64_t nb, int64_t s0, int kb, uint8_t (*out)[GKK_VEC][64]) {
     const __m512i m0f = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), mlo = _mm512_set1_epi32(0xFFFF);
     for (int s = 0; s < kb; s++) {
-        const uint8_t *p = w + (size_t)(s0 + s) * LK_Q6K_BYTES;
-        __m128i q[16];
+        size_t qo = (size_t)(s0 + s) * LK_Q6K_BYTES, dof = 0;
+        if (r16) lk_kr16_at(LK_Q6K_BYTES, s0 + s, nb, &qo, &dof);
+        const uint8_t *p = w + qo;
         __m512i ql[32], qh[16], sv[4];
-        for (int c = 0; c < 12; c++) {
-            gk_load16(p + LK_Q6K_QL + 16 * c, ws, nr, full, q);
-            gk_transpose16x4(q, c < 8 ? ql + 4 * c : qh + 4 * (c - 8)); /* ql then qh: contiguous bytes */
-        }
+        for (int c = 0; c < 12; c++) /* ql then qh: contiguous bytes */
+            gkk_rows4(r16, p, LK_Q6K_QL + 16 * c, ws, nr, full, c < 8 ? ql + 4 * c : qh + 4 * (c - 8));
         for (int g = 0; g < 16; g++) {
             const int h = g / 8, k = (g / 2) & 3;
 #pragma GCC unroll 4
@@ -657,8 +668,7 @@ LK_TG static LK_INL void gk6_pack_body(const bool full, const uint8_t *w, size_t
                 _mm512_store_si512(out[s][4 * g + kk], _mm512_or_si512(lo, _mm512_and_si512(hv, m30)));
             }
         }
-        gk_load16(p + LK_Q6K_SC, ws, nr, full, q);
-        gk_transpose16x4(q, sv);
+        gkk_rows4(r16, p, LK_Q6K_SC, ws, nr, full, sv);
         __m512i sc[16];
 #pragma GCC unroll 16
         for (int g = 0; g < 16; g++) {
@@ -669,25 +679,31 @@ LK_TG static LK_INL void gk6_pack_body(const bool full, const uint8_t *w, size_t
         for (int i = 0; i < 8; i++)
             _mm512_store_si512(out[s][GK6_SP + i],
                                _mm512_or_si512(_mm512_and_si512(sc[2 * i], mlo), _mm512_slli_epi32(sc[2 * i + 1], 16)));
-        _mm512_store_ps(out[s][GK6_D], gk_gather_h16(p + LK_Q6K_D, ws, full ? 16 : nr));
+        _mm512_store_ps(out[s][GK6_D], r16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + dof)))
+                                           : gk_gather_h16(p + LK_Q6K_D, ws, full ? 16 : nr));
     }
 }
 
-/* The K-quant packers per type, full groups apart (see gk_load16) */
-LK_TG static void gk4_pack_group(const int kind, const uint8_t *w, size_t ws, int nr, int64_t s0, int kb,
-                                 uint8_t (*out)[GKK_VEC][64]) {
+/* The K-quant packers per type, full groups and repacked groups apart (see
+ * gk_load16; r16: a whole repacked group) */
+LK_TG static void gk4_pack_group(const int kind, const bool r16, const uint8_t *w, size_t ws, int nr, int64_t nb,
+                                 int64_t s0, int kb, uint8_t (*out)[GKK_VEC][64]) {
     if (kind == 4) {
-        if (nr == GK_ROWS) gk4_pack_body(4, true, w, ws, nr, s0, kb, out);
-        else gk4_pack_body(4, false, w, ws, nr, s0, kb, out);
+        if (r16) gk4_pack_body(4, true, true, w, ws, nr, nb, s0, kb, out);
+        else if (nr == GK_ROWS) gk4_pack_body(4, false, true, w, ws, nr, nb, s0, kb, out);
+        else gk4_pack_body(4, false, false, w, ws, nr, nb, s0, kb, out);
     } else {
-        if (nr == GK_ROWS) gk4_pack_body(5, true, w, ws, nr, s0, kb, out);
-        else gk4_pack_body(5, false, w, ws, nr, s0, kb, out);
+        if (r16) gk4_pack_body(5, true, true, w, ws, nr, nb, s0, kb, out);
+        else if (nr == GK_ROWS) gk4_pack_body(5, false, true, w, ws, nr, nb, s0, kb, out);
+        else gk4_pack_body(5, false, false, w, ws, nr, nb, s0, kb, out);
     }
 }
 
-LK_TG static void gk6_pack_group(const uint8_t *w, size_t ws, int nr, int64_t s0, int kb, uint8_t (*out)[GKK_VEC][64]) {
-    if (nr == GK_ROWS) gk6_pack_body(true, w, ws, nr, s0, kb, out);
-    else gk6_pack_body(false, w, ws, nr, s0, kb, out);
+LK_TG static void gk6_pack_group(const bool r16, const uint8_t *w, size_t ws, int nr, int64_t nb, int64_t s0, int kb,
+                                 uint8_t (*out)[GKK_VEC][64]) {
+    if (r16) gk6_pack_body(true, true, w, ws, nr, nb, s0, kb, out);
+    else if (nr == GK_ROWS) gk6_pack_body(false, true, w, ws, nr, nb, s0, kb, out);
+    else gk6_pack_body(false, false, w, ws, nr, nb, s0, kb, out);
 }
 
 LK_TG static void gk4_prep(const uint8_t *a, size_t as, int tb, int64_t s0, int ksb, gk4_act *act) {
@@ -810,8 +826,8 @@ static const gk4_tile_fn k4_tiles[3][GK4_RG][GK4_T] = {
      {gk6_tile_2x1, gk6_tile_2x2, gk6_tile_2x3, gk6_tile_2x4}},
 };
 
-LK_TG static void gkk_gemm(const int kind, int64_t n, int64_t nrows, const uint8_t *W, size_t ws, int64_t ntok,
-                           const uint8_t *A, size_t as, float *y, size_t ys) {
+LK_TG static void gkk_gemm(const int kind, const bool r16, int64_t n, int64_t nrows, const uint8_t *W, size_t ws,
+                           int64_t ntok, const uint8_t *A, size_t as, float *y, size_t ys) {
     const size_t bb = kind == 4 ? LK_Q4K_BYTES : kind == 5 ? LK_Q5K_BYTES : LK_Q6K_BYTES;
     const int64_t nb = n / LK_QK_K;
     const int PR = GK4_RG * GK_ROWS;
@@ -831,8 +847,8 @@ LK_TG static void gkk_gemm(const int kind, int64_t n, int64_t nrows, const uint8
                     for (int g = 0; g < rg; g++) {
                         const uint8_t *wg = W + (size_t)(r0 + g * GK_ROWS) * ws;
                         const int ng = LK_MIN(GK_ROWS, nr - g * GK_ROWS);
-                        if (kind != 6) gk4_pack_group(kind, wg, ws, ng, b0, kb, wp.v[g]);
-                        else gk6_pack_group(wg, ws, ng, b0, kb, wp.v[g]);
+                        if (kind != 6) gk4_pack_group(kind, r16 && ng == GK_ROWS, wg, ws, ng, nb, b0, kb, wp.v[g]);
+                        else gk6_pack_group(r16 && ng == GK_ROWS, wg, ws, ng, nb, b0, kb, wp.v[g]);
                     }
                     /* prefetch the next panel while the tiles run (see the Q4_0 driver) */
                     int64_t pr0 = r0, pb = b1 + kb;
@@ -842,9 +858,13 @@ LK_TG static void gkk_gemm(const int kind, int64_t n, int64_t nrows, const uint8
                     const int ntl = (tb + GK4_T - 1) / GK4_T;
                     for (int t = 0, ti = 0; t < tb; t += GK4_T, ti++) {
                         for (int r = ti * pnr / ntl; r < (ti + 1) * pnr / ntl; r++) {
-                            const uint8_t *rp = W + (size_t)(pr0 + r) * ws;
-                            for (size_t o = plo & ~(size_t)63; o < phi; o += 64)
-                                _mm_prefetch((const char *)rp + o, _MM_HINT_T1);
+                            /* a repacked group's super-blocks are one run of
+                             * 16 x their bytes (Q6_K's d by pairs aside) */
+                            const bool rg16 = r16 && pnr - r / GK_ROWS * GK_ROWS >= GK_ROWS;
+                            const uint8_t *rp = rg16 ? W + (size_t)(pr0 + r / GK_ROWS * GK_ROWS) * ws + (size_t)(r % GK_ROWS) * (phi - plo)
+                                                     : W + (size_t)(pr0 + r) * ws;
+                            const size_t lo = rg16 ? 16 * plo : plo & ~(size_t)63, hi = rg16 ? lo + phi - plo : phi;
+                            for (size_t o = lo; o < hi; o += 64) _mm_prefetch((const char *)rp + o, _MM_HINT_T1);
                         }
                         const int tt = LK_MIN(GK4_T, tb - t);
                         const uint8_t *at[GK4_T];
@@ -861,15 +881,247 @@ LK_TG static void gkk_gemm(const int kind, int64_t n, int64_t nrows, const uint8
 
 LK_TG void lk_quant_gemm_q4k_avx512(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
                                     const void *a, size_t as, float *y, size_t ys) {
-    gkk_gemm(4, n, nrows, w, ws, ntok, a, as, y, ys);
+    gkk_gemm(4, false, n, nrows, w, ws, ntok, a, as, y, ys);
 }
 
 LK_TG void lk_quant_gemm_q5k_avx512(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
                                     const void *a, size_t as, float *y, size_t ys) {
-    gkk_gemm(5, n, nrows, w, ws, ntok, a, as, y, ys);
+    gkk_gemm(5, false, n, nrows, w, ws, ntok, a, as, y, ys);
 }
 
 LK_TG void lk_quant_gemm_q6k_avx512(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
                                     const void *a, size_t as, float *y, size_t ys) {
-    gkk_gemm(6, n, nrows, w, ws, ntok, a, as, y, ys);
+    gkk_gemm(6, false, n, nrows, w, ws, ntok, a, as, y, ys);
+}
+
+LK_TG void lk_quant_gemm_kr16_avx512(int kind, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
+                                     const void *a, size_t as, float *y, size_t ys) {
+    gkk_gemm(kind, true, n, nrows, w, ws, ntok, a, as, y, ys);
+}
+
+/* ===================================================================== */
+/* Repacked K-quants (Q4_K_R16, Q5_K_R16, Q6_K_R16) below the GEMM         */
+/* ===================================================================== */
+
+/* Decode and the few tokens below the GEMM's threshold: 16 rows in the
+ * lanes, each super-block's vectors loaded as stored (lk_kr16_at), the
+ * quants made unsigned bytes in registers (nibble splits; Q5_K's fifth and
+ * Q6_K's top bits moved into place by one GF(2) affine map), vpdpbusd
+ * against the token's 4 activation bytes broadcast, then gkk_tile's integer
+ * steps and its float work per token: the GEMM's bits, which are the scalar
+ * reference's. No panel and no activation buffer: the mins and Q6_K's -32
+ * come from the activation's bsums read in place. */
+enum { GKR_T = 4 };
+
+/* Bit j of every byte of x to bit 4 (two: and bit j + 1 to bit 5), the
+ * other bits zero: output bit i is the parity of the matrix's byte 7 - i
+ * and the input byte. */
+LK_TG static LK_INL __m512i gkr_bits(__m512i x, int j, bool two) {
+    uint64_t m = (uint64_t)(1u << j) << 24;
+    if (two) m |= (uint64_t)(1u << (j + 1)) << 16;
+    return _mm512_gf2p8affine_epi64_epi8(x, _mm512_set1_epi64((long long)m), 0);
+}
+
+/* The prefetch of a group's super-block: pf bytes ahead in the group's run */
+static LK_INL void gkr_pf(const uint8_t *p, size_t len, size_t pf) {
+    if (!pf) return;
+    for (size_t o = 0; o < len; o += 64) __builtin_prefetch(p + pf + o, 0, 3);
+}
+
+/* Q4_K (kind 4) or Q5_K (kind 5): one whole group of 16 rows, T tokens */
+LK_TG static LK_INL void gkr_tile45(const int kind, const int T, int64_t nb, const uint8_t *g, const uint8_t *a,
+                                    size_t as, float *y, size_t ys, size_t pf) {
+    const size_t bb = kind == 4 ? LK_Q4K_BYTES : LK_Q5K_BYTES;
+    const int vq = (kind == 4 ? LK_Q4K_QS : LK_Q5K_QS) / 4, vh = LK_Q5K_QH / 4;
+    /* Q4_K: halves of sub-blocks (16 quants) per vpdpwssd; Q5_K quarters
+     * (gkk_tile says why); independent chains of them for few tokens */
+    const int NV = kind == 4 ? 4 : 2, IC = T <= 2 ? 4 : 2;
+    const __m512i m0f = _mm512_set1_epi8(0x0F), m3f = _mm512_set1_epi32(63), mf = _mm512_set1_epi32(15),
+                  m3 = _mm512_set1_epi32(3);
+    __m512 acc[GKR_T];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < nb; s++) {
+        const uint8_t *p = g + 16 * bb * (size_t)s;
+        gkr_pf(p, 16 * bb, pf);
+        const __m512i h0 = _mm512_loadu_si512(p), h1 = _mm512_loadu_si512(p + 64), h2 = _mm512_loadu_si512(p + 128),
+                      h3 = _mm512_loadu_si512(p + 192);
+        __m512i sc[8], mn[8];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            sc[j] = _mm512_and_si512(_mm512_srli_epi32(h1, 8 * j), m3f);
+            mn[j] = _mm512_and_si512(_mm512_srli_epi32(h2, 8 * j), m3f);
+            sc[j + 4] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(h3, 8 * j), mf),
+                                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h1, 8 * j + 6), m3), 4));
+            mn[j + 4] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(h3, 8 * j + 4), mf),
+                                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h2, 8 * j + 6), m3), 4));
+        }
+        __m512i is[GKR_T][4];
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++)
+#pragma GCC unroll 4
+            for (int c = 0; c < IC; c++) is[t][c] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; q++) /* sub-blocks 2q (low nibbles) and 2q + 1 (high) */
+#pragma GCC unroll 4
+            for (int u = 0; u < 8 / NV; u++) {
+                __m512i pl[GKR_T], ph[GKR_T];
+#pragma GCC unroll 4
+                for (int t = 0; t < T; t++) pl[t] = ph[t] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int i = NV * u; i < NV * (u + 1); i++) { /* quants 4i..4i+3 of both */
+                    const __m512i x = _mm512_loadu_si512(p + 64 * (vq + 8 * q + i));
+                    __m512i lo = _mm512_and_si512(x, m0f), hi = gk_hi_nibble(x);
+                    if (kind == 5) {
+                        const __m512i qh = _mm512_loadu_si512(p + 64 * (vh + i));
+                        lo = _mm512_or_si512(lo, gkr_bits(qh, 2 * q, false));
+                        hi = _mm512_or_si512(hi, gkr_bits(qh, 2 * q + 1, false));
+                    }
+#pragma GCC unroll 4
+                    for (int t = 0; t < T; t++) {
+                        const uint8_t *aq = a + (size_t)t * as + (size_t)s * LK_Q8K_BYTES + LK_Q8K_QS + 64 * q + 4 * i;
+                        pl[t] = _mm512_dpbusd_epi32(pl[t], lo, _mm512_set1_epi32(lk_ld_i32(aq)));
+                        ph[t] = _mm512_dpbusd_epi32(ph[t], hi, _mm512_set1_epi32(lk_ld_i32(aq + 32)));
+                    }
+                }
+                const int c = 2 * (u % (IC / 2));
+#pragma GCC unroll 4
+                for (int t = 0; t < T; t++) {
+                    is[t][c] = _mm512_dpwssd_epi32(is[t][c], pl[t], sc[2 * q]);
+                    is[t][c + 1] = _mm512_dpwssd_epi32(is[t][c + 1], ph[t], sc[2 * q + 1]);
+                }
+            }
+        const __m512 dd = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h0)),
+                     dm = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h0, 16)));
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            const uint8_t *at = a + (size_t)t * as + (size_t)s * LK_Q8K_BYTES;
+            /* sum_j m_j * (bsum_2j + bsum_2j+1): m_j in both i16 halves */
+            __m512i im0 = _mm512_setzero_si512(), im1 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int j = 0; j < 8; j += 2) {
+                im0 = _mm512_dpwssd_epi32(im0, _mm512_or_si512(mn[j], _mm512_slli_epi32(mn[j], 16)),
+                                          _mm512_set1_epi32(lk_ld_i32(at + LK_Q8K_BS + 4 * j)));
+                im1 = _mm512_dpwssd_epi32(im1, _mm512_or_si512(mn[j + 1], _mm512_slli_epi32(mn[j + 1], 16)),
+                                          _mm512_set1_epi32(lk_ld_i32(at + LK_Q8K_BS + 4 * j + 4)));
+            }
+            __m512i isum = _mm512_add_epi32(is[t][0], is[t][1]);
+            if (IC == 4) isum = _mm512_add_epi32(isum, _mm512_add_epi32(is[t][2], is[t][3]));
+            /* s += (d*da)*sumi - (dmin*da)*summ, as the scalar reference */
+            const __m512 ad = _mm512_set1_ps(lk_ld_f32(at));
+            __m512 v = _mm512_mul_ps(_mm512_mul_ps(dd, ad), _mm512_cvtepi32_ps(isum));
+            v = _mm512_sub_ps(v, _mm512_mul_ps(_mm512_mul_ps(dm, ad), _mm512_cvtepi32_ps(_mm512_add_epi32(im0, im1))));
+            acc[t] = _mm512_add_ps(acc[t], v);
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) _mm512_storeu_ps(y + (size_t)t * ys, acc[t]);
+}
+
+/* Q6_K: one whole group of 16 rows, T tokens. Group g of 16 quants (scale
+ * sc_g) is vectors 4g..4g+3 of gk6_pack_body's layout, made here from the
+ * stored ql and qh vectors: sum_g sc_g * (q+32).a_g - 32 * sum_g sc_g * bsum_g */
+LK_TG static LK_INL void gkr_tile6(const int T, int64_t nb, const uint8_t *g, const uint8_t *a, size_t as, float *y,
+                                   size_t ys, size_t pf) {
+    const __m512i m0f = _mm512_set1_epi8(0x0F);
+    const __mmask32 odd = 0xAAAAAAAAu;
+    __m512 acc[GKR_T];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < nb; s++) {
+        size_t qo, dof;
+        lk_kr16_at(LK_Q6K_BYTES, s, nb, &qo, &dof);
+        const uint8_t *p = g + qo;
+        gkr_pf(g + 16 * LK_Q6K_BYTES * (size_t)s, 16 * LK_Q6K_BYTES, pf);
+        __m512i sv[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) sv[c] = _mm512_loadu_si512(p + 64 * (LK_Q6K_SC / 4 + c));
+        /* the -32 term: scales (sc_2i, sc_2i+1) as i16 pairs against the
+         * bsum pairs */
+        __m512i is[GKR_T][2];
+        {
+            __m512i c0[GKR_T], c1[GKR_T];
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) c0[t] = c1[t] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                const __m512i lo = _mm512_srai_epi16(_mm512_slli_epi16(sv[c], 8), 8), hi = _mm512_srai_epi16(sv[c], 8);
+                const __m512i sp0 = _mm512_mask_blend_epi16(odd, lo, _mm512_slli_epi32(hi, 16)),
+                              sp1 = _mm512_mask_blend_epi16(odd, _mm512_srli_epi32(lo, 16), hi);
+#pragma GCC unroll 4
+                for (int t = 0; t < T; t++) {
+                    const uint8_t *bs = a + (size_t)t * as + (size_t)s * LK_Q8K_BYTES + LK_Q8K_BS + 8 * c;
+                    c0[t] = _mm512_dpwssd_epi32(c0[t], sp0, _mm512_set1_epi32(lk_ld_i32(bs)));
+                    c1[t] = _mm512_dpwssd_epi32(c1[t], sp1, _mm512_set1_epi32(lk_ld_i32(bs + 4)));
+                }
+            }
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) {
+                is[t][0] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(_mm512_add_epi32(c0[t], c1[t]), 5));
+                is[t][1] = _mm512_setzero_si512();
+            }
+        }
+#pragma GCC unroll 16
+        for (int gi = 0; gi < 16; gi++) {
+            const int h = gi / 8, k = (gi / 2) & 3, gl = gi & 1;
+            const __m512i scg = _mm512_srai_epi32(_mm512_slli_epi32(sv[gi / 4], 24 - 8 * (gi % 4)), 24);
+            __m512i ps[GKR_T];
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) ps[t] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int kk = 0; kk < 4; kk++) {
+                const __m512i ql = _mm512_loadu_si512(p + 64 * (LK_Q6K_QL / 4 + 16 * h + 8 * (k & 1) + 4 * gl + kk));
+                const __m512i qh = _mm512_loadu_si512(p + 64 * (LK_Q6K_QH / 4 + 8 * h + 4 * gl + kk));
+                const __m512i q = _mm512_or_si512(k < 2 ? _mm512_and_si512(ql, m0f) : gk_hi_nibble(ql),
+                                                  gkr_bits(qh, 2 * k, true));
+#pragma GCC unroll 4
+                for (int t = 0; t < T; t++)
+                    ps[t] = _mm512_dpbusd_epi32(ps[t], q, _mm512_set1_epi32(lk_ld_i32(
+                        a + (size_t)t * as + (size_t)s * LK_Q8K_BYTES + LK_Q8K_QS + 16 * gi + 4 * kk)));
+            }
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) is[t][gl] = _mm512_add_epi32(is[t][gl], _mm512_mullo_epi32(ps[t], scg));
+        }
+        const __m512 dd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g + dof)));
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            const __m512 ad = _mm512_set1_ps(lk_ld_f32(a + (size_t)t * as + (size_t)s * LK_Q8K_BYTES));
+            acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_mul_ps(dd, ad),
+                                                         _mm512_cvtepi32_ps(_mm512_add_epi32(is[t][0], is[t][1]))));
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) _mm512_storeu_ps(y + (size_t)t * ys, acc[t]);
+}
+
+typedef void (*gkr_tile_fn)(int64_t nb, const uint8_t *g, const uint8_t *a, size_t as, float *y, size_t ys, size_t pf);
+#define GKR_TILE(K, T)                                                                                          \
+    LK_TG static void gkr_tile_##K##_##T(int64_t nb, const uint8_t *g, const uint8_t *a, size_t as, float *y,   \
+                                         size_t ys, size_t pf) {                                                \
+        if (K == 6) gkr_tile6(T, nb, g, a, as, y, ys, pf);                                                      \
+        else gkr_tile45(K, T, nb, g, a, as, y, ys, pf);                                                         \
+    }
+GKR_TILE(4, 1) GKR_TILE(4, 2) GKR_TILE(4, 3) GKR_TILE(4, 4)
+GKR_TILE(5, 1) GKR_TILE(5, 2) GKR_TILE(5, 3) GKR_TILE(5, 4)
+GKR_TILE(6, 1) GKR_TILE(6, 2) GKR_TILE(6, 3) GKR_TILE(6, 4)
+static const gkr_tile_fn k_gkr_tiles[3][GKR_T] = {
+    {gkr_tile_4_1, gkr_tile_4_2, gkr_tile_4_3, gkr_tile_4_4},
+    {gkr_tile_5_1, gkr_tile_5_2, gkr_tile_5_3, gkr_tile_5_4},
+    {gkr_tile_6_1, gkr_tile_6_2, gkr_tile_6_3, gkr_tile_6_4},
+};
+
+LK_TG void lk_quant_kr16_rows_avx512(int kind, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
+                                     const void *a, size_t as, float *y, size_t ys) {
+    LK_ASSERT(kind >= 4 && kind <= 6 && nrows % GK_ROWS == 0);
+    const int64_t nb = n / LK_QK_K;
+    const uint8_t *W = w, *A = a;
+    /* a group is one run of bytes, read in order: d times 4 rows ahead, as
+     * the repacked Q4_0's rows kernel */
+    const size_t pf = (size_t)lk_quant_pf_tiles() * 4 * ws;
+    for (int64_t t = 0; t < ntok; t += GKR_T) {
+        const int tt = (int)LK_MIN((int64_t)GKR_T, ntok - t);
+        for (int64_t r0 = 0; r0 < nrows; r0 += GK_ROWS)
+            k_gkr_tiles[kind - 4][tt - 1](nb, W + (size_t)r0 * ws, A + (size_t)t * as, as, y + (size_t)t * ys + (size_t)r0,
+                                          ys, t == 0 ? pf : 0);
+    }
 }

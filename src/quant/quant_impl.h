@@ -54,6 +54,29 @@ static inline void lk_r16_at(bool q8, int64_t b, int64_t nb, size_t *q, size_t *
     *d = (2 * qb + 64) * j + (paired ? 2 * qb + 32 * e : qb);
 }
 
+/* Q4_K_R16, Q5_K_R16, Q6_K_R16 (lockstep's, made at load): a group of 16
+ * rows of nb super-blocks takes the bytes of its 16 file rows, each
+ * super-block's bytes 4 at a time, the 16 rows side by side: vector k (64 B)
+ * of a super-block holds bytes 4k..4k+3 of rows 0..15 (row r at 4r), for all
+ * of Q4_K's 144 and Q5_K's 176 bytes (36 and 44 vectors: d and dmin in
+ * vector 0, the 12 bytes of scales and mins in 1-3, then Q5_K's qh, then the
+ * quants), so super-block s starts at 16 * bb * s. Q6_K's 210 bytes end in a
+ * 2-byte d: its first 208 bytes so (52 vectors: ql, qh, scales), the 16 d
+ * (32 B) apart, by pairs of super-blocks as lk_r16_at places Q4_0's blocks,
+ * so that every vector stays 64-byte aligned. lk_kr16_at (bb: the file's
+ * bytes per super-block): where super-block b's vectors (*q) and, for
+ * Q6_K, its 16 d (*d) start. */
+static inline void lk_kr16_at(size_t bb, int64_t b, int64_t nb, size_t *q, size_t *d) {
+    if (bb % 4 == 0) {
+        *q = 16 * bb * (size_t)b, *d = 0;
+        return;
+    }
+    const size_t qb = 16 * (bb - 2), j = (size_t)b >> 1, e = (size_t)b & 1;
+    const bool paired = (b | 1) < nb;
+    *q = (2 * qb + 64) * j + (paired ? qb * e : 0);
+    *d = (2 * qb + 64) * j + (paired ? 2 * qb + 32 * e : qb);
+}
+
 /* The types of quant_q5.c and quant_k23.c (what big MoE files use):
  *   Q5_0 (22 B):   fp16 d | u8 qh[4] | u8 qs[16]     q_j = (qs[j]&15) | bit j of qh << 4,
  *                  q_{j+16} = (qs[j]>>4) | bit j+16 of qh << 4 (qh little-endian u32); x = d*(q-16)
@@ -196,7 +219,7 @@ void lk_quant_mm_q40_avx2(int64_t n, int64_t nrows, const void *w, size_t ws, in
 void lk_quant_mm_q80_avx2(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
                           size_t as, float *y, size_t ys);
 
-/* Q4_0_R16 / Q8_0_R16 at the levels without a kernel of their own: each
+/* The repacked types at the levels without a kernel of their own: each
  * row read back into a row of the file's type and multiplied by the level's
  * kernel of that type (the same bits: every level's Q4_0 and Q8_0 give the
  * scalar reference's). */
@@ -204,6 +227,12 @@ void lk_quant_mm_r16_generic(int64_t n, int64_t nrows, const void *w, size_t ws,
                              size_t as, float *y, size_t ys);
 void lk_quant_mm_q8r16_generic(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
                                size_t as, float *y, size_t ys);
+void lk_quant_mm_q4kr16_generic(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
+                                size_t as, float *y, size_t ys);
+void lk_quant_mm_q5kr16_generic(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
+                                size_t as, float *y, size_t ys);
+void lk_quant_mm_q6kr16_generic(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
+                                size_t as, float *y, size_t ys);
 /* The layouts that the AVX-512 Q4_0 / Q8_0 kernels below read (`fmt`):
  * Q4_0 rows, Q8_0 rows, Q4_0_R16 or Q8_0_R16 (their whole groups; rows
  * past them are rows of the file's type). */
@@ -233,6 +262,15 @@ void lk_quant_gemm_q4q8_avx512(int fmt, int64_t n, int64_t nrows, const void *w,
  * 4 tokens, any ntok), rows in lanes: the GEMM's bits, which are the scalar
  * reference's. */
 void lk_quant_q4q8_rows_avx512(int fmt, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
+                               const void *a, size_t as, float *y, size_t ys);
+/* The repacked K-quants (kind 4, 5, 6: Q4_K_R16, Q5_K_R16, Q6_K_R16): the
+ * GEMM below with its packing from the stored groups (rows past the last
+ * whole group are the file type's rows), and the few-token kernel, 16 rows
+ * in the lanes as stored (whole groups only: nrows a multiple of 16). Both
+ * give the file type's GEMM's bits. */
+void lk_quant_gemm_kr16_avx512(int kind, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
+                               const void *a, size_t as, float *y, size_t ys);
+void lk_quant_kr16_rows_avx512(int kind, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
                                const void *a, size_t as, float *y, size_t ys);
 /* The same for Q4_K, Q5_K and Q6_K weights (Q8_K activations). */
 void lk_quant_gemm_q4k_avx512(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
