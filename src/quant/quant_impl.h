@@ -256,6 +256,13 @@ enum { LK_GEMM_MIN_TOK = 5, LK_GEMM_MIN_TOK_Q6K = 10 };
  * tokens instead of 5; 12 sequences 2-7 % ahead. (A tuned gtok applies to
  * them too.) */
 enum { LK_GEMM_MIN_TOK_R16 = 16 };
+/* The repacked K-quants' few-token kernel (up to 4 tokens a pass) stays
+ * ahead of their GEMM for fewer tokens: Zen 5, one thread, TinyLlama-shape
+ * Q4_K_M, `bench --seqs N --tune gtok=5|16`: 5 and 6 sequences 78-79 / 87-90
+ * tok/s through the GEMM against 97 / 104-108 through the rows kernel, 8
+ * sequences even (100-116 / 105-114), 12 the GEMM ahead (128-133 /
+ * 106-110). */
+enum { LK_GEMM_MIN_TOK_KR16 = 9 };
 void lk_quant_gemm_q4q8_avx512(int fmt, int64_t n, int64_t nrows, const void *w, size_t ws,
                                int64_t ntok, const void *a, size_t as, float *y, size_t ys);
 /* The same layouts below LK_GEMM_MIN_TOK tokens (tiles of up to
