@@ -651,50 +651,41 @@ lk_type lk_type_repacked(lk_type t, int64_t rows) {
     return mm_is_generic(ops_get()->mm[rt]) ? t : rt;
 }
 
-/* Where byte 4k (k < 4-byte groups) of row i of a group's block b lands:
- * `q` + 64k + 4i; for Q4_0/Q8_0 and Q6_K the 2-byte scale of row i at
- * `d` + 2i (quant_impl.h). *q4: the 4-byte groups of a row's block that go
- * so, *at: the byte of the block where they start (the scale is elsewhere). */
-static void r16_place(lk_type rt, int64_t b, int64_t nb, size_t *q, size_t *d, int *nq, size_t *at) {
-    switch (rt) {
-    case LK_TYPE_Q4_0_R16: case LK_TYPE_Q8_0_R16: {
+/* Where a row's block b goes in its group: byte at + 4k (k < nq) of row i
+ * to q + 64k + 4i (xor flip: Q8_0's + 128); the 2-byte scale at byte so of
+ * the block (none: SIZE_MAX) to d + 2i (quant_impl.h) */
+typedef struct { size_t q, d, at, so; int nq; uint32_t flip; } r16_pos;
+
+static r16_pos r16_place(lk_type rt, int64_t b, int64_t nb) {
+    r16_pos p = {0};
+    const size_t bb = lk_type_block_bytes(rt);
+    if (rt == LK_TYPE_Q4_0_R16 || rt == LK_TYPE_Q8_0_R16) {
         const bool q8 = rt == LK_TYPE_Q8_0_R16;
-        lk_r16_at(q8, b, nb, q, d);
-        *nq = q8 ? 8 : 4, *at = 2;
-        return;
+        lk_r16_at(q8, b, nb, &p.q, &p.d);
+        p.nq = q8 ? 8 : 4, p.at = 2, p.so = 0, p.flip = q8 ? 0x80808080u : 0;
+    } else { /* the K-quants: all of it 4 bytes at a time, Q6_K's d at the end apart */
+        lk_kr16_at(bb, b, nb, &p.q, &p.d);
+        p.nq = (int)(bb / 4), p.at = 0, p.so = bb % 4 ? bb - 2 : SIZE_MAX;
     }
-    default: {
-        const size_t bb = lk_type_block_bytes(rt);
-        lk_kr16_at(bb, b, nb, q, d);
-        *nq = (int)(bb / 4), *at = 0;
-        return;
-    }
-    }
+    return p;
 }
 
-/* One row's block to or from its place in a group (back: from) */
-static void r16_move(lk_type rt, bool back, uint8_t *blk, uint8_t *g, int i, int64_t b, int64_t nb) {
-    size_t qo, dof, at;
-    int nq;
-    r16_place(rt, b, nb, &qo, &dof, &nq, &at);
-    const uint32_t flip = rt == LK_TYPE_Q8_0_R16 ? 0x80808080u : 0;
-    const size_t bb = lk_type_block_bytes(rt);
-    /* the 2-byte scale: first (Q4_0, Q8_0) or last (Q6_K) */
-    const size_t so = at ? 0 : bb % 4 ? bb - 2 : SIZE_MAX;
-    if (so != SIZE_MAX) {
-        if (back) memcpy(blk + so, g + dof + 2 * i, 2);
-        else memcpy(g + dof + 2 * i, blk + so, 2);
+/* Row i's block to its place in group g, or back (from it) */
+static inline void r16_move(const r16_pos *p, bool back, uint8_t *blk, uint8_t *g, int i) {
+    if (p->so != SIZE_MAX) {
+        if (back) memcpy(blk + p->so, g + p->d + 2 * i, 2);
+        else memcpy(g + p->d + 2 * i, blk + p->so, 2);
     }
-    for (int k = 0; k < nq; k++) { /* 4 bytes at a time (a load takes seconds byte by byte) */
+    for (int k = 0; k < p->nq; k++) { /* 4 bytes at a time (a load takes seconds byte by byte) */
         uint32_t v;
         if (back) {
-            memcpy(&v, g + qo + 64 * k + 4 * i, 4);
-            v ^= flip;
-            memcpy(blk + at + 4 * k, &v, 4);
+            memcpy(&v, g + p->q + 64 * k + 4 * i, 4);
+            v ^= p->flip;
+            memcpy(blk + p->at + 4 * k, &v, 4);
         } else {
-            memcpy(&v, blk + at + 4 * k, 4);
-            v ^= flip;
-            memcpy(g + qo + 64 * k + 4 * i, &v, 4);
+            memcpy(&v, blk + p->at + 4 * k, 4);
+            v ^= p->flip;
+            memcpy(g + p->q + 64 * k + 4 * i, &v, 4);
         }
     }
 }
@@ -710,10 +701,12 @@ void lk_quant_repack(lk_type rt, lk_type t, int64_t n, int64_t rows, const void 
         const size_t bb = lk_type_block_bytes(t);
         const int64_t nb = n / lk_type_block_size(t);
         for (; r + LK_R16_ROWS <= rows; r += LK_R16_ROWS)
-            for (int64_t b = 0; b < nb; b++)
+            for (int64_t b = 0; b < nb; b++) {
+                const r16_pos p = r16_place(rt, b, nb);
                 for (int i = 0; i < LK_R16_ROWS; i++)
-                    r16_move(rt, false, (uint8_t *)(S + (size_t)(r + i) * src_stride + (size_t)b * bb),
-                             D + (size_t)r * rb, i, b, nb);
+                    r16_move(&p, false, (uint8_t *)(S + (size_t)(r + i) * src_stride + (size_t)b * bb),
+                             D + (size_t)r * rb, i);
+            }
     }
     /* the rest as rows of the file's type */
     for (; r < rows; r++) memcpy(D + (size_t)r * rb, S + (size_t)r * src_stride, rb);
@@ -724,7 +717,10 @@ void lk_quant_unrepack_row(lk_type rt, int64_t n, const void *w, size_t ws, int6
     const size_t bb = lk_type_block_bytes(rt);
     const int64_t nb = n / lk_type_block_size(rt);
     uint8_t *g = (uint8_t *)w + (size_t)(r / LK_R16_ROWS * LK_R16_ROWS) * ws;
-    for (int64_t b = 0; b < nb; b++) r16_move(rt, true, (uint8_t *)dst + (size_t)b * bb, g, (int)(r % LK_R16_ROWS), b, nb);
+    for (int64_t b = 0; b < nb; b++) {
+        const r16_pos p = r16_place(rt, b, nb);
+        r16_move(&p, true, (uint8_t *)dst + (size_t)b * bb, g, (int)(r % LK_R16_ROWS));
+    }
 }
 
 /* A repacked type without a kernel of the level's own: whole groups row by
