@@ -1072,8 +1072,9 @@ LK_TG static LK_INL void gkr_tile6(const int T, int64_t nb, const uint8_t *g, co
             for (int kk = 0; kk < 4; kk++) {
                 const __m512i ql = _mm512_loadu_si512(p + 64 * (LK_Q6K_QL / 4 + 16 * h + 8 * (k & 1) + 4 * gl + kk));
                 const __m512i qh = _mm512_loadu_si512(p + 64 * (LK_Q6K_QH / 4 + 8 * h + 4 * gl + kk));
-                const __m512i q = _mm512_or_si512(k < 2 ? _mm512_and_si512(ql, m0f) : gk_hi_nibble(ql),
-                                                  gkr_bits(qh, 2 * k, true));
+                const __m512i hb = gkr_bits(qh, 2 * k, true); /* (ql & 0x0F) | hb: one vpternlogd */
+                const __m512i q = k < 2 ? _mm512_ternarylogic_epi32(ql, hb, m0f, 0xEC)
+                                        : _mm512_or_si512(gk_hi_nibble(ql), hb);
 #pragma GCC unroll 4
                 for (int t = 0; t < T; t++)
                     ps[t] = _mm512_dpbusd_epi32(ps[t], q, _mm512_set1_epi32(lk_ld_i32(
