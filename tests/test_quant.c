@@ -568,7 +568,8 @@ TEST(matmul_levels_scalar_order_bit_exact) {
  * past the GEMM's K blocks and the rows kernel's column chunk (256 blocks;
  * K-quants: 16 super-blocks).
  * The choice to repack: Q4_0, Q8_0, Q4_K, Q5_K and Q6_K with 16+ rows where
- * a kernel reads the layout, never other types or with LK_REPACK=0. */
+ * a kernel reads the layout (the K-quants by default on AMD CPUs only;
+ * LK_REPACK=all everywhere), never other types or with LK_REPACK=0. */
 TEST(repacked_same_bits_as_file_rows) {
     static const char *levels[] = {"scalar", "avx2", "avx512"};
     static const int64_t chunks[] = {1, 2, 3, 4, 5, 9, 16, 40};
@@ -628,6 +629,7 @@ TEST(repacked_same_bits_as_file_rows) {
     CHECK(lk_type_repacked(LK_TYPE_Q4_0, 4096) == LK_TYPE_Q4_0);
     CHECK(lk_type_repacked(LK_TYPE_Q8_0, 4096) == LK_TYPE_Q8_0);
     if (lk_quant_set_simd("avx512")) {
+        setenv("LK_REPACK", "all", 1); /* the K-quants by default only on AMD CPUs (quant.c) */
         CHECK(lk_type_repacked(LK_TYPE_Q4_0, 4096) == LK_TYPE_Q4_0_R16);
         CHECK(lk_type_repacked(LK_TYPE_Q8_0, 4096) == LK_TYPE_Q8_0_R16);
         CHECK(lk_type_repacked(LK_TYPE_Q4_0, 15) == LK_TYPE_Q4_0);
@@ -636,8 +638,11 @@ TEST(repacked_same_bits_as_file_rows) {
         CHECK(lk_type_repacked(LK_TYPE_Q6_K, 4096) == LK_TYPE_Q6_K_R16);
         CHECK(lk_type_repacked(LK_TYPE_Q6_K, 8) == LK_TYPE_Q6_K);
         CHECK(lk_type_repacked(LK_TYPE_Q3_K, 4096) == LK_TYPE_Q3_K);
+        unsetenv("LK_REPACK");
+        CHECK(lk_type_repacked(LK_TYPE_Q4_0, 4096) == LK_TYPE_Q4_0_R16);
         setenv("LK_REPACK", "0", 1);
         CHECK(lk_type_repacked(LK_TYPE_Q4_0, 4096) == LK_TYPE_Q4_0);
+        CHECK(lk_type_repacked(LK_TYPE_Q4_K, 4096) == LK_TYPE_Q4_K);
         unsetenv("LK_REPACK");
     }
     lk_quant_set_simd("scalar");

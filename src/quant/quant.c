@@ -3,6 +3,7 @@
  * The scalar code is the definition every SIMD variant is tested against: it
  * is written for clarity, block by block, doing what ggml's reference code
  * does (integer dot product per block, then one float scale per block). */
+#include <cpuid.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -639,6 +640,20 @@ static bool mm_is_generic(lk_qmm_fn mm) {
            mm == lk_quant_mm_q5kr16_generic || mm == lk_quant_mm_q6kr16_generic;
 }
 
+/* The K-quants' repacked decode is measured per CPU maker: on Zen 5 it
+ * decoded TinyLlama-shape Q4_K_M 20-25 % faster at one thread (93-103 % of
+ * the probe), on the Sapphire Rapids device host 20-35 % slower at 1-8
+ * threads (BENCHMARKS.md, ninth session), so by default only AMD CPUs take
+ * it; LK_REPACK=all takes it everywhere, LK_REPACK=0 nowhere. */
+static bool cpu_is_amd(void) {
+    static int amd = -1;
+    if (amd < 0) {
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        amd = __get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u; /* AuthenticAMD */
+    }
+    return amd;
+}
+
 lk_type lk_type_repacked(lk_type t, int64_t rows) {
     lk_type rt = t;
     for (int i = 0; i < N_REPACKS; i++)
@@ -646,6 +661,8 @@ lk_type lk_type_repacked(lk_type t, int64_t rows) {
     if (rt == t || rows < LK_R16_ROWS) return t;
     const char *env = getenv("LK_REPACK");
     if (env && !strcmp(env, "0")) return t;
+    const bool kq = lk_type_block_size(t) == LK_QK_K;
+    if (kq && !(env && !strcmp(env, "all")) && !cpu_is_amd()) return t;
     /* only where a kernel reads it as it is: elsewhere it would be read
      * back into the file's rows at every call */
     return mm_is_generic(ops_get()->mm[rt]) ? t : rt;
