@@ -102,8 +102,9 @@ void lk_quant_matmul(lk_type wt, int64_t n, int64_t nrows, const void *w, size_t
  * (the kernels part's row splits do).
  *
  * lk_type_repacked: the type a matrix of type t with `rows` rows is best
- * kept in at the active SIMD level (t itself if no repacking pays there, or
- * with LK_REPACK=0 in the environment); lk_type_file: the file's type of a
+ * kept in at the active SIMD level (t itself if no repacking pays there:
+ * the K-quants by default only on AMD CPUs, nothing with LK_REPACK=0 in the
+ * environment, the K-quants on any CPU with LK_REPACK=all); lk_type_file: the file's type of a
  * repacked one (t itself for the file's types). lk_quant_repack: writes
  * `rows` rows of type t (row r at src + r*src_stride) as type rt into dst,
  * rows packed (lk_type_row_bytes apart); rt == t copies.
