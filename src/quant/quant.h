@@ -133,7 +133,7 @@ int  lk_quant_prefetch(void);
 
 /* From how many tokens the AVX-512 level's Q4_0, Q8_0, Q4_K and Q5_K calls
  * take the packed GEMM instead of the few-token kernels (0 = the default,
- * LK_GEMM_MIN_TOK = 5, for the repacked Q4_0 / Q8_0 LK_GEMM_MIN_TOK_R16 = 16, for the repacked K-quants LK_GEMM_MIN_TOK_KR16 = 9; else LK_QUANT_GEMM_TOK_MIN..MAX). Both give the
+ * LK_GEMM_MIN_TOK = 5, for the repacked Q4_0 / Q8_0 LK_GEMM_MIN_TOK_R16 = 16, for the repacked K-quants LK_GEMM_MIN_TOK_KR16 = 8; else LK_QUANT_GEMM_TOK_MIN..MAX). Both give the
  * scalar reference's bits, so it is a tuning choice: speed, never
  * results. Process-wide. */
 enum { LK_QUANT_GEMM_TOK_MIN = 5, LK_QUANT_GEMM_TOK_MAX = 16 };

@@ -261,8 +261,10 @@ enum { LK_GEMM_MIN_TOK_R16 = 16 };
  * Q4_K_M, `bench --seqs N --tune gtok=5|16`: 5 and 6 sequences 78-79 / 87-90
  * tok/s through the GEMM against 97 / 104-108 through the rows kernel, 8
  * sequences even (100-116 / 105-114), 12 the GEMM ahead (128-133 /
- * 106-110). */
-enum { LK_GEMM_MIN_TOK_KR16 = 9 };
+ * 106-110). At 8 the GEMM's one pass wins on a large matrix: a 3-layer
+ * Qwen3-30B-A3B shape, whose 151936-row output matrix is half its step, 8
+ * sequences 166 / 192 tok/s from 8 tokens against 140 / 154 from 9. */
+enum { LK_GEMM_MIN_TOK_KR16 = 8 };
 void lk_quant_gemm_q4q8_avx512(int fmt, int64_t n, int64_t nrows, const void *w, size_t ws,
                                int64_t ntok, const void *a, size_t as, float *y, size_t ys);
 /* The same layouts below LK_GEMM_MIN_TOK tokens (tiles of up to
