@@ -318,8 +318,8 @@ void lk_tune_calibrate(lk_pool *p, lk_type t, int64_t cols, int64_t rows, size_t
     /* 4. where the AVX-512 quantised GEMM takes over: an 8-token step (a
      * server's 8 sequences) over the memory-bound matrices, through the GEMM
      * (from 5 tokens, the default) or the few-token kernels (from 9). Not
-     * for the repacked types, whose default is 16 (quant_impl.h): both
-     * candidates would take their few-token kernel at 8 tokens. */
+     * for the repacked types: their thresholds (16 tokens for Q4_0 / Q8_0,
+     * 8 for the K-quants: quant_impl.h) are measured defaults. */
     if (!strcmp(lk_quant_simd_name(), "avx512") && (t == LK_TYPE_Q4_0 || t == LK_TYPE_Q8_0 || t == LK_TYPE_Q4_K ||
                                                     t == LK_TYPE_Q5_K)) {
         enum { GT = 8 };

@@ -461,6 +461,8 @@ LK_SCALAR_MM(q4_k)
 LK_SCALAR_MM(q5_k)
 LK_SCALAR_MM(q6_k)
 
+static void fill_repacked_via_file(lk_quant_ops *ops);
+
 void lk_quant_fill_scalar(lk_quant_ops *ops) {
     memset(ops, 0, sizeof *ops);
     ops->name = "scalar";
@@ -472,11 +474,7 @@ void lk_quant_fill_scalar(lk_quant_ops *ops) {
     ops->mm[LK_TYPE_Q4_K] = mm_q4_k;
     ops->mm[LK_TYPE_Q5_K] = mm_q5_k;
     ops->mm[LK_TYPE_Q6_K] = mm_q6_k;
-    ops->mm[LK_TYPE_Q4_0_R16] = lk_quant_mm_r16_generic;
-    ops->mm[LK_TYPE_Q8_0_R16] = lk_quant_mm_q8r16_generic;
-    ops->mm[LK_TYPE_Q4_K_R16] = lk_quant_mm_q4kr16_generic;
-    ops->mm[LK_TYPE_Q5_K_R16] = lk_quant_mm_q5kr16_generic;
-    ops->mm[LK_TYPE_Q6_K_R16] = lk_quant_mm_q6kr16_generic;
+    fill_repacked_via_file(ops);
     ops->quant[LK_TYPE_F32] = quant_f32;
     ops->quant[LK_TYPE_F16] = quant_f16;
     ops->quant[LK_TYPE_BF16] = quant_bf16;
@@ -622,24 +620,6 @@ void lk_quant_matmul(lk_type wt, int64_t n, int64_t nrows, const void *w, size_t
 /* Repacking at load (quant.h; the layout: quant_impl.h)                   */
 /* ===================================================================== */
 
-/* file type <-> repacked type */
-static const struct { lk_type file, rep; } k_repacks[] = {
-    {LK_TYPE_Q4_0, LK_TYPE_Q4_0_R16}, {LK_TYPE_Q8_0, LK_TYPE_Q8_0_R16}, {LK_TYPE_Q4_K, LK_TYPE_Q4_K_R16},
-    {LK_TYPE_Q5_K, LK_TYPE_Q5_K_R16}, {LK_TYPE_Q6_K, LK_TYPE_Q6_K_R16},
-};
-enum { N_REPACKS = sizeof k_repacks / sizeof k_repacks[0] };
-
-lk_type lk_type_file(lk_type t) {
-    for (int i = 0; i < N_REPACKS; i++)
-        if (k_repacks[i].rep == t) return k_repacks[i].file;
-    return t;
-}
-
-static bool mm_is_generic(lk_qmm_fn mm) {
-    return mm == lk_quant_mm_r16_generic || mm == lk_quant_mm_q8r16_generic || mm == lk_quant_mm_q4kr16_generic ||
-           mm == lk_quant_mm_q5kr16_generic || mm == lk_quant_mm_q6kr16_generic;
-}
-
 /* The K-quants' repacked decode is measured per CPU maker: on Zen 5 it
  * decoded TinyLlama-shape Q4_K_M 20-25 % faster at one thread (93-103 % of
  * the probe), on the Sapphire Rapids device host 20-35 % slower at 1-8
@@ -652,20 +632,6 @@ static bool cpu_is_amd(void) {
         amd = __get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u; /* AuthenticAMD */
     }
     return amd;
-}
-
-lk_type lk_type_repacked(lk_type t, int64_t rows) {
-    lk_type rt = t;
-    for (int i = 0; i < N_REPACKS; i++)
-        if (k_repacks[i].file == t) rt = k_repacks[i].rep;
-    if (rt == t || rows < LK_R16_ROWS) return t;
-    const char *env = getenv("LK_REPACK");
-    if (env && !strcmp(env, "0")) return t;
-    const bool kq = lk_type_block_size(t) == LK_QK_K;
-    if (kq && !(env && !strcmp(env, "all")) && !cpu_is_amd()) return t;
-    /* only where a kernel reads it as it is: elsewhere it would be read
-     * back into the file's rows at every call */
-    return mm_is_generic(ops_get()->mm[rt]) ? t : rt;
 }
 
 /* Where a row's block b goes in its group: byte at + 4k (k < nq) of row i
@@ -758,27 +724,45 @@ static void mm_r16_via_file(lk_type rt, int64_t n, int64_t nrows, const void *w,
         lk_quant_matmul(ft, n, nrows - full, (const uint8_t *)w + (size_t)full * ws, ws, ntok, a, as, y + full, ys);
 }
 
-void lk_quant_mm_r16_generic(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
-                             size_t as, float *y, size_t ys) {
-    mm_r16_via_file(LK_TYPE_Q4_0_R16, n, nrows, w, ws, ntok, a, as, y, ys);
+#define MM_VIA_FILE(name, RT)                                                                              \
+    static void name(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a, size_t as, \
+                     float *y, size_t ys) {                                                                    \
+        mm_r16_via_file(RT, n, nrows, w, ws, ntok, a, as, y, ys);                                              \
+    }
+MM_VIA_FILE(mm_q40r16_via_file, LK_TYPE_Q4_0_R16)
+MM_VIA_FILE(mm_q80r16_via_file, LK_TYPE_Q8_0_R16)
+MM_VIA_FILE(mm_q4kr16_via_file, LK_TYPE_Q4_K_R16)
+MM_VIA_FILE(mm_q5kr16_via_file, LK_TYPE_Q5_K_R16)
+MM_VIA_FILE(mm_q6kr16_via_file, LK_TYPE_Q6_K_R16)
+
+/* file type, repacked type, and the repacked type's kernel at the levels
+ * without one of their own */
+static const struct { lk_type file, rep; lk_qmm_fn via_file; } k_repacks[] = {
+    {LK_TYPE_Q4_0, LK_TYPE_Q4_0_R16, mm_q40r16_via_file}, {LK_TYPE_Q8_0, LK_TYPE_Q8_0_R16, mm_q80r16_via_file},
+    {LK_TYPE_Q4_K, LK_TYPE_Q4_K_R16, mm_q4kr16_via_file}, {LK_TYPE_Q5_K, LK_TYPE_Q5_K_R16, mm_q5kr16_via_file},
+    {LK_TYPE_Q6_K, LK_TYPE_Q6_K_R16, mm_q6kr16_via_file},
+};
+enum { N_REPACKS = sizeof k_repacks / sizeof k_repacks[0] };
+
+static void fill_repacked_via_file(lk_quant_ops *ops) {
+    for (int i = 0; i < N_REPACKS; i++) ops->mm[k_repacks[i].rep] = k_repacks[i].via_file;
 }
 
-void lk_quant_mm_q8r16_generic(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
-                               size_t as, float *y, size_t ys) {
-    mm_r16_via_file(LK_TYPE_Q8_0_R16, n, nrows, w, ws, ntok, a, as, y, ys);
+lk_type lk_type_file(lk_type t) {
+    for (int i = 0; i < N_REPACKS; i++)
+        if (k_repacks[i].rep == t) return k_repacks[i].file;
+    return t;
 }
 
-void lk_quant_mm_q4kr16_generic(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
-                                size_t as, float *y, size_t ys) {
-    mm_r16_via_file(LK_TYPE_Q4_K_R16, n, nrows, w, ws, ntok, a, as, y, ys);
-}
-
-void lk_quant_mm_q5kr16_generic(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
-                                size_t as, float *y, size_t ys) {
-    mm_r16_via_file(LK_TYPE_Q5_K_R16, n, nrows, w, ws, ntok, a, as, y, ys);
-}
-
-void lk_quant_mm_q6kr16_generic(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
-                                size_t as, float *y, size_t ys) {
-    mm_r16_via_file(LK_TYPE_Q6_K_R16, n, nrows, w, ws, ntok, a, as, y, ys);
+lk_type lk_type_repacked(lk_type t, int64_t rows) {
+    int k = 0;
+    while (k < N_REPACKS && k_repacks[k].file != t) k++;
+    if (k == N_REPACKS || rows < LK_R16_ROWS) return t;
+    const char *env = getenv("LK_REPACK");
+    if (env && !strcmp(env, "0")) return t;
+    const bool kq = lk_type_block_size(t) == LK_QK_K;
+    if (kq && !(env && !strcmp(env, "all")) && !cpu_is_amd()) return t;
+    /* only where a kernel reads it as it is: elsewhere it would be read
+     * back into the file's rows at every call */
+    return ops_get()->mm[k_repacks[k].rep] == k_repacks[k].via_file ? t : k_repacks[k].rep;
 }

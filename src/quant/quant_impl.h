@@ -219,20 +219,6 @@ void lk_quant_mm_q40_avx2(int64_t n, int64_t nrows, const void *w, size_t ws, in
 void lk_quant_mm_q80_avx2(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
                           size_t as, float *y, size_t ys);
 
-/* The repacked types at the levels without a kernel of their own: each
- * row read back into a row of the file's type and multiplied by the level's
- * kernel of that type (the same bits: every level's Q4_0 and Q8_0 give the
- * scalar reference's). */
-void lk_quant_mm_r16_generic(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
-                             size_t as, float *y, size_t ys);
-void lk_quant_mm_q8r16_generic(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
-                               size_t as, float *y, size_t ys);
-void lk_quant_mm_q4kr16_generic(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
-                                size_t as, float *y, size_t ys);
-void lk_quant_mm_q5kr16_generic(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
-                                size_t as, float *y, size_t ys);
-void lk_quant_mm_q6kr16_generic(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
-                                size_t as, float *y, size_t ys);
 /* The layouts that the AVX-512 Q4_0 / Q8_0 kernels below read (`fmt`):
  * Q4_0 rows, Q8_0 rows, Q4_0_R16 or Q8_0_R16 (their whole groups; rows
  * past them are rows of the file's type). */
