@@ -107,6 +107,45 @@ TEST(batch_invariance_clusters) {
     invariance("models/stories260K.gguf", 2, 1, 2);
 }
 
+/* A sequence's logits do not depend on the thread count: 1 and 8 threads
+ * split the matrices differently, and decode attention takes stories260K's
+ * query heads two to a KV head at 1 thread, one at a time at 8 (one
+ * sequence: head_groups in model.c keeps every thread a task). A 6-token
+ * prompt, then 60 decode steps (past the first KV pages), the same bits
+ * at every step; alone and beside a second sequence (two decode items). */
+TEST(thread_count_invariance) {
+    char err[LK_ERRLEN];
+    enum { STEPS = 60 };
+    static float ref[2][STEPS + 1][NV], got[NV];
+    static const int threads[2] = {1, 8};
+    for (int two = 0; two < 2; two++)
+        for (int k = 0; k < 2; k++) {
+            lk_engine_opts o = {.model_path = lk_td("models/stories260K.gguf"), .n_threads = threads[k], .n_ctx = 128,
+                                .n_batch = 32, .max_seqs = 2};
+            lk_engine *e = NULL;
+            CHECKF(lk_engine_open(&o, &e, err, LK_ERRLEN) == LK_OK, "%d threads: %s", threads[k], err);
+            if (!e) return;
+            CHECK(all_params(e, NV, err));
+            lk_engine_item it[2] = {{.seq = 0, .n = 6, .tokens = P[0], .sample = true},
+                                    {.seq = 1, .n = 6, .tokens = P[1], .sample = true}};
+            int32_t cur[2];
+            lk_status st = lk_engine_batch(e, it, 1 + two, cur, err, LK_ERRLEN);
+            for (int step = 0; step <= STEPS && !st; step++) {
+                row_of(e, 0, got);
+                if (k == 0) memcpy(ref[two][step], got, sizeof got);
+                else if (!same_bits(ref[two][step], got, NV)) {
+                    CHECKF(false, "%d sequences: step %d logits differ between 1 and 8 threads", 1 + two, step);
+                    break;
+                }
+                if (step == STEPS) break;
+                for (int i = 0; i <= two; i++) it[i] = (lk_engine_item){.seq = i, .n = 1, .tokens = &cur[i], .sample = true};
+                st = lk_engine_batch(e, it, 1 + two, cur, err, LK_ERRLEN);
+            }
+            CHECKF(st == LK_OK, "%s", err);
+            lk_engine_close(e);
+        }
+}
+
 /* Copy on write: slot 1 forks slot 0's first 5 positions (the fifth page
  * position is mid-page, so the shared page is copied at the first write),
  * both continue differently; each gets the logits a fresh slot computes. */
@@ -383,6 +422,7 @@ int main(void) {
     lk_log_set_level(LK_LOG_ERROR);
     RUN(batch_invariance_one_node);
     RUN(batch_invariance_clusters);
+    RUN(thread_count_invariance);
     RUN(fork_shares_prefix);
     RUN(pipeline_in_flight);
     RUN(bad_steps_refused);

@@ -758,7 +758,7 @@ void lk_model_free(lk_model *m) {
     free(m->rope_cos); free(m->rope_sin); free(m->rope_cos_swa); free(m->rope_sin_swa);
     free(m->kcache); free(m->vcache);
     free(m->page_ref); free(m->free_pages); free(m->ptab); free(m->seq_len); free(m->swa_lo); free(m->swa_hi);
-    free(m->items); free(m->item_row0); free(m->row_item); free(m->row_pos); free(m->task0); free(m->out_rows);
+    free(m->items); free(m->item_row0); free(m->row_item); free(m->row_pos); free(m->task0); free(m->hgrp0); free(m->out_rows);
     free(m->x); free(m->xb); free(m->q); free(m->k); free(m->v); free(m->att); free(m->o);
     free(m->hg); free(m->hu); free(m->scores); free(m->act);
     free(m->mqa); free(m->mkva); free(m->mqb); free(m->mvo); free(m->hact);
@@ -1211,6 +1211,7 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
     m->row_item = lk_xmalloc(sizeof(int32_t) * (size_t)m->n_batch);
     m->row_pos = lk_xmalloc(sizeof(int32_t) * (size_t)m->n_batch);
     m->task0 = lk_xmalloc(sizeof(int64_t) * (size_t)(m->n_batch + 1));
+    m->hgrp0 = lk_xmalloc(sizeof(int32_t) * (size_t)(m->nh + 1));
     m->out_rows = lk_xmalloc(sizeof(int32_t) * (size_t)m->n_batch);
 
     const size_t B = (size_t)m->n_batch;
@@ -1401,6 +1402,31 @@ static void pages_take(lk_model *m, int seq, int pos0, int n) {
     }
 }
 
+/* Decode attention takes the query heads that read the same KV head
+ * together (grouped-query attention): one pass over the group's keys and
+ * values instead of one per head, and one F32 product per page with the
+ * heads as its tokens instead of a product per head (attn_group). The size
+ * of a group only cuts the work: the F32 products and av4 give each query
+ * the same bits whatever the queries beside it, so it is chosen for the
+ * pool: as many heads as share a KV head (at most ATT_QB, the scores'
+ * rows), fewer when the step's decode items would then leave threads
+ * without a task. Groups are runs of consecutive local heads with the same
+ * KV head (kv_page's mapping), cut at that size. */
+static void head_groups(lk_model *m, int n_dec) {
+    const int group = m->cfg.n_head / m->cfg.n_head_kv, nth = lk_pool_size(m->pool);
+    int g = (int)LK_MIN((int64_t)n_dec * m->nh / LK_MAX(nth, 1), (int64_t)LK_MIN(group, ATT_QB));
+    g = LK_MAX(g, 1);
+    if (g == m->hgrp_size) return;
+    m->hgrp_size = g;
+    m->n_hgrp = 0;
+    for (int h = 0, e; h < m->nh; h = e) {
+        const int kv = (m->sl.head0 + h) / group;
+        for (e = h + 1; e < m->nh && e - h < g && (m->sl.head0 + e) / group == kv; e++) {}
+        m->hgrp0[m->n_hgrp++] = h;
+    }
+    m->hgrp0[m->n_hgrp] = m->nh;
+}
+
 lk_status lk_model_batch(lk_model *m, const lk_batch_item *items, int n_items, char *err, size_t errlen) {
     m->n_items = m->n_rows = 0;
     if (n_items < 1 || n_items > m->n_batch)
@@ -1428,6 +1454,9 @@ lk_status lk_model_batch(lk_model *m, const lk_batch_item *items, int n_items, c
     if (need > m->n_free)
         return lk_fail(err, errlen, LK_ERR_NOMEM, "KV cache full: the batch needs %lld pages, %lld of %lld are free (--kv-budget)",
                        (long long)need, (long long)m->n_free, (long long)m->n_pages);
+    int n_dec = 0;
+    for (int i = 0; i < n_items; i++) n_dec += items[i].n == 1;
+    head_groups(m, n_dec);
     int64_t tasks = 0;
     rows = 0;
     for (int i = 0; i < n_items; i++) {
@@ -1443,7 +1472,7 @@ lk_status lk_model_batch(lk_model *m, const lk_batch_item *items, int n_items, c
             m->row_pos[rows + t] = it->pos0 + t;
         }
         rows += it->n;
-        tasks += (int64_t)((it->n + ATT_QB - 1) / ATT_QB) * m->nh;
+        tasks += it->n == 1 ? m->n_hgrp : (int64_t)((it->n + ATT_QB - 1) / ATT_QB) * m->nh;
     }
     m->item_row0[n_items] = rows;
     m->task0[n_items] = tasks;
@@ -1562,8 +1591,38 @@ static void attn_f16_fn(void *arg, int ith, int nth) {
     }
 }
 
+/* A decode item's head group k (head_groups): the heads' scores against
+ * every key it may see as one F32 product per page (the heads as the
+ * product's tokens), each head's softmax, then the weighted sums of the
+ * values, 4 heads per pass: per head the arithmetic of attn_block_fn's
+ * one-query block. */
+static void attn_group(lk_model *m, int li, int it, int k, float *S) {
+    const lk_batch_item *item = &m->items[it];
+    const int hd = m->ahd, h0 = m->hgrp0[k], nq = m->hgrp0[k + 1] - h0, r0 = m->item_row0[it];
+    const float *vcache = m->vcache ? m->vcache : m->kcache; /* MLA: as attn_block_fn */
+    const int npos = item->pos0 + 1, lo = attn_lo(m, li, item->pos0), pg0 = lo / LK_KV_PAGE;
+    const size_t qrow = (size_t)r0 * m->nh + (size_t)h0;
+    for (int pg = pg0; pg * LK_KV_PAGE < npos; pg++)
+        lk_quant_matmul(LK_TYPE_F32, hd, LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE),
+                        (const float *)m->kcache + kv_page(m, item->seq, pg, li, h0), sizeof(float) * (size_t)hd, nq,
+                        m->q + qrow * hd, sizeof(float) * (size_t)hd, S + (size_t)pg * LK_KV_PAGE, (size_t)m->n_ctx);
+    for (int g = 0; g < nq; g++) {
+        float *sc = S + (size_t)g * m->n_ctx;
+        attn_softmax(m, sc, lo, npos);
+        for (int p = pg0 * LK_KV_PAGE; p < lo; p++) sc[p] = 0; /* before its window */
+    }
+    float *out = m->att + qrow * hd;
+    memset(out, 0, sizeof(float) * (size_t)nq * hd);
+    for (int g = 0; g < nq; g += 4)
+        for (int pg = pg0; pg * LK_KV_PAGE < npos; pg++)
+            lk_vec_attn_av_f32(out + (size_t)g * hd, (size_t)hd, S + (size_t)g * m->n_ctx + (size_t)pg * LK_KV_PAGE,
+                               (size_t)m->n_ctx, vcache + kv_page(m, item->seq, pg, li, h0),
+                               LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE), LK_MIN(4, nq - g), hd);
+}
+
 /* F32 cache (prefill and decode): one task per (item, head, block of ATT_QB
- * of the item's queries). The block's scores against every key it may see
+ * of the item's queries), or for an item of one query (decode) one per
+ * head group (attn_group). The block's scores against every key it may see
  * are F32 matrix products, one per page (keys as weight rows, queries as
  * tokens), instead of one short dot-product call per (query, key):
  * attention was a third of a 512-token prefill. Scores past a query's
@@ -1584,6 +1643,10 @@ static void attn_block_fn(void *arg, int ith, int nth) {
         while (task >= m->task0[it + 1]) it++;
         const lk_batch_item *item = &m->items[it];
         const int64_t local = task - m->task0[it];
+        if (item->n == 1) {
+            attn_group(m, j->li, it, (int)local, S);
+            continue;
+        }
         const int qb = (int)(local / m->nh), h = (int)(local % m->nh);
         const int t0 = qb * ATT_QB, t1 = LK_MIN(item->n, t0 + ATT_QB), r0 = m->item_row0[it];
         const int nmax = item->pos0 + t1, pg0 = attn_lo(m, j->li, item->pos0 + t0) / LK_KV_PAGE;

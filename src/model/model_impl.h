@@ -140,6 +140,8 @@ struct lk_model {
     int32_t *item_row0;     /* (n_batch + 1) first row of each item */
     int32_t *row_item, *row_pos; /* (n_batch) item and position of each row */
     int64_t *task0;         /* (n_batch + 1) first attention task of each item */
+    int32_t *hgrp0;         /* (nh + 1) decode attention's head groups: first local head of each (head_groups) */
+    int n_hgrp, hgrp_size;  /* groups, and the most heads in one (0: not chosen yet) */
     int32_t *out_rows;      /* (n_batch) lk_model_forward's logits rows */
     int n_items, n_rows;
     int bad_layer;          /* the last lk_model_layers: first layer whose output was non-finite (see model.h) */
