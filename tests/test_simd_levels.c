@@ -108,11 +108,14 @@ static void run_vec(const char *level, outs *o) {
     for (size_t k = 0; k < sizeof k_lens / sizeof k_lens[0]; k++) {
         const int n = k_lens[k];
         for (int i = 0; i < n; i++) a[i] = frand(-2, 2), b[i] = frand(-2, 2), h[i] = lk_fp32_to_fp16(frand(-2, 2));
-        float d[2] = {lk_vec_dot_f32(a, b, n), lk_vec_dot_f16(a, h, n)};
-        put(o, d, 2);
+        float d = lk_vec_dot_f32(a, b, n);
+        put(o, &d, 1);
         for (int i = 0; i < n; i++) y[i] = frand(-1, 1);
         lk_vec_axpy_f32(y, frand(-1, 1), a, n);
-        lk_vec_axpy_f16(y, frand(-1, 1), h, n);
+        put(o, y, (size_t)n);
+        static const uint16_t edge[4] = {0x0001, 0x83ff, 0x7bff, 0x0400}; /* subnormals, the largest, the least normal */
+        for (int i = 0; i < n && i < 4; i++) h[i] = edge[i];
+        lk_vec_f16_to_f32(y, h, n);
         put(o, y, (size_t)n);
         /* attention's weighted sum: 1-4 queries over up to 9 positions */
         for (int nq = 1; nq <= 4; nq++) {
@@ -214,7 +217,7 @@ typedef struct { const char *file; bool kv_f16; } model_case;
 static const model_case k_models[] = {
     {"synth/synth-llama-f32.gguf", false},      /* F32 throughout: no quantisation hides a difference */
     {"synth/synth-qwen3-f32.gguf", false},
-    {"synth/synth-llama-f16.gguf", true},       /* F16 KV cache: the F16 dot and axpy */
+    {"synth/synth-llama-f16.gguf", true},       /* F16 KV cache: its rows widened, the F32 dot and axpy */
     {"synth/synth-llama-q4_0.gguf", false},
     {"synth/synth-qwen3-q8_0.gguf", false},
     {"synth/synth-gemma3-q4_k_m.gguf", true},

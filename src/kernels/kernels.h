@@ -124,8 +124,9 @@ void lk_matmul_fused_norm(lk_pool *p, const lk_mat *const *W, int nw, const floa
 /* ---- vectors (attention) ---- */
 float lk_vec_dot_f32(const float *a, const float *b, int64_t n);
 void  lk_vec_axpy_f32(float *y, float a, const float *x, int64_t n);   /* y += a*x */
-float lk_vec_dot_f16(const float *a, const uint16_t *b, int64_t n);
-void  lk_vec_axpy_f16(float *y, float a, const uint16_t *x, int64_t n);
+/* y[i] = x[i], fp16 -> fp32 (exact): the F16 KV cache's rows widened for
+ * the F32 dot products and weighted sums above */
+void  lk_vec_f16_to_f32(float *y, const uint16_t *x, int64_t n);
 /* The sum of x[i]^2 in double (RMSNorm's; vec.c says in which order). */
 double lk_vec_sumsq(const float *x, int64_t n);
 /* x[i] = e^(x[i] - sub); returns the sum (in double). Within 2 ulp of expf. */

@@ -1,6 +1,6 @@
 /* Small F32 vector kernels for attention: dot products of a query with cached
- * keys and weighted sums of cached values, F32 or F16 cache; and the
- * exponentials of softmax and SwiGLU. gcc does not vectorise float
+ * keys and weighted sums of cached values (an F16 cache's rows widened to
+ * F32 first, which is exact); and the exponentials of softmax and SwiGLU. gcc does not vectorise float
  * reductions at -O2 (it may not reorder the sums), so the SIMD versions are
  * written out; the level is chosen once at run time.
  *
@@ -54,16 +54,9 @@ static float dot_scalar(const float *a, const float *b, int64_t n) {
 static void axpy_scalar(float *y, float a, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] = lk_fmaf(a, x[i], y[i]);
 }
-static float dot_f16_scalar(const float *a, const uint16_t *b, int64_t n) {
-    float p[32] = {0};
-    const int64_t n8 = n & ~(int64_t)7;
-    for (int64_t i = 0; i < n8; i++) p[i % 32] = lk_fmaf(a[i], lk_fp16_to_fp32(b[i]), p[i % 32]);
-    float s = sum32(p);
-    for (int64_t i = n8; i < n; i++) s = lk_fmaf(a[i], lk_fp16_to_fp32(b[i]), s);
-    return s;
-}
-static void axpy_f16_scalar(float *y, float a, const uint16_t *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] = lk_fmaf(a, lk_fp16_to_fp32(x[i]), y[i]);
+/* fp16 -> fp32 is exact: every level gives the same values */
+static void f16_to_f32_scalar(float *y, const uint16_t *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = lk_fp16_to_fp32(x[i]);
 }
 
 /* e^x: x = k ln2 + r (Cody-Waite: ln2 in two parts, |r| <= ln2/2), e^r by
@@ -194,7 +187,6 @@ AVX2 static inline __m256 ld_f16x8(const uint16_t *p) { return _mm256_cvtph_ps(_
 #define LD_F32X8(p) _mm256_loadu_ps(p)
 #define AS_F32(x) (x)
 AVX2 static float dot_avx2(const float *a, const float *b, int64_t n) { DOT_AVX2(LD_F32X8, AS_F32) }
-AVX2 static float dot_f16_avx2(const float *a, const uint16_t *b, int64_t n) { DOT_AVX2(ld_f16x8, lk_fp16_to_fp32) }
 
 AVX2 static void axpy_avx2(float *y, float a, const float *x, int64_t n) {
     __m256 va = _mm256_set1_ps(a);
@@ -202,11 +194,10 @@ AVX2 static void axpy_avx2(float *y, float a, const float *x, int64_t n) {
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
     for (; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
 }
-AVX2 static void axpy_f16_avx2(float *y, float a, const uint16_t *x, int64_t n) {
-    __m256 va = _mm256_set1_ps(a);
+AVX2 static void f16_to_f32_avx2(float *y, const uint16_t *x, int64_t n) {
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, ld_f16x8(x + i), _mm256_loadu_ps(y + i)));
-    for (; i < n; i++) y[i] = fmaf(a, lk_fp16_to_fp32(x[i]), y[i]);
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, ld_f16x8(x + i));
+    for (; i < n; i++) y[i] = lk_fp16_to_fp32(x[i]);
 }
 
 /* exp_poly on 8 lanes. 2^k is applied as two exact powers of two, 2^(k/2)
@@ -401,8 +392,7 @@ typedef struct {
     const char *name; /* the SIMD level these kernels belong to */
     float (*dot)(const float *, const float *, int64_t);
     void (*axpy)(float *, float, const float *, int64_t);
-    float (*dot_f16)(const float *, const uint16_t *, int64_t);
-    void (*axpy_f16)(float *, float, const uint16_t *, int64_t);
+    void (*f16_to_f32)(float *, const uint16_t *, int64_t);
     double (*expsum)(float *, int64_t, float);
     void (*swiglu)(float *, const float *, int64_t);
     void (*av4)(float *, size_t, const float *, size_t, const float *, int64_t, int, int64_t);
@@ -423,10 +413,10 @@ static const uint32_t k_need[LK_SIMD_LEVELS] = {
 static const vec_ops *_Atomic g_ops;
 
 static void pick(void) {
-    vec_ops o = { "scalar", dot_scalar, axpy_scalar, dot_f16_scalar, axpy_f16_scalar, expsum_scalar, swiglu_scalar,
+    vec_ops o = { "scalar", dot_scalar, axpy_scalar, f16_to_f32_scalar, expsum_scalar, swiglu_scalar,
                   av4_generic, sumsq_scalar };
     g_tables[LK_SIMD_SCALAR] = o;
-    o = (vec_ops){ "avx2", dot_avx2, axpy_avx2, dot_f16_avx2, axpy_f16_avx2, expsum_avx2, swiglu_avx2, av4_generic,
+    o = (vec_ops){ "avx2", dot_avx2, axpy_avx2, f16_to_f32_avx2, expsum_avx2, swiglu_avx2, av4_generic,
                    sumsq_avx2 };
     g_tables[LK_SIMD_AVX2] = o;
     o.name = "avx512";
@@ -464,8 +454,7 @@ bool lk_vec_set_simd(const char *level) {
 
 float lk_vec_dot_f32(const float *a, const float *b, int64_t n) { return ops()->dot(a, b, n); }
 void lk_vec_axpy_f32(float *y, float a, const float *x, int64_t n) { ops()->axpy(y, a, x, n); }
-float lk_vec_dot_f16(const float *a, const uint16_t *b, int64_t n) { return ops()->dot_f16(a, b, n); }
-void lk_vec_axpy_f16(float *y, float a, const uint16_t *x, int64_t n) { ops()->axpy_f16(y, a, x, n); }
+void lk_vec_f16_to_f32(float *y, const uint16_t *x, int64_t n) { ops()->f16_to_f32(y, x, n); }
 double lk_vec_exp_sum(float *x, int64_t n, float sub) { return ops()->expsum(x, n, sub); }
 void lk_vec_swiglu(float *gate, const float *up, int64_t n) { ops()->swiglu(gate, up, n); }
 double lk_vec_sumsq(const float *x, int64_t n) { return ops()->sumsq(x, n); }

@@ -760,7 +760,7 @@ void lk_model_free(lk_model *m) {
     free(m->page_ref); free(m->free_pages); free(m->ptab); free(m->seq_len); free(m->swa_lo); free(m->swa_hi);
     free(m->items); free(m->item_row0); free(m->row_item); free(m->row_pos); free(m->task0); free(m->hgrp0); free(m->out_rows);
     free(m->x); free(m->xb); free(m->q); free(m->k); free(m->v); free(m->att); free(m->o);
-    free(m->hg); free(m->hu); free(m->scores); free(m->act);
+    free(m->hg); free(m->hu); free(m->scores); free(m->kvw); free(m->act);
     free(m->mqa); free(m->mkva); free(m->mqb); free(m->mvo); free(m->hact);
     lk_deltanet_free(m);
     free(m->kv_li); free(m->gate); free(m->ms.shg);
@@ -1225,6 +1225,7 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
     m->hg = lk_xmalloc_aligned(sizeof(float) * B * m->nff);
     m->hu = lk_xmalloc_aligned(sizeof(float) * B * m->nff);
     m->scores = lk_xmalloc_aligned(sizeof(float) * (size_t)lk_pool_size(m->pool) * ATT_QB * m->n_ctx);
+    if (m->kv_f16) m->kvw = lk_xmalloc_aligned(sizeof(float) * (size_t)lk_pool_size(m->pool) * 2 * LK_KV_PAGE * m->ahd);
     int64_t maxcols = LK_MAX(LK_MAX(d, m->nff), (int64_t)m->nh * hd);
     if (cfg.mla) {
         maxcols = LK_MAX(maxcols, cfg.q_lora);
@@ -1561,32 +1562,46 @@ static void attn_softmax(const lk_model *m, float *sc, int lo, int npos) {
     lk_softmax(sc + lo, npos - lo);
 }
 
-/* F16 cache: one task per (row, head), pages walked in order (the same
- * arithmetic as one contiguous cache). Tasks are dealt round-robin: a row
+/* F16 cache: one task per (row, head group): head_groups' groups, which
+ * for rows of a prompt (no decode item in the step) are single heads.
+ * Pages walked in order, each page's keys and values in the window widened
+ * to F32 once for the group (exact), then per head one F32 dot product per
+ * key and the weighted sums of the values by lk_vec_attn_av_f32, 4 heads
+ * per pass: per head the arithmetic of one fused multiply-add chain per
+ * key and one axpy per position, the same at every SIMD level (vec.c), as
+ * one contiguous cache would give. Tasks are dealt round-robin: a row
  * attends to pos+1 positions, so contiguous ranges gave the last thread
  * ~3x the work of the first in a 512-token prefill. */
 static void attn_f16_fn(void *arg, int ith, int nth) {
     attn_job *j = arg;
     lk_model *m = j->m;
     const int hd = m->ahd;
-    const uint16_t *vcache = m->vcache ? m->vcache : m->kcache; /* MLA: values lead each latent row */
-    float *sc = m->scores + (size_t)ith * ATT_QB * m->n_ctx;
-    for (int64_t task = ith; task < (int64_t)m->n_rows * m->nh; task += nth) {
-        int t = (int)(task / m->nh), h = (int)(task % m->nh);
-        int seq = m->items[m->row_item[t]].seq, npos = m->row_pos[t] + 1, lo = attn_lo(m, j->li, m->row_pos[t]);
-        const float *q = m->q + ((size_t)t * m->nh + h) * hd;
+    const uint16_t *kcache = m->kcache, *vcache = m->vcache ? m->vcache : m->kcache; /* MLA: values lead each latent row */
+    float *S = m->scores + (size_t)ith * ATT_QB * m->n_ctx;
+    float *wk = m->kvw + (size_t)ith * 2 * LK_KV_PAGE * hd, *wv = wk + (size_t)LK_KV_PAGE * hd;
+    for (int64_t task = ith; task < (int64_t)m->n_rows * m->n_hgrp; task += nth) {
+        const int t = (int)(task / m->n_hgrp), k = (int)(task % m->n_hgrp);
+        const int h0 = m->hgrp0[k], nq = m->hgrp0[k + 1] - h0;
+        const int seq = m->items[m->row_item[t]].seq, npos = m->row_pos[t] + 1, lo = attn_lo(m, j->li, m->row_pos[t]);
+        const float *q = m->q + ((size_t)t * m->nh + h0) * hd;
         for (int pg = lo / LK_KV_PAGE; pg * LK_KV_PAGE < npos; pg++) {
-            const uint16_t *k = (const uint16_t *)m->kcache + kv_page(m, seq, pg, j->li, h);
-            int p0 = LK_MAX(lo - pg * LK_KV_PAGE, 0), np = LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE);
-            for (int p = p0; p < np; p++) sc[pg * LK_KV_PAGE + p] = lk_vec_dot_f16(q, k + (size_t)p * hd, hd);
+            const int p0 = LK_MAX(lo - pg * LK_KV_PAGE, 0), np = LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE);
+            lk_vec_f16_to_f32(wk + (size_t)p0 * hd, kcache + kv_page(m, seq, pg, j->li, h0) + (size_t)p0 * hd,
+                              (int64_t)(np - p0) * hd);
+            for (int g = 0; g < nq; g++)
+                for (int p = p0; p < np; p++)
+                    S[(size_t)g * m->n_ctx + (size_t)pg * LK_KV_PAGE + p] = lk_vec_dot_f32(q + (size_t)g * hd, wk + (size_t)p * hd, hd);
         }
-        attn_softmax(m, sc, lo, npos);
-        float *out = m->att + ((size_t)t * m->nh + h) * hd;
-        memset(out, 0, sizeof(float) * hd);
+        for (int g = 0; g < nq; g++) attn_softmax(m, S + (size_t)g * m->n_ctx, lo, npos);
+        float *out = m->att + ((size_t)t * m->nh + h0) * hd;
+        memset(out, 0, sizeof(float) * (size_t)nq * hd);
         for (int pg = lo / LK_KV_PAGE; pg * LK_KV_PAGE < npos; pg++) {
-            const uint16_t *v = vcache + kv_page(m, seq, pg, j->li, h);
-            int p0 = LK_MAX(lo - pg * LK_KV_PAGE, 0), np = LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE);
-            for (int p = p0; p < np; p++) lk_vec_axpy_f16(out, sc[pg * LK_KV_PAGE + p], v + (size_t)p * hd, hd);
+            const int p0 = LK_MAX(lo - pg * LK_KV_PAGE, 0), np = LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE);
+            lk_vec_f16_to_f32(wv + (size_t)p0 * hd, vcache + kv_page(m, seq, pg, j->li, h0) + (size_t)p0 * hd,
+                              (int64_t)(np - p0) * hd);
+            for (int g = 0; g < nq; g += 4)
+                lk_vec_attn_av_f32(out + (size_t)g * hd, (size_t)hd, S + (size_t)g * m->n_ctx + (size_t)pg * LK_KV_PAGE + p0,
+                                   (size_t)m->n_ctx, wv + (size_t)p0 * hd, np - p0, LK_MIN(4, nq - g), hd);
         }
     }
 }
