@@ -1,8 +1,9 @@
 /* Small F32 vector kernels for attention: dot products of a query with cached
  * keys and weighted sums of cached values (an F16 cache's rows widened to
- * F32 first, which is exact); and the exponentials of softmax and SwiGLU. gcc does not vectorise float
- * reductions at -O2 (it may not reorder the sums), so the SIMD versions are
- * written out; the level is chosen once at run time.
+ * F32 first, which is exact); and the exponentials of softmax and SwiGLU.
+ * gcc does not vectorise float reductions at -O2 (it may not reorder the
+ * sums), so the SIMD versions are written out; the level is chosen once at
+ * run time.
  *
  * Every level gives the same bits (a cluster of AVX-512, AVX2 and scalar
  * nodes, or a Mac beside a PC, must agree), so every level does the same
@@ -165,28 +166,26 @@ AVX2 static inline __m256 ld_f16x8(const uint16_t *p) { return _mm256_cvtph_ps(_
 /* Partials 0-7, 8-15, 16-23, 24-31 in s0..s3; after the blocks of 32,
  * what is left in blocks of 8 goes to s0, s1, s2, as its elements are
  * those partials. */
-#define DOT_AVX2(LOAD_B, TAIL_B)                                                                     \
-    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;                                      \
-    int64_t i = 0;                                                                                   \
-    for (; i + 32 <= n; i += 32) {                                                                   \
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), LOAD_B(b + i), s0);                             \
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), LOAD_B(b + i + 8), s1);                     \
-        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), LOAD_B(b + i + 16), s2);                   \
-        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), LOAD_B(b + i + 24), s3);                   \
-    }                                                                                                \
-    if (i + 8 <= n) {                                                                                \
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), LOAD_B(b + i), s0), i += 8;                     \
-        if (i + 8 <= n) {                                                                            \
-            s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), LOAD_B(b + i), s1), i += 8;                 \
-            if (i + 8 <= n) s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), LOAD_B(b + i), s2), i += 8; \
-        }                                                                                            \
-    }                                                                                                \
-    float r = hsum256(_mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3)));                 \
-    for (; i < n; i++) r = fmaf(a[i], TAIL_B(b[i]), r);                                              \
+AVX2 static float dot_avx2(const float *a, const float *b, int64_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+    }
+    if (i + 8 <= n) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0), i += 8;
+        if (i + 8 <= n) {
+            s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s1), i += 8;
+            if (i + 8 <= n) s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s2), i += 8;
+        }
+    }
+    float r = hsum256(_mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3)));
+    for (; i < n; i++) r = fmaf(a[i], b[i], r);
     return r;
-#define LD_F32X8(p) _mm256_loadu_ps(p)
-#define AS_F32(x) (x)
-AVX2 static float dot_avx2(const float *a, const float *b, int64_t n) { DOT_AVX2(LD_F32X8, AS_F32) }
+}
 
 AVX2 static void axpy_avx2(float *y, float a, const float *x, int64_t n) {
     __m256 va = _mm256_set1_ps(a);
