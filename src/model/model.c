@@ -1403,6 +1403,11 @@ static void pages_take(lk_model *m, int seq, int pos0, int n) {
     }
 }
 
+/* The local KV head that local query head h attends to. */
+static int kv_head(const lk_model *m, int h) {
+    return (m->sl.head0 + h) / (m->cfg.n_head / m->cfg.n_head_kv) - m->sl.kv_head0;
+}
+
 /* Decode attention takes the query heads that read the same KV head
  * together (grouped-query attention): one pass over the group's keys and
  * values instead of one per head, and one F32 product per page with the
@@ -1412,7 +1417,7 @@ static void pages_take(lk_model *m, int seq, int pos0, int n) {
  * pool: as many heads as share a KV head (at most ATT_QB, the scores'
  * rows), fewer when the step's decode items would then leave threads
  * without a task. Groups are runs of consecutive local heads with the same
- * KV head (kv_page's mapping), cut at that size. */
+ * KV head (kv_head), cut at that size. */
 static void head_groups(lk_model *m, int n_dec) {
     const int group = m->cfg.n_head / m->cfg.n_head_kv, nth = lk_pool_size(m->pool);
     int g = (int)LK_MIN((int64_t)n_dec * m->nh / LK_MAX(nth, 1), (int64_t)LK_MIN(group, ATT_QB));
@@ -1421,8 +1426,7 @@ static void head_groups(lk_model *m, int n_dec) {
     m->hgrp_size = g;
     m->n_hgrp = 0;
     for (int h = 0, e; h < m->nh; h = e) {
-        const int kv = (m->sl.head0 + h) / group;
-        for (e = h + 1; e < m->nh && e - h < g && (m->sl.head0 + e) / group == kv; e++) {}
+        for (e = h + 1; e < m->nh && e - h < g && kv_head(m, e) == kv_head(m, h); e++) {}
         m->hgrp0[m->n_hgrp++] = h;
     }
     m->hgrp0[m->n_hgrp] = m->nh;
@@ -1541,8 +1545,7 @@ static size_t kv_page_kv(const lk_model *m, int seq, int j, int li, int kvh) {
 }
 /* ... for the KV head that query head h (local) attends to. */
 static size_t kv_page(const lk_model *m, int seq, int j, int li, int h) {
-    const int group = m->cfg.n_head / m->cfg.n_head_kv;
-    return kv_page_kv(m, seq, j, li, (m->sl.head0 + h) / group - m->sl.kv_head0);
+    return kv_page_kv(m, seq, j, li, kv_head(m, h));
 }
 
 /* The first position a query at pos sees in layer li: pos - window + 1
