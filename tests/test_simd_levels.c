@@ -131,6 +131,14 @@ static void run_vec(const char *level, outs *o) {
         for (int i = 0; i < n; i++) y[i] = frand(-100, 20);
         lk_softmax(y, n);
         put(o, y, (size_t)n);
+        /* softmax's other passes: the max skips NaNs wherever they stand
+         * (lanes and tail), the scale */
+        for (int i = 0; i < n; i++) y[i] = frand(-100, 20);
+        for (int i = (int)(n % 7); i < n; i += 7) y[i] = NAN;
+        const float mx = lk_vec_max(y, n);
+        put(o, &mx, 1);
+        lk_vec_scale(y, n, frand(0.01f, 2));
+        put(o, y, (size_t)n);
         for (int i = 0; i < n; i++) y[i] = frand(-30, 5);
         const double es = lk_vec_exp_sum(y, n, frand(-5, 5));
         put(o, (const float *)&es, 2);

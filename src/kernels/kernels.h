@@ -129,6 +129,10 @@ void  lk_vec_axpy_f32(float *y, float a, const float *x, int64_t n);   /* y += a
 void  lk_vec_f16_to_f32(float *y, const uint16_t *x, int64_t n);
 /* The sum of x[i]^2 in double (RMSNorm's; vec.c says in which order). */
 double lk_vec_sumsq(const float *x, int64_t n);
+/* The largest x[i] (-inf for n = 0; NaNs skipped), and x[i] *= s: exact,
+ * the same at every level (softmax's passes beside the exponentials). */
+float  lk_vec_max(const float *x, int64_t n);
+void   lk_vec_scale(float *x, int64_t n, float s);
 /* x[i] = e^(x[i] - sub); returns the sum (in double). Within 2 ulp of expf. */
 double lk_vec_exp_sum(float *x, int64_t n, float sub);
 /* Attention's weighted sum for nq <= 4 queries: out[q][i] += sum over p <

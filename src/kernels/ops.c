@@ -38,11 +38,8 @@ bool lk_any_nonfinite(const float *x, int64_t n) {
 }
 
 void lk_softmax(float *x, int64_t n) {
-    float max = -INFINITY;
-    for (int64_t i = 0; i < n; i++) max = x[i] > max ? x[i] : max;
-    const double sum = lk_vec_exp_sum(x, n, max);
-    const float inv = (float)(1.0 / sum);
-    for (int64_t i = 0; i < n; i++) x[i] *= inv;
+    const double sum = lk_vec_exp_sum(x, n, lk_vec_max(x, n));
+    lk_vec_scale(x, n, (float)(1.0 / sum));
 }
 
 void lk_swiglu(float *gate, const float *up, int64_t n) { lk_vec_swiglu(gate, up, n); }

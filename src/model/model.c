@@ -1559,7 +1559,7 @@ static int attn_lo(const lk_model *m, int li, int pos) {
  * when the file asks), then the softmax. */
 static void attn_softmax(const lk_model *m, float *sc, int lo, int npos) {
     const float scale = m->cfg.kq_scale, cap = m->cfg.attn_softcap;
-    for (int p = lo; p < npos; p++) sc[p] *= scale;
+    lk_vec_scale(sc + lo, npos - lo, scale);
     if (cap > 0)
         for (int p = lo; p < npos; p++) sc[p] = cap * tanhf(sc[p] / cap);
     lk_softmax(sc + lo, npos - lo);
