@@ -6,6 +6,7 @@
  *   env: BENCH_LEVEL=scalar|avx2|avx512, BENCH_TYPE=q4_0..., BENCH_BYTES=probe size,
  *        BENCH_GEMM=R,C (the AVX2 GEMM's rows per pass and token chunk; 0 = default; R -1: off)
  *        BENCH_PF=N, BENCH_DROWS=4|1 (decode prefetch distance and rows per tile, as --tune sets them)
+ *        BENCH_AB=G1,G2 (prefill from memory under gtok=G1 and G2, alternating; 0 = the default)
  *
  * Decode: a 2048 x 5632 matrix (rows x cols) times one activation row. The
  * L3 of a server may hold that matrix, so the benchmark cycles through
@@ -13,6 +14,7 @@
  * next to the probe's GB/s (the memory-bandwidth bound). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <string.h>
 
 #include "kernels/membw.h"
@@ -140,7 +142,11 @@ int main(int argc, char **argv) {
         lk_type_row_bytes(lk_type_vec_dot(t), cols, &arb);
         size_t mat = rb * (size_t)rows;
         int copies = (int)((probe_bytes + mat - 1) / mat);
-        uint8_t *w = malloc(mat * (size_t)copies);
+        /* on huge pages where the kernel gives them, as the model's weights
+         * (model.c: weights_to_arena) */
+        const size_t wlen = (mat * (size_t)copies + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
+        uint8_t *w = aligned_alloc(2u << 20, wlen);
+        madvise(w, wlen, MADV_HUGEPAGE);
         /* one copy of real-looking data (quantised random values, or random
          * quants with sane fp16 scales for the K-quants), then replicated */
         float *tmp = malloc((size_t)cols * 4);
@@ -221,6 +227,36 @@ int main(int argc, char **argv) {
                 printf("prefill %-5s %-6s ntok %lld: %.2f GFLOP/s  %.2f ms (weights from memory, %d copies)\n",
                        lk_type_name(t), levels[l], (long long)ntok_pf, 2.0 * rows * cols * ntok_pf * calls3 / el3 / 1e9,
                        el3 / calls3 * 1e3, copies);
+                /* BENCH_AB=G1,G2: the same from memory under two GEMM
+                 * thresholds (as --tune gtok=G sets them), alternating pass
+                 * by pass, so that both see the machine in the same moments */
+                int g[2];
+                if (getenv("BENCH_AB") && sscanf(getenv("BENCH_AB"), "%d,%d", &g[0], &g[1]) == 2) {
+                    enum { PASSES = 41 };
+                    double ms[2][PASSES];
+                    for (int ps = 0; ps < PASSES; ps++)
+                        for (int v = 0; v < 2; v++) {
+                            lk_quant_set_gemm_tok(g[v]);
+                            const double ts = lk_time_s();
+                            for (int c = 0; c < copies; c++)
+                                lk_quant_matmul(t, cols, rows, w + (size_t)c * mat, rb, ntok_pf, a, arb, y, (size_t)rows);
+                            ms[v][ps] = (lk_time_s() - ts) / copies * 1e3;
+                        }
+                    lk_quant_set_gemm_tok(0);
+                    double med[2];
+                    for (int v = 0; v < 2; v++) {
+                        for (int i = 1; i < PASSES; i++) /* insertion sort: the median */
+                            for (int k = i; k > 0 && ms[v][k] < ms[v][k - 1]; k--) {
+                                const double tmp = ms[v][k]; ms[v][k] = ms[v][k - 1]; ms[v][k - 1] = tmp;
+                            }
+                        med[v] = ms[v][PASSES / 2];
+                    }
+                    printf("prefill %-5s %-6s ntok %lld from memory, gtok %d / %d alternating: %.3f / %.3f ms "
+                           "(median of %d), %.2f / %.2f GFLOP/s, ratio %.3f\n", lk_type_name(t), levels[l],
+                           (long long)ntok_pf, g[0], g[1], med[0], med[1], PASSES,
+                           2.0 * rows * cols * ntok_pf / med[0] / 1e6, 2.0 * rows * cols * ntok_pf / med[1] / 1e6,
+                           med[0] / med[1]);
+                }
             }
         }
         free(w); free(a); free(tmp);

@@ -561,8 +561,8 @@ TEST(matmul_levels_scalar_order_bit_exact) {
 /* Q4_0_R16, Q8_0_R16, Q4_K_R16, Q5_K_R16 and Q6_K_R16, the layouts made at load: lk_quant_repack then
  * lk_quant_unrepack_row give each file row back byte for byte, and at
  * every level a call on the repacked matrix gives the scalar call's bits on
- * the file's rows, for 1-40 tokens (the rows kernel, the GEMM and its
- * tails), on row ranges that start at multiples of 16 (as the kernels part
+ * the file's rows, for 1-40 tokens (the rows kernel, past its 16 tokens at
+ * once too, the GEMM and its tails), on row ranges that start at multiples of 16 (as the kernels part
  * splits them) with file rows past the last whole group, on rows of an odd
  * block count (a block without a pair; groups not 64-byte aligned), rows
  * past the GEMM's K blocks and the rows kernel's column chunk (256 blocks;
@@ -572,7 +572,7 @@ TEST(matmul_levels_scalar_order_bit_exact) {
  * LK_REPACK=all everywhere), never other types or with LK_REPACK=0. */
 TEST(repacked_same_bits_as_file_rows) {
     static const char *levels[] = {"scalar", "avx2", "avx512"};
-    static const int64_t chunks[] = {1, 2, 3, 4, 5, 9, 16, 40};
+    static const int64_t chunks[] = {1, 2, 3, 4, 5, 9, 16, 20, 31, 40};
     static const struct { int64_t nb, nrows; } shapes[] = {{7, 53}, {64, 48}, {389, 37}, {1, 16}},
                                                kshapes[] = {{7, 53}, {16, 48}, {33, 37}, {1, 16}};
     static const lk_type rts[] = {LK_TYPE_Q4_0_R16, LK_TYPE_Q8_0_R16, LK_TYPE_Q4_K_R16, LK_TYPE_Q5_K_R16,

@@ -26,7 +26,7 @@ static int settings(lk_tune_set *out, int cap) {
     for (size_t i = 0; i < sizeof grs / sizeof *grs; i++)
         for (size_t j = 0; j < sizeof chs / sizeof *chs && n < cap; j++)
             out[n] = d, out[n].gemm_rows = grs[i], out[n++].gemm_chunk = chs[j];
-    static const int gts[] = { 5, 7, 9, 16 };
+    static const int gts[] = { 5, 7, 9, 16, 32 };
     for (size_t i = 0; i < sizeof gts / sizeof *gts && n < cap; i++) out[n] = d, out[n++].gemm_tok = gts[i];
     if (n < cap) out[n] = d, out[n++].drows = 1;
     if (n < cap) out[n] = d, out[n].pf = 0, out[n].split = 16, out[n++].drows = 1;
@@ -282,7 +282,7 @@ TEST(cache_file_and_env) {
 
 TEST(parse_rejects_bad_specs) {
     static const char *bad[] = { "pf=9", "split=0", "split=17", "gemm=5", "gemm=2x65", "gemm=2x", "pf", "pf=1,", "x=1",
-                                 "pf=-1", "pf=1;split=2", "gtok=4", "gtok=17", "gtok=",
+                                 "pf=-1", "pf=1;split=2", "gtok=4", "gtok=33", "gtok=",
                                  "drows=2", "drows=0", "drows=" };
     char err[200];
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {

@@ -33,7 +33,7 @@ typedef struct {
     int split;       /* matmul tasks per pool thread, 1..LK_MATMUL_SPLIT_MAX (default 4) */
     int gemm_rows;   /* AVX2 prefill GEMM rows per pass 1..4, 0 = off (the register tiles) */
     int gemm_chunk;  /* its tokens per chunk 1..64, 0 = its default */
-    int gemm_tok;    /* AVX-512 Q4_0/Q8_0/Q4_K/Q5_K GEMM from this many tokens, 5..16; 0 = the default (5) */
+    int gemm_tok;    /* AVX-512 Q4_0/Q8_0/Q4_K/Q5_K GEMM from this many tokens, 5..32; 0 = the default (5) */
     int drows;       /* rows per decode tile of the tiled types (lk_quant_set_dec_rows): 4 (default) or 1 */
 } lk_tune_set;
 

@@ -132,11 +132,13 @@ void lk_quant_set_prefetch(int tiles);
 int  lk_quant_prefetch(void);
 
 /* From how many tokens the AVX-512 level's Q4_0, Q8_0, Q4_K and Q5_K calls
- * take the packed GEMM instead of the few-token kernels (0 = the default,
- * LK_GEMM_MIN_TOK = 5, for the repacked Q4_0 / Q8_0 LK_GEMM_MIN_TOK_R16 = 16, for the repacked K-quants LK_GEMM_MIN_TOK_KR16 = 8; else LK_QUANT_GEMM_TOK_MIN..MAX). Both give the
- * scalar reference's bits, so it is a tuning choice: speed, never
- * results. Process-wide. */
-enum { LK_QUANT_GEMM_TOK_MIN = 5, LK_QUANT_GEMM_TOK_MAX = 16 };
+ * take the packed GEMM instead of the few-token kernels (0 = the default:
+ * LK_GEMM_MIN_TOK = 5; repacked at load, LK_GEMM_MIN_TOK_R16 = 32 for
+ * Q4_0 / Q8_0 and lk_gemm_min_tok_kr16 for the K-quants; else
+ * LK_QUANT_GEMM_TOK_MIN..MAX, every type). Both give the scalar
+ * reference's bits, so it is a tuning choice: speed, never results.
+ * Process-wide. */
+enum { LK_QUANT_GEMM_TOK_MIN = 5, LK_QUANT_GEMM_TOK_MAX = 32 };
 void lk_quant_set_gemm_tok(int ntok);
 int  lk_quant_gemm_tok(void);
 

@@ -868,9 +868,9 @@ static inline int64_t gemm_min_tok_r16(void) {
     const int v = lk_quant_gemm_tok();
     return v ? v : LK_GEMM_MIN_TOK_R16;
 }
-static inline int64_t gemm_min_tok_kr16(void) {
+static inline int64_t gemm_min_tok_kr16(int kind) {
     const int v = lk_quant_gemm_tok();
-    return v ? v : LK_GEMM_MIN_TOK_KR16;
+    return v ? v : lk_gemm_min_tok_kr16(kind);
 }
 
 /* Q4_0: one arithmetic for every token count (the scalar reference's, so
@@ -924,7 +924,7 @@ static void mm_q6k(int64_t n, int64_t nrows, const void *w, size_t w_stride, int
  * groups without transposes */
 static LK_INL void mm_kr16(int kind, lk_qmm_fn file_mm, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
                            const void *a, size_t as, float *y, size_t ys) {
-    if (ntok >= gemm_min_tok_kr16()) {
+    if (ntok >= gemm_min_tok_kr16(kind)) {
         lk_quant_gemm_kr16_avx512(kind, n, nrows, w, ws, ntok, a, as, y, ys);
         return;
     }

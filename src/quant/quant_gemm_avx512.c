@@ -408,8 +408,9 @@ LK_TG void lk_quant_gemm_q4q8_avx512(int fmt, int64_t n, int64_t nrows, const vo
  * are (Q4_0 nibbles; Q8_0 + 128), each token's 8 vpdpbusd from its offset
  * correction, then per block one conversion, two multiplies and an add for
  * 16 rows. */
-enum { GQ_T = 4, GQ_KB = 256 };
-typedef struct { float d[GQ_T][GQ_KB]; int32_t corr[GQ_T][GQ_KB]; } gq_act;
+enum { GQ_T = 4, GQ_KB = 256, GQ_TMAX = 16 };
+/* the activation terms of up to GQ_TMAX tokens (32 KB) */
+typedef struct { float d[GQ_TMAX][GQ_KB]; int32_t corr[GQ_TMAX][GQ_KB]; } gq_act;
 
 LK_TG static LK_INL void gq_rows(const int fmt, const bool full, const uint8_t *w, size_t ws, int nr, int64_t nb,
                                  int64_t b, __m512i v[8], __m512 *d) {
@@ -442,7 +443,7 @@ LK_TG static LK_INL void gq_rows(const int fmt, const bool full, const uint8_t *
 
 LK_TG static LK_INL void gq_tile(const int fmt, const bool full, const int T, int64_t nb, int64_t b0, int kb,
                                  const uint8_t *w, size_t ws, int nr, const uint8_t *a, size_t as, const gq_act *A,
-                                 float *y, size_t ys, size_t pf, bool cont) {
+                                 int t0, float *y, size_t ys, size_t pf, bool cont) {
     const size_t bb = lk_fmt_q8(fmt) ? LK_Q80_BYTES : LK_Q40_BYTES;
     const bool r16 = lk_fmt_r16(fmt) && full;
     const __mmask16 m = (__mmask16)((1u << nr) - 1);
@@ -466,9 +467,10 @@ LK_TG static LK_INL void gq_tile(const int fmt, const bool full, const int T, in
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
             const uint8_t *aq = a + (size_t)t * as + (size_t)(b0 + b) * LK_Q80_BYTES + 2;
+            const int ta = t0 + t;
             /* two chains of 4 (exact integers: the same sum), so that one
              * token's block does not wait 8 vpdpbusd latencies */
-            __m512i ia = _mm512_set1_epi32(A->corr[t][b]), ib = _mm512_setzero_si512();
+            __m512i ia = _mm512_set1_epi32(A->corr[ta][b]), ib = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
                 ia = _mm512_dpbusd_epi32(ia, v[k], _mm512_set1_epi32(lk_ld_i32(aq + 4 * k)));
@@ -476,7 +478,7 @@ LK_TG static LK_INL void gq_tile(const int fmt, const bool full, const int T, in
             }
             ia = _mm512_add_epi32(ia, ib);
             acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_cvtepi32_ps(ia),
-                                                         _mm512_mul_ps(wd, _mm512_set1_ps(A->d[t][b]))));
+                                                         _mm512_mul_ps(wd, _mm512_set1_ps(A->d[ta][b]))));
         }
     }
 #pragma GCC unroll 4
@@ -486,14 +488,14 @@ LK_TG static LK_INL void gq_tile(const int fmt, const bool full, const int T, in
 /* per type, token count, and full 16-row groups apart (see gk_load16) */
 #define GQ_TILE(Q, F, T)                                                                                          \
     LK_TG static void gq_tile_##Q##_##F##_##T(int64_t nb, int64_t b0, int kb, const uint8_t *w, size_t ws, int nr, \
-                                              const uint8_t *a, size_t as, const gq_act *A, float *y, size_t ys,  \
-                                              size_t pf, bool cont) {                                             \
-        gq_tile(Q, F, T, nb, b0, kb, w, ws, nr, a, as, A, y, ys, pf, cont);                                       \
+                                              const uint8_t *a, size_t as, const gq_act *A, int t0, float *y,     \
+                                              size_t ys, size_t pf, bool cont) {                                  \
+        gq_tile(Q, F, T, nb, b0, kb, w, ws, nr, a, as, A, t0, y, ys, pf, cont);                                   \
     }
 #define GQ_TILES(Q, F) GQ_TILE(Q, F, 1) GQ_TILE(Q, F, 2) GQ_TILE(Q, F, 3) GQ_TILE(Q, F, 4)
 GQ_TILES(0, 0) GQ_TILES(0, 1) GQ_TILES(1, 0) GQ_TILES(1, 1) GQ_TILES(2, 1) GQ_TILES(3, 1)
 typedef void (*gq_tile_fn)(int64_t nb, int64_t b0, int kb, const uint8_t *w, size_t ws, int nr, const uint8_t *a,
-                           size_t as, const gq_act *A, float *y, size_t ys, size_t pf, bool cont);
+                           size_t as, const gq_act *A, int t0, float *y, size_t ys, size_t pf, bool cont);
 /* [fmt][whole group of 16 rows]: the rows past a repacked type's whole
  * groups are the file type's rows */
 static const gq_tile_fn k_gq_tiles[4][2][GQ_T + 1] = {
@@ -514,12 +516,17 @@ LK_TG void lk_quant_q4q8_rows_avx512(int fmt, int64_t n, int64_t nrows, const vo
     const uint8_t *W = w, *A = a;
     const int d = lk_quant_pf_tiles();
     gq_act act;
-    for (int64_t t = 0; t < ntok; t += GQ_T) {
-        const int tt = (int)LK_MIN((int64_t)GQ_T, ntok - t);
-        const uint8_t *at = A + (size_t)t * as;
+    /* Up to GQ_TMAX tokens at once, their tiles of GQ_T inside each row
+     * group, so that a group's weights come from memory once (prefetched by
+     * the first tile) and from cache for the others. Token tiles outside the
+     * groups read the whole matrix from memory once per 4 tokens: 8 tokens of
+     * a 2048 x 5632 Q4_0_R16 ran at 55 % of their speed from cache. */
+    for (int64_t t1 = 0; t1 < ntok; t1 += GQ_TMAX) {
+        const int tn = (int)LK_MIN((int64_t)GQ_TMAX, ntok - t1);
+        const uint8_t *at = A + (size_t)t1 * as;
         for (int64_t b0 = 0; b0 < nb; b0 += GQ_KB) {
             const int kb = (int)LK_MIN((int64_t)GQ_KB, nb - b0);
-            gk_prep(is_q8, at, as, tt, b0, kb, &act.d[0][0], &act.corr[0][0], GQ_KB);
+            gk_prep(is_q8, at, as, tn, b0, kb, &act.d[0][0], &act.corr[0][0], GQ_KB);
             for (int64_t r0 = 0; r0 < nrows; r0 += 16) {
                 const int nr = (int)LK_MIN((int64_t)16, nrows - r0);
                 size_t pf = d && r0 + (int64_t)(d + 1) * 16 <= nrows ? (size_t)d * 16 * ws : 0;
@@ -529,8 +536,11 @@ LK_TG void lk_quant_q4q8_rows_avx512(int fmt, int64_t n, int64_t nrows, const vo
                  * 5 core that read 20 % slower from cache and no faster from
                  * memory than no prefetch at all) */
                 if (lk_fmt_r16(fmt) && nr == 16) pf = (size_t)d * 4 * ws;
-                k_gq_tiles[fmt][nr == 16][tt](nb, b0, kb, W + (size_t)r0 * ws, ws, nr, at, as, &act,
-                                      y + (size_t)t * ys + (size_t)r0, ys, t == 0 ? pf : 0, b0 > 0);
+                for (int t = 0; t < tn; t += GQ_T) {
+                    const int tt = LK_MIN(GQ_T, tn - t);
+                    k_gq_tiles[fmt][nr == 16][tt](nb, b0, kb, W + (size_t)r0 * ws, ws, nr, at + (size_t)t * as, as, &act,
+                                                  t, y + (size_t)(t1 + t) * ys + (size_t)r0, ys, t == 0 ? pf : 0, b0 > 0);
+                }
             }
         }
     }
@@ -1129,10 +1139,12 @@ LK_TG void lk_quant_kr16_rows_avx512(int kind, int64_t n, int64_t nrows, const v
     /* a group is one run of bytes, read in order: d times 4 rows ahead, as
      * the repacked Q4_0's rows kernel */
     const size_t pf = (size_t)lk_quant_pf_tiles() * 4 * ws;
-    for (int64_t t = 0; t < ntok; t += GKR_T) {
-        const int tt = (int)LK_MIN((int64_t)GKR_T, ntok - t);
-        for (int64_t r0 = 0; r0 < nrows; r0 += GK_ROWS)
+    /* the token tiles inside each group (its weights from memory once), as
+     * the Q4_0 rows kernel */
+    for (int64_t r0 = 0; r0 < nrows; r0 += GK_ROWS)
+        for (int64_t t = 0; t < ntok; t += GKR_T) {
+            const int tt = (int)LK_MIN((int64_t)GKR_T, ntok - t);
             k_gkr_tiles[kind - 4][tt - 1](nb, W + (size_t)r0 * ws, A + (size_t)t * as, as, y + (size_t)t * ys + (size_t)r0,
                                           ys, t == 0 ? pf : 0);
-    }
+        }
 }

@@ -240,17 +240,20 @@ enum { LK_GEMM_MIN_TOK = 5, LK_GEMM_MIN_TOK_Q6K = 10 };
  * longer: a Zen 5, 2 threads, TinyLlama shape, `bench --seqs 8` 212-217 ->
  * 244-245 tok/s (Q4_0) and 119-123 -> 168-211 (Q8_0) with the GEMM from 16
  * tokens instead of 5; 12 sequences 2-7 % ahead. (A tuned gtok applies to
- * them too.) */
-enum { LK_GEMM_MIN_TOK_R16 = 16 };
-/* The repacked K-quants' few-token kernel (up to 4 tokens a pass) stays
- * ahead of their GEMM for fewer tokens: Zen 5, one thread, TinyLlama-shape
- * Q4_K_M, `bench --seqs N --tune gtok=5|16`: 5 and 6 sequences 78-79 / 87-90
- * tok/s through the GEMM against 97 / 104-108 through the rows kernel, 8
- * sequences even (100-116 / 105-114), 12 the GEMM ahead (128-133 /
- * 106-110). At 8 the GEMM's one pass wins on a large matrix: a 3-layer
- * Qwen3-30B-A3B shape, whose 151936-row output matrix is half its step, 8
- * sequences 166 / 192 tok/s from 8 tokens against 140 / 154 from 9. */
-enum { LK_GEMM_MIN_TOK_KR16 = 8 };
+ * them too.) Since that kernel takes up to 16 tokens per row group (the
+ * group's weights from memory once), it leads to about 24 tokens: 16
+ * sequences of that bench (BENCHMARKS.md, eleventh session). */
+enum { LK_GEMM_MIN_TOK_R16 = 32 };
+/* The repacked K-quants' few-token kernel, per type (4: Q4_K, 5: Q5_K, 6:
+ * Q6_K). It took its token tiles (4 tokens) outside the row groups, so
+ * every 4 tokens read the whole matrix from memory again, and the GEMM led
+ * from 8 tokens. With the tiles inside each group (the group's weights
+ * from memory once), bench_quant's alternating passes (2048 x 5632 from
+ * memory, one Zen 5 thread, BENCHMARKS.md eleventh session) put the
+ * crossings at about 18 tokens for Q4_K (rows kernel 1.06x at 16, GEMM
+ * 1.02x at 20) and 28 for Q6_K (1.03x at 24, GEMM 1.06x at 32); Q5_K's
+ * GEMM leads from 8 (1.10x). */
+static inline int lk_gemm_min_tok_kr16(int kind) { return kind == 4 ? 18 : kind == 6 ? 28 : 8; }
 void lk_quant_gemm_q4q8_avx512(int fmt, int64_t n, int64_t nrows, const void *w, size_t ws,
                                int64_t ntok, const void *a, size_t as, float *y, size_t ys);
 /* The same layouts below LK_GEMM_MIN_TOK tokens (tiles of up to
