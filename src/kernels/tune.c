@@ -331,6 +331,23 @@ void lk_tune_calibrate(lk_pool *p, lk_type t, int64_t cols, int64_t rows, size_t
         cur.gemm_tok = gts[pick(ratio, 2, 0)];
         at = append(report, n, at, " gtok 5/9 (%d tokens) %.2f/%.2f (1/x%.2f);", GT, med[0], med[1], ratio[1]);
     }
+    /* 5. the repacked types' few-token kernel against the GEMM, a 16-token
+     * (Q4_0/Q8_0) or 12-token (K-quants) step over the memory-bound
+     * matrices: by default the rows kernel up to 31 tokens (K-quants: 17
+     * for Q4_K, 27 for Q6_K; quant_impl.h), or the GEMM from 16 (8). On a
+     * Zen 5 core the rows kernel led 1.22x at 16 tokens (Q4_0_R16); on the
+     * 16-core Xeon the GEMM led 1.13x (BENCHMARKS.md, eleventh session). */
+    if (!strcmp(lk_quant_simd_name(), "avx512") && r16 && ft != LK_TYPE_Q5_K) {
+        const bool kq = ft != LK_TYPE_Q4_0 && ft != LK_TYPE_Q8_0;
+        const int GT = kq ? 12 : 16, gts[] = { 0, kq ? 8 : 16 };
+        lk_tune_set c[2];
+        double med[2], ratio[2];
+        for (int k = 0; k < 2; k++) c[k] = cur, c[k].gemm_tok = gts[k];
+        stage(p, c, 2, 0, med, ratio, mats, nm, x, GT, y, scratch, 120);
+        cur.gemm_tok = gts[pick(ratio, 2, 0)];
+        at = append(report, n, at, " gtok default/%d (%d tokens) %.2f/%.2f (1/x%.2f);", gts[1], GT, med[0], med[1],
+                    ratio[1]);
+    }
     lk_tune_apply(&cur);
     *out = cur;
     char set[64];

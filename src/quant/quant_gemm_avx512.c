@@ -46,6 +46,9 @@
  * from the scalar code and llama.cpp.) The K-quants: see their section
  * below. */
 #include <immintrin.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 #include "quant/quant_impl.h"
 
@@ -509,6 +512,27 @@ static const gq_tile_fn k_gq_tiles[4][2][GQ_T + 1] = {
      {NULL, gq_tile_3_1_1, gq_tile_3_1_2, gq_tile_3_1_3, gq_tile_3_1_4}},
 };
 
+/* Whether the few-token kernels take their token tiles inside each row
+ * group: for a call whose weights (bytes) exceed half the core's L2 (512
+ * KiB where the C library does not say), or LK_ROWS_INNER_KB KiB when set
+ * (measurements). A thread's share of a matrix that fits its L2 is read
+ * from there by the passes after the first; on the 16-core Xeon, 16
+ * threads, 8 sequences, tiles inside the groups for every call ran 0.7x
+ * (BENCHMARKS.md, eleventh session). Speed only: every order gives the
+ * same bits. */
+static size_t rows_inner_bytes(void) {
+    static _Atomic long v = -1;
+    long x = atomic_load_explicit(&v, memory_order_relaxed);
+    if (x < 0) {
+        const char *e = getenv("LK_ROWS_INNER_KB");
+        const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+        x = e && *e ? atol(e) * 1024 : l2 > 0 ? l2 / 2 : 512 * 1024;
+        atomic_store_explicit(&v, x, memory_order_relaxed);
+    }
+    return (size_t)x;
+}
+static inline bool rows_inner(size_t bytes) { return bytes > rows_inner_bytes(); }
+
 LK_TG void lk_quant_q4q8_rows_avx512(int fmt, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
                                      const void *a, size_t as, float *y, size_t ys) {
     const bool is_q8 = lk_fmt_q8(fmt);
@@ -516,17 +540,21 @@ LK_TG void lk_quant_q4q8_rows_avx512(int fmt, int64_t n, int64_t nrows, const vo
     const uint8_t *W = w, *A = a;
     const int d = lk_quant_pf_tiles();
     gq_act act;
-    /* Up to GQ_TMAX tokens at once, their tiles of GQ_T inside each row
-     * group, so that a group's weights come from memory once (prefetched by
-     * the first tile) and from cache for the others. Token tiles outside the
-     * groups read the whole matrix from memory once per 4 tokens: 8 tokens of
-     * a 2048 x 5632 Q4_0_R16 ran at 55 % of their speed from cache. */
+    /* Token tiles inside each row group when the call's weights would not
+     * stay in cache between passes (rows_inner): up to GQ_TMAX tokens at
+     * once, a group's weights from memory once (prefetched by its first
+     * tile), from L1 for its other tiles. Otherwise (a thread's share of a
+     * matrix that fits its L2) the tiles outside the groups: the first pass
+     * streams the weights from memory with its prefetches, the others read
+     * them from L2. */
+    const bool inner = rows_inner((size_t)nrows * ws);
     for (int64_t t1 = 0; t1 < ntok; t1 += GQ_TMAX) {
         const int tn = (int)LK_MIN((int64_t)GQ_TMAX, ntok - t1);
         const uint8_t *at = A + (size_t)t1 * as;
         for (int64_t b0 = 0; b0 < nb; b0 += GQ_KB) {
             const int kb = (int)LK_MIN((int64_t)GQ_KB, nb - b0);
             gk_prep(is_q8, at, as, tn, b0, kb, &act.d[0][0], &act.corr[0][0], GQ_KB);
+            for (int t2 = 0; t2 < tn; t2 += inner ? tn : GQ_T)
             for (int64_t r0 = 0; r0 < nrows; r0 += 16) {
                 const int nr = (int)LK_MIN((int64_t)16, nrows - r0);
                 size_t pf = d && r0 + (int64_t)(d + 1) * 16 <= nrows ? (size_t)d * 16 * ws : 0;
@@ -536,10 +564,11 @@ LK_TG void lk_quant_q4q8_rows_avx512(int fmt, int64_t n, int64_t nrows, const vo
                  * 5 core that read 20 % slower from cache and no faster from
                  * memory than no prefetch at all) */
                 if (lk_fmt_r16(fmt) && nr == 16) pf = (size_t)d * 4 * ws;
-                for (int t = 0; t < tn; t += GQ_T) {
+                for (int t = t2; t < (inner ? tn : LK_MIN(tn, t2 + GQ_T)); t += GQ_T) {
                     const int tt = LK_MIN(GQ_T, tn - t);
                     k_gq_tiles[fmt][nr == 16][tt](nb, b0, kb, W + (size_t)r0 * ws, ws, nr, at + (size_t)t * as, as, &act,
-                                                  t, y + (size_t)(t1 + t) * ys + (size_t)r0, ys, t == 0 ? pf : 0, b0 > 0);
+                                                  t, y + (size_t)(t1 + t) * ys + (size_t)r0, ys,
+                                                  t1 + t == 0 || (inner && t == 0) ? pf : 0, b0 > 0);
                 }
             }
         }
@@ -1139,12 +1168,14 @@ LK_TG void lk_quant_kr16_rows_avx512(int kind, int64_t n, int64_t nrows, const v
     /* a group is one run of bytes, read in order: d times 4 rows ahead, as
      * the repacked Q4_0's rows kernel */
     const size_t pf = (size_t)lk_quant_pf_tiles() * 4 * ws;
-    /* the token tiles inside each group (its weights from memory once), as
-     * the Q4_0 rows kernel */
-    for (int64_t r0 = 0; r0 < nrows; r0 += GK_ROWS)
-        for (int64_t t = 0; t < ntok; t += GKR_T) {
-            const int tt = (int)LK_MIN((int64_t)GKR_T, ntok - t);
-            k_gkr_tiles[kind - 4][tt - 1](nb, W + (size_t)r0 * ws, A + (size_t)t * as, as, y + (size_t)t * ys + (size_t)r0,
-                                          ys, t == 0 ? pf : 0);
-        }
+    /* the token tiles inside each group where the Q4_0 rows kernel takes
+     * them there (rows_inner) */
+    const bool inner = rows_inner((size_t)nrows * ws);
+    for (int64_t t2 = 0; t2 < ntok; t2 += inner ? ntok : GKR_T)
+        for (int64_t r0 = 0; r0 < nrows; r0 += GK_ROWS)
+            for (int64_t t = t2; t < (inner ? ntok : LK_MIN(ntok, t2 + GKR_T)); t += GKR_T) {
+                const int tt = (int)LK_MIN((int64_t)GKR_T, ntok - t);
+                k_gkr_tiles[kind - 4][tt - 1](nb, W + (size_t)r0 * ws, A + (size_t)t * as, as,
+                                              y + (size_t)t * ys + (size_t)r0, ys, t == 0 ? pf : 0);
+            }
 }
