@@ -562,7 +562,8 @@ TEST(matmul_levels_scalar_order_bit_exact) {
  * lk_quant_unrepack_row give each file row back byte for byte, and at
  * every level a call on the repacked matrix gives the scalar call's bits on
  * the file's rows, for 1-40 tokens (the rows kernel, past its 16 tokens at
- * once too, the GEMM and its tails), on row ranges that start at multiples of 16 (as the kernels part
+ * once too, its tiles inside the row groups and outside, the GEMM and
+ * its tails), on row ranges that start at multiples of 16 (as the kernels part
  * splits them) with file rows past the last whole group, on rows of an odd
  * block count (a block without a pair; groups not 64-byte aligned), rows
  * past the GEMM's K blocks and the rows kernel's column chunk (256 blocks;
@@ -599,8 +600,11 @@ TEST(repacked_same_bits_as_file_rows) {
         CHECKF(!memcmp(rp + (size_t)(nrows / 16 * 16) * mc.wrb, mc.w + (size_t)(nrows / 16 * 16) * mc.wrb,
                        (size_t)(nrows % 16) * mc.wrb), "%s: the rows past the last whole group are not the file's",
                lk_type_name(rt));
-        for (int l = 0; l < 3; l++) {
-            if (!lk_quant_set_simd(levels[l])) continue;
+        /* the rows kernels' two orders (lk_quant_set_rows_inner): tiles
+         * inside each group, and one pass per tile */
+        for (int l = 0; l < 3 * 2; l++) {
+            if (!lk_quant_set_simd(levels[l / 2])) continue;
+            lk_quant_set_rows_inner(l % 2 ? 0 : INT64_MAX);
             for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
                 memset(mc.got, 0xff, sizeof(float) * (size_t)nrows * NT);
                 for (int64_t t0 = 0; t0 < NT; t0 += chunks[c]) {
@@ -616,11 +620,13 @@ TEST(repacked_same_bits_as_file_rows) {
                 }
                 int bad = 0;
                 for (int64_t e = 0; e < nrows * NT; e++) bad += memcmp(&mc.got[e], &mc.ref[e], sizeof(float)) != 0;
-                CHECKF(bad == 0, "%s %s %lld x %lld, calls of %lld tokens: %d of %lld outputs differ from scalar "
-                       "%s's", levels[l], lk_type_name(rt), (long long)nrows, (long long)n, (long long)chunks[c], bad,
-                       (long long)(nrows * NT), lk_type_name(ft));
+                CHECKF(bad == 0, "%s %s %lld x %lld (tiles %s the groups), calls of %lld tokens: %d of %lld outputs "
+                       "differ from scalar %s's", levels[l / 2], lk_type_name(rt), (long long)nrows, (long long)n,
+                       l % 2 ? "inside" : "outside", (long long)chunks[c], bad, (long long)(nrows * NT),
+                       lk_type_name(ft));
             }
         }
+        lk_quant_set_rows_inner(-1);
         free(rp); free(row);
         mm_case_free(&mc);
     }

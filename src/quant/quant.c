@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "quant/quant_impl.h"
 
@@ -565,6 +566,22 @@ void lk_quant_set_gemm_tok(int ntok) {
 }
 
 int lk_quant_gemm_tok(void) { return atomic_load_explicit(&g_gemm_tok, memory_order_relaxed); }
+
+static _Atomic int64_t g_rows_inner = -1; /* -1: not resolved yet */
+static int64_t rows_inner_default(void) {
+    const char *e = getenv("LK_ROWS_INNER_KB");
+    if (e && *e) return (int64_t)atoll(e) * 1024;
+    const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return l2 > 0 ? l2 / 2 : 512 * 1024;
+}
+void lk_quant_set_rows_inner(int64_t bytes) {
+    atomic_store_explicit(&g_rows_inner, bytes < 0 ? rows_inner_default() : bytes, memory_order_relaxed);
+}
+int64_t lk_quant_rows_inner(void) {
+    int64_t v = atomic_load_explicit(&g_rows_inner, memory_order_relaxed);
+    if (v < 0) atomic_store_explicit(&g_rows_inner, v = rows_inner_default(), memory_order_relaxed);
+    return v;
+}
 
 void lk_quant_init(void) { pthread_once(&g_once, init_once); }
 

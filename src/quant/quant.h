@@ -142,6 +142,18 @@ enum { LK_QUANT_GEMM_TOK_MIN = 5, LK_QUANT_GEMM_TOK_MAX = 32 };
 void lk_quant_set_gemm_tok(int ntok);
 int  lk_quant_gemm_tok(void);
 
+/* The repacked types' few-token kernels take their 4-token tiles inside
+ * each 16-row group (a group's weights from memory once) for calls whose
+ * weights pass `bytes`, and one pass over the rows per tile otherwise (the
+ * passes after the first read a thread's share from its L2). -1: the
+ * default, half the core's L2 (512 KiB where the C library does not say),
+ * or LK_ROWS_INNER_KB KiB from the environment. On the 16-core Xeon, 16
+ * threads, 8 sequences, the tiles inside the groups for every call ran
+ * 0.7x (BENCHMARKS.md, eleventh session). Speed only, never results
+ * (tests force both). Process-wide. */
+void    lk_quant_set_rows_inner(int64_t bytes);
+int64_t lk_quant_rows_inner(void);
+
 /* Rows per decode tile (one token) of the types whose decode goes through
  * the register tiles (F32, F16, BF16, the K-quants; not Q4_0/Q8_0): 4 (the
  * default: the rows share the activation's loads) or 1 (each row streamed

@@ -46,9 +46,6 @@
  * from the scalar code and llama.cpp.) The K-quants: see their section
  * below. */
 #include <immintrin.h>
-#include <stdatomic.h>
-#include <stdlib.h>
-#include <unistd.h>
 
 #include "quant/quant_impl.h"
 
@@ -513,25 +510,8 @@ static const gq_tile_fn k_gq_tiles[4][2][GQ_T + 1] = {
 };
 
 /* Whether the few-token kernels take their token tiles inside each row
- * group: for a call whose weights (bytes) exceed half the core's L2 (512
- * KiB where the C library does not say), or LK_ROWS_INNER_KB KiB when set
- * (measurements). A thread's share of a matrix that fits its L2 is read
- * from there by the passes after the first; on the 16-core Xeon, 16
- * threads, 8 sequences, tiles inside the groups for every call ran 0.7x
- * (BENCHMARKS.md, eleventh session). Speed only: every order gives the
- * same bits. */
-static size_t rows_inner_bytes(void) {
-    static _Atomic long v = -1;
-    long x = atomic_load_explicit(&v, memory_order_relaxed);
-    if (x < 0) {
-        const char *e = getenv("LK_ROWS_INNER_KB");
-        const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
-        x = e && *e ? atol(e) * 1024 : l2 > 0 ? l2 / 2 : 512 * 1024;
-        atomic_store_explicit(&v, x, memory_order_relaxed);
-    }
-    return (size_t)x;
-}
-static inline bool rows_inner(size_t bytes) { return bytes > rows_inner_bytes(); }
+ * group (lk_quant_set_rows_inner, quant.h, says when) */
+static inline bool rows_inner(size_t bytes) { return (int64_t)bytes > lk_quant_rows_inner(); }
 
 LK_TG void lk_quant_q4q8_rows_avx512(int fmt, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
                                      const void *a, size_t as, float *y, size_t ys) {
