@@ -455,6 +455,61 @@ TEST(matmul_prefill_gemm_edges) {
     lk_quant_set_simd("scalar");
 }
 
+/* The AVX-512 level's F32 product in scalar code: per (row, token) 16
+ * lanes, lane j taking elements j, j + 16, ... by fused multiply-adds from
+ * zero (a short last chunk multiplies zeros in its missing lanes, which
+ * turns a lane's -0 into +0 as the masked vector load does), then lane i +
+ * 8 added onto lane i, then i + 4, i + 2, i + 1. */
+static float f32_lanes_ref(const float *w, const float *a, int64_t n) {
+    float p[16] = {0};
+    for (int64_t c = 0; c < n; c += 16)
+        for (int j = 0; j < 16; j++) p[j] = c + j < n ? lk_fmaf(w[c + j], a[c + j], p[j]) : lk_fmaf(0, 0, p[j]);
+    for (int h = 8; h >= 1; h /= 2)
+        for (int j = 0; j < h; j++) p[j] = p[j] + p[j + h];
+    return p[0];
+}
+
+/* The F32 products at AVX-512, short rows (attention's scores: 16 rows'
+ * sums at once) and long ones (the register tiles), every token count
+ * path, against that order bit for bit: prefill's score blocks and
+ * decode's head groups must agree. Signed zeros and exact cancellations
+ * included. */
+TEST(f32_avx512_lane_order) {
+    if (!lk_quant_set_simd("avx512")) { printf("  (no avx512 on this CPU)\n"); return; }
+    static const int64_t ns[] = {1, 15, 16, 17, 33, 64, 100, 128, 256, 257, 300};
+    static const int64_t rows[] = {1, 7, 8, 15, 16, 17, 32, 40};
+    static const int64_t toks[] = {1, 2, 3, 4, 7, 16};
+    int checked = 0;
+    for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
+        for (size_t ri = 0; ri < sizeof rows / sizeof rows[0]; ri++)
+            for (size_t ti = 0; ti < sizeof toks / sizeof toks[0]; ti++) {
+                const int64_t n = ns[ni], nr = rows[ri], nt = toks[ti];
+                const size_t ws = (size_t)n + 3, as = (size_t)n + 5, ys = (size_t)nr + 2; /* strides in floats */
+                float *w = malloc(sizeof(float) * ws * (size_t)nr), *a = malloc(sizeof(float) * as * (size_t)nt);
+                float *y = malloc(sizeof(float) * ys * (size_t)nt);
+                for (size_t i = 0; i < ws * (size_t)nr; i++) w[i] = rnd_unif();
+                for (size_t i = 0; i < as * (size_t)nt; i++) a[i] = rnd_unif();
+                /* a row of zeros with a -0 (sums of signed zeros) and a row
+                 * whose products cancel exactly */
+                for (int64_t i = 0; i < n; i++) w[i] = i % 3 ? 0.0f : -0.0f;
+                if (nr > 1)
+                    for (int64_t i = 0; i < n; i++) w[ws + i] = i % 2 ? -w[ws + i - 1] : w[ws + i], a[i] = i % 2 ? a[i - 1] : a[i];
+                lk_quant_matmul(LK_TYPE_F32, n, nr, w, ws * 4, nt, a, as * 4, y, ys);
+                int bad = 0;
+                for (int64_t t = 0; t < nt; t++)
+                    for (int64_t r = 0; r < nr; r++) {
+                        const float ref = f32_lanes_ref(w + (size_t)r * ws, a + (size_t)t * as, n);
+                        bad += memcmp(&ref, &y[(size_t)t * ys + (size_t)r], 4) != 0;
+                    }
+                CHECKF(bad == 0, "F32 %lld x %lld, %lld tokens: %d outputs differ from the lane order", (long long)nr,
+                       (long long)n, (long long)nt, bad);
+                checked++;
+                free(w); free(a); free(y);
+            }
+    printf("  %d shapes\n", checked);
+    lk_quant_set_simd("scalar");
+}
+
 /* A compact problem for the bit-for-bit checks below: nrows rows of random
  * weights of type t (random_weights) and ntok activation rows quantised as
  * lk_matmul makes them, with room for two [ntok][nrows] outputs. */
@@ -985,6 +1040,7 @@ int main(int argc, char **argv) {
     RUN(matmul_batch_invariant);
     RUN(matmul_levels_scalar_order_bit_exact);
     RUN(repacked_same_bits_as_file_rows);
+    RUN(f32_avx512_lane_order);
     RUN(float_rows_same_bits_every_level);
     RUN(matmul_avx2_gemm_choices_bit_exact);
     RUN(simd_env_reaches_every_dispatch);

@@ -1035,8 +1035,90 @@ static void fla_run(const int kind, const lk_tileset *small, int64_t n, int64_t 
                           size_t y_stride) {                                                    \
         fla_run(kind, &name##_set, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);      \
     }
-LK_MM_FLA_FN(f32, 32)
 LK_MM_FLA_FN(f16, 16)
+
+/* F32 rows of at most FLS_MAX_N elements, FLS_MIN_ROWS rows or more
+ * (attention's scores: a page of keys as rows, a block of queries or a
+ * group of heads as tokens, 64-128 long): per (row, token) the tiles'
+ * chain (16 lanes, the 16-element chunks in order from zero, the last one
+ * loaded under a mask), then 16 rows' sums at once. hsum, the tiles' last
+ * step, adds lane i + 8 onto lane i, then i + 4, i + 2, i + 1; hsum16 does
+ * those same additions for 16 rows in 15 vector adds and 30 shuffles
+ * instead of 16 reductions of ~9 instructions each, which for rows of 64
+ * cost more than the products. The same bits as the tiles (floating-point
+ * addition is commutative), so prefill's blocks and decode's head groups
+ * still agree, and every token count gives them. */
+enum { FLS_MAX_N = 256, FLS_MIN_ROWS = 8 };
+
+/* r[k] = hsum(a[k]) for k < 16. After step 1 vector i holds rows 2i and
+ * 2i+1 (8 partial sums each), after step 2 vector j rows 4j..4j+3 (4 each,
+ * one 128-bit lane per row), after step 3 vector k rows 8k+g and 8k+4+g in
+ * lane g (2 each), after step 4 lane 4g+e holds row 4e+g: one permutation
+ * puts row k in lane k. */
+LK_T512 static LK_INL __m512 hsum16(const __m512 a[16]) {
+    __m512 x[8], y[4], z[2];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++)
+        x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++)
+        y[j] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * j], x[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(x[2 * j], x[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+#pragma GCC unroll 2
+    for (int k = 0; k < 2; k++) {
+        const __m512d u = _mm512_castps_pd(y[2 * k]), v = _mm512_castps_pd(y[2 * k + 1]);
+        z[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(u, v)), _mm512_castpd_ps(_mm512_unpackhi_pd(u, v)));
+    }
+    const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_ps(z[0], z[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
+}
+
+/* One token against NR rows (16, or fewer at the end: the others' sums
+ * are zero and not stored). */
+LK_T512 static LK_INL void fls_tile(const int NR, int64_t n, const uint8_t *w, size_t ws, const float *a, float *y) {
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int k = 0; k < 16; k++) acc[k] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 av = _mm512_maskz_loadu_ps(m, a + i);
+#pragma GCC unroll 16
+        for (int k = 0; k < 16; k++)
+            if (k < NR) acc[k] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, (const float *)(const void *)(w + (size_t)k * ws) + i), av, acc[k]);
+    }
+    _mm512_mask_storeu_ps(y, (__mmask16)((1u << NR) - 1), hsum16(acc));
+}
+LK_T512 static void fls_tile16(int64_t n, const uint8_t *w, size_t ws, const float *a, float *y) {
+    fls_tile(16, n, w, ws, a, y);
+}
+LK_T512 static void fls_tile_part(int nr, int64_t n, const uint8_t *w, size_t ws, const float *a, float *y) {
+    switch (nr) {
+#define FLS_CASE(R) case R: fls_tile(R, n, w, ws, a, y); break;
+    FLS_CASE(1) FLS_CASE(2) FLS_CASE(3) FLS_CASE(4) FLS_CASE(5) FLS_CASE(6) FLS_CASE(7) FLS_CASE(8)
+    FLS_CASE(9) FLS_CASE(10) FLS_CASE(11) FLS_CASE(12) FLS_CASE(13) FLS_CASE(14) FLS_CASE(15)
+#undef FLS_CASE
+    default: LK_ASSERT(0);
+    }
+}
+
+static void mm_f32(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a, size_t as,
+                   float *y, size_t ys) {
+    if (n > FLS_MAX_N || nrows < FLS_MIN_ROWS || as % 4) {
+        fla_run(32, &f32_set, n, nrows, w, ws, ntok, a, as, y, ys);
+        return;
+    }
+    const uint8_t *W = w, *A = a;
+    for (int64_t r0 = 0; r0 < nrows; r0 += 16) {
+        const int nr = (int)LK_MIN((int64_t)16, nrows - r0);
+        for (int64_t t = 0; t < ntok; t++) {
+            const float *at = (const float *)(const void *)(A + (size_t)t * as);
+            if (nr == 16) fls_tile16(n, W + (size_t)r0 * ws, ws, at, y + (size_t)t * ys + (size_t)r0);
+            else fls_tile_part(nr, n, W + (size_t)r0 * ws, ws, at, y + (size_t)t * ys + (size_t)r0);
+        }
+    }
+}
 LK_MM_FLA_FN(bfc, 0)
 /* BF16 with AVX512_BF16: vdpbf16ps on the bf16 activations as they are
  * (no conversion to amortise), from FLA_MIN_TOK tokens in 4 x 6 tiles: the
