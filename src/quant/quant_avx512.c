@@ -1075,33 +1075,48 @@ LK_T512 static LK_INL __m512 hsum16(const __m512 a[16]) {
     return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
 }
 
-/* One token against NR rows (16, or fewer at the end: the others' sums
- * are zero and not stored). */
-LK_T512 static LK_INL void fls_tile(const int NR, int64_t n, const uint8_t *w, size_t ws, const float *a, float *y) {
+/* NT tokens (1 or 2) against NR rows (8, or fewer at the end: the
+ * others' sums are zero and not stored): accumulator 8 t + k is row k
+ * with token t, so hsum16's lanes 0-7 are the first token's rows and 8-15
+ * the second's. Two tokens per row load: loads, not products, bound the
+ * one-token form (16 loads per 16 products). The first tile of a row group
+ * (pf) prefetches the next group's lines: decode's head groups read each
+ * page of keys from memory once, and without it their scores ran slower
+ * than the 4 x 6 tiles', which prefetch so. */
+LK_T512 static LK_INL void fls_tile(const int NR, const int NT, int64_t n, const uint8_t *w, size_t ws,
+                                    const float *a, size_t as, float *y, size_t ys, bool pf) {
     __m512 acc[16];
 #pragma GCC unroll 16
     for (int k = 0; k < 16; k++) acc[k] = _mm512_setzero_ps();
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
-        const __m512 av = _mm512_maskz_loadu_ps(m, a + i);
-#pragma GCC unroll 16
-        for (int k = 0; k < 16; k++)
-            if (k < NR) acc[k] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, (const float *)(const void *)(w + (size_t)k * ws) + i), av, acc[k]);
+        const __m512 a0 = _mm512_maskz_loadu_ps(m, a + i), a1 = NT > 1 ? _mm512_maskz_loadu_ps(m, a + as + i) : a0;
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            if (k >= NR) break;
+            const float *wr = (const float *)(const void *)(w + (size_t)k * ws) + i;
+            if (pf) _mm_prefetch((const char *)(wr + 2 * ws), _MM_HINT_T0); /* the next 8 rows' line */
+            const __m512 wv = _mm512_maskz_loadu_ps(m, wr);
+            acc[k] = _mm512_fmadd_ps(wv, a0, acc[k]);
+            if (NT > 1) acc[8 + k] = _mm512_fmadd_ps(wv, a1, acc[8 + k]);
+        }
     }
-    _mm512_mask_storeu_ps(y, (__mmask16)((1u << NR) - 1), hsum16(acc));
+    const __m512 r = hsum16(acc);
+    const __mmask8 mr = (__mmask8)((1u << NR) - 1);
+    _mm256_mask_storeu_ps(y, mr, _mm512_castps512_ps256(r));
+    if (NT > 1) _mm256_mask_storeu_ps(y + ys, mr, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(r), 1)));
 }
-LK_T512 static void fls_tile16(int64_t n, const uint8_t *w, size_t ws, const float *a, float *y) {
-    fls_tile(16, n, w, ws, a, y);
-}
-LK_T512 static void fls_tile_part(int nr, int64_t n, const uint8_t *w, size_t ws, const float *a, float *y) {
-    switch (nr) {
-#define FLS_CASE(R) case R: fls_tile(R, n, w, ws, a, y); break;
-    FLS_CASE(1) FLS_CASE(2) FLS_CASE(3) FLS_CASE(4) FLS_CASE(5) FLS_CASE(6) FLS_CASE(7) FLS_CASE(8)
-    FLS_CASE(9) FLS_CASE(10) FLS_CASE(11) FLS_CASE(12) FLS_CASE(13) FLS_CASE(14) FLS_CASE(15)
-#undef FLS_CASE
-    default: LK_ASSERT(0);
+typedef void (*fls_fn)(int64_t n, const uint8_t *w, size_t ws, const float *a, size_t as, float *y, size_t ys,
+                       bool pf);
+#define FLS_FN(R, T)                                                                                          \
+    LK_T512 static void fls_##R##x##T(int64_t n, const uint8_t *w, size_t ws, const float *a, size_t as,     \
+                                      float *y, size_t ys, bool pf) {                                        \
+        fls_tile(R, T, n, w, ws, a, as, y, ys, pf);                                                           \
     }
-}
+FLS_FN(1, 1) FLS_FN(2, 1) FLS_FN(3, 1) FLS_FN(4, 1) FLS_FN(5, 1) FLS_FN(6, 1) FLS_FN(7, 1) FLS_FN(8, 1)
+FLS_FN(1, 2) FLS_FN(2, 2) FLS_FN(3, 2) FLS_FN(4, 2) FLS_FN(5, 2) FLS_FN(6, 2) FLS_FN(7, 2) FLS_FN(8, 2)
+static const fls_fn k_fls[2][8] = {{fls_1x1, fls_2x1, fls_3x1, fls_4x1, fls_5x1, fls_6x1, fls_7x1, fls_8x1},
+                                   {fls_1x2, fls_2x2, fls_3x2, fls_4x2, fls_5x2, fls_6x2, fls_7x2, fls_8x2}};
 
 static void mm_f32(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a, size_t as,
                    float *y, size_t ys) {
@@ -1110,15 +1125,16 @@ static void mm_f32(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t n
         return;
     }
     const uint8_t *W = w, *A = a;
-    for (int64_t r0 = 0; r0 < nrows; r0 += 16) {
-        const int nr = (int)LK_MIN((int64_t)16, nrows - r0);
-        for (int64_t t = 0; t < ntok; t++) {
-            const float *at = (const float *)(const void *)(A + (size_t)t * as);
-            if (nr == 16) fls_tile16(n, W + (size_t)r0 * ws, ws, at, y + (size_t)t * ys + (size_t)r0);
-            else fls_tile_part(nr, n, W + (size_t)r0 * ws, ws, at, y + (size_t)t * ys + (size_t)r0);
+    for (int64_t r0 = 0; r0 < nrows; r0 += 8) {
+        const int nr = (int)LK_MIN((int64_t)8, nrows - r0);
+        for (int64_t t = 0; t < ntok; t += 2) {
+            const int nt = (int)LK_MIN((int64_t)2, ntok - t);
+            k_fls[nt - 1][nr - 1](n, W + (size_t)r0 * ws, ws, (const float *)(const void *)(A + (size_t)t * as), as / 4,
+                                  y + (size_t)t * ys + (size_t)r0, ys, t == 0 && r0 + 8 < nrows);
         }
     }
 }
+
 LK_MM_FLA_FN(bfc, 0)
 /* BF16 with AVX512_BF16: vdpbf16ps on the bf16 activations as they are
  * (no conversion to amortise), from FLA_MIN_TOK tokens in 4 x 6 tiles: the
