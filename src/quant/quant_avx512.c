@@ -50,7 +50,9 @@
  * bit for bit against the scalar level. The float types take the register
  * tiles for every token count: 16 FMA lanes (BF16 with AVX512_BF16:
  * vdpbf16ps lanes) per (row, token), the row's chunks in order, added by
- * one tree at the end, whatever the tile shape. From FLA_MIN_TOK tokens
+ * one tree at the end, whatever the tile shape (F32 rows of at most
+ * FLS_MAX_N elements, attention's scores: that tree for 16 sums at once,
+ * hsum16). From FLA_MIN_TOK tokens
  * the tiles grow to 4 rows x 6 tokens and F16 / BF16-without-AVX512_BF16
  * activations are widened to fp32 once per call (exact, so the same bits),
  * which made F16 prefill faster than the rows-in-lanes float GEMM that
