@@ -142,7 +142,7 @@ enum { LK_QUANT_GEMM_TOK_MIN = 5, LK_QUANT_GEMM_TOK_MAX = 32 };
 void lk_quant_set_gemm_tok(int ntok);
 int  lk_quant_gemm_tok(void);
 
-/* The repacked types' few-token kernels take their 4-token tiles inside
+/* The repacked types' few-token kernels take their token tiles inside
  * each 16-row group (a group's weights from memory once) for calls whose
  * weights pass `bytes`, and one pass over the rows per tile otherwise (the
  * passes after the first read a thread's share from its L2). -1: the

@@ -12,10 +12,10 @@
  *    their packed 18- or 34-byte records, two vpdpbusd do the products
  *    (64 or 128), more permutes gather the scales. Decode rearranges the
  *    activation row once per call and reduces 4 rows' sums into one vector
- *    before scaling. Both types' 2-4 tokens put 16 rows in the lanes
+ *    before scaling. Both types' few tokens put 16 rows in the lanes
  *    (quant_gemm_avx512.c, lk_quant_q4q8_rows_avx512). That is for the
  *    file's layout: the model repacks Q4_0 and Q8_0 at load into 16-row
- *    groups (q4_0_r16, q8_0_r16: quant.h), whose decode and 2-4 tokens
+ *    groups (q4_0_r16, q8_0_r16: quant.h), whose decode and few tokens
  *    take the rows-in-lanes kernel with no transposes and (Q8_0) no
  *    permutes, and whose GEMM packing is loads and nibble splits.
  *  - K-quants: one super-block per step, per-sub-block scales applied in the
@@ -43,7 +43,7 @@
  * q4q8_dec4_buf, each block's exact integer sum, then per row s = s + sum *
  * (d_w * d_a) block after block; K-quants: kq_tile, each
  * super-block's exact integer sums, then the scalar float work with 4 (row,
- * token) pairs in the lanes), 2-4 tokens (lk_quant_q4q8_rows_avx512: 16
+ * token) pairs in the lanes), a few tokens (lk_quant_q4q8_rows_avx512: 16
  * rows in the lanes; kq_tile) and the GEMMs from LK_GEMM_MIN_TOK tokens
  * (the same arithmetic, each K block continuing the row's sum from y) all
  * do the scalar reference's operations in its order; test_quant checks them
@@ -860,7 +860,7 @@ LK_F_TILES(LK_T512BF, bf, BF_CALL)
         lk_quant_run_tiles(&name##_set, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride); \
     }
 /* The first token count that takes the GEMM: LK_GEMM_MIN_TOK unless the
- * tuner chose otherwise (lk_quant_set_gemm_tok: on a Zen 5 the 4-token rows
+ * tuner chose otherwise (lk_quant_set_gemm_tok: on a Zen 5 the rows
  * kernel beats the GEMM up to about 8 tokens, on the Xeon not at 5). */
 static inline int64_t gemm_min_tok(void) {
     const int v = lk_quant_gemm_tok();
@@ -877,7 +877,7 @@ static inline int64_t gemm_min_tok_kr16(int kind) {
 
 /* Q4_0: one arithmetic for every token count (the scalar reference's, so
  * batch invariant): decode through the prepared-activation 4-row kernel,
- * then rows in lanes in tiles of up to 4 tokens, then the GEMM */
+ * then rows in lanes in tiles of up to 6 tokens, then the GEMM */
 static void mm_q40(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
                    size_t a_stride, float *y, size_t y_stride) {
     if (ntok == 1) q40_decode(n, nrows, w, w_stride, a, y);
@@ -897,7 +897,7 @@ static void mm_q80r16(int64_t n, int64_t nrows, const void *w, size_t w_stride, 
     if (ntok < gemm_min_tok_r16()) lk_quant_q4q8_rows_avx512(LK_FMT_Q8R16, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
     else lk_quant_gemm_q4q8_avx512(LK_FMT_Q8R16, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
 }
-/* Q8_0: the same one arithmetic; decode as Q4_0's, 2-4 tokens rows in lanes */
+/* Q8_0: the same one arithmetic; decode as Q4_0's, a few tokens rows in lanes */
 static void mm_q80(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
                    size_t a_stride, float *y, size_t y_stride) {
     if (ntok == 1) q80_decode(n, nrows, w, w_stride, a, y);
