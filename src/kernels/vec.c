@@ -217,11 +217,11 @@ AVX2 static float max_avx2(const float *x, int64_t n) {
     __m256 m = _mm256_set1_ps(-INFINITY);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) m = _mm256_max_ps(_mm256_loadu_ps(x + i), m);
-    float l[8], r = -INFINITY;
+    float l[8];
     _mm256_storeu_ps(l, m);
-    for (int j = 0; j < 8; j++) r = l[j] > r ? l[j] : r;
-    for (; i < n; i++) r = x[i] > r ? x[i] : r;
-    return r;
+    /* the lanes, then the tail: the scalar order's comparisons */
+    const float r = max_scalar(l, 8), t = max_scalar(x + i, n - i);
+    return t > r ? t : r;
 }
 AVX2 static void scale_avx2(float *x, int64_t n, float s) {
     const __m256 vs = _mm256_set1_ps(s);
@@ -366,11 +366,11 @@ AVX512 static float max_avx512(const float *x, int64_t n) {
     __m512 m = _mm512_set1_ps(-INFINITY);
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) m = _mm512_max_ps(_mm512_loadu_ps(x + i), m);
-    float l[16], r = -INFINITY;
+    float l[16];
     _mm512_storeu_ps(l, m);
-    for (int j = 0; j < 16; j++) r = l[j] > r ? l[j] : r;
-    for (; i < n; i++) r = x[i] > r ? x[i] : r;
-    return r;
+    /* the lanes, then the tail: the scalar order's comparisons */
+    const float r = max_scalar(l, 16), t = max_scalar(x + i, n - i);
+    return t > r ? t : r;
 }
 AVX512 static void scale_avx512(float *x, int64_t n, float s) {
     const __m512 vs = _mm512_set1_ps(s);
