@@ -501,28 +501,21 @@ LK_TG static LK_INL void gq_tile(const int fmt, const bool full, const int T, in
 #define GQ_TILES(Q, F)                                                                                       \
     GQ_TILE(Q, F, 1) GQ_TILE(Q, F, 2) GQ_TILE(Q, F, 3) GQ_TILE(Q, F, 4) GQ_TILE(Q, F, 5) GQ_TILE(Q, F, 6)
 GQ_TILES(0, 0) GQ_TILES(0, 1) GQ_TILES(1, 0) GQ_TILES(1, 1) GQ_TILES(2, 1) GQ_TILES(3, 1)
+/* a row of k_gq_tiles: the tiles of GQ_TILES(Q, F), by token count */
+#define GQ_ROW(Q, F)                                                                                    \
+    {NULL, gq_tile_##Q##_##F##_1, gq_tile_##Q##_##F##_2, gq_tile_##Q##_##F##_3, gq_tile_##Q##_##F##_4, \
+     gq_tile_##Q##_##F##_5, gq_tile_##Q##_##F##_6}
 typedef void (*gq_tile_fn)(int64_t nb, int64_t b0, int kb, const uint8_t *w, size_t ws, int nr, const uint8_t *a,
                            size_t as, const gq_act *A, int t0, float *y, size_t ys, size_t pf, bool cont);
 /* [fmt][whole group of 16 rows]: the rows past a repacked type's whole
  * groups are the file type's rows */
 static const gq_tile_fn k_gq_tiles[4][2][GQ_T + 1] = {
-    {{NULL, gq_tile_0_0_1, gq_tile_0_0_2, gq_tile_0_0_3, gq_tile_0_0_4, gq_tile_0_0_5,
-      gq_tile_0_0_6},
-     {NULL, gq_tile_0_1_1, gq_tile_0_1_2, gq_tile_0_1_3, gq_tile_0_1_4, gq_tile_0_1_5,
-      gq_tile_0_1_6}},
-    {{NULL, gq_tile_1_0_1, gq_tile_1_0_2, gq_tile_1_0_3, gq_tile_1_0_4, gq_tile_1_0_5,
-      gq_tile_1_0_6},
-     {NULL, gq_tile_1_1_1, gq_tile_1_1_2, gq_tile_1_1_3, gq_tile_1_1_4, gq_tile_1_1_5,
-      gq_tile_1_1_6}},
-    {{NULL, gq_tile_0_0_1, gq_tile_0_0_2, gq_tile_0_0_3, gq_tile_0_0_4, gq_tile_0_0_5,
-      gq_tile_0_0_6},
-     {NULL, gq_tile_2_1_1, gq_tile_2_1_2, gq_tile_2_1_3, gq_tile_2_1_4, gq_tile_2_1_5,
-      gq_tile_2_1_6}},
-    {{NULL, gq_tile_1_0_1, gq_tile_1_0_2, gq_tile_1_0_3, gq_tile_1_0_4, gq_tile_1_0_5,
-      gq_tile_1_0_6},
-     {NULL, gq_tile_3_1_1, gq_tile_3_1_2, gq_tile_3_1_3, gq_tile_3_1_4, gq_tile_3_1_5,
-      gq_tile_3_1_6}},
+    {GQ_ROW(0, 0), GQ_ROW(0, 1)},
+    {GQ_ROW(1, 0), GQ_ROW(1, 1)},
+    {GQ_ROW(0, 0), GQ_ROW(2, 1)},
+    {GQ_ROW(1, 0), GQ_ROW(3, 1)},
 };
+#undef GQ_ROW
 
 /* Whether the few-token kernels take their token tiles inside each row
  * group (lk_quant_set_rows_inner, quant.h, says when) */
