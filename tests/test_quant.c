@@ -715,6 +715,75 @@ TEST(repacked_same_bits_as_file_rows) {
  * infinities, zeros of both signs, fp32 denormals, and NaNs with payloads
  * (the SIMD code must give the scalar code's quiet NaN), at positions inside
  * and past the 8-value groups. */
+/* The activations' terms (lk_act_terms): the AVX-512 Q4_0 / Q8_0 kernels
+ * read them, computed once per matrix, instead of deriving them per call;
+ * the products must be the same bits as without them (the scalar level's),
+ * for every token count (rows kernel and GEMM), K blocks of the terms'
+ * layout (389 blocks: three, the last partial), row ranges that start past
+ * row 0, and file rows and repacked. Terms for the other offset are
+ * ignored (same bits), and wrong terms for the right offset change the
+ * result: the kernels do read them. */
+TEST(matmul_terms_same_bits) {
+    static const int64_t chunks[] = {1, 2, 5, 6, 16, 20, 31, 32, 40};
+    static const struct { int64_t nb, nrows; } shapes[] = {{7, 53}, {64, 48}, {389, 37}};
+    static const lk_type types[] = {LK_TYPE_Q4_0, LK_TYPE_Q8_0, LK_TYPE_Q4_0_R16, LK_TYPE_Q8_0_R16};
+    enum { NT = 40 };
+    int read = 0;
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const lk_type rt = types[ti], ft = lk_type_file(rt);
+        const int64_t n = 32 * shapes[si].nb, nrows = shapes[si].nrows;
+        CHECK(lk_quant_set_simd("scalar"));
+        CHECK(lk_quant_terms_k(rt) == 0);
+        mm_case mc = mm_case_new(ft, n, nrows, NT);
+        mm_case_run(&mc, NT, mc.ref);
+        uint8_t *w = mc.w;
+        if (rt != ft) {
+            w = malloc(mc.wrb * (size_t)nrows);
+            lk_quant_repack(rt, ft, n, nrows, mc.w, mc.wrb, w);
+        }
+        if (!lk_quant_set_simd("avx512")) { mm_case_free(&mc); if (w != mc.w) free(w); continue; }
+        const int32_t k = lk_quant_terms_k(rt);
+        CHECKF(k == (lk_type_file(rt) == LK_TYPE_Q8_0 ? 128 : 8), "%s: terms for offset %d", lk_type_name(rt), k);
+        uint8_t *mem = malloc(lk_act_terms_bytes(n, NT));
+        for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++)
+        for (int variant = 0; variant < 3; variant++) { /* right terms, the other offset's, wrong ones */
+            memset(mc.got, 0xff, sizeof(float) * (size_t)nrows * NT);
+            for (int64_t t0 = 0; t0 < NT; t0 += chunks[c]) {
+                const int64_t tn = LK_MIN(chunks[c], NT - t0);
+                lk_act_terms T = { .d = (float *)mem, .corr = (int32_t *)(mem + lk_act_terms_bytes(n, tn) / 2),
+                                   .ntok = tn, .k = variant == 1 ? 136 - k : k };
+                const uint8_t *a = mc.a + (size_t)t0 * mc.arb;
+                for (int64_t t = 0; t < tn; t++) lk_act_terms_row(&T, t, a + (size_t)t * mc.arb, n);
+                if (variant == 2) T.corr[0] += 1;
+                /* two row ranges, the second from row 16 */
+                float *y = mc.got + (size_t)t0 * (size_t)nrows;
+                lk_quant_matmul_terms(rt, n, 16, w, mc.wrb, tn, a, mc.arb, &T, y, (size_t)nrows);
+                lk_quant_matmul_terms(rt, n, nrows - 16, w + 16 * mc.wrb, mc.wrb, tn, a, mc.arb, &T, y + 16,
+                                      (size_t)nrows);
+            }
+            int bad = 0;
+            for (int64_t e = 0; e < nrows * NT; e++) bad += memcmp(&mc.got[e], &mc.ref[e], sizeof(float)) != 0;
+            if (variant == 2) {
+                /* token 0's first block is every call's at ntok 40, only the first call's otherwise;
+                 * decode of file rows (1 token) reads no terms */
+                const bool reads = !(chunks[c] == 1 && rt == ft);
+                CHECKF(reads ? bad > 0 : bad == 0, "%s %lld x %lld, calls of %lld tokens: wrong terms changed %d outputs",
+                       lk_type_name(rt), (long long)nrows, (long long)n, (long long)chunks[c], bad);
+                read += bad > 0;
+            } else
+                CHECKF(bad == 0, "%s %lld x %lld, calls of %lld tokens, terms for offset %s: %d of %lld outputs differ "
+                       "from the scalar level's", lk_type_name(rt), (long long)nrows, (long long)n, (long long)chunks[c],
+                       variant ? "other" : "right", bad, (long long)(nrows * NT));
+        }
+        free(mem);
+        if (w != mc.w) free(w);
+        mm_case_free(&mc);
+    }
+    printf("  wrong terms read in %d cases\n", read);
+    lk_quant_set_simd("scalar");
+}
+
 TEST(float_rows_same_bits_every_level) {
     enum { N = 1003 };
     static float x[N];
@@ -1040,6 +1109,7 @@ int main(int argc, char **argv) {
     RUN(matmul_batch_invariant);
     RUN(matmul_levels_scalar_order_bit_exact);
     RUN(repacked_same_bits_as_file_rows);
+    RUN(matmul_terms_same_bits);
     RUN(f32_avx512_lane_order);
     RUN(float_rows_same_bits_every_level);
     RUN(matmul_avx2_gemm_choices_bit_exact);

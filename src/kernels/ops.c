@@ -72,10 +72,16 @@ void lk_geglu(float *gate, const float *up, int64_t n) {
 
 /* ---- matmul ---- */
 
+/* The activations' terms go after the quantised rows, 64-byte aligned. */
+static size_t terms_offset(size_t rows_bytes) { return (rows_bytes + 63) & ~(size_t)63; }
+
 size_t lk_matmul_scratch_bytes(int64_t cols, int64_t ntok) {
     /* F32 activations are the widest (4 bytes per element); every quantised
-     * activation format is smaller per element. */
-    return (size_t)cols * 4 * (size_t)ntok + 64;
+     * activation format is smaller per element, Q8_0 with its terms
+     * (lk_act_terms) too except for rows of a few blocks */
+    const size_t f32 = (size_t)cols * 4 * (size_t)ntok;
+    const size_t q8 = terms_offset((size_t)(cols / 32 + 1) * 34 * (size_t)ntok) + lk_act_terms_bytes(cols + 32, ntok);
+    return LK_MAX(f32, q8) + 64;
 }
 
 typedef struct {
@@ -93,6 +99,7 @@ typedef struct {
     const float *norm_w; /* lk_matmul_fused_norm: RMSNorm x into xn first */
     float eps;
     float *xn;
+    lk_act_terms terms;  /* the Q8_0 activations' terms, when every matrix's kernel reads them (k != 0) */
 } matmul_job;
 
 /* Rows are handed out in multiples of 16 so SIMD kernels that work on row
@@ -125,6 +132,7 @@ static void quantize_job(void *arg, int ith, int nth) {
             x = j->xn + t * n;
         }
         if (j->at != LK_TYPE_F32) lk_quantize_row_act(j->at, x, (char *)j->scratch + t * j->a_stride, n);
+        if (j->terms.k) lk_act_terms_row(&j->terms, t, (char *)j->scratch + t * j->a_stride, n);
     }
 }
 
@@ -135,8 +143,9 @@ static void matmul_job_fn(void *arg, int ith, int nth) {
         const lk_mat *W = j->W[i];
         lk_split_range(W->rows, ROW_ALIGN, ith, nth, &r0, &r1);
         if (r1 <= r0) continue;
-        lk_quant_matmul(W->type, W->cols, r1 - r0, (const char *)W->data + (size_t)r0 * W->row_stride,
-                        W->row_stride, j->ntok, j->a, j->a_stride, j->y[i] + r0, (size_t)j->y_stride[i]);
+        lk_quant_matmul_terms(W->type, W->cols, r1 - r0, (const char *)W->data + (size_t)r0 * W->row_stride,
+                              W->row_stride, j->ntok, j->a, j->a_stride, j->terms.k ? &j->terms : NULL,
+                              j->y[i] + r0, (size_t)j->y_stride[i]);
     }
     if (j->swiglu && r1 > r0)
         for (int64_t t = 0; t < j->ntok; t++)
@@ -166,6 +175,17 @@ static void matmul_run(lk_pool *p, matmul_job *j) {
             LK_ASSERT(lk_type_row_bytes(j->at, W[0]->cols, &rb));
             j->a = j->scratch;
             j->a_stride = rb;
+            /* the terms that every call on these activations would derive
+             * again (lk_act_terms): once here, if every matrix reads them
+             * for the same offset */
+            int32_t k = j->at == LK_TYPE_Q8_0 ? lk_quant_terms_k(W[0]->type) : 0;
+            for (int i = 1; i < nw; i++)
+                if (lk_quant_terms_k(W[i]->type) != k) k = 0;
+            if (k) {
+                char *tp = (char *)j->scratch + terms_offset(rb * (size_t)ntok);
+                j->terms = (lk_act_terms){ .d = (float *)tp, .ntok = ntok, .k = k,
+                                           .corr = (int32_t *)(tp + lk_act_terms_bytes(W[0]->cols, ntok) / 2) };
+            }
         }
         const uint64_t q0 = lk_prof_t0();
         if (ntok >= 4 && lk_pool_size(p) > 1)

@@ -633,6 +633,39 @@ void lk_quant_matmul(lk_type wt, int64_t n, int64_t nrows, const void *w, size_t
     o->mm[wt](n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
 }
 
+int32_t lk_quant_terms_k(lk_type wt) {
+    if (wt >= LK_TYPE_ALL || !ops_get()->mm_terms[wt]) return 0;
+    return wt == LK_TYPE_Q8_0 || wt == LK_TYPE_Q8_0_R16 ? 128 : 8;
+}
+
+size_t lk_act_terms_bytes(int64_t n, int64_t ntok) {
+    const int64_t nkb = (n / LK_QK + LK_TERMS_KB - 1) / LK_TERMS_KB;
+    return (size_t)nkb * (size_t)ntok * LK_TERMS_KB * (sizeof(float) + sizeof(int32_t));
+}
+
+void lk_act_terms_row(const lk_act_terms *T, int64_t t, const void *a, int64_t n) {
+    LK_ASSERT(t >= 0 && t < T->ntok && n % LK_QK == 0);
+    const uint8_t *p = a;
+    for (int64_t b = 0; b < n / LK_QK; b++, p += LK_Q80_BYTES) {
+        const size_t i = (size_t)((b / LK_TERMS_KB * T->ntok + t) * LK_TERMS_KB + b % LK_TERMS_KB);
+        int32_t sum = 0;
+        for (int j = 0; j < LK_QK; j++) sum += (int8_t)p[2 + j];
+        T->d[i] = lk_ld_h(p);
+        T->corr[i] = -T->k * sum;
+    }
+}
+
+void lk_quant_matmul_terms(lk_type wt, int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok,
+                           const void *a, size_t a_stride, const lk_act_terms *terms, float *y, size_t y_stride) {
+    const lk_quant_ops *o = ops_get();
+    if (!terms || n == 0 || wt >= LK_TYPE_ALL || !o->mm_terms[wt]) {
+        lk_quant_matmul(wt, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
+        return;
+    }
+    LK_ASSERT(n % LK_QK == 0 && nrows >= 0 && ntok >= 0 && terms->ntok == ntok);
+    o->mm_terms[wt](n, nrows, w, w_stride, ntok, a, a_stride, terms, y, y_stride);
+}
+
 /* ===================================================================== */
 /* Repacking at load (quant.h; the layout: quant_impl.h)                   */
 /* ===================================================================== */

@@ -87,6 +87,39 @@ void lk_quant_matmul(lk_type wt, int64_t n, int64_t nrows, const void *w, size_t
                      int64_t ntok, const void *a, size_t a_stride,
                      float *y, size_t y_stride);
 
+/* Activation terms: what the AVX-512 Q4_0 / Q8_0 kernels (file rows and
+ * repacked) derive from Q8_0 activations before multiplying, per token and
+ * block: the block's scale as a float, and the weights' offset correction
+ * -k * (sum of its 32 quants) (their weights are made unsigned: k = 8 for
+ * Q4_0's nibbles, 128 for Q8_0). Exact values: whoever computes them, the
+ * products are the same bits. Each call derives them for its tokens; a
+ * matrix split over many threads is many calls on the same activations
+ * (16 threads x 4 tasks: 64 calls, a fused Q/K/V 3 per task), so the
+ * kernels part computes them once per matrix, in the pass that quantises
+ * the activations, and hands them to every call (lk_quant_matmul_terms).
+ * Layout: K blocks of LK_TERMS_KB blocks, block b of token t at index
+ * ((b / LK_TERMS_KB) * ntok + t) * LK_TERMS_KB + b % LK_TERMS_KB of d and
+ * corr (the kernels' own K blocking, so they read them in place). */
+enum { LK_TERMS_KB = 128 };
+typedef struct {
+    float   *d;
+    int32_t *corr;
+    int64_t  ntok; /* tokens the arrays hold */
+    int32_t  k;    /* the offset they were computed for (lk_quant_terms_k) */
+} lk_act_terms;
+/* The offset k whose terms the active kernel of weight type wt reads (8 or
+ * 128), or 0 if it reads none (other types, levels below AVX-512). */
+int32_t lk_quant_terms_k(lk_type wt);
+/* Bytes of d and corr together for ntok tokens of rows of n elements. */
+size_t lk_act_terms_bytes(int64_t n, int64_t ntok);
+/* Token t's terms from its Q8_0 activation row a of n elements (t < T->ntok). */
+void lk_act_terms_row(const lk_act_terms *T, int64_t t, const void *a, int64_t n);
+/* lk_quant_matmul with the terms of all of A's tokens (terms->ntok ==
+ * ntok, computed for lk_quant_terms_k(wt)); terms NULL, or a kernel that
+ * reads none: lk_quant_matmul. */
+void lk_quant_matmul_terms(lk_type wt, int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok,
+                           const void *a, size_t a_stride, const lk_act_terms *terms, float *y, size_t y_stride);
+
 /* Repacking at load. A matrix's weights are laid out for the kernels once,
  * when the model is loaded, instead of at every call: Q4_0 becomes
  * Q4_0_R16, Q8_0 Q8_0_R16, Q4_K Q4_K_R16 and so on for Q5_K and Q6_K, each

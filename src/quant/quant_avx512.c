@@ -325,7 +325,8 @@ LK_T512 static LK_INL void q4q8_decode(const bool is_q8, int64_t n, int64_t nrow
         }
         y[r] = s;
     }
-    if (nr4 < nrows) lk_quant_q4q8_rows_avx512(is_q8 ? LK_FMT_Q80 : LK_FMT_Q40, n, nrows - nr4, w + (size_t)nr4 * ws, ws, 1, a, 0, y + nr4, 0);
+    if (nr4 < nrows) lk_quant_q4q8_rows_avx512(is_q8 ? LK_FMT_Q80 : LK_FMT_Q40, n, nrows - nr4, w + (size_t)nr4 * ws, ws, 1, a, 0, NULL,
+                                                  y + nr4, 0);
 }
 
 LK_T512 static void q40_decode(int64_t n, int64_t nrows, const uint8_t *w, size_t ws, const uint8_t *a, float *y) {
@@ -877,33 +878,41 @@ static inline int64_t gemm_min_tok_kr16(int kind) {
 
 /* Q4_0: one arithmetic for every token count (the scalar reference's, so
  * batch invariant): decode through the prepared-activation 4-row kernel,
- * then rows in lanes in tiles of up to 6 tokens, then the GEMM */
-static void mm_q40(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
-                   size_t a_stride, float *y, size_t y_stride) {
+ * then rows in lanes in tiles of up to 6 tokens, then the GEMM. The _t
+ * entries take the activations' terms (lk_act_terms; NULL: derived). */
+static void mm_q40_t(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
+                     size_t a_stride, const lk_act_terms *T, float *y, size_t y_stride) {
     if (ntok == 1) q40_decode(n, nrows, w, w_stride, a, y);
-    else if (ntok < gemm_min_tok()) lk_quant_q4q8_rows_avx512(LK_FMT_Q40, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
-    else lk_quant_gemm_q4q8_avx512(LK_FMT_Q40, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
+    else if (ntok < gemm_min_tok()) lk_quant_q4q8_rows_avx512(LK_FMT_Q40, n, nrows, w, w_stride, ntok, a, a_stride, T, y, y_stride);
+    else lk_quant_gemm_q4q8_avx512(LK_FMT_Q40, n, nrows, w, w_stride, ntok, a, a_stride, T, y, y_stride);
 }
 /* Q4_0_R16 (repacked at load): the same arithmetic again, decode and few
  * tokens with the rows in the lanes as they are stored, the GEMM without
  * its transposes */
-static void mm_q40r16(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
-                      size_t a_stride, float *y, size_t y_stride) {
-    if (ntok < gemm_min_tok_r16()) lk_quant_q4q8_rows_avx512(LK_FMT_R16, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
-    else lk_quant_gemm_q4q8_avx512(LK_FMT_R16, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
+static void mm_q40r16_t(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
+                        size_t a_stride, const lk_act_terms *T, float *y, size_t y_stride) {
+    if (ntok < gemm_min_tok_r16()) lk_quant_q4q8_rows_avx512(LK_FMT_R16, n, nrows, w, w_stride, ntok, a, a_stride, T, y, y_stride);
+    else lk_quant_gemm_q4q8_avx512(LK_FMT_R16, n, nrows, w, w_stride, ntok, a, a_stride, T, y, y_stride);
 }
-static void mm_q80r16(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
-                      size_t a_stride, float *y, size_t y_stride) {
-    if (ntok < gemm_min_tok_r16()) lk_quant_q4q8_rows_avx512(LK_FMT_Q8R16, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
-    else lk_quant_gemm_q4q8_avx512(LK_FMT_Q8R16, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
+static void mm_q80r16_t(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
+                        size_t a_stride, const lk_act_terms *T, float *y, size_t y_stride) {
+    if (ntok < gemm_min_tok_r16()) lk_quant_q4q8_rows_avx512(LK_FMT_Q8R16, n, nrows, w, w_stride, ntok, a, a_stride, T, y, y_stride);
+    else lk_quant_gemm_q4q8_avx512(LK_FMT_Q8R16, n, nrows, w, w_stride, ntok, a, a_stride, T, y, y_stride);
 }
 /* Q8_0: the same one arithmetic; decode as Q4_0's, a few tokens rows in lanes */
-static void mm_q80(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
-                   size_t a_stride, float *y, size_t y_stride) {
+static void mm_q80_t(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
+                     size_t a_stride, const lk_act_terms *T, float *y, size_t y_stride) {
     if (ntok == 1) q80_decode(n, nrows, w, w_stride, a, y);
-    else if (ntok < gemm_min_tok()) lk_quant_q4q8_rows_avx512(LK_FMT_Q80, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
-    else lk_quant_gemm_q4q8_avx512(LK_FMT_Q80, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
+    else if (ntok < gemm_min_tok()) lk_quant_q4q8_rows_avx512(LK_FMT_Q80, n, nrows, w, w_stride, ntok, a, a_stride, T, y, y_stride);
+    else lk_quant_gemm_q4q8_avx512(LK_FMT_Q80, n, nrows, w, w_stride, ntok, a, a_stride, T, y, y_stride);
 }
+#define MM_NO_TERMS(name)                                                                                      \
+    static void name(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a, size_t as, \
+                     float *y, size_t ys) {                                                                    \
+        name##_t(n, nrows, w, ws, ntok, a, as, NULL, y, ys);                                                   \
+    }
+MM_NO_TERMS(mm_q40) MM_NO_TERMS(mm_q40r16) MM_NO_TERMS(mm_q80r16) MM_NO_TERMS(mm_q80)
+#undef MM_NO_TERMS
 /* K-quants: prefill through the GEMM (quant_gemm_avx512.c) */
 static void mm_q4k(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
                    size_t a_stride, float *y, size_t y_stride) {
@@ -1176,6 +1185,10 @@ void lk_quant_fill_avx512(lk_quant_ops *ops) {
     ops->mm[LK_TYPE_Q4_0_R16] = mm_q40r16;
     ops->mm[LK_TYPE_Q8_0_R16] = mm_q80r16;
     ops->mm[LK_TYPE_Q8_0] = mm_q80;
+    ops->mm_terms[LK_TYPE_Q4_0] = mm_q40_t;
+    ops->mm_terms[LK_TYPE_Q4_0_R16] = mm_q40r16_t;
+    ops->mm_terms[LK_TYPE_Q8_0_R16] = mm_q80r16_t;
+    ops->mm_terms[LK_TYPE_Q8_0] = mm_q80_t;
     ops->mm[LK_TYPE_Q4_K] = mm_q4k;
     ops->mm[LK_TYPE_Q5_K] = mm_q5k;
     ops->mm[LK_TYPE_Q6_K] = mm_q6k;

@@ -70,11 +70,28 @@ typedef struct {
 } gk_panel;
 
 /* Per-token, per-block activation terms of one (token block, K block):
- * the block's scale as float and the offset correction of the weights. */
+ * the block's scale as float and the offset correction of the weights
+ * (lk_act_terms, quant.h), derived by the call (gk_act) or read where the
+ * kernels part put them (gk_terms: token t, block b at [t * GK_KSB + b]). */
 typedef struct {
     float   d[GK_TB][GK_KSB];
     int32_t corr[GK_TB][GK_KSB];
 } gk_act;
+typedef struct {
+    const float   *d;
+    const int32_t *corr;
+} gk_terms;
+_Static_assert((int)GK_KSB == (int)LK_TERMS_KB, "the GEMM reads lk_act_terms in its own K blocks");
+
+/* The terms of tokens t0.. from block b0 on (a multiple of LK_TERMS_KB) in
+ * T, if T holds them for offset k; else false. */
+static inline bool terms_at(const lk_act_terms *T, int32_t k, int64_t t0, int64_t b0, gk_terms *out) {
+    if (!T || T->k != k) return false;
+    const size_t i = (size_t)((b0 / LK_TERMS_KB * T->ntok + t0) * LK_TERMS_KB);
+    out->d = T->d + i;
+    out->corr = T->corr + i;
+    return true;
+}
 
 /* x >> 4 in every byte (GF(2) affine map picking input bits 4..7). */
 LK_TG static LK_INL __m512i gk_hi_nibble(__m512i x) {
@@ -285,7 +302,7 @@ LK_TG static LK_INL void gk_init(const int RG, const int T, __m512 *acc, const i
 }
 
 LK_TG static LK_INL void gk_tile(const int RG, const int T, const gk_panel *wp, const uint8_t *const *at,
-                                 const gk_act *act, int t0, int b1, int kb, float *y, size_t ys, int nlast,
+                                 const gk_terms *act, int t0, int b1, int kb, float *y, size_t ys, int nlast,
                                  bool add) {
     __m512 fa[GK_RG][GK_T];
     gk_init(RG, T, &fa[0][0], GK_T, y, ys, nlast, add);
@@ -293,7 +310,7 @@ LK_TG static LK_INL void gk_tile(const int RG, const int T, const gk_panel *wp, 
         __m512i ia[GK_RG][GK_T];
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
-            __m512i c = _mm512_set1_epi32(act->corr[t0 + t][b1 + b]);
+            __m512i c = _mm512_set1_epi32(act->corr[(t0 + t) * GK_KSB + b1 + b]);
 #pragma GCC unroll 4
             for (int g = 0; g < RG; g++) ia[g][t] = c;
         }
@@ -314,16 +331,16 @@ LK_TG static LK_INL void gk_tile(const int RG, const int T, const gk_panel *wp, 
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++)
                 fa[g][t] = _mm512_add_ps(fa[g][t], _mm512_mul_ps(_mm512_cvtepi32_ps(ia[g][t]),
-                                           _mm512_mul_ps(wd, _mm512_set1_ps(act->d[t0 + t][b1 + b]))));
+                                           _mm512_mul_ps(wd, _mm512_set1_ps(act->d[(t0 + t) * GK_KSB + b1 + b]))));
         }
     }
     gk_store(RG, T, &fa[0][0], GK_T, y, ys, nlast, false);
 }
 
-typedef void (*gk_tile_fn)(const gk_panel *wp, const uint8_t *const *at, const gk_act *act, int t0, int b1,
+typedef void (*gk_tile_fn)(const gk_panel *wp, const uint8_t *const *at, const gk_terms *act, int t0, int b1,
                            int kb, float *y, size_t ys, int nlast, bool add);
 #define GK_TILE(RG, T)                                                                                  \
-    LK_TG static void gk_tile_##RG##x##T(const gk_panel *wp, const uint8_t *const *at, const gk_act *act, \
+    LK_TG static void gk_tile_##RG##x##T(const gk_panel *wp, const uint8_t *const *at, const gk_terms *act, \
                                          int t0, int b1, int kb, float *y, size_t ys, int nlast, bool add) { \
         gk_tile(RG, T, wp, at, act, t0, b1, kb, y, ys, nlast, add);                                      \
     }
@@ -337,7 +354,8 @@ static const gk_tile_fn k_tiles[GK_RG][GK_T] = {
 };
 
 LK_TG void lk_quant_gemm_q4q8_avx512(int fmt, int64_t n, int64_t nrows, const void *w, size_t ws,
-                                     int64_t ntok, const void *a, size_t as, float *y, size_t ys) {
+                                     int64_t ntok, const void *a, size_t as, const lk_act_terms *terms, float *y,
+                                     size_t ys) {
     const bool is_q8 = lk_fmt_q8(fmt);
     const uint8_t *W = w, *A = a;
     const int64_t nb = n / LK_QK;
@@ -348,7 +366,11 @@ LK_TG void lk_quant_gemm_q4q8_avx512(int fmt, int64_t n, int64_t nrows, const vo
         const int tb = (int)LK_MIN((int64_t)GK_TB, ntok - t0);
         for (int64_t s0 = 0; s0 < nb; s0 += GK_KSB) {
             const int ksb = (int)LK_MIN((int64_t)GK_KSB, nb - s0);
-            gk_prep(is_q8, A + (size_t)t0 * as, as, tb, s0, ksb, &act.d[0][0], &act.corr[0][0], GK_KSB);
+            gk_terms tm;
+            if (!terms_at(terms, is_q8 ? 128 : 8, t0, s0, &tm)) {
+                gk_prep(is_q8, A + (size_t)t0 * as, as, tb, s0, ksb, &act.d[0][0], &act.corr[0][0], GK_KSB);
+                tm = (gk_terms){&act.d[0][0], &act.corr[0][0]};
+            }
             for (int64_t r0 = 0; r0 < nrows; r0 += GK_RG * GK_ROWS) {
                 const int nr = (int)LK_MIN((int64_t)(GK_RG * GK_ROWS), nrows - r0);
                 const int rg = (nr + GK_ROWS - 1) / GK_ROWS, nlast = nr - (rg - 1) * GK_ROWS;
@@ -386,7 +408,7 @@ LK_TG void lk_quant_gemm_q4q8_avx512(int fmt, int64_t n, int64_t nrows, const vo
                         const uint8_t *at[GK_T];
                         for (int i = 0; i < tt; i++)
                             at[i] = A + (size_t)(t0 + t + i) * as + (size_t)b0 * LK_Q80_BYTES;
-                        k_tiles[rg - 1][tt - 1](&wp, at, &act, t, b1, kb, y + (size_t)(t0 + t) * ys + (size_t)r0,
+                        k_tiles[rg - 1][tt - 1](&wp, at, &tm, t, b1, kb, y + (size_t)(t0 + t) * ys + (size_t)r0,
                                                 ys, nlast, b0 > 0);
                     }
                 }
@@ -414,8 +436,9 @@ LK_TG void lk_quant_gemm_q4q8_avx512(int fmt, int64_t n, int64_t nrows, const vo
  * 576-589 GFLOP/s, and TinyLlama Q4_0 at 2 threads decoding 6 / 12 / 16
  * sequences 247-265 / 309-337 / 317-332 -> 302-322 / 333-359 / 352-368
  * tok/s. (One chain of 8 per token, 4 tokens: slower.) */
-enum { GQ_T = 6, GQ_KB = 256, GQ_TMAX = 16 };
-/* the activation terms of up to GQ_TMAX tokens (32 KB) */
+enum { GQ_T = 6, GQ_KB = LK_TERMS_KB, GQ_TMAX = 16 };
+/* the activation terms of up to GQ_TMAX tokens (16 KB), when the call
+ * derives them */
 typedef struct { float d[GQ_TMAX][GQ_KB]; int32_t corr[GQ_TMAX][GQ_KB]; } gq_act;
 
 LK_TG static LK_INL void gq_rows(const int fmt, const bool full, const uint8_t *w, size_t ws, int nr, int64_t nb,
@@ -448,7 +471,7 @@ LK_TG static LK_INL void gq_rows(const int fmt, const bool full, const uint8_t *
 }
 
 LK_TG static LK_INL void gq_tile(const int fmt, const bool full, const int T, int64_t nb, int64_t b0, int kb,
-                                 const uint8_t *w, size_t ws, int nr, const uint8_t *a, size_t as, const gq_act *A,
+                                 const uint8_t *w, size_t ws, int nr, const uint8_t *a, size_t as, const gk_terms *A,
                                  int t0, float *y, size_t ys, size_t pf, bool cont) {
     const size_t bb = lk_fmt_q8(fmt) ? LK_Q80_BYTES : LK_Q40_BYTES;
     const bool r16 = lk_fmt_r16(fmt) && full;
@@ -476,7 +499,7 @@ LK_TG static LK_INL void gq_tile(const int fmt, const bool full, const int T, in
             const int ta = t0 + t;
             /* two chains of 4 (exact integers: the same sum), so that one
              * token's block does not wait 8 vpdpbusd latencies */
-            __m512i ia = _mm512_set1_epi32(A->corr[ta][b]), ib = _mm512_setzero_si512();
+            __m512i ia = _mm512_set1_epi32(A->corr[ta * GQ_KB + b]), ib = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
                 ia = _mm512_dpbusd_epi32(ia, v[k], _mm512_set1_epi32(lk_ld_i32(aq + 4 * k)));
@@ -484,7 +507,7 @@ LK_TG static LK_INL void gq_tile(const int fmt, const bool full, const int T, in
             }
             ia = _mm512_add_epi32(ia, ib);
             acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_cvtepi32_ps(ia),
-                                                         _mm512_mul_ps(wd, _mm512_set1_ps(A->d[ta][b]))));
+                                                         _mm512_mul_ps(wd, _mm512_set1_ps(A->d[ta * GQ_KB + b]))));
         }
     }
 #pragma GCC unroll 6
@@ -494,7 +517,7 @@ LK_TG static LK_INL void gq_tile(const int fmt, const bool full, const int T, in
 /* per type, token count, and full 16-row groups apart (see gk_load16) */
 #define GQ_TILE(Q, F, T)                                                                                          \
     LK_TG static void gq_tile_##Q##_##F##_##T(int64_t nb, int64_t b0, int kb, const uint8_t *w, size_t ws, int nr, \
-                                              const uint8_t *a, size_t as, const gq_act *A, int t0, float *y,     \
+                                              const uint8_t *a, size_t as, const gk_terms *A, int t0, float *y,   \
                                               size_t ys, size_t pf, bool cont) {                                  \
         gq_tile(Q, F, T, nb, b0, kb, w, ws, nr, a, as, A, t0, y, ys, pf, cont);                                   \
     }
@@ -506,7 +529,7 @@ GQ_TILES(0, 0) GQ_TILES(0, 1) GQ_TILES(1, 0) GQ_TILES(1, 1) GQ_TILES(2, 1) GQ_TI
     {NULL, gq_tile_##Q##_##F##_1, gq_tile_##Q##_##F##_2, gq_tile_##Q##_##F##_3, gq_tile_##Q##_##F##_4, \
      gq_tile_##Q##_##F##_5, gq_tile_##Q##_##F##_6}
 typedef void (*gq_tile_fn)(int64_t nb, int64_t b0, int kb, const uint8_t *w, size_t ws, int nr, const uint8_t *a,
-                           size_t as, const gq_act *A, int t0, float *y, size_t ys, size_t pf, bool cont);
+                           size_t as, const gk_terms *A, int t0, float *y, size_t ys, size_t pf, bool cont);
 /* [fmt][whole group of 16 rows]: the rows past a repacked type's whole
  * groups are the file type's rows */
 static const gq_tile_fn k_gq_tiles[4][2][GQ_T + 1] = {
@@ -522,7 +545,7 @@ static const gq_tile_fn k_gq_tiles[4][2][GQ_T + 1] = {
 static inline bool rows_inner(size_t bytes) { return (int64_t)bytes > lk_quant_rows_inner(); }
 
 LK_TG void lk_quant_q4q8_rows_avx512(int fmt, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
-                                     const void *a, size_t as, float *y, size_t ys) {
+                                     const void *a, size_t as, const lk_act_terms *terms, float *y, size_t ys) {
     const bool is_q8 = lk_fmt_q8(fmt);
     const int64_t nb = n / LK_QK;
     const uint8_t *W = w, *A = a;
@@ -541,7 +564,11 @@ LK_TG void lk_quant_q4q8_rows_avx512(int fmt, int64_t n, int64_t nrows, const vo
         const uint8_t *at = A + (size_t)t1 * as;
         for (int64_t b0 = 0; b0 < nb; b0 += GQ_KB) {
             const int kb = (int)LK_MIN((int64_t)GQ_KB, nb - b0);
-            gk_prep(is_q8, at, as, tn, b0, kb, &act.d[0][0], &act.corr[0][0], GQ_KB);
+            gk_terms tm;
+            if (!terms_at(terms, is_q8 ? 128 : 8, t1, b0, &tm)) {
+                gk_prep(is_q8, at, as, tn, b0, kb, &act.d[0][0], &act.corr[0][0], GQ_KB);
+                tm = (gk_terms){&act.d[0][0], &act.corr[0][0]};
+            }
             for (int t2 = 0; t2 < tn; t2 += inner ? tn : GQ_T)
             for (int64_t r0 = 0; r0 < nrows; r0 += 16) {
                 const int nr = (int)LK_MIN((int64_t)16, nrows - r0);
@@ -554,7 +581,7 @@ LK_TG void lk_quant_q4q8_rows_avx512(int fmt, int64_t n, int64_t nrows, const vo
                 if (lk_fmt_r16(fmt) && nr == 16) pf = (size_t)d * 4 * ws;
                 for (int t = t2; t < (inner ? tn : LK_MIN(tn, t2 + GQ_T)); t += GQ_T) {
                     const int tt = LK_MIN(GQ_T, tn - t);
-                    k_gq_tiles[fmt][nr == 16][tt](nb, b0, kb, W + (size_t)r0 * ws, ws, nr, at + (size_t)t * as, as, &act,
+                    k_gq_tiles[fmt][nr == 16][tt](nb, b0, kb, W + (size_t)r0 * ws, ws, nr, at + (size_t)t * as, as, &tm,
                                                   t, y + (size_t)(t1 + t) * ys + (size_t)r0, ys,
                                                   t1 + t == 0 || (inner && t == 0) ? pf : 0, b0 > 0);
                 }

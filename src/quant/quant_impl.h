@@ -169,9 +169,16 @@ typedef void (*lk_qmm_fn)(int64_t n, int64_t nrows, const void *w, size_t w_stri
 /* One row quantiser (activations): n is a whole number of blocks. */
 typedef void (*lk_qrow_fn)(const float *src, void *dst, int64_t n);
 
+/* The same with the activations' terms (lk_act_terms, quant.h; never NULL):
+ * the kernels that read them. */
+typedef void (*lk_qmm_terms_fn)(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok,
+                                const void *a, size_t a_stride, const lk_act_terms *terms, float *y,
+                                size_t y_stride);
+
 typedef struct {
     const char *name;
     lk_qmm_fn   mm[LK_TYPE_ALL];      /* by weight type; NULL = not provided */
+    lk_qmm_terms_fn mm_terms[LK_TYPE_ALL]; /* by weight type: mm[]'s twin that reads terms; NULL: none */
     lk_qrow_fn  quant[LK_TYPE_ALL];   /* by target type; NULL = not provided */
     lk_qrow_fn  act[LK_TYPE_ALL];   /* activation quantisers where they differ from quant[] (NULL: quant[]) */
 } lk_quant_ops;
@@ -255,12 +262,15 @@ enum { LK_GEMM_MIN_TOK_R16 = 32 };
  * GEMM leads from 8 (1.10x). */
 static inline int lk_gemm_min_tok_kr16(int kind) { return kind == 4 ? 18 : kind == 6 ? 28 : 8; }
 void lk_quant_gemm_q4q8_avx512(int fmt, int64_t n, int64_t nrows, const void *w, size_t ws,
-                               int64_t ntok, const void *a, size_t as, float *y, size_t ys);
+                               int64_t ntok, const void *a, size_t as, const lk_act_terms *terms, float *y,
+                               size_t ys);
 /* The same layouts below LK_GEMM_MIN_TOK tokens (tiles of up to
- * 4 tokens, any ntok), rows in lanes: the GEMM's bits, which are the scalar
- * reference's. */
+ * 6 tokens, any ntok), rows in lanes: the GEMM's bits, which are the scalar
+ * reference's. Both read `terms` (NULL: derived per call) when they were
+ * computed for their offset (8: Q4_0, 128: Q8_0), else derive them. */
 void lk_quant_q4q8_rows_avx512(int fmt, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
-                               const void *a, size_t as, float *y, size_t ys);
+                               const void *a, size_t as, const lk_act_terms *terms, float *y,
+                               size_t ys);
 /* The repacked K-quants (kind 4, 5, 6: Q4_K_R16, Q5_K_R16, Q6_K_R16): the
  * GEMM below with its packing from the stored groups (rows past the last
  * whole group are the file type's rows), and the few-token kernel, 16 rows
