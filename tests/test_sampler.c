@@ -31,6 +31,50 @@ TEST(top_keeps_best_sorted_lowest_id_on_ties) {
     CHECK(v[0] == 7 && v[3] == 2);
 }
 
+/* lk_sampler_top against a sort of the whole slice: random slices of many
+ * lengths (not multiples of its 16-logit skips), values from a few levels
+ * (many ties) or spread out, -inf and NaN among them, k from 1 past the
+ * slice's length. The reference: every non-NaN logit, ordered by value
+ * down and id up, its first k. */
+static int ref_cmp(const void *a, const void *b) {
+    const float *x = a, *y = b; /* (value, id as float) pairs */
+    if (x[0] != y[0]) return x[0] > y[0] ? -1 : 1;
+    return x[1] < y[1] ? -1 : x[1] > y[1];
+}
+
+TEST(top_matches_a_full_sort) {
+    static const int ks[] = {1, 2, 3, 16, 40, 256, 1000};
+    static const int64_t lens[] = {1, 15, 16, 17, 100, 1000, 4099, 32000};
+    uint64_t rng = 12345;
+    int cases = 0;
+    float *l = malloc(32000 * sizeof(float)), *pairs = malloc(32000 * 2 * sizeof(float)), *v = malloc(1000 * sizeof(float));
+    int32_t *ids = malloc(1000 * sizeof(int32_t));
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+    for (int kind = 0; kind < 3; kind++)
+    for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
+        const int64_t n = lens[li];
+        const int k = ks[ki];
+        int np = 0;
+        for (int64_t i = 0; i < n; i++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            const uint32_t r = (uint32_t)(rng >> 33);
+            l[i] = kind == 0 ? (float)(r % 7) - 3 : kind == 1 ? (float)(r % 100000) / 997.0f - 50 : (float)i * 0.001f;
+            if (kind < 2 && r % 53 == 0) l[i] = -INFINITY;
+            if (kind < 2 && r % 61 == 1) l[i] = NAN;
+            if (l[i] == l[i]) { pairs[2 * np] = l[i]; pairs[2 * np + 1] = (float)(7 + i); np++; }
+        }
+        qsort(pairs, (size_t)np, 2 * sizeof(float), ref_cmp);
+        const int got = lk_sampler_top(l, 7, n, ids, v, k);
+        int bad = got != (np < k ? np : k);
+        for (int c = 0; c < got && !bad; c++) bad = ids[c] != (int32_t)pairs[2 * c + 1] || v[c] != pairs[2 * c];
+        CHECKF(!bad, "slice of %lld (kind %d), k %d: %d candidates, %s", (long long)n, kind, k, got,
+               got ? "not the sort's first k" : "none");
+        cases++;
+    }
+    printf("  %d slices\n", cases);
+    free(l); free(pairs); free(v); free(ids);
+}
+
 /* Frequencies of 20000 draws follow softmax(l/T) over the survivors. */
 TEST(sampling_follows_softmax_with_temperature) {
     float base[4] = { 2.0f, 1.0f, 0.5f, -3.0f };
@@ -111,6 +155,7 @@ TEST(penalties_as_llama_cpp) {
 int main(void) {
     RUN(greedy_first_index_wins_ties);
     RUN(top_keeps_best_sorted_lowest_id_on_ties);
+    RUN(top_matches_a_full_sort);
     RUN(sampling_follows_softmax_with_temperature);
     RUN(top_k_top_p_min_p_cut_the_tail);
     RUN(same_seed_same_tokens);
