@@ -414,6 +414,27 @@ static inline lk_xfer xrecv(lk_link *l, void *p, size_t n) {
  * will use the encoded version, so all ranks add identical numbers. */
 static inline bool compact(const lk_comm *c) { return c->wire != LK_WIRE_F32; }
 
+/* out = ((p0 + p1) + p2) + ... element by element (part[r]: rank r's
+ * partial; out is the caller's own one, part[me]). When out is p0 or p1 the
+ * first pass writes it in place (out[i] is read before it is written, and
+ * nothing later needs it): one pass over the vector fewer than summing into
+ * p0's scratch slot and copying that out, which the 2-rank case always
+ * paid on rank 1. Otherwise the sum goes through part[0] (a scratch slot,
+ * writable), then out. */
+static void sum_rank_order(float *out, const float *const *part, int N, int64_t n) {
+    if (out == part[0] || out == part[1]) {
+        const float *a = part[0], *b = part[1];
+        for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+        for (int r = 2; r < N; r++)
+            for (int64_t i = 0; i < n; i++) out[i] += part[r][i];
+        return;
+    }
+    float *acc = (float *)part[0];
+    for (int r = 1; r < N; r++)
+        for (int64_t i = 0; i < n; i++) acc[i] += part[r][i];
+    memcpy(out, acc, (size_t)n * sizeof(float));
+}
+
 static lk_status ar_exchange(lk_comm *c, float *x, int64_t n, uint64_t dl, char *why, size_t wl) {
     size_t eb = lk_wire_bytes(c->wire, n);
     const void *out = x;
@@ -442,14 +463,8 @@ static lk_status ar_exchange(lk_comm *c, float *x, int64_t n, uint64_t dl, char 
         part[r] = slot;
     }
     /* Sum in rank order 0..N-1 (x is rank me's partial): ((p0 + p1) + p2)...
-     * accumulated one whole vector at a time, so the loops vectorise; the
-     * accumulator is rank 0's slot unless we are rank 0. */
-    float *acc = (float *)part[0];
-    for (int r = 1; r < c->n; r++) {
-        const float *src = part[r];
-        for (int64_t i = 0; i < n; i++) acc[i] += src[i];
-    }
-    if (acc != x) memcpy(x, acc, (size_t)n * sizeof(float));
+     * one whole vector at a time, so the loops vectorise */
+    sum_rank_order(x, part, c->n, n);
     return LK_OK;
 }
 
@@ -605,11 +620,8 @@ static lk_status ar_scatter(lk_comm *c, float *x, int64_t n, uint64_t dl, char *
             if (cw) wire_decode(c->wire, c->wbuf + (size_t)r * eb, mn, slot);
             part[r] = slot;
         }
-        /* ((p0 + p1) + p2)... as exchange; the accumulator is rank 0's slot unless we are rank 0 */
-        float *acc = (float *)part[0];
-        for (int r = 1; r < N; r++)
-            for (int64_t i = 0; i < mn; i++) acc[i] += part[r][i];
-        if (acc != x + m0) memcpy(x + m0, acc, (size_t)mn * sizeof(float));
+        /* ((p0 + p1) + p2)... as exchange */
+        sum_rank_order(x + m0, part, N, mn);
     }
     nx = 0;
     for (int r = 0; r < N; r++) {
