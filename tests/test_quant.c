@@ -719,7 +719,7 @@ TEST(repacked_same_bits_as_file_rows) {
  * read them, computed once per matrix, instead of deriving them per call;
  * the products must be the same bits as without them (the scalar level's),
  * for every token count (rows kernel and GEMM), K blocks of the terms'
- * layout (389 blocks: three, the last partial), row ranges that start past
+ * layout (389 blocks: two, the last partial), row ranges that start past
  * row 0, and file rows and repacked. Terms for the other offset are
  * ignored (same bits), and wrong terms for the right offset change the
  * result: the kernels do read them. */

@@ -100,7 +100,7 @@ void lk_quant_matmul(lk_type wt, int64_t n, int64_t nrows, const void *w, size_t
  * Layout: K blocks of LK_TERMS_KB blocks, block b of token t at index
  * ((b / LK_TERMS_KB) * ntok + t) * LK_TERMS_KB + b % LK_TERMS_KB of d and
  * corr (the kernels' own K blocking, so they read them in place). */
-enum { LK_TERMS_KB = 128 };
+enum { LK_TERMS_KB = 256 };
 typedef struct {
     float   *d;
     int32_t *corr;

@@ -34,8 +34,8 @@
  * vpdpbusd, so loads (2-3 a cycle) never limit. Blocking: K blocks of
  * GK_KB blocks keep the 48-row panel (27 KB) in L1 across all token tiles;
  * token blocks of GK_TB keep the activations and y in L2. Stack: the panel
- * and the activation terms, under 160 KB (K-quants under 70 KB;
- * pool threads have the default 8 MB).
+ * and the activation terms (when the call derives them), under 300 KB
+ * (K-quants under 70 KB; pool threads have the default 8 MB).
  *
  * Integer block sums are exact and the float work per block is the scalar
  * reference's in its order, and each K block's accumulators start from what
@@ -60,7 +60,7 @@ enum {
     GK_T = 4,     /* tokens per micro-tile */
     GK_KB = 16,   /* blocks per K block: GK_RG*16 rows x 16 blocks x 36 B = 27 KB, in L1 */
     GK_TB = 128,  /* tokens per token block (weights packed once per block) */
-    GK_KSB = 128, /* blocks per K super-block (activation terms prepared at once) */
+    GK_KSB = 256, /* blocks per K super-block (activation terms prepared at once: LK_TERMS_KB) */
     GK_VEC = 9,   /* zmm per (row group, block): 8 quant vectors + 16 float scales */
 };
 
@@ -437,8 +437,12 @@ LK_TG void lk_quant_gemm_q4q8_avx512(int fmt, int64_t n, int64_t nrows, const vo
  * sequences 247-265 / 309-337 / 317-332 -> 302-322 / 333-359 / 352-368
  * tok/s. (One chain of 8 per token, 4 tokens: slower.) */
 enum { GQ_T = 6, GQ_KB = LK_TERMS_KB, GQ_TMAX = 16 };
-/* the activation terms of up to GQ_TMAX tokens (16 KB), when the call
- * derives them */
+/* the activation terms of up to GQ_TMAX tokens (32 KB), when the call
+ * derives them. Its K blocks are the terms' (LK_TERMS_KB), 256 blocks: a
+ * matrix of up to 8192 columns is one pass over its row groups, each
+ * group's bytes read in one run (with 128 blocks a 5632-column matrix took
+ * two passes, each reading every group's bytes in two pieces, past the
+ * prefetches' reach). */
 typedef struct { float d[GQ_TMAX][GQ_KB]; int32_t corr[GQ_TMAX][GQ_KB]; } gq_act;
 
 LK_TG static LK_INL void gq_rows(const int fmt, const bool full, const uint8_t *w, size_t ws, int nr, int64_t nb,
