@@ -84,6 +84,28 @@ TEST(matmul_bits_across_settings) {
             lk_tune_defaults(&d);
             lk_tune_apply(&d);
             run_all(p, &m, x, ref, scratch);
+            /* the defaults against one call of the kernel on the whole matrix
+             * (no row split, no terms handed over: lk_act_terms) */
+            {
+                const lk_type at = lk_type_vec_dot(t);
+                size_t arb = 0;
+                CHECK(lk_type_row_bytes(at, COLS, &arb));
+                uint8_t *a = malloc(arb * 67);
+                size_t off = 0;
+                int bad = 0;
+                for (int k = 0; k < NTOKS; k++) {
+                    for (int i = 0; i < ntoks[k]; i++)
+                        if (at != LK_TYPE_F32) lk_quantize_row_act(at, x + (size_t)i * COLS, a + (size_t)i * arb, COLS);
+                    memset(y, 0xff, sizeof(float) * (size_t)ROWS * ntoks[k]);
+                    lk_quant_matmul(t, COLS, ROWS, w, rb, ntoks[k], at == LK_TYPE_F32 ? (const void *)x : a,
+                                    at == LK_TYPE_F32 ? sizeof(float) * COLS : arb, y, ROWS);
+                    bad += memcmp(y, ref + off, sizeof(float) * (size_t)ROWS * ntoks[k]) != 0;
+                    off += (size_t)ROWS * ntoks[k];
+                }
+                CHECKF(!bad, "%s %s: lk_matmul over the pool differs from one lk_quant_matmul call at %d of %d token "
+                       "counts", levels[li], lk_type_name(t), bad, NTOKS);
+                free(a);
+            }
             for (int c = 0; c < nc; c++) {
                 lk_tune_apply(&cand[c]);
                 memset(y, 0xff, sizeof(float) * ny);

@@ -170,6 +170,7 @@ static void matmul_run(lk_pool *p, matmul_job *j) {
      * to the weights' activation type, per token, over the pool from 4
      * tokens on */
     if (j->norm_w || j->at != LK_TYPE_F32) {
+        const bool par = ntok >= 4 && lk_pool_size(p) > 1;
         if (j->at != LK_TYPE_F32) {
             size_t rb = 0;
             LK_ASSERT(lk_type_row_bytes(j->at, W[0]->cols, &rb));
@@ -177,8 +178,11 @@ static void matmul_run(lk_pool *p, matmul_job *j) {
             j->a_stride = rb;
             /* the terms that every call on these activations would derive
              * again (lk_act_terms): once here, if every matrix reads them
-             * for the same offset */
-            int32_t k = j->at == LK_TYPE_Q8_0 ? lk_quant_terms_k(W[0]->type) : 0;
+             * for the same offset, and if this pass runs over the pool (a
+             * few tokens are quantised inline, on the caller alone: there
+             * the tasks deriving them for themselves, in parallel, cost
+             * less than the caller doing it first) */
+            int32_t k = par && j->at == LK_TYPE_Q8_0 ? lk_quant_terms_k(W[0]->type) : 0;
             for (int i = 1; i < nw; i++)
                 if (lk_quant_terms_k(W[i]->type) != k) k = 0;
             if (k) {
@@ -188,7 +192,7 @@ static void matmul_run(lk_pool *p, matmul_job *j) {
             }
         }
         const uint64_t q0 = lk_prof_t0();
-        if (ntok >= 4 && lk_pool_size(p) > 1)
+        if (par)
             lk_pool_run_k(p, LK_PROF_QUANT, quantize_job, j, (int)LK_MIN(ntok, (int64_t)lk_pool_size(p)));
         else quantize_job(j, 0, 1);
         lk_prof_add(LK_PROF_QUANT, q0);
