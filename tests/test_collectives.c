@@ -3,6 +3,7 @@
  * independently: in double (accuracy), and in the exact float order each
  * algorithm promises (determinism). */
 #include "lk_test.h"
+#include "kernels/kernels.h"
 #include "parallel/parallel.h"
 #include "transport/transport.h"
 
@@ -75,19 +76,27 @@ static float val(int rank, int64_t i) {
     return ((float)(h & 0xffff) - 32768.0f) / 1024.0f * (float)(1 + (h >> 28));
 }
 
-#define NSIZES 4
-static const int64_t sizes[NSIZES] = {1, 7, 1000, 40000};
+/* the last one is longer than a shm window (1 MiB): direct goes in pieces */
+#define NSIZES 5
+static const int64_t sizes[NSIZES] = {1, 7, 1000, 40000, 300000};
 
 typedef struct {
     lk_ar_algo algo;
     lk_wire_fmt wire;
+    int threads;           /* a pool of this many for the windows' copies (0: none) */
+    lk_ar_algo auto_algo;  /* what the automatic pick of 256 KiB was (rank 0) */
     float *res[MAXR][NSIZES];
     lk_status st[MAXR];
     long allocs_during[MAXR];
 } ar_arg;
 
+static void pool_runner(void *ctx, lk_comm_task_fn fn, void *arg, int n) { lk_pool_run_n(ctx, fn, arg, n); }
+
 static void ar_rank(rank_ctx *c) {
     ar_arg *a = c->arg;
+    lk_pool *pool = a->threads ? lk_pool_create(a->threads) : NULL;
+    if (pool) lk_comm_set_runner(c->comm, pool_runner, pool, a->threads);
+    if (c->rank == 0) a->auto_algo = lk_comm_algo(c->comm, 256 << 10);
     lk_comm_set_algo(c->comm, a->algo);
     lk_comm_set_wire(c->comm, a->wire);
     lk_comm_reserve(c->comm, sizes[NSIZES - 1]);
@@ -105,6 +114,8 @@ static void ar_rank(rank_ctx *c) {
     a->allocs_during[c->rank] = lk_test_allocs() - before;
     if (!st) st = lk_comm_barrier(c->comm);
     a->st[c->rank] = st;
+    lk_comm_set_runner(c->comm, NULL, NULL, 0);
+    lk_pool_free(pool);
 }
 
 /* The exact float result each algorithm promises, computed independently. */
@@ -132,10 +143,11 @@ static float expect_exact(lk_ar_algo algo, int N, int64_t n, int64_t i) {
     return v[0];
 }
 
-static void check_allreduce(int N, lk_ar_algo algo, lk_mesh_shm shm) {
+static lk_ar_algo check_allreduce_t(int N, lk_ar_algo algo, lk_mesh_shm shm, int threads) {
     ar_arg a;
     memset(&a, 0, sizeof a);
     a.algo = algo;
+    a.threads = threads;
     run_ranks(N, shm, ar_rank, &a);
     for (int r = 0; r < N; r++) {
         CHECK(a.st[r] == LK_OK);
@@ -159,7 +171,9 @@ static void check_allreduce(int N, lk_ar_algo algo, lk_mesh_shm shm) {
                bad_bits, bad_exact, bad_acc);
         for (int r = 0; r < N; r++) free(a.res[r][k]);
     }
+    return a.auto_algo;
 }
+static void check_allreduce(int N, lk_ar_algo algo, lk_mesh_shm shm) { check_allreduce_t(N, algo, shm, 0); }
 
 TEST(allreduce_exchange) { for (int N = 2; N <= 4; N++) check_allreduce(N, LK_AR_EXCHANGE, LK_MESH_SHM_OFF); }
 TEST(allreduce_doubling) { for (int N = 2; N <= 4; N++) check_allreduce(N, LK_AR_DOUBLING, LK_MESH_SHM_OFF); }
@@ -170,6 +184,19 @@ TEST(allreduce_shm)      {
     check_allreduce(4, LK_AR_RING, LK_MESH_SHM_FORCE);
     check_allreduce(3, LK_AR_DOUBLING, LK_MESH_SHM_FORCE);
     check_allreduce(3, LK_AR_SCATTER, LK_MESH_SHM_FORCE);
+}
+/* Exchange over shm goes through the links' windows (the largest size,
+ * beyond a window, through the rings): the promised bits with the caller
+ * alone or a pool of 3 doing the copies, and the pick for 2 ranks over shm
+ * is exchange well past 64 KiB. */
+TEST(allreduce_shm_windows) {
+    for (int N = 2; N <= MAXR; N++) {
+        check_allreduce_t(N, LK_AR_EXCHANGE, LK_MESH_SHM_FORCE, 0);
+        check_allreduce_t(N, LK_AR_EXCHANGE, LK_MESH_SHM_FORCE, 3);
+    }
+    CHECK(check_allreduce_t(2, LK_AR_AUTO, LK_MESH_SHM_FORCE, 2) == LK_AR_EXCHANGE);
+    CHECK(check_allreduce_t(2, LK_AR_AUTO, LK_MESH_SHM_OFF, 0) == LK_AR_SCATTER);
+    CHECK(check_allreduce_t(3, LK_AR_AUTO, LK_MESH_SHM_FORCE, 2) == LK_AR_SCATTER);
 }
 
 /* Compact wire formats: still bitwise identical on every rank; the error
@@ -334,6 +361,22 @@ TEST(peer_leaves_named) {
     }
 }
 
+/* The same over shm, where the exchange goes through the links' windows:
+ * the waiter on a dead peer's post finds the peer gone through the
+ * control link. */
+TEST(peer_leaves_named_direct) {
+    fail_arg a;
+    memset(&a, 0, sizeof a);
+    run_ranks(3, LK_MESH_SHM_FORCE, leaver_rank, &a);
+    for (int r = 0; r < 2; r++) {
+        CHECK(a.st[r] == LK_ERR_NET);
+        CHECKF(a.ms[r] < 1000, "rank %d noticed after %.0f ms", r, a.ms[r]);
+        CHECKF(strstr(a.err[r], "all-reduce layer 5 ffn_out (16384 B, exchange): rank 2 (127.0.0.1:") &&
+                   strstr(a.err[r], "while waiting for its shared-memory post 1"),
+               "%s", a.err[r]);
+    }
+}
+
 static void absent_rank(rank_ctx *c) {
     fail_arg *a = c->arg;
     lk_comm_set_timeout_ms(c->comm, 200);
@@ -364,10 +407,12 @@ int main(void) {
     RUN(allreduce_ring);
     RUN(allreduce_scatter);
     RUN(allreduce_shm);
+    RUN(allreduce_shm_windows);
     RUN(exchange_and_scatter_agree);
     RUN(compact_wire_formats);
     RUN(broadcast_gather_barrier_argmax);
     RUN(peer_leaves_named);
+    RUN(peer_leaves_named_direct);
     RUN(deadline_names_peer);
     return lk_test_end();
 }

@@ -70,7 +70,7 @@ static int run_rank(const bench_cfg *c) {
 }
 
 int lk_cmd_netbench(int argc, char **argv) {
-    int64_t local = 0, rank = -1, iters = 1000, spin_us = -1;
+    int64_t local = 0, rank = -1, iters = 1000, spin_us = -1, threads = 1;
     const char *addrs_s = NULL, *workers = NULL, *transport = "auto", *sizes_s = "64,1K,4K,16K,64K,256K,1M,4M", *key_file = NULL,
                *wire = "f32";
     bool ar_only = false, seal = false;
@@ -87,6 +87,9 @@ int lk_cmd_netbench(int argc, char **argv) {
         {"--seal", NULL, LK_OPT_FLAG, &seal, NULL, lk_seal_help},
         {"--allreduce-only", NULL, LK_OPT_FLAG, &ar_only, NULL, "skip the ping-pong"},
         {"--wire", NULL, LK_OPT_STR, &wire, "FMT", "all-reduce payload format: f32 (default), f16, bf16, q8"},
+        {"--threads", "-t", LK_OPT_INT, &threads, "N",
+         "threads per rank that copy and add an exchange's bytes through shm windows, as run's -t does "
+         "(default 1; --local and --addrs only)"},
         {0},
     };
     const char *syn = "--local N | --workers H:P,... --key-file F | --addrs H:P,... --rank R  [--transport auto|tcp|shm|ucx|mpi] "
@@ -94,7 +97,8 @@ int lk_cmd_netbench(int argc, char **argv) {
     int np = lk_args_parse("netbench", syn, opts, argc, argv, NULL, 0);
     if (np == LK_ARGS_HELP || np == LK_ARGS_VERSION) return 0;
     if (np < 0) return 2;
-    bench_cfg c = {.lfd = -1, .cfg = {.iters = iters, .allreduce_only = ar_only}};
+    if (threads < 1 || threads > 1024) { fprintf(stderr, "lockstep netbench: --threads must be 1..1024\n"); return 2; }
+    bench_cfg c = {.lfd = -1, .cfg = {.iters = iters, .allreduce_only = ar_only, .threads = (int)threads}};
     char terr[LK_ERRLEN];
     if (lk_transport_parse(transport, &c.shm, terr, sizeof terr)) { fprintf(stderr, "lockstep netbench: %s\n", terr); return 2; }
     if (!lk_wire_fmt_parse(wire, &c.cfg.wire)) {

@@ -5,6 +5,7 @@
  * side by side. `lockstep netbench` runs it with --local or --addrs, and a
  * worker daemon runs it for a head that sends BENCH (--workers). */
 #include "cluster/cluster.h"
+#include "kernels/kernels.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -36,10 +37,14 @@ static int reps_for(const lk_bench_cfg *c, size_t bytes) {
     return (int)(r < 20 ? 20 : r);
 }
 
+static void pool_runner(void *ctx, lk_comm_task_fn fn, void *arg, int n) { lk_pool_run_n(ctx, fn, arg, n); }
+
 lk_status lk_bench_run(lk_mesh *mesh, const lk_bench_cfg *c, FILE *out, char *err, size_t errlen) {
     lk_comm *comm = NULL;
     lk_status st0 = lk_comm_create(mesh, NULL, lk_mesh_size(mesh), &comm, err, errlen);
     if (st0) return st0;
+    lk_pool *pool = c->threads > 1 ? lk_pool_create(c->threads) : NULL;
+    if (pool) lk_comm_set_runner(comm, pool_runner, pool, c->threads);
     int rank = lk_mesh_rank(mesh), n = lk_mesh_size(mesh);
     lk_comm_set_timeout_ms(comm, 20000);
     lk_comm_set_wire(comm, c->wire);
@@ -57,12 +62,12 @@ lk_status lk_bench_run(lk_mesh *mesh, const lk_bench_cfg *c, FILE *out, char *er
     char why[LK_ERRLEN];
     if (err && errlen) err[0] = 0;
     if (rank == 0 && out) {
-        fprintf(out, "netbench: %d ranks, data over %s, spin %s, all-reduce wire %s, build %s\n", n,
+        fprintf(out, "netbench: %d ranks, data over %s, spin %s, all-reduce wire %s, %d thread%s a rank, build %s\n", n,
                peer ? peer->ops->name : "-", peer && peer->spin_ns ? "on" : "off", lk_wire_fmt_name(c->wire),
-               lk_build_id());
+               LK_MAX(c->threads, 1), c->threads > 1 ? "s" : "", lk_build_id());
         fprintf(out, "%-9s %-22s %-11s | all-reduce median / p99 (us)        %s\n", "", "ping-pong one-way (us)", "", "");
         fprintf(out, "%-9s %9s %9s %11s | %-15s %-15s %-15s %-15s %s\n", "size", "median", "p99", "MB/s", "exchange",
-               "doubling", "ring", "scatter", "auto");
+                "doubling", "ring", "scatter", "auto");
     }
     for (int si = 0; si < c->nsizes && !rc; si++) {
         size_t bytes = c->sizes[si];
@@ -143,12 +148,13 @@ lk_status lk_bench_run(lk_mesh *mesh, const lk_bench_cfg *c, FILE *out, char *er
                 if (ar_med[a] > 0) snprintf(cell[a - 1], 32, "%.1f / %.1f", ar_med[a], ar_p99[a]);
                 else snprintf(cell[a - 1], 32, "-");
             }
+            const char *pick = lk_ar_algo_name(lk_comm_algo(comm, bytes));
             if (c->allreduce_only || n < 2)
-                fprintf(out, "%-9s %9s %9s %11s | %-15s %-15s %-15s %-15s %s\n", sz, "-", "-", "-", cell[0], cell[1], cell[2],
-                       cell[3], lk_ar_algo_name(lk_comm_pick(n, bytes)));
+                fprintf(out, "%-9s %9s %9s %11s | %-15s %-15s %-15s %-15s %s\n", sz, "-", "-", "-", cell[0], cell[1],
+                        cell[2], cell[3], pick);
             else
                 fprintf(out, "%-9s %9.2f %9.2f %11.1f | %-15s %-15s %-15s %-15s %s\n", sz, pp_med, pp_p99,
-                       (double)bytes / pp_med, cell[0], cell[1], cell[2], cell[3], lk_ar_algo_name(lk_comm_pick(n, bytes)));
+                        (double)bytes / pp_med, cell[0], cell[1], cell[2], cell[3], pick);
             /* not a table row (no number first): readers of the table skip it */
             if (mpi_med > 0) fprintf(out, "%-9s %-33s | MPI_Allreduce %.1f / %.1f\n", "", "", mpi_med, mpi_p99);
             fflush(out);
@@ -158,6 +164,7 @@ lk_status lk_bench_run(lk_mesh *mesh, const lk_bench_cfg *c, FILE *out, char *er
     free(buf);
     free(x);
     lk_comm_free(comm);
+    lk_pool_free(pool);
     return rc ? (err && err[0] ? LK_ERR_NET : lk_fail(err, errlen, LK_ERR_NET, "benchmark failed")) : LK_OK;
 }
 

@@ -266,6 +266,8 @@ typedef struct {
     bool        seal;         /* lk_cluster_bench: seal the control and mesh links */
     const char *emulate_link; /* lk_cluster_bench with workers on loopback: --emulate-link's
                                  spec (NULL: none); the head's, never sent */
+    int         threads;      /* threads per rank for the copies through shm windows (as the
+                                 engine's pool; <= 1: the caller alone); never sent */
 } lk_bench_cfg;
 
 /* Runs the benchmark as this rank of mesh (every rank calls it with the same

@@ -260,8 +260,10 @@ static void pool_run(lk_pool *p, lk_prof_kind kind, lk_pool_fn fn, void *arg, in
 void lk_pool_run_k(lk_pool *p, lk_prof_kind kind, lk_pool_fn fn, void *arg, int n_tasks) {
     const uint64_t t0 = lk_prof_t0();
     pool_run(p, kind, fn, arg, n_tasks);
-    /* a matmul's runs count in the matmul call's wall (lk_matmul_fused) */
-    if (t0 && kind != LK_PROF_MATMUL && kind != LK_PROF_LOGITS_MATMUL && kind != LK_PROF_QUANT) lk_prof_add(kind, t0);
+    /* a matmul's runs count in the matmul call's wall (lk_matmul_fused), an
+     * all-reduce's copies in the all-reduce's (the model's allreduce) */
+    if (t0 && kind != LK_PROF_MATMUL && kind != LK_PROF_LOGITS_MATMUL && kind != LK_PROF_QUANT && kind != LK_PROF_COMM)
+        lk_prof_add(kind, t0);
 }
 
 void lk_pool_run_n(lk_pool *p, lk_pool_fn fn, void *arg, int n_tasks) { lk_pool_run_k(p, LK_PROF_PAR, fn, arg, n_tasks); }

@@ -1250,6 +1250,7 @@ const lk_slice *lk_model_slice(const lk_model *m) { return &m->sl; }
 int lk_model_n_ctx(const lk_model *m) { return m->n_ctx; }
 int lk_model_n_batch(const lk_model *m) { return m->n_batch; }
 int lk_model_threads(const lk_model *m) { return lk_pool_size(m->pool); }
+lk_pool *lk_model_pool(const lk_model *m) { return m->pool; }
 void lk_model_set_hooks(lk_model *m, const lk_tp_hooks *h) { if (h) m->hooks = *h; else memset(&m->hooks, 0, sizeof m->hooks); }
 uint64_t lk_model_weight_bytes(const lk_model *m) { return m->weight_bytes; }
 float *lk_model_hidden(lk_model *m) { return m->x; }

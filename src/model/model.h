@@ -187,6 +187,7 @@ const lk_slice        *lk_model_slice(const lk_model *m);
 int  lk_model_n_ctx(const lk_model *m);
 int  lk_model_n_batch(const lk_model *m);
 int  lk_model_threads(const lk_model *m);
+lk_pool *lk_model_pool(const lk_model *m); /* the pool its passes run on */
 void lk_model_set_hooks(lk_model *m, const lk_tp_hooks *h);
 /* Bytes of weights this rank reads per decoded token (for a mixture:
  * n_expert_used experts' slices, not all of them). */

@@ -1,5 +1,6 @@
-/* Collectives over a transport mesh: all-reduce (three algorithms),
- * broadcast, gather, barrier, argmax.
+/* Collectives over a transport mesh: all-reduce (four algorithms over any
+ * link, and direct through shared memory), broadcast, gather, barrier,
+ * argmax.
  *
  * Latency is the whole game for decode: a 4096-float hidden vector is 16 KiB,
  * which a link moves in a few microseconds, while every *round* costs a full
@@ -8,7 +9,9 @@
  * partial to everyone; 1 round, N-1 messages out per rank) while N is small,
  * recursive doubling (log2 N rounds) for more ranks, and the ring (2(N-1)
  * rounds, but only 2(N-1)/N of the vector per rank on the wire) only for
- * large prefill vectors where bytes dominate.
+ * large prefill vectors where bytes dominate. Ranks of one host talk over
+ * shm, and there the rings' copies (in, out, per direction) cost more than
+ * the rounds: direct skips them (ar_direct).
  *
  * Nothing here allocates after lk_comm_reserve(): scratch and transfer
  * tables are sized once. */
@@ -36,6 +39,9 @@ struct lk_comm {
     uint8_t  *wbuf;         /* [wbuf_n] encoded payloads (compact wire formats only) */
     size_t    wbuf_n;
     int64_t   reserved;     /* largest n reserved so far */
+    lk_comm_run_fn run;     /* threads for the shm windows' copies (NULL: none) */
+    void     *run_ctx;
+    int       run_n;
     char      err[LK_ERRLEN];
 };
 
@@ -115,6 +121,11 @@ int lk_comm_rank(const lk_comm *c) { return c->me; }
 int lk_comm_size(const lk_comm *c) { return c->n; }
 void lk_comm_set_timeout_ms(lk_comm *c, int64_t ms) { c->timeout_ms = ms > 0 ? ms : 1; }
 void lk_comm_set_algo(lk_comm *c, lk_ar_algo a) { c->force = a; }
+void lk_comm_set_runner(lk_comm *c, lk_comm_run_fn run, void *ctx, int n) {
+    c->run = n > 1 ? run : NULL;
+    c->run_ctx = ctx;
+    c->run_n = n;
+}
 const char *lk_comm_last_error(const lk_comm *c) { return c->err; }
 
 /* ---- compact wire formats ------------------------------------------------------- */
@@ -435,6 +446,68 @@ static void sum_rank_order(float *out, const float *const *part, int N, int64_t 
     memcpy(out, acc, (size_t)n * sizeof(float));
 }
 
+/* The same sum into out = part[me] for some me >= 2, which may be
+ * overwritten only once every part has been read at that element: in
+ * blocks through a stack buffer, writing none of the parts (which may be
+ * peers' shm windows). */
+static void sum_rank_order_blocks(float *out, const float *const *part, int N, int64_t n) {
+    enum { B = 512 };
+    float acc[B];
+    for (int64_t o = 0; o < n; o += B) {
+        const int64_t m = LK_MIN((int64_t)B, n - o);
+        for (int64_t i = 0; i < m; i++) acc[i] = part[0][o + i] + part[1][o + i];
+        for (int r = 2; r < N; r++)
+            for (int64_t i = 0; i < m; i++) acc[i] += part[r][o + i];
+        memcpy(out + o, acc, (size_t)m * sizeof(float));
+    }
+}
+
+/* The shm windows' part of an exchange, split into whole cache lines over
+ * the runner's threads from WIN_PAR_MIN floats: the copies of our partial
+ * into the windows, or the sum in rank order. */
+enum { WIN_PAR_MIN = 8192 };
+typedef struct {
+    int N, me;
+    float *x;
+    int64_t n;
+    void *win[64];          /* copy: the windows to fill (NULL: none) */
+    const float *part[64];  /* sum: the partials in rank order */
+    bool sum;
+} win_job;
+
+static void win_task(void *arg, int i, int nt) {
+    const win_job *j = arg;
+    const int64_t a = j->n * i / nt / 16 * 16, b = i + 1 == nt ? j->n : j->n * (i + 1) / nt / 16 * 16;
+    if (b <= a) return;
+    if (!j->sum) {
+        for (int r = 0; r < j->N; r++)
+            if (j->win[r]) memcpy((float *)j->win[r] + a, j->x + a, (size_t)(b - a) * sizeof(float));
+        return;
+    }
+    const float *part[64];
+    for (int r = 0; r < j->N; r++) part[r] = j->part[r] + a;
+    /* in place when x is p0 or p1 (nothing else is written); otherwise
+     * through a block buffer: part[0] may be a peer's window */
+    if (j->me < 2) sum_rank_order(j->x + a, part, j->N, b - a);
+    else sum_rank_order_blocks(j->x + a, part, j->N, b - a);
+}
+
+static void win_run(lk_comm *c, win_job *j) {
+    const int nt = c->run && j->n >= WIN_PAR_MIN ? c->run_n : 1;
+    if (nt > 1) c->run(c->run_ctx, win_task, j, nt);
+    else win_task(j, 0, 1);
+}
+
+/* Whether the exchange with peer r goes through the shm window: an f32
+ * payload that fits it (the same answer on both sides of the link) */
+static bool use_window(const lk_comm *c, int r, int64_t n) {
+    return !compact(c) && (uint64_t)n * sizeof(float) <= lk_shm_win_bytes(c->links[r]);
+}
+
+/* Everyone's partial to everyone, then the sum in rank order. Over shm
+ * links (f32) the partial goes through the link's window: written once
+ * where the peer reads it in place, instead of copied into a ring and out
+ * again on the other side under the ring's flow control. */
 static lk_status ar_exchange(lk_comm *c, float *x, int64_t n, uint64_t dl, char *why, size_t wl) {
     size_t eb = lk_wire_bytes(c->wire, n);
     const void *out = x;
@@ -444,27 +517,44 @@ static lk_status ar_exchange(lk_comm *c, float *x, int64_t n, uint64_t dl, char 
         wire_decode(c->wire, mine, n, x);
         out = mine;
     }
+    LK_ASSERT(c->n >= 2 && c->n <= 64);
+    win_job j = {.N = c->n, .me = c->me, .x = x, .n = n};
+    bool any_win = false;
+    for (int r = 0; r < c->n; r++)
+        if (r != c->me && use_window(c, r, n)) {
+            j.win[r] = lk_shm_win_slot(c->links[r]);
+            any_win = true;
+        }
+    if (any_win) {
+        win_run(c, &j);
+        for (int r = 0; r < c->n; r++)
+            if (j.win[r]) lk_shm_win_post(c->links[r]);
+    }
     int nx = 0;
     for (int r = 0; r < c->n; r++) {
-        if (r == c->me) continue;
+        if (r == c->me || j.win[r]) continue;
         float *slot = c->scratch + (int64_t)(r < c->me ? r : r - 1) * n;
         c->xf[nx++] = xsend(c->links[r], out, eb);
         c->xf[nx++] = xrecv(c->links[r], compact(c) ? (void *)(c->wbuf + (size_t)r * eb) : (void *)slot, eb);
     }
-    lk_status st = lk_xfer_run(c->xf, nx, dl, why, wl);
-    if (st) return st;
-    const float *part[64];
-    LK_ASSERT(c->n >= 2 && c->n <= 64);
-    part[0] = x;
-    for (int r = 0; r < c->n; r++) {
-        if (r == c->me) { part[r] = x; continue; }
+    lk_status st = nx ? lk_xfer_run(c->xf, nx, dl, why, wl) : LK_OK;
+    for (int r = 0; r < c->n && !st; r++) {
+        if (r == c->me) { j.part[r] = x; continue; }
+        if (j.win[r]) {
+            const void *p;
+            st = lk_shm_win_wait(c->links[r], &p, dl, why, wl);
+            j.part[r] = p;
+            continue;
+        }
         float *slot = c->scratch + (int64_t)(r < c->me ? r : r - 1) * n;
         if (compact(c)) wire_decode(c->wire, c->wbuf + (size_t)r * eb, n, slot);
-        part[r] = slot;
+        j.part[r] = slot;
     }
+    if (st) return st;
     /* Sum in rank order 0..N-1 (x is rank me's partial): ((p0 + p1) + p2)...
-     * one whole vector at a time, so the loops vectorise */
-    sum_rank_order(x, part, c->n, n);
+     * whole vectors (or blocks) at a time, so the loops vectorise */
+    j.sum = true;
+    win_run(c, &j);
     return LK_OK;
 }
 
@@ -633,16 +723,24 @@ static lk_status ar_scatter(lk_comm *c, float *x, int64_t n, uint64_t dl, char *
     return lk_xfer_run(c->xf, nx, dl, why, wl);
 }
 
+
+lk_ar_algo lk_comm_algo(const lk_comm *c, size_t bytes) {
+    /* 2 ranks share their one link, so both see whether it is shm */
+    if (c->n == 2 && bytes <= ((size_t)512 << 10) && use_window(c, 1 - c->me, (int64_t)(bytes / sizeof(float))))
+        return LK_AR_EXCHANGE;
+    return lk_comm_pick(c->n, bytes);
+}
+
 lk_status lk_comm_allreduce_sum(lk_comm *c, float *x, int64_t n, int layer, const char *what) {
     if (c->n == 1 || n <= 0) return LK_OK;
     size_t bytes = (size_t)n * sizeof(float);
-    lk_ar_algo a = c->force ? c->force : lk_comm_pick(c->n, bytes);
+    char why[LK_ERRLEN];
+    lk_ar_algo a = c->force ? c->force : lk_comm_algo(c, bytes);
     if (a == LK_AR_RING && n < c->n) a = LK_AR_EXCHANGE; /* chunks would be empty */
     if (scratch_need(c->n, n) > c->scratch_n || (compact(c) && wbuf_need(c, n) > c->wbuf_n)) {
         lk_log(LK_LOG_DEBUG, "comm: growing all-reduce scratch to %lld floats", (long long)n);
         lk_comm_reserve(c, n);
     }
-    char why[LK_ERRLEN];
     uint64_t dl = deadline(c), t0 = lk_trace_on ? lk_time_ns() : 0;
     lk_status st = a == LK_AR_EXCHANGE ? ar_exchange(c, x, n, dl, why, sizeof why)
                  : a == LK_AR_DOUBLING ? ar_doubling(c, x, n, dl, why, sizeof why)

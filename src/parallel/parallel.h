@@ -91,19 +91,22 @@ lk_status lk_plan_make_split(const lk_plan_dims *d, int tp, int pp, const double
  * invariance needs, so lk_comm_pick chooses only between them); recursive
  * doubling adds (lower half + upper half) at each level; the ring
  * accumulates chunk c in the fixed order c, c+1, ..., c-1. The algorithm
- * depends only on (N, bytes), so every rank picks the same one. */
+ * depends only on (N, bytes), and for 2 ranks on their one link's kind, so
+ * every rank picks the same one. */
 typedef struct lk_mesh lk_mesh;
 typedef struct lk_comm lk_comm;
 
 typedef enum {
     LK_AR_AUTO = 0,   /* by size and N (lk_comm_pick) */
-    LK_AR_EXCHANGE,   /* one round: everyone sends its partial to everyone */
+    LK_AR_EXCHANGE,   /* one round: everyone sends its partial to everyone (over shm: through
+                         the link's window, read in place) */
     LK_AR_DOUBLING,   /* log2(N) rounds of pairwise exchange */
     LK_AR_RING,       /* 2(N-1) rounds of 1/N chunks: bandwidth-optimal */
     LK_AR_SCATTER,    /* 2 rounds: chunk k of every partial to rank k, which adds them in rank
                          order and sends the sum back: exchange's bits at the ring's bytes */
 } lk_ar_algo;
 const char *lk_ar_algo_name(lk_ar_algo a);
+/* The pick by group size and bytes alone (exchange or scatter) */
 lk_ar_algo  lk_comm_pick(int n_ranks, size_t bytes);
 
 /* ranks: the group's members as mesh ranks, in group order (NULL: the whole
@@ -114,6 +117,19 @@ int  lk_comm_rank(const lk_comm *c);  /* position in the group */
 int  lk_comm_size(const lk_comm *c);
 void lk_comm_set_timeout_ms(lk_comm *c, int64_t ms);
 void lk_comm_set_algo(lk_comm *c, lk_ar_algo a);  /* force one (tests, netbench) */
+/* Threads for the copies through shm windows (exchange): run(ctx, fn, arg, n) calls
+ * fn(arg, i, n) once for every i < n, on any threads, and returns when all
+ * did (the engine hands its pool, idle while it waits on the collective).
+ * A core reads another core's cache lines at a bounded rate (about 10 GB/s
+ * on a Xeon), so n readers move the peer's partial n times as fast. NULL:
+ * the calling thread alone. */
+typedef void (*lk_comm_task_fn)(void *arg, int i, int n);
+typedef void (*lk_comm_run_fn)(void *ctx, lk_comm_task_fn fn, void *arg, int n);
+void lk_comm_set_runner(lk_comm *c, lk_comm_run_fn run, void *ctx, int n);
+/* What an automatic all-reduce of `bytes` runs on this group: 2 ranks over
+ * shm exchange up to 512 KiB in f32 (through the window: netbench, below);
+ * otherwise lk_comm_pick's answer. */
+lk_ar_algo lk_comm_algo(const lk_comm *c, size_t bytes);
 /* Sizes the scratch for all-reduces of up to n floats now, so the per-token
  * path never allocates (it grows on demand otherwise, once). */
 void lk_comm_reserve(lk_comm *c, int64_t n);

@@ -175,6 +175,10 @@ static lk_status timed_hook(void *ctx, float *x, int64_t n, int layer, const cha
     return st;
 }
 
+/* The collectives' copies on the model's pool, idle while its caller waits
+ * on them */
+static void pool_runner(void *ctx, lk_comm_task_fn fn, void *arg, int n) { lk_pool_run_k(ctx, LK_PROF_COMM, fn, arg, n); }
+
 lk_status lk_step_create(const lk_step_params *p, lk_step **out, char *err, size_t errlen) {
     *out = NULL;
     lk_step *s = lk_xcalloc(1, sizeof *s);
@@ -231,6 +235,7 @@ lk_status lk_step_create(const lk_step_params *p, lk_step **out, char *err, size
     if (s->tp) {
         lk_comm_reserve(s->tp, (int64_t)s->n_batch * lk_model_cfg(p->m)->n_embd);
         lk_comm_tp_hooks(s->tp, &s->inner);
+        lk_comm_set_runner(s->tp, pool_runner, lk_model_pool(s->m), lk_model_threads(s->m));
         lk_tp_hooks h = {.ctx = s, .allreduce_sum = timed_hook};
         lk_model_set_hooks(s->m, &h);
     }
@@ -246,6 +251,7 @@ void lk_step_free(lk_step *s) {
     free(s->res_ids); free(s->res_vals); free(s->res_n); free(s->res_seq); free(s->res_lse);
     for (int i = 0; i < LK_STEP_MAX_DEPTH; i++) { free(s->fl[i].seq); free(s->fl[i].k); free(s->fl[i].lse); }
     lk_model_set_hooks(s->m, NULL);
+    if (s->tp) lk_comm_set_runner(s->tp, NULL, NULL, 0);
     free(s);
 }
 

@@ -15,7 +15,12 @@
  *
  * Death: a peer that dies never rings. While waiting we look at the TCP
  * control link every few milliseconds; EOF or an error there means the peer
- * is gone. */
+ * is gone.
+ *
+ * The window: besides the rings, each side owns two slots (as large as a
+ * ring) that the other side reads in place, for collectives (lk_shm_win_*
+ * in transport.h). A post bumps the side's counter pub[s]; the slots
+ * alternate by the post's parity. */
 #include "transport/transport.h"
 #include <pthread.h>
 #include <signal.h>
@@ -50,8 +55,12 @@ typedef struct {
     ring r[2];                          /* r[s]: side s -> side 1-s */
     _Alignas(64) _Atomic uint32_t bell[2];     /* side s sleeps on bell[s] */
     _Alignas(64) _Atomic uint32_t sleeping[2];
-    _Alignas(64) unsigned char data[];  /* [2][ring_bytes] */
+    struct { _Alignas(64) _Atomic uint64_t n; } pub[2]; /* window posts of side s, a line each */
+    _Alignas(64) unsigned char data[];  /* [2][ring_bytes] rings, then [2 sides][2 parities][ring_bytes] window */
 } segment;
+
+/* bytes of a segment with rings of ring_bytes: the rings and the window */
+static size_t seg_bytes(size_t ring_bytes) { return sizeof(segment) + 6 * ring_bytes; }
 
 typedef struct {
     lk_link  base;
@@ -61,6 +70,7 @@ typedef struct {
     uint32_t cap, mask;
     lk_link *ctl;        /* not owned: watched for the peer's death */
     uint64_t next_ctl_check;
+    uint64_t win_seq;    /* window posts made */
 } shm_link;
 
 static long futex(_Atomic uint32_t *addr, int op, uint32_t val, const struct timespec *ts) {
@@ -163,6 +173,89 @@ static const lk_link_ops shm_ops = {
     .close = shm_close,
 };
 
+/* ---- the window ------------------------------------------------------- */
+
+static shm_link *as_shm(const lk_link *l) { return l && l->ops == &shm_ops ? (shm_link *)l : NULL; }
+
+static unsigned char *win_slot(shm_link *s, int side, uint64_t seq) {
+    return s->seg->data + 2 * (size_t)s->cap + ((size_t)side * 2 + (size_t)(seq & 1)) * s->cap;
+}
+
+size_t lk_shm_win_bytes(const lk_link *l) {
+    shm_link *s = as_shm(l);
+    return s ? s->cap : 0;
+}
+
+void *lk_shm_win_slot(lk_link *l) {
+    shm_link *s = as_shm(l);
+    LK_ASSERT(s);
+    return win_slot(s, s->side, s->win_seq);
+}
+
+void lk_shm_win_post(lk_link *l) {
+    shm_link *s = as_shm(l);
+    LK_ASSERT(s);
+    atomic_store_explicit(&s->seg->pub[s->side].n, ++s->win_seq, memory_order_seq_cst);
+    ring_bell(s);
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* Spins for the link's budget (and backs off from spinning as lk_xfer_run
+ * does when it keeps not paying), then sleeps on the bell in slices of at
+ * most 5 ms, looking at the control link between them. */
+lk_status lk_shm_win_wait(lk_link *l, const void **peer_slot, uint64_t deadline_ns, char *err, size_t errlen) {
+    shm_link *s = as_shm(l);
+    LK_ASSERT(s && s->win_seq > 0);
+    const int o = 1 - s->side, me = s->side;
+    _Atomic uint64_t *peer = &s->seg->pub[o].n;
+    const uint64_t want = s->win_seq;
+    *peer_slot = win_slot(s, o, want - 1);
+    if (atomic_load_explicit(peer, memory_order_acquire) >= want) return LK_OK;
+    const int64_t spin = l->spin_skip ? 0 : l->spin_ns;
+    if (l->spin_skip) l->spin_skip--;
+    const uint64_t t0 = lk_time_ns();
+    for (uint64_t now = t0; (int64_t)(now - t0) < spin; now = lk_time_ns())
+        for (int k = 0; k < 64; k++) {
+            if (atomic_load_explicit(peer, memory_order_acquire) >= want) {
+                l->spin_misses = 0;
+                return LK_OK;
+            }
+            cpu_relax();
+        }
+    if (spin && ++l->spin_misses >= 4) {
+        l->spin_misses = 0;
+        l->spin_skip = 256;
+    }
+    for (;;) {
+        uint64_t now = lk_time_ns();
+        char name[128], why[96];
+        if (now >= s->next_ctl_check) {
+            if (lk_tcp_peer_gone(s->ctl, why, sizeof why))
+                return lk_fail(err, errlen, LK_ERR_NET, "%s: %s while waiting for its shared-memory post %llu",
+                               lk_link_name(l, name, sizeof name), why, (unsigned long long)want);
+            s->next_ctl_check = now + 5000000;
+        }
+        if (now >= deadline_ns)
+            return lk_fail(err, errlen, LK_ERR_TIMEOUT, "%s: timeout after %.0f ms waiting for its shared-memory post %llu",
+                           lk_link_name(l, name, sizeof name), (double)(now - t0) / 1e6, (unsigned long long)want);
+        uint64_t slice = LK_MIN(deadline_ns - now, (uint64_t)5000000);
+        atomic_store(&s->seg->sleeping[me], 1);
+        uint32_t v = atomic_load(&s->seg->bell[me]);
+        if (atomic_load(peer) < want) {
+            struct timespec ts = {0, (long)slice};
+            futex(&s->seg->bell[me], FUTEX_WAIT, v, &ts);
+        }
+        atomic_store(&s->seg->sleeping[me], 0);
+        if (atomic_load_explicit(peer, memory_order_acquire) >= want) return LK_OK;
+    }
+}
+
+
 /* Segments are named /lockstep-<creator pid>-<n>-<random> and unlinked as
  * soon as both sides mapped them; a creator killed inside that window
  * leaves its segment behind. Each process sweeps such leftovers once, before
@@ -223,7 +316,7 @@ lk_status lk_shm_pair(lk_link *ctl, bool creator, size_t ring_bytes, uint64_t de
         o.magic = SHM_MAGIC;
         o.ring_bytes = (uint32_t)ring_bytes;
         snprintf(o.name, sizeof o.name, "/lockstep-%d-%u-%08x", (int)getpid(), atomic_fetch_add(&counter, 1), rnd);
-        map_len = sizeof(segment) + 2 * ring_bytes;
+        map_len = seg_bytes(ring_bytes);
         fd = shm_open(o.name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
         if (fd < 0) {
             o.magic = 0; /* tell the peer we give up, then report */
@@ -262,7 +355,7 @@ lk_status lk_shm_pair(lk_link *ctl, bool creator, size_t ring_bytes, uint64_t de
             return lk_fail(err, errlen, LK_ERR_FORMAT, "%s offered a malformed shm segment", name_buf);
         }
         ring_bytes = o.ring_bytes;
-        map_len = sizeof(segment) + 2 * ring_bytes;
+        map_len = seg_bytes(ring_bytes);
         fd = shm_open(o.name, O_RDWR | O_CLOEXEC, 0600);
         struct stat sb;
         if (fd >= 0 && fstat(fd, &sb) == 0 && (size_t)sb.st_size == map_len)

@@ -138,6 +138,21 @@ bool lk_addr_split(const char *addr, char *host, size_t hostlen, int *port);
  * per direction (power of two; 0 = 1 MiB). */
 lk_status lk_shm_pair(lk_link *ctl, bool creator, size_t ring_bytes, uint64_t deadline_ns,
                       lk_link **out, char *err, size_t errlen);
+/* The window of a shm link, for collectives that would otherwise copy
+ * every byte into a ring and out again: each side owns two slots of
+ * lk_shm_win_bytes() that the other side reads in place. A rank writes
+ * its payload into lk_shm_win_slot(), lk_shm_win_post()s it, and
+ * lk_shm_win_wait() hands out the peer's slot of the same post once the
+ * peer posted it (or fails with a message naming the peer, on its death or
+ * at the deadline). Both sides must post and wait in the same sequence,
+ * every post followed by its wait: the slots alternate by post, and a
+ * slot is written again only after the peer posted the next one, which
+ * it does only once it has read this one. Not for other links:
+ * lk_shm_win_bytes() says 0 for them. */
+size_t      lk_shm_win_bytes(const lk_link *l);
+void       *lk_shm_win_slot(lk_link *l);
+void        lk_shm_win_post(lk_link *l);
+lk_status   lk_shm_win_wait(lk_link *l, const void **peer_slot, uint64_t deadline_ns, char *err, size_t errlen);
 /* Unlinks /dev/shm segments of this user left by lockstep processes that no
  * longer exist (a creator killed while its peer was mapping); lk_shm_pair
  * does it once per process. Returns how many it removed. */
