@@ -330,12 +330,16 @@ typedef struct {
     lk_status st[MAXR];
     char err[MAXR][LK_ERRLEN];
     double ms[MAXR];
+    int64_t n; /* floats of the all-reduce (0: 4096) */
 } fail_arg;
 
 static void leaver_rank(rank_ctx *c) {
     fail_arg *a = c->arg;
     lk_comm_set_timeout_ms(c->comm, 3000);
-    float x[4096] = {0};
+    static float xs[MAXR][16384];
+    float *x = xs[c->rank];
+    const int64_t n = a->n ? a->n : 4096;
+    LK_ASSERT(n <= 16384);
     if (c->rank == 2) {
         /* Rank 2 quits: its sockets close under the others. */
         lk_comm_free(c->comm);
@@ -345,7 +349,7 @@ static void leaver_rank(rank_ctx *c) {
         return;
     }
     uint64_t t0 = lk_time_ns();
-    a->st[c->rank] = lk_comm_allreduce_sum(c->comm, x, 4096, 5, "ffn_out");
+    a->st[c->rank] = lk_comm_allreduce_sum(c->comm, x, n, 5, "ffn_out");
     a->ms[c->rank] = (double)(lk_time_ns() - t0) / 1e6;
     snprintf(a->err[c->rank], LK_ERRLEN, "%s", lk_comm_last_error(c->comm));
 }
@@ -361,17 +365,18 @@ TEST(peer_leaves_named) {
     }
 }
 
-/* The same over shm, where the exchange goes through the links' windows:
- * the waiter on a dead peer's post finds the peer gone through the
- * control link. */
-TEST(peer_leaves_named_direct) {
+/* The same over shm with 48 KiB, which the exchange sends through the
+ * links' windows: the waiter on a dead peer's post finds the peer gone
+ * through the control link. */
+TEST(peer_leaves_named_window) {
     fail_arg a;
     memset(&a, 0, sizeof a);
+    a.n = 12288;
     run_ranks(3, LK_MESH_SHM_FORCE, leaver_rank, &a);
     for (int r = 0; r < 2; r++) {
         CHECK(a.st[r] == LK_ERR_NET);
         CHECKF(a.ms[r] < 1000, "rank %d noticed after %.0f ms", r, a.ms[r]);
-        CHECKF(strstr(a.err[r], "all-reduce layer 5 ffn_out (16384 B, exchange): rank 2 (127.0.0.1:") &&
+        CHECKF(strstr(a.err[r], "all-reduce layer 5 ffn_out (49152 B, exchange): rank 2 (127.0.0.1:") &&
                    strstr(a.err[r], "while waiting for its shared-memory post 1"),
                "%s", a.err[r]);
     }
@@ -412,7 +417,7 @@ int main(void) {
     RUN(compact_wire_formats);
     RUN(broadcast_gather_barrier_argmax);
     RUN(peer_leaves_named);
-    RUN(peer_leaves_named_direct);
+    RUN(peer_leaves_named_window);
     RUN(deadline_names_peer);
     return lk_test_end();
 }
