@@ -110,6 +110,14 @@ pyt trace_layers 'all({e["args"]["layer"] for e in d["traceEvents"] if e.get("ca
     for r in (0, 1))'
 if ls "$T"/trace.json.part.* >/dev/null 2>&1; then no trace_parts_removed "$(ls "$T")"; else ok trace_parts_removed; fi
 expect trace_bad_path 1 "$L" run -m "$M1" -p "Hi" -n 1 --trace "$T/no/such/dir/t.json"
+# one node: no collectives, yet every step span lasts as long as its work (compute spans inside)
+expect trace_one_node 0 "$L" run -m "$M1" -p "Once upon a time" -n 6 --temp 0 -t 1 --trace "$T/trace1.json"
+cp "$T/trace1.json" "$T/out" 2>/dev/null || : >"$T/out"
+pyt trace_one_node_steps 'len([e for e in d["traceEvents"] if e.get("cat") == "step"]) == 6
+    and all(e["dur"] > 0 for e in d["traceEvents"] if e.get("cat") == "step")
+    and all(any(s["ts"] - 1e-3 <= e["ts"] and e["ts"] + e["dur"] <= s["ts"] + s["dur"] + 1e-3
+                for s in d["traceEvents"] if s.get("cat") == "step") for e in d["traceEvents"] if e.get("cat") == "compute")
+    and sum(1 for e in d["traceEvents"] if e.get("cat") == "compute") >= 6'
 # bench --trace: both ranks' steps of a --local 2 --tp 2 bench (warm-up, prefill and decode of every rep)
 expect trace_bench 0 "$L" bench -m "$M1" -t 1 -p 4 -n 5 -r 1 --local 2 --tp 2 --trace "$T/trace.json"
 cp "$T/trace.json" "$T/out" 2>/dev/null || : >"$T/out"

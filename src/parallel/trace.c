@@ -160,6 +160,20 @@ void lk_trace_comm(int rank, const char *op, const char *what, int layer, size_t
     pthread_mutex_unlock(&T.mu);
 }
 
+void lk_trace_work(int rank) {
+    if (!lk_trace_on) return;
+    const uint64_t now = lk_time_ns();
+    pthread_mutex_lock(&T.mu);
+    if (ensure() && T.step_open && now > T.last_end) {
+        set_rank(rank);
+        put("{\"name\":\"compute\",\"cat\":\"compute\",\"ph\":\"X\",\"pid\":%d,\"tid\":0,\"ts\":%.3f,\"dur\":%.3f}\n",
+            rank, us(T.last_end), us(now - T.last_end));
+        T.last_end = now;
+        flush(); /* rewrites the step's line: it now ends here */
+    }
+    pthread_mutex_unlock(&T.mu);
+}
+
 lk_status lk_trace_finish(int *n_ranks, int *n_events, char *err, size_t errlen) {
     if (n_ranks) *n_ranks = 0;
     if (n_events) *n_events = 0;

@@ -12,12 +12,15 @@
  * Clocks: CLOCK_MONOTONIC, common to every process of one host, so the
  * tracks line up without any exchange.
  *
- * A step ends at its last collective: a rank whose step has none (a
- * pipeline stage of one rank: its hand-offs are links, not collectives)
- * shows each step as a mark of no length.
+ * A step ends where the rank's work on it last reached: its last
+ * collective, or the end of lk_step_run / lk_step_collect, which say so
+ * (lk_trace_work); so a rank whose step has no collective (one node, or a
+ * pipeline stage of one rank) still shows how long its steps took. With
+ * steps in flight (pipeline), rank 0 collects an older step inside the
+ * newer one's span.
  *
- * Callers: parallel/comm.c (every collective, when on), step/step.c (one
- * mark at the start of each step), cli (start, finish). The per-step cost
+ * Callers: parallel/comm.c (every collective, when on), step/step.c (a
+ * mark at the start of each step, its work's ends), cli (start, finish). The per-step cost
  * when on: a few formatted lines into a buffer and one write per step;
  * when off: one branch per collective. One thread per process records
  * (the rank's step thread); a mutex keeps a stray second one safe. */
@@ -36,6 +39,11 @@ lk_status lk_trace_start(const char *path, char *err, size_t errlen);
 /* A step begins on this rank (step number, tokens it carries): closes the
  * previous step's span at the end of its last event. */
 void lk_trace_step(int rank, uint64_t no, int n_tokens);
+
+/* The open step's work on this rank reached now: the stretch since its
+ * previous event becomes a "compute" span, and the step lasts at least
+ * until now. */
+void lk_trace_work(int rank);
 
 /* A collective ran from t0 to t1 (lk_time_ns): op "all-reduce", "gather",
  * ...; what as the caller named it; layer -1 when none. The stretch since

@@ -437,9 +437,8 @@ static lk_status candidates(lk_step *s, const lk_step_msg *msg, const float *x, 
     return LK_OK;
 }
 
-lk_status lk_step_run(lk_step *s, const lk_step_msg *msg, bool ops_applied, char *err, size_t errlen) {
+static lk_status step_run(lk_step *s, const lk_step_msg *msg, bool ops_applied, char *err, size_t errlen) {
     lk_status st;
-    if (lk_trace_on) lk_trace_step(s->rank, msg->no, msg->n_tok); /* run --trace (parallel/trace.h) */
     if (!ops_applied)
         for (int i = 0; i < msg->n_ops; i++)
             if ((st = lk_step_apply(s, &msg->ops[i], err, errlen))) return st;
@@ -540,11 +539,25 @@ lk_status lk_step_run(lk_step *s, const lk_step_msg *msg, bool ops_applied, char
     return LK_OK;
 }
 
+lk_status lk_step_run(lk_step *s, const lk_step_msg *msg, bool ops_applied, char *err, size_t errlen) {
+    if (lk_trace_on) lk_trace_step(s->rank, msg->no, msg->n_tok); /* run --trace (parallel/trace.h) */
+    lk_status st = step_run(s, msg, ops_applied, err, errlen);
+    if (lk_trace_on) lk_trace_work(s->rank);
+    return st;
+}
+
 /* ---- collecting (rank 0) ----------------------------------------------------------- */
 
 static bool better(float va, int32_t ia, float vb, int32_t ib) { return va > vb || (va == vb && ia < ib); }
 
+static lk_status step_collect(lk_step *s, char *err, size_t errlen);
 lk_status lk_step_collect(lk_step *s, char *err, size_t errlen) {
+    lk_status st = step_collect(s, err, errlen);
+    if (lk_trace_on) lk_trace_work(s->rank);
+    return st;
+}
+
+static lk_status step_collect(lk_step *s, char *err, size_t errlen) {
     LK_ASSERT(s->rank == 0);
     if (!s->fl_n) return lk_fail(err, errlen, LK_ERR_ARG, "collect: no step in flight");
     flight *f = &s->fl[s->fl_head];
