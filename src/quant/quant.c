@@ -644,15 +644,8 @@ size_t lk_act_terms_bytes(int64_t n, int64_t ntok) {
 }
 
 void lk_act_terms_row(const lk_act_terms *T, int64_t t, const void *a, int64_t n) {
-    LK_ASSERT(t >= 0 && t < T->ntok && n % LK_QK == 0);
-    const uint8_t *p = a;
-    for (int64_t b = 0; b < n / LK_QK; b++, p += LK_Q80_BYTES) {
-        const size_t i = (size_t)((b / LK_TERMS_KB * T->ntok + t) * LK_TERMS_KB + b % LK_TERMS_KB);
-        int32_t sum = 0;
-        for (int j = 0; j < LK_QK; j++) sum += (int8_t)p[2 + j];
-        T->d[i] = lk_ld_h(p);
-        T->corr[i] = -T->k * sum;
-    }
+    LK_ASSERT(t >= 0 && t < T->ntok && n % LK_QK == 0 && ops_get()->terms_row);
+    ops_get()->terms_row(T, t, a, n);
 }
 
 void lk_quant_matmul_terms(lk_type wt, int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok,

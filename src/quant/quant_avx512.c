@@ -1189,6 +1189,7 @@ void lk_quant_fill_avx512(lk_quant_ops *ops) {
     ops->mm_terms[LK_TYPE_Q4_0_R16] = mm_q40r16_t;
     ops->mm_terms[LK_TYPE_Q8_0_R16] = mm_q80r16_t;
     ops->mm_terms[LK_TYPE_Q8_0] = mm_q80_t;
+    ops->terms_row = lk_act_terms_row_avx512;
     ops->mm[LK_TYPE_Q4_K] = mm_q4k;
     ops->mm[LK_TYPE_Q5_K] = mm_q5k;
     ops->mm[LK_TYPE_Q6_K] = mm_q6k;

@@ -262,6 +262,15 @@ LK_TG static void gk_prep(const bool is_q8, const uint8_t *a, size_t as, int tb,
         }
 }
 
+/* lk_act_terms_row: token t's row of Q8_0 blocks in lk_act_terms' K blocks */
+LK_TG void lk_act_terms_row_avx512(const lk_act_terms *T, int64_t t, const void *a, int64_t n) {
+    const int64_t nb = n / LK_QK;
+    for (int64_t b0 = 0; b0 < nb; b0 += LK_TERMS_KB) {
+        const size_t i = (size_t)((b0 / LK_TERMS_KB * T->ntok + t) * LK_TERMS_KB);
+        gk_prep(T->k == 128, a, 0, 1, b0, (int)LK_MIN((int64_t)LK_TERMS_KB, nb - b0), T->d + i, T->corr + i, LK_TERMS_KB);
+    }
+}
+
 /* One micro-tile: RG row groups x T tokens over kb blocks. wp: the panel;
  * at[t]: token t's activation row at the K block's first block; act/t0: its
  * (token, block) terms; y: row 0 of token 0 of the tile. nlast: valid rows

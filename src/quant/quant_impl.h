@@ -181,6 +181,8 @@ typedef struct {
     lk_qmm_terms_fn mm_terms[LK_TYPE_ALL]; /* by weight type: mm[]'s twin that reads terms; NULL: none */
     lk_qrow_fn  quant[LK_TYPE_ALL];   /* by target type; NULL = not provided */
     lk_qrow_fn  act[LK_TYPE_ALL];   /* activation quantisers where they differ from quant[] (NULL: quant[]) */
+    /* lk_act_terms_row at this level: set wherever mm_terms has an entry */
+    void (*terms_row)(const lk_act_terms *T, int64_t t, const void *a, int64_t n);
 } lk_quant_ops;
 
 /* The scalar dot product of one weight row with one activation row (n
@@ -264,6 +266,8 @@ static inline int lk_gemm_min_tok_kr16(int kind) { return kind == 4 ? 18 : kind 
 void lk_quant_gemm_q4q8_avx512(int fmt, int64_t n, int64_t nrows, const void *w, size_t ws,
                                int64_t ntok, const void *a, size_t as, const lk_act_terms *terms, float *y,
                                size_t ys);
+/* lk_act_terms_row with the GEMM's own derivation of the terms */
+void lk_act_terms_row_avx512(const lk_act_terms *T, int64_t t, const void *a, int64_t n);
 /* The same layouts below LK_GEMM_MIN_TOK tokens (tiles of up to
  * 6 tokens, any ntok), rows in lanes: the GEMM's bits, which are the scalar
  * reference's. Both read `terms` (NULL: derived per call) when they were
