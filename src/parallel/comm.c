@@ -1,6 +1,5 @@
-/* Collectives over a transport mesh: all-reduce (four algorithms over any
- * link, and direct through shared memory), broadcast, gather, barrier,
- * argmax.
+/* Collectives over a transport mesh: all-reduce (four algorithms), broadcast,
+ * gather, barrier, argmax.
  *
  * Latency is the whole game for decode: a 4096-float hidden vector is 16 KiB,
  * which a link moves in a few microseconds, while every *round* costs a full
@@ -10,8 +9,9 @@
  * recursive doubling (log2 N rounds) for more ranks, and the ring (2(N-1)
  * rounds, but only 2(N-1)/N of the vector per rank on the wire) only for
  * large prefill vectors where bytes dominate. Ranks of one host talk over
- * shm, and there the rings' copies (in, out, per direction) cost more than
- * the rounds: direct skips them (ar_direct).
+ * shm, where the rings' copies (in, out, per direction) cost more than the
+ * rounds: there an exchange skips them through the links' windows
+ * (ar_exchange).
  *
  * Nothing here allocates after lk_comm_reserve(): scratch and transfer
  * tables are sized once. */
@@ -727,7 +727,6 @@ static lk_status ar_scatter(lk_comm *c, float *x, int64_t n, uint64_t dl, char *
     }
     return lk_xfer_run(c->xf, nx, dl, why, wl);
 }
-
 
 lk_ar_algo lk_comm_algo(const lk_comm *c, size_t bytes) {
     /* 2 ranks share their one link, so both see whether it is shm */
