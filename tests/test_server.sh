@@ -17,7 +17,9 @@
 #     --parallel and --queue (a burst gets 429 past them);
 #   - load.mjs on the one-node server: LOAD_CLIENTS (32) streaming clients for
 #     LOAD_SECONDS (60) s, outputs equal to the requests run alone, RSS flat;
-#     then a shorter run (ASAN_LOAD_CLIENTS 8 for ASAN_LOAD_SECONDS 15 s) on
+#     the same for LOAD_TP2_SECONDS (30) s on a --local 2 --tp 2 server (its
+#     long prompts' all-reduces go through the shm windows, the decodes'
+#     through the rings, interleaved); then a shorter run (ASAN_LOAD_CLIENTS 8 for ASAN_LOAD_SECONDS 15 s) on
 #     the ASan+UBSan build ($(dirname LOCKSTEP)/asan/lockstep, made by
 #     `make tests`), which must then stop cleanly with no sanitizer report.
 # Every server must stop on SIGTERM with exit 0. The trap kills whatever is
@@ -29,6 +31,7 @@ LOAD_CLIENTS=${LOAD_CLIENTS:-32}
 LOAD_SECONDS=${LOAD_SECONDS:-60}
 ASAN_LOAD_CLIENTS=${ASAN_LOAD_CLIENTS:-8}
 ASAN_LOAD_SECONDS=${ASAN_LOAD_SECONDS:-15}
+LOAD_TP2_SECONDS=${LOAD_TP2_SECONDS:-30}
 M=$TD/models/stories260K.gguf
 [ -f "$M" ] || M=$RD/models/stories260K.gguf
 lk_tmp server
@@ -145,6 +148,10 @@ fi
 if [ -n "${NODE1_PID:-}" ]; then
     js load.mjs --url "$NODE1_URL" --pid "$NODE1_PID" --clients "$LOAD_CLIENTS" --duration "$LOAD_SECONDS" --label load
     finish node1 "$NODE1_PID"
+fi
+if start tp2load "$L" --temp 0 -t 1 --local 2 --tp 2; then
+    js load.mjs --url "$URL" --pid "$PID" --clients "$LOAD_CLIENTS" --duration "$LOAD_TP2_SECONDS" --label load_tp2
+    finish tp2load "$PID"
 fi
 if [ ! -x "$LA" ]; then
     echo "SKIP asan_load: no ASan build at $LA (make tests builds it)"
