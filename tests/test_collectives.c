@@ -76,9 +76,10 @@ static float val(int rank, int64_t i) {
     return ((float)(h & 0xffff) - 32768.0f) / 1024.0f * (float)(1 + (h >> 28));
 }
 
-/* the last one is longer than a shm window (1 MiB): direct goes in pieces */
-#define NSIZES 5
-static const int64_t sizes[NSIZES] = {1, 7, 1000, 40000, 300000};
+/* over shm, 48 KiB goes through the windows for any N (exchange), 160 KiB
+ * for 2 ranks (whose windows are 512 KiB); the rest through the rings */
+#define NSIZES 6
+static const int64_t sizes[NSIZES] = {1, 7, 1000, 12000, 40000, 300000};
 
 typedef struct {
     lk_ar_algo algo;
@@ -185,10 +186,9 @@ TEST(allreduce_shm)      {
     check_allreduce(3, LK_AR_DOUBLING, LK_MESH_SHM_FORCE);
     check_allreduce(3, LK_AR_SCATTER, LK_MESH_SHM_FORCE);
 }
-/* Exchange over shm goes through the links' windows (the largest size,
- * beyond a window, through the rings): the promised bits with the caller
- * alone or a pool of 3 doing the copies, and the pick for 2 ranks over shm
- * is exchange well past 64 KiB. */
+/* Exchange over shm goes through the links' windows (sizes above): the
+ * promised bits with the caller alone or a pool of 3 doing the copies,
+ * and the pick for 2 ranks over shm is exchange well past 64 KiB. */
 TEST(allreduce_shm_windows) {
     for (int N = 2; N <= MAXR; N++) {
         check_allreduce_t(N, LK_AR_EXCHANGE, LK_MESH_SHM_FORCE, 0);

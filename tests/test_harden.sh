@@ -11,7 +11,12 @@
 #  - a worker checks its own KV memory before allocating: a head whose share
 #    fits asks a worker with less room (RLIMIT_AS) for a huge context and
 #    hears an error naming the worker and both sizes, instead of a worker
-#    killed by an allocation.
+#    killed by an allocation;
+#  - a /dev/shm too small for the ranks' segments (a container's): the shm
+#    setup fails with a message naming the room it needed, the ranks talk
+#    over TCP and the text is one node's; --transport shm makes it an error.
+#    Once it was a SIGBUS mid-generation. (Root: a private tmpfs of 1 MiB
+#    on /dev/shm in a mount namespace; SKIP without unshare.)
 # Run from the repository root by tests/run.sh with LOCKSTEP set.
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -102,4 +107,18 @@ else
     # not MemAvailable alone, and refuses before a rank allocates
     expect local_ctx_refused 1 timeout 60 bash -c "ulimit -v 1500000; exec '$L' run -m '$M' -p hi -n 2 --local 2 -c 4000000"
     has local_ctx_msg "$T/err" '--ctx 4000000 needs [0-9.]+ GiB \(KV cache 4000000 positions .* but [0-9.]+ GiB of memory is available'
+fi
+
+# ---- a /dev/shm without room -----------------------------------------------------------
+if [ "$(id -u)" = 0 ] && unshare -m true 2>/dev/null; then
+    small() { unshare -m bash -c 'mount -t tmpfs -o size=1M tmpfs /dev/shm && exec "$@"' small "$@"; }
+    expect small_shm_one_node 0 "$L" run -m "$M" -p "Once upon a time" -n 300 --temp 0 -t 1
+    cp "$T/out" "$T/one_node"
+    expect small_shm_tp2 0 small "$L" run -m "$M" -p "Once upon a time" -n 300 --temp 0 -t 1 --local 2 --tp 2
+    if cmp -s "$T/out" "$T/one_node"; then ok small_shm_same_text; else no small_shm_same_text "$(head -c 300 "$T/out")"; fi
+    has small_shm_named "$T/err" 'over tcp: shm failed: shm segment /lockstep-[0-9a-f-]+: /dev/shm has no room for its [0-9]+ KiB'
+    expect small_shm_forced 1 small "$L" run -m "$M" -p "Once upon a time" -n 4 --temp 0 -t 1 --local 2 --tp 2 --transport shm
+    has small_shm_forced_named "$T/err" 'shm setup with rank 1: shm segment .*/dev/shm has no room'
+else
+    echo "SKIP small_shm: needs root and unshare -m"
 fi

@@ -51,7 +51,7 @@ typedef struct { lk_link *l; lk_link *out; lk_status st; } side;
 static void *joiner(void *p) {
     side *s = p;
     char err[LK_ERRLEN];
-    s->st = lk_shm_pair(s->l, false, 0, lk_deadline_ms(5000), &s->out, err, sizeof err);
+    s->st = lk_shm_pair(s->l, false, 0, 0, lk_deadline_ms(5000), &s->out, err, sizeof err);
     return NULL;
 }
 
@@ -70,7 +70,7 @@ TEST(pairing_sweeps) {
     pthread_create(&th, NULL, joiner, &j);
     char err[LK_ERRLEN];
     lk_link *mine = NULL;
-    lk_status st = lk_shm_pair(a, true, 0, lk_deadline_ms(5000), &mine, err, sizeof err);
+    lk_status st = lk_shm_pair(a, true, 0, 0, lk_deadline_ms(5000), &mine, err, sizeof err);
     pthread_join(th, NULL);
     CHECKF(st == LK_OK && j.st == LK_OK, "%s", err);
     CHECK(!exists(stale));

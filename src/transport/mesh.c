@@ -263,7 +263,11 @@ lk_status lk_mesh_create(const lk_mesh_params *p, lk_mesh **out, char *err, size
             goto fail;
         }
         lk_link *sl = NULL;
-        lk_status ss = lk_shm_pair(m->ctl[s], p->rank < s, 0, deadline, &sl, why, sizeof why);
+        /* the window as large as the all-reduces that use it: 2 ranks
+         * exchange up to 512 KiB through it, more ranks below 64 KiB
+         * (comm.c); the whole segment is reserved in /dev/shm */
+        lk_status ss = lk_shm_pair(m->ctl[s], p->rank < s, 0, p->n == 2 ? 512u << 10 : 64u << 10, deadline, &sl, why,
+                                   sizeof why);
         if (ss == LK_ERR_NET || ss == LK_ERR_TIMEOUT || (ss && p->shm == LK_MESH_SHM_FORCE)) {
             st = lk_fail(err, errlen, ss, "shm setup with rank %d: %s", s, why);
             goto fail;

@@ -17,10 +17,15 @@
  * control link every few milliseconds; EOF or an error there means the peer
  * is gone.
  *
- * The window: besides the rings, each side owns two slots (as large as a
- * ring) that the other side reads in place, for collectives (lk_shm_win_*
- * in transport.h). A post bumps the side's counter pub[s]; the slots
- * alternate by the post's parity. */
+ * The window: besides the rings, each side owns two slots that the other
+ * side reads in place, for collectives (lk_shm_win_* in transport.h). A
+ * post bumps the side's counter pub[s]; the slots alternate by the post's
+ * parity.
+ *
+ * Room: the creator reserves the whole segment in /dev/shm up front
+ * (posix_fallocate), so a full or small /dev/shm (a container's 64 MiB)
+ * is an error at setup, which the mesh answers with TCP, instead of a
+ * SIGBUS when a page of the rings is first touched mid-run. */
 #include "transport/transport.h"
 #include <pthread.h>
 #include <signal.h>
@@ -51,16 +56,16 @@ typedef struct {
 } ring;
 
 typedef struct {
-    uint32_t magic, ring_bytes;
+    uint32_t magic, ring_bytes, win_bytes;
     ring r[2];                          /* r[s]: side s -> side 1-s */
     _Alignas(64) _Atomic uint32_t bell[2];     /* side s sleeps on bell[s] */
     _Alignas(64) _Atomic uint32_t sleeping[2];
     struct { _Alignas(64) _Atomic uint64_t n; } pub[2]; /* window posts of side s, a line each */
-    _Alignas(64) unsigned char data[];  /* [2][ring_bytes] rings, then [2 sides][2 parities][ring_bytes] window */
+    _Alignas(64) unsigned char data[];  /* [2][ring_bytes] rings, then [2 sides][2 parities][win_bytes] window */
 } segment;
 
-/* bytes of a segment with rings of ring_bytes: the rings and the window */
-static size_t seg_bytes(size_t ring_bytes) { return sizeof(segment) + 6 * ring_bytes; }
+/* bytes of a segment: the rings and the window */
+static size_t seg_bytes(size_t ring_bytes, size_t win_bytes) { return sizeof(segment) + 2 * ring_bytes + 4 * win_bytes; }
 
 typedef struct {
     lk_link  base;
@@ -68,6 +73,7 @@ typedef struct {
     size_t   map_len;
     int      side;       /* 0 creator, 1 opener */
     uint32_t cap, mask;
+    uint32_t win;        /* window slot bytes */
     lk_link *ctl;        /* not owned: watched for the peer's death */
     uint64_t next_ctl_check;
     uint64_t win_seq;    /* window posts made */
@@ -178,12 +184,12 @@ static const lk_link_ops shm_ops = {
 static shm_link *as_shm(const lk_link *l) { return l && l->ops == &shm_ops ? (shm_link *)l : NULL; }
 
 static unsigned char *win_slot(shm_link *s, int side, uint64_t seq) {
-    return s->seg->data + 2 * (size_t)s->cap + ((size_t)side * 2 + (size_t)(seq & 1)) * s->cap;
+    return s->seg->data + 2 * (size_t)s->cap + ((size_t)side * 2 + (size_t)(seq & 1)) * s->win;
 }
 
 size_t lk_shm_win_bytes(const lk_link *l) {
     shm_link *s = as_shm(l);
-    return s ? s->cap : 0;
+    return s ? s->win : 0;
 }
 
 void *lk_shm_win_slot(lk_link *l) {
@@ -292,15 +298,19 @@ static void sweep_once(void) { lk_shm_sweep_stale(); }
 
 /* Control message that offers the segment: fixed size, validated. */
 typedef struct {
-    uint32_t magic, ring_bytes;
-    char name[56];
+    uint32_t magic, ring_bytes, win_bytes;
+    char name[52];
 } offer;
 
-lk_status lk_shm_pair(lk_link *ctl, bool creator, size_t ring_bytes, uint64_t deadline_ns,
+static bool pow2_in(uint32_t v, uint32_t lo, uint32_t hi) { return v >= lo && v <= hi && !(v & (v - 1)); }
+
+lk_status lk_shm_pair(lk_link *ctl, bool creator, size_t ring_bytes, size_t win_bytes, uint64_t deadline_ns,
                       lk_link **out, char *err, size_t errlen) {
     *out = NULL;
     if (!ring_bytes) ring_bytes = 1u << 20;
-    LK_ASSERT(ring_bytes >= SHM_MIN_RING && ring_bytes <= SHM_MAX_RING && !(ring_bytes & (ring_bytes - 1)));
+    if (!win_bytes) win_bytes = 512u << 10;
+    LK_ASSERT(pow2_in((uint32_t)ring_bytes, SHM_MIN_RING, SHM_MAX_RING) && ring_bytes <= SHM_MAX_RING &&
+              pow2_in((uint32_t)win_bytes, SHM_MIN_RING, SHM_MAX_RING) && win_bytes <= SHM_MAX_RING);
     char name_buf[128];
     lk_link_name(ctl, name_buf, sizeof name_buf);
     offer o = {0};
@@ -315,27 +325,35 @@ lk_status lk_shm_pair(lk_link *ctl, bool creator, size_t ring_bytes, uint64_t de
         uint32_t rnd = (uint32_t)lk_time_ns() ^ (uint32_t)getpid() * 2654435761u;
         o.magic = SHM_MAGIC;
         o.ring_bytes = (uint32_t)ring_bytes;
+        o.win_bytes = (uint32_t)win_bytes;
         snprintf(o.name, sizeof o.name, "/lockstep-%d-%u-%08x", (int)getpid(), atomic_fetch_add(&counter, 1), rnd);
-        map_len = seg_bytes(ring_bytes);
+        map_len = seg_bytes(ring_bytes, win_bytes);
         fd = shm_open(o.name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
         if (fd < 0) {
             o.magic = 0; /* tell the peer we give up, then report */
             lk_link_send(ctl, &o, sizeof o, deadline_ns, NULL, 0);
             return lk_fail(err, errlen, LK_ERR_IO, "shm_open %s: %s", o.name, strerror(errno));
         }
-        if (ftruncate(fd, (off_t)map_len) != 0 ||
+        int fe = 0;
+        if (ftruncate(fd, (off_t)map_len) != 0 || (fe = posix_fallocate(fd, 0, (off_t)map_len)) == ENOSPC ||
             (seg = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
-            int e = errno;
+            int e = fe == ENOSPC ? fe : errno;
             seg = NULL;
             close(fd);
             shm_unlink(o.name);
             o.magic = 0;
             lk_link_send(ctl, &o, sizeof o, deadline_ns, NULL, 0);
+            if (e == ENOSPC)
+                return lk_fail(err, errlen, LK_ERR_IO, "shm segment %s: /dev/shm has no room for its %zu KiB", o.name,
+                               map_len >> 10);
             return lk_fail(err, errlen, LK_ERR_IO, "shm segment %s: %s", o.name, strerror(e));
         }
+        /* (a filesystem without fallocate, fe EOPNOTSUPP, keeps the old way:
+         * pages taken as they are first touched) */
         close(fd);
         seg->magic = SHM_MAGIC;
         seg->ring_bytes = (uint32_t)ring_bytes;
+        seg->win_bytes = (uint32_t)win_bytes;
         st = lk_link_send(ctl, &o, sizeof o, deadline_ns, err, errlen);
         uint8_t ack = 0;
         if (!st) st = lk_link_recv(ctl, &ack, 1, deadline_ns, err, errlen);
@@ -349,13 +367,14 @@ lk_status lk_shm_pair(lk_link *ctl, bool creator, size_t ring_bytes, uint64_t de
         if (o.magic != SHM_MAGIC) return lk_fail(err, errlen, LK_ERR_IO, "%s could not create a shm segment", name_buf);
         o.name[sizeof o.name - 1] = 0;
         uint8_t ack = 0;
-        if (o.ring_bytes < SHM_MIN_RING || o.ring_bytes > SHM_MAX_RING || (o.ring_bytes & (o.ring_bytes - 1)) ||
+        if (!pow2_in(o.ring_bytes, SHM_MIN_RING, SHM_MAX_RING) || !pow2_in(o.win_bytes, SHM_MIN_RING, SHM_MAX_RING) ||
             o.name[0] != '/') {
             lk_link_send(ctl, &ack, 1, deadline_ns, NULL, 0);
             return lk_fail(err, errlen, LK_ERR_FORMAT, "%s offered a malformed shm segment", name_buf);
         }
         ring_bytes = o.ring_bytes;
-        map_len = seg_bytes(ring_bytes);
+        win_bytes = o.win_bytes;
+        map_len = seg_bytes(ring_bytes, win_bytes);
         fd = shm_open(o.name, O_RDWR | O_CLOEXEC, 0600);
         struct stat sb;
         if (fd >= 0 && fstat(fd, &sb) == 0 && (size_t)sb.st_size == map_len)
@@ -363,7 +382,7 @@ lk_status lk_shm_pair(lk_link *ctl, bool creator, size_t ring_bytes, uint64_t de
         int e = errno;
         if (fd >= 0) close(fd);
         if (seg == MAP_FAILED) seg = NULL;
-        if (seg && (seg->magic != SHM_MAGIC || seg->ring_bytes != ring_bytes)) {
+        if (seg && (seg->magic != SHM_MAGIC || seg->ring_bytes != ring_bytes || seg->win_bytes != win_bytes)) {
             munmap(seg, map_len);
             seg = NULL;
             e = EINVAL;
@@ -386,6 +405,7 @@ lk_status lk_shm_pair(lk_link *ctl, bool creator, size_t ring_bytes, uint64_t de
     s->side = creator ? 0 : 1;
     s->cap = (uint32_t)ring_bytes;
     s->mask = (uint32_t)ring_bytes - 1;
+    s->win = (uint32_t)win_bytes;
     s->ctl = ctl;
     *out = &s->base;
     return LK_OK;

@@ -135,8 +135,11 @@ bool lk_addr_split(const char *addr, char *host, size_t hostlen, int *port);
  * creator=true makes the segment and sends its name over ctl, the other maps
  * it and confirms; then the name is unlinked. ctl stays open and is watched
  * so a dead peer is noticed while waiting on the ring. ring_bytes: capacity
- * per direction (power of two; 0 = 1 MiB). */
-lk_status lk_shm_pair(lk_link *ctl, bool creator, size_t ring_bytes, uint64_t deadline_ns,
+ * per direction (power of two; 0 = 1 MiB); win_bytes: each window slot
+ * (power of two; 0 = 512 KiB); the creator's values are the pair's. The
+ * creator reserves the segment's memory at once: a /dev/shm without room
+ * for it fails here ("/dev/shm has no room for its N KiB"), not later. */
+lk_status lk_shm_pair(lk_link *ctl, bool creator, size_t ring_bytes, size_t win_bytes, uint64_t deadline_ns,
                       lk_link **out, char *err, size_t errlen);
 /* The window of a shm link, for collectives that would otherwise copy
  * every byte into a ring and out again: each side owns two slots of
