@@ -429,9 +429,10 @@ static inline bool compact(const lk_comm *c) { return c->wire != LK_WIRE_F32; }
  * partial; out is the caller's own one, part[me]). When out is p0 or p1 the
  * first pass writes it in place (out[i] is read before it is written, and
  * nothing later needs it): one pass over the vector fewer than summing into
- * p0's scratch slot and copying that out, which the 2-rank case always
- * paid on rank 1. Otherwise the sum goes through part[0] (a scratch slot,
- * writable), then out. */
+ * a buffer and copying that out, which the 2-rank case always paid on rank
+ * 1. Otherwise out may be overwritten only once every part has been read at
+ * that element: the sum goes through a stack buffer in blocks, writing none
+ * of the parts (peers' shm windows among them). */
 static void sum_rank_order(float *out, const float *const *part, int N, int64_t n) {
     if (out == part[0] || out == part[1]) {
         const float *a = part[0], *b = part[1];
@@ -440,17 +441,6 @@ static void sum_rank_order(float *out, const float *const *part, int N, int64_t 
             for (int64_t i = 0; i < n; i++) out[i] += part[r][i];
         return;
     }
-    float *acc = (float *)part[0];
-    for (int r = 1; r < N; r++)
-        for (int64_t i = 0; i < n; i++) acc[i] += part[r][i];
-    memcpy(out, acc, (size_t)n * sizeof(float));
-}
-
-/* The same sum into out = part[me] for some me >= 2, which may be
- * overwritten only once every part has been read at that element: in
- * blocks through a stack buffer, writing none of the parts (which may be
- * peers' shm windows). */
-static void sum_rank_order_blocks(float *out, const float *const *part, int N, int64_t n) {
     enum { B = 512 };
     float acc[B];
     for (int64_t o = 0; o < n; o += B) {
@@ -467,7 +457,7 @@ static void sum_rank_order_blocks(float *out, const float *const *part, int N, i
  * into the windows, or the sum in rank order. */
 enum { WIN_PAR_MIN = 8192 };
 typedef struct {
-    int N, me;
+    int N;
     float *x;
     int64_t n;
     void *win[64];          /* copy: the windows to fill (NULL: none) */
@@ -486,10 +476,7 @@ static void win_task(void *arg, int i, int nt) {
     }
     const float *part[64];
     for (int r = 0; r < j->N; r++) part[r] = j->part[r] + a;
-    /* in place when x is p0 or p1 (nothing else is written); otherwise
-     * through a block buffer: part[0] may be a peer's window */
-    if (j->me < 2) sum_rank_order(j->x + a, part, j->N, b - a);
-    else sum_rank_order_blocks(j->x + a, part, j->N, b - a);
+    sum_rank_order(j->x + a, part, j->N, b - a);
 }
 
 static void win_run(lk_comm *c, win_job *j) {
@@ -523,7 +510,7 @@ static lk_status ar_exchange(lk_comm *c, float *x, int64_t n, uint64_t dl, char 
         out = mine;
     }
     LK_ASSERT(c->n >= 2 && c->n <= 64);
-    win_job j = {.N = c->n, .me = c->me, .x = x, .n = n};
+    win_job j = {.N = c->n, .x = x, .n = n};
     bool any_win = false;
     for (int r = 0; r < c->n; r++)
         if (r != c->me && use_window(c, r, n)) {
