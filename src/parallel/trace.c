@@ -102,6 +102,13 @@ static void set_rank(int rank) {
     put("{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"sort_index\":%d}}\n", rank, rank);
 }
 
+/* The open step's stretch from its previous event to t as a compute span */
+static void compute_until(int rank, uint64_t t) {
+    if (T.step_open && t > T.last_end)
+        put("{\"name\":\"compute\",\"cat\":\"compute\",\"ph\":\"X\",\"pid\":%d,\"tid\":0,\"ts\":%.3f,\"dur\":%.3f}\n",
+            rank, us(T.last_end), us(t - T.last_end));
+}
+
 lk_status lk_trace_start(const char *path, char *err, size_t errlen) {
     if (strlen(path) >= sizeof T.path - 32) return lk_fail(err, errlen, LK_ERR_ARG, "--trace %s: path too long", path);
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -140,9 +147,7 @@ void lk_trace_comm(int rank, const char *op, const char *what, int layer, size_t
     pthread_mutex_lock(&T.mu);
     if (ensure()) {
         set_rank(rank);
-        if (T.step_open && t0 > T.last_end)
-            put("{\"name\":\"compute\",\"cat\":\"compute\",\"ph\":\"X\",\"pid\":%d,\"tid\":0,\"ts\":%.3f,\"dur\":%.3f}\n",
-                rank, us(T.last_end), us(t0 - T.last_end));
+        compute_until(rank, t0);
         char name[96];
         /* the callers' names say what it is ("attention output all-reduce") */
         if (what && layer >= 0) snprintf(name, sizeof name, "%s L%d", what, layer);
@@ -166,8 +171,7 @@ void lk_trace_work(int rank) {
     pthread_mutex_lock(&T.mu);
     if (ensure() && T.step_open && now > T.last_end) {
         set_rank(rank);
-        put("{\"name\":\"compute\",\"cat\":\"compute\",\"ph\":\"X\",\"pid\":%d,\"tid\":0,\"ts\":%.3f,\"dur\":%.3f}\n",
-            rank, us(T.last_end), us(now - T.last_end));
+        compute_until(rank, now);
         T.last_end = now;
         flush(); /* rewrites the step's line: it now ends here */
     }
