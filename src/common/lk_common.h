@@ -107,6 +107,14 @@ void lk_buf_printf(lk_buf *b, const char *fmt, ...) __attribute__((format(printf
 /* 64-byte aligned allocation (SIMD rows, no false sharing); free with free(). */
 void *lk_xmalloc_aligned(size_t n);
 
+/* One step of a spin-wait: tells the core it spins (x86 pause), so the
+ * sibling hyperthread and the memory system are spared. */
+static inline void lk_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
 /* Overflow-checked arithmetic for sizes read from outside. */
 static inline bool lk_mul_ok(uint64_t a, uint64_t b, uint64_t *out) {
     return !__builtin_mul_overflow(a, b, out);

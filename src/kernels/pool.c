@@ -103,12 +103,6 @@ static long futex(atomic_uint *addr, int op, unsigned val) {
     return syscall(SYS_futex, (unsigned *)addr, op, val, NULL, NULL, 0);
 }
 
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-}
-
 /* One step of a spin-wait. Every few pauses it yields the CPU: when the
  * machine has more busy threads than cores, a pure spin steals the time
  * slice from the very thread it waits for and a 1 ms job turns into a
@@ -116,7 +110,7 @@ static inline void cpu_relax(void) {
  * core, so the idle case keeps its microseconds. */
 static inline void spin_step(unsigned i) {
     if ((i & 15) == 15) sched_yield();
-    else cpu_relax();
+    else lk_cpu_relax();
 }
 
 /* Waits until *w equals val (until_equal) or differs from it: spins within

@@ -9,12 +9,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-}
-
 const char *lk_link_name(const lk_link *l, char *buf, size_t len) {
     if (!l) snprintf(buf, len, "?");
     else if (l->peer_rank >= 0) snprintf(buf, len, "rank %d (%s)", l->peer_rank, l->peer_addr);
@@ -108,7 +102,7 @@ lk_status lk_xfer_run(lk_xfer *x, int nx, uint64_t deadline_ns, char *err, size_
                     return xfer_fail(&x[i], LK_ERR_TIMEOUT, what, err, errlen);
                 }
         }
-        if ((int64_t)(now - last) < spin) { cpu_relax(); continue; }
+        if ((int64_t)(now - last) < spin) { lk_cpu_relax(); continue; }
 
         /* Block. All pending on sockets: one poll over all of them. */
         if (spin) spun_in_vain = true;

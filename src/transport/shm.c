@@ -127,7 +127,10 @@ static ssize_t shm_recv_some(lk_link *l, void *buf, size_t n, char *err, size_t 
 
 static int shm_poll_fd(lk_link *l) { return -1; }
 
-static bool ready(shm_link *s, bool for_send) {
+/* What a waiter waits for: room to send (for_send), bytes to receive, or
+ * (post > 0) the peer's window post number `post`. */
+static bool ready(shm_link *s, bool for_send, uint64_t post) {
+    if (post) return atomic_load(&s->seg->pub[1 - s->side].n) >= post;
     if (for_send) {
         ring *r = &s->seg->r[s->side];
         return atomic_load(&r->head) - atomic_load(&r->tail) < s->cap;
@@ -144,8 +147,10 @@ static bool ctl_dead(shm_link *s, char *err, size_t errlen) {
     return true;
 }
 
-static int shm_wait(lk_link *l, bool for_send, uint64_t timeout_ns, char *err, size_t errlen) {
-    shm_link *s = (shm_link *)l;
+/* Sleeps on our bell until ready(for_send, post) may hold or timeout_ns
+ * passed (5 ms at most), having looked at the control link first (every 5
+ * ms at most): -1 with the reason in err when the peer is gone. */
+static int bell_wait(shm_link *s, bool for_send, uint64_t post, uint64_t timeout_ns, char *err, size_t errlen) {
     uint64_t now = lk_time_ns();
     if (now >= s->next_ctl_check) {
         if (ctl_dead(s, err, errlen)) return -1;
@@ -156,12 +161,16 @@ static int shm_wait(lk_link *l, bool for_send, uint64_t timeout_ns, char *err, s
     int me = s->side;
     atomic_store(&s->seg->sleeping[me], 1);
     uint32_t v = atomic_load(&s->seg->bell[me]);
-    if (!ready(s, for_send)) {
+    if (!ready(s, for_send, post)) {
         struct timespec ts = {(time_t)(timeout_ns / 1000000000ull), (long)(timeout_ns % 1000000000ull)};
         futex(&s->seg->bell[me], FUTEX_WAIT, v, &ts);
     }
     atomic_store(&s->seg->sleeping[me], 0);
     return 0;
+}
+
+static int shm_wait(lk_link *l, bool for_send, uint64_t timeout_ns, char *err, size_t errlen) {
+    return bell_wait((shm_link *)l, for_send, 0, timeout_ns, err, errlen);
 }
 
 static void shm_close(lk_link *l) {
@@ -205,19 +214,13 @@ void lk_shm_win_post(lk_link *l) {
     ring_bell(s);
 }
 
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-}
-
 /* Spins for the link's budget (and backs off from spinning as lk_xfer_run
- * does when it keeps not paying), then sleeps on the bell in slices of at
- * most 5 ms, looking at the control link between them. */
+ * does when it keeps not paying), then sleeps on the bell as the rings'
+ * waiters do (bell_wait), looking at the control link between sleeps. */
 lk_status lk_shm_win_wait(lk_link *l, const void **peer_slot, uint64_t deadline_ns, char *err, size_t errlen) {
     shm_link *s = as_shm(l);
     LK_ASSERT(s && s->win_seq > 0);
-    const int o = 1 - s->side, me = s->side;
+    const int o = 1 - s->side;
     _Atomic uint64_t *peer = &s->seg->pub[o].n;
     const uint64_t want = s->win_seq;
     *peer_slot = win_slot(s, o, want - 1);
@@ -231,36 +234,25 @@ lk_status lk_shm_win_wait(lk_link *l, const void **peer_slot, uint64_t deadline_
                 l->spin_misses = 0;
                 return LK_OK;
             }
-            cpu_relax();
+            lk_cpu_relax();
         }
     if (spin && ++l->spin_misses >= 4) {
         l->spin_misses = 0;
         l->spin_skip = 256;
     }
     for (;;) {
-        uint64_t now = lk_time_ns();
-        char name[128], why[96];
-        if (now >= s->next_ctl_check) {
-            if (lk_tcp_peer_gone(s->ctl, why, sizeof why))
-                return lk_fail(err, errlen, LK_ERR_NET, "%s: %s while waiting for its shared-memory post %llu",
-                               lk_link_name(l, name, sizeof name), why, (unsigned long long)want);
-            s->next_ctl_check = now + 5000000;
-        }
-        if (now >= deadline_ns)
-            return lk_fail(err, errlen, LK_ERR_TIMEOUT, "%s: timeout after %.0f ms waiting for its shared-memory post %llu",
-                           lk_link_name(l, name, sizeof name), (double)(now - t0) / 1e6, (unsigned long long)want);
-        uint64_t slice = LK_MIN(deadline_ns - now, (uint64_t)5000000);
-        atomic_store(&s->seg->sleeping[me], 1);
-        uint32_t v = atomic_load(&s->seg->bell[me]);
-        if (atomic_load(peer) < want) {
-            struct timespec ts = {0, (long)slice};
-            futex(&s->seg->bell[me], FUTEX_WAIT, v, &ts);
-        }
-        atomic_store(&s->seg->sleeping[me], 0);
+        const uint64_t now = lk_time_ns();
+        char name[128], why[LK_ERRLEN];
+        if (bell_wait(s, false, want, now < deadline_ns ? deadline_ns - now : 0, why, sizeof why) < 0)
+            return lk_fail(err, errlen, LK_ERR_NET, "%s: %s while waiting for its shared-memory post %llu",
+                           lk_link_name(l, name, sizeof name), why, (unsigned long long)want);
         if (atomic_load_explicit(peer, memory_order_acquire) >= want) return LK_OK;
+        if (lk_time_ns() >= deadline_ns)
+            return lk_fail(err, errlen, LK_ERR_TIMEOUT, "%s: timeout after %.0f ms waiting for its shared-memory post %llu",
+                           lk_link_name(l, name, sizeof name), (double)(lk_time_ns() - t0) / 1e6,
+                           (unsigned long long)want);
     }
 }
-
 
 /* Segments are named /lockstep-<creator pid>-<n>-<random> and unlinked as
  * soon as both sides mapped them; a creator killed inside that window
