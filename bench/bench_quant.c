@@ -7,6 +7,8 @@
  *        BENCH_GEMM=R,C (the AVX2 GEMM's rows per pass and token chunk; 0 = default; R -1: off)
  *        BENCH_PF=N, BENCH_DROWS=4|1 (decode prefetch distance and rows per tile, as --tune sets them)
  *        BENCH_AB=G1,G2 (prefill from memory under gtok=G1 and G2, alternating; 0 = the default)
+ *        BENCH_AMXAB=1 (the same with AMX's tiles off and on, where the CPU has AMX)
+ *        BENCH_AMX=N (AMX from N tokens on; 0 = off; lk_quant_set_amx)
  *
  * Decode: a 2048 x 5632 matrix (rows x cols) times one activation row. The
  * L3 of a server may hold that matrix, so the benchmark cycles through
@@ -130,6 +132,7 @@ int main(int argc, char **argv) {
     const char *only_t = getenv("BENCH_TYPE");
     /* decode tuning settings, as --tune pf=N / drows=N would set them */
     if (getenv("BENCH_PF")) lk_quant_set_prefetch(atoi(getenv("BENCH_PF")));
+    if (getenv("BENCH_AMX")) lk_quant_set_amx(atoi(getenv("BENCH_AMX")));
     if (getenv("BENCH_DROWS")) lk_quant_set_dec_rows(atoi(getenv("BENCH_DROWS")));
     float *x = malloc((size_t)cols * 4 * (ntok_pf ? ntok_pf : 1));
     for (int64_t i = 0; i < cols * (ntok_pf ? ntok_pf : 1); i++) x[i] = (float)((int64_t)(rnd() % 2001) - 1000) / 1000.f;
@@ -229,20 +232,25 @@ int main(int argc, char **argv) {
                        el3 / calls3 * 1e3, copies);
                 /* BENCH_AB=G1,G2: the same from memory under two GEMM
                  * thresholds (as --tune gtok=G sets them), alternating pass
-                 * by pass, so that both see the machine in the same moments */
+                 * by pass, so that both see the machine in the same moments;
+                 * BENCH_AMXAB=1: the same with AMX's tiles off and on */
                 int g[2];
-                if (getenv("BENCH_AB") && sscanf(getenv("BENCH_AB"), "%d,%d", &g[0], &g[1]) == 2) {
+                const bool amx_ab = getenv("BENCH_AMXAB") && lk_quant_amx_have();
+                if (amx_ab) g[0] = 0, g[1] = 1;
+                if (amx_ab || (getenv("BENCH_AB") && sscanf(getenv("BENCH_AB"), "%d,%d", &g[0], &g[1]) == 2)) {
                     enum { PASSES = 41 };
                     double ms[2][PASSES];
                     for (int ps = 0; ps < PASSES; ps++)
                         for (int v = 0; v < 2; v++) {
-                            lk_quant_set_gemm_tok(g[v]);
+                            if (amx_ab) lk_quant_set_amx(g[v]);
+                            else lk_quant_set_gemm_tok(g[v]);
                             const double ts = lk_time_s();
                             for (int c = 0; c < copies; c++)
                                 lk_quant_matmul(t, cols, rows, w + (size_t)c * mat, rb, ntok_pf, a, arb, y, (size_t)rows);
                             ms[v][ps] = (lk_time_s() - ts) / copies * 1e3;
                         }
                     lk_quant_set_gemm_tok(0);
+                    lk_quant_set_amx(-1);
                     double med[2];
                     for (int v = 0; v < 2; v++) {
                         for (int i = 1; i < PASSES; i++) /* insertion sort: the median */
@@ -251,9 +259,9 @@ int main(int argc, char **argv) {
                             }
                         med[v] = ms[v][PASSES / 2];
                     }
-                    printf("prefill %-5s %-6s ntok %lld from memory, gtok %d / %d alternating: %.3f / %.3f ms "
+                    printf("prefill %-5s %-6s ntok %lld from memory, %s %d / %d alternating: %.3f / %.3f ms "
                            "(median of %d), %.2f / %.2f GFLOP/s, ratio %.3f\n", lk_type_name(t), levels[l],
-                           (long long)ntok_pf, g[0], g[1], med[0], med[1], PASSES,
+                           (long long)ntok_pf, amx_ab ? "amx" : "gtok", g[0], g[1], med[0], med[1], PASSES,
                            2.0 * rows * cols * ntok_pf / med[0] / 1e6, 2.0 * rows * cols * ntok_pf / med[1] / 1e6,
                            med[0] / med[1]);
                 }

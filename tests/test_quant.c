@@ -755,7 +755,7 @@ TEST(matmul_terms_same_bits) {
                                    .ntok = tn, .k = variant == 1 ? 136 - k : k };
                 const uint8_t *a = mc.a + (size_t)t0 * mc.arb;
                 for (int64_t t = 0; t < tn; t++) lk_act_terms_row(&T, t, a + (size_t)t * mc.arb, n);
-                if (variant == 2) T.corr[0] += 1;
+                if (variant == 2) T.corr[0] += 1, T.d[0] *= 2; /* AMX reads only the scales */
                 /* two row ranges, the second from row 16 */
                 float *y = mc.got + (size_t)t0 * (size_t)nrows;
                 lk_quant_matmul_terms(rt, n, 16, w, mc.wrb, tn, a, mc.arb, &T, y, (size_t)nrows);
@@ -781,6 +781,78 @@ TEST(matmul_terms_same_bits) {
         mm_case_free(&mc);
     }
     printf("  wrong terms read in %d cases\n", read);
+    lk_quant_set_simd("scalar");
+}
+
+/* The AMX kernel (lk_quant_set_amx) against the scalar reference, bit for
+ * bit: Q4_0, Q8_0 and their repacked layouts, every call taking the tiles
+ * (threshold 1), calls of 1 to 40 tokens (tiles of 16; the last tokens
+ * copied into a zeroed tile) and one of 140 (past the 128-token block),
+ * with the terms' scales and without, on row ranges from 0 and from 16,
+ * partial row groups (53, 37 rows), K blocks (389 blocks: 13 of 32, the
+ * last partial). The tile instructions emulated in C on any AVX-512 CPU
+ * (the kernel's data flow), and the real ones where the CPU has AMX. */
+TEST(amx_same_bits) {
+    static const int64_t chunks[] = {1, 3, 16, 17, 40};
+    static const struct { int64_t nb, nrows; int nt; } shapes[] = {{7, 53, 140}, {64, 48, 40}, {389, 37, 40}, {1, 16, 40}};
+    static const lk_type types[] = {LK_TYPE_Q4_0, LK_TYPE_Q8_0, LK_TYPE_Q4_0_R16, LK_TYPE_Q8_0_R16};
+    if (!lk_quant_set_simd("avx512")) { printf("  (no avx512 on this CPU)\n"); return; }
+    const int modes = lk_quant_amx_have() ? 2 : 1;
+    if (modes == 1) printf("  (no AMX on this CPU: the emulated tiles only)\n");
+    for (int mode = 0; mode < modes; mode++)
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const lk_type rt = types[ti], ft = lk_type_file(rt);
+        const int64_t n = 32 * shapes[si].nb, nrows = shapes[si].nrows;
+        const int nt = shapes[si].nt;
+        CHECK(lk_quant_set_simd("scalar"));
+        mm_case mc = mm_case_new(ft, n, nrows, nt);
+        mm_case_run(&mc, nt, mc.ref);
+        uint8_t *w = mc.w;
+        if (rt != ft) {
+            w = malloc(mc.wrb * (size_t)nrows);
+            lk_quant_repack(rt, ft, n, nrows, mc.w, mc.wrb, w);
+        }
+        CHECK(lk_quant_set_simd("avx512"));
+        lk_quant_amx_emulate(mode == 0);
+        lk_quant_set_amx(1);
+        CHECK(lk_quant_amx_min_tok() == 1);
+        uint8_t *mem = malloc(lk_act_terms_bytes(n, nt));
+        for (size_t c = 0; c <= sizeof chunks / sizeof chunks[0]; c++)
+        for (int with_terms = 0; with_terms < 2; with_terms++) {
+            const int64_t chunk = c < sizeof chunks / sizeof chunks[0] ? chunks[c] : nt;
+            if (chunk > nt) continue;
+            memset(mc.got, 0xff, sizeof(float) * (size_t)nrows * (size_t)nt);
+            for (int64_t t0 = 0; t0 < nt; t0 += chunk) {
+                const int64_t tn = LK_MIN(chunk, nt - t0);
+                lk_act_terms T = { .d = (float *)mem, .corr = (int32_t *)(mem + lk_act_terms_bytes(n, tn) / 2),
+                                   .ntok = tn, .k = lk_quant_terms_k(rt) };
+                const uint8_t *a = mc.a + (size_t)t0 * mc.arb;
+                for (int64_t t = 0; t < tn; t++) lk_act_terms_row(&T, t, a + (size_t)t * mc.arb, n);
+                float *y = mc.got + (size_t)t0 * (size_t)nrows;
+                const int64_t cut = nrows > 16 ? 16 : nrows;
+                lk_quant_matmul_terms(rt, n, cut, w, mc.wrb, tn, a, mc.arb, with_terms ? &T : NULL, y, (size_t)nrows);
+                if (cut < nrows)
+                    lk_quant_matmul_terms(rt, n, nrows - cut, w + (size_t)cut * mc.wrb, mc.wrb, tn, a, mc.arb,
+                                          with_terms ? &T : NULL, y + cut, (size_t)nrows);
+            }
+            int bad = 0;
+            for (int64_t e = 0; e < nrows * nt; e++) bad += memcmp(&mc.got[e], &mc.ref[e], sizeof(float)) != 0;
+            CHECKF(bad == 0, "%s tiles, %s %lld x %lld, calls of %lld tokens%s: %d of %lld outputs differ from "
+                   "scalar's", mode ? "AMX" : "emulated", lk_type_name(rt), (long long)nrows, (long long)n,
+                   (long long)chunk, with_terms ? " with terms" : "", bad, (long long)(nrows * nt));
+        }
+        free(mem);
+        lk_quant_set_amx(-1);
+        lk_quant_amx_emulate(false);
+        if (w != mc.w) free(w);
+        mm_case_free(&mc);
+    }
+    /* the threshold: off, or no AMX and no emulation, takes no tiles */
+    lk_quant_set_amx(0);
+    CHECK(lk_quant_amx_min_tok() == 0);
+    lk_quant_set_amx(-1);
+    CHECK(lk_quant_amx_min_tok() == (lk_quant_amx_have() ? LK_AMX_MIN_TOK : 0));
     lk_quant_set_simd("scalar");
 }
 
@@ -1110,6 +1182,7 @@ int main(int argc, char **argv) {
     RUN(matmul_levels_scalar_order_bit_exact);
     RUN(repacked_same_bits_as_file_rows);
     RUN(matmul_terms_same_bits);
+    RUN(amx_same_bits);
     RUN(f32_avx512_lane_order);
     RUN(float_rows_same_bits_every_level);
     RUN(matmul_avx2_gemm_choices_bit_exact);

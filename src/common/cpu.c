@@ -19,6 +19,10 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#if defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 /* What each whole level needs: the target attributes of its kernels
  * (quant_avx2.c: avx2,fma,f16c,bmi,bmi2; quant_avx512.c adds avx512f/bw/vl/
@@ -40,7 +44,7 @@ static const struct { uint32_t bit; const char *name; } k_feat_names[] = {
     {LK_CPU_F16C, "f16c"},         {LK_CPU_BMI1, "bmi"},            {LK_CPU_BMI2, "bmi2"},
     {LK_CPU_AVX512F, "avx512f"},   {LK_CPU_AVX512BW, "avx512bw"},   {LK_CPU_AVX512VL, "avx512vl"},
     {LK_CPU_AVX512DQ, "avx512dq"}, {LK_CPU_AVX512VNNI, "avx512vnni"}, {LK_CPU_AVX512VBMI, "avx512vbmi"},
-    {LK_CPU_GFNI, "gfni"},         {LK_CPU_AVX512BF16, "avx512bf16"},
+    {LK_CPU_GFNI, "gfni"},         {LK_CPU_AVX512BF16, "avx512bf16"}, {LK_CPU_AMX, "amx"},
 };
 
 static uint32_t probe_features(void) {
@@ -77,10 +81,22 @@ static uint32_t probe_features(void) {
     if (c & (1u << 11)) f |= LK_CPU_AVX512VNNI;
     /* GFNI counts only with AVX-512: the kernels use its EVEX (zmm) form */
     if (c & (1u << 8)) f |= LK_CPU_GFNI;
+    /* AMX: CPUID.7.0 EDX bits 24 (AMX-TILE) and 25 (AMX-INT8), and XCR0
+     * bits 17-18 (the tile configuration and data saved by the OS). Linux
+     * then also wants each process to ask for the tile data's room in its
+     * signal frames (arch_prctl ARCH_REQ_XCOMP_PERM, feature 18) before its
+     * first tile instruction, which otherwise dies of SIGILL. */
+    const bool amx_cpu = (d & (1u << 24)) && (d & (1u << 25)) && (xcr0 & (3u << 17)) == (3u << 17);
     if (eax7 >= 1) {
         __cpuid_count(7, 1, a, b, c, d);
         if (a & (1u << 5)) f |= LK_CPU_AVX512BF16;
     }
+#if defined(__x86_64__) && defined(__linux__)
+    if (amx_cpu && syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0)
+        f |= LK_CPU_AMX;
+#else
+    (void)amx_cpu;
+#endif
 #endif
     return f;
 }
@@ -112,7 +128,7 @@ static uint32_t features_off(const char *env) {
         while (i < n && strcmp(tok, k_feat_names[i].name)) i++;
         if (i < n) off |= k_feat_names[i].bit;
         else lk_log(LK_LOG_WARN, "LK_CPU_OFF: unknown feature '%s' (one of avx avx2 fma f16c bmi bmi2 avx512f avx512bw "
-                                 "avx512vl avx512dq avx512vnni avx512vbmi gfni avx512bf16); ignored", tok);
+                                 "avx512vl avx512dq avx512vnni avx512vbmi gfni avx512bf16 amx); ignored", tok);
     }
     return off;
 }

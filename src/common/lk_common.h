@@ -176,6 +176,9 @@ enum {
     LK_CPU_BMI1 = 1u << 4,  LK_CPU_BMI2 = 1u << 5,   LK_CPU_AVX512F = 1u << 6, LK_CPU_AVX512BW = 1u << 7,
     LK_CPU_AVX512VL = 1u << 8, LK_CPU_AVX512DQ = 1u << 9, LK_CPU_AVX512VNNI = 1u << 10,
     LK_CPU_AVX512VBMI = 1u << 11, LK_CPU_GFNI = 1u << 12, LK_CPU_AVX512BF16 = 1u << 13,
+    /* AMX-TILE + AMX-INT8 with the tile state enabled by the OS for this
+     * process (Linux grants it on request: the probe asks) */
+    LK_CPU_AMX = 1u << 14,
 };
 /* Whole levels, in order: avx2 = AVX2+FMA+F16C+BMI1/2 (Haswell, Zen 1 on);
  * avx512 adds AVX-512 F/BW/VL/DQ/VNNI/VBMI and GFNI (Ice Lake, Sapphire

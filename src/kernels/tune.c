@@ -22,7 +22,7 @@
  * descheduled the others take up to three quarters of its share (2-thread
  * decode next to another 2-thread decode on 2 cores: BENCHMARKS.md) */
 void lk_tune_defaults(lk_tune_set *s) {
-    *s = (lk_tune_set){ .pf = 1, .split = 4, .gemm_rows = 0, .gemm_chunk = 0, .gemm_tok = 0, .drows = 4 };
+    *s = (lk_tune_set){ .pf = 1, .split = 4, .gemm_rows = 0, .gemm_chunk = 0, .gemm_tok = 0, .drows = 4, .amx = -1 };
 }
 
 void lk_tune_apply(const lk_tune_set *s) {
@@ -31,6 +31,7 @@ void lk_tune_apply(const lk_tune_set *s) {
     lk_quant_gemm_avx2_force(s->gemm_rows, s->gemm_chunk);
     lk_quant_set_gemm_tok(s->gemm_tok);
     lk_quant_set_dec_rows(s->drows);
+    lk_quant_set_amx(s->amx);
 }
 
 void lk_tune_get(lk_tune_set *s) {
@@ -40,6 +41,7 @@ void lk_tune_get(lk_tune_set *s) {
     if (s->gemm_rows < 0) s->gemm_rows = 0;
     s->gemm_tok = lk_quant_gemm_tok();
     s->drows = lk_quant_dec_rows();
+    s->amx = lk_quant_amx();
 }
 
 void lk_tune_format(const lk_tune_set *s, char *buf, size_t n) {
@@ -48,7 +50,9 @@ void lk_tune_format(const lk_tune_set *s, char *buf, size_t n) {
     else if (s->gemm_chunk == 0) k = snprintf(buf, n, "pf=%d,split=%d,gemm=%d", s->pf, s->split, s->gemm_rows);
     else k = snprintf(buf, n, "pf=%d,split=%d,gemm=%dx%d", s->pf, s->split, s->gemm_rows, s->gemm_chunk);
     if (s->gemm_tok && k > 0 && (size_t)k < n) k += snprintf(buf + k, n - (size_t)k, ",gtok=%d", s->gemm_tok);
-    if (s->drows != 4 && k > 0 && (size_t)k < n) snprintf(buf + k, n - (size_t)k, ",drows=%d", s->drows);
+    if (s->drows != 4 && k > 0 && (size_t)k < n) k += snprintf(buf + k, n - (size_t)k, ",drows=%d", s->drows);
+    if (s->amx == 0 && k > 0 && (size_t)k < n) snprintf(buf + k, n - (size_t)k, ",amx=off");
+    else if (s->amx > 0 && k > 0 && (size_t)k < n) snprintf(buf + k, n - (size_t)k, ",amx=%d", s->amx);
 }
 
 static bool parse_int(const char *s, const char *end, int lo, int hi, int *out) {
@@ -86,10 +90,13 @@ bool lk_tune_parse(const char *spec, lk_tune_set *s, char *err, size_t errlen) {
                  (t.gemm_tok == 0 || t.gemm_tok >= LK_QUANT_GEMM_TOK_MIN);
         } else if (ok && eq - p == 5 && !strncmp(p, "drows", 5)) {
             ok = parse_int(eq + 1, end, 1, 4, &t.drows) && (t.drows == 1 || t.drows == 4);
+        } else if (ok && eq - p == 3 && !strncmp(p, "amx", 3)) {
+            if (end - eq - 1 == 3 && !strncmp(eq + 1, "off", 3)) t.amx = 0;
+            else ok = parse_int(eq + 1, end, 0, 1024, &t.amx);
         } else ok = false;
         if (!ok) {
             snprintf(err, errlen,
-                     "bad tuning setting '%.*s' (expected pf=0..%d, split=1..%d, gemm=off|1..4[x1..64], gtok=0|%d..%d, drows=1|4)",
+                     "bad tuning setting '%.*s' (expected pf=0..%d, split=1..%d, gemm=off|1..4[x1..64], gtok=0|%d..%d, drows=1|4, amx=off|0..1024)",
                      (int)(end - p), p, LK_QUANT_PF_MAX, LK_MATMUL_SPLIT_MAX, LK_QUANT_GEMM_TOK_MIN,
                      LK_QUANT_GEMM_TOK_MAX);
             return false;
@@ -347,6 +354,18 @@ void lk_tune_calibrate(lk_pool *p, lk_type t, int64_t cols, int64_t rows, size_t
         cur.gemm_tok = gts[pick(ratio, 2, 0)];
         at = append(report, n, at, " gtok default/%d (%d tokens) %.2f/%.2f (1/x%.2f);", gts[1], GT, med[0], med[1],
                     ratio[1]);
+    }
+    /* 6. AMX's tiles for a prefill (Q4_0 / Q8_0 where the CPU has them):
+     * a 64-token step over up to 4 of the matrices (compute-bound: a few
+     * MB do), the default (from LK_AMX_MIN_TOK tokens) against off. */
+    if (!strcmp(lk_quant_simd_name(), "avx512") && lk_quant_amx_have() && (ft == LK_TYPE_Q4_0 || ft == LK_TYPE_Q8_0)) {
+        lk_tune_set c[2] = { cur, cur };
+        c[0].amx = -1, c[1].amx = 0;
+        double med[2], ratio[2];
+        stage(p, c, 2, 0, med, ratio, mats, LK_MIN(nm, 4), x, NTOK, y, scratch, 120);
+        cur.amx = c[pick(ratio, 2, 0)].amx;
+        at = append(report, n, at, " amx %d/off (%d tokens) %.2f/%.2f (1/x%.2f);", LK_AMX_MIN_TOK, NTOK, med[0],
+                    med[1], ratio[1]);
     }
     lk_tune_apply(&cur);
     *out = cur;

@@ -567,6 +567,27 @@ void lk_quant_set_gemm_tok(int ntok) {
 
 int lk_quant_gemm_tok(void) { return atomic_load_explicit(&g_gemm_tok, memory_order_relaxed); }
 
+static _Atomic int g_amx_tok = -1, g_amx_emu;
+
+void lk_quant_set_amx(int ntok) {
+    LK_ASSERT(ntok >= -1 && ntok <= 1024);
+    atomic_store_explicit(&g_amx_tok, ntok, memory_order_relaxed);
+}
+
+bool lk_quant_amx_have(void) { return lk_cpu_can(LK_SIMD_AVX512, LK_CPU_AMX); }
+
+void lk_quant_amx_emulate(bool on) { atomic_store_explicit(&g_amx_emu, on, memory_order_relaxed); }
+
+bool lk_quant_amx_emulating(void) { return atomic_load_explicit(&g_amx_emu, memory_order_relaxed); }
+
+int lk_quant_amx(void) { return atomic_load_explicit(&g_amx_tok, memory_order_relaxed); }
+
+int lk_quant_amx_min_tok(void) {
+    if (!(lk_quant_amx_emulating() || lk_quant_amx_have())) return 0;
+    const int v = lk_quant_amx();
+    return v < 0 ? LK_AMX_MIN_TOK : v;
+}
+
 static _Atomic int64_t g_rows_inner = -1; /* -1: not resolved yet */
 static int64_t rows_inner_default(void) {
     const char *e = getenv("LK_ROWS_INNER_KB");

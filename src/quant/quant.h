@@ -175,6 +175,32 @@ enum { LK_QUANT_GEMM_TOK_MIN = 5, LK_QUANT_GEMM_TOK_MAX = 32 };
 void lk_quant_set_gemm_tok(int ntok);
 int  lk_quant_gemm_tok(void);
 
+/* AMX (Intel Xeons from Sapphire Rapids on): Q4_0 and Q8_0 weights (file
+ * rows or repacked) from `ntok` tokens on through AMX-INT8 tile products
+ * (quant_gemm_avx512.c): each block's integer sums come out of the tiles
+ * exact, and the scalar reference's float work follows in its order, so
+ * the results are every other path's bits. lk_quant_set_amx: 0 = never,
+ * -1 = the default (LK_AMX_MIN_TOK; the tuner's amx=N, kernels/tune.h),
+ * else from ntok tokens (1..1024); lk_quant_amx: that setting.
+ * lk_quant_amx_min_tok: the threshold in force, 0 where the CPU or the OS
+ * gives no AMX (lk_quant_amx_have); only the AVX-512 level's kernels
+ * take it. The default is a prefill's: on the 16-core Xeon (BENCHMARKS.md,
+ * fifteenth session) the tiles gained 1.23x on a 512-token prefill at 16
+ * threads but lost to the vector kernels on 8 to 32 tokens (decode
+ * batches), where the float work per block, not the products, sets the
+ * pace.
+ * lk_quant_amx_emulate(true): the same kernel with its tile instructions
+ * done in C, on any AVX-512 CPU, so that tests check the kernel's data
+ * flow where there is no AMX (slow: tests only). Speed, never results.
+ * Process-wide. */
+enum { LK_AMX_MIN_TOK = 64 };
+void lk_quant_set_amx(int ntok);
+int  lk_quant_amx(void);
+int  lk_quant_amx_min_tok(void);
+bool lk_quant_amx_have(void);
+void lk_quant_amx_emulate(bool on);
+bool lk_quant_amx_emulating(void);
+
 /* The repacked types' few-token kernels take their token tiles inside
  * each 16-row group (a group's weights from memory once) for calls whose
  * weights pass `bytes`, and one pass over the rows per tile otherwise (the

@@ -876,12 +876,25 @@ static inline int64_t gemm_min_tok_kr16(int kind) {
     return v ? v : lk_gemm_min_tok_kr16(kind);
 }
 
+/* AMX from lk_quant_amx_min_tok() tokens on (0: never) */
+static inline bool amx_takes(int64_t ntok) {
+    const int m = lk_quant_amx_min_tok();
+    return m > 0 && ntok >= m;
+}
+#define AMX_OR(fmt)                                                                                             \
+    if (amx_takes(ntok)) {                                                                                      \
+        lk_quant_gemm_q4q8_amx(lk_quant_amx_emulating(), fmt, n, nrows, w, w_stride, ntok, a, a_stride, T, y, y_stride); \
+        return;                                                                                                 \
+    }
+
 /* Q4_0: one arithmetic for every token count (the scalar reference's, so
  * batch invariant): decode through the prepared-activation 4-row kernel,
- * then rows in lanes in tiles of up to 6 tokens, then the GEMM. The _t
- * entries take the activations' terms (lk_act_terms; NULL: derived). */
+ * then rows in lanes in tiles of up to 6 tokens, then the GEMM (or AMX's
+ * tiles). The _t entries take the activations' terms (lk_act_terms; NULL:
+ * derived). */
 static void mm_q40_t(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
                      size_t a_stride, const lk_act_terms *T, float *y, size_t y_stride) {
+    AMX_OR(LK_FMT_Q40)
     if (ntok == 1) q40_decode(n, nrows, w, w_stride, a, y);
     else if (ntok < gemm_min_tok()) lk_quant_q4q8_rows_avx512(LK_FMT_Q40, n, nrows, w, w_stride, ntok, a, a_stride, T, y, y_stride);
     else lk_quant_gemm_q4q8_avx512(LK_FMT_Q40, n, nrows, w, w_stride, ntok, a, a_stride, T, y, y_stride);
@@ -891,21 +904,25 @@ static void mm_q40_t(int64_t n, int64_t nrows, const void *w, size_t w_stride, i
  * its transposes */
 static void mm_q40r16_t(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
                         size_t a_stride, const lk_act_terms *T, float *y, size_t y_stride) {
+    AMX_OR(LK_FMT_R16)
     if (ntok < gemm_min_tok_r16()) lk_quant_q4q8_rows_avx512(LK_FMT_R16, n, nrows, w, w_stride, ntok, a, a_stride, T, y, y_stride);
     else lk_quant_gemm_q4q8_avx512(LK_FMT_R16, n, nrows, w, w_stride, ntok, a, a_stride, T, y, y_stride);
 }
 static void mm_q80r16_t(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
                         size_t a_stride, const lk_act_terms *T, float *y, size_t y_stride) {
+    AMX_OR(LK_FMT_Q8R16)
     if (ntok < gemm_min_tok_r16()) lk_quant_q4q8_rows_avx512(LK_FMT_Q8R16, n, nrows, w, w_stride, ntok, a, a_stride, T, y, y_stride);
     else lk_quant_gemm_q4q8_avx512(LK_FMT_Q8R16, n, nrows, w, w_stride, ntok, a, a_stride, T, y, y_stride);
 }
 /* Q8_0: the same one arithmetic; decode as Q4_0's, a few tokens rows in lanes */
 static void mm_q80_t(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
                      size_t a_stride, const lk_act_terms *T, float *y, size_t y_stride) {
+    AMX_OR(LK_FMT_Q80)
     if (ntok == 1) q80_decode(n, nrows, w, w_stride, a, y);
     else if (ntok < gemm_min_tok()) lk_quant_q4q8_rows_avx512(LK_FMT_Q80, n, nrows, w, w_stride, ntok, a, a_stride, T, y, y_stride);
     else lk_quant_gemm_q4q8_avx512(LK_FMT_Q80, n, nrows, w, w_stride, ntok, a, a_stride, T, y, y_stride);
 }
+#undef AMX_OR
 #define MM_NO_TERMS(name)                                                                                      \
     static void name(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a, size_t as, \
                      float *y, size_t ys) {                                                                    \

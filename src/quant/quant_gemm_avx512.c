@@ -427,6 +427,244 @@ LK_TG void lk_quant_gemm_q4q8_avx512(int fmt, int64_t n, int64_t nrows, const vo
 }
 
 /* ===================================================================== */
+/* Q4_0 / Q8_0 through AMX-INT8 tiles                                     */
+/* ===================================================================== */
+
+/* The same product on the Xeons' tile units (lk_quant_set_amx, quant.h).
+ * A tile product TDPBSSD multiplies a tile of 16 tokens x 32 signed bytes
+ * (one block of each token's Q8_0 quants, read in place from the
+ * activation rows, `as` apart) by a tile of 8 x 64 bytes: the panel's 8
+ * vectors of a block, lane r = 4 quants of row r, which is the layout
+ * AMX wants for its second operand ("VNNI" order). The panel here holds
+ * the weights signed (Q4_0's nibbles - 8, Q8_0's quants as they were), so
+ * the integer sum of a (token, row, block) comes out whole, with no offset
+ * correction. One product does 16 x 16 x 32 multiply-adds; a tile store
+ * hands the 16 x 16 sums to the vector units, which do the scalar
+ * reference's float work per block, in its order, on 16 accumulators (one
+ * per token, lanes = rows): so every row gives the other paths' bits.
+ *
+ * The float work is now the cost: 4 uops per 16 sums (convert, d_w*d_a,
+ * times, add), against 8 vpdpbusd + the same 4 in the vector GEMM. A tile
+ * product's result comes late (tens of cycles), so the products run one
+ * block ahead: block b+1's product is issued before block b's sums are
+ * stored and worked, and the tile unit and the vector units overlap.
+ *
+ * Tiles: 0 and 1 the sums (blocks alternate), 2 and 3 the activations, 4
+ * and 5 the weights. The call's last tokens, when they are not 16, are
+ * copied into 16 zeroed rows first (a tile load reads 16 rows; the
+ * activations past the last token may not be there), so every tile is
+ * 16 rows and one configuration serves the whole call.
+ *
+ * AX_EMU: the same kernel with the tile instructions done in C on a
+ * thread's copy of the tile registers (lk_quant_amx_emulate), so that the
+ * packing, the tile addressing and the tails are tested where there is no
+ * AMX. */
+enum {
+    AX_T = 16,  /* tokens per tile */
+    AX_RG = 4,  /* row groups per panel */
+    AX_KB = 32, /* blocks per K block: the panel 4 x 32 x 576 B = 72 KB, in L2 */
+    AX_TB = 128 /* tokens per token block (weights packed once per block) */
+};
+typedef struct {
+    _Alignas(64) uint8_t v[AX_RG][AX_KB][GK_VEC][64];
+} ax_panel;
+
+/* The 64-byte tile configuration (palette 1): bytes per row and rows of
+ * each tile register. */
+typedef struct {
+    uint8_t  palette, start_row, pad[14];
+    uint16_t colsb[16];
+    uint8_t  rows[16];
+} ax_cfg;
+_Static_assert(sizeof(ax_cfg) == 64, "the tile configuration is 64 bytes");
+
+/* The emulated tile registers of this thread. */
+typedef struct {
+    ax_cfg cfg;
+    _Alignas(64) uint8_t t[8][16][64];
+} ax_emu_regs;
+static _Thread_local ax_emu_regs ax_emu;
+
+static void ax_emu_load(int t, const uint8_t *p, size_t s) {
+    for (int r = 0; r < ax_emu.cfg.rows[t]; r++) memcpy(ax_emu.t[t][r], p + (size_t)r * s, ax_emu.cfg.colsb[t]);
+}
+static void ax_emu_store(int t, uint8_t *p, size_t s) {
+    for (int r = 0; r < ax_emu.cfg.rows[t]; r++) memcpy(p + (size_t)r * s, ax_emu.t[t][r], ax_emu.cfg.colsb[t]);
+}
+static void ax_emu_zero(int t) { memset(ax_emu.t[t], 0, sizeof ax_emu.t[t]); }
+/* TDPBSSD c, a, b: c[m][n] += sum over k of a[m][4k+i] * b[k][4n+i], i < 4, all signed */
+static void ax_emu_dp(int c, int a, int b) {
+    for (int m = 0; m < ax_emu.cfg.rows[c]; m++)
+        for (int n = 0; n < ax_emu.cfg.colsb[c] / 4; n++) {
+            int32_t s;
+            memcpy(&s, ax_emu.t[c][m] + 4 * n, 4);
+            for (int k = 0; k < ax_emu.cfg.colsb[a] / 4; k++)
+                for (int i = 0; i < 4; i++)
+                    s += (int8_t)ax_emu.t[a][m][4 * k + i] * (int8_t)ax_emu.t[b][k][4 * n + i];
+            memcpy(ax_emu.t[c][m] + 4 * n, &s, 4);
+        }
+}
+
+/* The tile instructions (t, c, a, b: tile numbers, literals), or their
+ * emulation when E. Every load and store is a compiler barrier too: the
+ * packer's stores must land before a tile load reads them. */
+#define AX_LOAD(E, t, p, s)                                                                                    \
+    do {                                                                                                       \
+        if (E) ax_emu_load(t, (const uint8_t *)(p), (s));                                                      \
+        else __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"((const void *)(p)), "r"((long)(s)) : "memory"); \
+    } while (0)
+#define AX_STORE(E, t, p, s)                                                                                   \
+    do {                                                                                                       \
+        if (E) ax_emu_store(t, (uint8_t *)(p), (s));                                                           \
+        else __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" ::"r"((void *)(p)), "r"((long)(s)) : "memory"); \
+    } while (0)
+#define AX_ZERO(E, t)                                                  \
+    do {                                                               \
+        if (E) ax_emu_zero(t);                                         \
+        else __asm__ volatile("tilezero %%tmm" #t ::);                 \
+    } while (0)
+#define AX_DP(E, c, a, b)                                                          \
+    do {                                                                           \
+        if (E) ax_emu_dp(c, a, b);                                                 \
+        else __asm__ volatile("tdpbssd %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::);    \
+    } while (0)
+/* a block's product into sums tile c from activations tile ta and weights
+ * tile tw (literals) */
+#define AX_ISSUE(E, c, ta, tw, pa, as, pb) \
+    do {                                   \
+        AX_LOAD(E, ta, pa, as);            \
+        AX_LOAD(E, tw, pb, 64);            \
+        AX_ZERO(E, c);                     \
+        AX_DP(E, c, ta, tw);               \
+    } while (0)
+
+static void ax_config(bool emu) {
+    ax_cfg c = {.palette = 1};
+    for (int t = 0; t < 2; t++) {
+        c.rows[t] = AX_T, c.colsb[t] = 64;               /* sums */
+        c.rows[2 + t] = AX_T, c.colsb[2 + t] = LK_QK;    /* activations */
+        c.rows[4 + t] = LK_QK / 4, c.colsb[4 + t] = 64;  /* weights */
+    }
+    if (emu) {
+        ax_emu.cfg = c;
+        memset(ax_emu.t, 0, sizeof ax_emu.t);
+    } else {
+        __asm__ volatile("ldtilecfg %0" ::"m"(c));
+    }
+}
+
+/* One row group (16 rows, the last `nlast` of them valid) x 16 tokens (the
+ * first T of them real) over kb blocks. pg: the group's blocks in the
+ * panel; a: the first token's quants of the K block's first block (as
+ * apart); d: the first token's activation scale of that block (tokens dld
+ * apart); y: row 0 of the first token; add: a later K block (start from
+ * y). */
+LK_TG static LK_INL void ax_tile(const bool E, const int T, const uint8_t (*pg)[GK_VEC][64], const uint8_t *a,
+                                 size_t as, const float *d, int dld, int kb, float *y, size_t ys, int nlast, bool add) {
+    __m512 fa[AX_T];
+    _Alignas(64) int32_t cb[2][AX_T][16];
+    const __mmask16 m = (__mmask16)((1u << nlast) - 1);
+#pragma GCC unroll 16
+    for (int t = 0; t < AX_T; t++)
+        fa[t] = t < T && add ? _mm512_maskz_loadu_ps(m, y + (size_t)t * ys) : _mm512_setzero_ps();
+    AX_ISSUE(E, 0, 2, 4, a, as, pg[0][0]);
+    for (int b = 0; b < kb; b++) {
+        const int b1 = b + 1;
+        if (b1 < kb) {
+            if (b1 & 1) AX_ISSUE(E, 1, 3, 5, a + (size_t)b1 * LK_Q80_BYTES, as, pg[b1][0]);
+            else AX_ISSUE(E, 0, 2, 4, a + (size_t)b1 * LK_Q80_BYTES, as, pg[b1][0]);
+        }
+        int32_t(*c)[16] = cb[b & 1];
+        if (b & 1) AX_STORE(E, 1, c, 64);
+        else AX_STORE(E, 0, c, 64);
+        const __m512 wd = _mm512_load_ps(pg[b][8]);
+#pragma GCC unroll 16
+        for (int t = 0; t < AX_T; t++)
+            if (t < T)
+                fa[t] = _mm512_add_ps(fa[t], _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[t])),
+                                                           _mm512_mul_ps(wd, _mm512_set1_ps(d[(size_t)t * dld + b]))));
+    }
+#pragma GCC unroll 16
+    for (int t = 0; t < AX_T; t++)
+        if (t < T) _mm512_mask_storeu_ps(y + (size_t)t * ys, m, fa[t]);
+}
+
+typedef void (*ax_tile_fn)(int T, const uint8_t (*pg)[GK_VEC][64], const uint8_t *a, size_t as, const float *d,
+                           int dld, int kb, float *y, size_t ys, int nlast, bool add);
+#define AX_TILE(name, E, FULL)                                                                                 \
+    LK_TG static void name(int T, const uint8_t (*pg)[GK_VEC][64], const uint8_t *a, size_t as, const float *d, \
+                           int dld, int kb, float *y, size_t ys, int nlast, bool add) {                       \
+        ax_tile(E, FULL ? AX_T : T, pg, a, as, d, dld, kb, y, ys, nlast, add);                                \
+    }
+AX_TILE(ax_tile_hw16, false, true) AX_TILE(ax_tile_hwmt, false, false)
+AX_TILE(ax_tile_emu16, true, true) AX_TILE(ax_tile_emumt, true, false)
+
+LK_TG void lk_quant_gemm_q4q8_amx(bool emu, int fmt, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
+                                  const void *a, size_t as, const lk_act_terms *terms, float *y, size_t ys) {
+    const bool is_q8 = lk_fmt_q8(fmt);
+    const uint8_t *W = w, *A = a;
+    const int64_t nb = n / LK_QK;
+    const int mt = ntok % AX_T ? (int)(ntok % AX_T) : AX_T;
+    const ax_tile_fn tile16 = emu ? ax_tile_emu16 : ax_tile_hw16, tilemt = emu ? ax_tile_emumt : ax_tile_hwmt;
+    const __m512i sub8 = _mm512_set1_epi8(8), flip = _mm512_set1_epi8((char)0x80);
+    ax_panel wp;
+    _Alignas(64) float dl[AX_TB * GK_KSB]; /* the activations' scales, when the call derives them */
+    /* the last tokens' K block of quants, 16 rows (those past the call's zero) */
+    _Alignas(64) uint8_t pad[AX_T][AX_KB * LK_Q80_BYTES];
+    memset(pad, 0, sizeof pad);
+    ax_config(emu);
+    for (int64_t t0 = 0; t0 < ntok; t0 += AX_TB) {
+        const int tb = (int)LK_MIN((int64_t)AX_TB, ntok - t0);
+        for (int64_t s0 = 0; s0 < nb; s0 += GK_KSB) {
+            const int ksb = (int)LK_MIN((int64_t)GK_KSB, nb - s0);
+            /* token t's scale of block s0 + b at d[t * GK_KSB + b]: the
+             * terms' (any offset: the scales are the same), or derived */
+            const float *d = dl;
+            if (terms && terms->ntok == ntok)
+                d = terms->d + (size_t)((s0 / LK_TERMS_KB * ntok + t0) * LK_TERMS_KB);
+            else
+                for (int t = 0; t < tb; t++)
+                    for (int b = 0; b < ksb; b++)
+                        dl[t * GK_KSB + b] = _cvtsh_ss(lk_ld_u16(A + (size_t)(t0 + t) * as + (size_t)(s0 + b) * LK_Q80_BYTES));
+            for (int64_t r0 = 0; r0 < nrows; r0 += AX_RG * GK_ROWS) {
+                const int nr = (int)LK_MIN((int64_t)(AX_RG * GK_ROWS), nrows - r0);
+                const int rg = (nr + GK_ROWS - 1) / GK_ROWS, nlast = nr - (rg - 1) * GK_ROWS;
+                for (int b1 = 0; b1 < ksb; b1 += AX_KB) {
+                    const int kb = LK_MIN(AX_KB, ksb - b1);
+                    const int64_t b0 = s0 + b1;
+                    for (int g = 0; g < rg; g++) {
+                        gk_pack_group(fmt, W + (size_t)(r0 + g * GK_ROWS) * ws, ws, LK_MIN(GK_ROWS, nr - g * GK_ROWS),
+                                      nb, b0, kb, wp.v[g]);
+                        /* signed: Q4_0's nibbles - 8, Q8_0's + 128 undone */
+                        for (int b = 0; b < kb; b++)
+#pragma GCC unroll 8
+                            for (int k = 0; k < 8; k++) {
+                                const __m512i v = _mm512_load_si512(wp.v[g][b][k]);
+                                _mm512_store_si512(wp.v[g][b][k], is_q8 ? _mm512_xor_si512(v, flip) : _mm512_sub_epi8(v, sub8));
+                            }
+                    }
+                    for (int t = 0; t < tb; t += AX_T) {
+                        const bool full = tb - t >= AX_T;
+                        const uint8_t *at = A + (size_t)(t0 + t) * as + (size_t)b0 * LK_Q80_BYTES;
+                        size_t ats = as;
+                        if (!full) {
+                            for (int i = 0; i < mt; i++) memcpy(pad[i], at + (size_t)i * as, (size_t)kb * LK_Q80_BYTES);
+                            at = pad[0], ats = sizeof pad[0];
+                        }
+                        for (int g = 0; g < rg; g++)
+                            (full ? tile16 : tilemt)(mt, (const uint8_t(*)[GK_VEC][64])wp.v[g], at + 2, ats,
+                                                     d + (size_t)t * GK_KSB + b1, GK_KSB, kb,
+                                                     y + (size_t)(t0 + t) * ys + (size_t)(r0 + g * GK_ROWS), ys,
+                                                     g == rg - 1 ? nlast : GK_ROWS, b0 > 0);
+                    }
+                }
+            }
+        }
+    }
+    if (!emu) __asm__ volatile("tilerelease" ::);
+}
+
+/* ===================================================================== */
 /* Q4_0 / Q8_0 decode and a few tokens, rows in lanes                     */
 /* ===================================================================== */
 

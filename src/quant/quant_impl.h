@@ -266,6 +266,11 @@ static inline int lk_gemm_min_tok_kr16(int kind) { return kind == 4 ? 18 : kind 
 void lk_quant_gemm_q4q8_avx512(int fmt, int64_t n, int64_t nrows, const void *w, size_t ws,
                                int64_t ntok, const void *a, size_t as, const lk_act_terms *terms, float *y,
                                size_t ys);
+/* The same product through AMX-INT8 tiles (lk_quant_set_amx), any token
+ * count, the same bits; emu: the tile instructions emulated in C
+ * (lk_quant_amx_emulate). Reads the scales of `terms` (any offset). */
+void lk_quant_gemm_q4q8_amx(bool emu, int fmt, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
+                            const void *a, size_t as, const lk_act_terms *terms, float *y, size_t ys);
 /* lk_act_terms_row with the GEMM's own derivation of the terms */
 void lk_act_terms_row_avx512(const lk_act_terms *T, int64_t t, const void *a, int64_t n);
 /* The same layouts below LK_GEMM_MIN_TOK tokens (tiles of up to
