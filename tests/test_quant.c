@@ -535,6 +535,16 @@ static mm_case mm_case_new(lk_type t, int64_t n, int64_t nrows, int ntok) {
 
 static void mm_case_free(mm_case *c) { free(c->w); free(c->a); free(c->ref); free(c->got); }
 
+/* The case's weights in layout rt (its file type's rows, or a new repacked
+ * copy: free it when it is not c->w) */
+static uint8_t *mm_case_weights(const mm_case *c, lk_type rt, int64_t n, int64_t nrows) {
+    const lk_type ft = lk_type_file(rt);
+    if (rt == ft) return c->w;
+    uint8_t *w = malloc(c->wrb * (size_t)nrows);
+    lk_quant_repack(rt, ft, n, nrows, c->w, c->wrb, w);
+    return w;
+}
+
 /* y[ntok][nrows] = the case's product, in calls of `chunk` tokens (the last
  * one shorter) */
 static void mm_case_run(const mm_case *c, int64_t chunk, float *y) {
@@ -737,11 +747,7 @@ TEST(matmul_terms_same_bits) {
         CHECK(lk_quant_terms_k(rt) == 0);
         mm_case mc = mm_case_new(ft, n, nrows, NT);
         mm_case_run(&mc, NT, mc.ref);
-        uint8_t *w = mc.w;
-        if (rt != ft) {
-            w = malloc(mc.wrb * (size_t)nrows);
-            lk_quant_repack(rt, ft, n, nrows, mc.w, mc.wrb, w);
-        }
+        uint8_t *w = mm_case_weights(&mc, rt, n, nrows);
         if (!lk_quant_set_simd("avx512")) { mm_case_free(&mc); if (w != mc.w) free(w); continue; }
         const int32_t k = lk_quant_terms_k(rt);
         CHECKF(k == (lk_type_file(rt) == LK_TYPE_Q8_0 ? 128 : 8), "%s: terms for offset %d", lk_type_name(rt), k);
@@ -808,11 +814,7 @@ TEST(amx_same_bits) {
         CHECK(lk_quant_set_simd("scalar"));
         mm_case mc = mm_case_new(ft, n, nrows, nt);
         mm_case_run(&mc, nt, mc.ref);
-        uint8_t *w = mc.w;
-        if (rt != ft) {
-            w = malloc(mc.wrb * (size_t)nrows);
-            lk_quant_repack(rt, ft, n, nrows, mc.w, mc.wrb, w);
-        }
+        uint8_t *w = mm_case_weights(&mc, rt, n, nrows);
         CHECK(lk_quant_set_simd("avx512"));
         lk_quant_amx_emulate(mode == 0);
         lk_quant_set_amx(1);
