@@ -347,7 +347,10 @@ int lk_cmd_bench(int argc, char **argv) {
         if (lk_engine_open(&eo, &e, err, sizeof err)) { fprintf(stderr, "lockstep bench: %s\n", err); lk_energy_close(en); return 1; }
         int threads = tlist[ti] ? tlist[ti] : lk_engine_threads(e), ranks = lk_engine_n_ranks(e);
         /* the kernels' settings for these threads, chosen when the model loaded */
-        fprintf(stderr, "lockstep bench: threads %d: tune %s%s\n", threads, lk_tune_report(),
+        char amx[64] = "";
+        if (lk_quant_amx_min_tok() > 0)
+            snprintf(amx, sizeof amx, "; Q4_0/Q8_0 through AMX tiles from %d tokens", lk_quant_amx_min_tok());
+        fprintf(stderr, "lockstep bench: threads %d: tune %s%s%s\n", threads, lk_tune_report(), amx,
                 ranks > 1 ? " (the head's; each rank tunes its own)" : "");
         /* the bound, measured now, with as many threads as the model uses */
         size_t llc = lk_membw_llc_bytes();
