@@ -297,17 +297,28 @@ static void engine_failed(lk_server *s, const char *err) {
 }
 
 /* Takes the inbox's requests into the session. */
+/* The inbox's requests into the session. A request stays counted in
+ * n_inbox until the same critical section counts it in n_active (or ends
+ * it): the connection threads' queue check (http.c) adds the two, and a
+ * request counted in neither for a moment let one more in than --queue
+ * allows (6 at once against --parallel 2 --queue 1 were 4 served). */
 static void admit(lk_server *s) {
     pthread_mutex_lock(&s->mu);
     srv_req *in = s->inbox;
     s->inbox = s->inbox_tail = NULL;
-    s->n_inbox = 0;
     pthread_mutex_unlock(&s->mu);
     for (srv_req *r = in, *nx; r; r = nx) {
         nx = r->next;
         r->next = NULL;
         pthread_mutex_lock(&s->mu);
-        bool gone = r->gone;
+        const bool gone = r->gone;
+        s->n_inbox--;
+        if (!gone) {
+            r->state = ST_RUNNING;
+            r->next = s->active;      /* on the list before a callback may take it off */
+            s->active = r;
+            s->n_active++;
+        }
         pthread_mutex_unlock(&s->mu);
         char err[LK_ERRLEN];
         lk_request *lr = NULL;
@@ -316,12 +327,6 @@ static void admit(lk_server *s) {
             lk_request_params rp = { .prompt = r->prompt, .n_prompt = r->n_prompt, .sampling = r->sp,
                                      .max_new = r->max_new, .ignore_eos = r->ignore_eos, .n_cand = n_cand,
                                      .on_token = on_token, .user = r };
-            pthread_mutex_lock(&s->mu);
-            r->state = ST_RUNNING;
-            r->next = s->active;      /* on the list before a callback may take it off */
-            s->active = r;
-            s->n_active++;
-            pthread_mutex_unlock(&s->mu);
             lr = lk_session_submit(s->ses, &rp, err, sizeof err);
         }
         pthread_mutex_lock(&s->mu);
@@ -481,6 +486,7 @@ static void *sched_main(void *arg) {
         srv_req_unref(s, r);
     }
     s->inbox = s->inbox_tail = NULL;
+    s->n_inbox = 0;
     pthread_mutex_unlock(&s->mu);
     /* the engine ends on the thread that opened it: its --local workers die
      * with that thread (PR_SET_PDEATHSIG), so closing it after this thread
