@@ -455,8 +455,8 @@ LK_TG void lk_quant_gemm_q4q8_avx512(int fmt, int64_t n, int64_t nrows, const vo
  * activations past the last token may not be there), so every tile is
  * 16 rows and one configuration serves the whole call.
  *
- * AX_EMU: the same kernel with the tile instructions done in C on a
- * thread's copy of the tile registers (lk_quant_amx_emulate), so that the
+ * Emulated (E, emu): the same kernel with the tile instructions done in C
+ * on a thread's copy of the tile registers (lk_quant_amx_emulate), so that the
  * packing, the tile addressing and the tails are tested where there is no
  * AMX. */
 enum {

@@ -296,8 +296,7 @@ static void engine_failed(lk_server *s, const char *err) {
     end_active(s, true, "before this request ran", err);
 }
 
-/* Takes the inbox's requests into the session. */
-/* The inbox's requests into the session. A request stays counted in
+/* Takes the inbox's requests into the session. A request stays counted in
  * n_inbox until the same critical section counts it in n_active (or ends
  * it): the connection threads' queue check (http.c) adds the two, and a
  * request counted in neither for a moment let one more in than --queue
