@@ -626,22 +626,21 @@ LK_T512 static LK_INL __m512 fl_load(const int kind, const uint8_t *p, __mmask16
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* 8 fp16 (kind 16) or bf16 (kind 0) elements as fp32 */
-LK_T512 static LK_INL __m256 fl_load8(const int kind, const uint8_t *p) {
-    const __m128i h = _mm_loadu_si128((const __m128i *)p);
-    if (kind == 16) return _mm256_cvtph_ps(h);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+/* 16 fp16 (kind 16) or bf16 (kind 0) elements in a register as fp32 */
+LK_T512 static LK_INL __m512 fl_wide(const int kind, __m256i h) {
+    if (kind == 16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
 /* Weights and activations of the same float type: FMA in fp32 (products of
  * fp16/bf16 values are exact in fp32). 2 x 16 elements per step so each
  * accumulator chain has room; the tail goes through masked loads. F16
- * decode keeps each 16-lane accumulator as two 8-lane halves fed by ymm
- * conversions of 16 bytes: lane by lane the same fused multiply-adds, then
- * the same 16-lane sum, so the same bits; on Zen 5 (2026-12-02,
- * bench_quant 2048 x 5632, one thread, 4 rounds alternating) it streamed
- * 23.8-29.2 GB/s against 23.5-24.3 for the zmm conversions of 32 bytes,
- * and 35.7-38.0 against 32.0-33.1 from L3. */
+ * (and BF16 without AVX512_BF16) decode loads each row's 32 elements of a
+ * step in one 64-byte load and widens its halves in registers: the same
+ * fused multiply-adds in the same order, so the same bits. On the Zen 5
+ * (2026-12-04, TinyLlama F16, `bench -t 1`, three rounds alternating) it
+ * decoded 14.18-14.99 tok/s against 13.42-13.67 for two 8-lane halves fed
+ * 16 bytes at a time, which had beaten zmm conversions of 32-byte loads. */
 LK_T512 static LK_INL void fl_tile(const int R, const int T, const int kind, int64_t n,
                                    const uint8_t *w, size_t ws, const uint8_t *a, size_t as,
                                    float *y, size_t ys) {
@@ -653,23 +652,21 @@ LK_T512 static LK_INL void fl_tile(const int R, const int T, const int kind, int
         for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
     int64_t i = 0;
     if (T == 1 && kind != 32) {
-        /* decode: each 16-lane accumulator as two 8-lane halves (lane-wise
-         * the same fused multiply-adds) */
-        __m256 lo[4], hi[4];
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) lo[r] = _mm256_setzero_ps(), hi[r] = _mm256_setzero_ps();
-        for (; i + 16 <= n; i += 16) {
-            const __m256 alo = fl_load8(kind, a + i * 2), ahi = fl_load8(kind, a + i * 2 + 16);
+        /* decode: each row's 32 elements of a step in one 64-byte load,
+         * widened in registers; the activations' likewise */
+        for (; i + 32 <= n; i += 32) {
+            const __m512i av = _mm512_loadu_si512(a + i * 2);
+            const __m512 a0 = fl_wide(kind, _mm512_castsi512_si256(av)),
+                         a1 = fl_wide(kind, _mm512_extracti64x4_epi64(av, 1));
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
                 const uint8_t *wr = w + r * ws + i * 2;
-                if ((i & 31) == 0) pf_range(wr, R * ws, 64);
-                lo[r] = _mm256_fmadd_ps(fl_load8(kind, wr), alo, lo[r]);
-                hi[r] = _mm256_fmadd_ps(fl_load8(kind, wr + 16), ahi, hi[r]);
+                pf_range(wr, R * ws, 64);
+                const __m512i wv = _mm512_loadu_si512(wr);
+                acc[r][0] = _mm512_fmadd_ps(fl_wide(kind, _mm512_castsi512_si256(wv)), a0, acc[r][0]);
+                acc[r][0] = _mm512_fmadd_ps(fl_wide(kind, _mm512_extracti64x4_epi64(wv, 1)), a1, acc[r][0]);
             }
         }
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) acc[r][0] = _mm512_insertf32x8(_mm512_castps256_ps512(lo[r]), hi[r], 1);
     }
     for (; i + 32 <= n; i += 32) {
         __m512 w0[4], w1[4];
