@@ -907,16 +907,22 @@ TEST(matmul_batch_invariant) {
     const char *levels[] = {"scalar", "avx2", "avx512"};
     for (int l = 0; l < 3; l++) {
         if (!lk_quant_set_simd(levels[l])) { printf("  (no %s on this CPU)\n", levels[l]); continue; }
-        for (size_t i = 0; i < sizeof k_wtypes / sizeof k_wtypes[0]; i++) {
-            lk_type t = k_wtypes[i];
-            int64_t bs = lk_type_block_size(t);
-            int64_t ns[2] = {bs == 1 ? 357 : bs == 32 ? 32 * 11 : 256 * 3,
-                             bs == 1 ? 2048 + 7 : bs == 32 ? 32 * 389 : 256 * 13};
-            for (int k = 0; k < 2; k++) {
-                int bad = check_batch_invariance(t, ns[k], 37);
-                CHECKF(bad == 0, "%s %s n=%lld", levels[l], lk_type_name(t), (long long)ns[k]);
+        /* the F16/BF16 4-row decode tile both ways (lk_quant_set_dec_roll) */
+        for (int roll = 0; roll < 2; roll++) {
+            lk_quant_set_dec_roll(roll);
+            for (size_t i = 0; i < sizeof k_wtypes / sizeof k_wtypes[0]; i++) {
+                lk_type t = k_wtypes[i];
+                if (roll && t != LK_TYPE_F16 && t != LK_TYPE_BF16) continue;
+                int64_t bs = lk_type_block_size(t);
+                int64_t ns[2] = {bs == 1 ? 357 : bs == 32 ? 32 * 11 : 256 * 3,
+                                 bs == 1 ? 2048 + 7 : bs == 32 ? 32 * 389 : 256 * 13};
+                for (int k = 0; k < 2; k++) {
+                    int bad = check_batch_invariance(t, ns[k], 37);
+                    CHECKF(bad == 0, "%s %s n=%lld roll %d", levels[l], lk_type_name(t), (long long)ns[k], roll);
+                }
             }
         }
+        lk_quant_set_dec_roll(-1);
     }
     lk_quant_set_simd("scalar");
 }

@@ -30,6 +30,10 @@ static int settings(lk_tune_set *out, int cap) {
     for (size_t i = 0; i < sizeof gts / sizeof *gts && n < cap; i++) out[n] = d, out[n++].gemm_tok = gts[i];
     if (n < cap) out[n] = d, out[n++].drows = 1;
     if (n < cap) out[n] = d, out[n].pf = 0, out[n].split = 16, out[n++].drows = 1;
+    /* the F16/BF16 decode tile's rows loop, both ways (F16 model below) */
+    if (n < cap) out[n] = d, out[n++].droll = 0;
+    if (n < cap) out[n] = d, out[n++].droll = 1;
+    if (n < cap) out[n] = d, out[n].pf = 0, out[n++].droll = 1;
     /* AMX: off, from every token, from 16 (the tiles' tails) */
     static const int amxs[] = { 0, 1, 16 };
     for (size_t i = 0; i < sizeof amxs / sizeof *amxs && n < cap; i++) out[n] = d, out[n++].amx = amxs[i];
@@ -182,7 +186,7 @@ TEST(model_logits_across_settings) {
             lk_tune_set now;
             lk_tune_get(&now);
             CHECKF(now.pf == cand[c].pf && now.split == cand[c].split && now.gemm_rows == cand[c].gemm_rows &&
-                       now.gemm_tok == cand[c].gemm_tok && now.drows == cand[c].drows && now.amx == cand[c].amx,
+                       now.gemm_tok == cand[c].gemm_tok && now.drows == cand[c].drows && now.droll == cand[c].droll && now.amx == cand[c].amx,
                    "LK_TUNE=%s was not applied", s);
             CHECKF(l && n2 == n && !memcmp(l, ref, sizeof(float) * (size_t)n), "%s: %s gives other logits",
                    files[fi], s);
@@ -308,7 +312,7 @@ TEST(cache_file_and_env) {
 TEST(parse_rejects_bad_specs) {
     static const char *bad[] = { "pf=9", "split=0", "split=17", "gemm=5", "gemm=2x65", "gemm=2x", "pf", "pf=1,", "x=1",
                                  "pf=-1", "pf=1;split=2", "gtok=4", "gtok=33", "gtok=",
-                                 "drows=2", "drows=0", "drows=", "amx=", "amx=1025", "amx=-1", "amx=on" };
+                                 "drows=2", "drows=0", "drows=", "droll=2", "droll=-1", "droll=", "amx=", "amx=1025", "amx=-1", "amx=on" };
     char err[200];
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         lk_tune_set s;
@@ -327,6 +331,11 @@ TEST(parse_rejects_bad_specs) {
     lk_tune_format(&s, buf, sizeof buf);
     CHECKF(!strcmp(buf, "pf=0,split=16,gemm=off,drows=1"), "formatted as '%s'", buf);
     CHECK(lk_tune_parse("drows=4", &s, err, sizeof err) && s.drows == 4);
+    CHECK(lk_tune_parse("droll=1", &s, err, sizeof err) && s.droll == 1);
+    lk_tune_format(&s, buf, sizeof buf);
+    CHECKF(!strcmp(buf, "pf=0,split=16,gemm=off,droll=1"), "formatted as '%s'", buf);
+    CHECK(lk_tune_parse("droll=0", &s, err, sizeof err) && s.droll == 0);
+    s.droll = -1;
     CHECK(lk_tune_parse("amx=off", &s, err, sizeof err) && s.amx == 0);
     lk_tune_format(&s, buf, sizeof buf);
     CHECKF(!strcmp(buf, "pf=0,split=16,gemm=off,amx=off"), "formatted as '%s'", buf);

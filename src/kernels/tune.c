@@ -22,7 +22,7 @@
  * descheduled the others take up to three quarters of its share (2-thread
  * decode next to another 2-thread decode on 2 cores: BENCHMARKS.md) */
 void lk_tune_defaults(lk_tune_set *s) {
-    *s = (lk_tune_set){ .pf = 1, .split = 4, .gemm_rows = 0, .gemm_chunk = 0, .gemm_tok = 0, .drows = 4, .amx = -1 };
+    *s = (lk_tune_set){ .pf = 1, .split = 4, .gemm_rows = 0, .gemm_chunk = 0, .gemm_tok = 0, .drows = 4, .droll = -1, .amx = -1 };
 }
 
 void lk_tune_apply(const lk_tune_set *s) {
@@ -31,6 +31,7 @@ void lk_tune_apply(const lk_tune_set *s) {
     lk_quant_gemm_avx2_force(s->gemm_rows, s->gemm_chunk);
     lk_quant_set_gemm_tok(s->gemm_tok);
     lk_quant_set_dec_rows(s->drows);
+    lk_quant_set_dec_roll(s->droll);
     lk_quant_set_amx(s->amx);
 }
 
@@ -41,6 +42,7 @@ void lk_tune_get(lk_tune_set *s) {
     if (s->gemm_rows < 0) s->gemm_rows = 0;
     s->gemm_tok = lk_quant_gemm_tok();
     s->drows = lk_quant_dec_rows();
+    s->droll = lk_quant_dec_roll_setting();
     s->amx = lk_quant_amx();
 }
 
@@ -51,6 +53,7 @@ void lk_tune_format(const lk_tune_set *s, char *buf, size_t n) {
     else k = snprintf(buf, n, "pf=%d,split=%d,gemm=%dx%d", s->pf, s->split, s->gemm_rows, s->gemm_chunk);
     if (s->gemm_tok && k > 0 && (size_t)k < n) k += snprintf(buf + k, n - (size_t)k, ",gtok=%d", s->gemm_tok);
     if (s->drows != 4 && k > 0 && (size_t)k < n) k += snprintf(buf + k, n - (size_t)k, ",drows=%d", s->drows);
+    if (s->droll >= 0 && k > 0 && (size_t)k < n) k += snprintf(buf + k, n - (size_t)k, ",droll=%d", s->droll);
     if (s->amx == 0 && k > 0 && (size_t)k < n) snprintf(buf + k, n - (size_t)k, ",amx=off");
     else if (s->amx > 0 && k > 0 && (size_t)k < n) snprintf(buf + k, n - (size_t)k, ",amx=%d", s->amx);
 }
@@ -90,13 +93,15 @@ bool lk_tune_parse(const char *spec, lk_tune_set *s, char *err, size_t errlen) {
                  (t.gemm_tok == 0 || t.gemm_tok >= LK_QUANT_GEMM_TOK_MIN);
         } else if (ok && eq - p == 5 && !strncmp(p, "drows", 5)) {
             ok = parse_int(eq + 1, end, 1, 4, &t.drows) && (t.drows == 1 || t.drows == 4);
+        } else if (ok && eq - p == 5 && !strncmp(p, "droll", 5)) {
+            ok = parse_int(eq + 1, end, 0, 1, &t.droll);
         } else if (ok && eq - p == 3 && !strncmp(p, "amx", 3)) {
             if (end - eq - 1 == 3 && !strncmp(eq + 1, "off", 3)) t.amx = 0;
             else ok = parse_int(eq + 1, end, 0, 1024, &t.amx);
         } else ok = false;
         if (!ok) {
             snprintf(err, errlen,
-                     "bad tuning setting '%.*s' (expected pf=0..%d, split=1..%d, gemm=off|1..4[x1..64], gtok=0|%d..%d, drows=1|4, amx=off|0..1024)",
+                     "bad tuning setting '%.*s' (expected pf=0..%d, split=1..%d, gemm=off|1..4[x1..64], gtok=0|%d..%d, drows=1|4, droll=0|1, amx=off|0..1024)",
                      (int)(end - p), p, LK_QUANT_PF_MAX, LK_MATMUL_SPLIT_MAX, LK_QUANT_GEMM_TOK_MIN,
                      LK_QUANT_GEMM_TOK_MAX);
             return false;
@@ -287,15 +292,27 @@ void lk_tune_calibrate(lk_pool *p, lk_type t, int64_t cols, int64_t rows, size_t
                     med[3], ratio[0], ratio[2], ratio[3]);
     }
     /* 1b. rows per decode tile, for the types whose decode is tiled (not
-     * the repacked ones: 16 rows in the lanes) */
+     * the repacked ones: 16 rows in the lanes); F16 and BF16 at AVX-512
+     * also the 4-row tile's rows loop unrolled or rolled */
     if (strcmp(lk_quant_simd_name(), "scalar") && !r16 && ft != LK_TYPE_Q4_0 && ft != LK_TYPE_Q8_0) {
-        static const int drs[] = { 4, 1 };
-        lk_tune_set c[2];
-        double med[2], ratio[2];
-        for (int k = 0; k < 2; k++) c[k] = cur, c[k].drows = drs[k];
-        stage(p, c, 2, 0, med, ratio, mats, nm, x, 1, y, scratch, 80);
-        cur.drows = drs[pick(ratio, 2, 0)];
-        at = append(report, n, at, " drows 4/1 %.2f/%.2f (1/x%.2f);", med[0], med[1], ratio[1]);
+        const bool rl = !strcmp(lk_quant_simd_name(), "avx512") && (ft == LK_TYPE_F16 || ft == LK_TYPE_BF16);
+        lk_tune_set c[3];
+        double med[3], ratio[3];
+        c[0] = cur, c[1] = cur, c[2] = cur;
+        c[0].drows = 4, c[1].drows = 1, c[2].drows = 4;
+        const int droll_now = lk_quant_dec_roll(); /* cur's, applied: the reference, c[2] */
+        if (rl) c[0].droll = !droll_now;
+        const int nc = rl ? 3 : 2, ref = rl ? 2 : 0;
+        stage(p, c, nc, ref, med, ratio, mats, nm, x, 1, y, scratch, rl ? 120 : 80);
+        const int w = pick(ratio, nc, ref);
+        cur.drows = c[w].drows;
+        if (rl) {
+            cur.droll = c[w].droll; /* the 1-row tile has no loop to roll: the default's setting */
+            at = append(report, n, at, " drows 4/1 (roll %d) %.2f/%.2f, roll %d %.2f (x%.2f/x%.2f/1);", c[0].droll,
+                        med[0], med[1], droll_now, med[2], ratio[0], ratio[1]);
+        } else {
+            at = append(report, n, at, " drows 4/1 %.2f/%.2f (1/x%.2f);", med[0], med[1], ratio[1]);
+        }
     }
     /* 2. thread split, decode */
     if (lk_pool_size(p) > 1) {

@@ -560,6 +560,21 @@ void lk_quant_set_dec_rows(int rows) {
 
 int lk_quant_dec_rows(void) { return atomic_load_explicit(&g_dec_rows, memory_order_relaxed); }
 
+static bool cpu_is_amd(void);
+static _Atomic int g_dec_roll = -1; /* lk_quant_set_dec_roll */
+
+void lk_quant_set_dec_roll(int roll) {
+    LK_ASSERT(roll >= -1 && roll <= 1);
+    atomic_store_explicit(&g_dec_roll, roll, memory_order_relaxed);
+}
+
+int lk_quant_dec_roll_setting(void) { return atomic_load_explicit(&g_dec_roll, memory_order_relaxed); }
+
+bool lk_quant_dec_roll(void) {
+    const int v = atomic_load_explicit(&g_dec_roll, memory_order_relaxed);
+    return v < 0 ? cpu_is_amd() : v > 0;
+}
+
 void lk_quant_set_gemm_tok(int ntok) {
     LK_ASSERT(ntok == 0 || (ntok >= LK_QUANT_GEMM_TOK_MIN && ntok <= LK_QUANT_GEMM_TOK_MAX));
     atomic_store_explicit(&g_gemm_tok, ntok, memory_order_relaxed);

@@ -222,6 +222,20 @@ int64_t lk_quant_rows_inner(void);
 void lk_quant_set_dec_rows(int rows);
 int  lk_quant_dec_rows(void);
 
+/* The F16 / BF16 4-row decode tile at the AVX-512 level: its rows loop
+ * rolled (1: each row's step loaded, converted and added before the next
+ * row's, one prefetch a row) or unrolled (0: the four rows' loads and
+ * conversions scheduled together, two prefetches a row). They stream at
+ * different speeds per CPU: TinyLlama F16/BF16 one thread, rolled 10-25 %
+ * faster on a Zen 5, 10-12 % slower on the Xeon device host (BENCHMARKS.md,
+ * sixteenth session). -1 = the default: rolled on AMD CPUs, unrolled
+ * elsewhere; lk_quant_dec_roll_setting: that setting, lk_quant_dec_roll:
+ * whether rolled is in force. The same chain per (row, token) in both:
+ * speed, never results. Process-wide. */
+void lk_quant_set_dec_roll(int roll);
+int  lk_quant_dec_roll_setting(void);
+bool lk_quant_dec_roll(void);
+
 /* Which SIMD level is active: "avx512" (needs AVX-512 F/BW/VL/DQ/VNNI/VBMI
  * and GFNI: Ice Lake, Sapphire Rapids, Zen 4 and later; BF16 used where
  * present), "avx2" (AVX2 + FMA + F16C + BMI1/2) or "scalar". */

@@ -626,6 +626,13 @@ LK_T512 static LK_INL __m512 fl_load(const int kind, const uint8_t *p, __mmask16
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+/* 8 fp16 (kind 16) or bf16 (kind 0) elements as fp32 */
+LK_T512 static LK_INL __m256 fl_load8(const int kind, const uint8_t *p) {
+    const __m128i h = _mm_loadu_si128((const __m128i *)p);
+    if (kind == 16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
 /* 16 fp16 (kind 16) or bf16 (kind 0) elements in a register as fp32 */
 LK_T512 static LK_INL __m512 fl_wide(const int kind, __m256i h) {
     if (kind == 16) return _mm512_cvtph_ps(h);
@@ -635,17 +642,22 @@ LK_T512 static LK_INL __m512 fl_wide(const int kind, __m256i h) {
 /* Weights and activations of the same float type: FMA in fp32 (products of
  * fp16/bf16 values are exact in fp32). 2 x 16 elements per step so each
  * accumulator chain has room; the tail goes through masked loads. F16
- * (and BF16 without AVX512_BF16) decode loads each row's 32 elements of a
- * step in one 64-byte load and widens its halves in registers: the same
- * fused multiply-adds in the same order, so the same bits. On the Zen 5
- * (2026-12-04, TinyLlama F16, `bench -t 1`, three rounds alternating) it
- * decoded 14.18-14.99 tok/s against 13.42-13.67 for two 8-lane halves fed
- * 16 bytes at a time, which had beaten zmm conversions of 32-byte loads).
- * Its rows loop is left rolled, with one prefetch a row and step at the
- * tuner's distance: unrolled, the four rows' loads and conversions were
- * scheduled together and streamed slower (the same bench, six rounds
- * alternating, 8.2-11.0 against 11.0-13.1 tok/s; BF16 likewise, bf_tile). */
-LK_T512 static LK_INL void fl_tile(const int R, const int T, const int kind, int64_t n,
+ * (and BF16 without AVX512_BF16) decode, one token, takes one of two
+ * loops, the same fused multiply-adds in the same order either way (so
+ * the same bits), chosen per CPU (`roll`: lk_quant_dec_roll, the tuner's
+ * droll):
+ *  - unrolled: each 16-lane accumulator as two 8-lane halves fed 16 bytes
+ *    at a time, the four rows' loads and conversions scheduled together,
+ *    prefetches by pf_range: on the Xeon device host 100-104 % of the
+ *    probe at one thread (it had beaten zmm conversions of 32-byte loads
+ *    on the Zen 5 too);
+ *  - rolled: each row's 32 elements of a step in one 64-byte load widened
+ *    in registers, the rows one after another, one prefetch a row and
+ *    step at the tuner's distance: on the Zen 5 (2026-12-04, TinyLlama
+ *    F16 `bench -t 1`, rounds alternating) 11.0-13.1 tok/s against
+ *    8.2-11.0 unrolled, on the Xeon 6.8 against 7.5 (BENCHMARKS.md,
+ *    sixteenth session). */
+LK_T512 static LK_INL void fl_tile(const int R, const int T, const int kind, const bool roll, int64_t n,
                                    const uint8_t *w, size_t ws, const uint8_t *a, size_t as,
                                    float *y, size_t ys) {
     const int es = kind == 32 ? 4 : 2;
@@ -655,9 +667,9 @@ LK_T512 static LK_INL void fl_tile(const int R, const int T, const int kind, int
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
     int64_t i = 0;
-    if (T == 1 && kind != 32) {
-        /* decode: each row's 32 elements of a step in one 64-byte load,
-         * widened in registers; the activations' likewise */
+    if (T == 1 && kind != 32 && roll) {
+        /* decode, rolled: each row's 32 elements of a step in one 64-byte
+         * load, widened in registers; the activations' likewise */
         const size_t pd = (size_t)lk_quant_pf_tiles() * R * ws;
         for (; i + 32 <= n; i += 32) {
             const __m512i av = _mm512_loadu_si512(a + i * 2);
@@ -672,6 +684,24 @@ LK_T512 static LK_INL void fl_tile(const int R, const int T, const int kind, int
                 acc[r][0] = _mm512_fmadd_ps(fl_wide(kind, _mm512_extracti64x4_epi64(wv, 1)), a1, acc[r][0]);
             }
         }
+    } else if (T == 1 && kind != 32) {
+        /* decode, unrolled: each 16-lane accumulator as two 8-lane halves
+         * (lane-wise the same fused multiply-adds) */
+        __m256 lo[4], hi[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) lo[r] = _mm256_setzero_ps(), hi[r] = _mm256_setzero_ps();
+        for (; i + 16 <= n; i += 16) {
+            const __m256 alo = fl_load8(kind, a + i * 2), ahi = fl_load8(kind, a + i * 2 + 16);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                const uint8_t *wr = w + r * ws + i * 2;
+                if ((i & 31) == 0) pf_range(wr, R * ws, 64);
+                lo[r] = _mm256_fmadd_ps(fl_load8(kind, wr), alo, lo[r]);
+                hi[r] = _mm256_fmadd_ps(fl_load8(kind, wr + 16), ahi, hi[r]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) acc[r][0] = _mm512_insertf32x8(_mm512_castps256_ps512(lo[r]), hi[r], 1);
     }
     for (; i + 32 <= n; i += 32) {
         __m512 w0[4], w1[4];
@@ -784,8 +814,9 @@ LK_T512BF static LK_INL void bf_step(const int R, const int T, const bool masked
  * 2048 x 64 BF16 product from 209 to 301-331 GFLOP/s on one Zen 5 core
  * (best of 40; the vdpbf16ps peak measures 440). Both take the same chain,
  * so decode and prefill agree bit for bit. */
-LK_T512BF static LK_INL void bf_tile(const int R, const int T, const bool dec, int64_t n, const uint8_t *w,
-                                     size_t ws, const uint8_t *a, size_t as, float *y, size_t ys, const bool pf) {
+LK_T512BF static LK_INL void bf_tile(const int R, const int T, const bool dec, const bool roll, int64_t n,
+                                     const uint8_t *w, size_t ws, const uint8_t *a, size_t as, float *y, size_t ys,
+                                     const bool pf) {
     __m512 acc[4][6];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
@@ -796,23 +827,40 @@ LK_T512BF static LK_INL void bf_tile(const int R, const int T, const bool dec, i
         /* one token: each 16-lane accumulator as two 8-lane halves, lanes
          * 0-7 fed a step's first 16 elements and 8-15 the next 16, so
          * lane by lane the same vdpbf16ps, and the same bits. On the Zen 5
-         * the 32-byte loads streamed the weights faster than the 64-byte
-         * ones under masks. The rows loop rolled, as fl_tile's: TinyLlama
-         * BF16 `bench -t 1`, three rounds alternating, 13.3-13.9 tok/s
-         * against 11.3-11.7 unrolled. */
+         * the 32-byte loads streamed the weights faster than 64-byte ones
+         * under masks. The rows loop rolled or unrolled as fl_tile's
+         * (`roll`): TinyLlama BF16 `bench -t 1`, three rounds alternating,
+         * 13.3-13.9 tok/s rolled against 11.3-11.7 unrolled on the Zen 5,
+         * 6.9-7.1 against 7.9-8.2 on the Xeon. */
         __m256 lo[4], hi[4];
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) lo[r] = _mm256_setzero_ps(), hi[r] = _mm256_setzero_ps();
-        const size_t pd = (size_t)lk_quant_pf_tiles() * R * ws;
-        for (; i + 32 <= n; i += 32) {
-            const __m256i alo = _mm256_loadu_si256((const __m256i *)(a + i * 2)),
-                          ahi = _mm256_loadu_si256((const __m256i *)(a + i * 2 + 32));
+        if (roll) {
+            const size_t pd = (size_t)lk_quant_pf_tiles() * R * ws;
+            for (; i + 32 <= n; i += 32) {
+                const __m256i alo = _mm256_loadu_si256((const __m256i *)(a + i * 2)),
+                              ahi = _mm256_loadu_si256((const __m256i *)(a + i * 2 + 32));
 #pragma GCC unroll 1
-            for (int r = 0; r < R; r++) {
-                const uint8_t *wr = w + r * ws + i * 2;
-                if (pd) _mm_prefetch((const char *)wr + pd, _MM_HINT_T0);
-                lo[r] = _mm256_dpbf16_ps(lo[r], (__m256bh)_mm256_loadu_si256((const __m256i *)wr), (__m256bh)alo);
-                hi[r] = _mm256_dpbf16_ps(hi[r], (__m256bh)_mm256_loadu_si256((const __m256i *)(wr + 32)), (__m256bh)ahi);
+                for (int r = 0; r < R; r++) {
+                    const uint8_t *wr = w + r * ws + i * 2;
+                    if (pd) _mm_prefetch((const char *)wr + pd, _MM_HINT_T0);
+                    lo[r] = _mm256_dpbf16_ps(lo[r], (__m256bh)_mm256_loadu_si256((const __m256i *)wr), (__m256bh)alo);
+                    hi[r] = _mm256_dpbf16_ps(hi[r], (__m256bh)_mm256_loadu_si256((const __m256i *)(wr + 32)),
+                                             (__m256bh)ahi);
+                }
+            }
+        } else {
+            for (; i + 32 <= n; i += 32) {
+                const __m256i alo = _mm256_loadu_si256((const __m256i *)(a + i * 2)),
+                              ahi = _mm256_loadu_si256((const __m256i *)(a + i * 2 + 32));
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) {
+                    const uint8_t *wr = w + r * ws + i * 2;
+                    pf_range(wr, R * ws, 64);
+                    lo[r] = _mm256_dpbf16_ps(lo[r], (__m256bh)_mm256_loadu_si256((const __m256i *)wr), (__m256bh)alo);
+                    hi[r] = _mm256_dpbf16_ps(hi[r], (__m256bh)_mm256_loadu_si256((const __m256i *)(wr + 32)),
+                                             (__m256bh)ahi);
+                }
             }
         }
 #pragma GCC unroll 4
@@ -872,14 +920,23 @@ LK_K_TILES(q6k, 6)
     static const lk_tileset name##_set = {name##_4x1, name##_1x1, 4, 3,                     \
                                           {{NULL, name##_1x1, name##_1x2, name##_1x3, NULL}, \
                                            {NULL, name##_4x1, name##_4x2, name##_4x3, NULL}}};
-#define F32_CALL(R, T) fl_tile(R, T, 32, n, w, ws, a, as, y, ys)
-#define F16_CALL(R, T) fl_tile(R, T, 16, n, w, ws, a, as, y, ys)
-#define BFC_CALL(R, T) fl_tile(R, T, 0, n, w, ws, a, as, y, ys)
-#define BF_CALL(R, T) bf_tile(R, T, true, n, w, ws, a, as, y, ys, false) /* decode: pf unused */
+#define F32_CALL(R, T) fl_tile(R, T, 32, false, n, w, ws, a, as, y, ys)
+#define F16_CALL(R, T) fl_tile(R, T, 16, false, n, w, ws, a, as, y, ys)
+#define BFC_CALL(R, T) fl_tile(R, T, 0, false, n, w, ws, a, as, y, ys)
+#define BF_CALL(R, T) bf_tile(R, T, true, false, n, w, ws, a, as, y, ys, false) /* decode: pf unused */
 LK_F_TILES(LK_T512, f32, F32_CALL)
 LK_F_TILES(LK_T512, f16, F16_CALL)
 LK_F_TILES(LK_T512, bfc, BFC_CALL)
 LK_F_TILES(LK_T512BF, bf, BF_CALL)
+/* the same sets with the rolled 4-row decode tile (lk_quant_set_dec_roll) */
+#define LK_F_ROLLED(attr, name, CALL)                                                                  \
+    LK_TILE_FN(attr, name##r, 4, 1, CALL)                                                             \
+    static const lk_tileset name##r_set = {name##r_4x1, name##_1x1, 4, 3,                             \
+                                           {{NULL, name##_1x1, name##_1x2, name##_1x3, NULL},          \
+                                            {NULL, name##_4x1, name##_4x2, name##_4x3, NULL}}};
+LK_F_ROLLED(LK_T512, f16, fl_tile(4, 1, 16, true, n, w, ws, a, as, y, ys))
+LK_F_ROLLED(LK_T512, bfc, fl_tile(4, 1, 0, true, n, w, ws, a, as, y, ys))
+LK_F_ROLLED(LK_T512BF, bf, bf_tile(4, 1, true, true, n, w, ws, a, as, y, ys, false))
 
 
 #define LK_MM_FN(name)                                                                      \
@@ -1089,7 +1146,8 @@ static void fla_run(const int kind, const lk_tileset *small, int64_t n, int64_t 
     static void mm_##name(int64_t n, int64_t nrows, const void *w, size_t w_stride,             \
                           int64_t ntok, const void *a, size_t a_stride, float *y,               \
                           size_t y_stride) {                                                    \
-        fla_run(kind, &name##_set, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);      \
+        fla_run(kind, lk_quant_dec_roll() ? &name##r_set : &name##_set, n, nrows, w, w_stride, ntok, a, \
+                a_stride, y, y_stride);                                                         \
     }
 LK_MM_FLA_FN(f16, 16)
 
@@ -1199,7 +1257,7 @@ LK_MM_FLA_FN(bfc, 0)
 #define BF6_FN(R, T)                                                                                         \
     LK_T512BF static void bf6_##R##x##T(int64_t n, const uint8_t *w, size_t ws, const void *a, size_t as,    \
                                         float *y, size_t ys, bool pf) {                                      \
-        bf_tile(R, T, false, n, w, ws, a, as, y, ys, pf);                                                    \
+        bf_tile(R, T, false, false, n, w, ws, a, as, y, ys, pf);                                                    \
     }
 BF6_FN(4, 1) BF6_FN(4, 2) BF6_FN(4, 3) BF6_FN(4, 4) BF6_FN(4, 5) BF6_FN(4, 6)
 BF6_FN(1, 1) BF6_FN(1, 2) BF6_FN(1, 3) BF6_FN(1, 4) BF6_FN(1, 5) BF6_FN(1, 6)
@@ -1209,7 +1267,7 @@ enum { BF6_L1 = 32 * 1024, BF6_BLOCK = 256 * 1024, BF6_TCHUNK = 64 };
 static void mm_bf(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
                   size_t as, float *y, size_t ys) {
     if (ntok < FLA_MIN_TOK) {
-        lk_quant_run_tiles(&bf_set, n, nrows, w, ws, ntok, a, as, y, ys);
+        lk_quant_run_tiles(lk_quant_dec_roll() ? &bfr_set : &bf_set, n, nrows, w, ws, ntok, a, as, y, ys);
         return;
     }
     const uint8_t *A = a;
