@@ -705,12 +705,14 @@ void lk_quant_matmul_terms(lk_type wt, int64_t n, int64_t nrows, const void *w, 
  * threads (BENCHMARKS.md, ninth session), so by default only AMD CPUs take
  * it; LK_REPACK=all takes it everywhere, LK_REPACK=0 nowhere. */
 static bool cpu_is_amd(void) {
-    static int amd = -1;
-    if (amd < 0) {
+    static _Atomic int amd = -1; /* every F16/BF16 product asks (lk_quant_dec_roll), from any thread */
+    int v = atomic_load_explicit(&amd, memory_order_relaxed);
+    if (v < 0) {
         unsigned a = 0, b = 0, c = 0, d = 0;
-        amd = __get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u; /* AuthenticAMD */
+        v = __get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u; /* AuthenticAMD */
+        atomic_store_explicit(&amd, v, memory_order_relaxed);
     }
-    return amd;
+    return v;
 }
 
 /* Where a row's block b goes in its group: byte at + 4k (k < nq) of row i

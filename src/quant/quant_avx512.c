@@ -1257,7 +1257,7 @@ LK_MM_FLA_FN(bfc, 0)
 #define BF6_FN(R, T)                                                                                         \
     LK_T512BF static void bf6_##R##x##T(int64_t n, const uint8_t *w, size_t ws, const void *a, size_t as,    \
                                         float *y, size_t ys, bool pf) {                                      \
-        bf_tile(R, T, false, false, n, w, ws, a, as, y, ys, pf);                                                    \
+        bf_tile(R, T, false, false, n, w, ws, a, as, y, ys, pf);                                             \
     }
 BF6_FN(4, 1) BF6_FN(4, 2) BF6_FN(4, 3) BF6_FN(4, 4) BF6_FN(4, 5) BF6_FN(4, 6)
 BF6_FN(1, 1) BF6_FN(1, 2) BF6_FN(1, 3) BF6_FN(1, 4) BF6_FN(1, 5) BF6_FN(1, 6)
