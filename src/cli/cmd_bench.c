@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -388,14 +389,20 @@ int lk_cmd_bench(int argc, char **argv) {
             memset(&d.prof_tg, 0, sizeof d.prof_tg);
             d.prof_pp_s = d.prof_tg_s = 0;
             lk_prof_enable(profile);
+            /* progress: one line rewritten on a terminal; in a log, a line a
+             * repetition, so that it never runs into the table's rows when
+             * stdout and stderr share a file */
+            const bool tty = isatty(STDERR_FILENO);
             for (int r = 0; r < reps && st == LK_OK; r++) {
                 st = rep_seqs(&d, S, (int)p, (int)n, &pp[r], &tg[r], err, sizeof err);
                 jsum += d.tg_j;
                 ssum += d.tg_s;
-                if (!json && !csv) fprintf(stderr, "\rbench: threads %d seqs %d rep %d/%lld", threads, S, r + 1, (long long)reps);
+                if (!json && !csv)
+                    fprintf(stderr, "%sbench: threads %d seqs %d rep %d/%lld%s", tty ? "\r" : "", threads, S, r + 1,
+                            (long long)reps, tty ? "" : "\n");
             }
             lk_prof_enable(false);
-            if (!json && !csv) fprintf(stderr, "\r%48s\r", "");
+            if (!json && !csv && tty) fprintf(stderr, "\r%48s\r", "");
             if (st) break;
             const prof_view pv_pp = prof_make(&d.prof_pp, d.prof_pp_s, threads),
                             pv_tg = prof_make(&d.prof_tg, d.prof_tg_s, threads);
