@@ -178,6 +178,13 @@ if [ "$(grep -c '"seqs":' "$T/out")" -eq 2 ] && grep -q '"seqs":4,' "$T/out"; th
 else no bench_seqs_rows "$(cat "$T/out")"; fi
 expect bench_seqs_pp2 0 "$L" bench -m "$M" -t 1 -p 16 -n 8 -r 1 --seqs 1,3 --bw-mib 16 --csv --local 2 --pp 2
 has bench_seqs_pp2_row "$T/out" '^stories260K.gguf,1,3,2,'
+# the Markdown table with stderr in the same log (as scripts and CI logs
+# have it): the progress is a line a repetition there, never the start of
+# a table row's line, so every row of every thread count starts its line
+"$L" bench -m "$M" -t 1,2 -p 8 -n 4 -r 2 --seqs 1,2 --bw-mib 16 >"$T/log" 2>&1
+if [ "$(grep -c '^| stories260K.gguf | [12] | [12] | ' "$T/log")" -eq 4 ] && grep -q '^bench: threads 2 seqs 2 rep 2/2$' "$T/log" &&
+    ! grep -q $'\r' "$T/log"; then ok bench_rows_in_a_log
+else no bench_rows_in_a_log "$(cat -A "$T/log" | tail -n 8)"; fi
 # --profile: where the head's time went; its parts are measured separately
 # (pool runs by kind, the all-reduces, the layers and logits as wholes), so
 # none may exceed the whole, the all-reduces of a 2-rank tp run are there,
