@@ -804,6 +804,14 @@ LK_T512BF static LK_INL void bf_step(const int R, const int T, const bool masked
     }
 }
 
+/* One row's 32-element decode step into its two 8-lane halves (bf_tile's
+ * one-token loops): lanes 0-7 take the step's first 16 elements, 8-15 the
+ * next 16 */
+LK_T512BF static LK_INL void bf_half_step(__m256 *lo, __m256 *hi, const uint8_t *wr, __m256i alo, __m256i ahi) {
+    *lo = _mm256_dpbf16_ps(*lo, (__m256bh)_mm256_loadu_si256((const __m256i *)wr), (__m256bh)alo);
+    *hi = _mm256_dpbf16_ps(*hi, (__m256bh)_mm256_loadu_si256((const __m256i *)(wr + 32)), (__m256bh)ahi);
+}
+
 /* The chain of each (row, token) accumulator over the row's 32-element
  * steps, the last one masked, then one hsum. Decode (and 2-3 tokens,
  * `dec`): every step masked and prefetching (on Zen 5 unmasked full steps
@@ -844,9 +852,7 @@ LK_T512BF static LK_INL void bf_tile(const int R, const int T, const bool dec, c
                 for (int r = 0; r < R; r++) {
                     const uint8_t *wr = w + r * ws + i * 2;
                     if (pd) _mm_prefetch((const char *)wr + pd, _MM_HINT_T0);
-                    lo[r] = _mm256_dpbf16_ps(lo[r], (__m256bh)_mm256_loadu_si256((const __m256i *)wr), (__m256bh)alo);
-                    hi[r] = _mm256_dpbf16_ps(hi[r], (__m256bh)_mm256_loadu_si256((const __m256i *)(wr + 32)),
-                                             (__m256bh)ahi);
+                    bf_half_step(&lo[r], &hi[r], wr, alo, ahi);
                 }
             }
         } else {
@@ -857,9 +863,7 @@ LK_T512BF static LK_INL void bf_tile(const int R, const int T, const bool dec, c
                 for (int r = 0; r < R; r++) {
                     const uint8_t *wr = w + r * ws + i * 2;
                     pf_range(wr, R * ws, 64);
-                    lo[r] = _mm256_dpbf16_ps(lo[r], (__m256bh)_mm256_loadu_si256((const __m256i *)wr), (__m256bh)alo);
-                    hi[r] = _mm256_dpbf16_ps(hi[r], (__m256bh)_mm256_loadu_si256((const __m256i *)(wr + 32)),
-                                             (__m256bh)ahi);
+                    bf_half_step(&lo[r], &hi[r], wr, alo, ahi);
                 }
             }
         }
