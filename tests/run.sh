@@ -33,9 +33,15 @@ run_one() { # label, command...
 for t in $B/tests/test_*; do
     [ -x "$t" ] && run_one "$(basename "$t")" "$t"
 done
-# BF16 takes fp32 FMAs on CPUs without AVX512_BF16: the kernels' checks
-# again with this CPU's vdpbf16ps path turned off (LK_CPU_OFF)
-[ -x $B/tests/test_quant ] && LK_CPU_OFF=avx512bf16 run_one "test_quant (LK_CPU_OFF=avx512bf16)" $B/tests/test_quant
+# BF16 products take AMX-BF16 tiles where the CPU has them, else vdpbf16ps
+# (AVX512_BF16), else fp32 FMAs: the kernels' checks again on each path
+# this CPU has below its own (LK_CPU_OFF turns features off)
+if [ -x $B/tests/test_quant ]; then
+    if grep -qw amx_bf16 /proc/cpuinfo 2>/dev/null; then
+        LK_CPU_OFF=amxbf16 run_one "test_quant (LK_CPU_OFF=amxbf16)" $B/tests/test_quant
+    fi
+    LK_CPU_OFF=avx512bf16,amxbf16 run_one "test_quant (LK_CPU_OFF=avx512bf16,amxbf16)" $B/tests/test_quant
+fi
 for t in $B/asan/tests/test_*; do
     [ -x "$t" ] && LOCKSTEP=$B/asan/lockstep run_one "asan/$(basename "$t")" "$t"
 done

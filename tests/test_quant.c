@@ -22,6 +22,7 @@
 #include "gguf/gguf.h"
 #include "kernels/membw.h"
 #include "quant/quant.h"
+#include "quant/quant_impl.h"
 
 /* ---- deterministic random numbers (xorshift64*) ---- */
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
@@ -790,6 +791,85 @@ TEST(matmul_terms_same_bits) {
     lk_quant_set_simd("scalar");
 }
 
+/* BF16 through AMX-BF16 tiles (lk_quant_bf16_amx): the emulated tile
+ * instructions against a scalar sum in their documented order, bit for
+ * bit, and the real ones (where the CPU has them) against themselves: every
+ * way of cutting the same product (one token a call as decode, 17 tokens,
+ * all at once; rows from 0 and from 16) gives the same bits, which are
+ * within fp32 summation error of a double reference. Shapes past every
+ * blocking of the kernel: K chunks of 2048 (4133 elements: 3 chunks, the
+ * last step 5 elements), row blocks of 256 in pairs of 16-row groups (300
+ * rows: a block of 44, a pair of 16 + 12), token blocks of 64 in tiles of
+ * 16 (70 tokens; emulated: 2100 x 270 x 20), and small ones. */
+static float bx_ftz_ref(float x) { return fabsf(x) < 0x1p-126f ? 0.0f * x : x; }
+TEST(bf16_amx) {
+    static const struct { int64_t n, nrows, nt; } shapes[] = {
+        {4133, 300, 70}, {2100, 270, 20}, {64, 16, 3}, {33, 5, 17}, {2048, 37, 40}};
+    const bool hw = (lk_cpu()->feat & LK_CPU_AMXBF16) != 0;
+    if (!lk_quant_set_simd("avx512")) { printf("  (no avx512 on this CPU)\n"); return; }
+    if (!hw) printf("  (no AMX-BF16 on this CPU: the emulated tiles only)\n");
+    for (int mode = 0; mode < (hw ? 2 : 1); mode++)
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int64_t n = shapes[si].n, nrows = shapes[si].nrows, nt = shapes[si].nt;
+        if (mode == 0 && n * nrows * nt > 20000000) continue; /* emulated: the second case covers the same blocks */
+        const bool emu = mode == 0;
+        uint16_t *w = malloc(sizeof(uint16_t) * (size_t)(n * nrows)), *a = malloc(sizeof(uint16_t) * (size_t)(n * nt));
+        for (int64_t i = 0; i < n * nrows; i++) w[i] = lk_fp32_to_bf16(rnd_gauss());
+        for (int64_t i = 0; i < n * nt; i++) a[i] = lk_fp32_to_bf16(rnd_gauss());
+        float *want = malloc(sizeof(float) * (size_t)(nrows * nt)), *got = malloc(sizeof(float) * (size_t)(nrows * nt));
+        double worst = 0;
+        for (int64_t t = 0; t < nt; t++)
+            for (int64_t r = 0; r < nrows; r++) {
+                float s = 0;
+                for (int64_t k = 0; k < (n + 31) / 32 * 32; k++) {
+                    const float x = k < n ? lk_bf16_to_fp32(w[r * n + k]) : 0, z = k < n ? lk_bf16_to_fp32(a[t * n + k]) : 0;
+                    s = bx_ftz_ref(s + bx_ftz_ref(x) * bx_ftz_ref(z));
+                }
+                want[t * nrows + r] = s;
+            }
+        static const int64_t chunks[] = {1, 17, 0};
+        for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
+            const int64_t chunk = chunks[c] ? chunks[c] : nt;
+            memset(got, 0xff, sizeof(float) * (size_t)(nrows * nt));
+            for (int64_t t0 = 0; t0 < nt; t0 += chunk) {
+                const int64_t tn = LK_MIN(chunk, nt - t0), cut = nrows > 16 ? 16 : nrows;
+                lk_quant_bf16_amx(emu, n, cut, w, (size_t)n * 2, tn, a + t0 * n, (size_t)n * 2, got + t0 * nrows,
+                                  (size_t)nrows);
+                if (cut < nrows)
+                    lk_quant_bf16_amx(emu, n, nrows - cut, w + cut * n, (size_t)n * 2, tn, a + t0 * n, (size_t)n * 2,
+                                      got + t0 * nrows + cut, (size_t)nrows);
+            }
+            if (!emu && c == 0) { /* the real tiles' own bits: decode's are the reference for the rest */
+                for (int64_t t = 0; t < nt; t++)
+                    for (int64_t r = 0; r < nrows; r++) {
+                        double d = 0, mag = 0;
+                        for (int64_t k = 0; k < n; k++) {
+                            const double p = (double)lk_bf16_to_fp32(w[r * n + k]) * lk_bf16_to_fp32(a[t * n + k]);
+                            d += p, mag += fabs(p);
+                        }
+                        const double e = fabs(got[t * nrows + r] - d) / mag;
+                        worst = e > worst ? e : worst;
+                    }
+                memcpy(want, got, sizeof(float) * (size_t)(nrows * nt));
+            }
+            int bad = 0;
+            for (int64_t e = 0; e < nrows * nt; e++) bad += memcmp(&got[e], &want[e], sizeof(float)) != 0;
+            CHECKF(bad == 0, "%s tiles, %lld x %lld, %lld tokens in calls of %lld: %d of %lld outputs differ from %s",
+                   emu ? "emulated" : "AMX", (long long)nrows, (long long)n, (long long)nt, (long long)chunk, bad,
+                   (long long)(nrows * nt), emu ? "the scalar sum in the tiles' order" : "decode's (calls of 1 token)");
+        }
+        if (!emu) {
+            /* fp32 summation of n terms: well under n * 2^-24 of the sum of |terms| */
+            CHECKF(worst < 1e-5, "AMX tiles %lld x %lld: error %.3g of the sum of |products| against a double sum",
+                   (long long)nrows, (long long)n, worst);
+            printf("  AMX %lld x %lld x %lld: worst error %.2g of sum |w a|\n", (long long)nrows, (long long)n,
+                   (long long)nt, worst);
+        }
+        free(w), free(a), free(want), free(got);
+    }
+    lk_quant_set_simd("scalar");
+}
+
 /* The AMX kernel (lk_quant_set_amx) against the scalar reference, bit for
  * bit: Q4_0, Q8_0 and their repacked layouts, every call taking the tiles
  * (threshold 1), calls of 1 to 40 tokens (tiles of 16; the last tokens
@@ -1191,6 +1271,7 @@ int main(int argc, char **argv) {
     RUN(repacked_same_bits_as_file_rows);
     RUN(matmul_terms_same_bits);
     RUN(amx_same_bits);
+    RUN(bf16_amx);
     RUN(f32_avx512_lane_order);
     RUN(float_rows_same_bits_every_level);
     RUN(matmul_avx2_gemm_choices_bit_exact);

@@ -27,7 +27,7 @@ const char *lk_cpu_features(void) {
     char tmp[160] = "";
 #if defined(__x86_64__)
     static const uint32_t named[] = {LK_CPU_AVX2, LK_CPU_FMA, LK_CPU_F16C, LK_CPU_AVX512F,
-                                     LK_CPU_AVX512BW, LK_CPU_AVX512VNNI, LK_CPU_AVX512BF16};
+                                     LK_CPU_AVX512BW, LK_CPU_AVX512VNNI, LK_CPU_AVX512BF16, LK_CPU_AMXBF16};
     strcat(tmp, "x86_64");
     for (size_t i = 0; i < sizeof named / sizeof named[0]; i++)
         if (lk_cpu()->feat & named[i]) {

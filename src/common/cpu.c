@@ -45,6 +45,7 @@ static const struct { uint32_t bit; const char *name; } k_feat_names[] = {
     {LK_CPU_AVX512F, "avx512f"},   {LK_CPU_AVX512BW, "avx512bw"},   {LK_CPU_AVX512VL, "avx512vl"},
     {LK_CPU_AVX512DQ, "avx512dq"}, {LK_CPU_AVX512VNNI, "avx512vnni"}, {LK_CPU_AVX512VBMI, "avx512vbmi"},
     {LK_CPU_GFNI, "gfni"},         {LK_CPU_AVX512BF16, "avx512bf16"}, {LK_CPU_AMX, "amx"},
+    {LK_CPU_AMXBF16, "amxbf16"},
 };
 
 static uint32_t probe_features(void) {
@@ -87,15 +88,18 @@ static uint32_t probe_features(void) {
      * signal frames (arch_prctl ARCH_REQ_XCOMP_PERM, feature 18) before its
      * first tile instruction, which otherwise dies of SIGILL. */
     const bool amx_cpu = (d & (1u << 24)) && (d & (1u << 25)) && (xcr0 & (3u << 17)) == (3u << 17);
+    const bool amx_bf16 = d & (1u << 22); /* AMX-BF16 */
     if (eax7 >= 1) {
         __cpuid_count(7, 1, a, b, c, d);
         if (a & (1u << 5)) f |= LK_CPU_AVX512BF16;
     }
 #if defined(__x86_64__) && defined(__linux__)
-    if (amx_cpu && syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0)
+    if (amx_cpu && syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0) {
         f |= LK_CPU_AMX;
+        if (amx_bf16) f |= LK_CPU_AMXBF16;
+    }
 #else
-    (void)amx_cpu;
+    (void)amx_cpu, (void)amx_bf16;
 #endif
 #endif
     return f;
@@ -128,7 +132,7 @@ static uint32_t features_off(const char *env) {
         while (i < n && strcmp(tok, k_feat_names[i].name)) i++;
         if (i < n) off |= k_feat_names[i].bit;
         else lk_log(LK_LOG_WARN, "LK_CPU_OFF: unknown feature '%s' (one of avx avx2 fma f16c bmi bmi2 avx512f avx512bw "
-                                 "avx512vl avx512dq avx512vnni avx512vbmi gfni avx512bf16 amx); ignored", tok);
+                                 "avx512vl avx512dq avx512vnni avx512vbmi gfni avx512bf16 amx amxbf16); ignored", tok);
     }
     return off;
 }
@@ -137,6 +141,7 @@ static void cpu_init(void) {
     lk_cpu_info c = {.feat = probe_features()};
     const char *off = getenv("LK_CPU_OFF");
     if (off && *off) c.feat &= ~features_off(off);
+    if (!(c.feat & LK_CPU_AMX)) c.feat &= ~LK_CPU_AMXBF16; /* no tiles, none of their kinds */
     c.best = runs(c.feat, LK_SIMD_AVX512) ? LK_SIMD_AVX512 : runs(c.feat, LK_SIMD_AVX2) ? LK_SIMD_AVX2 : LK_SIMD_SCALAR;
     c.level = c.best;
     c.cap = LK_SIMD_AVX512;

@@ -179,6 +179,8 @@ enum {
     /* AMX-TILE + AMX-INT8 with the tile state enabled by the OS for this
      * process (Linux grants it on request: the probe asks) */
     LK_CPU_AMX = 1u << 14,
+    /* AMX-BF16 beside them (BF16 products through tiles) */
+    LK_CPU_AMXBF16 = 1u << 15,
 };
 /* Whole levels, in order: avx2 = AVX2+FMA+F16C+BMI1/2 (Haswell, Zen 1 on);
  * avx512 adds AVX-512 F/BW/VL/DQ/VNNI/VBMI and GFNI (Ice Lake, Sapphire

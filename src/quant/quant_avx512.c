@@ -1294,6 +1294,13 @@ static void mm_bf(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t nt
                  y + (size_t)t0 * ys, ys, rb);
 }
 
+/* BF16 on CPUs with AMX-BF16: every token count through the tiles
+ * (lk_quant_bf16_amx) */
+static void mm_bfx(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a, size_t as,
+                   float *y, size_t ys) {
+    lk_quant_bf16_amx(false, n, nrows, w, ws, ntok, a, as, y, ys);
+}
+
 void lk_quant_fill_avx512(lk_quant_ops *ops) {
     build_tables();
     ops->name = "avx512";
@@ -1315,5 +1322,6 @@ void lk_quant_fill_avx512(lk_quant_ops *ops) {
     ops->mm[LK_TYPE_Q6_K_R16] = mm_q6kr16;
     ops->mm[LK_TYPE_F32] = mm_f32;
     ops->mm[LK_TYPE_F16] = mm_f16;
-    ops->mm[LK_TYPE_BF16] = (lk_cpu()->feat & LK_CPU_AVX512BF16) ? mm_bf : mm_bfc;
+    const uint32_t feat = lk_cpu()->feat;
+    ops->mm[LK_TYPE_BF16] = (feat & LK_CPU_AMXBF16) ? mm_bfx : (feat & LK_CPU_AVX512BF16) ? mm_bf : mm_bfc;
 }

@@ -46,6 +46,8 @@
  * from the scalar code and llama.cpp.) The K-quants: see their section
  * below. */
 #include <immintrin.h>
+#include <math.h>
+#include <string.h>
 
 #include "quant/quant_impl.h"
 
@@ -656,6 +658,218 @@ LK_TG void lk_quant_gemm_q4q8_amx(bool emu, int fmt, int64_t n, int64_t nrows, c
                                                      d + (size_t)t * GK_KSB + b1, GK_KSB, kb,
                                                      y + (size_t)(t0 + t) * ys + (size_t)(r0 + g * GK_ROWS), ys,
                                                      g == rg - 1 ? nlast : GK_ROWS, b0 > 0);
+                    }
+                }
+            }
+        }
+    }
+    if (!emu) __asm__ volatile("tilerelease" ::);
+}
+
+/* ===================================================================== */
+/* BF16 through AMX-BF16 tiles                                            */
+/* ===================================================================== */
+
+/* Every BF16 product, one token or many, on CPUs with AMX-BF16 (Xeons from
+ * Sapphire Rapids on; lk_quant_fill_avx512 picks it). There vdpbf16ps
+ * retires one per 2 cycles (TinyLlama BF16 prefill ran at 95 % of its
+ * peak, half the fp32 FMAs'), while a tile product TDPBF16PS does 16 rows
+ * x 16 tokens x 32 elements: one Sapphire Rapids core multiplied 2048 x
+ * 5632 x 16 at 418 GFLOP/s against ~110 (BENCHMARKS.md, seventeenth
+ * session).
+ *
+ * C[row][token] += A[row][k] * B[k][token]: A is 16 weight rows' 32
+ * elements of a K step, loaded from the rows in place (64 bytes each, ws
+ * apart); B is the step's activations in the pair-interleaved order AMX
+ * wants (16 rows of pairs, row kk = elements 2kk and 2kk+1 of every
+ * token), packed per call; one token's B is its row as it is (16 rows of 4
+ * bytes). So decode reads the weights where they are, nothing repacked at
+ * load.
+ *
+ * Bits: the tile unit's sum of a step's products is its own (it matches
+ * no sequential order of fp32 additions we tried), but it is the same for
+ * every token count: each (row, token) sum is its C element's chain over
+ * the row's K steps in order, from zero, every step (the last one
+ * zero-padded) the same instruction on the same 32 pairs, whether the
+ * step's tile holds 1 token or 16 and whether C waited in memory between
+ * K chunks (stored and loaded exactly). Decode and prefill agree bit for
+ * bit (test_quant bf16_amx), the batch invariance of the other paths, and
+ * only this path's own bits: results differ from vdpbf16ps's and fp32
+ * FMAs' by roundings, so AMX-BF16 is a CPU feature (LK_CPU_OFF=amxbf16
+ * turns it off), not a tuning choice.
+ *
+ * Emulated (emu): the tile instructions in C (TDPBF16PS in its documented
+ * order: per pair, the even element's product added, then the odd's), so
+ * that tests check the packing, tails and chunking where there is no AMX;
+ * emulated and real tiles give different bits. */
+enum {
+    BX_KC = 2048, /* elements of a K chunk */
+    BX_TS = 64,   /* tokens packed at a time: 64 x 2048 elements, 256 KB */
+    BX_RB = 256   /* rows per block: their C tiles wait in 64 KB between chunks */
+};
+
+/* TDPBF16PS c, a, b emulated: c[m][n] += a[m][2k+i] * b[k][2n+i] (k, then
+ * i = 0, 1), denormal inputs and results flushed to zero */
+static float bx_ftz(float x) { return fabsf(x) < 0x1p-126f ? 0.0f * x : x; }
+static void bx_emu_dp(int c, int a, int b) {
+    for (int m = 0; m < ax_emu.cfg.rows[c]; m++)
+        for (int n = 0; n < ax_emu.cfg.colsb[c] / 4; n++) {
+            float s;
+            memcpy(&s, ax_emu.t[c][m] + 4 * n, 4);
+            for (int k = 0; k < ax_emu.cfg.colsb[a] / 4; k++)
+                for (int i = 0; i < 2; i++) {
+                    uint16_t x, z;
+                    memcpy(&x, ax_emu.t[a][m] + 4 * k + 2 * i, 2);
+                    memcpy(&z, ax_emu.t[b][k] + 4 * n + 2 * i, 2);
+                    s = bx_ftz(s + bx_ftz(lk_bf16_to_fp32(x)) * bx_ftz(lk_bf16_to_fp32(z)));
+                }
+            memcpy(ax_emu.t[c][m] + 4 * n, &s, 4);
+        }
+}
+#define BX_DP(E, c, a, b)                                                          \
+    do {                                                                           \
+        if (E) bx_emu_dp(c, a, b);                                                 \
+        else __asm__ volatile("tdpbf16ps %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::);  \
+    } while (0)
+
+/* Tiles: 0 and 1 the sums of two row groups (r0 rows and r1 rows; r1 = 0:
+ * one group), 2 and 3 their weights, 4 the activations of nt tokens (1:
+ * decode, the row in place; else 16, packed, the missing ones zero). */
+static void bx_config(bool emu, int r0, int r1, int nt) {
+    ax_cfg c = {.palette = 1};
+    c.rows[0] = c.rows[2] = (uint8_t)r0;
+    c.rows[1] = c.rows[3] = (uint8_t)r1;
+    c.colsb[0] = (uint16_t)(4 * nt), c.colsb[2] = 64;
+    c.colsb[1] = r1 ? (uint16_t)(4 * nt) : 0, c.colsb[3] = r1 ? 64 : 0;
+    c.rows[4] = 16, c.colsb[4] = (uint16_t)(4 * nt);
+    if (emu) {
+        ax_emu.cfg = c;
+        memset(ax_emu.t, 0, sizeof ax_emu.t);
+    } else {
+        __asm__ volatile("ldtilecfg %0" ::"m"(c));
+    }
+}
+
+/* The step of elements k..k+31 of rows [r, r + nr) for tile loading: the
+ * rows in place when the step is whole, else their tail copied into `pad`
+ * with zeros after it (a tile load reads all 64 bytes) */
+static const uint8_t *bx_rows(const uint8_t *w, size_t ws, int nr, int64_t n, int64_t k, uint8_t pad[16][64],
+                              size_t *stride) {
+    if (k + 32 <= n) {
+        *stride = ws;
+        return w + (size_t)k * 2;
+    }
+    memset(pad, 0, 16 * 64);
+    for (int i = 0; i < nr; i++) memcpy(pad[i], w + (size_t)i * ws + (size_t)k * 2, (size_t)(n - k) * 2);
+    *stride = 64;
+    return pad[0];
+}
+
+/* Tokens t0..t0+nt-1's elements of K steps s0..s0+cs-1 into pk[s][j]: the
+ * tile of step s0+s for tokens 16j..16j+15 (row kk: the pairs 2kk, 2kk+1
+ * of each token, token t at bytes 4(t % 16)); past n, and tokens past nt,
+ * zero */
+LK_TG static void bx_pack(const uint8_t *at, size_t as, int nt, int64_t n, int64_t s0, int cs,
+                          uint8_t (*pk)[BX_TS / 16][16][64]) {
+    const int nj = (nt + 15) / 16;
+    for (int s = 0; s < cs; s++) {
+        const int64_t k = (s0 + s) * 32;
+        const int64_t ne = LK_MIN((int64_t)32, n - k);
+        memset(pk[s], 0, (size_t)nj * 16 * 64);
+        for (int t = 0; t < nt; t++) {
+            const uint8_t *src = at + (size_t)t * as + (size_t)k * 2;
+            uint8_t(*dst)[64] = pk[s][t / 16];
+            const int c = 4 * (t % 16);
+            if (ne == 32) {
+                _Alignas(64) uint32_t d[16];
+                _mm512_store_si512(d, _mm512_loadu_si512(src));
+#pragma GCC unroll 16
+                for (int kk = 0; kk < 16; kk++) memcpy(dst[kk] + c, &d[kk], 4);
+            } else {
+                for (int64_t e = 0; e < ne; e++) memcpy(dst[e / 2] + c + 2 * (e % 2), src + 2 * e, 2);
+            }
+        }
+    }
+}
+
+LK_TG void lk_quant_bf16_amx(bool emu, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
+                             const void *a, size_t as, float *y, size_t ys) {
+    enum { KS = BX_KC / 32, TJ = BX_TS / 16 };
+    const uint8_t *W = w, *A = a;
+    const int64_t nsteps = (n + 31) / 32;
+    const bool dec = ntok == 1;
+    _Alignas(64) uint8_t pk[dec ? 1 : KS][TJ][16][64]; /* packed activations, 256 KB (on the stack as fla_run's) */
+    _Alignas(64) float park[BX_RB / 16][TJ][16][16];             /* C between chunks, 64 KB */
+    _Alignas(64) float cout[16][16];
+    _Alignas(64) uint8_t wpad[2][16][64], apad[64];
+    int cfg = -1;
+    for (int64_t ts0 = 0; ts0 < ntok; ts0 += BX_TS) {
+        const int nts = (int)LK_MIN((int64_t)BX_TS, ntok - ts0);
+        const int nj = (nts + 15) / 16;
+        const uint8_t *at = A + (size_t)ts0 * as;
+        int64_t packed = -1; /* the chunk pk holds */
+        for (int64_t rb0 = 0; rb0 < nrows; rb0 += BX_RB) {
+            const int64_t rbn = LK_MIN((int64_t)BX_RB, nrows - rb0);
+            for (int64_t c0 = 0; c0 < nsteps; c0 += KS) {
+                const int cs = (int)LK_MIN((int64_t)KS, nsteps - c0);
+                const bool last = c0 + cs == nsteps;
+                if (!dec && packed != c0) bx_pack(at, as, nts, n, c0, cs, pk), packed = c0;
+                for (int64_t g = 0; g < rbn; g += 32) {
+                    const int r0 = (int)LK_MIN((int64_t)16, rbn - g);
+                    const int r1 = (int)LK_MAX((int64_t)0, LK_MIN((int64_t)16, rbn - g - 16));
+                    const int want = (r0 << 16) | (r1 << 8) | (dec ? 1 : 16);
+                    if (want != cfg) bx_config(emu, r0, r1, dec ? 1 : 16), cfg = want;
+                    const uint8_t *w0 = W + (size_t)(rb0 + g) * ws, *w1 = w0 + 16 * ws;
+                    for (int j = 0; j < nj; j++) {
+                        float(*pc0)[16] = park[g / 16][j], (*pc1)[16] = park[g / 16 + (r1 > 0)][j];
+                        if (c0 == 0) {
+                            AX_ZERO(emu, 0);
+                            if (r1) AX_ZERO(emu, 1);
+                        } else {
+                            AX_LOAD(emu, 0, pc0, 64);
+                            if (r1) AX_LOAD(emu, 1, pc1, 64);
+                        }
+                        for (int s = 0; s < cs; s++) {
+                            const int64_t k = (c0 + s) * 32;
+                            if (!dec) {
+                                AX_LOAD(emu, 4, pk[s][j], 64);
+                            } else if (k + 32 <= n) {
+                                AX_LOAD(emu, 4, at + (size_t)k * 2, 4);
+                            } else {
+                                memset(apad, 0, sizeof apad);
+                                memcpy(apad, at + (size_t)k * 2, (size_t)(n - k) * 2);
+                                AX_LOAD(emu, 4, apad, 4);
+                            }
+                            size_t st;
+                            const uint8_t *p0 = bx_rows(w0, ws, r0, n, k, wpad[0], &st);
+                            AX_LOAD(emu, 2, p0, st);
+                            BX_DP(emu, 0, 2, 4);
+                            if (r1) {
+                                const uint8_t *p1 = bx_rows(w1, ws, r1, n, k, wpad[1], &st);
+                                AX_LOAD(emu, 3, p1, st);
+                                BX_DP(emu, 1, 3, 4);
+                            }
+                        }
+                        if (!last) {
+                            AX_STORE(emu, 0, pc0, 64);
+                            if (r1) AX_STORE(emu, 1, pc1, 64);
+                            continue;
+                        }
+                        float *yr = y + (size_t)(ts0 + 16 * j) * ys + (size_t)(rb0 + g);
+                        const int nt = LK_MIN(16, nts - 16 * j);
+                        for (int h = 0; h < (r1 ? 2 : 1); h++) {
+                            const int nr = h ? r1 : r0;
+                            if (dec) {
+                                /* one token: the sums are the rows in order */
+                                if (h) AX_STORE(emu, 1, yr + 16, 4);
+                                else AX_STORE(emu, 0, yr, 4);
+                                continue;
+                            }
+                            if (h) AX_STORE(emu, 1, cout, 64);
+                            else AX_STORE(emu, 0, cout, 64);
+                            for (int t = 0; t < nt; t++)
+                                for (int i = 0; i < nr; i++) yr[(size_t)t * ys + 16 * h + i] = cout[i][t];
+                        }
                     }
                 }
             }

@@ -271,6 +271,12 @@ void lk_quant_gemm_q4q8_avx512(int fmt, int64_t n, int64_t nrows, const void *w,
  * (lk_quant_amx_emulate). Reads the scales of `terms` (any offset). */
 void lk_quant_gemm_q4q8_amx(bool emu, int fmt, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
                             const void *a, size_t as, const lk_act_terms *terms, float *y, size_t ys);
+/* BF16 weights and activations through AMX-BF16 tiles, any token count:
+ * this path's own bits, the same for every token count (decode and
+ * prefill agree); emu: the tile instructions emulated in C, their own
+ * bits again (tests only). */
+void lk_quant_bf16_amx(bool emu, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
+                       size_t as, float *y, size_t ys);
 /* lk_act_terms_row with the GEMM's own derivation of the terms */
 void lk_act_terms_row_avx512(const lk_act_terms *T, int64_t t, const void *a, int64_t n);
 /* The same layouts below LK_GEMM_MIN_TOK tokens (tiles of up to
