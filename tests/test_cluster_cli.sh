@@ -232,6 +232,13 @@ kill "$WK"
 LK_SIMD=scalar start_worker "$T/simd.log"
 expect simd_mismatch_refused 1 "$L" run -m "$M" -p hi -n 2 --workers "127.0.0.1:$WP" --key-file "$T/k1"
 has simd_mismatch_msg "$T/err" 'CPU feature mismatch: head has \[[^]]*simd=[a-z0-9]+\], worker has \[[^]]*simd=scalar\]'
+# and says what would make them agree: the same features, so the level
+has simd_mismatch_hint "$T/err" 'LK_SIMD=scalar on the head would make them agree'
+kill "$WK"
+# a worker without a feature the head has (LK_CPU_OFF): the hint names it
+LK_CPU_OFF=fma start_worker "$T/cpuoff.log"
+expect cpu_off_mismatch_refused 1 "$L" run -m "$M" -p hi -n 2 --workers "127.0.0.1:$WP" --key-file "$T/k1"
+has cpu_off_mismatch_hint "$T/err" 'worker has \[x86_64 avx2 f16c[^]]*\]; LK_CPU_OFF=fma on the head would make them agree'
 kill "$WK"
 
 # a closed port (the worker just stopped): retried within the deadline, then

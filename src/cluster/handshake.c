@@ -48,6 +48,36 @@ const char *lk_cpu_features(void) {
     return buf;
 }
 
+/* Whether `word` is one of the space-separated words of `list`. */
+static bool has_word(const char *list, const char *word) {
+    const size_t n = strlen(word);
+    for (const char *p = list; (p = strstr(p, word)); p += n)
+        if ((p == list || p[-1] == ' ') && (p[n] == ' ' || p[n] == 0)) return true;
+    return false;
+}
+
+/* What would make two feature strings (lk_cpu_features) agree, for a
+ * mismatch's message: the features side `a` has and `b` lacks, as the
+ * LK_CPU_OFF that takes them away on a's side; when only the levels
+ * differ, the LK_SIMD that brings the higher one down. Empty when a has
+ * nothing to give up. */
+static void agree_hint(const char *a, const char *b, const char *side, char *out, size_t len) {
+    char words[160], off[160] = "";
+    const char *sa = strstr(a, "simd="), *sb = strstr(b, "simd=");
+    snprintf(words, sizeof words, "%s", a);
+    for (char *save = NULL, *w = strtok_r(words, " ", &save); w; w = strtok_r(NULL, " ", &save)) {
+        if (!strncmp(w, "simd=", 5) || has_word(b, w)) continue;
+        size_t k = strlen(off);
+        snprintf(off + k, sizeof off - k, "%s%s", k ? "," : "", w);
+    }
+    lk_simd_level la, lb;
+    out[0] = 0;
+    if (off[0])
+        snprintf(out, len, "; LK_CPU_OFF=%s on the %s would make them agree", off, side);
+    else if (sa && sb && lk_simd_level_parse(sa + 5, &la) && lk_simd_level_parse(sb + 5, &lb) && la > lb)
+        snprintf(out, len, "; LK_SIMD=%s on the %s would make them agree", sb + 5, side);
+}
+
 /* The first line of FILE that starts with KEY, after its ':' (or the whole
  * first line when KEY is NULL), trimmed and made printable ASCII. */
 static void read_fact(const char *file, const char *key, char *out, size_t len) {
@@ -377,8 +407,13 @@ lk_status lk_handshake(lk_chan *c, bool initiator, const lk_hs_params *p, lk_hs_
                  peer->version);
     else if (strcmp(peer->build_id, p->build_id))
         snprintf(reason, sizeof reason, "build mismatch: %s is %s, %s is %s", me, p->build_id, them, peer->build_id);
-    else if (strcmp(peer->cpu, p->cpu))
-        snprintf(reason, sizeof reason, "CPU feature mismatch: %s has [%s], %s has [%s]", me, p->cpu, them, peer->cpu);
+    else if (strcmp(peer->cpu, p->cpu)) {
+        char ha[200], hb[200];
+        agree_hint(p->cpu, peer->cpu, me, ha, sizeof ha);
+        agree_hint(peer->cpu, p->cpu, them, hb, sizeof hb);
+        snprintf(reason, sizeof reason, "CPU feature mismatch: %.16s has [%.150s], %.16s has [%.150s]%.110s%.110s", me,
+                 p->cpu, them, peer->cpu, ha, hb);
+    }
     else if (p->has_model && peer->has_model && sodium_memcmp(p->model_id, peer->model_id, LK_MODEL_ID_BYTES)) {
         char a[LK_MODEL_ID_HEX], b[LK_MODEL_ID_HEX]; /* enough bytes that two different ids differ */
         lk_cluster_model_id_pair(p->model_id, peer->model_id, a, b);
