@@ -740,14 +740,6 @@ LK_T512 static LK_INL void fl_tile(const int R, const int T, const int kind, con
 
 /* ---- prefill: activations as fp32, tiles of 4 rows x 6 tokens ---------- */
 
-/* The fl_tile / bf_tile arithmetic with the activations already in fp32
- * (F32, F16 and BF16 without AVX512_BF16: fp16/bf16 -> fp32 is exact, so
- * converting once per call instead of per tile changes no bit) and a
- * larger tile: 24 accumulators, 4 weight vectors converted once per 6
- * tokens, the tokens' fp32 elements as memory operands of the FMAs. Each
- * (row, token) accumulator takes the row's 16-element chunks in order, the
- * last one masked, then the same hsum: fl_tile's chain (which steps 32
- * elements as two chunks), so decode and prefill agree bit for bit. */
 /* One 16-element step of every (row, token) accumulator at element i:
  * loaded whole, or under mask m (masked) */
 LK_T512 static LK_INL void fla_step(const int R, const int T, const int kind, const bool masked, const uint8_t *w,
@@ -768,7 +760,15 @@ LK_T512 static LK_INL void fla_step(const int R, const int T, const int kind, co
     }
 }
 
-/* Full steps load unmasked: a masked load costs a uop on the FMA ports of
+/* The fl_tile / bf_tile arithmetic with the activations already in fp32
+ * (F32, F16 and BF16 without AVX512_BF16: fp16/bf16 -> fp32 is exact, so
+ * converting once per call instead of per tile changes no bit) and a
+ * larger tile: 24 accumulators, 4 weight vectors converted once per 6
+ * tokens, each token's fp32 elements loaded once for the 4 rows. Each
+ * (row, token) accumulator takes the row's 16-element chunks in order, the
+ * last one masked, then the same hsum: fl_tile's chain (which steps 32
+ * elements as two chunks), so decode and prefill agree bit for bit.
+ * Full steps load unmasked: a masked load costs a uop on the FMA ports of
  * Intel cores (Sapphire Rapids: 10 of them beside a step's 24 FMAs and 4
  * conversions). */
 LK_T512 static LK_INL void fla_tile(const int R, const int T, const int kind, int64_t n, const uint8_t *w,
