@@ -37,6 +37,10 @@ static int settings(lk_tune_set *out, int cap) {
     /* AMX: off, from every token, from 16 (the tiles' tails) */
     static const int amxs[] = { 0, 1, 16 };
     for (size_t i = 0; i < sizeof amxs / sizeof *amxs && n < cap; i++) out[n] = d, out[n++].amx = amxs[i];
+    /* the repacked Q4_0/Q8_0 decode's far prefetch: off, the nearest, the farthest, without the near one */
+    static const int fars[] = { 0, 1, LK_QUANT_FAR_MAX };
+    for (size_t i = 0; i < sizeof fars / sizeof *fars && n < cap; i++) out[n] = d, out[n++].far = fars[i];
+    if (n < cap) out[n] = d, out[n].pf = 0, out[n++].far = 32;
     out[n] = d, out[n].pf = 4, out[n].split = 8, out[n].gemm_rows = 4, out[n++].gemm_chunk = 0;
     return n;
 }
@@ -123,6 +127,25 @@ TEST(matmul_bits_across_settings) {
                        lk_type_name(t), s);
                 compared++;
             }
+            /* the layout made at load (Q4_0 / Q8_0 at AVX-512; the K-quants
+             * on AMD CPUs): the file rows' bits under every setting */
+            const lk_type rt = lk_type_repacked(t, ROWS);
+            if (rt != t) {
+                uint8_t *w2 = malloc(rb * ROWS);
+                lk_quant_repack(rt, t, COLS, ROWS, w, rb, w2);
+                const lk_mat m2 = { .type = rt, .cols = COLS, .rows = ROWS, .data = w2, .row_stride = rb };
+                for (int c = 0; c < nc; c++) {
+                    lk_tune_apply(&cand[c]);
+                    memset(y, 0xff, sizeof(float) * ny);
+                    run_all(p, &m2, x, y, scratch);
+                    char s[64];
+                    lk_tune_format(&cand[c], s, sizeof s);
+                    CHECKF(!memcmp(y, ref, sizeof(float) * ny), "%s %s: %s differs from %s's defaults", levels[li],
+                           lk_type_name(rt), s, lk_type_name(t));
+                    compared++;
+                }
+                free(w2);
+            }
             free(w);
         }
     }
@@ -186,7 +209,8 @@ TEST(model_logits_across_settings) {
             lk_tune_set now;
             lk_tune_get(&now);
             CHECKF(now.pf == cand[c].pf && now.split == cand[c].split && now.gemm_rows == cand[c].gemm_rows &&
-                       now.gemm_tok == cand[c].gemm_tok && now.drows == cand[c].drows && now.droll == cand[c].droll && now.amx == cand[c].amx,
+                       now.gemm_tok == cand[c].gemm_tok && now.drows == cand[c].drows && now.droll == cand[c].droll && now.amx == cand[c].amx &&
+                       now.far == cand[c].far,
                    "LK_TUNE=%s was not applied", s);
             CHECKF(l && n2 == n && !memcmp(l, ref, sizeof(float) * (size_t)n), "%s: %s gives other logits",
                    files[fi], s);
@@ -312,7 +336,8 @@ TEST(cache_file_and_env) {
 TEST(parse_rejects_bad_specs) {
     static const char *bad[] = { "pf=9", "split=0", "split=17", "gemm=5", "gemm=2x65", "gemm=2x", "pf", "pf=1,", "x=1",
                                  "pf=-1", "pf=1;split=2", "gtok=4", "gtok=33", "gtok=",
-                                 "drows=2", "drows=0", "drows=", "droll=2", "droll=-1", "droll=", "amx=", "amx=1025", "amx=-1", "amx=on" };
+                                 "drows=2", "drows=0", "drows=", "droll=2", "droll=-1", "droll=", "amx=", "amx=1025", "amx=-1", "amx=on",
+                                 "far=", "far=-1", "far=257", "far=16k" };
     char err[200];
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         lk_tune_set s;
@@ -343,6 +368,16 @@ TEST(parse_rejects_bad_specs) {
     lk_tune_format(&s, buf, sizeof buf);
     CHECKF(!strcmp(buf, "pf=0,split=16,gemm=off,amx=1024"), "formatted as '%s'", buf);
     CHECK(lk_tune_parse("amx=0", &s, err, sizeof err) && s.amx == 0);
+    s.amx = -1;
+    CHECK(lk_tune_parse("far=0", &s, err, sizeof err) && s.far == 0);
+    lk_tune_format(&s, buf, sizeof buf);
+    CHECKF(!strcmp(buf, "pf=0,split=16,gemm=off,far=0"), "formatted as '%s'", buf);
+    CHECK(lk_tune_parse("far=256", &s, err, sizeof err) && s.far == 256);
+    lk_tune_format(&s, buf, sizeof buf);
+    CHECKF(!strcmp(buf, "pf=0,split=16,gemm=off,far=256"), "formatted as '%s'", buf);
+    s.far = -1;
+    lk_tune_format(&s, buf, sizeof buf);
+    CHECKF(!strcmp(buf, "pf=0,split=16,gemm=off"), "formatted as '%s' (far -1 is the default)", buf);
 }
 
 int main(void) {

@@ -22,7 +22,8 @@
  * descheduled the others take up to three quarters of its share (2-thread
  * decode next to another 2-thread decode on 2 cores: BENCHMARKS.md) */
 void lk_tune_defaults(lk_tune_set *s) {
-    *s = (lk_tune_set){ .pf = 1, .split = 4, .gemm_rows = 0, .gemm_chunk = 0, .gemm_tok = 0, .drows = 4, .droll = -1, .amx = -1 };
+    *s = (lk_tune_set){ .pf = 1, .split = 4, .gemm_rows = 0, .gemm_chunk = 0, .gemm_tok = 0, .drows = 4, .droll = -1, .amx = -1,
+                       .far = -1 };
 }
 
 void lk_tune_apply(const lk_tune_set *s) {
@@ -33,6 +34,7 @@ void lk_tune_apply(const lk_tune_set *s) {
     lk_quant_set_dec_rows(s->drows);
     lk_quant_set_dec_roll(s->droll);
     lk_quant_set_amx(s->amx);
+    lk_quant_set_far(s->far);
 }
 
 void lk_tune_get(lk_tune_set *s) {
@@ -44,6 +46,7 @@ void lk_tune_get(lk_tune_set *s) {
     s->drows = lk_quant_dec_rows();
     s->droll = lk_quant_dec_roll_setting();
     s->amx = lk_quant_amx();
+    s->far = lk_quant_far();
 }
 
 void lk_tune_format(const lk_tune_set *s, char *buf, size_t n) {
@@ -54,8 +57,9 @@ void lk_tune_format(const lk_tune_set *s, char *buf, size_t n) {
     if (s->gemm_tok && k > 0 && (size_t)k < n) k += snprintf(buf + k, n - (size_t)k, ",gtok=%d", s->gemm_tok);
     if (s->drows != 4 && k > 0 && (size_t)k < n) k += snprintf(buf + k, n - (size_t)k, ",drows=%d", s->drows);
     if (s->droll >= 0 && k > 0 && (size_t)k < n) k += snprintf(buf + k, n - (size_t)k, ",droll=%d", s->droll);
-    if (s->amx == 0 && k > 0 && (size_t)k < n) snprintf(buf + k, n - (size_t)k, ",amx=off");
-    else if (s->amx > 0 && k > 0 && (size_t)k < n) snprintf(buf + k, n - (size_t)k, ",amx=%d", s->amx);
+    if (s->amx == 0 && k > 0 && (size_t)k < n) k += snprintf(buf + k, n - (size_t)k, ",amx=off");
+    else if (s->amx > 0 && k > 0 && (size_t)k < n) k += snprintf(buf + k, n - (size_t)k, ",amx=%d", s->amx);
+    if (s->far >= 0 && k > 0 && (size_t)k < n) snprintf(buf + k, n - (size_t)k, ",far=%d", s->far);
 }
 
 static bool parse_int(const char *s, const char *end, int lo, int hi, int *out) {
@@ -98,12 +102,14 @@ bool lk_tune_parse(const char *spec, lk_tune_set *s, char *err, size_t errlen) {
         } else if (ok && eq - p == 3 && !strncmp(p, "amx", 3)) {
             if (end - eq - 1 == 3 && !strncmp(eq + 1, "off", 3)) t.amx = 0;
             else ok = parse_int(eq + 1, end, 0, 1024, &t.amx);
+        } else if (ok && eq - p == 3 && !strncmp(p, "far", 3)) {
+            ok = parse_int(eq + 1, end, 0, LK_QUANT_FAR_MAX, &t.far);
         } else ok = false;
         if (!ok) {
             snprintf(err, errlen,
-                     "bad tuning setting '%.*s' (expected pf=0..%d, split=1..%d, gemm=off|1..4[x1..64], gtok=0|%d..%d, drows=1|4, droll=0|1, amx=off|0..1024)",
+                     "bad tuning setting '%.*s' (expected pf=0..%d, split=1..%d, gemm=off|1..4[x1..64], gtok=0|%d..%d, drows=1|4, droll=0|1, amx=off|0..1024, far=0..%d)",
                      (int)(end - p), p, LK_QUANT_PF_MAX, LK_MATMUL_SPLIT_MAX, LK_QUANT_GEMM_TOK_MIN,
-                     LK_QUANT_GEMM_TOK_MAX);
+                     LK_QUANT_GEMM_TOK_MAX, LK_QUANT_FAR_MAX);
             return false;
         }
         if (!*end) break;
@@ -290,6 +296,22 @@ void lk_tune_calibrate(lk_pool *p, lk_type t, int64_t cols, int64_t rows, size_t
         cur.pf = pfs[pick(ratio, 4, 1)];
         at = append(report, n, at, " pf 0/1/2/4 %.2f/%.2f/%.2f/%.2f (x%.2f/1/x%.2f/x%.2f);", med[0], med[1], med[2],
                     med[3], ratio[0], ratio[2], ratio[3]);
+    }
+    /* 1a. the repacked Q4_0/Q8_0 decode's far prefetch (quant.h): one
+     * stream a 16-row group, which the near prefetch alone left at 72 % of
+     * the bound for Q4_0 on the Sapphire Rapids guest (Q8_0: 90 %, and
+     * slower with it). The type's default is the reference. */
+    if (!strcmp(lk_quant_simd_name(), "avx512") && r16 && (ft == LK_TYPE_Q4_0 || ft == LK_TYPE_Q8_0)) {
+        static const int fars[] = { 0, LK_QUANT_FAR_Q4, 2 * LK_QUANT_FAR_Q4 };
+        const int ref = ft == LK_TYPE_Q4_0 ? 1 : 0;
+        lk_tune_set c[3];
+        double med[3], ratio[3];
+        for (int k = 0; k < 3; k++) c[k] = cur, c[k].far = fars[k];
+        stage(p, c, 3, ref, med, ratio, mats, nm, x, 1, y, scratch, 120);
+        const int w = pick(ratio, 3, ref);
+        cur.far = w == ref ? -1 : fars[w];
+        at = append(report, n, at, " far 0/%d/%d KB %.2f/%.2f/%.2f (x%.2f/x%.2f/x%.2f);", fars[1], fars[2], med[0],
+                    med[1], med[2], ratio[0], ratio[1], ratio[2]);
     }
     /* 1b. rows per decode tile, for the types whose decode is tiled (not
      * the repacked ones: 16 rows in the lanes); F16 and BF16 at AVX-512

@@ -551,6 +551,15 @@ void lk_quant_set_prefetch(int tiles) {
 
 int lk_quant_prefetch(void) { return lk_quant_pf_tiles(); }
 
+_Atomic int lk_quant_far_g = -1;
+
+void lk_quant_set_far(int kb) {
+    LK_ASSERT(kb >= -1 && kb <= LK_QUANT_FAR_MAX);
+    atomic_store(&lk_quant_far_g, kb);
+}
+
+int lk_quant_far(void) { return atomic_load_explicit(&lk_quant_far_g, memory_order_relaxed); }
+
 static _Atomic int g_gemm_tok;
 
 void lk_quant_set_dec_rows(int rows) {

@@ -164,6 +164,20 @@ enum { LK_QUANT_PF_MAX = 8 };
 void lk_quant_set_prefetch(int tiles);
 int  lk_quant_prefetch(void);
 
+/* The repacked Q4_0 / Q8_0 kernels' second prefetch (AVX-512, up to
+ * LK_GEMM_MIN_TOK_R16 tokens: decode): a 16-row group is one run of bytes,
+ * so the hardware sees one stream, and the near prefetch above (a few rows
+ * ahead, into L1) may not keep enough lines in flight. This one asks for
+ * the bytes `kb` KB ahead into L2 (0 = off; at most LK_QUANT_FAR_MAX; -1,
+ * the default: LK_QUANT_FAR_Q4 KB for Q4_0_R16, off for Q8_0_R16). On the
+ * 2-core Sapphire Rapids guest 16 KB took TinyLlama Q4_0 decode from 18 to
+ * 23 tok/s at one thread (33 to 40-44 at two) and Q8_0's from 11.8-12.1 to
+ * 10.7-10.8. A tuning choice: it changes speed, never results.
+ * Process-wide. */
+enum { LK_QUANT_FAR_Q4 = 16, LK_QUANT_FAR_MAX = 256 };
+void lk_quant_set_far(int kb);
+int  lk_quant_far(void);
+
 /* From how many tokens the AVX-512 level's Q4_0, Q8_0, Q4_K and Q5_K calls
  * take the packed GEMM instead of the few-token kernels (0 = the default:
  * LK_GEMM_MIN_TOK = 5; repacked at load, LK_GEMM_MIN_TOK_R16 = 32 for

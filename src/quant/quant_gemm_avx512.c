@@ -937,7 +937,7 @@ LK_TG static LK_INL void gq_rows(const int fmt, const bool full, const uint8_t *
 
 LK_TG static LK_INL void gq_tile(const int fmt, const bool full, const int T, int64_t nb, int64_t b0, int kb,
                                  const uint8_t *w, size_t ws, int nr, const uint8_t *a, size_t as, const gk_terms *A,
-                                 int t0, float *y, size_t ys, size_t pf, bool cont) {
+                                 int t0, float *y, size_t ys, size_t pf, size_t far, bool cont) {
     const size_t bb = lk_fmt_q8(fmt) ? LK_Q80_BYTES : LK_Q40_BYTES;
     const bool r16 = lk_fmt_r16(fmt) && full;
     const __mmask16 m = (__mmask16)((1u << nr) - 1);
@@ -951,6 +951,12 @@ LK_TG static LK_INL void gq_tile(const int fmt, const bool full, const int T, in
             if (pf) {
                 const uint8_t *p = w + 16 * (size_t)(b0 + b) * bb + pf;
                 for (size_t o = 0; o < 16 * bb; o += 64) __builtin_prefetch(p + o, 0, 3);
+            }
+            /* and far ahead into L2 (lk_quant_set_far; past the matrix's
+             * end it asks for lines nobody reads, and never faults) */
+            if (far) {
+                const uint8_t *p = w + 16 * (size_t)(b0 + b) * bb + far;
+                for (size_t o = 0; o < 16 * bb; o += 64) __builtin_prefetch(p + o, 0, 2);
             }
         } else {
             lk_quant_pf_group(w, ws, nr, pf, (size_t)(b0 + b) * bb, &next_pf);
@@ -983,8 +989,8 @@ LK_TG static LK_INL void gq_tile(const int fmt, const bool full, const int T, in
 #define GQ_TILE(Q, F, T)                                                                                          \
     LK_TG static void gq_tile_##Q##_##F##_##T(int64_t nb, int64_t b0, int kb, const uint8_t *w, size_t ws, int nr, \
                                               const uint8_t *a, size_t as, const gk_terms *A, int t0, float *y,   \
-                                              size_t ys, size_t pf, bool cont) {                                  \
-        gq_tile(Q, F, T, nb, b0, kb, w, ws, nr, a, as, A, t0, y, ys, pf, cont);                                   \
+                                              size_t ys, size_t pf, size_t far, bool cont) {                      \
+        gq_tile(Q, F, T, nb, b0, kb, w, ws, nr, a, as, A, t0, y, ys, pf, far, cont);                              \
     }
 #define GQ_TILES(Q, F)                                                                                       \
     GQ_TILE(Q, F, 1) GQ_TILE(Q, F, 2) GQ_TILE(Q, F, 3) GQ_TILE(Q, F, 4) GQ_TILE(Q, F, 5) GQ_TILE(Q, F, 6)
@@ -994,7 +1000,8 @@ GQ_TILES(0, 0) GQ_TILES(0, 1) GQ_TILES(1, 0) GQ_TILES(1, 1) GQ_TILES(2, 1) GQ_TI
     {NULL, gq_tile_##Q##_##F##_1, gq_tile_##Q##_##F##_2, gq_tile_##Q##_##F##_3, gq_tile_##Q##_##F##_4, \
      gq_tile_##Q##_##F##_5, gq_tile_##Q##_##F##_6}
 typedef void (*gq_tile_fn)(int64_t nb, int64_t b0, int kb, const uint8_t *w, size_t ws, int nr, const uint8_t *a,
-                           size_t as, const gk_terms *A, int t0, float *y, size_t ys, size_t pf, bool cont);
+                           size_t as, const gk_terms *A, int t0, float *y, size_t ys, size_t pf, size_t far,
+                           bool cont);
 /* [fmt][whole group of 16 rows]: the rows past a repacked type's whole
  * groups are the file type's rows */
 static const gq_tile_fn k_gq_tiles[4][2][GQ_T + 1] = {
@@ -1015,6 +1022,7 @@ LK_TG void lk_quant_q4q8_rows_avx512(int fmt, int64_t n, int64_t nrows, const vo
     const int64_t nb = n / LK_QK;
     const uint8_t *W = w, *A = a;
     const int d = lk_quant_pf_tiles();
+    const size_t far = lk_fmt_r16(fmt) ? lk_quant_far_bytes(is_q8) : 0;
     gq_act act;
     /* Token tiles inside each row group when the call's weights would not
      * stay in cache between passes (rows_inner): up to GQ_TMAX tokens at
@@ -1046,9 +1054,10 @@ LK_TG void lk_quant_q4q8_rows_avx512(int fmt, int64_t n, int64_t nrows, const vo
                 if (lk_fmt_r16(fmt) && nr == 16) pf = (size_t)d * 4 * ws;
                 for (int t = t2; t < (inner ? tn : LK_MIN(tn, t2 + GQ_T)); t += GQ_T) {
                     const int tt = LK_MIN(GQ_T, tn - t);
+                    const bool first = t1 + t == 0 || (inner && t == 0); /* the tile that reads from memory */
                     k_gq_tiles[fmt][nr == 16][tt](nb, b0, kb, W + (size_t)r0 * ws, ws, nr, at + (size_t)t * as, as, &tm,
-                                                  t, y + (size_t)(t1 + t) * ys + (size_t)r0, ys,
-                                                  t1 + t == 0 || (inner && t == 0) ? pf : 0, b0 > 0);
+                                                  t, y + (size_t)(t1 + t) * ys + (size_t)r0, ys, first ? pf : 0,
+                                                  first && nr == 16 ? far : 0, b0 > 0);
                 }
             }
         }

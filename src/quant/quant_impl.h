@@ -151,6 +151,12 @@ static inline void lk_k_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t 
  * kernels' pf_range make once per block. */
 extern _Atomic int lk_quant_pf_g;
 static inline int lk_quant_pf_tiles(void) { return atomic_load_explicit(&lk_quant_pf_g, memory_order_relaxed); }
+/* lk_quant_set_far's distance for Q4_0_R16 or Q8_0_R16, in bytes */
+extern _Atomic int lk_quant_far_g;
+static inline size_t lk_quant_far_bytes(bool q8) {
+    const int kb = atomic_load_explicit(&lk_quant_far_g, memory_order_relaxed);
+    return (size_t)(kb >= 0 ? kb : q8 ? 0 : LK_QUANT_FAR_Q4) << 10;
+}
 /* The row-group kernels' prefetch (quant_q4q8_avx2.c, the AVX-512 rows
  * kernel): each time a group of nr rows has read another 64 bytes of its
  * rows (pos: bytes read so far in each; *next: the next 64-byte mark), the
