@@ -565,6 +565,7 @@ int lk_cmd_gen_model(int argc, char **argv) {
     pthread_t *tids = lk_xcalloc((size_t)nth, sizeof *tids);
     bool *running = lk_xcalloc((size_t)nth, sizeof *running);
     double t0 = lk_time_s(), last = 0;
+    const bool tty = isatty(STDERR_FILENO);
     uint64_t done = 0, pending = 0; /* bytes of the previous chunk, waiting in buf[cur ^ 1] */
     int cur = 0;
     int64_t i = 0;
@@ -599,17 +600,18 @@ int lk_cmd_gen_model(int argc, char **argv) {
         pending = produced;
         cur ^= 1;
         double now = lk_time_s();
-        if (!quiet && now - last > 0.25) {
+        /* a terminal's line is rewritten 4 times a second; a log gets a line every 5 s */
+        if (!quiet && now - last > (tty ? 0.25 : 5.0)) {
             last = now;
-            fprintf(stderr, "\rgen-model %s: %5.1f%%  %8.1f / %.1f MB  %6.0f MB/s ", s.name,
+            fprintf(stderr, "%sgen-model %s: %5.1f%%  %8.1f / %.1f MB  %6.0f MB/s %s", tty ? "\r" : "", s.name,
                     100.0 * (double)done / (double)total, (double)done / 1e6, (double)total / 1e6,
-                    (double)done / 1e6 / (now - t0 + 1e-9));
+                    (double)done / 1e6 / (now - t0 + 1e-9), tty ? "" : "\n");
         }
     }
     free(running);
     free(buf[1]);
     free(buf[0]);
-    if (!quiet && last > 0) fprintf(stderr, "\n"); /* end the progress line */
+    if (!quiet && tty && last > 0) fprintf(stderr, "\n"); /* end the progress line */
     free(scratch);
     free(jobs);
     free(tids);

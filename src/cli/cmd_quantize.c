@@ -327,6 +327,7 @@ int lk_cmd_quantize(int argc, char **argv) {
     bool *running = lk_xcalloc((size_t)nth, sizeof *running);
     uint64_t done_in = 0, total_out = 0;
     double t0 = lk_time_s(), last = 0;
+    const bool tty = isatty(STDERR_FILENO);
     const void *prev = NULL; /* the previous unit's output, waiting to be written */
     uint64_t prev_n = 0, prev_in = 0;
     int cur = 0;
@@ -372,14 +373,17 @@ int lk_cmd_quantize(int argc, char **argv) {
         if (!next) break;
         prev = next, prev_n = next_n, prev_in = next_in;
         double now = lk_time_s();
-        if (!quiet && now - last > 0.25) {
+        /* a terminal's line is rewritten 4 times a second; a log gets a line every 5 s */
+        if (!quiet && now - last > (tty ? 0.25 : 5.0)) {
             last = now;
-            fprintf(stderr, "\rquantize: %5.1f%%  %8.1f / %.1f MB read ", 100.0 * (double)done_in / (double)total_in,
-                    (double)done_in / 1e6, (double)total_in / 1e6);
+            fprintf(stderr, "%squantize: %5.1f%%  %8.1f / %.1f MB read %s", tty ? "\r" : "",
+                    100.0 * (double)done_in / (double)total_in, (double)done_in / 1e6, (double)total_in / 1e6,
+                    tty ? "" : "\n");
         }
     }
     if (!quiet && !st && last > 0) /* close the progress line at 100 % */
-        fprintf(stderr, "\rquantize: %5.1f%%  %8.1f / %.1f MB read \n", 100.0, (double)done_in / 1e6, (double)total_in / 1e6);
+        fprintf(stderr, "%squantize: %5.1f%%  %8.1f / %.1f MB read \n", tty ? "\r" : "", 100.0, (double)done_in / 1e6,
+                (double)total_in / 1e6);
     free(running);
     free(buf[0]);
     free(buf[1]);
@@ -389,7 +393,7 @@ int lk_cmd_quantize(int argc, char **argv) {
     if (!st) st = lk_gguf_writer_close(w, err, sizeof err);
     else lk_gguf_writer_abort(w);
     if (st) {
-        if (!quiet) fprintf(stderr, "\n");
+        if (!quiet && tty && last > 0) fprintf(stderr, "\n");
         fprintf(stderr, "lockstep quantize: %s\n", err);
         free(qt);
         lk_gguf_close(g);
@@ -398,7 +402,7 @@ int lk_cmd_quantize(int argc, char **argv) {
     if (!quiet) {
         int64_t counts[LK_TYPE_COUNT] = {0};
         for (int64_t i = 0; i < nt; i++) counts[qt[i].type < LK_TYPE_COUNT ? qt[i].type : 0]++;
-        fprintf(stderr, "\rwrote %s: %.1f MB -> %.1f MB in %.2f s;", out, (double)total_in / 1e6, (double)total_out / 1e6,
+        fprintf(stderr, "%swrote %s: %.1f MB -> %.1f MB in %.2f s;", tty ? "\r" : "", out, (double)total_in / 1e6, (double)total_out / 1e6,
                 lk_time_s() - t0);
         for (int ty = 0; ty < LK_TYPE_COUNT; ty++)
             if (counts[ty]) fprintf(stderr, " %s %" PRId64, lk_type_name((uint32_t)ty), counts[ty]);
