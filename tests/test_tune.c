@@ -282,7 +282,7 @@ TEST(cache_file_and_env) {
      * calibrated unless asked) */
     setenv("LK_TUNE", "calibrate", 1);
     g_key[0] = 0;
-    lk_tune_init(p, LK_TYPE_Q4_0, 1024, 1024, big);
+    lk_tune_init(p, LK_TYPE_Q4_0, 1024, 1024, big, NULL, 0);
     unsetenv("LK_TUNE");
     CHECKF(strstr(lk_tune_report(), "calibrated"), "report: %s", lk_tune_report());
     CHECK(read_file(path, buf, sizeof buf) > 0);
@@ -295,7 +295,7 @@ TEST(cache_file_and_env) {
     lk_tune_set d;
     lk_tune_defaults(&d);
     lk_tune_apply(&d);
-    lk_tune_init(p, LK_TYPE_Q4_0, 1024, 1024, big);
+    lk_tune_init(p, LK_TYPE_Q4_0, 1024, 1024, big, NULL, 0);
     lk_tune_set now;
     lk_tune_get(&now);
     CHECKF(strstr(lk_tune_report(), "cached in"), "report: %s", lk_tune_report());
@@ -305,30 +305,88 @@ TEST(cache_file_and_env) {
     fputs("garbage without a tab\nkey\tpf=99\n", f);
     fclose(f);
     g_key[0] = 0;
-    lk_tune_init(p, LK_TYPE_Q4_0, 1024, 1024, big);
+    lk_tune_init(p, LK_TYPE_Q4_0, 1024, 1024, big, NULL, 0);
     CHECKF(strstr(lk_tune_report(), "cached in"), "report: %s", lk_tune_report());
     /* forced and skipped */
     setenv("LK_TUNE", "pf=3,split=5,gemm=2x16", 1);
-    lk_tune_init(p, LK_TYPE_Q4_0, 1024, 1024, big);
+    lk_tune_init(p, LK_TYPE_Q4_0, 1024, 1024, big, NULL, 0);
     lk_tune_get(&now);
     CHECK(now.pf == 3 && now.split == 5 && now.gemm_rows == 2 && now.gemm_chunk == 16);
     CHECKF(strstr(lk_tune_report(), "forced"), "report: %s", lk_tune_report());
     setenv("LK_TUNE", "pf=3,bogus=1", 1);
-    lk_tune_init(p, LK_TYPE_Q4_0, 1024, 1024, big);
+    lk_tune_init(p, LK_TYPE_Q4_0, 1024, 1024, big, NULL, 0);
     lk_tune_get(&now);
     CHECK(now.pf == d.pf && now.split == d.split && now.gemm_rows == 0);
     setenv("LK_TUNE", "off", 1);
-    lk_tune_init(p, LK_TYPE_Q4_0, 1024, 1024, big);
+    lk_tune_init(p, LK_TYPE_Q4_0, 1024, 1024, big, NULL, 0);
     CHECKF(strstr(lk_tune_report(), "--no-tune"), "report: %s", lk_tune_report());
     unsetenv("LK_TUNE");
     /* a small model is not calibrated */
     g_key[0] = 0;
-    lk_tune_init(p, LK_TYPE_Q4_0, 1024, 1024, 1 << 20);
+    lk_tune_init(p, LK_TYPE_Q4_0, 1024, 1024, 1 << 20, NULL, 0);
     CHECKF(strstr(lk_tune_report(), "no calibration"), "report: %s", lk_tune_report());
     lk_tune_apply(&d);
     lk_pool_free(p);
     unlink(path);
     rmdir(sub);
+    rmdir(dir);
+    unsetenv("XDG_CACHE_HOME");
+}
+
+/* lk_tune_init times the model's own matrices of its type (those of other
+ * types skipped), from the first, as many as make the calibration's size;
+ * with too few of them, a synthetic buffer */
+TEST(calibrate_on_own_matrices) {
+    char dir[] = "/tmp/lk-test-tune-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    setenv("XDG_CACHE_HOME", dir, 1);
+    lk_pool *p = lk_pool_create(2);
+    enum { ROWS_ = 1024, COLS_ = 4096, NM = 200 };
+    size_t rb = 0, rb8 = 0;
+    CHECK(lk_type_row_bytes(LK_TYPE_Q4_0, COLS_, &rb) && lk_type_row_bytes(LK_TYPE_Q8_0, COLS_, &rb8));
+    uint8_t *w = malloc(rb * ROWS_), *w8 = malloc(rb8 * 16);
+    float *f = malloc(sizeof(float) * COLS_);
+    for (int r = 0; r < ROWS_; r++) {
+        for (int i = 0; i < COLS_; i++) f[i] = frand();
+        lk_quantize_row(LK_TYPE_Q4_0, f, w + (size_t)r * rb, COLS_);
+        if (r < 16) lk_quantize_row(LK_TYPE_Q8_0, f, w8 + (size_t)r * rb8, COLS_);
+    }
+    /* every Q4_0 matrix reads the same bytes: the choice's speed is not the
+     * point here, which matrices are timed is */
+    lk_mat mats[NM], *own[NM];
+    mats[0] = (lk_mat){ .type = LK_TYPE_Q8_0, .cols = COLS_, .rows = 16, .data = w8, .row_stride = rb8 };
+    for (int i = 1; i < NM; i++)
+        mats[i] = (lk_mat){ .type = LK_TYPE_Q4_0, .cols = COLS_, .rows = ROWS_, .data = w, .row_stride = rb };
+    for (int i = 0; i < NM; i++) own[i] = &mats[i];
+    const size_t llc = lk_membw_llc_bytes();
+    const size_t bytes = LK_MIN(LK_MAX(4 * llc, (size_t)128 << 20), (size_t)256 << 20);
+    const int want = (int)((bytes + rb * ROWS_ - 1) / (rb * ROWS_));
+    CHECK(want < NM);
+    setenv("LK_TUNE", "calibrate", 1);
+    g_key[0] = 0;
+    lk_tune_init(p, LK_TYPE_Q4_0, COLS_, ROWS_, (uint64_t)8 << 30, own, NM);
+    char expect[96];
+    snprintf(expect, sizeof expect, "calibrated (the model's first %d q4_0 matrices", want);
+    CHECKF(strstr(lk_tune_report(), expect), "report: %s (expected '%s')", lk_tune_report(), expect);
+    CHECKF(strstr(lk_tune_report(), " -> pf="), "report: %s", lk_tune_report());
+    /* too few of the type: the synthetic buffer of the shape */
+    g_key[0] = 0;
+    lk_tune_init(p, LK_TYPE_Q4_0, COLS_, ROWS_, (uint64_t)8 << 30, own, want - 1);
+    CHECKF(strstr(lk_tune_report(), "calibrated (q4_0 1024 x 4096"), "report: %s", lk_tune_report());
+    unsetenv("LK_TUNE");
+    lk_tune_set d;
+    lk_tune_defaults(&d);
+    lk_tune_apply(&d);
+    g_key[0] = 0;
+    lk_pool_free(p);
+    free(w);
+    free(w8);
+    free(f);
+    char path[300];
+    snprintf(path, sizeof path, "%s/lockstep/tune.txt", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/lockstep", dir);
+    rmdir(path);
     rmdir(dir);
     unsetenv("XDG_CACHE_HOME");
 }
@@ -392,5 +450,6 @@ int main(void) {
     RUN(matmul_bits_across_settings);
     RUN(model_logits_across_settings);
     RUN(cache_file_and_env);
+    RUN(calibrate_on_own_matrices);
     return lk_test_end();
 }

@@ -224,6 +224,9 @@ static int append(char *buf, size_t n, int at, const char *fmt, ...) {
  * own GEMM, quant_q4q8_avx2.c, with no such choice) */
 static bool gemm_type(lk_type t) { return t == LK_TYPE_Q4_K || t == LK_TYPE_Q5_K || t == LK_TYPE_Q6_K; }
 
+static void calibrate_on(lk_pool *p, lk_type t, const lk_mat *mats, int nm, lk_tune_set *out, char *report,
+                         size_t n, int at, uint64_t t_start);
+
 void lk_tune_calibrate(lk_pool *p, lk_type t, int64_t cols, int64_t rows, size_t bytes, lk_tune_set *out,
                        char *report, size_t n) {
     const uint64_t t_start = lk_time_ns();
@@ -270,18 +273,34 @@ void lk_tune_calibrate(lk_pool *p, lk_type t, int64_t cols, int64_t rows, size_t
     for (int i = 0; i < nm; i++)
         mats[i] = two && i % 2 ? (lk_mat){ .type = t, .cols = rows, .rows = cols, .data = buf + (size_t)i * mb, .row_stride = rb2 }
                                : (lk_mat){ .type = t, .cols = cols, .rows = rows, .data = buf + (size_t)i * mb, .row_stride = rb };
+    int at = snprintf(report, n, "%s %lld x %lld%s x %d matrices (%zu MiB), %d threads, median of >= 2 rounds in ms (x its median ratio to the default's):",
+                      lk_type_name(t), (long long)rows, (long long)cols, two && nm > 1 ? " and transposed" : "", nm,
+                      len >> 20, lk_pool_size(p));
+    calibrate_on(p, t, mats, nm, out, report, n, at, t_start);
+    free(mats);
+    munmap(buf, len);
+}
+
+/* The stages, on matrices of type t (a synthetic buffer's or the model's):
+ * applies the choice, writes it to *out and appends the timings to report
+ * (at: its length so far). */
+static void calibrate_on(lk_pool *p, lk_type t, const lk_mat *mats, int nm, lk_tune_set *out, char *report,
+                         size_t n, int at, uint64_t t_start) {
+    const lk_type ft = lk_type_file(t);
+    const bool r16 = ft != t;
+    lk_tune_set cur;
+    lk_tune_defaults(&cur);
     enum { NTOK = 64 };
-    const int64_t wide = LK_MAX(cols, rows);
+    int64_t wide = 0;
+    for (int i = 0; i < nm; i++) wide = LK_MAX(wide, LK_MAX(mats[i].cols, mats[i].rows));
     float *x = lk_xmalloc(sizeof(float) * (size_t)wide * NTOK);
+    uint32_t s = 777;
     for (int64_t i = 0; i < wide * NTOK; i++) {
         s = s * 1664525u + 1013904223u;
         x[i] = (float)(s >> 8) / (float)(1u << 24) * 2.0f - 1.0f;
     }
     float *y = lk_xmalloc(sizeof(float) * (size_t)wide * NTOK);
     void *scratch = lk_xmalloc(lk_matmul_scratch_bytes(wide, NTOK));
-    int at = snprintf(report, n, "%s %lld x %lld%s x %d matrices (%zu MiB), %d threads, median of >= 2 rounds in ms (x its median ratio to the default's):",
-                      lk_type_name(t), (long long)rows, (long long)cols, two && nm > 1 ? " and transposed" : "", nm,
-                      len >> 20, lk_pool_size(p));
 
     lk_tune_apply(&cur);
     pass_ms(p, mats, nm, x, 1, y, scratch); /* warm-up: TLB, page tables, the pool */
@@ -414,8 +433,20 @@ void lk_tune_calibrate(lk_pool *p, lk_type t, int64_t cols, int64_t rows, size_t
     free(scratch);
     free(y);
     free(x);
-    free(mats);
-    munmap(buf, len);
+}
+
+void lk_tune_calibrate_mats(lk_pool *p, const lk_mat *mats, int nm, lk_tune_set *out, char *report, size_t n) {
+    const uint64_t t_start = lk_time_ns();
+    size_t len = 0;
+    for (int i = 0; i < nm; i++) {
+        size_t rb = 0;
+        LK_ASSERT(lk_type_row_bytes(mats[i].type, mats[i].cols, &rb));
+        len += rb * (size_t)mats[i].rows;
+    }
+    const int at = snprintf(report, n, "the model's first %d %s matrices (%zu MiB), %d threads, median of >= 2 rounds "
+                            "in ms (x its median ratio to the default's):", nm, lk_type_name(mats[0].type), len >> 20,
+                            lk_pool_size(p));
+    calibrate_on(p, mats[0].type, mats, nm, out, report, n, at, t_start);
 }
 
 /* ======================================================================
@@ -560,7 +591,8 @@ static char g_key[LINE_MAX_];
 
 const char *lk_tune_report(void) { return g_report; }
 
-void lk_tune_init(lk_pool *p, lk_type t, int64_t cols, int64_t rows, uint64_t model_bytes) {
+void lk_tune_init(lk_pool *p, lk_type t, int64_t cols, int64_t rows, uint64_t model_bytes, lk_mat *const *own,
+                  int nown) {
     lk_tune_set s;
     lk_tune_defaults(&s);
     const char *env = getenv("LK_TUNE");
@@ -638,7 +670,23 @@ void lk_tune_init(lk_pool *p, lk_type t, int64_t cols, int64_t rows, uint64_t mo
      * the cache, against the model's decode from memory */
     const size_t bytes = LK_MIN(LK_MAX(4 * llc, (size_t)128 << 20), (size_t)256 << 20);
     char rep[900];
-    lk_tune_calibrate(p, t, cols, rows, bytes, &s, rep, sizeof rep);
+    /* the model's own matrices where it has enough of them: already in
+     * place, nothing to allocate (a fresh huge-page buffer of 256 MiB took
+     * 0.7 s of the kernel's compaction on a 2-core guest, half the
+     * calibration) */
+    lk_mat *mine = NULL;
+    int nmine = 0;
+    size_t have = 0;
+    for (int i = 0; own && i < nown && have < bytes; i++) {
+        size_t rb = 0;
+        if (own[i]->type != t || !lk_type_row_bytes(t, own[i]->cols, &rb)) continue;
+        if (!mine) mine = lk_xmalloc(sizeof(lk_mat) * (size_t)nown);
+        mine[nmine++] = *own[i];
+        have += rb * (size_t)own[i]->rows;
+    }
+    if (nmine && have >= bytes) lk_tune_calibrate_mats(p, mine, nmine, &s, rep, sizeof rep);
+    else lk_tune_calibrate(p, t, cols, rows, bytes, &s, rep, sizeof rep);
+    free(mine);
     lk_tune_format(&s, set, sizeof set);
     snprintf(g_report, sizeof g_report, "%s: calibrated (%s)", set, rep);
     snprintf(g_key, sizeof g_key, "%s", key);

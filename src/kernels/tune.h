@@ -18,8 +18,10 @@
  * thread count and matrix type/shape in $XDG_CACHE_HOME/lockstep/tune.txt
  * (or ~/.cache/lockstep/) is applied; else, unless the machine is busy
  * (load average above its CPUs: defaults, nothing cached), a calibration of
- * about 0.1-0.5 s picks one on a synthetic memory-bound matrix of the
- * model's dominant weight type and shape and stores it. A cache file that is not ours, or a line that
+ * about 0.1-0.7 s picks one on the model's own matrices of its dominant
+ * weight type (the first 128-256 MiB of them, past the last-level cache;
+ * a synthetic buffer of that type and shape when the model has fewer) and
+ * stores it. A cache file that is not ours, or a line that
  * does not parse, is ignored with a note and rewritten.
  *
  * Threading: call from the thread that loads a model; the settings are
@@ -54,17 +56,22 @@ void lk_tune_format(const lk_tune_set *s, char *buf, size_t n);
 
 /* Chooses the settings for a model whose weights are mostly of type t, its
  * typical matrix `rows` x `cols` and `model_bytes` of weights in all, with
- * the threads of pool p (see the header comment). Never fails: a problem is
- * a warning and the defaults. */
-void lk_tune_init(lk_pool *p, lk_type t, int64_t cols, int64_t rows, uint64_t model_bytes);
+ * the threads of pool p (see the header comment). own[0..nown): the model's
+ * matrices in decode order (NULL: none); a calibration times those of type
+ * t, from the first, where they add up to its size, else a synthetic buffer
+ * of that shape. Never fails: a problem is a warning and the defaults. */
+void lk_tune_init(lk_pool *p, lk_type t, int64_t cols, int64_t rows, uint64_t model_bytes, lk_mat *const *own,
+                  int nown);
 
 /* One line: what is in force and why ("calibrated in 212 ms: ...",
  * "cached in FILE", "forced by LK_TUNE", "defaults: ..."). */
 const char *lk_tune_report(void);
 
 /* The calibration itself, on a synthetic matrix of `bytes` bytes (tests call
- * it with a small one): applies and returns the choice, fills `report`. */
+ * it with a small one), or on the matrices mats[0..nm) (all of one type):
+ * applies and returns the choice, fills `report`. */
 void lk_tune_calibrate(lk_pool *p, lk_type t, int64_t cols, int64_t rows, size_t bytes, lk_tune_set *out,
                        char *report, size_t n);
+void lk_tune_calibrate_mats(lk_pool *p, const lk_mat *mats, int nm, lk_tune_set *out, char *report, size_t n);
 
 #endif

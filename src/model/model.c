@@ -853,8 +853,9 @@ static void copy_fn(void *arg, int ith, int nth) {
 }
 
 /* The kernels' speed settings for this machine (kernels/tune.h), chosen
- * on the weight type with the most bytes and its largest matrix's shape,
- * once the weights are in place and before any token. */
+ * on the weight type with the most bytes and its largest matrix's shape
+ * (timed on the model's own matrices of that type), once the weights are in
+ * place and before any token. */
 static void tune_for(lk_model *m, lk_mat **mats, int n) {
     uint64_t by_type[LK_TYPE_ALL] = {0}, total = 0;
     for (int i = 0; i < n; i++) {
@@ -871,7 +872,7 @@ static void tune_for(lk_model *m, lk_mat **mats, int n) {
         if ((int)mats[i]->type == t && mats[i] != &m->wout && (!big || mat_bytes(mats[i]) > mat_bytes(big)))
             big = mats[i];
     if (!big && (int)m->wout.type == t) big = &m->wout;
-    if (big) lk_tune_init(m->pool, (lk_type)t, big->cols, big->rows, total);
+    if (big) lk_tune_init(m->pool, (lk_type)t, big->cols, big->rows, total, mats, n);
 }
 
 /* The matrices into one huge-page arena, each in the layout its kernels read
