@@ -62,6 +62,22 @@ static void run_all(lk_pool *p, const lk_mat *m, const float *x, float *y, void 
     }
 }
 
+/* m's outputs under each of cand[0..nc), against ref (the defaults' on the
+ * file type ft's rows); the cases compared */
+static int all_settings_give(lk_pool *p, const lk_mat *m, const lk_tune_set *cand, int nc, const float *x,
+                             const float *ref, float *y, size_t ny, void *scratch, const char *level, lk_type ft) {
+    for (int c = 0; c < nc; c++) {
+        lk_tune_apply(&cand[c]);
+        memset(y, 0xff, sizeof(float) * ny);
+        run_all(p, m, x, y, scratch);
+        char s[64];
+        lk_tune_format(&cand[c], s, sizeof s);
+        CHECKF(!memcmp(y, ref, sizeof(float) * ny), "%s %s: %s differs from %s's defaults", level,
+               lk_type_name(m->type), s, lk_type_name(ft));
+    }
+    return nc;
+}
+
 TEST(matmul_bits_across_settings) {
     static const lk_type types[] = { LK_TYPE_Q4_0, LK_TYPE_Q8_0, LK_TYPE_Q4_K, LK_TYPE_Q5_K, LK_TYPE_Q6_K,
                                      LK_TYPE_Q5_0, LK_TYPE_Q5_1, LK_TYPE_Q2_K, LK_TYPE_Q3_K, LK_TYPE_F16,
@@ -117,16 +133,7 @@ TEST(matmul_bits_across_settings) {
                        "counts", levels[li], lk_type_name(t), bad, NTOKS);
                 free(a);
             }
-            for (int c = 0; c < nc; c++) {
-                lk_tune_apply(&cand[c]);
-                memset(y, 0xff, sizeof(float) * ny);
-                run_all(p, &m, x, y, scratch);
-                char s[64];
-                lk_tune_format(&cand[c], s, sizeof s);
-                CHECKF(!memcmp(y, ref, sizeof(float) * ny), "%s %s: %s differs from the defaults", levels[li],
-                       lk_type_name(t), s);
-                compared++;
-            }
+            compared += all_settings_give(p, &m, cand, nc, x, ref, y, ny, scratch, levels[li], t);
             /* the layout made at load (Q4_0 / Q8_0 at AVX-512; the K-quants
              * on AMD CPUs): the file rows' bits under every setting */
             const lk_type rt = lk_type_repacked(t, ROWS);
@@ -134,16 +141,7 @@ TEST(matmul_bits_across_settings) {
                 uint8_t *w2 = malloc(rb * ROWS);
                 lk_quant_repack(rt, t, COLS, ROWS, w, rb, w2);
                 const lk_mat m2 = { .type = rt, .cols = COLS, .rows = ROWS, .data = w2, .row_stride = rb };
-                for (int c = 0; c < nc; c++) {
-                    lk_tune_apply(&cand[c]);
-                    memset(y, 0xff, sizeof(float) * ny);
-                    run_all(p, &m2, x, y, scratch);
-                    char s[64];
-                    lk_tune_format(&cand[c], s, sizeof s);
-                    CHECKF(!memcmp(y, ref, sizeof(float) * ny), "%s %s: %s differs from %s's defaults", levels[li],
-                           lk_type_name(rt), s, lk_type_name(t));
-                    compared++;
-                }
+                compared += all_settings_give(p, &m2, cand, nc, x, ref, y, ny, scratch, levels[li], t);
                 free(w2);
             }
             free(w);
