@@ -331,15 +331,15 @@ TEST(cache_file_and_env) {
     unsetenv("XDG_CACHE_HOME");
 }
 
-/* lk_tune_init times the model's own matrices of its type (those of other
- * types skipped), from the first, as many as make the calibration's size;
- * with too few of them, a synthetic buffer */
+/* lk_tune_init times the model's own matrices of its type and shape or the
+ * transpose (others skipped), from the first, as many as make the
+ * calibration's size; with too few of them, a synthetic buffer */
 TEST(calibrate_on_own_matrices) {
     char dir[] = "/tmp/lk-test-tune-XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
     setenv("XDG_CACHE_HOME", dir, 1);
     lk_pool *p = lk_pool_create(2);
-    enum { ROWS_ = 1024, COLS_ = 4096, NM = 200 };
+    enum { ROWS_ = 1024, COLS_ = 4096, NM = 202 };
     size_t rb = 0, rb8 = 0;
     CHECK(lk_type_row_bytes(LK_TYPE_Q4_0, COLS_, &rb) && lk_type_row_bytes(LK_TYPE_Q8_0, COLS_, &rb8));
     uint8_t *w = malloc(rb * ROWS_), *w8 = malloc(rb8 * 16);
@@ -352,8 +352,10 @@ TEST(calibrate_on_own_matrices) {
     /* every Q4_0 matrix reads the same bytes: the choice's speed is not the
      * point here, which matrices are timed is */
     lk_mat mats[NM], *own[NM];
+    /* skipped: another type, then another shape */
     mats[0] = (lk_mat){ .type = LK_TYPE_Q8_0, .cols = COLS_, .rows = 16, .data = w8, .row_stride = rb8 };
-    for (int i = 1; i < NM; i++)
+    mats[1] = (lk_mat){ .type = LK_TYPE_Q4_0, .cols = COLS_, .rows = 16, .data = w, .row_stride = rb };
+    for (int i = 2; i < NM; i++)
         mats[i] = (lk_mat){ .type = LK_TYPE_Q4_0, .cols = COLS_, .rows = ROWS_, .data = w, .row_stride = rb };
     for (int i = 0; i < NM; i++) own[i] = &mats[i];
     const size_t llc = lk_membw_llc_bytes();
@@ -369,7 +371,7 @@ TEST(calibrate_on_own_matrices) {
     CHECKF(strstr(lk_tune_report(), " -> pf="), "report: %s", lk_tune_report());
     /* too few of the type: the synthetic buffer of the shape */
     g_key[0] = 0;
-    lk_tune_init(p, LK_TYPE_Q4_0, COLS_, ROWS_, (uint64_t)8 << 30, own, want - 1);
+    lk_tune_init(p, LK_TYPE_Q4_0, COLS_, ROWS_, (uint64_t)8 << 30, own, want + 1);
     CHECKF(strstr(lk_tune_report(), "calibrated (q4_0 1024 x 4096"), "report: %s", lk_tune_report());
     unsetenv("LK_TUNE");
     lk_tune_set d;

@@ -670,16 +670,18 @@ void lk_tune_init(lk_pool *p, lk_type t, int64_t cols, int64_t rows, uint64_t mo
      * the cache, against the model's decode from memory */
     const size_t bytes = LK_MIN(LK_MAX(4 * llc, (size_t)128 << 20), (size_t)256 << 20);
     char rep[900];
-    /* the model's own matrices where it has enough of them: already in
-     * place, nothing to allocate (a fresh huge-page buffer of 256 MiB took
-     * 0.7 s of the kernel's compaction on a 2-core guest, half the
-     * calibration) */
+    /* the model's own matrices of the type and shape (or its transpose)
+     * where it has enough of them: the synthetic buffer's matrices, but
+     * already in place, nothing to allocate (a fresh huge-page buffer of
+     * 256 MiB took 0.7 s of the kernel's compaction on a 2-core guest, half
+     * the calibration) */
     lk_mat *mine = NULL;
     int nmine = 0;
     size_t have = 0;
     for (int i = 0; own && i < nown && have < bytes; i++) {
         size_t rb = 0;
-        if (own[i]->type != t || !lk_type_row_bytes(t, own[i]->cols, &rb)) continue;
+        const bool shape = (own[i]->rows == rows && own[i]->cols == cols) || (own[i]->rows == cols && own[i]->cols == rows);
+        if (own[i]->type != t || !shape || !lk_type_row_bytes(t, own[i]->cols, &rb)) continue;
         if (!mine) mine = lk_xmalloc(sizeof(lk_mat) * (size_t)nown);
         mine[nmine++] = *own[i];
         have += rb * (size_t)own[i]->rows;

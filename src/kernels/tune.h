@@ -19,9 +19,9 @@
  * (or ~/.cache/lockstep/) is applied; else, unless the machine is busy
  * (load average above its CPUs: defaults, nothing cached), a calibration of
  * about 0.1-0.7 s picks one on the model's own matrices of its dominant
- * weight type (the first 128-256 MiB of them, past the last-level cache;
- * a synthetic buffer of that type and shape when the model has fewer) and
- * stores it. A cache file that is not ours, or a line that
+ * weight type and its largest layer matrix's shape or the transpose (the
+ * first 128-256 MiB of them, past the last-level cache; a synthetic buffer
+ * of that type and shape when the model has fewer) and stores it. A cache file that is not ours, or a line that
  * does not parse, is ignored with a note and rewritten.
  *
  * Threading: call from the thread that loads a model; the settings are
@@ -58,8 +58,9 @@ void lk_tune_format(const lk_tune_set *s, char *buf, size_t n);
  * typical matrix `rows` x `cols` and `model_bytes` of weights in all, with
  * the threads of pool p (see the header comment). own[0..nown): the model's
  * matrices in decode order (NULL: none); a calibration times those of type
- * t, from the first, where they add up to its size, else a synthetic buffer
- * of that shape. Never fails: a problem is a warning and the defaults. */
+ * t and of that shape or its transpose, from the first, where they add up
+ * to its size, else a synthetic buffer of them. Never fails: a problem is a
+ * warning and the defaults. */
 void lk_tune_init(lk_pool *p, lk_type t, int64_t cols, int64_t rows, uint64_t model_bytes, lk_mat *const *own,
                   int nown);
 
