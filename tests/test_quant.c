@@ -720,6 +720,82 @@ TEST(repacked_same_bits_as_file_rows) {
     lk_quant_set_simd("scalar");
 }
 
+/* F16_R16, made at load from F16 rows, has an arithmetic of its own: each
+ * row's products fused into one fp32 sum from element 0 on. At every level
+ * and for every token count (1-40 tokens in calls of 1..40: the decode
+ * tiles of 4 groups, the 2 x 12 tiles and their tails), on row ranges that
+ * start at multiples of 16, a call on the repacked matrix gives bit for
+ * bit the fmaf loop below on its whole groups, and the level's own F16
+ * rows' bits on the rows past them; unrepack gives the rows back; the
+ * choice: F16 with 16+ rows on AVX-512 only. */
+TEST(f16_r16_sums_in_order) {
+    static const char *levels[] = {"scalar", "avx2", "avx512"};
+    static const int64_t chunks[] = {1, 2, 3, 4, 5, 12, 13, 25, 40};
+    static const struct { int64_t n, nrows; } shapes[] = {{7, 53}, {64, 48}, {389, 37}, {1, 16}, {2048, 32}};
+    enum { NT = 40 };
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int64_t n = shapes[si].n, nrows = shapes[si].nrows, full = nrows / 16 * 16;
+        CHECK(lk_quant_set_simd("scalar"));
+        mm_case mc = mm_case_new(LK_TYPE_F16, n, nrows, NT);
+        uint8_t *rp = malloc(mc.wrb * (size_t)nrows), *row = malloc(mc.wrb);
+        lk_quant_repack(LK_TYPE_F16_R16, LK_TYPE_F16, n, nrows, mc.w, mc.wrb, rp);
+        int back = 0;
+        for (int64_t r = 0; r < full; r++) {
+            lk_quant_unrepack_row(LK_TYPE_F16_R16, n, rp, mc.wrb, r, row);
+            back += memcmp(row, mc.w + (size_t)r * mc.wrb, mc.wrb) != 0;
+        }
+        CHECKF(back == 0, "f16_r16 %lld x %lld: %d rows not given back by unrepack", (long long)nrows, (long long)n, back);
+        /* the whole groups' sums, from the file's rows */
+        for (int64_t t = 0; t < NT; t++)
+            for (int64_t r = 0; r < full; r++) {
+                float acc = 0;
+                for (int64_t k = 0; k < n; k++)
+                    acc = fmaf(lk_fp16_to_fp32(lk_ld_u16(mc.w + (size_t)r * mc.wrb + 2 * (size_t)k)),
+                               lk_fp16_to_fp32(lk_ld_u16(mc.a + (size_t)t * mc.arb + 2 * (size_t)k)), acc);
+                mc.ref[t * nrows + r] = acc;
+            }
+        for (int l = 0; l < 3; l++) {
+            if (!lk_quant_set_simd(levels[l])) continue;
+            /* the rows past the groups: the level's F16 rows */
+            for (int64_t t = 0; t < NT && full < nrows; t++)
+                lk_quant_matmul(LK_TYPE_F16, n, nrows - full, mc.w + (size_t)full * mc.wrb, mc.wrb, 1,
+                                mc.a + (size_t)t * mc.arb, mc.arb, mc.ref + t * nrows + full, 1);
+            for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
+                memset(mc.got, 0xff, sizeof(float) * (size_t)nrows * NT);
+                for (int64_t t0 = 0; t0 < NT; t0 += chunks[c]) {
+                    const int64_t tn = LK_MIN(chunks[c], NT - t0), cut = nrows > 16 ? 16 : nrows;
+                    float *y = mc.got + (size_t)t0 * (size_t)nrows;
+                    const uint8_t *a = mc.a + (size_t)t0 * mc.arb;
+                    lk_quant_matmul(LK_TYPE_F16_R16, n, cut, rp, mc.wrb, tn, a, mc.arb, y, (size_t)nrows);
+                    if (cut < nrows)
+                        lk_quant_matmul(LK_TYPE_F16_R16, n, nrows - cut, rp + (size_t)cut * mc.wrb, mc.wrb, tn, a, mc.arb,
+                                        y + cut, (size_t)nrows);
+                }
+                int bad = 0;
+                for (int64_t e = 0; e < nrows * NT; e++) bad += memcmp(&mc.got[e], &mc.ref[e], sizeof(float)) != 0;
+                CHECKF(bad == 0, "%s f16_r16 %lld x %lld, calls of %lld tokens: %d of %lld outputs differ from the "
+                       "in-order fused sums", levels[l], (long long)nrows, (long long)n, (long long)chunks[c], bad,
+                       (long long)(nrows * NT));
+            }
+        }
+        free(rp); free(row);
+        mm_case_free(&mc);
+    }
+    CHECK(lk_quant_set_simd("scalar"));
+    CHECK(lk_type_repacked(LK_TYPE_F16, 4096) == LK_TYPE_F16);
+    CHECK(lk_type_file(LK_TYPE_F16_R16) == LK_TYPE_F16 && lk_type_vec_dot(LK_TYPE_F16_R16) == LK_TYPE_F16);
+    CHECK(!lk_type_supported(LK_TYPE_F16_R16) && lk_type_block_bytes(LK_TYPE_F16_R16) == 2);
+    if (lk_quant_set_simd("avx512")) {
+        CHECK(lk_type_repacked(LK_TYPE_F16, 4096) == LK_TYPE_F16_R16);
+        CHECK(lk_type_repacked(LK_TYPE_F16, 15) == LK_TYPE_F16);
+        CHECK(lk_type_repacked(LK_TYPE_BF16, 4096) == LK_TYPE_BF16);
+        setenv("LK_REPACK", "0", 1);
+        CHECK(lk_type_repacked(LK_TYPE_F16, 4096) == LK_TYPE_F16);
+        unsetenv("LK_REPACK");
+    }
+    lk_quant_set_simd("scalar");
+}
+
 /* F16 and BF16 rows (weights, and the activations of F16/BF16 weights) at
  * every level against the scalar converters, value by value: rounding ties,
  * subnormal halves, the largest finite values and the first that overflow,
@@ -1269,6 +1345,7 @@ int main(int argc, char **argv) {
     RUN(matmul_batch_invariant);
     RUN(matmul_levels_scalar_order_bit_exact);
     RUN(repacked_same_bits_as_file_rows);
+    RUN(f16_r16_sums_in_order);
     RUN(matmul_terms_same_bits);
     RUN(amx_same_bits);
     RUN(bf16_amx);

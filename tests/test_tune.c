@@ -134,14 +134,22 @@ TEST(matmul_bits_across_settings) {
                 free(a);
             }
             compared += all_settings_give(p, &m, cand, nc, x, ref, y, ny, scratch, levels[li], t);
-            /* the layout made at load (Q4_0 / Q8_0 at AVX-512; the K-quants
-             * on AMD CPUs): the file rows' bits under every setting */
+            /* the layout made at load (Q4_0 / Q8_0 / F16 at AVX-512; the
+             * K-quants on AMD CPUs): the file rows' bits under every setting,
+             * F16_R16 (an arithmetic of its own: quant_impl.h) its defaults' */
             const lk_type rt = lk_type_repacked(t, ROWS);
             if (rt != t) {
                 uint8_t *w2 = malloc(rb * ROWS);
                 lk_quant_repack(rt, t, COLS, ROWS, w, rb, w2);
                 const lk_mat m2 = { .type = rt, .cols = COLS, .rows = ROWS, .data = w2, .row_stride = rb };
-                compared += all_settings_give(p, &m2, cand, nc, x, ref, y, ny, scratch, levels[li], t);
+                const bool own = rt == LK_TYPE_F16_R16;
+                float *ref2 = own ? malloc(sizeof(float) * ny) : ref;
+                if (own) {
+                    lk_tune_apply(&d);
+                    run_all(p, &m2, x, ref2, scratch);
+                }
+                compared += all_settings_give(p, &m2, cand, nc, x, ref2, y, ny, scratch, levels[li], own ? rt : t);
+                if (own) free(ref2);
                 free(w2);
             }
             free(w);

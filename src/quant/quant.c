@@ -63,6 +63,7 @@ static const lk_type_traits k_traits[LK_TYPE_ALL] = {
     [LK_TYPE_Q4_K_R16] = {"q4_k_r16", 256, 144},
     [LK_TYPE_Q5_K_R16] = {"q5_k_r16", 256, 176},
     [LK_TYPE_Q6_K_R16] = {"q6_k_r16", 256, 210},
+    [LK_TYPE_F16_R16] = {"f16_r16", 1, 2},
 };
 
 const char *lk_type_name(uint32_t t) {
@@ -122,7 +123,7 @@ lk_type lk_type_vec_dot(lk_type t) {
     case LK_TYPE_Q5_1: return LK_TYPE_Q8_1; /* its min needs the activation sum */
     case LK_TYPE_Q4_K: case LK_TYPE_Q5_K: case LK_TYPE_Q6_K: case LK_TYPE_Q4_K_R16: case LK_TYPE_Q5_K_R16:
     case LK_TYPE_Q6_K_R16: case LK_TYPE_Q2_K: case LK_TYPE_Q3_K: case LK_TYPE_IQ4_XS: return LK_TYPE_Q8_K;
-    case LK_TYPE_F16: return LK_TYPE_F16;
+    case LK_TYPE_F16: case LK_TYPE_F16_R16: return LK_TYPE_F16;
     case LK_TYPE_BF16: return LK_TYPE_BF16;
     case LK_TYPE_F32: return LK_TYPE_F32;
     default: LK_ASSERT(!"lk_type_vec_dot: unsupported weight type"); return LK_TYPE_F32;
@@ -769,7 +770,21 @@ void lk_quant_repack(lk_type rt, lk_type t, int64_t n, int64_t rows, const void 
     const uint8_t *S = src;
     uint8_t *D = dst;
     int64_t r = 0;
-    if (rt != t) {
+    if (rt == LK_TYPE_F16_R16) { /* element k of row i of a group at 2 (16 k + i) */
+        LK_ASSERT(t == LK_TYPE_F16);
+        enum { KB = 64 }; /* elements at a time: the 16 rows' 2 KB in a buffer, written out at once */
+        for (; r + LK_R16_ROWS <= rows; r += LK_R16_ROWS)
+            for (int64_t k0 = 0; k0 < n; k0 += KB) {
+                const int64_t kn = LK_MIN((int64_t)KB, n - k0);
+                uint16_t blk[KB][LK_R16_ROWS];
+                for (int i = 0; i < LK_R16_ROWS; i++) {
+                    uint16_t v[KB];
+                    memcpy(v, S + (size_t)(r + i) * src_stride + 2 * (size_t)k0, 2 * (size_t)kn);
+                    for (int64_t k = 0; k < kn; k++) blk[k][i] = v[k];
+                }
+                memcpy(D + (size_t)r * rb + 32 * (size_t)k0, blk, 32 * (size_t)kn);
+            }
+    } else if (rt != t) {
         LK_ASSERT(lk_type_file(rt) == t);
         const size_t bb = lk_type_block_bytes(t);
         const int64_t nb = n / lk_type_block_size(t);
@@ -787,6 +802,11 @@ void lk_quant_repack(lk_type rt, lk_type t, int64_t n, int64_t rows, const void 
 
 void lk_quant_unrepack_row(lk_type rt, int64_t n, const void *w, size_t ws, int64_t r, void *dst) {
     LK_ASSERT(lk_type_file(rt) != rt);
+    if (rt == LK_TYPE_F16_R16) {
+        const uint8_t *g = (const uint8_t *)w + (size_t)(r / LK_R16_ROWS * LK_R16_ROWS) * ws + 2 * (size_t)(r % LK_R16_ROWS);
+        for (int64_t k = 0; k < n; k++) memcpy((uint8_t *)dst + 2 * (size_t)k, g + 32 * (size_t)k, 2);
+        return;
+    }
     const size_t bb = lk_type_block_bytes(rt);
     const int64_t nb = n / lk_type_block_size(rt);
     uint8_t *g = (uint8_t *)w + (size_t)(r / LK_R16_ROWS * LK_R16_ROWS) * ws;
@@ -825,12 +845,31 @@ MM_VIA_FILE(mm_q4kr16_via_file, LK_TYPE_Q4_K_R16)
 MM_VIA_FILE(mm_q5kr16_via_file, LK_TYPE_Q5_K_R16)
 MM_VIA_FILE(mm_q6kr16_via_file, LK_TYPE_Q6_K_R16)
 
+/* F16_R16's arithmetic, every level's (quant_impl.h): each row's products
+ * fused into one fp32 sum in element order. The rows past the last whole
+ * group are F16 rows, through the level's F16 kernel. */
+void lk_quant_f16r16_seq(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a, size_t as,
+                         float *y, size_t ys) {
+    const uint8_t *W = w, *A = a;
+    const int64_t full = nrows / LK_R16_ROWS * LK_R16_ROWS;
+    for (int64_t r = 0; r < full; r++) {
+        const uint8_t *g = W + (size_t)(r / LK_R16_ROWS * LK_R16_ROWS) * ws + 2 * (size_t)(r % LK_R16_ROWS);
+        for (int64_t t = 0; t < ntok; t++) {
+            const uint8_t *at = A + (size_t)t * as;
+            float acc = 0;
+            for (int64_t k = 0; k < n; k++) acc = fmaf(lk_ld_h(g + 32 * (size_t)k), lk_ld_h(at + 2 * (size_t)k), acc);
+            y[(size_t)t * ys + (size_t)r] = acc;
+        }
+    }
+    if (full < nrows) lk_quant_matmul(LK_TYPE_F16, n, nrows - full, W + (size_t)full * ws, ws, ntok, a, as, y + full, ys);
+}
+
 /* file type, repacked type, and the repacked type's kernel at the levels
- * without one of their own */
+ * without one of their own (F16_R16: its arithmetic in scalar code) */
 static const struct { lk_type file, rep; lk_qmm_fn via_file; } k_repacks[] = {
     {LK_TYPE_Q4_0, LK_TYPE_Q4_0_R16, mm_q40r16_via_file}, {LK_TYPE_Q8_0, LK_TYPE_Q8_0_R16, mm_q80r16_via_file},
     {LK_TYPE_Q4_K, LK_TYPE_Q4_K_R16, mm_q4kr16_via_file}, {LK_TYPE_Q5_K, LK_TYPE_Q5_K_R16, mm_q5kr16_via_file},
-    {LK_TYPE_Q6_K, LK_TYPE_Q6_K_R16, mm_q6kr16_via_file},
+    {LK_TYPE_Q6_K, LK_TYPE_Q6_K_R16, mm_q6kr16_via_file}, {LK_TYPE_F16, LK_TYPE_F16_R16, lk_quant_f16r16_seq},
 };
 enum { N_REPACKS = sizeof k_repacks / sizeof k_repacks[0] };
 

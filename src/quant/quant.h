@@ -41,7 +41,8 @@ typedef enum {
     LK_TYPE_Q4_K_R16 = 42, /* Q4_K, Q5_K, Q6_K: 16 rows interleaved 4 bytes */
     LK_TYPE_Q5_K_R16 = 43, /* at a time (quant_impl.h) */
     LK_TYPE_Q6_K_R16 = 44,
-    LK_TYPE_ALL = 45       /* table size: the file's types and ours */
+    LK_TYPE_F16_R16 = 45,  /* F16, 16 rows interleaved element by element */
+    LK_TYPE_ALL = 46       /* table size: the file's types and ours */
 } lk_type;
 
 /* Layout facts, known for every id above (so the gguf part can size tensors
@@ -124,15 +125,16 @@ void lk_quant_matmul_terms(lk_type wt, int64_t n, int64_t nrows, const void *w, 
  * when the model is loaded, instead of at every call: Q4_0 becomes
  * Q4_0_R16, Q8_0 Q8_0_R16, Q4_K Q4_K_R16 and so on for Q5_K and Q6_K, each
  * group of 16 rows interleaved block by block (the 16 rows' quants in the
- * lanes, their scales side by side),
- * which is the layout the AVX-512 GEMM packed its panels into on every call
- * and which its decode and few-token kernels read without transposes. As
- * many bytes as the file's rows (rows past the last whole group stay rows
- * of the file's type), and the same results bit for bit at every level
- * (levels without a kernel of their own read it back into the file's rows,
- * slowly). A matrix of R16 must
- * be called on row ranges that start at multiples of 16 from its first row
- * (the kernels part's row splits do).
+ * lanes, their scales side by side), which is the layout the AVX-512 GEMM
+ * packed its panels into on every call and which its decode and few-token
+ * kernels read without transposes; the same results bit for bit at every
+ * level (levels without a kernel of their own read it back into the file's
+ * rows, slowly). F16 becomes F16_R16, interleaved element by element, with
+ * an arithmetic of its own that every level computes alike (quant_impl.h).
+ * As many bytes as the file's rows (rows past the last whole group stay
+ * rows of the file's type). A matrix of R16 must be called on row ranges
+ * that start at multiples of 16 from its first row (the kernels part's row
+ * splits do).
  *
  * lk_type_repacked: the type a matrix of type t with `rows` rows is best
  * kept in at the active SIMD level (t itself if no repacking pays there:

@@ -54,6 +54,17 @@ static inline void lk_r16_at(bool q8, int64_t b, int64_t nb, size_t *q, size_t *
     *d = (2 * qb + 64) * j + (paired ? 2 * qb + 32 * e : qb);
 }
 
+/* F16_R16 (lockstep's, made at load where a kernel reads it: AVX-512): a
+ * group of 16 rows of n elements takes the bytes of its 16 file rows,
+ * element k of row i at byte 2 (16 k + i): each 32 bytes are one element
+ * of the 16 rows. Its arithmetic is its own, not F16 rows': each row's
+ * products fused into one fp32 sum from element 0 on, for any token count
+ * (lk_quant_f16r16_seq, the scalar code every level without a kernel of its
+ * own runs; the AVX-512 tiles do the same operations 16 rows at a time).
+ * Rows past the last whole group are F16 rows. */
+void lk_quant_f16r16_seq(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a, size_t as,
+                         float *y, size_t ys);
+
 /* Q4_K_R16, Q5_K_R16, Q6_K_R16 (lockstep's, made at load): a group of 16
  * rows of nb super-blocks takes the bytes of its 16 file rows, each
  * super-block's bytes 4 at a time, the 16 rows side by side: vector k (64 B)
