@@ -160,7 +160,8 @@ void lk_quant_gemm_avx2_force(int rows, int chunk);
 void lk_quant_gemm_avx2_get(int *rows, int *chunk);  /* what is forced now */
 
 /* The decode tiles' software prefetch distance, in tiles ahead (0 = none,
- * 1 = the next tile, the default; at most LK_QUANT_PF_MAX). A tuning
+ * 1 = the next tile, the default; at most LK_QUANT_PF_MAX; F16_R16 counts
+ * 2 KB of each group's stream as a tile). A tuning
  * choice: it changes speed, never results. Process-wide. */
 enum { LK_QUANT_PF_MAX = 8 };
 void lk_quant_set_prefetch(int tiles);
