@@ -1,4 +1,3 @@
-#include <stdlib.h>
 /* quant_avx512.c — AVX-512 kernels (F, BW, VL, DQ, VNNI, VBMI, GFNI; BF16
  * where present): lk_quant_matmul for every supported weight type. (The
  * Q8_K activation quantiser comes from the AVX2 file and the AVX-512 Q8_0 one
@@ -788,36 +787,6 @@ LK_T512 static LK_INL void fla_tile(const int R, const int T, const int kind, in
         for (int t = 0; t < T; t++) y[t * ys + r] = hsum(acc[r][t]);
 }
 
-/* fla_tile's chains over one chunk of K (kc elements, a multiple of 16 but
- * in the last chunk) from fp32 weights: the accumulators zeroed when
- * `first`, else taken from `park`; summed into y when `last`, else parked.
- * Chunk after chunk the same fused multiply-adds in the same order as one
- * fla_tile over the whole row, so the same bits. */
-LK_T512 static LK_INL void flk_tile(const int R, const int T, int64_t kc, const float *w, size_t wsf, const float *a,
-                                    size_t as, float *park, bool first, bool last, float *y, size_t ys) {
-    __m512 acc[4][6];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 6
-        for (int t = 0; t < T; t++) acc[r][t] = first ? _mm512_setzero_ps() : _mm512_load_ps(park + (r * T + t) * 16);
-    const uint8_t *W = (const uint8_t *)(const void *)w;
-    const size_t ws = wsf * 4;
-    int64_t i = 0;
-    for (; i + 32 <= kc; i += 32) {
-        fla_step(R, T, 32, false, W, ws, a, as, i, 0, false, acc);
-        fla_step(R, T, 32, false, W, ws, a, as, i + 16, 0, false, acc);
-    }
-    for (; i + 16 <= kc; i += 16) fla_step(R, T, 32, false, W, ws, a, as, i, 0, false, acc);
-    if (i < kc) fla_step(R, T, 32, true, W, ws, a, as, i, (__mmask16)((1u << (kc - i)) - 1), false, acc);
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 6
-        for (int t = 0; t < T; t++) {
-            if (last) y[t * ys + r] = hsum(acc[r][t]);
-            else _mm512_store_ps(park + (r * T + t) * 16, acc[r][t]);
-        }
-}
-
 /* BF16 x BF16 with AVX512_BF16: vdpbf16ps does 32 products per instruction
  * into fp32 (as ggml's BF16 dot on such CPUs). */
 #define LK_T512BF                                                                              \
@@ -1131,16 +1100,6 @@ FLA_SET(fla32, 32)
 FLA_SET(fla16, 16)
 FLA_SET(flab, 0)
 
-typedef void (*flk_fn)(int64_t kc, const float *w, size_t wsf, const float *a, size_t as, float *park, bool first,
-                       bool last, float *y, size_t ys);
-#define FLK_FN(T)                                                                                              \
-    LK_T512 static void flk_4x##T(int64_t kc, const float *w, size_t wsf, const float *a, size_t as, float *park, \
-                                  bool first, bool last, float *y, size_t ys) {                               \
-        flk_tile(4, T, kc, w, wsf, a, as, park, first, last, y, ys);                                           \
-    }
-FLK_FN(1) FLK_FN(2) FLK_FN(3) FLK_FN(4) FLK_FN(5) FLK_FN(6)
-static const flk_fn flk_tiles[FLA_T] = {flk_4x1, flk_4x2, flk_4x3, flk_4x4, flk_4x5, flk_4x6};
-
 /* n fp16 / bf16 values as fp32, zeros up to the next multiple of 16 */
 LK_T512 static void fla_widen(const int kind, int64_t n, const uint8_t *src, float *dst) {
     for (int64_t c = 0; c < n; c += 16) {
@@ -1170,37 +1129,6 @@ static void fla_walk(const fla_fn (*tiles)[FLA_T], int64_t n, int64_t nrows, con
     }
 }
 
-/* F16 / BF16 weights against nt <= FLK_TOK tokens of fp32 activations
- * (act, ald floats apart), the whole 4-row groups of nrows: each group's
- * weights widened to fp32 FLK_KC elements at a time into a buffer in L1,
- * which every 4 x 6 tile of the tokens then reads, the tiles' accumulators
- * parked between chunks. */
-enum { FLK_KC = 512, FLK_TOK = 11 * FLA_T };
-static void flk_run(const int kind, int64_t n, int64_t nrows, const uint8_t *W, size_t ws, int64_t nt,
-                    const float *act, size_t ald, float *y, size_t ys) {
-    _Alignas(64) float wb[4 * FLK_KC];
-    _Alignas(64) float park[(FLK_TOK / FLA_T) * 4 * FLA_T * 16];
-    LK_ASSERT(nt <= FLK_TOK);
-    for (int64_t r = 0; r + 4 <= nrows; r += 4)
-        for (int64_t k0 = 0; k0 < n; k0 += FLK_KC) {
-            const int64_t kn = LK_MIN((int64_t)FLK_KC, n - k0);
-            /* the next chunk's lines, or the next group's first */
-            const bool more = k0 + kn < n;
-            if (more || r + 8 <= nrows) {
-                const int64_t pr = more ? r : r + 4, pk = more ? k0 + kn : 0,
-                              pn = LK_MIN((int64_t)FLK_KC, n - pk);
-                for (int k = 0; k < 4; k++)
-                    for (int64_t o = 0; o < pn * 2; o += 64)
-                        _mm_prefetch((const char *)(W + (size_t)(pr + k) * ws + (size_t)pk * 2 + (size_t)o), _MM_HINT_T0);
-            }
-            for (int k = 0; k < 4; k++) fla_widen(kind, kn, W + (size_t)(r + k) * ws + (size_t)k0 * 2, wb + k * FLK_KC);
-            for (int64_t t = 0, ti = 0; t < nt; t += FLA_T, ti++)
-                flk_tiles[LK_MIN((int64_t)FLA_T, nt - t) - 1](kn, wb, FLK_KC, act + (size_t)t * ald + (size_t)k0, ald,
-                                                              park + ti * 4 * FLA_T * 16, k0 == 0, !more,
-                                                              y + (size_t)t * ys + (size_t)r, ys);
-        }
-}
-
 static void fla_run(const int kind, const lk_tileset *small, int64_t n, int64_t nrows, const void *w, size_t ws,
                     int64_t ntok, const void *a, size_t as, float *y, size_t ys) {
     const size_t ld = ((size_t)n + 15) & ~(size_t)15;
@@ -1220,16 +1148,6 @@ static void fla_run(const int kind, const lk_tileset *small, int64_t n, int64_t 
             for (int64_t t = t0; t < t1; t++) fla_widen(kind, n, A + (size_t)t * as, buf + (size_t)(t - t0) * ld);
             act = buf;
             ald = ld;
-        }
-        if (kind != 32 && getenv("LK_FLK")) {
-            const int64_t full = nrows / 4 * 4;
-            for (int64_t t = t0; t < t1; t += FLK_TOK)
-                flk_run(kind, n, full, W, ws, LK_MIN((int64_t)FLK_TOK, t1 - t), act + (size_t)(t - t0) * ald, ald,
-                        y + (size_t)t * ys, ys);
-            if (full < nrows)
-                fla_walk(tiles, n, nrows - full, W + (size_t)full * ws, ws, t1 - t0, (const uint8_t *)act, ald * 4, ald,
-                         y + (size_t)t0 * ys + full, ys, 4);
-            continue;
         }
         fla_walk(tiles, n, nrows, W, ws, t1 - t0, (const uint8_t *)act, ald * 4, ald, y + (size_t)t0 * ys, ys, 4);
     }
@@ -1262,7 +1180,7 @@ LK_T512 static LK_INL void hr_tile(const int G, const int T, int64_t n, const ui
     for (int g = 0; g < G; g++)
 #pragma GCC unroll 12
         for (int t = 0; t < T; t++) acc[g][t] = _mm512_setzero_ps();
-#define F16R_STEP(k)                                                                                          \
+#define HR_STEP(k)                                                                                          \
     do {                                                                                                      \
         __m512 wv[4];                                                                                         \
         _Pragma("GCC unroll 4") for (int g = 0; g < G; g++) wv[g] =                                           \
@@ -1277,16 +1195,16 @@ LK_T512 static LK_INL void hr_tile(const int G, const int T, int64_t n, const ui
         for (; k + 2 <= n; k += 2) {
 #pragma GCC unroll 4
             for (int g = 0; g < G; g++) _mm_prefetch((const char *)(w + (size_t)g * gs + 32 * (size_t)k + pd), _MM_HINT_T0);
-            F16R_STEP(k);
-            F16R_STEP(k + 1);
+            HR_STEP(k);
+            HR_STEP(k + 1);
         }
     else
         for (; k + 2 <= n; k += 2) {
-            F16R_STEP(k);
-            F16R_STEP(k + 1);
+            HR_STEP(k);
+            HR_STEP(k + 1);
         }
-    if (k < n) F16R_STEP(k);
-#undef F16R_STEP
+    if (k < n) HR_STEP(k);
+#undef HR_STEP
 #pragma GCC unroll 4
     for (int g = 0; g < G; g++)
 #pragma GCC unroll 12
@@ -1299,14 +1217,14 @@ typedef void (*hr_fn)(int64_t n, const uint8_t *w, size_t gs, const float *a, si
                                        float *y, size_t ys, size_t pd) {                                     \
         hr_tile(G, T, n, w, gs, a, as, y, ys, pd);                                                          \
     }
-enum { F16R_T = 12, F16R_DEC_T = 3, F16R_PD = 2048 /* bytes per prefetch tile (lk_quant_prefetch) */ };
+enum { HR_T = 12, HR_DEC_T = 3, HR_PD = 2048 /* bytes per prefetch tile (lk_quant_prefetch) */ };
 HR_FN(4, 1) HR_FN(4, 2) HR_FN(4, 3)
 HR_FN(2, 1) HR_FN(2, 2) HR_FN(2, 3) HR_FN(2, 4) HR_FN(2, 5) HR_FN(2, 6)
 HR_FN(2, 7) HR_FN(2, 8) HR_FN(2, 9) HR_FN(2, 10) HR_FN(2, 11) HR_FN(2, 12)
 HR_FN(1, 1) HR_FN(1, 2) HR_FN(1, 3) HR_FN(1, 4) HR_FN(1, 5) HR_FN(1, 6)
 HR_FN(1, 7) HR_FN(1, 8) HR_FN(1, 9) HR_FN(1, 10) HR_FN(1, 11) HR_FN(1, 12)
 /* [G = 1, 2, 4 as 0, 1, 2][T - 1] */
-static const hr_fn k_hr[3][F16R_T] = {
+static const hr_fn k_hr[3][HR_T] = {
     {hr_1x1, hr_1x2, hr_1x3, hr_1x4, hr_1x5, hr_1x6, hr_1x7, hr_1x8, hr_1x9, hr_1x10, hr_1x11,
      hr_1x12},
     {hr_2x1, hr_2x2, hr_2x3, hr_2x4, hr_2x5, hr_2x6, hr_2x7, hr_2x8, hr_2x9, hr_2x10, hr_2x11,
@@ -1314,12 +1232,12 @@ static const hr_fn k_hr[3][F16R_T] = {
     {hr_4x1, hr_4x2, hr_4x3}};
 
 /* The whole groups: tokens widened to fp32 (as many at a time as fla_run's
- * buffer holds), then up to F16R_DEC_T tokens 4 groups at a time (4
+ * buffer holds), then up to HR_DEC_T tokens 4 groups at a time (4
  * chains in flight, decode's stream), more 2 groups x 12 tokens, each group
- * pair's token tiles one after another, the first prefetching F16R_PD bytes
+ * pair's token tiles one after another, the first prefetching HR_PD bytes
  * ahead per the tuner's prefetch tile (on the Xeon guest's decode 2 KB
  * streamed 18.2-18.6 GB/s, 1 KB 17.0-17.2, 4 KB 17.3, none 15.5-15.9). */
-static void f16r_run(int64_t n, int64_t ng, const uint8_t *W, size_t gs, int64_t ntok, const uint8_t *A, size_t as,
+static void hr_run(int64_t n, int64_t ng, const uint8_t *W, size_t gs, int64_t ntok, const uint8_t *A, size_t as,
                      float *y, size_t ys) {
     const size_t ld = ((size_t)n + 15) & ~(size_t)15;
     const int64_t tc = (int64_t)(FLA_BUF_FLOATS / ld);
@@ -1328,16 +1246,16 @@ static void f16r_run(int64_t n, int64_t ng, const uint8_t *W, size_t gs, int64_t
         return;
     }
     _Alignas(64) float buf[FLA_BUF_FLOATS];
-    const size_t pd = (size_t)lk_quant_pf_tiles() * F16R_PD;
+    const size_t pd = (size_t)lk_quant_pf_tiles() * HR_PD;
     for (int64_t t0 = 0; t0 < ntok; t0 += tc) {
         const int64_t nt = LK_MIN(ntok, t0 + tc) - t0;
         for (int64_t t = 0; t < nt; t++) fla_widen(16, n, A + (size_t)(t0 + t) * as, buf + (size_t)t * ld);
-        const int gmax = nt <= F16R_DEC_T ? 4 : 2;
+        const int gmax = nt <= HR_DEC_T ? 4 : 2;
         for (int64_t g = 0, step; g < ng; g += step) {
             step = ng - g >= gmax ? gmax : ng - g >= 2 ? 2 : 1;
             const int gi = step == 4 ? 2 : step == 2 ? 1 : 0;
-            for (int64_t t = 0; t < nt; t += F16R_T) {
-                const int tt = (int)LK_MIN((int64_t)F16R_T, nt - t);
+            for (int64_t t = 0; t < nt; t += HR_T) {
+                const int tt = (int)LK_MIN((int64_t)HR_T, nt - t);
                 k_hr[gi][tt - 1](n, W + (size_t)g * gs, gs, buf + (size_t)t * ld, ld, y + (size_t)(t0 + t) * ys + 16 * (size_t)g,
                                    ys, t == 0 ? pd : 0);
             }
@@ -1347,7 +1265,7 @@ static void f16r_run(int64_t n, int64_t ng, const uint8_t *W, size_t gs, int64_t
 static void mm_f16r16(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a, size_t as,
                       float *y, size_t ys) {
     const int64_t full = nrows / 16 * 16;
-    if (full) f16r_run(n, full / 16, w, 16 * ws, ntok, a, as, y, ys);
+    if (full) hr_run(n, full / 16, w, 16 * ws, ntok, a, as, y, ys);
     if (full < nrows) mm_f16(n, nrows - full, (const uint8_t *)w + (size_t)full * ws, ws, ntok, a, as, y + full, ys);
 }
 
