@@ -1174,7 +1174,7 @@ LK_MM_FLA_FN(f16, 16)
  * horizontal sums. pd: bytes ahead to prefetch each group's stream (0:
  * none; the first token tile of a group reads it from memory). */
 LK_T512 static LK_INL void hr_tile(const int G, const int T, int64_t n, const uint8_t *w, size_t gs,
-                                     const float *a, size_t as, float *y, size_t ys, size_t pd) {
+                                   const float *a, size_t as, float *y, size_t ys, size_t pd) {
     __m512 acc[4][12];
 #pragma GCC unroll 4
     for (int g = 0; g < G; g++)
@@ -1211,10 +1211,10 @@ LK_T512 static LK_INL void hr_tile(const int G, const int T, int64_t n, const ui
         for (int t = 0; t < T; t++) _mm512_storeu_ps(y + (size_t)t * ys + 16 * (size_t)g, acc[g][t]);
 }
 typedef void (*hr_fn)(int64_t n, const uint8_t *w, size_t gs, const float *a, size_t as, float *y, size_t ys,
-                        size_t pd);
+                      size_t pd);
 #define HR_FN(G, T)                                                                                         \
-    LK_T512 static void hr_##G##x##T(int64_t n, const uint8_t *w, size_t gs, const float *a, size_t as,    \
-                                       float *y, size_t ys, size_t pd) {                                     \
+    LK_T512 static void hr_##G##x##T(int64_t n, const uint8_t *w, size_t gs, const float *a, size_t as,      \
+                                     float *y, size_t ys, size_t pd) {                                       \
         hr_tile(G, T, n, w, gs, a, as, y, ys, pd);                                                          \
     }
 enum { HR_T = 12, HR_DEC_T = 3, HR_PD = 2048 /* bytes per prefetch tile (lk_quant_prefetch) */ };
@@ -1238,7 +1238,7 @@ static const hr_fn k_hr[3][HR_T] = {
  * ahead per the tuner's prefetch tile (on the Xeon guest's decode 2 KB
  * streamed 18.2-18.6 GB/s, 1 KB 17.0-17.2, 4 KB 17.3, none 15.5-15.9). */
 static void hr_run(int64_t n, int64_t ng, const uint8_t *W, size_t gs, int64_t ntok, const uint8_t *A, size_t as,
-                     float *y, size_t ys) {
+                   float *y, size_t ys) {
     const size_t ld = ((size_t)n + 15) & ~(size_t)15;
     const int64_t tc = (int64_t)(FLA_BUF_FLOATS / ld);
     if (tc < 1) { /* rows of more than FLA_BUF_FLOATS elements: the same sums in scalar code */
@@ -1256,8 +1256,8 @@ static void hr_run(int64_t n, int64_t ng, const uint8_t *W, size_t gs, int64_t n
             const int gi = step == 4 ? 2 : step == 2 ? 1 : 0;
             for (int64_t t = 0; t < nt; t += HR_T) {
                 const int tt = (int)LK_MIN((int64_t)HR_T, nt - t);
-                k_hr[gi][tt - 1](n, W + (size_t)g * gs, gs, buf + (size_t)t * ld, ld, y + (size_t)(t0 + t) * ys + 16 * (size_t)g,
-                                   ys, t == 0 ? pd : 0);
+                k_hr[gi][tt - 1](n, W + (size_t)g * gs, gs, buf + (size_t)t * ld, ld,
+                                 y + (size_t)(t0 + t) * ys + 16 * (size_t)g, ys, t == 0 ? pd : 0);
             }
         }
     }
