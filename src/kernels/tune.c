@@ -401,8 +401,9 @@ static void calibrate_on(lk_pool *p, lk_type t, const lk_mat *mats, int nm, lk_t
      * matrices: by default the rows kernel up to 31 tokens (K-quants: 17
      * for Q4_K, 27 for Q6_K; quant_impl.h), or the GEMM from 16 (8). On a
      * Zen 5 core the rows kernel led 1.22x at 16 tokens (Q4_0_R16); on the
-     * 16-core Xeon the GEMM led 1.13x (BENCHMARKS.md, eleventh session). */
-    if (!strcmp(lk_quant_simd_name(), "avx512") && r16 && ft != LK_TYPE_Q5_K) {
+     * 16-core Xeon the GEMM led 1.13x (BENCHMARKS.md, eleventh session).
+     * Not F16_R16: it has no GEMM, one kernel for every token count. */
+    if (!strcmp(lk_quant_simd_name(), "avx512") && r16 && ft != LK_TYPE_Q5_K && ft != LK_TYPE_F16) {
         const bool kq = ft != LK_TYPE_Q4_0 && ft != LK_TYPE_Q8_0;
         const int GT = kq ? 12 : 16, gts[] = { 0, kq ? 8 : 16 };
         lk_tune_set c[2];
