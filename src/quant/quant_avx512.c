@@ -1108,6 +1108,16 @@ LK_T512 static void fla_widen(const int kind, int64_t n, const uint8_t *src, flo
     }
 }
 
+/* n fp16 values of one token as fp32 into a panel of T tokens (hr_tile):
+ * its 16-element chunks 16 T floats apart, zeros up to the next multiple
+ * of 16 */
+LK_T512 static void hr_widen(int64_t n, const uint8_t *src, float *dst, int64_t T) {
+    for (int64_t c = 0; c < n; c += 16, dst += 16 * T) {
+        const __mmask16 m = n - c >= 16 ? 0xFFFF : (__mmask16)((1u << (n - c)) - 1);
+        _mm512_store_ps(dst, fl_load(16, src + 2 * c, m));
+    }
+}
+
 /* nt tokens (a: the first, astep bytes apart, `as` in the tiles' units)
  * through 4 x 6 tiles: rows in blocks of rb (a multiple of 4), in a block
  * the 6-token tiles outside its 4-row groups (rb = 4: each row group's
@@ -1171,51 +1181,58 @@ LK_MM_FLA_FN(f16, 16)
  * element one 32-byte load and conversion per group and one broadcast
  * multiply-add per accumulator, so a 2 x 12 tile converts once per 12
  * products where the F16 rows' 4 x 6 tiles convert once per 6, and no
- * horizontal sums. pd: bytes ahead to prefetch each group's stream (0:
- * none; the first token tile of a group reads it from memory). */
+ * horizontal sums. The tile's T tokens come as one panel of fp32, element
+ * k of token t at p[(k / 16) 16 T + 16 t + k % 16]: every broadcast of a
+ * 16-element chunk is one pointer and a constant offset, where T token
+ * pointers cost the 2 x 12 tile its general registers (spills, and 23
+ * vector moves per 48 multiply-adds from gcc). pd: bytes ahead to prefetch
+ * each group's stream (0: none; the first token tile of a group reads it
+ * from memory). */
 LK_T512 static LK_INL void hr_tile(const int G, const int T, int64_t n, const uint8_t *w, size_t gs,
-                                   const float *a, size_t as, float *y, size_t ys, size_t pd) {
+                                   const float *p, float *y, size_t ys, size_t pd) {
     __m512 acc[4][12];
 #pragma GCC unroll 4
     for (int g = 0; g < G; g++)
 #pragma GCC unroll 12
         for (int t = 0; t < T; t++) acc[g][t] = _mm512_setzero_ps();
-#define HR_STEP(k)                                                                                          \
+#define HR_STEP(wk, pk)                                                                                     \
     do {                                                                                                      \
         __m512 wv[4];                                                                                         \
         _Pragma("GCC unroll 4") for (int g = 0; g < G; g++) wv[g] =                                           \
-            _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(w + (size_t)g * gs + 32 * (size_t)(k)))); \
+            _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)((wk) + (size_t)g * gs)));      \
         _Pragma("GCC unroll 12") for (int t = 0; t < T; t++) {                                                \
-            const __m512 av = _mm512_set1_ps(a[(size_t)t * as + (size_t)(k)]);                                \
+            const __m512 av = _mm512_set1_ps((pk)[16 * t]);                                                   \
             _Pragma("GCC unroll 4") for (int g = 0; g < G; g++) acc[g][t] = _mm512_fmadd_ps(wv[g], av, acc[g][t]); \
         }                                                                                                     \
     } while (0)
-    int64_t k = 0;
+    /* 16 elements a step, each group's next line prefetched every other
+     * element (a loop without the prefetches when pd is 0) */
+#define HR_CHUNKS(PF)                                                                                       \
+    for (int64_t c = 0; c < n / 16; c++, w += 512, p += 16 * T) {                                             \
+        _Pragma("GCC unroll 16") for (int kk = 0; kk < 16; kk++) {                                            \
+            if ((PF) && kk % 2 == 0)                                                                          \
+                _Pragma("GCC unroll 4") for (int g = 0; g < G; g++)                                           \
+                    _mm_prefetch((const char *)(w + (size_t)g * gs + pd + 32 * kk), _MM_HINT_T0);              \
+            HR_STEP(w + 32 * kk, p + kk);                                                                     \
+        }                                                                                                     \
+    }
     if (pd)
-        for (; k + 2 <= n; k += 2) {
-#pragma GCC unroll 4
-            for (int g = 0; g < G; g++) _mm_prefetch((const char *)(w + (size_t)g * gs + 32 * (size_t)k + pd), _MM_HINT_T0);
-            HR_STEP(k);
-            HR_STEP(k + 1);
-        }
+        HR_CHUNKS(1)
     else
-        for (; k + 2 <= n; k += 2) {
-            HR_STEP(k);
-            HR_STEP(k + 1);
-        }
-    if (k < n) HR_STEP(k);
+        HR_CHUNKS(0)
+#undef HR_CHUNKS
+    for (int kk = 0; kk < (int)(n % 16); kk++) HR_STEP(w + 32 * kk, p + kk);
 #undef HR_STEP
 #pragma GCC unroll 4
     for (int g = 0; g < G; g++)
 #pragma GCC unroll 12
         for (int t = 0; t < T; t++) _mm512_storeu_ps(y + (size_t)t * ys + 16 * (size_t)g, acc[g][t]);
 }
-typedef void (*hr_fn)(int64_t n, const uint8_t *w, size_t gs, const float *a, size_t as, float *y, size_t ys,
-                      size_t pd);
+typedef void (*hr_fn)(int64_t n, const uint8_t *w, size_t gs, const float *p, float *y, size_t ys, size_t pd);
 #define HR_FN(G, T)                                                                                         \
-    LK_T512 static void hr_##G##x##T(int64_t n, const uint8_t *w, size_t gs, const float *a, size_t as,      \
-                                     float *y, size_t ys, size_t pd) {                                       \
-        hr_tile(G, T, n, w, gs, a, as, y, ys, pd);                                                          \
+    LK_T512 static void hr_##G##x##T(int64_t n, const uint8_t *w, size_t gs, const float *p, float *y,       \
+                                     size_t ys, size_t pd) {                                                 \
+        hr_tile(G, T, n, w, gs, p, y, ys, pd);                                                              \
     }
 enum { HR_T = 12, HR_DEC_T = 3, HR_PD = 2048 /* bytes per prefetch tile (lk_quant_prefetch) */ };
 HR_FN(4, 1) HR_FN(4, 2) HR_FN(4, 3)
@@ -1232,11 +1249,12 @@ static const hr_fn k_hr[3][HR_T] = {
     {hr_4x1, hr_4x2, hr_4x3}};
 
 /* The whole groups: tokens widened to fp32 (as many at a time as fla_run's
- * buffer holds), then up to HR_DEC_T tokens 4 groups at a time (4
- * chains in flight, decode's stream), more 2 groups x 12 tokens, each group
- * pair's token tiles one after another, the first prefetching HR_PD bytes
- * ahead per the tuner's prefetch tile (on the Xeon guest's decode 2 KB
- * streamed 18.2-18.6 GB/s, 1 KB 17.0-17.2, 4 KB 17.3, none 15.5-15.9). */
+ * buffer holds) in panels of HR_T (hr_tile), then up to HR_DEC_T tokens 4
+ * groups at a time (4 chains in flight, decode's stream), more 2 groups x
+ * 12 tokens, each group pair's token tiles one after another, the first
+ * prefetching HR_PD bytes ahead per the tuner's prefetch tile (on the Xeon
+ * guest's decode 2 KB streamed 18.2-18.6 GB/s, 1 KB 17.0-17.2, 4 KB 17.3,
+ * none 15.5-15.9). */
 static void hr_run(int64_t n, int64_t ng, const uint8_t *W, size_t gs, int64_t ntok, const uint8_t *A, size_t as,
                    float *y, size_t ys) {
     const size_t ld = ((size_t)n + 15) & ~(size_t)15;
@@ -1249,14 +1267,17 @@ static void hr_run(int64_t n, int64_t ng, const uint8_t *W, size_t gs, int64_t n
     const size_t pd = (size_t)lk_quant_pf_tiles() * HR_PD;
     for (int64_t t0 = 0; t0 < ntok; t0 += tc) {
         const int64_t nt = LK_MIN(ntok, t0 + tc) - t0;
-        for (int64_t t = 0; t < nt; t++) fla_widen(16, n, A + (size_t)(t0 + t) * as, buf + (size_t)t * ld);
+        for (int64_t t = 0; t < nt; t += HR_T) {
+            const int64_t tt = LK_MIN((int64_t)HR_T, nt - t);
+            for (int64_t j = 0; j < tt; j++) hr_widen(n, A + (size_t)(t0 + t + j) * as, buf + (size_t)t * ld + 16 * j, tt);
+        }
         const int gmax = nt <= HR_DEC_T ? 4 : 2;
         for (int64_t g = 0, step; g < ng; g += step) {
             step = ng - g >= gmax ? gmax : ng - g >= 2 ? 2 : 1;
             const int gi = step == 4 ? 2 : step == 2 ? 1 : 0;
             for (int64_t t = 0; t < nt; t += HR_T) {
                 const int tt = (int)LK_MIN((int64_t)HR_T, nt - t);
-                k_hr[gi][tt - 1](n, W + (size_t)g * gs, gs, buf + (size_t)t * ld, ld,
+                k_hr[gi][tt - 1](n, W + (size_t)g * gs, gs, buf + (size_t)t * ld,
                                  y + (size_t)(t0 + t) * ys + 16 * (size_t)g, ys, t == 0 ? pd : 0);
             }
         }
