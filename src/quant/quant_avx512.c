@@ -391,7 +391,7 @@ static LK_INL void k_scales_unpack(const uint8_t *q, uint64_t *sc, uint64_t *m) 
     *m = m_lo | (uint64_t)m_hi << 32;
 }
 
-typedef struct { __m512i idx4k[4], idx6k[4], m0f, m10, m30, q6h01, q6h23; } ktabs;
+typedef struct { __m512i idx4k[4], idx6k[4], m0f, m30, q6h01, q6h23, q5h[4]; } ktabs;
 
 LK_T512 static LK_INL ktabs ktabs_load(void) {
     ktabs t;
@@ -405,7 +405,6 @@ LK_T512 static LK_INL ktabs ktabs_load(void) {
                                       4 * k, 4 * k, 4 * k, 4 * k);
     }
     t.m0f = _mm512_set1_epi8(0x0F);
-    t.m10 = _mm512_set1_epi8(0x10);
     t.m30 = _mm512_set1_epi8(0x30);
     /* Q6_K: qh's 2-bit field f (bits 2f, 2f+1) to bits 4, 5 of each byte:
      * output bit i takes the parity of the input AND matrix byte 7 - i */
@@ -413,6 +412,16 @@ LK_T512 static LK_INL ktabs ktabs_load(void) {
     t.q6h01 = _mm512_setr_epi64(Q6H(0), Q6H(0), Q6H(0), Q6H(0), Q6H(1), Q6H(1), Q6H(1), Q6H(1));
     t.q6h23 = _mm512_setr_epi64(Q6H(2), Q6H(2), Q6H(2), Q6H(2), Q6H(3), Q6H(3), Q6H(3), Q6H(3));
 #undef Q6H
+    /* Q5_K: bit j of each qh byte to bit 4 (output bit 4 is the parity of
+     * matrix byte 3 and the input), j = the sub-block of vector k's lower
+     * and upper half (q5k_quants) */
+#define Q5H(j) ((long long)((1ull << (j)) << 24))
+    #pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        const int lo = 4 * (k / 2) + k % 2, hi = lo + 2;
+        t.q5h[k] = _mm512_setr_epi64(Q5H(lo), Q5H(lo), Q5H(lo), Q5H(lo), Q5H(hi), Q5H(hi), Q5H(hi), Q5H(hi));
+    }
+#undef Q5H
     return t;
 }
 
@@ -449,20 +458,13 @@ LK_T512 static LK_INL kwgrp q4k_wload(const ktabs *kt, const uint8_t *p) {
 LK_T512 static LK_INL void q5k_quants(const ktabs *kt, const uint8_t *p, kwgrp *w) {
     __m512i q0 = _mm512_loadu_si512(p + LK_Q5K_QS), q1 = _mm512_loadu_si512(p + LK_Q5K_QS + 64);
     __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + LK_Q5K_QH)));
-    /* The 5th bit of sub-block j is bit j of qh[l]; move it to bit 4 for
-     * both halves of each vector at once (per-half word shifts). */
-    const __m512i s02 = _mm512_mask_mov_epi16(_mm512_set1_epi16(4), 0xFFFF0000u, _mm512_set1_epi16(2));
-    const __m512i s13 = _mm512_mask_mov_epi16(_mm512_set1_epi16(3), 0xFFFF0000u, _mm512_set1_epi16(1));
-    const __m512i r46 = _mm512_mask_mov_epi16(_mm512_set1_epi16(0), 0xFFFF0000u, _mm512_set1_epi16(2));
-    const __m512i r57 = _mm512_mask_mov_epi16(_mm512_set1_epi16(1), 0xFFFF0000u, _mm512_set1_epi16(3));
-    __m512i h0 = _mm512_and_si512(_mm512_sllv_epi16(qh, s02), kt->m10);
-    __m512i h1 = _mm512_and_si512(_mm512_sllv_epi16(qh, s13), kt->m10);
-    __m512i h2 = _mm512_and_si512(_mm512_srlv_epi16(qh, r46), kt->m10);
-    __m512i h3 = _mm512_and_si512(_mm512_srlv_epi16(qh, r57), kt->m10);
-    w->v[0] = LK_AND_OR(q0, h0, kt->m0f);
-    w->v[1] = LK_AND_OR(_mm512_srli_epi16(q0, 4), h1, kt->m0f);
-    w->v[2] = LK_AND_OR(q1, h2, kt->m0f);
-    w->v[3] = LK_AND_OR(_mm512_srli_epi16(q1, 4), h3, kt->m0f);
+    /* The 5th bit of sub-block j is bit j of qh[l]: vector k holds
+     * sub-blocks 4 (k / 2) + k % 2 and that + 2 in its halves, whose bits
+     * one affine map per vector moves to bit 4 (the rest zero) */
+    w->v[0] = LK_AND_OR(q0, _mm512_gf2p8affine_epi64_epi8(qh, kt->q5h[0], 0), kt->m0f);
+    w->v[1] = LK_AND_OR(_mm512_srli_epi16(q0, 4), _mm512_gf2p8affine_epi64_epi8(qh, kt->q5h[1], 0), kt->m0f);
+    w->v[2] = LK_AND_OR(q1, _mm512_gf2p8affine_epi64_epi8(qh, kt->q5h[2], 0), kt->m0f);
+    w->v[3] = LK_AND_OR(_mm512_srli_epi16(q1, 4), _mm512_gf2p8affine_epi64_epi8(qh, kt->q5h[3], 0), kt->m0f);
 }
 
 LK_T512 static LK_INL kwgrp q5k_wload(const ktabs *kt, const uint8_t *p) {
