@@ -726,8 +726,9 @@ TEST(repacked_same_bits_as_file_rows) {
  * tiles of 4 groups, the 2 x 12 tiles and their tails), on row ranges that
  * start at multiples of 16, a call on the repacked matrix gives bit for
  * bit the fmaf loop below on its whole groups, and the level's own F16
- * rows' bits on the rows past them; unrepack gives the rows back; the
- * choice: F16 with 16+ rows on AVX-512 only. */
+ * rows' bits on the rows past them, with the activations widened per call
+ * and (AVX-512) once as terms; unrepack gives the rows back; the choice:
+ * F16 with 16+ rows on AVX-512 only. */
 TEST(f16_r16_sums_in_order) {
     static const char *levels[] = {"scalar", "avx2", "avx512"};
     static const int64_t chunks[] = {1, 2, 3, 4, 5, 12, 13, 25, 40};
@@ -777,6 +778,35 @@ TEST(f16_r16_sums_in_order) {
                        "in-order fused sums", levels[l], (long long)nrows, (long long)n, (long long)chunks[c], bad,
                        (long long)(nrows * NT));
             }
+            /* the widened activations as terms (lk_act_terms, LK_TERMS_WIDE), made
+             * once per call group: the same bits; a changed value changes them */
+            const int32_t k = lk_quant_terms_k(LK_TYPE_F16_R16);
+            CHECK(k == (l == 2 ? LK_TERMS_WIDE : 0));
+            if (!k) continue;
+            float *mem = malloc(lk_act_terms_bytes(k, n, NT) + sizeof(float));
+            for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++)
+            for (int variant = 0; variant < 2; variant++) {
+                memset(mc.got, 0xff, sizeof(float) * (size_t)nrows * NT);
+                for (int64_t t0 = 0; t0 < NT; t0 += chunks[c]) {
+                    const int64_t tn = LK_MIN(chunks[c], NT - t0), cut = nrows > 16 ? 16 : nrows;
+                    lk_act_terms T;
+                    lk_act_terms_init(&T, k, n, tn, mem + 1); /* not 64-byte aligned */
+                    const uint8_t *a = mc.a + (size_t)t0 * mc.arb;
+                    for (int64_t t = 0; t < tn; t++) lk_act_terms_row(&T, t, a + (size_t)t * mc.arb, n);
+                    if (variant) T.wide[0] += 1;
+                    float *y = mc.got + (size_t)t0 * (size_t)nrows;
+                    lk_quant_matmul_terms(LK_TYPE_F16_R16, n, cut, rp, mc.wrb, tn, a, mc.arb, &T, y, (size_t)nrows);
+                    if (cut < nrows)
+                        lk_quant_matmul_terms(LK_TYPE_F16_R16, n, nrows - cut, rp + (size_t)cut * mc.wrb, mc.wrb, tn, a,
+                                              mc.arb, &T, y + cut, (size_t)nrows);
+                }
+                int bad = 0;
+                for (int64_t e = 0; e < nrows * NT; e++) bad += memcmp(&mc.got[e], &mc.ref[e], sizeof(float)) != 0;
+                CHECKF(variant ? bad > 0 : bad == 0, "f16_r16 %lld x %lld, calls of %lld tokens with %s widened "
+                       "terms: %d of %lld outputs differ from the in-order fused sums", (long long)nrows, (long long)n,
+                       (long long)chunks[c], variant ? "changed" : "the", bad, (long long)(nrows * NT));
+            }
+            free(mem);
         }
         free(rp); free(row);
         mm_case_free(&mc);
@@ -828,13 +858,13 @@ TEST(matmul_terms_same_bits) {
         if (!lk_quant_set_simd("avx512")) { mm_case_free(&mc); if (w != mc.w) free(w); continue; }
         const int32_t k = lk_quant_terms_k(rt);
         CHECKF(k == (lk_type_file(rt) == LK_TYPE_Q8_0 ? 128 : 8), "%s: terms for offset %d", lk_type_name(rt), k);
-        uint8_t *mem = malloc(lk_act_terms_bytes(n, NT));
+        uint8_t *mem = malloc(lk_act_terms_bytes(8, n, NT));
         for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++)
         for (int variant = 0; variant < 3; variant++) { /* right terms, the other offset's, wrong ones */
             memset(mc.got, 0xff, sizeof(float) * (size_t)nrows * NT);
             for (int64_t t0 = 0; t0 < NT; t0 += chunks[c]) {
                 const int64_t tn = LK_MIN(chunks[c], NT - t0);
-                lk_act_terms T = { .d = (float *)mem, .corr = (int32_t *)(mem + lk_act_terms_bytes(n, tn) / 2),
+                lk_act_terms T = { .d = (float *)mem, .corr = (int32_t *)(mem + lk_act_terms_bytes(8, n, tn) / 2),
                                    .ntok = tn, .k = variant == 1 ? 136 - k : k };
                 const uint8_t *a = mc.a + (size_t)t0 * mc.arb;
                 for (int64_t t = 0; t < tn; t++) lk_act_terms_row(&T, t, a + (size_t)t * mc.arb, n);
@@ -975,7 +1005,7 @@ TEST(amx_same_bits) {
         lk_quant_amx_emulate(mode == 0);
         lk_quant_set_amx(1);
         CHECK(lk_quant_amx_min_tok() == 1);
-        uint8_t *mem = malloc(lk_act_terms_bytes(n, nt));
+        uint8_t *mem = malloc(lk_act_terms_bytes(8, n, nt));
         for (size_t c = 0; c <= sizeof chunks / sizeof chunks[0]; c++)
         for (int with_terms = 0; with_terms < 2; with_terms++) {
             const int64_t chunk = c < sizeof chunks / sizeof chunks[0] ? chunks[c] : nt;
@@ -983,7 +1013,7 @@ TEST(amx_same_bits) {
             memset(mc.got, 0xff, sizeof(float) * (size_t)nrows * (size_t)nt);
             for (int64_t t0 = 0; t0 < nt; t0 += chunk) {
                 const int64_t tn = LK_MIN(chunk, nt - t0);
-                lk_act_terms T = { .d = (float *)mem, .corr = (int32_t *)(mem + lk_act_terms_bytes(n, tn) / 2),
+                lk_act_terms T = { .d = (float *)mem, .corr = (int32_t *)(mem + lk_act_terms_bytes(8, n, tn) / 2),
                                    .ntok = tn, .k = lk_quant_terms_k(rt) };
                 const uint8_t *a = mc.a + (size_t)t0 * mc.arb;
                 for (int64_t t = 0; t < tn; t++) lk_act_terms_row(&T, t, a + (size_t)t * mc.arb, n);

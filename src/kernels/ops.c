@@ -80,8 +80,10 @@ size_t lk_matmul_scratch_bytes(int64_t cols, int64_t ntok) {
      * activation format is smaller per element, Q8_0 with its terms
      * (lk_act_terms) too except for rows of a few blocks */
     const size_t f32 = (size_t)cols * 4 * (size_t)ntok;
-    const size_t q8 = terms_offset((size_t)(cols / 32 + 1) * 34 * (size_t)ntok) + lk_act_terms_bytes(cols + 32, ntok);
-    return LK_MAX(f32, q8) + 64;
+    const size_t q8 = terms_offset((size_t)(cols / 32 + 1) * 34 * (size_t)ntok) + lk_act_terms_bytes(8, cols + 32, ntok);
+    /* F16 rows and their widened twins */
+    const size_t f16 = terms_offset((size_t)cols * 2 * (size_t)ntok) + lk_act_terms_bytes(LK_TERMS_WIDE, cols, ntok);
+    return LK_MAX(LK_MAX(f32, q8), f16) + 64;
 }
 
 typedef struct {
@@ -99,7 +101,7 @@ typedef struct {
     const float *norm_w; /* lk_matmul_fused_norm: RMSNorm x into xn first */
     float eps;
     float *xn;
-    lk_act_terms terms;  /* the Q8_0 activations' terms, when every matrix's kernel reads them (k != 0) */
+    lk_act_terms terms;  /* the activations' terms, when every matrix's kernel reads them (k != 0) */
 } matmul_job;
 
 /* Rows are handed out in multiples of 16 so SIMD kernels that work on row
@@ -182,14 +184,10 @@ static void matmul_run(lk_pool *p, matmul_job *j) {
              * few tokens are quantised inline, on the caller alone: there
              * the tasks deriving them for themselves, in parallel, cost
              * less than the caller doing it first) */
-            int32_t k = par && j->at == LK_TYPE_Q8_0 ? lk_quant_terms_k(W[0]->type) : 0;
+            int32_t k = par ? lk_quant_terms_k(W[0]->type) : 0;
             for (int i = 1; i < nw; i++)
                 if (lk_quant_terms_k(W[i]->type) != k) k = 0;
-            if (k) {
-                char *tp = (char *)j->scratch + terms_offset(rb * (size_t)ntok);
-                j->terms = (lk_act_terms){ .d = (float *)tp, .ntok = ntok, .k = k,
-                                           .corr = (int32_t *)(tp + lk_act_terms_bytes(W[0]->cols, ntok) / 2) };
-            }
+            if (k) lk_act_terms_init(&j->terms, k, W[0]->cols, ntok, (char *)j->scratch + terms_offset(rb * (size_t)ntok));
         }
         const uint64_t q0 = lk_prof_t0();
         if (par)

@@ -100,20 +100,30 @@ void lk_quant_matmul(lk_type wt, int64_t n, int64_t nrows, const void *w, size_t
  * the activations, and hands them to every call (lk_quant_matmul_terms).
  * Layout: K blocks of LK_TERMS_KB blocks, block b of token t at index
  * ((b / LK_TERMS_KB) * ntok + t) * LK_TERMS_KB + b % LK_TERMS_KB of d and
- * corr (the kernels' own K blocking, so they read them in place). */
-enum { LK_TERMS_KB = 256 };
+ * corr (the kernels' own K blocking, so they read them in place).
+ * k = LK_TERMS_WIDE: the AVX-512 F16_R16 kernel's terms, its F16
+ * activations widened to fp32 (`wide`, in the kernel's own token panels,
+ * quant_impl.h): widening its tokens itself, a call of 32 rows (16
+ * threads x 4 tasks of 2048) ran 64 tokens 17 % slower than one of 2048. */
+enum { LK_TERMS_KB = 256, LK_TERMS_WIDE = 16 };
 typedef struct {
     float   *d;
     int32_t *corr;
+    float   *wide; /* k == LK_TERMS_WIDE */
     int64_t  ntok; /* tokens the arrays hold */
-    int32_t  k;    /* the offset they were computed for (lk_quant_terms_k) */
+    int32_t  k;    /* the offset they were computed for (lk_quant_terms_k), or LK_TERMS_WIDE */
 } lk_act_terms;
 /* The offset k whose terms the active kernel of weight type wt reads (8 or
- * 128), or 0 if it reads none (other types, levels below AVX-512). */
+ * 128), LK_TERMS_WIDE, or 0 if it reads none (other types, levels below
+ * AVX-512). */
 int32_t lk_quant_terms_k(lk_type wt);
-/* Bytes of d and corr together for ntok tokens of rows of n elements. */
-size_t lk_act_terms_bytes(int64_t n, int64_t ntok);
-/* Token t's terms from its Q8_0 activation row a of n elements (t < T->ntok). */
+/* Bytes of the terms of kind k for ntok tokens of rows of n elements. */
+size_t lk_act_terms_bytes(int32_t k, int64_t n, int64_t ntok);
+/* Terms of kind k for ntok tokens of rows of n elements in mem
+ * (lk_act_terms_bytes of it, 64-byte aligned), rows not computed yet. */
+void lk_act_terms_init(lk_act_terms *T, int32_t k, int64_t n, int64_t ntok, void *mem);
+/* Token t's terms from its activation row a of n elements (t < T->ntok):
+ * Q8_0 for k = 8 and 128, F16 for LK_TERMS_WIDE. */
 void lk_act_terms_row(const lk_act_terms *T, int64_t t, const void *a, int64_t n);
 /* lk_quant_matmul with the terms of all of A's tokens (terms->ntok ==
  * ntok, computed for lk_quant_terms_k(wt)); terms NULL, or a kernel that

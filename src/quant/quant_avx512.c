@@ -1116,7 +1116,7 @@ LK_T512 static void fla_widen(const int kind, int64_t n, const uint8_t *src, flo
 LK_T512 static void hr_widen(int64_t n, const uint8_t *src, float *dst, int64_t T) {
     for (int64_t c = 0; c < n; c += 16, dst += 16 * T) {
         const __mmask16 m = n - c >= 16 ? 0xFFFF : (__mmask16)((1u << (n - c)) - 1);
-        _mm512_store_ps(dst, fl_load(16, src + 2 * c, m));
+        _mm512_storeu_ps(dst, fl_load(16, src + 2 * c, m)); /* lk_act_terms panels: not 64-byte aligned */
     }
 }
 
@@ -1258,20 +1258,21 @@ static const hr_fn k_hr[3][HR_T] = {
  * guest's decode 2 KB streamed 18.2-18.6 GB/s, 1 KB 17.0-17.2, 4 KB 17.3,
  * none 15.5-15.9). */
 static void hr_run(int64_t n, int64_t ng, const uint8_t *W, size_t gs, int64_t ntok, const uint8_t *A, size_t as,
-                   float *y, size_t ys) {
+                   const float *wide, float *y, size_t ys) {
     const size_t ld = ((size_t)n + 15) & ~(size_t)15;
-    const int64_t tc = (int64_t)(FLA_BUF_FLOATS / ld);
+    const int64_t tc = wide ? ntok : (int64_t)(FLA_BUF_FLOATS / ld);
     if (tc < 1) { /* rows of more than FLA_BUF_FLOATS elements: the same sums in scalar code */
         lk_quant_f16r16_seq(n, ng * 16, W, gs / 16, ntok, A, as, y, ys);
         return;
     }
-    _Alignas(64) float buf[FLA_BUF_FLOATS];
+    _Alignas(64) float stack[wide ? 1 : FLA_BUF_FLOATS];
     const size_t pd = (size_t)lk_quant_pf_tiles() * HR_PD;
     for (int64_t t0 = 0; t0 < ntok; t0 += tc) {
         const int64_t nt = LK_MIN(ntok, t0 + tc) - t0;
-        for (int64_t t = 0; t < nt; t += HR_T) {
+        const float *buf = wide ? wide : stack;
+        for (int64_t t = 0; t < nt && !wide; t += HR_T) {
             const int64_t tt = LK_MIN((int64_t)HR_T, nt - t);
-            for (int64_t j = 0; j < tt; j++) hr_widen(n, A + (size_t)(t0 + t + j) * as, buf + (size_t)t * ld + 16 * j, tt);
+            for (int64_t j = 0; j < tt; j++) hr_widen(n, A + (size_t)(t0 + t + j) * as, stack + (size_t)t * ld + 16 * j, tt);
         }
         const int gmax = nt <= HR_DEC_T ? 4 : 2;
         for (int64_t g = 0, step; g < ng; g += step) {
@@ -1285,11 +1286,26 @@ static void hr_run(int64_t n, int64_t ng, const uint8_t *W, size_t gs, int64_t n
         }
     }
 }
+static void mm_f16r16_t(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a, size_t as,
+                        const lk_act_terms *T, float *y, size_t ys) {
+    const int64_t full = nrows / 16 * 16;
+    if (full) hr_run(n, full / 16, w, 16 * ws, ntok, a, as, T && T->k == LK_TERMS_WIDE ? T->wide : NULL, y, ys);
+    if (full < nrows) mm_f16(n, nrows - full, (const uint8_t *)w + (size_t)full * ws, ws, ntok, a, as, y + full, ys);
+}
 static void mm_f16r16(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a, size_t as,
                       float *y, size_t ys) {
-    const int64_t full = nrows / 16 * 16;
-    if (full) hr_run(n, full / 16, w, 16 * ws, ntok, a, as, y, ys);
-    if (full < nrows) mm_f16(n, nrows - full, (const uint8_t *)w + (size_t)full * ws, ws, ntok, a, as, y + full, ys);
+    mm_f16r16_t(n, nrows, w, ws, ntok, a, as, NULL, y, ys);
+}
+/* lk_act_terms_row: the Q8_0 kernels' (quant_gemm_avx512.c), or token t's
+ * F16 row widened into its place in hr_run's panels of HR_T tokens */
+static void act_terms_row(const lk_act_terms *T, int64_t t, const void *a, int64_t n) {
+    if (T->k != LK_TERMS_WIDE) {
+        lk_act_terms_row_avx512(T, t, a, n);
+        return;
+    }
+    const size_t ld = ((size_t)n + 15) & ~(size_t)15;
+    const int64_t t0 = t / HR_T * HR_T;
+    hr_widen(n, a, T->wide + (size_t)t0 * ld + 16 * (size_t)(t - t0), LK_MIN((int64_t)HR_T, T->ntok - t0));
 }
 
 /* F32 rows of at most FLS_MAX_N elements, FLS_MIN_ROWS rows or more
@@ -1440,7 +1456,8 @@ void lk_quant_fill_avx512(lk_quant_ops *ops) {
     ops->mm_terms[LK_TYPE_Q4_0_R16] = mm_q40r16_t;
     ops->mm_terms[LK_TYPE_Q8_0_R16] = mm_q80r16_t;
     ops->mm_terms[LK_TYPE_Q8_0] = mm_q80_t;
-    ops->terms_row = lk_act_terms_row_avx512;
+    ops->terms_row = act_terms_row;
+    ops->mm_terms[LK_TYPE_F16_R16] = mm_f16r16_t;
     ops->mm[LK_TYPE_Q4_K] = mm_q4k;
     ops->mm[LK_TYPE_Q5_K] = mm_q5k;
     ops->mm[LK_TYPE_Q6_K] = mm_q6k;
