@@ -102,8 +102,8 @@ void lk_quant_matmul(lk_type wt, int64_t n, int64_t nrows, const void *w, size_t
  * ((b / LK_TERMS_KB) * ntok + t) * LK_TERMS_KB + b % LK_TERMS_KB of d and
  * corr (the kernels' own K blocking, so they read them in place).
  * k = LK_TERMS_WIDE: the AVX-512 F16_R16 kernel's terms, its F16
- * activations widened to fp32 (`wide`, in the kernel's own token panels,
- * quant_impl.h): widening its tokens itself, a call of 32 rows (16
+ * activations widened to fp32 (`wide`, in the kernel's own token panels:
+ * hr_run in quant_avx512.c): widening its tokens itself, a call of 32 rows (16
  * threads x 4 tasks of 2048) ran 64 tokens 17 % slower than one of 2048. */
 enum { LK_TERMS_KB = 256, LK_TERMS_WIDE = 16 };
 typedef struct {

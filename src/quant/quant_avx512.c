@@ -1251,7 +1251,8 @@ static const hr_fn k_hr[3][HR_T] = {
     {hr_4x1, hr_4x2, hr_4x3}};
 
 /* The whole groups: tokens widened to fp32 (as many at a time as fla_run's
- * buffer holds) in panels of HR_T (hr_tile), then up to HR_DEC_T tokens 4
+ * buffer holds) in panels of HR_T (hr_tile), or all of them read from the
+ * activations' terms (`wide`: act_terms_row made them once), then up to HR_DEC_T tokens 4
  * groups at a time (4 chains in flight, decode's stream), more 2 groups x
  * 12 tokens, each group pair's token tiles one after another, the first
  * prefetching HR_PD bytes ahead per the tuner's prefetch tile (on the Xeon
