@@ -705,13 +705,13 @@ void lk_act_terms_row(const lk_act_terms *T, int64_t t, const void *a, int64_t n
 void lk_quant_matmul_terms(lk_type wt, int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok,
                            const void *a, size_t a_stride, const lk_act_terms *terms, float *y, size_t y_stride) {
     const lk_quant_ops *o = ops_get();
-    /* a kernel takes terms of its own kind (the Q8_0 kernels check the offset themselves) */
-    if (!terms || n == 0 || wt >= LK_TYPE_ALL || !o->mm_terms[wt] ||
-        (terms->k == LK_TERMS_WIDE) != (lk_quant_terms_k(wt) == LK_TERMS_WIDE)) {
+    if (!terms || n == 0 || wt >= LK_TYPE_ALL || !o->mm_terms[wt]) {
         lk_quant_matmul(wt, n, nrows, w, w_stride, ntok, a, a_stride, y, y_stride);
         return;
     }
-    LK_ASSERT((terms->k == LK_TERMS_WIDE || n % LK_QK == 0) && nrows >= 0 && ntok >= 0 && terms->ntok == ntok);
+    /* each kernel reads terms of its own kind only (T->k), others as none */
+    LK_ASSERT((lk_quant_terms_k(wt) == LK_TERMS_WIDE || n % LK_QK == 0) && nrows >= 0 && ntok >= 0 &&
+              terms->ntok == ntok);
     o->mm_terms[wt](n, nrows, w, w_stride, ntok, a, a_stride, terms, y, y_stride);
 }
 

@@ -1030,7 +1030,6 @@ static void mm_q80_t(int64_t n, int64_t nrows, const void *w, size_t w_stride, i
         name##_t(n, nrows, w, ws, ntok, a, as, NULL, y, ys);                                                   \
     }
 MM_NO_TERMS(mm_q40) MM_NO_TERMS(mm_q40r16) MM_NO_TERMS(mm_q80r16) MM_NO_TERMS(mm_q80)
-#undef MM_NO_TERMS
 /* K-quants: prefill through the GEMM (quant_gemm_avx512.c) */
 static void mm_q4k(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
                    size_t a_stride, float *y, size_t y_stride) {
@@ -1102,21 +1101,13 @@ FLA_SET(fla32, 32)
 FLA_SET(fla16, 16)
 FLA_SET(flab, 0)
 
-/* n fp16 / bf16 values as fp32, zeros up to the next multiple of 16 */
-LK_T512 static void fla_widen(const int kind, int64_t n, const uint8_t *src, float *dst) {
-    for (int64_t c = 0; c < n; c += 16) {
+/* n fp16 / bf16 values as fp32, zeros up to the next multiple of 16, in
+ * 16-element chunks `step` floats apart (16: one row; 16 T: a token of
+ * hr_tile's panels, which as lk_act_terms need not be 64-byte aligned) */
+LK_T512 static void fla_widen(const int kind, int64_t n, const uint8_t *src, float *dst, size_t step) {
+    for (int64_t c = 0; c < n; c += 16, dst += step) {
         const __mmask16 m = n - c >= 16 ? 0xFFFF : (__mmask16)((1u << (n - c)) - 1);
-        _mm512_store_ps(dst + c, kind == 16 ? fl_load(16, src + 2 * c, m) : fl_load(0, src + 2 * c, m));
-    }
-}
-
-/* n fp16 values of one token as fp32 into a panel of T tokens (hr_tile):
- * its 16-element chunks 16 T floats apart, zeros up to the next multiple
- * of 16 */
-LK_T512 static void hr_widen(int64_t n, const uint8_t *src, float *dst, int64_t T) {
-    for (int64_t c = 0; c < n; c += 16, dst += 16 * T) {
-        const __mmask16 m = n - c >= 16 ? 0xFFFF : (__mmask16)((1u << (n - c)) - 1);
-        _mm512_storeu_ps(dst, fl_load(16, src + 2 * c, m)); /* lk_act_terms panels: not 64-byte aligned */
+        _mm512_storeu_ps(dst, kind == 16 ? fl_load(16, src + 2 * c, m) : fl_load(0, src + 2 * c, m));
     }
 }
 
@@ -1157,7 +1148,7 @@ static void fla_run(const int kind, const lk_tileset *small, int64_t n, int64_t 
         const float *act = (const float *)(const void *)(A + (size_t)t0 * as);
         size_t ald = as / 4;
         if (kind != 32) {
-            for (int64_t t = t0; t < t1; t++) fla_widen(kind, n, A + (size_t)t * as, buf + (size_t)(t - t0) * ld);
+            for (int64_t t = t0; t < t1; t++) fla_widen(kind, n, A + (size_t)t * as, buf + (size_t)(t - t0) * ld, 16);
             act = buf;
             ald = ld;
         }
@@ -1250,6 +1241,14 @@ static const hr_fn k_hr[3][HR_T] = {
      hr_2x12},
     {hr_4x1, hr_4x2, hr_4x3}};
 
+/* Token t of ntok (fp16 row src of n elements) widened into its place in
+ * the panels of HR_T tokens at p: hr_run's and act_terms_row's layout */
+static void hr_widen_token(int64_t n, int64_t ntok, int64_t t, const uint8_t *src, float *p) {
+    const size_t ld = ((size_t)n + 15) & ~(size_t)15;
+    const int64_t t0 = t / HR_T * HR_T;
+    fla_widen(16, n, src, p + (size_t)t0 * ld + 16 * (size_t)(t - t0), 16 * (size_t)LK_MIN((int64_t)HR_T, ntok - t0));
+}
+
 /* The whole groups: tokens widened to fp32 (as many at a time as fla_run's
  * buffer holds) in panels of HR_T (hr_tile), or all of them read from the
  * activations' terms (`wide`: act_terms_row made them once), then up to HR_DEC_T tokens 4
@@ -1271,10 +1270,7 @@ static void hr_run(int64_t n, int64_t ng, const uint8_t *W, size_t gs, int64_t n
     for (int64_t t0 = 0; t0 < ntok; t0 += tc) {
         const int64_t nt = LK_MIN(ntok, t0 + tc) - t0;
         const float *buf = wide ? wide : stack;
-        for (int64_t t = 0; t < nt && !wide; t += HR_T) {
-            const int64_t tt = LK_MIN((int64_t)HR_T, nt - t);
-            for (int64_t j = 0; j < tt; j++) hr_widen(n, A + (size_t)(t0 + t + j) * as, stack + (size_t)t * ld + 16 * j, tt);
-        }
+        for (int64_t t = 0; t < nt && !wide; t++) hr_widen_token(n, nt, t, A + (size_t)(t0 + t) * as, stack);
         const int gmax = nt <= HR_DEC_T ? 4 : 2;
         for (int64_t g = 0, step; g < ng; g += step) {
             step = ng - g >= gmax ? gmax : ng - g >= 2 ? 2 : 1;
@@ -1293,20 +1289,13 @@ static void mm_f16r16_t(int64_t n, int64_t nrows, const void *w, size_t ws, int6
     if (full) hr_run(n, full / 16, w, 16 * ws, ntok, a, as, T && T->k == LK_TERMS_WIDE ? T->wide : NULL, y, ys);
     if (full < nrows) mm_f16(n, nrows - full, (const uint8_t *)w + (size_t)full * ws, ws, ntok, a, as, y + full, ys);
 }
-static void mm_f16r16(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a, size_t as,
-                      float *y, size_t ys) {
-    mm_f16r16_t(n, nrows, w, ws, ntok, a, as, NULL, y, ys);
-}
+MM_NO_TERMS(mm_f16r16)
+#undef MM_NO_TERMS
 /* lk_act_terms_row: the Q8_0 kernels' (quant_gemm_avx512.c), or token t's
- * F16 row widened into its place in hr_run's panels of HR_T tokens */
+ * F16 row widened into hr_run's panels */
 static void act_terms_row(const lk_act_terms *T, int64_t t, const void *a, int64_t n) {
-    if (T->k != LK_TERMS_WIDE) {
-        lk_act_terms_row_avx512(T, t, a, n);
-        return;
-    }
-    const size_t ld = ((size_t)n + 15) & ~(size_t)15;
-    const int64_t t0 = t / HR_T * HR_T;
-    hr_widen(n, a, T->wide + (size_t)t0 * ld + 16 * (size_t)(t - t0), LK_MIN((int64_t)HR_T, T->ntok - t0));
+    if (T->k == LK_TERMS_WIDE) hr_widen_token(n, T->ntok, t, a, T->wide);
+    else lk_act_terms_row_avx512(T, t, a, n);
 }
 
 /* F32 rows of at most FLS_MAX_N elements, FLS_MIN_ROWS rows or more
