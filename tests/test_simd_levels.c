@@ -151,6 +151,10 @@ static void run_vec(const char *level, outs *o) {
         for (int i = 0; i < n; i++) y[i] = ldexpf(frand(-2, 2), (int)frand(-30, 30)); /* so the sums round */
         const double ss = lk_vec_sumsq(y, n);
         put(o, (const float *)&ss, 2);
+        /* the whole RMSNorm: its scale then the weights, two roundings */
+        for (int i = 0; i < n; i++) y[i] = frand(-3, 3), b[i] = frand(-2, 2);
+        lk_rmsnorm(V, y, b, n, 1e-5f);
+        put(o, V, (size_t)n);
     }
     /* the exponential's edges: where it turns 0, denormal results, where it
      * saturates, infinities */
@@ -181,7 +185,7 @@ TEST(vec_kernels_same_bits_at_every_level) {
             if (!same(&ref.v[i], &got.v[i], 4) && diff++ == 0) first = i;
         CHECKF(got.n == ref.n && diff == 0, "%s: %zu of %zu outputs differ from scalar's, the first at %zu (%.9g, %.9g)",
                lv[l], diff, ref.n, first, ref.v[first], got.v[first]);
-        printf("  scalar vs %s: %zu outputs of dot, axpy (F32, F16), attention sums, softmax, exp-sum, SwiGLU\n", lv[l],
+        printf("  scalar vs %s: %zu outputs of dot, axpy (F32, F16), attention sums, softmax, exp-sum, SwiGLU, RMSNorm\n", lv[l],
                ref.n);
     }
     if (nl == 0) printf("  only the scalar level runs here: nothing to compare\n");

@@ -133,6 +133,8 @@ double lk_vec_sumsq(const float *x, int64_t n);
  * the same at every level (softmax's passes beside the exponentials). */
 float  lk_vec_max(const float *x, int64_t n);
 void   lk_vec_scale(float *x, int64_t n, float s);
+/* out[i] = (x[i] * s) * w[i], RMSNorm's last pass: exact, the same at every level */
+void   lk_vec_scale_mul(float *out, const float *x, float s, const float *w, int64_t n);
 /* x[i] = e^(x[i] - sub); returns the sum (in double). Within 2 ulp of expf. */
 double lk_vec_exp_sum(float *x, int64_t n, float sub);
 /* Attention's weighted sum for nq <= 4 queries: out[q][i] += sum over p <

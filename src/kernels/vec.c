@@ -131,6 +131,11 @@ static float max_scalar(const float *x, int64_t n) {
 static void scale_scalar(float *x, int64_t n, float s) {
     for (int64_t i = 0; i < n; i++) x[i] *= s;
 }
+/* RMSNorm's last pass, out[i] = (x[i] * s) * w[i]: two exact roundings in
+ * that order at every level (no fused multiply-add) */
+static void scale_mul_scalar(float *out, const float *x, float s, const float *w, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] * s * w[i];
+}
 
 static void swiglu_scalar(float *gate, const float *up, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
@@ -228,6 +233,13 @@ AVX2 static void scale_avx2(float *x, int64_t n, float s) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), vs));
     for (; i < n; i++) x[i] *= s;
+}
+AVX2 static void scale_mul_avx2(float *out, const float *x, float s, const float *w, int64_t n) {
+    const __m256 vs = _mm256_set1_ps(s);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vs), _mm256_loadu_ps(w + i)));
+    scale_mul_scalar(out + i, x + i, s, w + i, n - i);
 }
 
 /* exp_poly on 8 lanes. 2^k is applied as two exact powers of two, 2^(k/2)
@@ -379,6 +391,14 @@ AVX512 static void scale_avx512(float *x, int64_t n, float s) {
         _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), vs));
     }
 }
+AVX512 static void scale_mul_avx512(float *out, const float *x, float s, const float *w, int64_t n) {
+    const __m512 vs = _mm512_set1_ps(s);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), vs);
+        _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, w + i)));
+    }
+}
 AVX512 static void swiglu_avx512(float *gate, const float *up, int64_t n) {
     const __m512 one = _mm512_set1_ps(1.f);
     for (int64_t i = 0; i < n; i += 16) {
@@ -446,6 +466,7 @@ typedef struct {
     double (*sumsq)(const float *, int64_t);
     float (*max)(const float *, int64_t);
     void (*scale)(float *, int64_t, float);
+    void (*scale_mul)(float *, const float *, float, const float *, int64_t);
 } vec_ops;
 
 /* One table per level the CPU runs, built once; g_ops points at the one in
@@ -463,10 +484,10 @@ static const vec_ops *_Atomic g_ops;
 
 static void pick(void) {
     vec_ops o = { "scalar", dot_scalar, axpy_scalar, f16_to_f32_scalar, expsum_scalar, swiglu_scalar,
-                  av4_generic, sumsq_scalar, max_scalar, scale_scalar };
+                  av4_generic, sumsq_scalar, max_scalar, scale_scalar, scale_mul_scalar };
     g_tables[LK_SIMD_SCALAR] = o;
     o = (vec_ops){ "avx2", dot_avx2, axpy_avx2, f16_to_f32_avx2, expsum_avx2, swiglu_avx2, av4_generic,
-                   sumsq_avx2, max_avx2, scale_avx2 };
+                   sumsq_avx2, max_avx2, scale_avx2, scale_mul_avx2 };
     g_tables[LK_SIMD_AVX2] = o;
     o.name = "avx512";
     o.dot = dot_avx512;
@@ -477,6 +498,7 @@ static void pick(void) {
     o.sumsq = sumsq_avx512;
     o.max = max_avx512;
     o.scale = scale_avx512;
+    o.scale_mul = scale_mul_avx512;
     g_tables[LK_SIMD_AVX512] = o;
     int l = LK_SIMD_AVX512;
     while (l > LK_SIMD_SCALAR && !lk_cpu_can((lk_simd_level)l, k_need[l])) l--;
@@ -511,6 +533,7 @@ void lk_vec_swiglu(float *gate, const float *up, int64_t n) { ops()->swiglu(gate
 double lk_vec_sumsq(const float *x, int64_t n) { return ops()->sumsq(x, n); }
 float lk_vec_max(const float *x, int64_t n) { return ops()->max(x, n); }
 void lk_vec_scale(float *x, int64_t n, float s) { ops()->scale(x, n, s); }
+void lk_vec_scale_mul(float *out, const float *x, float s, const float *w, int64_t n) { ops()->scale_mul(out, x, s, w, n); }
 
 /* Other levels: one axpy per query and position, as before. */
 static void av4_generic(float *out, size_t os, const float *S, size_t ss, const float *V, int64_t npos, int nq,

@@ -313,9 +313,10 @@ LK_T2 static void quant_q8_k_avx2(const float *x, void *dst, int64_t n) {
     uint8_t *b = dst;
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int64_t i = 0; i < n / LK_QK_K; i++, x += LK_QK_K, b += LK_Q8K_BYTES) {
-        __m256 m = _mm256_setzero_ps();
-        for (int k = 0; k < 32; k++) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * k)));
-        float amax = hmax8(m);
+        /* four chains of the max (exact: any order gives the same) */
+        __m256 m4[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int k = 0; k < 32; k++) m4[k & 3] = _mm256_max_ps(m4[k & 3], _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * k)));
+        float amax = hmax8(_mm256_max_ps(_mm256_max_ps(m4[0], m4[1]), _mm256_max_ps(m4[2], m4[3])));
         if (amax == 0) { memset(b, 0, LK_Q8K_BYTES); continue; }
         float max = 0;
         __m256 va = _mm256_set1_ps(amax);
@@ -331,14 +332,13 @@ LK_T2 static void quant_q8_k_avx2(const float *x, void *dst, int64_t n) {
             for (int k = 0; k < 4; k++)
                 q[k] = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 32 * g + 8 * k), vs)), c127);
             _mm256_storeu_si256((__m256i *)(b + LK_Q8K_QS + 32 * g), pack_i32x4(q[0], q[1], q[2], q[3]));
-            for (int h = 0; h < 2; h++) {
-                __m256i s = _mm256_add_epi32(q[2 * h], q[2 * h + 1]);
-                __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-                s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-                s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
-                int16_t bs = (int16_t)_mm_cvtsi128_si32(s4);
-                memcpy(b + LK_Q8K_BS + 2 * (2 * g + h), &bs, 2);
-            }
+            /* the two 16-element sums (exact integers, any order): lane 0
+             * of the 128-bit halves' sum is the first, lane 1 the second */
+            __m256i t = _mm256_hadd_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+            t = _mm256_hadd_epi32(t, t);
+            const __m128i s2 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+            const int16_t bs[2] = {(int16_t)_mm_cvtsi128_si32(s2), (int16_t)_mm_extract_epi32(s2, 1)};
+            memcpy(b + LK_Q8K_BS + 2 * (2 * g), bs, 4);
         }
         float d = 1 / iscale;
         memcpy(b, &d, 4);
