@@ -52,8 +52,8 @@ int main(int argc, char **argv) {
         void *q = lk_xmalloc_aligned(2 * (size_t)n + 64);
         srand(1);
         for (long long i = 0; i < n; i++) {
-            x[i] = (float)rand() / RAND_MAX - 0.5f;
-            w[i] = 1.0f + (float)rand() / RAND_MAX;
+            x[i] = (float)((double)rand() / RAND_MAX) - 0.5f;
+            w[i] = 1.0f + (float)((double)rand() / RAND_MAX);
         }
         for (int r = 0; r < REPS; r++) {
             const uint64_t t0 = lk_time_ns();
