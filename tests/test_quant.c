@@ -249,8 +249,14 @@ TEST(act_quantize_levels_bit_exact) {
     for (int i = 0; i < 32; i++) x[32 + i] = 0;
     x[64] = 127; x[65] = 0.5f; x[66] = 1.5f; x[67] = -2.5f; /* scale 1: exact ties */
     x[96 + 5] = -3e5f; x[128 + 31] = 1e-30f;
+    /* scales that are fp16 subnormals (block 5) or past its range (block
+     * 6: inf), both in the AVX-512 code's 16-block batches and its tail */
+    for (int i = 0; i < 32; i++) x[160 + i] *= 1e-4f, x[192 + i] *= 1e7f, x[N - 64 + i] *= 1e-4f, x[N - 32 + i] *= 1e7f;
     lk_quant_set_simd("scalar");
     lk_quantize_row_act(LK_TYPE_Q8_0, x, ref, N);
+    uint16_t d5, d6;
+    memcpy(&d5, ref + 5 * 34, 2), memcpy(&d6, ref + 6 * 34, 2);
+    CHECKF(d5 > 0 && d5 < 0x400 && d6 == 0x7c00, "scales %04x %04x", d5, d6);
     const int8_t *q2 = (const int8_t *)ref + 2 * 34 + 2; /* block 2's quants */
     CHECK(q2[0] == 127 && q2[1] == 0 && q2[2] == 2 && q2[3] == -2);
     const char *levels[] = {"avx2", "avx512"};
