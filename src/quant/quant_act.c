@@ -26,11 +26,40 @@ void lk_act_q8_0_scalar(const float *x, void *dst, int64_t n) {
  * = block k's), so the division, the reciprocal and the fp16 conversion of
  * the scale are one instruction for all sixteen (vcvtps2ph rounds to
  * nearest even, as lk_fp32_to_fp16, for every finite value). */
-__attribute__((target("avx512f"))) static inline __m512 act_absmax(const float *x) {
+#define LK_TACT __attribute__((target("avx512f,avx512bw")))
+
+/* Sixteen vectors to one whose lane k is the max (add: the i32 sum) of
+ * m[k]'s lanes, m[] consumed. Four rounds of halving pair the vectors:
+ * halves (lanes 0-7 of pair j from m[2j], 8-15 from m[2j+1]), quarters
+ * (quarter q from 4j+q), pairs of elements, elements; the last leaves
+ * lane 4q+e with vector 4e+q's result, which fold_order puts in lane k.
+ * Both operations are exact, so the order changes nothing. */
+static const int32_t fold_order[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
+
+LK_TACT static inline __m512 fold_op(__m512 a, __m512 b, bool add) {
+    return add ? _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b)))
+               : _mm512_max_ps(a, b);
+}
+
+LK_TACT static inline __m512 fold16(__m512 *m, bool add) {
+    for (int j = 0; j < 8; j++)
+        m[j] = fold_op(_mm512_shuffle_f32x4(m[2 * j], m[2 * j + 1], 0x44),
+                       _mm512_shuffle_f32x4(m[2 * j], m[2 * j + 1], 0xEE), add);
+    for (int j = 0; j < 4; j++)
+        m[j] = fold_op(_mm512_shuffle_f32x4(m[2 * j], m[2 * j + 1], 0x88),
+                       _mm512_shuffle_f32x4(m[2 * j], m[2 * j + 1], 0xDD), add);
+    for (int j = 0; j < 2; j++)
+        m[j] = fold_op(_mm512_shuffle_ps(m[2 * j], m[2 * j + 1], 0x44), _mm512_shuffle_ps(m[2 * j], m[2 * j + 1], 0xEE),
+                       add);
+    const __m512 r = fold_op(_mm512_shuffle_ps(m[0], m[1], 0x88), _mm512_shuffle_ps(m[0], m[1], 0xDD), add);
+    return _mm512_permutexvar_ps(_mm512_loadu_si512(fold_order), r);
+}
+
+LK_TACT static inline __m512 act_absmax(const float *x) {
     return _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x)), _mm512_abs_ps(_mm512_loadu_ps(x + 16)));
 }
 
-__attribute__((target("avx512f"))) static inline void act_block(const float *x, uint8_t *b, float id) {
+LK_TACT static inline void act_block(const float *x, uint8_t *b, float id) {
     const __m512 vid = _mm512_set1_ps(id);
     __m512i q0 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512i q1 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 16), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -38,34 +67,14 @@ __attribute__((target("avx512f"))) static inline void act_block(const float *x, 
     _mm_storeu_si128((__m128i *)(b + 18), _mm512_cvtepi32_epi8(q1));
 }
 
-static const int32_t act_fold_order[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
-
-__attribute__((target("avx512f"))) void lk_act_q8_0_avx512(const float *x, void *dst, int64_t n) {
+LK_TACT void lk_act_q8_0_avx512(const float *x, void *dst, int64_t n) {
     uint8_t *b = dst;
     const int64_t nb = n / 32;
     int64_t i = 0;
     for (; i + 16 <= nb; i += 16, x += 16 * 32, b += 16 * 34) {
-        /* m[k]'s lanes are block k's |x| folded to 16; four rounds of
-         * halving pair the vectors until lane k holds block k's maximum
-         * (max is exact, so the folding order changes nothing) */
         __m512 m[16];
         for (int k = 0; k < 16; k++) m[k] = act_absmax(x + 32 * k);
-        /* halves: lanes 0-7 block 2j's, 8-15 block 2j+1's */
-        for (int j = 0; j < 8; j++)
-            m[j] = _mm512_max_ps(_mm512_shuffle_f32x4(m[2 * j], m[2 * j + 1], 0x44),
-                                 _mm512_shuffle_f32x4(m[2 * j], m[2 * j + 1], 0xEE));
-        /* quarters: quarter q block 4j+q's */
-        for (int j = 0; j < 4; j++)
-            m[j] = _mm512_max_ps(_mm512_shuffle_f32x4(m[2 * j], m[2 * j + 1], 0x88),
-                                 _mm512_shuffle_f32x4(m[2 * j], m[2 * j + 1], 0xDD));
-        /* pairs: quarter q elements 0-1 block 8j+q's, 2-3 block 8j+4+q's */
-        for (int j = 0; j < 2; j++)
-            m[j] = _mm512_max_ps(_mm512_shuffle_ps(m[2 * j], m[2 * j + 1], 0x44),
-                                 _mm512_shuffle_ps(m[2 * j], m[2 * j + 1], 0xEE));
-        /* lane 4q+e block 4e+q's maximum; the permutation puts block k's
-         * in lane k */
-        __m512 amax = _mm512_max_ps(_mm512_shuffle_ps(m[0], m[1], 0x88), _mm512_shuffle_ps(m[0], m[1], 0xDD));
-        amax = _mm512_permutexvar_ps(_mm512_loadu_si512(act_fold_order), amax);
+        const __m512 amax = fold16(m, false);
         const __m512 d = _mm512_div_ps(amax, _mm512_set1_ps(127.f));
         const __m512 id = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(amax, _mm512_setzero_ps(), _CMP_NEQ_UQ),
                                               _mm512_set1_ps(127.f), amax);
@@ -84,5 +93,47 @@ __attribute__((target("avx512f"))) void lk_act_q8_0_avx512(const float *x, void 
         uint16_t h = lk_fp32_to_fp16(d);
         memcpy(b, &h, 2);
         act_block(x, b, id);
+    }
+}
+
+/* Q8_K (the K-quants' activations), bit-exact with the scalar quant_q8_k:
+ * max = the first element of largest magnitude (signed), iscale = -127/max,
+ * q = min(127, round half to even). A super-block is 16 vectors, one per
+ * 16-element sum: the quants are packed 4 vectors at a time (the packs
+ * interleave 128-bit lanes, which fold_order undoes) and the 16 sums are
+ * one fold. */
+LK_TACT void lk_act_q8_k_avx512(const float *x, void *dst, int64_t n) {
+    uint8_t *b = dst;
+    const __m512i order = _mm512_loadu_si512(fold_order), c127 = _mm512_set1_epi32(127);
+    for (int64_t i = 0; i < n / LK_QK_K; i++, x += LK_QK_K, b += LK_Q8K_BYTES) {
+        __m512 m4[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int k = 0; k < 16; k++) m4[k & 3] = _mm512_max_ps(m4[k & 3], _mm512_abs_ps(_mm512_loadu_ps(x + 16 * k)));
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m4[0], m4[1]), _mm512_max_ps(m4[2], m4[3])));
+        if (amax == 0) {
+            memset(b, 0, LK_Q8K_BYTES);
+            continue;
+        }
+        float max = 0;
+        const __m512 va = _mm512_set1_ps(amax);
+        for (int k = 0; k < 16; k++) {
+            const __mmask16 hit = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_loadu_ps(x + 16 * k)), va, _CMP_EQ_OQ);
+            if (hit) {
+                max = x[16 * k + __builtin_ctz((unsigned)hit)];
+                break;
+            }
+        }
+        const float iscale = -127.f / max;
+        const __m512 vs = _mm512_set1_ps(iscale);
+        __m512 q[16];
+        for (int k = 0; k < 16; k++)
+            q[k] = _mm512_castsi512_ps(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 16 * k), vs)), c127));
+        for (int g = 0; g < 4; g++) { /* |q| <= 127: the packs never saturate */
+            const __m512i p01 = _mm512_packs_epi32(_mm512_castps_si512(q[4 * g]), _mm512_castps_si512(q[4 * g + 1]));
+            const __m512i p23 = _mm512_packs_epi32(_mm512_castps_si512(q[4 * g + 2]), _mm512_castps_si512(q[4 * g + 3]));
+            _mm512_storeu_si512(b + LK_Q8K_QS + 64 * g, _mm512_permutexvar_epi32(order, _mm512_packs_epi16(p01, p23)));
+        }
+        _mm256_storeu_si256((__m256i *)(b + LK_Q8K_BS), _mm512_cvtepi32_epi16(_mm512_castps_si512(fold16(q, true))));
+        const float d = 1 / iscale;
+        memcpy(b, &d, 4);
     }
 }

@@ -1,7 +1,6 @@
 /* quant_avx512.c — AVX-512 kernels (F, BW, VL, DQ, VNNI, VBMI, GFNI; BF16
  * where present): lk_quant_matmul for every supported weight type. (The
- * Q8_K activation quantiser comes from the AVX2 file and the AVX-512 Q8_0 one
- * from quant_act.c: a token's row is a few thousand elements.)
+ * AVX-512 Q8_0 and Q8_K activation quantisers are in quant_act.c.)
  *
  * Why they look the way they do. Decode reads every weight byte once per
  * token, so a kernel is good when it retires a block faster than memory
@@ -1438,6 +1437,7 @@ void lk_quant_fill_avx512(lk_quant_ops *ops) {
     build_tables();
     ops->name = "avx512";
     ops->act[LK_TYPE_Q8_0] = lk_act_q8_0_avx512;
+    ops->quant[LK_TYPE_Q8_K] = lk_act_q8_k_avx512;
     ops->mm[LK_TYPE_Q4_0] = mm_q40;
     ops->mm[LK_TYPE_Q4_0_R16] = mm_q40r16;
     ops->mm[LK_TYPE_Q8_0_R16] = mm_q80r16;

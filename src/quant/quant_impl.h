@@ -332,6 +332,7 @@ void lk_quant_gemm_kq_avx2(int kind, int64_t n, int64_t nrows, const void *w, si
  * half to even; quant[Q8_0] rounds half away from zero, as llama-quantize). */
 void lk_act_q8_0_scalar(const float *x, void *dst, int64_t n);
 void lk_act_q8_0_avx512(const float *x, void *dst, int64_t n);
+void lk_act_q8_k_avx512(const float *x, void *dst, int64_t n);
 
 /* quant_kq.c: the scale search of the K-quants with a min (ggml's
  * make_qkx2_quants): x ~ scale * L + min (min <= 0), L in [0, nmax], the
