@@ -1,4 +1,5 @@
 /* Activation quantisation matching llama.cpp's x86 kernels (see quant.h). */
+#include "quant/fold16_avx512.h"
 #include "quant/quant_impl.h"
 
 #include <immintrin.h>
@@ -28,33 +29,6 @@ void lk_act_q8_0_scalar(const float *x, void *dst, int64_t n) {
  * nearest even, as lk_fp32_to_fp16, for every finite value). */
 #define LK_TACT __attribute__((target("avx512f,avx512bw")))
 
-/* Sixteen vectors to one whose lane k is the max (add: the i32 sum) of
- * m[k]'s lanes, m[] consumed. Four rounds of halving pair the vectors:
- * halves (lanes 0-7 of pair j from m[2j], 8-15 from m[2j+1]), quarters
- * (quarter q from 4j+q), pairs of elements, elements; the last leaves
- * lane 4q+e with vector 4e+q's result, which fold_order puts in lane k.
- * Both operations are exact, so the order changes nothing. */
-static const int32_t fold_order[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
-
-LK_TACT static inline __m512 fold_op(__m512 a, __m512 b, bool add) {
-    return add ? _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b)))
-               : _mm512_max_ps(a, b);
-}
-
-LK_TACT static inline __m512 fold16(__m512 *m, bool add) {
-    for (int j = 0; j < 8; j++)
-        m[j] = fold_op(_mm512_shuffle_f32x4(m[2 * j], m[2 * j + 1], 0x44),
-                       _mm512_shuffle_f32x4(m[2 * j], m[2 * j + 1], 0xEE), add);
-    for (int j = 0; j < 4; j++)
-        m[j] = fold_op(_mm512_shuffle_f32x4(m[2 * j], m[2 * j + 1], 0x88),
-                       _mm512_shuffle_f32x4(m[2 * j], m[2 * j + 1], 0xDD), add);
-    for (int j = 0; j < 2; j++)
-        m[j] = fold_op(_mm512_shuffle_ps(m[2 * j], m[2 * j + 1], 0x44), _mm512_shuffle_ps(m[2 * j], m[2 * j + 1], 0xEE),
-                       add);
-    const __m512 r = fold_op(_mm512_shuffle_ps(m[0], m[1], 0x88), _mm512_shuffle_ps(m[0], m[1], 0xDD), add);
-    return _mm512_permutexvar_ps(_mm512_loadu_si512(fold_order), r);
-}
-
 LK_TACT static inline __m512 act_absmax(const float *x) {
     return _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x)), _mm512_abs_ps(_mm512_loadu_ps(x + 16)));
 }
@@ -74,7 +48,7 @@ LK_TACT void lk_act_q8_0_avx512(const float *x, void *dst, int64_t n) {
     for (; i + 16 <= nb; i += 16, x += 16 * 32, b += 16 * 34) {
         __m512 m[16];
         for (int k = 0; k < 16; k++) m[k] = act_absmax(x + 32 * k);
-        const __m512 amax = fold16(m, false);
+        const __m512 amax = lk_fold16(m, LK_FOLD_MAX);
         const __m512 d = _mm512_div_ps(amax, _mm512_set1_ps(127.f));
         const __m512 id = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(amax, _mm512_setzero_ps(), _CMP_NEQ_UQ),
                                               _mm512_set1_ps(127.f), amax);
@@ -100,11 +74,11 @@ LK_TACT void lk_act_q8_0_avx512(const float *x, void *dst, int64_t n) {
  * max = the first element of largest magnitude (signed), iscale = -127/max,
  * q = min(127, round half to even). A super-block is 16 vectors, one per
  * 16-element sum: the quants are packed 4 vectors at a time (the packs
- * interleave 128-bit lanes, which fold_order undoes) and the 16 sums are
+ * interleave 128-bit lanes, which lk_fold16_order undoes) and the 16 sums are
  * one fold. */
 LK_TACT void lk_act_q8_k_avx512(const float *x, void *dst, int64_t n) {
     uint8_t *b = dst;
-    const __m512i order = _mm512_loadu_si512(fold_order), c127 = _mm512_set1_epi32(127);
+    const __m512i order = _mm512_loadu_si512(lk_fold16_order), c127 = _mm512_set1_epi32(127);
     for (int64_t i = 0; i < n / LK_QK_K; i++, x += LK_QK_K, b += LK_Q8K_BYTES) {
         __m512 m4[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
         for (int k = 0; k < 16; k++) m4[k & 3] = _mm512_max_ps(m4[k & 3], _mm512_abs_ps(_mm512_loadu_ps(x + 16 * k)));
@@ -132,7 +106,8 @@ LK_TACT void lk_act_q8_k_avx512(const float *x, void *dst, int64_t n) {
             const __m512i p23 = _mm512_packs_epi32(_mm512_castps_si512(q[4 * g + 2]), _mm512_castps_si512(q[4 * g + 3]));
             _mm512_storeu_si512(b + LK_Q8K_QS + 64 * g, _mm512_permutexvar_epi32(order, _mm512_packs_epi16(p01, p23)));
         }
-        _mm256_storeu_si256((__m256i *)(b + LK_Q8K_BS), _mm512_cvtepi32_epi16(_mm512_castps_si512(fold16(q, true))));
+        const __m512i sums = _mm512_castps_si512(lk_fold16(q, LK_FOLD_ADD_I32));
+        _mm256_storeu_si256((__m256i *)(b + LK_Q8K_BS), _mm512_cvtepi32_epi16(sums));
         const float d = 1 / iscale;
         memcpy(b, &d, 4);
     }

@@ -61,6 +61,7 @@
  * 178, F32 117 -> 80. */
 #include <immintrin.h>
 
+#include "quant/fold16_avx512.h"
 #include "quant/quant_impl.h"
 
 #define LK_T512                                                                                \
@@ -1310,30 +1311,8 @@ static void act_terms_row(const lk_act_terms *T, int64_t t, const void *a, int64
  * still agree, and every token count gives them. */
 enum { FLS_MAX_N = 256, FLS_MIN_ROWS = 8 };
 
-/* r[k] = hsum(a[k]) for k < 16. After step 1 vector i holds rows 2i and
- * 2i+1 (8 partial sums each), after step 2 vector j rows 4j..4j+3 (4 each,
- * one 128-bit lane per row), after step 3 vector k rows 8k+g and 8k+4+g in
- * lane g (2 each), after step 4 lane 4g+e holds row 4e+g: one permutation
- * puts row k in lane k. */
-LK_T512 static LK_INL __m512 hsum16(const __m512 a[16]) {
-    __m512 x[8], y[4], z[2];
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; i++)
-        x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; j++)
-        y[j] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * j], x[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                             _mm512_shuffle_f32x4(x[2 * j], x[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-#pragma GCC unroll 2
-    for (int k = 0; k < 2; k++) {
-        const __m512d u = _mm512_castps_pd(y[2 * k]), v = _mm512_castps_pd(y[2 * k + 1]);
-        z[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(u, v)), _mm512_castpd_ps(_mm512_unpackhi_pd(u, v)));
-    }
-    const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                   _mm512_shuffle_ps(z[0], z[1], _MM_SHUFFLE(3, 1, 3, 1)));
-    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
-}
+/* r[k] = hsum(a[k]) for k < 16, the same bits (lk_fold16). */
+LK_T512 static LK_INL __m512 hsum16(const __m512 a[16]) { return lk_fold16(a, LK_FOLD_ADD); }
 
 /* NT tokens (1 or 2) against NR rows (8, or fewer at the end: the
  * others' sums are zero and not stored): accumulator 8 t + k is row k
