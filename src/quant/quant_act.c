@@ -1,6 +1,5 @@
 /* Activation quantisation matching llama.cpp's x86 kernels (see quant.h). */
-#include "quant/fold16_avx512.h"
-#include "quant/quant_impl.h"
+#include "quant/simd_x86.h"
 
 #include <immintrin.h>
 #include <math.h>

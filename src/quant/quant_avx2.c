@@ -14,29 +14,9 @@
  * (quant_q4q8_avx2.c); the float types sum in 8 FMA lanes. */
 #include <immintrin.h>
 
-#include "quant/quant_impl.h"
-
-#define LK_T2 __attribute__((target("avx2,fma,f16c,bmi,bmi2")))
-#define LK_INL inline __attribute__((always_inline))
-
-LK_T2 static LK_INL float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+#include "quant/simd_x86.h"
 
 LK_T2 static LK_INL float h2f(const uint8_t *p) { return _cvtsh_ss(lk_ld_u16(p)); }
-
-/* Decode tiles prefetch the rows of the tile lk_quant_pf_tiles() ahead
- * (tile: R rows' stride; 1 by default, the next one): see pf_range in
- * quant_avx512.c for why. */
-static LK_INL void pf_range(const uint8_t *p, size_t tile, size_t len) {
-    const int d = lk_quant_pf_tiles();
-    if (d == 0) return;
-    p += (size_t)d * tile;
-    for (size_t o = 0; o < len; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
-}
 
 /* Q4_0 and Q8_0 are quant_q4q8_avx2.c: rows in lanes, the scalar order. */
 
@@ -169,7 +149,7 @@ LK_T2 static LK_INL void kq_tile2(const int R, const int T, const int kind, int6
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *wp = w + r * ws + (size_t)i * bb;
-            pf_range(wp, R * ws, bb);
+            pf_range_l1(wp, R * ws, bb);
             k_isum(kind, T, wp, ai, as, &is[r * T], &mm[r * T]);
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++) {
@@ -227,7 +207,7 @@ LK_T2 static LK_INL void fl_tile2(const int R, const int T, const int kind, int6
         for (int t = 0; t < T; t++) av[t] = fl_load2(kind, a + t * as + i * es);
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-            if ((i & 15) == 0) pf_range(w + r * ws + i * es, R * ws, 16 * es);
+            if ((i & 15) == 0) pf_range_l1(w + r * ws + i * es, R * ws, 16 * es);
             const __m256 wv = fl_load2(kind, w + r * ws + i * es);
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++) acc[r][t] = _mm256_fmadd_ps(wv, av[t], acc[r][t]);

@@ -61,13 +61,7 @@
  * 178, F32 117 -> 80. */
 #include <immintrin.h>
 
-#include "quant/fold16_avx512.h"
-#include "quant/quant_impl.h"
-
-#define LK_T512                                                                                \
-    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,avx2,fma," \
-                          "f16c,bmi,bmi2,gfni")))
-#define LK_INL inline __attribute__((always_inline))
+#include "quant/simd_x86.h"
 
 /* ===================================================================== */
 /* Permute tables                                                          */
@@ -177,7 +171,6 @@ static LK_INL void pf_range(const uint8_t *p, size_t tile, size_t len) {
  * scale in 4 float lanes. `neg8`/`neg128` = -8*sum / -128*sum of each lane's 4
  * quants: the offset correction of Q4_0 and (flipped) Q8_0 weights. */
 typedef struct { __m512i lo, hi; __m512 d; } q8grp;
-
 
 LK_T512 static LK_INL q8grp q80_load(const lk_tabs *tb, const uint8_t *p) {
     __m512i a0 = _mm512_loadu_si512(p), a1 = _mm512_loadu_si512(p + 64);
@@ -953,7 +946,6 @@ LK_F_TILES(LK_T512BF, bf, BF_CALL)
 LK_F_ROLLED(LK_T512, f16, fl_tile(4, 1, 16, true, n, w, ws, a, as, y, ys))
 LK_F_ROLLED(LK_T512, bfc, fl_tile(4, 1, 0, true, n, w, ws, a, as, y, ys))
 LK_F_ROLLED(LK_T512BF, bf, bf_tile(4, 1, true, true, n, w, ws, a, as, y, ys, false))
-
 
 #define LK_MM_FN(name)                                                                      \
     static void mm_##name(int64_t n, int64_t nrows, const void *w, size_t w_stride,         \

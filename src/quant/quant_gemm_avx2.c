@@ -43,10 +43,7 @@
 #include <immintrin.h>
 #include <stdatomic.h>
 
-#include "quant/quant_impl.h"
-
-#define LK_T2 __attribute__((target("avx2,fma,f16c,bmi,bmi2")))
-#define LK_INL inline __attribute__((always_inline))
+#include "quant/simd_x86.h"
 
 enum { G2_TMAX = 64, G2_RMAX = 4 };
 

@@ -49,12 +49,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "quant/quant_impl.h"
-
-#define LK_TG                                                                                  \
-    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,avx2,fma," \
-                          "f16c,bmi,bmi2,gfni")))
-#define LK_INL inline __attribute__((always_inline))
+#include "quant/simd_x86.h"
 
 enum {
     GK_ROWS = 16, /* rows per interleaved group: one zmm lane per row */
@@ -96,14 +91,14 @@ static inline bool terms_at(const lk_act_terms *T, int32_t k, int64_t t0, int64_
 }
 
 /* x >> 4 in every byte (GF(2) affine map picking input bits 4..7). */
-LK_TG static LK_INL __m512i gk_hi_nibble(__m512i x) {
+LK_T512 static LK_INL __m512i gk_hi_nibble(__m512i x) {
     return _mm512_gf2p8affine_epi64_epi8(x, _mm512_set1_epi64(0x1020408000000000ll), 0);
 }
 
 /* 16 rows x 16 bytes (row r at p[r]) -> 4 vectors, vector k lane r = bytes
  * 4k..4k+3 of row r. Z_j holds rows j, j+4, j+8, j+12 in its 128-bit lanes;
  * a 4x4 dword transpose inside each 128-bit lane finishes it. */
-LK_TG static LK_INL void gk_transpose16x4(const __m128i q[16], __m512i out[4]) {
+LK_T512 static LK_INL void gk_transpose16x4(const __m128i q[16], __m512i out[4]) {
     __m512i z[4];
 #pragma GCC unroll 4
     for (int j = 0; j < 4; j++) {
@@ -124,7 +119,7 @@ LK_TG static LK_INL void gk_transpose16x4(const __m128i q[16], __m512i out[4]) {
  * 8-lane gathers with 64-bit offsets (any row stride), their low 16 bits.
  * (Sixteen 2-byte stores read back as one vector would stall on store
  * forwarding: that was a third of the packing time.) */
-LK_TG static LK_INL __m512 gk_gather_h16(const uint8_t *p, size_t ws, int nr) {
+LK_T512 static LK_INL __m512 gk_gather_h16(const uint8_t *p, size_t ws, int nr) {
     const __m512i idx = _mm512_mullo_epi64(_mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7), _mm512_set1_epi64((long long)ws));
     const __mmask16 m = (__mmask16)((1u << nr) - 1);
     __m512i g0 = _mm512_mask_i64gather_epi64(_mm512_setzero_si512(), (__mmask8)m, idx, p, 1);
@@ -138,7 +133,7 @@ LK_TG static LK_INL __m512 gk_gather_h16(const uint8_t *p, size_t ws, int nr) {
  * compiled per type and for full groups apart: versions with the type and
  * the row count unknown kept these loads in rolled loops through stack
  * arrays, and packing took 40 % of a 16-token Q4_0 GEMM). */
-LK_TG static LK_INL void gk_load16(const uint8_t *p, size_t ws, int nr, const bool full, __m128i q[16]) {
+LK_T512 static LK_INL void gk_load16(const uint8_t *p, size_t ws, int nr, const bool full, __m128i q[16]) {
 #pragma GCC unroll 16
     for (int r = 0; r < 16; r++)
         q[r] = full || r < nr ? _mm_loadu_si128((const __m128i *)(p + (size_t)r * ws)) : _mm_setzero_si128();
@@ -148,7 +143,7 @@ LK_TG static LK_INL void gk_load16(const uint8_t *p, size_t ws, int nr, const bo
  * lane r: row r's bytes off+4i..off+4i+3): transposed from the file's rows
  * (p: the first row's super-block), or as stored in a repacked K-quant
  * group (r16; p: the super-block's first vector, lk_kr16_at). */
-LK_TG static LK_INL void gkk_rows4(const bool r16, const uint8_t *p, size_t off, size_t ws, int nr, const bool full,
+LK_T512 static LK_INL void gkk_rows4(const bool r16, const uint8_t *p, size_t off, size_t ws, int nr, const bool full,
                                    __m512i out[4]) {
     if (r16) {
 #pragma GCC unroll 4
@@ -166,7 +161,7 @@ LK_TG static LK_INL void gkk_rows4(const bool r16, const uint8_t *p, size_t off,
  * nibbles; Q8_0: quants 4k.., + 128 as stored) and their scales. The layout
  * is the one the packing below makes of the file's rows, so this is all
  * that is left of it. */
-LK_TG static LK_INL void gk_r16_block(const bool q8, const uint8_t *w, int64_t nb, int64_t b, __m512i v[8],
+LK_T512 static LK_INL void gk_r16_block(const bool q8, const uint8_t *w, int64_t nb, int64_t b, __m512i v[8],
                                       __m512 *d) {
     size_t qo, dof;
     lk_r16_at(q8, b, nb, &qo, &dof);
@@ -188,7 +183,7 @@ LK_TG static LK_INL void gk_r16_block(const bool q8, const uint8_t *w, int64_t n
 /* Packs rows [0, nr) (nr <= 16; missing rows are zero) x blocks [b0, b0+kb)
  * of Q4_0 or Q8_0 rows into out[b][9][64] (Q4_0_R16's whole groups:
  * gk_pack_r16). */
-LK_TG static LK_INL void gk_pack_body(const bool is_q8, const bool full, const uint8_t *w, size_t ws, int nr,
+LK_T512 static LK_INL void gk_pack_body(const bool is_q8, const bool full, const uint8_t *w, size_t ws, int nr,
                                       int64_t b0, int kb, uint8_t (*out)[GK_VEC][64]) {
     const size_t bb = is_q8 ? LK_Q80_BYTES : LK_Q40_BYTES;
     const __m512i m0f = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
@@ -219,7 +214,7 @@ LK_TG static LK_INL void gk_pack_body(const bool is_q8, const bool full, const u
     }
 }
 
-LK_TG static void gk_pack_r16(const bool q8, const uint8_t *w, int64_t nb, int64_t b0, int kb,
+LK_T512 static void gk_pack_r16(const bool q8, const uint8_t *w, int64_t nb, int64_t b0, int kb,
                               uint8_t (*out)[GK_VEC][64]) {
     for (int b = 0; b < kb; b++) {
         __m512i v[8];
@@ -231,7 +226,7 @@ LK_TG static void gk_pack_r16(const bool q8, const uint8_t *w, int64_t nb, int64
     }
 }
 
-LK_TG static void gk_pack_group(const int fmt, const uint8_t *w, size_t ws, int nr, int64_t nb, int64_t b0, int kb,
+LK_T512 static void gk_pack_group(const int fmt, const uint8_t *w, size_t ws, int nr, int64_t nb, int64_t b0, int kb,
                                 uint8_t (*out)[GK_VEC][64]) {
     if (lk_fmt_r16(fmt) && nr == GK_ROWS) {
         if (fmt == LK_FMT_Q8R16) gk_pack_r16(true, w, nb, b0, kb, out);
@@ -247,7 +242,7 @@ LK_TG static void gk_pack_group(const int fmt, const uint8_t *w, size_t ws, int 
 
 /* Scale and offset correction of every (token, block) of the tile: tokens
  * [0, tb) x blocks [b0, b0 + kb) into d / corr, rows `ld` apart. */
-LK_TG static void gk_prep(const bool is_q8, const uint8_t *a, size_t as, int tb, int64_t b0, int kb, float *d,
+LK_T512 static void gk_prep(const bool is_q8, const uint8_t *a, size_t as, int tb, int64_t b0, int kb, float *d,
                           int32_t *corr, int ld) {
     const __m256i flip = _mm256_set1_epi8((char)0x80);
     const int32_t k = is_q8 ? 128 : 8;
@@ -265,7 +260,7 @@ LK_TG static void gk_prep(const bool is_q8, const uint8_t *a, size_t as, int tb,
 }
 
 /* lk_act_terms_row: token t's row of Q8_0 blocks in lk_act_terms' K blocks */
-LK_TG void lk_act_terms_row_avx512(const lk_act_terms *T, int64_t t, const void *a, int64_t n) {
+LK_T512 void lk_act_terms_row_avx512(const lk_act_terms *T, int64_t t, const void *a, int64_t n) {
     const int64_t nb = n / LK_QK;
     for (int64_t b0 = 0; b0 < nb; b0 += LK_TERMS_KB) {
         const size_t i = (size_t)((b0 / LK_TERMS_KB * T->ntok + t) * LK_TERMS_KB);
@@ -281,7 +276,7 @@ LK_TG void lk_act_terms_row_avx512(const lk_act_terms *T, int64_t t, const void 
 /* Every micro-tile's epilogue: rows g*16.. of tokens t (acc[g*ld + t]) into y,
  * the last group masked to `nlast` rows, added to y's values when `add` (a
  * later K block). */
-LK_TG static LK_INL void gk_store(const int RG, const int T, const __m512 *acc, const int ld, float *y, size_t ys,
+LK_T512 static LK_INL void gk_store(const int RG, const int T, const __m512 *acc, const int ld, float *y, size_t ys,
                                   int nlast, bool add) {
 #pragma GCC unroll 4
     for (int g = 0; g < RG; g++) {
@@ -301,7 +296,7 @@ LK_TG static LK_INL void gk_store(const int RG, const int T, const __m512 *acc, 
  * onto one sum from its first block to its last, as the scalar reference
  * adds them (and as decode does: the same bits whatever the K blocking and
  * the call's token count). */
-LK_TG static LK_INL void gk_init(const int RG, const int T, __m512 *acc, const int ld, const float *y, size_t ys,
+LK_T512 static LK_INL void gk_init(const int RG, const int T, __m512 *acc, const int ld, const float *y, size_t ys,
                                  int nlast, bool add) {
 #pragma GCC unroll 4
     for (int g = 0; g < RG; g++) {
@@ -312,7 +307,7 @@ LK_TG static LK_INL void gk_init(const int RG, const int T, __m512 *acc, const i
     }
 }
 
-LK_TG static LK_INL void gk_tile(const int RG, const int T, const gk_panel *wp, const uint8_t *const *at,
+LK_T512 static LK_INL void gk_tile(const int RG, const int T, const gk_panel *wp, const uint8_t *const *at,
                                  const gk_terms *act, int t0, int b1, int kb, float *y, size_t ys, int nlast,
                                  bool add) {
     __m512 fa[GK_RG][GK_T];
@@ -351,7 +346,7 @@ LK_TG static LK_INL void gk_tile(const int RG, const int T, const gk_panel *wp, 
 typedef void (*gk_tile_fn)(const gk_panel *wp, const uint8_t *const *at, const gk_terms *act, int t0, int b1,
                            int kb, float *y, size_t ys, int nlast, bool add);
 #define GK_TILE(RG, T)                                                                                  \
-    LK_TG static void gk_tile_##RG##x##T(const gk_panel *wp, const uint8_t *const *at, const gk_terms *act, \
+    LK_T512 static void gk_tile_##RG##x##T(const gk_panel *wp, const uint8_t *const *at, const gk_terms *act, \
                                          int t0, int b1, int kb, float *y, size_t ys, int nlast, bool add) { \
         gk_tile(RG, T, wp, at, act, t0, b1, kb, y, ys, nlast, add);                                      \
     }
@@ -364,7 +359,7 @@ static const gk_tile_fn k_tiles[GK_RG][GK_T] = {
     {gk_tile_3x1, gk_tile_3x2, gk_tile_3x3, gk_tile_3x4},
 };
 
-LK_TG void lk_quant_gemm_q4q8_avx512(int fmt, int64_t n, int64_t nrows, const void *w, size_t ws,
+LK_T512 void lk_quant_gemm_q4q8_avx512(int fmt, int64_t n, int64_t nrows, const void *w, size_t ws,
                                      int64_t ntok, const void *a, size_t as, const lk_act_terms *terms, float *y,
                                      size_t ys) {
     const bool is_q8 = lk_fmt_q8(fmt);
@@ -561,7 +556,7 @@ static void ax_config(bool emu) {
  * apart); d: the first token's activation scale of that block (tokens dld
  * apart); y: row 0 of the first token; add: a later K block (start from
  * y). */
-LK_TG static LK_INL void ax_tile(const bool E, const int T, const uint8_t (*pg)[GK_VEC][64], const uint8_t *a,
+LK_T512 static LK_INL void ax_tile(const bool E, const int T, const uint8_t (*pg)[GK_VEC][64], const uint8_t *a,
                                  size_t as, const float *d, int dld, int kb, float *y, size_t ys, int nlast, bool add) {
     __m512 fa[AX_T];
     _Alignas(64) int32_t cb[2][AX_T][16];
@@ -594,14 +589,14 @@ LK_TG static LK_INL void ax_tile(const bool E, const int T, const uint8_t (*pg)[
 typedef void (*ax_tile_fn)(int T, const uint8_t (*pg)[GK_VEC][64], const uint8_t *a, size_t as, const float *d,
                            int dld, int kb, float *y, size_t ys, int nlast, bool add);
 #define AX_TILE(name, E, FULL)                                                                                 \
-    LK_TG static void name(int T, const uint8_t (*pg)[GK_VEC][64], const uint8_t *a, size_t as, const float *d, \
+    LK_T512 static void name(int T, const uint8_t (*pg)[GK_VEC][64], const uint8_t *a, size_t as, const float *d, \
                            int dld, int kb, float *y, size_t ys, int nlast, bool add) {                       \
         ax_tile(E, FULL ? AX_T : T, pg, a, as, d, dld, kb, y, ys, nlast, add);                                \
     }
 AX_TILE(ax_tile_hw16, false, true) AX_TILE(ax_tile_hwmt, false, false)
 AX_TILE(ax_tile_emu16, true, true) AX_TILE(ax_tile_emumt, true, false)
 
-LK_TG void lk_quant_gemm_q4q8_amx(bool emu, int fmt, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
+LK_T512 void lk_quant_gemm_q4q8_amx(bool emu, int fmt, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
                                   const void *a, size_t as, const lk_act_terms *terms, float *y, size_t ys) {
     const bool is_q8 = lk_fmt_q8(fmt);
     const uint8_t *W = w, *A = a;
@@ -769,7 +764,7 @@ static const uint8_t *bx_rows(const uint8_t *w, size_t ws, int nr, int64_t n, in
  * tile of step s0+s for tokens 16j..16j+15 (row kk: the pairs 2kk, 2kk+1
  * of each token, token t at bytes 4(t % 16)); past n, and tokens past nt,
  * zero */
-LK_TG static void bx_pack(const uint8_t *at, size_t as, int nt, int64_t n, int64_t s0, int cs,
+LK_T512 static void bx_pack(const uint8_t *at, size_t as, int nt, int64_t n, int64_t s0, int cs,
                           uint8_t (*pk)[BX_TS / 16][16][64]) {
     const int nj = (nt + 15) / 16;
     for (int s = 0; s < cs; s++) {
@@ -792,7 +787,7 @@ LK_TG static void bx_pack(const uint8_t *at, size_t as, int nt, int64_t n, int64
     }
 }
 
-LK_TG void lk_quant_bf16_amx(bool emu, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
+LK_T512 void lk_quant_bf16_amx(bool emu, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
                              const void *a, size_t as, float *y, size_t ys) {
     enum { KS = BX_KC / 32, TJ = BX_TS / 16 };
     const uint8_t *W = w, *A = a;
@@ -906,7 +901,7 @@ enum { GQ_T = 6, GQ_KB = LK_TERMS_KB, GQ_TMAX = 16 };
  * prefetches' reach). */
 typedef struct { float d[GQ_TMAX][GQ_KB]; int32_t corr[GQ_TMAX][GQ_KB]; } gq_act;
 
-LK_TG static LK_INL void gq_rows(const int fmt, const bool full, const uint8_t *w, size_t ws, int nr, int64_t nb,
+LK_T512 static LK_INL void gq_rows(const int fmt, const bool full, const uint8_t *w, size_t ws, int nr, int64_t nb,
                                  int64_t b, __m512i v[8], __m512 *d) {
     if (lk_fmt_r16(fmt) && full) {
         gk_r16_block(fmt == LK_FMT_Q8R16, w, nb, b, v, d);
@@ -935,7 +930,7 @@ LK_TG static LK_INL void gq_rows(const int fmt, const bool full, const uint8_t *
     *d = gk_gather_h16(p, ws, full ? 16 : nr);
 }
 
-LK_TG static LK_INL void gq_tile(const int fmt, const bool full, const int T, int64_t nb, int64_t b0, int kb,
+LK_T512 static LK_INL void gq_tile(const int fmt, const bool full, const int T, int64_t nb, int64_t b0, int kb,
                                  const uint8_t *w, size_t ws, int nr, const uint8_t *a, size_t as, const gk_terms *A,
                                  int t0, float *y, size_t ys, size_t pf, size_t far, bool cont) {
     const size_t bb = lk_fmt_q8(fmt) ? LK_Q80_BYTES : LK_Q40_BYTES;
@@ -987,7 +982,7 @@ LK_TG static LK_INL void gq_tile(const int fmt, const bool full, const int T, in
 
 /* per type, token count, and full 16-row groups apart (see gk_load16) */
 #define GQ_TILE(Q, F, T)                                                                                          \
-    LK_TG static void gq_tile_##Q##_##F##_##T(int64_t nb, int64_t b0, int kb, const uint8_t *w, size_t ws, int nr, \
+    LK_T512 static void gq_tile_##Q##_##F##_##T(int64_t nb, int64_t b0, int kb, const uint8_t *w, size_t ws, int nr, \
                                               const uint8_t *a, size_t as, const gk_terms *A, int t0, float *y,   \
                                               size_t ys, size_t pf, size_t far, bool cont) {                      \
         gq_tile(Q, F, T, nb, b0, kb, w, ws, nr, a, as, A, t0, y, ys, pf, far, cont);                              \
@@ -1016,7 +1011,7 @@ static const gq_tile_fn k_gq_tiles[4][2][GQ_T + 1] = {
  * group (lk_quant_set_rows_inner, quant.h, says when) */
 static inline bool rows_inner(size_t bytes) { return (int64_t)bytes > lk_quant_rows_inner(); }
 
-LK_TG void lk_quant_q4q8_rows_avx512(int fmt, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
+LK_T512 void lk_quant_q4q8_rows_avx512(int fmt, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
                                      const void *a, size_t as, const lk_act_terms *terms, float *y, size_t ys) {
     const bool is_q8 = lk_fmt_q8(fmt);
     const int64_t nb = n / LK_QK;
@@ -1108,7 +1103,7 @@ typedef struct {
 
 /* Q4_K (kind 4) or Q5_K (kind 5: the fifth bit of element l of sub-block j
  * is bit j of qh[l]). */
-LK_TG static LK_INL void gk4_pack_body(const int kind, const bool r16, const bool full, const uint8_t *w, size_t ws,
+LK_T512 static LK_INL void gk4_pack_body(const int kind, const bool r16, const bool full, const uint8_t *w, size_t ws,
                                        int nr, int64_t nb, int64_t s0, int kb, uint8_t (*out)[GKK_VEC][64]) {
     const __m512i m0f = _mm512_set1_epi8(0x0F), m3f = _mm512_set1_epi32(63), mf = _mm512_set1_epi32(15),
                   m3 = _mm512_set1_epi32(3);
@@ -1174,7 +1169,7 @@ LK_TG static LK_INL void gk4_pack_body(const int kind, const bool r16, const boo
  * nibble from ql[64h + 32(k&1) + l] (low nibble for k < 2) and bits 2k, 2k+1
  * of qh[32h + l]; packed as q + 32 (0..63, unsigned for vpdpbusd), vector
  * 4g + kk = quants 16g + 4kk .. +3. The -32 comes back through the bsums. */
-LK_TG static LK_INL void gk6_pack_body(const bool r16, const bool full, const uint8_t *w, size_t ws, int nr,
+LK_T512 static LK_INL void gk6_pack_body(const bool r16, const bool full, const uint8_t *w, size_t ws, int nr,
                                        int64_t nb, int64_t s0, int kb, uint8_t (*out)[GKK_VEC][64]) {
     const __m512i m0f = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), mlo = _mm512_set1_epi32(0xFFFF);
     for (int s = 0; s < kb; s++) {
@@ -1214,7 +1209,7 @@ LK_TG static LK_INL void gk6_pack_body(const bool r16, const bool full, const ui
 
 /* The K-quant packers per type, full groups and repacked groups apart (see
  * gk_load16; r16: a whole repacked group) */
-LK_TG static void gk4_pack_group(const int kind, const bool r16, const uint8_t *w, size_t ws, int nr, int64_t nb,
+LK_T512 static void gk4_pack_group(const int kind, const bool r16, const uint8_t *w, size_t ws, int nr, int64_t nb,
                                  int64_t s0, int kb, uint8_t (*out)[GKK_VEC][64]) {
     if (kind == 4) {
         if (r16) gk4_pack_body(4, true, true, w, ws, nr, nb, s0, kb, out);
@@ -1227,14 +1222,14 @@ LK_TG static void gk4_pack_group(const int kind, const bool r16, const uint8_t *
     }
 }
 
-LK_TG static void gk6_pack_group(const bool r16, const uint8_t *w, size_t ws, int nr, int64_t nb, int64_t s0, int kb,
+LK_T512 static void gk6_pack_group(const bool r16, const uint8_t *w, size_t ws, int nr, int64_t nb, int64_t s0, int kb,
                                  uint8_t (*out)[GKK_VEC][64]) {
     if (r16) gk6_pack_body(true, true, w, ws, nr, nb, s0, kb, out);
     else if (nr == GK_ROWS) gk6_pack_body(false, true, w, ws, nr, nb, s0, kb, out);
     else gk6_pack_body(false, false, w, ws, nr, nb, s0, kb, out);
 }
 
-LK_TG static void gk4_prep(const uint8_t *a, size_t as, int tb, int64_t s0, int ksb, gk4_act *act) {
+LK_T512 static void gk4_prep(const uint8_t *a, size_t as, int tb, int64_t s0, int ksb, gk4_act *act) {
     for (int t = 0; t < tb; t++)
         for (int s = 0; s < ksb; s++) {
             const uint8_t *p = a + (size_t)t * as + (size_t)(s0 + s) * LK_Q8K_BYTES;
@@ -1248,7 +1243,7 @@ LK_TG static void gk4_prep(const uint8_t *a, size_t as, int tb, int64_t s0, int 
 }
 
 /* One RG x T micro-tile over kb super-blocks (kind 4: Q4_K, 5: Q5_K, 6: Q6_K). */
-LK_TG static LK_INL void gkk_tile(const int kind, const int RG, const int T, const gk4_panel *wp,
+LK_T512 static LK_INL void gkk_tile(const int kind, const int RG, const int T, const gk4_panel *wp,
                                   const uint8_t *const *at, const gk4_act *act, int t0, int s1, int kb, float *y,
                                   size_t ys, int nlast, bool add) {
     __m512 fa[GK4_RG][GK4_T];
@@ -1335,7 +1330,7 @@ LK_TG static LK_INL void gkk_tile(const int kind, const int RG, const int T, con
 typedef void (*gk4_tile_fn)(const gk4_panel *wp, const uint8_t *const *at, const gk4_act *act, int t0, int s1,
                             int kb, float *y, size_t ys, int nlast, bool add);
 #define GKK_TILE(K, RG, T)                                                                                    \
-    LK_TG static void gk##K##_tile_##RG##x##T(const gk4_panel *wp, const uint8_t *const *at, const gk4_act *act, \
+    LK_T512 static void gk##K##_tile_##RG##x##T(const gk4_panel *wp, const uint8_t *const *at, const gk4_act *act, \
                                              int t0, int s1, int kb, float *y, size_t ys, int nlast, bool add) { \
         gkk_tile(K, RG, T, wp, at, act, t0, s1, kb, y, ys, nlast, add);                                        \
     }
@@ -1354,7 +1349,7 @@ static const gk4_tile_fn k4_tiles[3][GK4_RG][GK4_T] = {
      {gk6_tile_2x1, gk6_tile_2x2, gk6_tile_2x3, gk6_tile_2x4}},
 };
 
-LK_TG static void gkk_gemm(const int kind, const bool r16, int64_t n, int64_t nrows, const uint8_t *W, size_t ws,
+LK_T512 static void gkk_gemm(const int kind, const bool r16, int64_t n, int64_t nrows, const uint8_t *W, size_t ws,
                            int64_t ntok, const uint8_t *A, size_t as, float *y, size_t ys) {
     const size_t bb = kind == 4 ? LK_Q4K_BYTES : kind == 5 ? LK_Q5K_BYTES : LK_Q6K_BYTES;
     const int64_t nb = n / LK_QK_K;
@@ -1407,22 +1402,22 @@ LK_TG static void gkk_gemm(const int kind, const bool r16, int64_t n, int64_t nr
     }
 }
 
-LK_TG void lk_quant_gemm_q4k_avx512(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
+LK_T512 void lk_quant_gemm_q4k_avx512(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
                                     const void *a, size_t as, float *y, size_t ys) {
     gkk_gemm(4, false, n, nrows, w, ws, ntok, a, as, y, ys);
 }
 
-LK_TG void lk_quant_gemm_q5k_avx512(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
+LK_T512 void lk_quant_gemm_q5k_avx512(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
                                     const void *a, size_t as, float *y, size_t ys) {
     gkk_gemm(5, false, n, nrows, w, ws, ntok, a, as, y, ys);
 }
 
-LK_TG void lk_quant_gemm_q6k_avx512(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
+LK_T512 void lk_quant_gemm_q6k_avx512(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
                                     const void *a, size_t as, float *y, size_t ys) {
     gkk_gemm(6, false, n, nrows, w, ws, ntok, a, as, y, ys);
 }
 
-LK_TG void lk_quant_gemm_kr16_avx512(int kind, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
+LK_T512 void lk_quant_gemm_kr16_avx512(int kind, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
                                      const void *a, size_t as, float *y, size_t ys) {
     gkk_gemm(kind, true, n, nrows, w, ws, ntok, a, as, y, ys);
 }
@@ -1444,7 +1439,7 @@ enum { GKR_T = 4 };
 /* Bit j of every byte of x to bit 4 (two: and bit j + 1 to bit 5), the
  * other bits zero: output bit i is the parity of the matrix's byte 7 - i
  * and the input byte. */
-LK_TG static LK_INL __m512i gkr_bits(__m512i x, int j, bool two) {
+LK_T512 static LK_INL __m512i gkr_bits(__m512i x, int j, bool two) {
     uint64_t m = (uint64_t)(1u << j) << 24;
     if (two) m |= (uint64_t)(1u << (j + 1)) << 16;
     return _mm512_gf2p8affine_epi64_epi8(x, _mm512_set1_epi64((long long)m), 0);
@@ -1467,7 +1462,7 @@ static LK_INL void gkr_pf_part(const uint8_t *p, size_t len, size_t pf, int j, i
 }
 
 /* Q4_K (kind 4) or Q5_K (kind 5): one whole group of 16 rows, T tokens */
-LK_TG static LK_INL void gkr_tile45(const int kind, const int T, int64_t nb, const uint8_t *g, const uint8_t *a,
+LK_T512 static LK_INL void gkr_tile45(const int kind, const int T, int64_t nb, const uint8_t *g, const uint8_t *a,
                                     size_t as, float *y, size_t ys, size_t pf) {
     const size_t bb = kind == 4 ? LK_Q4K_BYTES : LK_Q5K_BYTES;
     const int vq = (kind == 4 ? LK_Q4K_QS : LK_Q5K_QS) / 4, vh = LK_Q5K_QH / 4;
@@ -1559,7 +1554,7 @@ LK_TG static LK_INL void gkr_tile45(const int kind, const int T, int64_t nb, con
 /* Q6_K: one whole group of 16 rows, T tokens. Group g of 16 quants (scale
  * sc_g) is vectors 4g..4g+3 of gk6_pack_body's layout, made here from the
  * stored ql and qh vectors: sum_g sc_g * (q+32).a_g - 32 * sum_g sc_g * bsum_g */
-LK_TG static LK_INL void gkr_tile6(const int T, int64_t nb, const uint8_t *g, const uint8_t *a, size_t as, float *y,
+LK_T512 static LK_INL void gkr_tile6(const int T, int64_t nb, const uint8_t *g, const uint8_t *a, size_t as, float *y,
                                    size_t ys, size_t pf) {
     const __m512i m0f = _mm512_set1_epi8(0x0F);
     const __mmask32 odd = 0xAAAAAAAAu;
@@ -1635,7 +1630,7 @@ LK_TG static LK_INL void gkr_tile6(const int T, int64_t nb, const uint8_t *g, co
 
 typedef void (*gkr_tile_fn)(int64_t nb, const uint8_t *g, const uint8_t *a, size_t as, float *y, size_t ys, size_t pf);
 #define GKR_TILE(K, T)                                                                                          \
-    LK_TG static void gkr_tile_##K##_##T(int64_t nb, const uint8_t *g, const uint8_t *a, size_t as, float *y,   \
+    LK_T512 static void gkr_tile_##K##_##T(int64_t nb, const uint8_t *g, const uint8_t *a, size_t as, float *y,   \
                                          size_t ys, size_t pf) {                                                \
         if (K == 6) gkr_tile6(T, nb, g, a, as, y, ys, pf);                                                      \
         else gkr_tile45(K, T, nb, g, a, as, y, ys, pf);                                                         \
@@ -1649,7 +1644,7 @@ static const gkr_tile_fn k_gkr_tiles[3][GKR_T] = {
     {gkr_tile_6_1, gkr_tile_6_2, gkr_tile_6_3, gkr_tile_6_4},
 };
 
-LK_TG void lk_quant_kr16_rows_avx512(int kind, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
+LK_T512 void lk_quant_kr16_rows_avx512(int kind, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
                                      const void *a, size_t as, float *y, size_t ys) {
     LK_ASSERT(kind >= 4 && kind <= 6 && nrows % GK_ROWS == 0);
     const int64_t nb = n / LK_QK_K;

@@ -22,7 +22,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "quant/quant_impl.h"
+#include "quant/simd_x86.h"
 
 /* ggml's kvalues_iq4nl: the non-uniform 4-bit code book of IQ4_NL/IQ4_XS. */
 static const int8_t k_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -477,23 +477,6 @@ void lk_k23_fill_scalar(lk_quant_ops *ops) {
 /* AVX2                                                                    */
 /* ===================================================================== */
 
-#define LK_T2 __attribute__((target("avx2,fma,f16c,bmi,bmi2")))
-#define LK_INL inline __attribute__((always_inline))
-
-LK_T2 static LK_INL float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-static LK_INL void pf_range(const uint8_t *p, size_t tile, size_t len) {
-    const int d = lk_quant_pf_tiles();
-    if (d == 0) return;
-    p += (size_t)d * tile;
-    for (size_t o = 0; o < len; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
-}
-
 /* The 16 signed Q3_K scales as bytes, unpacked in registers (a scalar
  * unpack stored to memory and reloaded as a vector stalled on store
  * forwarding: Q3_K decode ran at a third of the bandwidth): dword k holds
@@ -599,7 +582,7 @@ LK_T2 static LK_INL void k23_tile2(const int R, const int T, const int kind, int
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *wp = w + r * ws + (size_t)i * bb;
-            pf_range(wp, R * ws, bb);
+            pf_range_l1(wp, R * ws, bb);
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++)
                 k23_block2(kind, wp, a + t * as + (size_t)i * LK_Q8K_BYTES, &acc[r][t], &accm[r][t]);
@@ -663,7 +646,6 @@ void lk_k23_fill_avx2(lk_quant_ops *ops) {
  * vpmulld instead. Written on a machine without AVX-512: the scalar
  * reference defines the values, tests/test_quant_types.c checks this code
  * wherever the CPU has it. */
-#define LK_T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,bmi,bmi2")))
 
 /* lane index vectors: vector k's lanes 4i..4i+3 <- sub-block 4k+i */
 LK_T512 static LK_INL __m512i sub16_idx(int k) {
@@ -752,7 +734,7 @@ LK_T512 static LK_INL void k23_tile512(const int R, const int T, const int kind,
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *wp = w + r * ws + (size_t)i * bb;
-            pf_range(wp, R * ws, bb);
+            pf_range_l1(wp, R * ws, bb);
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++)
                 k23_block512(kind, wp, a + t * as + (size_t)i * LK_Q8K_BYTES, &acc[r][t], &accm[r][t]);

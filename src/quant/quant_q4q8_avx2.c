@@ -41,10 +41,7 @@
  * on the rows beside it. */
 #include <immintrin.h>
 
-#include "quant/quant_impl.h"
-
-#define LK_T2 __attribute__((target("avx2,fma,f16c,bmi,bmi2")))
-#define LK_INL inline __attribute__((always_inline))
+#include "quant/simd_x86.h"
 
 enum {
     QR = 8,       /* rows per group (one per lane) */

@@ -25,7 +25,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "quant/quant_impl.h"
+#include "quant/simd_x86.h"
 
 /* ===================================================================== */
 /* Scalar: dequantisation, quantisers, dot products                       */
@@ -225,23 +225,6 @@ void lk_q5_fill_scalar(lk_quant_ops *ops) {
 /* AVX2                                                                    */
 /* ===================================================================== */
 
-#define LK_T2 __attribute__((target("avx2,fma,f16c,bmi,bmi2")))
-#define LK_INL inline __attribute__((always_inline))
-
-LK_T2 static LK_INL float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-static LK_INL void pf_range(const uint8_t *p, size_t tile, size_t len) {
-    const int d = lk_quant_pf_tiles();
-    if (d == 0) return;
-    p += (size_t)d * tile;
-    for (size_t o = 0; o < len; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
-}
-
 /* 32 unsigned 5-bit quants in element order from qh (p) and qs (p + 4):
  * the nibbles as Q4_0 (low nibbles elements 0..15), bit e of qh to bit 4 of
  * byte e (byte e takes qh's byte e/8, then a per-byte bit test). */
@@ -298,7 +281,7 @@ LK_T2 static LK_INL void q5_tile2(const int R, const int T, const int kind, int6
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *p = w + r * ws + (size_t)b * wbb;
-            if ((b & 1) == 0) pf_range(p, R * ws, 64);
+            if ((b & 1) == 0) pf_range_l1(p, R * ws, 64);
             wv[r] = q5_unpack2(p + qo);
             wd[r] = _cvtsh_ss(lk_ld_u16(p));
             wm[r] = kind == 1 ? _cvtsh_ss(lk_ld_u16(p + 2)) : 0;
@@ -368,9 +351,6 @@ void lk_q5_fill_avx2(lk_quant_ops *ops) {
  * code (per row and token, added at the end: the same in every tile).
  * Q5_1's min term m*s (4 lanes per block, so 4 times each) is summed in a
  * vector of its own and scaled by 1/4 at the end (exact). */
-#define LK_T512                                                                                \
-    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,avx2,fma," \
-                          "f16c,bmi,bmi2,gfni")))
 
 /* permute tables, by kind (0: Q5_0 / Q8_0, 1: Q5_1 / Q8_1); built at fill */
 static uint8_t k5_qs[2][64], k5_qh[2][64], k5_d[2][64], k5_m[64];
@@ -464,7 +444,7 @@ LK_T512 static LK_INL void q5_tile512(const int R, const int T, const int kind, 
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *p = w + r * ws + (size_t)g * 4 * wbb;
-            pf_range(p, R * ws, 4 * wbb);
+            pf_range_l1(p, R * ws, 4 * wbb);
             W[r] = w5_load(kind, p);
         }
 #pragma GCC unroll 4

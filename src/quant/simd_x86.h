@@ -1,11 +1,44 @@
-/* One reduction of sixteen AVX-512 vectors, shared by the kernels (the
- * score rows' sums, quant_avx512.c) and the activation quantisers (blocks'
- * maxima, super-blocks' sums, quant_act.c). Include after <immintrin.h>. */
-#ifndef LK_FOLD16_AVX512_H
-#define LK_FOLD16_AVX512_H
+/* What the x86 kernels share: their target sets, the horizontal sums and
+ * the prefetch of the tile ahead (quant_*avx2.c, quant_*avx512.c,
+ * quant_k23.c, quant_q5.c, quant_act.c). The target sets are those the
+ * dispatch's levels require (common/cpu.c): code under LK_T512 runs only
+ * where every feature it names is present. */
+#ifndef LK_SIMD_X86_H
+#define LK_SIMD_X86_H
 
 #include <immintrin.h>
+#include <stddef.h>
+#include <stdint.h>
 
+#include "quant/quant_impl.h"
+
+#define LK_INL inline __attribute__((always_inline))
+#define LK_T2 __attribute__((target("avx2,fma,f16c,bmi,bmi2")))
+#define LK_T512                                                                                \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,avx2,fma," \
+                          "f16c,bmi,bmi2,gfni")))
+
+LK_T2 static LK_INL float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Decode tiles prefetch into L1 the rows of the tile lk_quant_pf_tiles()
+ * ahead (tile: R rows' stride; 1 by default, the next one; 0 none): see
+ * pf_range in quant_avx512.c for why, and for the L2 prefetch its own
+ * tiles add. */
+static LK_INL void pf_range_l1(const uint8_t *p, size_t tile, size_t len) {
+    const int d = lk_quant_pf_tiles();
+    if (d == 0) return;
+    p += (size_t)d * tile;
+    for (size_t o = 0; o < len; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
+}
+
+/* One reduction of sixteen AVX-512 vectors: the score rows' sums
+ * (quant_avx512.c) and the activation quantisers' blocks' maxima and
+ * super-blocks' sums (quant_act.c). */
 /* The lane operation: float addition, float maximum, 32-bit integer
  * addition (the lanes then hold integers' bits). */
 typedef enum { LK_FOLD_ADD, LK_FOLD_MAX, LK_FOLD_ADD_I32 } lk_fold_op;
