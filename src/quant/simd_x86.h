@@ -38,9 +38,9 @@ static LK_INL void pf_range_l1(const uint8_t *p, size_t tile, size_t len) {
 
 /* One reduction of sixteen AVX-512 vectors: the score rows' sums
  * (quant_avx512.c) and the activation quantisers' blocks' maxima and
- * super-blocks' sums (quant_act.c). */
-/* The lane operation: float addition, float maximum, 32-bit integer
- * addition (the lanes then hold integers' bits). */
+ * super-blocks' sums (quant_act.c). The lane operation: float addition,
+ * float maximum, 32-bit integer addition (the lanes then hold integers'
+ * bits). */
 typedef enum { LK_FOLD_ADD, LK_FOLD_MAX, LK_FOLD_ADD_I32 } lk_fold_op;
 
 #define LK_TFOLD __attribute__((target("avx512f"), always_inline))
