@@ -31,7 +31,7 @@ static const struct {
     {"tokenize", "print the tokens of a text"},
     {"chat", "interactive chat using the model's chat template"},
     {"bench", "prefill/decode speed against the memory-bandwidth bound"},
-    {"quantize", "convert a GGUF model to q8_0 or q4_0"},
+    {"quantize", "convert a GGUF model to another type (q8_0, q4_0, q5_0/1, the K-quant mixes)"},
     {"gen-model", "write a random-weight GGUF of a real model's shape"},
     {"worker", "serve a head as one rank of a cluster"},
     {"keygen", "print a new cluster key"},
