@@ -193,6 +193,12 @@ has netbench_row "$T/out" '^4 KiB +[0-9.]+ +[0-9.]+ +[0-9.]+ \| [0-9.]+ / [0-9.]
 expect netbench_tcp 0 "$L" netbench --local 3 --transport tcp --sizes 1K --iters 20 --wire f16
 has netbench_tcp_header "$T/out" '^netbench: 3 ranks, data over tcp, .*wire f16'
 expect netbench_bad_size 2 "$L" netbench --local 2 --sizes 12Q
+# the links' spin budget from the environment (LK_LINK_SPIN_US), a bad value named
+expect netbench_env_spin_off 0 env LK_LINK_SPIN_US=0 "$L" netbench --local 2 --sizes 64 --iters 20
+has netbench_env_spin_off_header "$T/out" '^netbench: 2 ranks, data over (shm|tcp), spin off'
+expect netbench_env_spin_bad 0 env LK_LINK_SPIN_US=5ms "$L" netbench --local 2 --sizes 64 --iters 20
+has netbench_env_spin_bad_header "$T/out" '^netbench: 2 ranks, data over (shm|tcp), spin on'
+has netbench_env_spin_bad_msg "$T/err" 'LK_LINK_SPIN_US=5ms is not a whole number of microseconds'
 expect netbench_no_ranks 2 "$L" netbench
 
 # --seal: every TCP link of the session sealed (AEAD records);

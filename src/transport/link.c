@@ -4,6 +4,8 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -21,6 +23,17 @@ void lk_link_close(lk_link *l) {
 }
 
 int64_t lk_spin_default(int ranks_here) {
+    /* LK_LINK_SPIN_US in the environment (0-1000000) sets the budget for
+     * every link of the process, --local ranks included (they inherit it) */
+    const char *env = getenv("LK_LINK_SPIN_US");
+    if (env && *env) {
+        char *end;
+        long long us = strtoll(env, &end, 10);
+        if (!*end && us >= 0 && us <= 1000000) return (int64_t)us * 1000;
+        static _Atomic int warned;
+        if (!atomic_exchange(&warned, 1))
+            lk_log(LK_LOG_WARN, "LK_LINK_SPIN_US=%s is not a whole number of microseconds in 0..1000000: ignored", env);
+    }
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (cores < 1) cores = 1;
     /* 50 us covers a small-message round trip on loopback or shm several
