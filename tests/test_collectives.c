@@ -76,16 +76,19 @@ static float val(int rank, int64_t i) {
     return ((float)(h & 0xffff) - 32768.0f) / 1024.0f * (float)(1 + (h >> 28));
 }
 
-/* over shm, 48 KiB goes through the windows for any N (exchange), 160 KiB
- * for 2 ranks (whose windows are 512 KiB); the rest through the rings */
-#define NSIZES 6
-static const int64_t sizes[NSIZES] = {1, 7, 1000, 12000, 40000, 300000};
+/* over shm, 48 KiB goes through the windows for any N (exchange), and for
+ * 2 ranks (whose windows are 512 KiB) every size from 32 KiB: 1.2 MB in
+ * three pieces, 1 MiB + 4000 B in two and a last one of 4000 B through the
+ * ring; the rest through the rings */
+#define NSIZES 7
+static const int64_t sizes[NSIZES] = {1, 7, 1000, 12000, 40000, 300000, 2 * 131072 + 1000};
 
 typedef struct {
     lk_ar_algo algo;
     lk_wire_fmt wire;
     int threads;           /* a pool of this many for the windows' copies (0: none) */
     lk_ar_algo auto_algo;  /* what the automatic pick of 256 KiB was (rank 0) */
+    lk_ar_algo auto_big;   /* and of 8 MiB */
     float *res[MAXR][NSIZES];
     lk_status st[MAXR];
     long allocs_during[MAXR];
@@ -97,10 +100,10 @@ static void ar_rank(rank_ctx *c) {
     ar_arg *a = c->arg;
     lk_pool *pool = a->threads ? lk_pool_create(a->threads) : NULL;
     if (pool) lk_comm_set_runner(c->comm, pool_runner, pool, a->threads);
-    if (c->rank == 0) a->auto_algo = lk_comm_algo(c->comm, 256 << 10);
+    if (c->rank == 0) a->auto_algo = lk_comm_algo(c->comm, 256 << 10), a->auto_big = lk_comm_algo(c->comm, 8 << 20);
     lk_comm_set_algo(c->comm, a->algo);
     lk_comm_set_wire(c->comm, a->wire);
-    lk_comm_reserve(c->comm, sizes[NSIZES - 1]);
+    lk_comm_reserve(c->comm, 300000);
     for (int k = 0; k < NSIZES; k++) {
         float *x = malloc(sizeof(float) * (size_t)sizes[k]);
         for (int64_t i = 0; i < sizes[k]; i++) x[i] = val(c->rank, i);
@@ -144,7 +147,7 @@ static float expect_exact(lk_ar_algo algo, int N, int64_t n, int64_t i) {
     return v[0];
 }
 
-static lk_ar_algo check_allreduce_t(int N, lk_ar_algo algo, lk_mesh_shm shm, int threads) {
+static lk_ar_algo check_allreduce_t(int N, lk_ar_algo algo, lk_mesh_shm shm, int threads, lk_ar_algo *auto_big) {
     ar_arg a;
     memset(&a, 0, sizeof a);
     a.algo = algo;
@@ -172,9 +175,10 @@ static lk_ar_algo check_allreduce_t(int N, lk_ar_algo algo, lk_mesh_shm shm, int
                bad_bits, bad_exact, bad_acc);
         for (int r = 0; r < N; r++) free(a.res[r][k]);
     }
+    if (auto_big) *auto_big = a.auto_big;
     return a.auto_algo;
 }
-static void check_allreduce(int N, lk_ar_algo algo, lk_mesh_shm shm) { check_allreduce_t(N, algo, shm, 0); }
+static void check_allreduce(int N, lk_ar_algo algo, lk_mesh_shm shm) { check_allreduce_t(N, algo, shm, 0, NULL); }
 
 TEST(allreduce_exchange) { for (int N = 2; N <= 4; N++) check_allreduce(N, LK_AR_EXCHANGE, LK_MESH_SHM_OFF); }
 TEST(allreduce_doubling) { for (int N = 2; N <= 4; N++) check_allreduce(N, LK_AR_DOUBLING, LK_MESH_SHM_OFF); }
@@ -188,15 +192,20 @@ TEST(allreduce_shm)      {
 }
 /* Exchange over shm goes through the links' windows (sizes above): the
  * promised bits with the caller alone or a pool of 3 doing the copies,
- * and the pick for 2 ranks over shm is exchange well past 64 KiB. */
+ * and the pick for 2 ranks over shm is exchange at every size past 32 KiB
+ * (longer than the window: in pieces). */
 TEST(allreduce_shm_windows) {
     for (int N = 2; N <= MAXR; N++) {
-        check_allreduce_t(N, LK_AR_EXCHANGE, LK_MESH_SHM_FORCE, 0);
-        check_allreduce_t(N, LK_AR_EXCHANGE, LK_MESH_SHM_FORCE, 3);
+        check_allreduce_t(N, LK_AR_EXCHANGE, LK_MESH_SHM_FORCE, 0, NULL);
+        check_allreduce_t(N, LK_AR_EXCHANGE, LK_MESH_SHM_FORCE, 3, NULL);
     }
-    CHECK(check_allreduce_t(2, LK_AR_AUTO, LK_MESH_SHM_FORCE, 2) == LK_AR_EXCHANGE);
-    CHECK(check_allreduce_t(2, LK_AR_AUTO, LK_MESH_SHM_OFF, 0) == LK_AR_SCATTER);
-    CHECK(check_allreduce_t(3, LK_AR_AUTO, LK_MESH_SHM_FORCE, 2) == LK_AR_SCATTER);
+    lk_ar_algo big = LK_AR_AUTO;
+    CHECK(check_allreduce_t(2, LK_AR_AUTO, LK_MESH_SHM_FORCE, 2, &big) == LK_AR_EXCHANGE);
+    CHECK(big == LK_AR_EXCHANGE);
+    CHECK(check_allreduce_t(2, LK_AR_AUTO, LK_MESH_SHM_OFF, 0, &big) == LK_AR_SCATTER);
+    CHECK(big == LK_AR_SCATTER);
+    CHECK(check_allreduce_t(3, LK_AR_AUTO, LK_MESH_SHM_FORCE, 2, &big) == LK_AR_SCATTER);
+    CHECK(big == LK_AR_SCATTER);
 }
 
 /* Compact wire formats: still bitwise identical on every rank; the error
