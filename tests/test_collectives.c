@@ -103,7 +103,9 @@ static void ar_rank(rank_ctx *c) {
     if (c->rank == 0) a->auto_algo = lk_comm_algo(c->comm, 256 << 10), a->auto_big = lk_comm_algo(c->comm, 8 << 20);
     lk_comm_set_algo(c->comm, a->algo);
     lk_comm_set_wire(c->comm, a->wire);
-    lk_comm_reserve(c->comm, 300000);
+    int64_t most = 0;
+    for (int k = 0; k < NSIZES; k++) most = sizes[k] > most ? sizes[k] : most;
+    lk_comm_reserve(c->comm, most);
     for (int k = 0; k < NSIZES; k++) {
         float *x = malloc(sizeof(float) * (size_t)sizes[k]);
         for (int64_t i = 0; i < sizes[k]; i++) x[i] = val(c->rank, i);
