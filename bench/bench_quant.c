@@ -6,6 +6,7 @@
  *   env: BENCH_LEVEL=scalar|avx2|avx512, BENCH_TYPE=q4_0..., BENCH_BYTES=probe size,
  *        BENCH_GEMM=R,C (the AVX2 GEMM's rows per pass and token chunk; 0 = default; R -1: off)
  *        BENCH_PF=N, BENCH_DROWS=4|1 (decode prefetch distance and rows per tile, as --tune sets them)
+ *        BENCH_FAR=KB (the repacked Q4_0/Q8_0 decode's far prefetch, as --tune's far; -1: the type's default)
  *        BENCH_AB=G1,G2 (prefill from memory under gtok=G1 and G2, alternating; 0 = the default)
  *        BENCH_AMXAB=1 (the same with AMX's tiles off and on, where the CPU has AMX)
  *        BENCH_AMX=N (AMX from N tokens on; 0 = off; lk_quant_set_amx)
@@ -132,6 +133,7 @@ int main(int argc, char **argv) {
     const char *only_t = getenv("BENCH_TYPE");
     /* decode tuning settings, as --tune pf=N / drows=N would set them */
     if (getenv("BENCH_PF")) lk_quant_set_prefetch(atoi(getenv("BENCH_PF")));
+    if (getenv("BENCH_FAR")) lk_quant_set_far(atoi(getenv("BENCH_FAR")));
     if (getenv("BENCH_AMX")) lk_quant_set_amx(atoi(getenv("BENCH_AMX")));
     if (getenv("BENCH_DROWS")) lk_quant_set_dec_rows(atoi(getenv("BENCH_DROWS")));
     float *x = malloc((size_t)cols * 4 * (ntok_pf ? ntok_pf : 1));
