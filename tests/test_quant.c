@@ -569,7 +569,7 @@ static void mm_case_run(const mm_case *c, int64_t chunk, float *y) {
  * Shapes: 37 rows (4-row tiles and a leftover row), Q4_0/Q8_0 rows with 3
  * blocks past the last group of 4 and rows past the AVX-512 decode's column
  * chunk (12288 elements); float rows with an odd tail and rows long enough
- * for the AVX-512 float GEMM. */
+ * for the AVX-512 float GEMM, and for its K slabs. */
 static int check_batch_invariance(lk_type t, int64_t n, int64_t nrows) {
     enum { NT = 40 };
     static const int64_t chunks[] = {1, 2, 3, 4, 5, 7, 16, 17, 33};
@@ -1106,9 +1106,12 @@ TEST(matmul_batch_invariant) {
                 lk_type t = k_wtypes[i];
                 if (roll && t != LK_TYPE_F16 && t != LK_TYPE_BF16) continue;
                 int64_t bs = lk_type_block_size(t);
-                int64_t ns[2] = {bs == 1 ? 357 : bs == 32 ? 32 * 11 : 256 * 3,
-                                 bs == 1 ? 2048 + 7 : bs == 32 ? 32 * 389 : 256 * 13};
-                for (int k = 0; k < 2; k++) {
+                /* floats also rows too long for a 6-token tile's BF16
+                 * activations in L1: the prefill's K slabs (3 of them, the
+                 * last with the odd tail; 37 rows: blocks of 20) */
+                int64_t ns[3] = {bs == 1 ? 357 : bs == 32 ? 32 * 11 : 256 * 3,
+                                 bs == 1 ? 2048 + 7 : bs == 32 ? 32 * 389 : 256 * 13, 5632 + 7};
+                for (int k = 0; k < (bs == 1 ? 3 : 2); k++) {
                     int bad = check_batch_invariance(t, ns[k], 37);
                     CHECKF(bad == 0, "%s %s n=%lld roll %d", levels[l], lk_type_name(t), (long long)ns[k], roll);
                 }
