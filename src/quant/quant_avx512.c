@@ -1456,19 +1456,20 @@ static void mm_bf(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t nt
      * row group of a block of rows sized for L2 reading a tile's tokens
      * from L1: whole rows when a tile's tokens fit it, else in K slabs
      * (bf_walk_k) */
-    const int64_t rb = LK_MIN((int64_t)BFK_ROWS, LK_MAX((int64_t)4, (int64_t)(BF6_BLOCK / ws) / 4 * 4));
+    const int64_t rb = LK_MAX((int64_t)4, (int64_t)(BF6_BLOCK / ws) / 4 * 4);
     if ((size_t)FLA_T * as <= BF6_L1) {
-        const int64_t rbw = LK_MAX((int64_t)4, (int64_t)(BF6_BLOCK / ws) / 4 * 4);
         for (int64_t t0 = 0; t0 < ntok; t0 += BF6_TCHUNK)
             fla_walk(bf6_tiles, n, nrows, w, ws, LK_MIN(ntok, t0 + BF6_TCHUNK) - t0, A + (size_t)t0 * as, as, as,
-                     y + (size_t)t0 * ys, ys, rbw);
+                     y + (size_t)t0 * ys, ys, rb);
         return;
     }
+    /* slabs of equal whole steps, as few as fit; rows per block at most
+     * what park holds */
     const int64_t steps = (n + 31) / 32, nsl = ((int64_t)FLA_T * (int64_t)as + BF6_L1 - 1) / BF6_L1;
     const int64_t S = (steps + nsl - 1) / nsl * 32;
     for (int64_t t0 = 0; t0 < ntok; t0 += BF6_TCHUNK)
         bf_walk_k(n, nrows, w, ws, LK_MIN(ntok, t0 + BF6_TCHUNK) - t0, A + (size_t)t0 * as, as, y + (size_t)t0 * ys,
-                  ys, S, rb);
+                  ys, S, LK_MIN((int64_t)BFK_ROWS, rb));
 }
 
 /* BF16 on CPUs with AMX-BF16: every token count through the tiles
