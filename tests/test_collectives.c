@@ -104,7 +104,7 @@ static void ar_rank(rank_ctx *c) {
     lk_comm_set_algo(c->comm, a->algo);
     lk_comm_set_wire(c->comm, a->wire);
     int64_t most = 0;
-    for (int k = 0; k < NSIZES; k++) most = sizes[k] > most ? sizes[k] : most;
+    for (int k = 0; k < NSIZES; k++) most = LK_MAX(most, sizes[k]);
     lk_comm_reserve(c->comm, most);
     for (int k = 0; k < NSIZES; k++) {
         float *x = malloc(sizeof(float) * (size_t)sizes[k]);

@@ -818,25 +818,20 @@ LK_T512BF static LK_INL void bf_half_step(__m256 *lo, __m256 *hi, const uint8_t 
 }
 
 /* The chain of each (row, token) accumulator over the row's 32-element
- * steps, the last one masked, then one hsum. Decode (and 2-3 tokens,
- * `dec`): every step masked and prefetching (on Zen 5 unmasked full steps
- * streamed a 2048 x 5632 decode at 19.7-23.7 GB/s against 22.0-25.7).
- * Prefill: full steps unmasked, the weights prefetched only when pf (the
- * first tile of a row group: the later ones find the rows in cache).
- * Unmasked full steps and prefetching once per row group took a 2048 x
- * 2048 x 64 BF16 product from 209 to 301-331 GFLOP/s on one Zen 5 core
- * (best of 40; the vdpbf16ps peak measures 440). Both take the same chain,
- * so decode and prefill agree bit for bit. */
-LK_T512BF static LK_INL void bf_tile(const int R, const int T, const bool dec, const bool roll, int64_t n,
-                                     const uint8_t *w, size_t ws, const uint8_t *a, size_t as, float *y, size_t ys,
-                                     const bool pf) {
+ * steps, the last one masked, then one hsum, for decode and 2-3 tokens:
+ * every step masked and prefetching (on Zen 5 unmasked full steps streamed
+ * a 2048 x 5632 decode at 19.7-23.7 GB/s against 22.0-25.7). Prefill
+ * takes the same chain in bf_slab, so decode and prefill agree bit for
+ * bit. */
+LK_T512BF static LK_INL void bf_tile(const int R, const int T, const bool roll, int64_t n, const uint8_t *w,
+                                     size_t ws, const uint8_t *a, size_t as, float *y, size_t ys) {
     __m512 acc[4][6];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 6
         for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
     int64_t i = 0;
-    if (dec && T == 1) {
+    if (T == 1) {
         /* one token: each 16-lane accumulator as two 8-lane halves, lanes
          * 0-7 fed a step's first 16 elements and 8-15 the next 16, so
          * lane by lane the same vdpbf16ps, and the same bits. On the Zen 5
@@ -875,10 +870,8 @@ LK_T512BF static LK_INL void bf_tile(const int R, const int T, const bool dec, c
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) acc[r][0] = _mm512_insertf32x8(_mm512_castps256_ps512(lo[r]), hi[r], 1);
     }
-    if (!dec)
-        for (; i + 32 <= n; i += 32) bf_step(R, T, false, w, ws, a, as, i, 0, pf, acc);
     for (; i < n; i += 32)
-        bf_step(R, T, true, w, ws, a, as, i, n - i >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << (n - i)) - 1), dec, acc);
+        bf_step(R, T, true, w, ws, a, as, i, n - i >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << (n - i)) - 1), true, acc);
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 6
@@ -932,7 +925,7 @@ LK_K_TILES(q6k, 6)
 #define F32_CALL(R, T) fl_tile(R, T, 32, false, n, w, ws, a, as, y, ys)
 #define F16_CALL(R, T) fl_tile(R, T, 16, false, n, w, ws, a, as, y, ys)
 #define BFC_CALL(R, T) fl_tile(R, T, 0, false, n, w, ws, a, as, y, ys)
-#define BF_CALL(R, T) bf_tile(R, T, true, false, n, w, ws, a, as, y, ys, false) /* decode: pf unused */
+#define BF_CALL(R, T) bf_tile(R, T, false, n, w, ws, a, as, y, ys)
 LK_F_TILES(LK_T512, f32, F32_CALL)
 LK_F_TILES(LK_T512, f16, F16_CALL)
 LK_F_TILES(LK_T512, bfc, BFC_CALL)
@@ -945,7 +938,7 @@ LK_F_TILES(LK_T512BF, bf, BF_CALL)
                                             {NULL, name##_4x1, name##_4x2, name##_4x3, NULL}}};
 LK_F_ROLLED(LK_T512, f16, fl_tile(4, 1, 16, true, n, w, ws, a, as, y, ys))
 LK_F_ROLLED(LK_T512, bfc, fl_tile(4, 1, 0, true, n, w, ws, a, as, y, ys))
-LK_F_ROLLED(LK_T512BF, bf, bf_tile(4, 1, true, true, n, w, ws, a, as, y, ys, false))
+LK_F_ROLLED(LK_T512BF, bf, bf_tile(4, 1, true, n, w, ws, a, as, y, ys))
 
 #define LK_MM_FN(name)                                                                      \
     static void mm_##name(int64_t n, int64_t nrows, const void *w, size_t w_stride,         \
@@ -1371,23 +1364,18 @@ LK_MM_FLA_FN(bfc, 0)
  * (no conversion to amortise), from FLA_MIN_TOK tokens in 4 x 6 tiles: the
  * 4 x 3 tiles' chain per (row, token), with twice the tokens per weight
  * load. */
-#define BF6_FN(R, T)                                                                                         \
-    LK_T512BF static void bf6_##R##x##T(int64_t n, const uint8_t *w, size_t ws, const void *a, size_t as,    \
-                                        float *y, size_t ys, bool pf) {                                      \
-        bf_tile(R, T, false, false, n, w, ws, a, as, y, ys, pf);                                             \
-    }
-BF6_FN(4, 1) BF6_FN(4, 2) BF6_FN(4, 3) BF6_FN(4, 4) BF6_FN(4, 5) BF6_FN(4, 6)
-BF6_FN(1, 1) BF6_FN(1, 2) BF6_FN(1, 3) BF6_FN(1, 4) BF6_FN(1, 5) BF6_FN(1, 6)
-static const fla_fn bf6_tiles[2][FLA_T] = {{bf6_1x1, bf6_1x2, bf6_1x3, bf6_1x4, bf6_1x5, bf6_1x6},
-                                           {bf6_4x1, bf6_4x2, bf6_4x3, bf6_4x4, bf6_4x5, bf6_4x6}};
 enum { BF6_L1 = 32 * 1024, BF6_BLOCK = 256 * 1024, BF6_TCHUNK = 64, BFK_ROWS = 64 };
 
-/* A bf_tile's prefill chain over the elements [i0, i1) of its rows only
- * (a K slab): the accumulators from zero at the first slab, else from
- * park (row r, token t at park[(6 r + t) 16]), and back to park, or at the
- * matrix's last slab its hsums to y. Each (row, token) accumulator thus
- * takes the same 32-element steps in the same order, the last one masked,
- * as bf_tile's: the same bits, slab by slab. */
+/* A prefill tile's chain over the elements [i0, i1) of its rows (a K
+ * slab; [0, n) for rows that need none): the accumulators from zero at
+ * the first slab, else from park (row r, token t at park[(6 r + t) 16]),
+ * and back to park, or at the matrix's last slab its hsums to y. Each
+ * (row, token) accumulator thus takes bf_tile's 32-element steps in the
+ * same order, the last one masked: the same bits, slab by slab. Full
+ * steps load unmasked and prefetch the weights only when pf (the first
+ * tile of a row group: the later ones find the rows in cache); that took a
+ * 2048 x 2048 x 64 BF16 product from 209 to 301-331 GFLOP/s on one Zen 5
+ * core (best of 40; the vdpbf16ps peak measures 440). */
 LK_T512BF static LK_INL void bf_slab(const int R, const int T, int64_t i0, int64_t i1, int64_t n, const uint8_t *w,
                                      size_t ws, const uint8_t *a, size_t as, float *park, float *y, size_t ys,
                                      bool pf) {
@@ -1419,15 +1407,16 @@ BFK_FN(1, 1) BFK_FN(1, 2) BFK_FN(1, 3) BFK_FN(1, 4) BFK_FN(1, 5) BFK_FN(1, 6)
 static const bfk_fn bfk_tiles[2][FLA_T] = {{bfk_1x1, bfk_1x2, bfk_1x3, bfk_1x4, bfk_1x5, bfk_1x6},
                                            {bfk_4x1, bfk_4x2, bfk_4x3, bfk_4x4, bfk_4x5, bfk_4x6}};
 
-/* Rows too long for a tile's tokens to fit L1 (an FFN's down matrix): each
- * 6-token tile's elements in K slabs of S that do, every row group of a
- * block of rows (rb, sized for L2) through a slab before the next slab, so
- * that the tile's activations are read from L1 and the weights from L2, as
- * for shorter rows; the accumulators wait in park between slabs. Whole
- * rows read a tile's activations from L2 as well as the weights: a 2048 x
- * 5632 x 64 product on one Zen 5 core, the two alternated pass by pass,
- * 226-232 -> 246-265 GFLOP/s (medians of 31; the vdpbf16ps peak: 432). */
-static void bf_walk_k(int64_t n, int64_t nrows, const uint8_t *W, size_t ws, int64_t nt, const uint8_t *a, size_t as,
+/* nt tokens through the tiles: tokens outside, every row group of a block
+ * of rows (rb, sized for L2) through a 6-token tile's K slab of S elements
+ * (sized so that the tile's activations stay in L1) before the next slab,
+ * so that the activations are read from L1 and the weights from L2; the
+ * accumulators wait in park between slabs (rb at most BFK_ROWS then). For
+ * rows too long for one slab (an FFN's down matrix), whole rows read a
+ * tile's activations from L2 as well as the weights: a 2048 x 5632 x 64
+ * product on one Zen 5 core, the two alternated pass by pass, 226-232 ->
+ * 246-265 GFLOP/s (medians of 31; the vdpbf16ps peak: 432). */
+static void bf_walk(int64_t n, int64_t nrows, const uint8_t *W, size_t ws, int64_t nt, const uint8_t *a, size_t as,
                       float *y, size_t ys, int64_t S, int64_t rb) {
     _Alignas(64) float park[BFK_ROWS * 6 * 16];
     for (int64_t b0 = 0; b0 < nrows; b0 += rb) {
@@ -1439,7 +1428,8 @@ static void bf_walk_k(int64_t n, int64_t nrows, const uint8_t *W, size_t ws, int
                     const int rr = b1 - r >= 4;
                     step = rr ? 4 : 1;
                     bfk_tiles[rr][tt - 1](i0, LK_MIN(n, i0 + S), n, W + (size_t)r * ws, ws, a + (size_t)t * as, as,
-                                          park + (size_t)(r - b0) * 6 * 16, y + (size_t)t * ys + (size_t)r, ys, t == 0);
+                                          S < n ? park + (size_t)(r - b0) * 6 * 16 : NULL, y + (size_t)t * ys + (size_t)r,
+                                          ys, t == 0);
                 }
         }
     }
@@ -1452,24 +1442,17 @@ static void mm_bf(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t nt
         return;
     }
     const uint8_t *A = a;
-    /* 64 tokens at a time (their rows stay in L2); tokens outside, every
-     * row group of a block of rows sized for L2 reading a tile's tokens
-     * from L1: whole rows when a tile's tokens fit it, else in K slabs
-     * (bf_walk_k) */
-    const int64_t rb = LK_MAX((int64_t)4, (int64_t)(BF6_BLOCK / ws) / 4 * 4);
-    if ((size_t)FLA_T * as <= BF6_L1) {
-        for (int64_t t0 = 0; t0 < ntok; t0 += BF6_TCHUNK)
-            fla_walk(bf6_tiles, n, nrows, w, ws, LK_MIN(ntok, t0 + BF6_TCHUNK) - t0, A + (size_t)t0 * as, as, as,
-                     y + (size_t)t0 * ys, ys, rb);
-        return;
-    }
-    /* slabs of equal whole steps, as few as fit; rows per block at most
-     * what park holds */
+    /* 64 tokens at a time (their rows stay in L2), through bf_walk:
+     * slabs of equal whole steps, as few as fit L1 (one, whole rows, when
+     * a tile's tokens fit it); rows per block sized for L2, at most what
+     * park holds when there are slabs */
     const int64_t steps = (n + 31) / 32, nsl = ((int64_t)FLA_T * (int64_t)as + BF6_L1 - 1) / BF6_L1;
     const int64_t S = (steps + nsl - 1) / nsl * 32;
+    int64_t rb = LK_MAX((int64_t)4, (int64_t)(BF6_BLOCK / ws) / 4 * 4);
+    if (S < n) rb = LK_MIN((int64_t)BFK_ROWS, rb);
     for (int64_t t0 = 0; t0 < ntok; t0 += BF6_TCHUNK)
-        bf_walk_k(n, nrows, w, ws, LK_MIN(ntok, t0 + BF6_TCHUNK) - t0, A + (size_t)t0 * as, as, y + (size_t)t0 * ys,
-                  ys, S, LK_MIN((int64_t)BFK_ROWS, rb));
+        bf_walk(n, nrows, w, ws, LK_MIN(ntok, t0 + BF6_TCHUNK) - t0, A + (size_t)t0 * as, as, y + (size_t)t0 * ys,
+                  ys, S, rb);
 }
 
 /* BF16 on CPUs with AMX-BF16: every token count through the tiles

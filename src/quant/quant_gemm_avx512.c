@@ -160,23 +160,27 @@ LK_T512 static LK_INL void gkk_rows4(const bool r16, const uint8_t *p, size_t of
  * (Q4_0: vector k < 4 the low nibbles, quants 4k..; k + 4 the high
  * nibbles; Q8_0: quants 4k.., + 128 as stored) and their scales. The layout
  * is the one the packing below makes of the file's rows, so this is all
- * that is left of it. */
+ * that is left of it. gk_r16_quants: the quant vectors alone, q the
+ * block's quants (gq_tile's pairs walk finds them without lk_r16_at). */
+LK_T512 static LK_INL void gk_r16_quants(const bool q8, const uint8_t *q, __m512i v[8]) {
+    if (q8) {
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) v[k] = _mm512_loadu_si512(q + 64 * k);
+        return;
+    }
+    const __m512i m0f = _mm512_set1_epi8(0x0F);
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        const __m512i x = _mm512_loadu_si512(q + 64 * k);
+        v[k + 4] = gk_hi_nibble(x);
+        v[k] = _mm512_and_si512(x, m0f);
+    }
+}
 LK_T512 static LK_INL void gk_r16_block(const bool q8, const uint8_t *w, int64_t nb, int64_t b, __m512i v[8],
                                       __m512 *d) {
     size_t qo, dof;
     lk_r16_at(q8, b, nb, &qo, &dof);
-    if (q8) {
-#pragma GCC unroll 8
-        for (int k = 0; k < 8; k++) v[k] = _mm512_loadu_si512(w + qo + 64 * k);
-    } else {
-        const __m512i m0f = _mm512_set1_epi8(0x0F);
-#pragma GCC unroll 4
-        for (int k = 0; k < 4; k++) {
-            const __m512i x = _mm512_loadu_si512(w + qo + 64 * k);
-            v[k + 4] = gk_hi_nibble(x);
-            v[k] = _mm512_and_si512(x, m0f);
-        }
-    }
+    gk_r16_quants(q8, w + qo, v);
     *d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + dof)));
 }
 
@@ -952,23 +956,6 @@ LK_T512 static LK_INL void gq_block(const int T, const __m512i v[8], __m512 wd, 
     }
 }
 
-/* A repacked block's 8 quant vectors (q: its quants) as gk_r16_block
- * gives them */
-LK_T512 static LK_INL void gq_r16_quants(const bool q8, const uint8_t *q, __m512i v[8]) {
-    if (q8) {
-#pragma GCC unroll 8
-        for (int k = 0; k < 8; k++) v[k] = _mm512_loadu_si512(q + 64 * k);
-        return;
-    }
-    const __m512i m0f = _mm512_set1_epi8(0x0F);
-#pragma GCC unroll 4
-    for (int k = 0; k < 4; k++) {
-        const __m512i x = _mm512_loadu_si512(q + 64 * k);
-        v[k + 4] = gk_hi_nibble(x);
-        v[k] = _mm512_and_si512(x, m0f);
-    }
-}
-
 LK_T512 static LK_INL void gq_tile(const int fmt, const bool full, const int T, int64_t nb, int64_t b0, int kb,
                                  const uint8_t *w, size_t ws, int nr, const uint8_t *a, size_t as, const gk_terms *A,
                                  int t0, float *y, size_t ys, size_t pf, size_t far, bool cont) {
@@ -1007,7 +994,7 @@ LK_T512 static LK_INL void gq_tile(const int fmt, const bool full, const int T, 
                 for (size_t o = 0; o < half; o += 64) __builtin_prefetch(p + far + o, 0, 2);
             }
             __m512i v[8];
-            gq_r16_quants(q8, p, v);
+            gk_r16_quants(q8, p, v);
             gq_block(T, v, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 2 * qb))), b0 + b, a, as, A, t0,
                      b, acc);
             if (pf) {
@@ -1018,7 +1005,7 @@ LK_T512 static LK_INL void gq_tile(const int fmt, const bool full, const int T, 
 #pragma GCC unroll 9
                 for (size_t o = half; o < pb; o += 64) __builtin_prefetch(p + far + o, 0, 2);
             }
-            gq_r16_quants(q8, p + qb, v);
+            gk_r16_quants(q8, p + qb, v);
             gq_block(T, v, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 2 * qb + 32))), b0 + b + 1, a,
                      as, A, t0, b + 1, acc);
         }
