@@ -89,8 +89,49 @@ TEST(attn_av_equals_axpy) {
             }
 }
 
+/* The scores kernel equals one lk_vec_dot_f32 per (query, key), bit for
+ * bit, at every SIMD level this CPU runs: head sizes on and off its
+ * 32-element steps (MLA's 576 included), key counts across its 8-key
+ * tiles, odd and even query counts, strided query and score rows. */
+TEST(attn_scores_equal_dot) {
+    enum { NP = 37, NQ = 5, HD = 576, QS = HD + 8, SS = NP + 3 };
+    static float K[NP * HD], Q[NQ * QS], S[NQ * SS];
+    for (int i = 0; i < NP * HD; i++) K[i] = (float)(urand() * 2 - 1);
+    for (int i = 0; i < NQ * QS; i++) Q[i] = (float)(urand() * 2 - 1);
+    const char *levels[] = {"scalar", "avx2", "avx512"}, *was = lk_vec_simd_name();
+    const int hds[] = {8, 32, 40, 64, 96, 128, 256, 576};
+    int runs = 0;
+    for (int l = 0; l < 3; l++) {
+        if (!lk_vec_set_simd(levels[l])) continue;
+        runs++;
+        for (size_t k = 0; k < sizeof hds / sizeof hds[0]; k++)
+            for (int nq = 1; nq <= NQ; nq++)
+                for (int np = 1; np <= NP; np += (np < 17 ? 1 : 5)) {
+                    const int hd = hds[k];
+                    for (int i = 0; i < NQ * SS; i++) S[i] = -7.f;
+                    lk_vec_attn_scores_f32(S, SS, Q, QS, nq, K, np, hd);
+                    bool same = true, kept = true;
+                    for (int g = 0; g < nq; g++) {
+                        for (int p = 0; p < np; p++) {
+                            const float want = lk_vec_dot_f32(Q + g * QS, K + p * hd, hd);
+                            same = same && memcmp(&want, &S[g * SS + p], 4) == 0;
+                        }
+                        for (int p = np; p < SS; p++) kept = kept && S[g * SS + p] == -7.f;
+                    }
+                    for (int g = nq; g < NQ; g++)
+                        for (int p = 0; p < SS; p++) kept = kept && S[g * SS + p] == -7.f;
+                    CHECKF(same, "%s hd=%d nq=%d np=%d: a score differs from the dot", levels[l], hd, nq, np);
+                    CHECKF(kept, "%s hd=%d nq=%d np=%d: wrote outside the scores", levels[l], hd, nq, np);
+                }
+    }
+    CHECK(lk_vec_set_simd(was));
+    CHECK(runs >= 1);
+    printf("  scores = dot at %d level%s\n", runs, runs > 1 ? "s" : "");
+}
+
 int main(void) {
     RUN(attn_av_equals_axpy);
+    RUN(attn_scores_equal_dot);
     RUN(softmax_matches_double);
     RUN(swiglu_matches_double);
     return lk_test_end();

@@ -145,6 +145,11 @@ double lk_vec_exp_sum(float *x, int64_t n, float sub);
  * that sees fewer positions passes S = 0 for the rest. */
 void   lk_vec_attn_av_f32(float *out, size_t out_stride, const float *S, size_t s_stride, const float *V,
                           int64_t npos, int nq, int64_t hd);
+/* Attention's scores: S[g][p] = lk_vec_dot_f32(Q[g], K[p], hd) for g < nq
+ * queries (rows q_stride apart) and p < np keys (rows hd apart), S rows
+ * s_stride apart: the same bits as those calls, in fewer passes. */
+void   lk_vec_attn_scores_f32(float *S, size_t s_stride, const float *Q, size_t q_stride, int nq, const float *K,
+                              int64_t np, int64_t hd);
 /* gate[i] = silu(gate[i]) * up[i] (lk_swiglu) */
 void   lk_vec_swiglu(float *gate, const float *up, int64_t n);
 /* The SIMD level the vector kernels above (and the delta net's state

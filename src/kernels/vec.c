@@ -26,6 +26,7 @@
  *     last n mod 8 elements to partials 0, 1, ... in order), then
  *     ((s0+s4)+(s1+s5))+((s2+s6)+(s3+s7)). */
 #include "kernels/kernels.h"
+#include "quant/simd_x86.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -452,8 +453,65 @@ AVX512 static void av4_avx512(float *out, size_t os, const float *S, size_t ss, 
             out[q * os + i] = a;
         }
 }
+/* Attention's scores, 8 keys x 2 queries per tile: per (key, query) pair
+ * dot_avx512's chain (two 16-lane sums over the 32-element steps, then
+ * s0 + s1), and the 16 pairs' lane sums at once by lk_fold16, whose lane
+ * order (i + 8, i + 4, i + 2, i + 1) is dot_avx512's 512 -> 256 fold and
+ * hsum256: the bits of one dot_avx512 per pair. Rows of hd % 32 != 0 take
+ * dot_avx512 itself. Keys past np reuse the last key's row (computed, not
+ * stored), a lone query the first's. */
+AVX512 static void scores_avx512(float *S, size_t ss, const float *Q, size_t qs, int nq, const float *K, int64_t np,
+                                 int64_t hd) {
+    if (hd % 32) {
+        for (int g = 0; g < nq; g++)
+            for (int64_t p = 0; p < np; p++) S[(size_t)g * ss + (size_t)p] = dot_avx512(Q + (size_t)g * qs, K + p * hd, hd);
+        return;
+    }
+    for (int g = 0; g < nq; g += 2) {
+        const float *q0 = Q + (size_t)g * qs, *q1 = g + 1 < nq ? q0 + qs : q0;
+        for (int64_t p0 = 0; p0 < np; p0 += 8) {
+            const int nk = (int)(np - p0 < 8 ? np - p0 : 8);
+            __m512 h[16];
+#pragma GCC unroll 2
+            for (int half = 0; half < 2; half++) {
+                const float *k[4];
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++) k[r] = K + (p0 + (4 * half + r < nk ? 4 * half + r : nk - 1)) * hd;
+                __m512 s0[4][2], s1[4][2];
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++)
+                    s0[r][0] = s0[r][1] = s1[r][0] = s1[r][1] = _mm512_setzero_ps();
+                for (int64_t i = 0; i < hd; i += 32) {
+                    const __m512 a0 = _mm512_loadu_ps(q0 + i), a1 = _mm512_loadu_ps(q0 + i + 16);
+                    const __m512 b0 = _mm512_loadu_ps(q1 + i), b1 = _mm512_loadu_ps(q1 + i + 16);
+#pragma GCC unroll 4
+                    for (int r = 0; r < 4; r++) {
+                        const __m512 x0 = _mm512_loadu_ps(k[r] + i), x1 = _mm512_loadu_ps(k[r] + i + 16);
+                        s0[r][0] = _mm512_fmadd_ps(a0, x0, s0[r][0]);
+                        s1[r][0] = _mm512_fmadd_ps(a1, x1, s1[r][0]);
+                        s0[r][1] = _mm512_fmadd_ps(b0, x0, s0[r][1]);
+                        s1[r][1] = _mm512_fmadd_ps(b1, x1, s1[r][1]);
+                    }
+                }
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++) {
+                    h[4 * half + r] = _mm512_add_ps(s0[r][0], s1[r][0]);
+                    h[8 + 4 * half + r] = _mm512_add_ps(s0[r][1], s1[r][1]);
+                }
+            }
+            const __m512 v = lk_fold16(h, LK_FOLD_ADD);
+            const __mmask8 m = (__mmask8)((1u << nk) - 1);
+            _mm256_mask_storeu_ps(S + (size_t)g * ss + (size_t)p0, m, _mm512_castps512_ps256(v));
+            if (g + 1 < nq)
+                _mm256_mask_storeu_ps(S + (size_t)(g + 1) * ss + (size_t)p0, m,
+                                      _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+        }
+    }
+}
 static void av4_generic(float *out, size_t os, const float *S, size_t ss, const float *V, int64_t npos, int nq,
                         int64_t hd);
+static void scores_generic(float *S, size_t ss, const float *Q, size_t qs, int nq, const float *K, int64_t np,
+                           int64_t hd);
 
 typedef struct {
     const char *name; /* the SIMD level these kernels belong to */
@@ -463,6 +521,7 @@ typedef struct {
     double (*expsum)(float *, int64_t, float);
     void (*swiglu)(float *, const float *, int64_t);
     void (*av4)(float *, size_t, const float *, size_t, const float *, int64_t, int, int64_t);
+    void (*scores)(float *, size_t, const float *, size_t, int, const float *, int64_t, int64_t);
     double (*sumsq)(const float *, int64_t);
     float (*max)(const float *, int64_t);
     void (*scale)(float *, int64_t, float);
@@ -484,10 +543,10 @@ static const vec_ops *_Atomic g_ops;
 
 static void pick(void) {
     vec_ops o = { "scalar", dot_scalar, axpy_scalar, f16_to_f32_scalar, expsum_scalar, swiglu_scalar,
-                  av4_generic, sumsq_scalar, max_scalar, scale_scalar, scale_mul_scalar };
+                  av4_generic, scores_generic, sumsq_scalar, max_scalar, scale_scalar, scale_mul_scalar };
     g_tables[LK_SIMD_SCALAR] = o;
     o = (vec_ops){ "avx2", dot_avx2, axpy_avx2, f16_to_f32_avx2, expsum_avx2, swiglu_avx2, av4_generic,
-                   sumsq_avx2, max_avx2, scale_avx2, scale_mul_avx2 };
+                   scores_generic, sumsq_avx2, max_avx2, scale_avx2, scale_mul_avx2 };
     g_tables[LK_SIMD_AVX2] = o;
     o.name = "avx512";
     o.dot = dot_avx512;
@@ -495,6 +554,7 @@ static void pick(void) {
     o.expsum = expsum_avx512;
     o.swiglu = swiglu_avx512;
     o.av4 = av4_avx512;
+    o.scores = scores_avx512;
     o.sumsq = sumsq_avx512;
     o.max = max_avx512;
     o.scale = scale_avx512;
@@ -541,6 +601,16 @@ static void av4_generic(float *out, size_t os, const float *S, size_t ss, const 
     for (int q = 0; q < nq; q++) {
         for (int64_t p = 0; p < npos; p++) ops()->axpy(out + q * os, S[q * ss + p], V + p * hd, hd);
     }
+}
+/* Other levels: their dot per pair. */
+static void scores_generic(float *S, size_t ss, const float *Q, size_t qs, int nq, const float *K, int64_t np,
+                           int64_t hd) {
+    for (int g = 0; g < nq; g++)
+        for (int64_t p = 0; p < np; p++) S[(size_t)g * ss + (size_t)p] = ops()->dot(Q + (size_t)g * qs, K + p * hd, hd);
+}
+void lk_vec_attn_scores_f32(float *S, size_t s_stride, const float *Q, size_t q_stride, int nq, const float *K,
+                            int64_t np, int64_t hd) {
+    ops()->scores(S, s_stride, Q, q_stride, nq, K, np, hd);
 }
 void lk_vec_attn_av_f32(float *out, size_t out_stride, const float *S, size_t s_stride, const float *V, int64_t npos,
                         int nq, int64_t hd) {

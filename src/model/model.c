@@ -1567,65 +1567,58 @@ static void attn_softmax(const lk_model *m, float *sc, int lo, int npos) {
     lk_softmax(sc + lo, npos - lo);
 }
 
-/* F16 cache: one task per (row, head group): head_groups' groups, which
- * for rows of a prompt (no decode item in the step) are single heads.
- * Pages walked in order, each page's keys and values in the window widened
- * to F32 once for the group (exact), then per head one F32 dot product per
- * key and the weighted sums of the values by lk_vec_attn_av_f32, 4 heads
- * per pass: per head the arithmetic of one fused multiply-add chain per
- * key and one axpy per position, the same at every SIMD level (vec.c), as
- * one contiguous cache would give. Tasks are dealt round-robin: a row
- * attends to pos+1 positions, so contiguous ranges gave the last thread
- * ~3x the work of the first in a 512-token prefill. */
-static void attn_f16_fn(void *arg, int ith, int nth) {
-    attn_job *j = arg;
-    lk_model *m = j->m;
-    const int hd = m->ahd;
-    const uint16_t *kcache = m->kcache, *vcache = m->vcache ? m->vcache : m->kcache; /* MLA: values lead each latent row */
-    float *S = m->scores + (size_t)ith * ATT_QB * m->n_ctx;
-    float *wk = m->kvw + (size_t)ith * 2 * LK_KV_PAGE * hd, *wv = wk + (size_t)LK_KV_PAGE * hd;
-    for (int64_t task = ith; task < (int64_t)m->n_rows * m->n_hgrp; task += nth) {
-        const int t = (int)(task / m->n_hgrp), k = (int)(task % m->n_hgrp);
-        const int h0 = m->hgrp0[k], nq = m->hgrp0[k + 1] - h0;
-        const int seq = m->items[m->row_item[t]].seq, npos = m->row_pos[t] + 1, lo = attn_lo(m, j->li, m->row_pos[t]);
-        const float *q = m->q + ((size_t)t * m->nh + h0) * hd;
-        for (int pg = lo / LK_KV_PAGE; pg * LK_KV_PAGE < npos; pg++) {
-            const int p0 = LK_MAX(lo - pg * LK_KV_PAGE, 0), np = LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE);
-            lk_vec_f16_to_f32(wk + (size_t)p0 * hd, kcache + kv_page(m, seq, pg, j->li, h0) + (size_t)p0 * hd,
-                              (int64_t)(np - p0) * hd);
-            for (int g = 0; g < nq; g++)
-                for (int p = p0; p < np; p++)
-                    S[(size_t)g * m->n_ctx + (size_t)pg * LK_KV_PAGE + p] = lk_vec_dot_f32(q + (size_t)g * hd, wk + (size_t)p * hd, hd);
-        }
-        for (int g = 0; g < nq; g++) attn_softmax(m, S + (size_t)g * m->n_ctx, lo, npos);
-        float *out = m->att + ((size_t)t * m->nh + h0) * hd;
-        memset(out, 0, sizeof(float) * (size_t)nq * hd);
-        for (int pg = lo / LK_KV_PAGE; pg * LK_KV_PAGE < npos; pg++) {
-            const int p0 = LK_MAX(lo - pg * LK_KV_PAGE, 0), np = LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE);
-            lk_vec_f16_to_f32(wv + (size_t)p0 * hd, vcache + kv_page(m, seq, pg, j->li, h0) + (size_t)p0 * hd,
-                              (int64_t)(np - p0) * hd);
-            for (int g = 0; g < nq; g += 4)
-                lk_vec_attn_av_f32(out + (size_t)g * hd, (size_t)hd, S + (size_t)g * m->n_ctx + (size_t)pg * LK_KV_PAGE + p0,
-                                   (size_t)m->n_ctx, wv + (size_t)p0 * hd, np - p0, LK_MIN(4, nq - g), hd);
-        }
-    }
+/* Rows [0, np) of page pg's keys or values (cache: kcache or vcache) for
+ * the KV head of local head h in layer li: an F32 cache's rows where they
+ * are, an F16 cache's widened into buf (exact, so both caches run the same
+ * F32 arithmetic on the values they hold). */
+static const float *kv_rows(const lk_model *m, const void *cache, int seq, int pg, int li, int h, int np, float *buf) {
+    const size_t at = kv_page(m, seq, pg, li, h);
+    if (!m->kv_f16) return (const float *)cache + at;
+    lk_vec_f16_to_f32(buf, (const uint16_t *)cache + at, (int64_t)np * m->ahd);
+    return buf;
+}
+
+/* Asks for page pg's first np rows (keys or values of local head h) ahead
+ * of their use: a head's pages lie apart in the pool, and a decode query
+ * reads each once, so without it every page began with a stall on memory
+ * that the hardware's stream detection does not hide. */
+static void kv_prefetch(const lk_model *m, const void *cache, int seq, int pg, int li, int h, int np) {
+    const size_t es = m->kv_f16 ? 2 : 4;
+    const char *p = (const char *)cache + kv_page(m, seq, pg, li, h) * es;
+    for (size_t o = 0, e = (size_t)np * (size_t)m->ahd * es; o < e; o += 64) __builtin_prefetch(p + o, 0, 3);
+}
+
+/* Scores of nq queries (rows qs floats apart) against np keys K, into S
+ * (rows n_ctx apart). An F32 cache's keys as the rows of an F32 matrix
+ * product (its tiles prefetch the rows ahead within the page); an F16
+ * cache's widened page by lk_vec_attn_scores_f32, the vector kernels' dot
+ * per (query, key): the same bits at every SIMD level. */
+static void attn_scores(const lk_model *m, float *S, const float *q, size_t qs, int nq, const float *K, int np) {
+    if (m->kv_f16) lk_vec_attn_scores_f32(S, (size_t)m->n_ctx, q, qs, nq, K, np, m->ahd);
+    else lk_quant_matmul(LK_TYPE_F32, m->ahd, np, K, sizeof(float) * (size_t)m->ahd, nq, q, sizeof(float) * qs, S, (size_t)m->n_ctx);
 }
 
 /* A decode item's head group k (head_groups): the heads' scores against
- * every key it may see as one F32 product per page (the heads as the
- * product's tokens), each head's softmax, then the weighted sums of the
- * values, 4 heads per pass: per head the arithmetic of attn_block_fn's
- * one-query block. */
-static void attn_group(lk_model *m, int li, int it, int k, float *S) {
+ * every key it may see a page at a time (attn_scores, the heads as its
+ * queries), each head's softmax, then the weighted sums of the
+ * values, page by page, 4 heads per pass: per head the arithmetic of
+ * attn_block_fn's one-query block. The next page is asked for while one
+ * is computed. */
+static void attn_group(lk_model *m, int li, int it, int k, float *S, float *wk, float *wv) {
     const lk_batch_item *item = &m->items[it];
     const int hd = m->ahd, h0 = m->hgrp0[k], nq = m->hgrp0[k + 1] - h0, r0 = m->item_row0[it];
-    const float *vcache = m->vcache ? m->vcache : m->kcache; /* MLA: as attn_block_fn */
+    const void *vcache = m->vcache ? m->vcache : m->kcache; /* MLA: as attn_block_fn */
     const int npos = item->pos0 + 1, lo = attn_lo(m, li, item->pos0), pg0 = lo / LK_KV_PAGE;
     const size_t qrow = (size_t)r0 * m->nh + (size_t)h0;
-    for (int pg = pg0; pg * LK_KV_PAGE < npos; pg++)
-        lk_quant_matmul(LK_TYPE_F32, hd, LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE),
-                        (const float *)m->kcache + kv_page(m, item->seq, pg, li, h0), sizeof(float) * (size_t)hd, nq,
-                        m->q + qrow * hd, sizeof(float) * (size_t)hd, S + (size_t)pg * LK_KV_PAGE, (size_t)m->n_ctx);
+    for (int pg = pg0; pg * LK_KV_PAGE < npos; pg++) {
+        const int np = LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE);
+        if ((pg + 1) * LK_KV_PAGE < npos)
+            kv_prefetch(m, m->kcache, item->seq, pg + 1, li, h0, LK_MIN(LK_KV_PAGE, npos - (pg + 1) * LK_KV_PAGE));
+        else
+            kv_prefetch(m, vcache, item->seq, pg0, li, h0, LK_MIN(LK_KV_PAGE, npos - pg0 * LK_KV_PAGE));
+        attn_scores(m, S + (size_t)pg * LK_KV_PAGE, m->q + qrow * hd, (size_t)hd, nq,
+                    kv_rows(m, m->kcache, item->seq, pg, li, h0, np, wk), np);
+    }
     for (int g = 0; g < nq; g++) {
         float *sc = S + (size_t)g * m->n_ctx;
         attn_softmax(m, sc, lo, npos);
@@ -1633,20 +1626,27 @@ static void attn_group(lk_model *m, int li, int it, int k, float *S) {
     }
     float *out = m->att + qrow * hd;
     memset(out, 0, sizeof(float) * (size_t)nq * hd);
-    for (int g = 0; g < nq; g += 4)
-        for (int pg = pg0; pg * LK_KV_PAGE < npos; pg++)
+    for (int pg = pg0; pg * LK_KV_PAGE < npos; pg++) {
+        const int np = LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE);
+        if ((pg + 1) * LK_KV_PAGE < npos)
+            kv_prefetch(m, vcache, item->seq, pg + 1, li, h0, LK_MIN(LK_KV_PAGE, npos - (pg + 1) * LK_KV_PAGE));
+        const float *V = kv_rows(m, vcache, item->seq, pg, li, h0, np, wv);
+        for (int g = 0; g < nq; g += 4)
             lk_vec_attn_av_f32(out + (size_t)g * hd, (size_t)hd, S + (size_t)g * m->n_ctx + (size_t)pg * LK_KV_PAGE,
-                               (size_t)m->n_ctx, vcache + kv_page(m, item->seq, pg, li, h0),
-                               LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE), LK_MIN(4, nq - g), hd);
+                               (size_t)m->n_ctx, V, np, LK_MIN(4, nq - g), hd);
+    }
 }
 
-/* F32 cache (prefill and decode): one task per (item, head, block of ATT_QB
- * of the item's queries), or for an item of one query (decode) one per
- * head group (attn_group). The block's scores against every key it may see
- * are F32 matrix products, one per page (keys as weight rows, queries as
- * tokens), instead of one short dot-product call per (query, key):
- * attention was a third of a 512-token prefill. Scores past a query's
+/* Prefill and decode, either cache: one task per (item, head, block of
+ * ATT_QB of the item's queries), or for an item of one query (decode) one
+ * per head group (attn_group). The block's scores against every key it may
+ * see go a page at a time (attn_scores: keys as rows, queries as tokens),
+ * instead of one short dot-product call per (query, key): attention was a
+ * third of a 512-token prefill. Scores past a query's
  * causal limit (or before its sliding window) are computed and ignored.
+ * The values go page by page, 4 queries per pass over the page's rows
+ * (each query's sums in page order, as one contiguous cache would give).
+ * An F16 cache's pages are widened once per task and page (kv_rows).
  * Blocks never mix sequences, so a row's arithmetic depends on its own
  * sequence only. */
 static void attn_block_fn(void *arg, int ith, int nth) {
@@ -1655,8 +1655,9 @@ static void attn_block_fn(void *arg, int ith, int nth) {
     const int hd = m->ahd;
     /* MLA: the values are the first kv_lora of each latent row; the sums run
      * over whole rows (ahd) and the rope tail of the result is unused */
-    const float *vcache = m->vcache ? m->vcache : m->kcache;
+    const void *vcache = m->vcache ? m->vcache : m->kcache;
     float *S = m->scores + (size_t)ith * ATT_QB * m->n_ctx;
+    float *wk = m->kvw ? m->kvw + (size_t)ith * 2 * LK_KV_PAGE * hd : NULL, *wv = wk ? wk + (size_t)LK_KV_PAGE * hd : NULL;
     const int64_t ntask = m->task0[m->n_items];
     int it = 0;
     for (int64_t task = ith; task < ntask; task += nth) {
@@ -1664,17 +1665,17 @@ static void attn_block_fn(void *arg, int ith, int nth) {
         const lk_batch_item *item = &m->items[it];
         const int64_t local = task - m->task0[it];
         if (item->n == 1) {
-            attn_group(m, j->li, it, (int)local, S);
+            attn_group(m, j->li, it, (int)local, S, wk, wv);
             continue;
         }
         const int qb = (int)(local / m->nh), h = (int)(local % m->nh);
         const int t0 = qb * ATT_QB, t1 = LK_MIN(item->n, t0 + ATT_QB), r0 = m->item_row0[it];
         const int nmax = item->pos0 + t1, pg0 = attn_lo(m, j->li, item->pos0 + t0) / LK_KV_PAGE;
-        for (int pg = pg0; pg * LK_KV_PAGE < nmax; pg++)
-            lk_quant_matmul(LK_TYPE_F32, hd, LK_MIN(LK_KV_PAGE, nmax - pg * LK_KV_PAGE),
-                            (const float *)m->kcache + kv_page(m, item->seq, pg, j->li, h), sizeof(float) * (size_t)hd,
-                            t1 - t0, m->q + ((size_t)(r0 + t0) * m->nh + h) * hd, sizeof(float) * (size_t)m->nh * hd,
-                            S + (size_t)pg * LK_KV_PAGE, (size_t)m->n_ctx);
+        for (int pg = pg0; pg * LK_KV_PAGE < nmax; pg++) {
+            const int np = LK_MIN(LK_KV_PAGE, nmax - pg * LK_KV_PAGE);
+            attn_scores(m, S + (size_t)pg * LK_KV_PAGE, m->q + ((size_t)(r0 + t0) * m->nh + h) * hd, (size_t)m->nh * hd,
+                        t1 - t0, kv_rows(m, m->kcache, item->seq, pg, j->li, h, np, wk), np);
+        }
         for (int t = t0; t < t1; t++) {
             float *sc = S + (size_t)(t - t0) * m->n_ctx;
             int npos = item->pos0 + t + 1, lo = attn_lo(m, j->li, item->pos0 + t);
@@ -1682,15 +1683,17 @@ static void attn_block_fn(void *arg, int ith, int nth) {
             for (int p = pg0 * LK_KV_PAGE; p < lo; p++) sc[p] = 0;  /* before its window */
             for (int p = npos; p < nmax; p++) sc[p] = 0;            /* beyond its causal limit */
         }
-        /* weighted sums of values, 4 queries per pass over each page's value rows */
-        for (int t = t0; t < t1; t += 4) {
-            int nq = LK_MIN(4, t1 - t), npos = item->pos0 + t + nq;
-            float *out = m->att + ((size_t)(r0 + t) * m->nh + h) * hd;
-            for (int q = 0; q < nq; q++) memset(out + (size_t)q * m->nh * hd, 0, sizeof(float) * hd);
-            for (int pg = pg0; pg * LK_KV_PAGE < npos; pg++)
-                lk_vec_attn_av_f32(out, (size_t)m->nh * hd, S + (size_t)(t - t0) * m->n_ctx + (size_t)pg * LK_KV_PAGE,
-                                   (size_t)m->n_ctx, vcache + kv_page(m, item->seq, pg, j->li, h),
+        float *out = m->att + ((size_t)(r0 + t0) * m->nh + h) * hd;
+        for (int t = t0; t < t1; t++) memset(out + (size_t)(t - t0) * m->nh * hd, 0, sizeof(float) * hd);
+        for (int pg = pg0; pg * LK_KV_PAGE < nmax; pg++) {
+            const float *V = kv_rows(m, vcache, item->seq, pg, j->li, h, LK_MIN(LK_KV_PAGE, nmax - pg * LK_KV_PAGE), wv);
+            for (int t = t0; t < t1; t += 4) {
+                const int nq = LK_MIN(4, t1 - t), npos = item->pos0 + t + nq;
+                if (pg * LK_KV_PAGE >= npos) continue;
+                lk_vec_attn_av_f32(out + (size_t)(t - t0) * m->nh * hd, (size_t)m->nh * hd,
+                                   S + (size_t)(t - t0) * m->n_ctx + (size_t)pg * LK_KV_PAGE, (size_t)m->n_ctx, V,
                                    LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE), nq, hd);
+            }
         }
     }
 }
@@ -1815,7 +1818,7 @@ static void attention(lk_model *m, int li, const float *x) {
     qk_job qj = { m, li };
     run_rows(m, qk_prepare_fn, &qj, n);
     attn_job aj = { m, li };
-    lk_pool_run_k(m->pool, LK_PROF_ATTN, m->kv_f16 ? attn_f16_fn : attn_block_fn, &aj, lk_pool_size(m->pool));
+    lk_pool_run_k(m->pool, LK_PROF_ATTN, attn_block_fn, &aj, lk_pool_size(m->pool));
     if (w->gated) /* the output gate: sigmoid(gate) on each head's result */
         for (int t = 0; t < n; t++)
             for (int h = 0; h < m->nh; h++) {
@@ -1928,7 +1931,7 @@ static void attention_mla(lk_model *m, int li, const float *x) {
     heads_job kb = { m, &w->wkb, kl, m->mqb, nh * kh, kh, m->q, nh * ahd, ahd, n };
     lk_pool_run_k(m->pool, LK_PROF_ATTN, heads_fn, &kb, lk_pool_size(m->pool));
     attn_job aj = { m, li };
-    lk_pool_run_k(m->pool, LK_PROF_ATTN, m->kv_f16 ? attn_f16_fn : attn_block_fn, &aj, lk_pool_size(m->pool));
+    lk_pool_run_k(m->pool, LK_PROF_ATTN, attn_block_fn, &aj, lk_pool_size(m->pool));
     /* o_h = attn_v_b[h] . o_latent(t, h), heads side by side for Wo */
     heads_job vb = { m, &w->wvb, vh, m->att, nh * ahd, ahd, m->mvo, nh * vh, vh, n };
     lk_pool_run_k(m->pool, LK_PROF_ATTN, heads_fn, &vb, lk_pool_size(m->pool));

@@ -154,7 +154,7 @@ struct lk_model {
     void *hact;             /* (threads, B, hact_stride) per-head activations (heads_fn) */
     size_t hact_stride;
     float *scores;          /* (threads, ATT_QB, n_ctx) */
-    float *kvw;             /* F16 cache: (threads, 2, LK_KV_PAGE, ahd) a page's keys and values widened (attn_f16_fn) */
+    float *kvw;             /* F16 cache: (threads, 2, LK_KV_PAGE, ahd) a page's keys and values widened (kv_rows) */
     void *act;              /* activation quantisation */
     lk_pool *pool;
     bool own_pool;
