@@ -11,7 +11,8 @@
 # 64), REQ_X (requests per level = REQ_X x concurrency, default 2), WORDS
 # (prompt words, default 16), ROUNDS (default 1: each server's rows ROUNDS
 # times, the servers taking turns, so a noisy machine shows in the spread),
-# NO_TP (set: no --local 2 --tp 2 rows).
+# NO_TP (set: no --local 2 --tp 2 rows), SERVE_ARGS (more flags for lockstep
+# serve, e.g. --kv-f16).
 # The memory-bandwidth bound of one token, measured in the same run, is
 # printed first (lockstep bench).
 set -euo pipefail
@@ -48,7 +49,8 @@ run_levels() { # NAME URL
 
 serve_lockstep() { # NAME ARGS...
     local name=$1; shift
-    "$L" serve -m "$M" --port "$PORT" -np "$MAXC" --ctx "$CTX" --queue 1024 "$@" >/tmp/bench_serve.$$.out 2>&1 &
+    # shellcheck disable=SC2086 # SERVE_ARGS is a list of flags
+    "$L" serve -m "$M" --port "$PORT" -np "$MAXC" --ctx "$CTX" --queue 1024 ${SERVE_ARGS:-} "$@" >/tmp/bench_serve.$$.out 2>&1 &
     local pid=$!
     if wait_ready "http://127.0.0.1:$PORT" "$pid"; then run_levels "$name" "http://127.0.0.1:$PORT"
     else echo "$name: did not start: $(tail -3 /tmp/bench_serve.$$.out)"; fi
