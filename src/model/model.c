@@ -1582,10 +1582,12 @@ static const float *kv_rows(const lk_model *m, const void *cache, int seq, int p
  * of their use: a head's pages lie apart in the pool, and a decode query
  * reads each once, so without it every page began with a stall on memory
  * that the hardware's stream detection does not hide. */
-static void kv_prefetch(const lk_model *m, const void *cache, int seq, int pg, int li, int h, int np) {
-    const size_t es = m->kv_f16 ? 2 : 4;
+static void kv_prefetch(const lk_model *m, const void *cache, int seq, int pg, int li, int h, int np, int part,
+                        int nparts) {
+    const size_t es = m->kv_f16 ? 2 : 4, e = (size_t)np * (size_t)m->ahd * es;
     const char *p = (const char *)cache + kv_page(m, seq, pg, li, h) * es;
-    for (size_t o = 0, e = (size_t)np * (size_t)m->ahd * es; o < e; o += 64) __builtin_prefetch(p + o, 0, 3);
+    const size_t lines = (e + 63) / 64, l0 = lines * (size_t)part / (size_t)nparts, l1 = lines * (size_t)(part + 1) / (size_t)nparts;
+    for (size_t l = l0; l < l1; l++) __builtin_prefetch(p + 64 * l, 0, 3);
 }
 
 /* How many pages ahead a decode group asks for (2 and 3 measured no
@@ -1594,13 +1596,14 @@ enum { KV_AHEAD = 1 };
 
 /* A decode group's pages in the order it reads them, its npg pages of keys
  * from pg0 then the same pages of values: asks for the u-th. */
-static void kv_ahead(const lk_model *m, int seq, int li, int h0, int pg0, int npos, int u) {
+static void kv_ahead(const lk_model *m, int seq, int li, int h0, int pg0, int npos, int u, int part, int nparts) {
     const int npg = (npos - 1) / LK_KV_PAGE + 1 - pg0;
     if (u >= 2 * npg) return;
     const int pg = pg0 + u % npg;
     kv_prefetch(m, u < npg ? m->kcache : m->vcache ? m->vcache : m->kcache, seq, pg, li, h0,
-                LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE));
+                LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE), part, nparts);
 }
+enum { KV_SLICE = 8 }; /* keys (positions) per slice of a page, each slice asking for its share of the next page */
 
 /* Scores of nq queries (rows qs floats apart) against np keys K, into S
  * (rows n_ctx apart). An F32 cache's keys as the rows of an F32 matrix
@@ -1617,7 +1620,10 @@ static void attn_scores(const lk_model *m, float *S, const float *q, size_t qs, 
  * queries), each head's softmax, then the weighted sums of the
  * values, page by page, 4 heads per pass: per head the arithmetic of
  * attn_block_fn's one-query block. The next page is asked for while one
- * is computed. */
+ * is computed, a share before each slice of KV_SLICE keys: spread so, the
+ * requests wait less for free miss buffers (decode attention at 4 x 1024
+ * positions on a Zen 5: 10.6-11.3 -> 8.8-9.9 ms a step with an F16 cache,
+ * 12.4-13.9 -> 11.3-11.8 with F32). */
 static void attn_group(lk_model *m, int li, int it, int k, float *S, float *wk, float *wv) {
     const lk_batch_item *item = &m->items[it];
     const int hd = m->ahd, h0 = m->hgrp0[k], nq = m->hgrp0[k + 1] - h0, r0 = m->item_row0[it];
@@ -1625,12 +1631,17 @@ static void attn_group(lk_model *m, int li, int it, int k, float *S, float *wk, 
     const int npos = item->pos0 + 1, lo = attn_lo(m, li, item->pos0), pg0 = lo / LK_KV_PAGE;
     const size_t qrow = (size_t)r0 * m->nh + (size_t)h0;
     const int npg = (npos - 1) / LK_KV_PAGE + 1 - pg0;
-    for (int u = 1; u < KV_AHEAD; u++) kv_ahead(m, item->seq, li, h0, pg0, npos, u);
+    const int ns = LK_KV_PAGE / KV_SLICE;
+    for (int u = 1; u < KV_AHEAD; u++) kv_ahead(m, item->seq, li, h0, pg0, npos, u, 0, 1);
     for (int pg = pg0; pg * LK_KV_PAGE < npos; pg++) {
         const int np = LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE);
-        kv_ahead(m, item->seq, li, h0, pg0, npos, pg - pg0 + KV_AHEAD);
-        attn_scores(m, S + (size_t)pg * LK_KV_PAGE, m->q + qrow * hd, (size_t)hd, nq,
-                    kv_rows(m, m->kcache, item->seq, pg, li, h0, np, wk), np);
+        const float *K = kv_rows(m, m->kcache, item->seq, pg, li, h0, np, wk);
+        for (int s0 = 0, sl = 0; sl < ns; s0 += KV_SLICE, sl++) {
+            kv_ahead(m, item->seq, li, h0, pg0, npos, pg - pg0 + KV_AHEAD, sl, ns);
+            if (s0 < np)
+                attn_scores(m, S + (size_t)pg * LK_KV_PAGE + s0, m->q + qrow * hd, (size_t)hd, nq, K + (size_t)s0 * hd,
+                            LK_MIN(KV_SLICE, np - s0));
+        }
     }
     for (int g = 0; g < nq; g++) {
         float *sc = S + (size_t)g * m->n_ctx;
@@ -1641,11 +1652,15 @@ static void attn_group(lk_model *m, int li, int it, int k, float *S, float *wk, 
     memset(out, 0, sizeof(float) * (size_t)nq * hd);
     for (int pg = pg0; pg * LK_KV_PAGE < npos; pg++) {
         const int np = LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE);
-        kv_ahead(m, item->seq, li, h0, pg0, npos, npg + pg - pg0 + KV_AHEAD);
         const float *V = kv_rows(m, vcache, item->seq, pg, li, h0, np, wv);
-        for (int g = 0; g < nq; g += 4)
-            lk_vec_attn_av_f32(out + (size_t)g * hd, (size_t)hd, S + (size_t)g * m->n_ctx + (size_t)pg * LK_KV_PAGE,
-                               (size_t)m->n_ctx, V, np, LK_MIN(4, nq - g), hd);
+        for (int s0 = 0, sl = 0; sl < ns; s0 += KV_SLICE, sl++) {
+            kv_ahead(m, item->seq, li, h0, pg0, npos, npg + pg - pg0 + KV_AHEAD, sl, ns);
+            if (s0 < np)
+                for (int g = 0; g < nq; g += 4)
+                    lk_vec_attn_av_f32(out + (size_t)g * hd, (size_t)hd,
+                                       S + (size_t)g * m->n_ctx + (size_t)pg * LK_KV_PAGE + s0, (size_t)m->n_ctx,
+                                       V + (size_t)s0 * hd, LK_MIN(KV_SLICE, np - s0), LK_MIN(4, nq - g), hd);
+        }
     }
 }
 
