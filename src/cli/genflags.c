@@ -78,7 +78,7 @@ void lk_genflags_opts(lk_genflags *f, lk_opt *opts, int *n, int cap) {
         { "--ctx", "-c", LK_OPT_INT, &f->ctx, "N", "context length / KV cache size (default: model's, at most 4096)" },
         { "--ctx-size", NULL, LK_OPT_INT, &f->ctx, "N", "same as --ctx (llama.cpp's name)" },
         { "--batch", "-b", LK_OPT_INT, &f->batch, "N", "most prompt tokens per forward pass (default 512)" },
-        { "--kv-f16", NULL, LK_OPT_FLAG, &f->kv_f16, NULL, "store the KV cache in F16 (half the memory)" },
+        { "--kv-f16", NULL, LK_OPT_FLAG, &f->kv_f16, NULL, "store the KV cache in F16: half the memory and half the bytes attention reads (default F32)" },
         { "--kv-budget", NULL, LK_OPT_STR, &f->kv_budget, "N",
           "KV cache shared by all sequences: N positions, or bytes with a K/M/G suffix (e.g. 2G: the whole model's "
           "KV on one node; cluster ranks each hold their share) (default: from free memory)" },
