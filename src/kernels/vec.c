@@ -458,13 +458,14 @@ AVX512 static void av4_avx512(float *out, size_t os, const float *S, size_t ss, 
  * s0 + s1), and the 16 pairs' lane sums at once by lk_fold16, whose lane
  * order (i + 8, i + 4, i + 2, i + 1) is dot_avx512's 512 -> 256 fold and
  * hsum256: the bits of one dot_avx512 per pair. Rows of hd % 32 != 0 take
- * dot_avx512 itself. Keys past np reuse the last key's row (computed, not
+ * the other levels' loop (dot_avx512 itself at this level). Keys past np reuse the last key's row (computed, not
  * stored), a lone query the first's. */
+static void scores_generic(float *S, size_t ss, const float *Q, size_t qs, int nq, const float *K, int64_t np,
+                           int64_t hd);
 AVX512 static void scores_avx512(float *S, size_t ss, const float *Q, size_t qs, int nq, const float *K, int64_t np,
                                  int64_t hd) {
     if (hd % 32) {
-        for (int g = 0; g < nq; g++)
-            for (int64_t p = 0; p < np; p++) S[(size_t)g * ss + (size_t)p] = dot_avx512(Q + (size_t)g * qs, K + p * hd, hd);
+        scores_generic(S, ss, Q, qs, nq, K, np, hd);
         return;
     }
     for (int g = 0; g < nq; g += 2) {
@@ -510,8 +511,6 @@ AVX512 static void scores_avx512(float *S, size_t ss, const float *Q, size_t qs,
 }
 static void av4_generic(float *out, size_t os, const float *S, size_t ss, const float *V, int64_t npos, int nq,
                         int64_t hd);
-static void scores_generic(float *S, size_t ss, const float *Q, size_t qs, int nq, const float *K, int64_t np,
-                           int64_t hd);
 
 typedef struct {
     const char *name; /* the SIMD level these kernels belong to */

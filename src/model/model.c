@@ -1578,10 +1578,11 @@ static const float *kv_rows(const lk_model *m, const void *cache, int seq, int p
     return buf;
 }
 
-/* Asks for page pg's first np rows (keys or values of local head h) ahead
- * of their use: a head's pages lie apart in the pool, and a decode query
- * reads each once, so without it every page began with a stall on memory
- * that the hardware's stream detection does not hide. */
+/* Asks for share `part` of nparts of page pg's first np rows (keys or
+ * values of local head h) ahead of their use: a head's pages lie apart in
+ * the pool, and a decode query reads each once, so without it every page
+ * began with a stall on memory that the hardware's stream detection does
+ * not hide. */
 static void kv_prefetch(const lk_model *m, const void *cache, int seq, int pg, int li, int h, int np, int part,
                         int nparts) {
     const size_t es = m->kv_f16 ? 2 : 4, e = (size_t)np * (size_t)m->ahd * es;
@@ -1590,18 +1591,16 @@ static void kv_prefetch(const lk_model *m, const void *cache, int seq, int pg, i
     for (size_t l = l0; l < l1; l++) __builtin_prefetch(p + 64 * l, 0, 3);
 }
 
-/* How many pages ahead a decode group asks for (2 and 3 measured no
- * better than 1 on a Zen 5, F16 and F32 caches alike). */
-enum { KV_AHEAD = 1 };
-
 /* A decode group's pages in the order it reads them, its npg pages of keys
- * from pg0 then the same pages of values: asks for the u-th. */
-static void kv_ahead(const lk_model *m, int seq, int li, int h0, int pg0, int npos, int u, int part, int nparts) {
-    const int npg = (npos - 1) / LK_KV_PAGE + 1 - pg0;
+ * (kcache) from pg0 then the same pages of values (vcache): asks for share
+ * `part` of the u-th. It runs one page ahead of the reads: 2 and 3 pages
+ * measured no better on a Zen 5, F16 and F32 caches alike. */
+static void kv_ahead(const lk_model *m, const void *vcache, int seq, int li, int h0, int pg0, int npg, int npos, int u,
+                     int part, int nparts) {
     if (u >= 2 * npg) return;
     const int pg = pg0 + u % npg;
-    kv_prefetch(m, u < npg ? m->kcache : m->vcache ? m->vcache : m->kcache, seq, pg, li, h0,
-                LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE), part, nparts);
+    kv_prefetch(m, u < npg ? m->kcache : vcache, seq, pg, li, h0, LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE), part,
+                nparts);
 }
 enum { KV_SLICE = 8 }; /* keys (positions) per slice of a page, each slice asking for its share of the next page */
 
@@ -1632,12 +1631,11 @@ static void attn_group(lk_model *m, int li, int it, int k, float *S, float *wk, 
     const size_t qrow = (size_t)r0 * m->nh + (size_t)h0;
     const int npg = (npos - 1) / LK_KV_PAGE + 1 - pg0;
     const int ns = LK_KV_PAGE / KV_SLICE;
-    for (int u = 1; u < KV_AHEAD; u++) kv_ahead(m, item->seq, li, h0, pg0, npos, u, 0, 1);
     for (int pg = pg0; pg * LK_KV_PAGE < npos; pg++) {
         const int np = LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE);
         const float *K = kv_rows(m, m->kcache, item->seq, pg, li, h0, np, wk);
         for (int s0 = 0, sl = 0; sl < ns; s0 += KV_SLICE, sl++) {
-            kv_ahead(m, item->seq, li, h0, pg0, npos, pg - pg0 + KV_AHEAD, sl, ns);
+            kv_ahead(m, vcache, item->seq, li, h0, pg0, npg, npos, pg - pg0 + 1, sl, ns);
             if (s0 < np)
                 attn_scores(m, S + (size_t)pg * LK_KV_PAGE + s0, m->q + qrow * hd, (size_t)hd, nq, K + (size_t)s0 * hd,
                             LK_MIN(KV_SLICE, np - s0));
@@ -1654,7 +1652,7 @@ static void attn_group(lk_model *m, int li, int it, int k, float *S, float *wk, 
         const int np = LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE);
         const float *V = kv_rows(m, vcache, item->seq, pg, li, h0, np, wv);
         for (int s0 = 0, sl = 0; sl < ns; s0 += KV_SLICE, sl++) {
-            kv_ahead(m, item->seq, li, h0, pg0, npos, npg + pg - pg0 + KV_AHEAD, sl, ns);
+            kv_ahead(m, vcache, item->seq, li, h0, pg0, npg, npos, npg + pg - pg0 + 1, sl, ns);
             if (s0 < np)
                 for (int g = 0; g < nq; g += 4)
                     lk_vec_attn_av_f32(out + (size_t)g * hd, (size_t)hd,
