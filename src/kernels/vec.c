@@ -458,8 +458,9 @@ AVX512 static void av4_avx512(float *out, size_t os, const float *S, size_t ss, 
  * s0 + s1), and the 16 pairs' lane sums at once by lk_fold16, whose lane
  * order (i + 8, i + 4, i + 2, i + 1) is dot_avx512's 512 -> 256 fold and
  * hsum256: the bits of one dot_avx512 per pair. Rows of hd % 32 != 0 take
- * the other levels' loop (dot_avx512 itself at this level). Keys past np reuse the last key's row (computed, not
- * stored), a lone query the first's. */
+ * the other levels' loop (dot_avx512 itself at this level). Keys past np
+ * reuse the last key's row (computed, not stored), a lone query the
+ * first's. */
 static void scores_generic(float *S, size_t ss, const float *Q, size_t qs, int nq, const float *K, int64_t np,
                            int64_t hd);
 AVX512 static void scores_avx512(float *S, size_t ss, const float *Q, size_t qs, int nq, const float *K, int64_t np,
