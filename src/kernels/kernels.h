@@ -158,7 +158,7 @@ void   lk_vec_attn_qk(float *ST, const float *QT, int nq, const float *K, int64_
  * becomes sum[g] al[g] plus the block's sum, mx[g] becomes mx', and al[g]
  * = e^(mx[g] - mx') is the factor the query's output so far must be scaled
  * by before the block's values are added (1 when the maximum did not grow,
- * or before any: mx[g] = -inf, sum[g] = 0). Lanes past nq: unspecified. */
+ * or before any: mx[g] = -inf, sum[g] = 0). */
 void   lk_vec_attn_softmax(float *ST, int64_t nb, const int32_t *a, const int32_t *b, int nq, float scale, float cap,
                            float *mx, double *sum, float *al);
 /* Attention's weighted sum for nq <= 4 queries: out[q][i] += sum over p <

@@ -1227,8 +1227,6 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
     m->hg = lk_xmalloc_aligned(sizeof(float) * B * m->nff);
     m->hu = lk_xmalloc_aligned(sizeof(float) * B * m->nff);
     m->scores = lk_xmalloc_aligned(sizeof(float) * (size_t)lk_pool_size(m->pool) * attn_buf_floats(m));
-    /* defined from the start: a block's softmax loads whole rows of it, the lanes and keys no task wrote included */
-    memset(m->scores, 0, sizeof(float) * (size_t)lk_pool_size(m->pool) * attn_buf_floats(m));
     if (m->kv_f16) m->kvw = lk_xmalloc_aligned(sizeof(float) * (size_t)lk_pool_size(m->pool) * 2 * LK_KV_PAGE * m->ahd);
     int64_t maxcols = LK_MAX(LK_MAX(d, m->nff), (int64_t)m->nh * hd);
     if (cfg.mla) {
