@@ -123,40 +123,8 @@ static void run_vec(const char *level, outs *o) {
             for (int i = 0; i < nq * 9; i++) S[i] = frand(0, 1);
             for (int i = 0; i < npos * n; i++) V[i] = frand(-2, 2);
             for (int i = 0; i < nq * n; i++) av[i] = frand(-1, 1);
-            lk_vec_attn_av_f32(av, (size_t)n, S, 9, 1, V, npos, nq, n);
+            lk_vec_attn_av_f32(av, (size_t)n, S, 9, V, npos, nq, n);
             put(o, av, (size_t)(nq * n));
-        }
-        /* attention with the queries in lanes: scores (head size n, the
-         * 8- and 16-lane forms), two blocks of the running softmax (mixed
-         * windows, one query seeing nothing of a block; soft-capped too),
-         * then the weighted sums from the lanes */
-        {
-            static _Alignas(64) float QT[NMAX * LK_ATT_LANES], ST[40 * LK_ATT_LANES], KV[40 * NMAX];
-            const int nq = 1 + (n * 5) % LK_ATT_LANES, np = 1 + n % 40;
-            for (int i = 0; i < n * LK_ATT_LANES; i++) QT[i] = frand(-1, 1);
-            for (int i = 0; i < np * n; i++) KV[i] = frand(-2, 2);
-            lk_vec_attn_qk(ST, QT, nq, KV, np, n);
-            for (int p = 0; p < np; p++) put(o, ST + p * LK_ATT_LANES, (size_t)nq); /* lanes past nq: unspecified */
-            float mx[LK_ATT_LANES], al[LK_ATT_LANES];
-            double sum[LK_ATT_LANES];
-            int32_t lo[LK_ATT_LANES], hi[LK_ATT_LANES];
-            for (int g = 0; g < nq; g++) mx[g] = -INFINITY, sum[g] = 0;
-            for (int blk = 0; blk < 2; blk++) {
-                for (int i = 0; i < np * LK_ATT_LANES; i++) ST[i] = frand(-300, 100);
-                for (int g = 0; g < nq; g++) {
-                    lo[g] = (g * 3) % np;
-                    hi[g] = lo[g] + 1 + (g * 7 + n) % (np - lo[g]);
-                    if (blk == 1 && g == 2) lo[g] = hi[g] = 0;
-                }
-                lk_vec_attn_softmax(ST, np, lo, hi, nq, 0.125f, (n & 1) ? 20.f : 0.f, mx, sum, al);
-                for (int p = 0; p < np; p++) put(o, ST + p * LK_ATT_LANES, (size_t)nq);
-                put(o, mx, (size_t)nq);
-                put(o, al, (size_t)nq);
-                put(o, (const float *)sum, (size_t)(2 * nq));
-            }
-            for (int i = 0; i < 4 * n; i++) av[i] = frand(-1, 1);
-            lk_vec_attn_av_f32(av, (size_t)n, ST + (nq > 4), 1, LK_ATT_LANES, KV, np, LK_MIN(4, nq), n); /* lanes < nq */
-            put(o, av, (size_t)(4 * n));
         }
         /* exponentials: softmax (through lk_vec_exp_sum) over scores far
          * below the max too, SwiGLU over gates that saturate exp */
@@ -217,7 +185,7 @@ TEST(vec_kernels_same_bits_at_every_level) {
             if (!same(&ref.v[i], &got.v[i], 4) && diff++ == 0) first = i;
         CHECKF(got.n == ref.n && diff == 0, "%s: %zu of %zu outputs differ from scalar's, the first at %zu (%.9g, %.9g)",
                lv[l], diff, ref.n, first, ref.v[first], got.v[first]);
-        printf("  scalar vs %s: %zu outputs of dot, axpy (F32, F16), attention scores, running softmax and sums, softmax, exp-sum, SwiGLU, RMSNorm\n", lv[l],
+        printf("  scalar vs %s: %zu outputs of dot, axpy (F32, F16), attention sums, softmax, exp-sum, SwiGLU, RMSNorm\n", lv[l],
                ref.n);
     }
     if (nl == 0) printf("  only the scalar level runs here: nothing to compare\n");

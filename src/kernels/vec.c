@@ -24,11 +24,7 @@
  *   - sumsq (RMSNorm's sum of squares, in double like ggml) adds x*x, exact
  *     in double, into 8 partial sums, element i to partial i mod 8 (the
  *     last n mod 8 elements to partials 0, 1, ... in order), then
- *     ((s0+s4)+(s1+s5))+((s2+s6)+(s3+s7));
- *   - attention's kernels keep their queries in the lanes, so each lane is
- *     one query's scalar code: a score is a chain of fused multiply-adds
- *     over the head's elements in order; the running softmax's sums go in
- *     double in key order (qk_scalar, qtsm_scalar). */
+ *     ((s0+s4)+(s1+s5))+((s2+s6)+(s3+s7)). */
 #include "kernels/kernels.h"
 #include "quant/simd_x86.h"
 
@@ -146,58 +142,6 @@ static void swiglu_scalar(float *gate, const float *up, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         const float g = gate[i];
         gate[i] = g / (1.0f + exp_poly(-g)) * up[i];
-    }
-}
-
-/* ---- attention with the queries in lanes (lk_vec_attn_qk, _softmax, _av).
- * The reference, which every level copies lane by lane: a score is one
- * fused multiply-add per element of the head, in order, from 0; the
- * softmax's first pass (scaling, soft-capping, the largest; exact per
- * element, a NaN never compares greater) runs over a query's live keys, the
- * factor of the old sum is exp_poly(old - new) when the maximum grows, and
- * the exponentials are added in double in key order from 0, that block sum
- * then onto the old sum times the factor. */
-/* QT[d * LK_ATT_LANES + g] = q[g * qs + d] for g < nq, 0 for the other lanes */
-static void qt_scalar(float *QT, const float *q, size_t qs, int nq, int64_t hd) {
-    for (int64_t d = 0; d < hd; d++)
-        for (int g = 0; g < LK_ATT_LANES; g++) QT[d * LK_ATT_LANES + g] = g < nq ? q[(size_t)g * qs + (size_t)d] : 0.f;
-}
-static void qk_scalar(float *ST, const float *QT, int nq, const float *K, int64_t np, int64_t hd) {
-    for (int64_t p = 0; p < np; p++)
-        for (int g = 0; g < nq; g++) {
-            float acc = 0;
-            for (int64_t d = 0; d < hd; d++) acc = lk_fmaf(QT[d * LK_ATT_LANES + g], K[p * hd + d], acc);
-            ST[p * LK_ATT_LANES + g] = acc;
-        }
-}
-/* lane g's first pass: its live keys scaled (and capped) in place, their largest */
-static float qtsm_first(float *ST, int64_t a, int64_t b, int g, float scale, float cap) {
-    float bm = -INFINITY;
-    for (int64_t p = a; p < b; p++) {
-        float x = ST[p * LK_ATT_LANES + g] * scale;
-        if (cap > 0) x = cap * tanhf(x / cap);
-        ST[p * LK_ATT_LANES + g] = x;
-        bm = x > bm ? x : bm;
-    }
-    return bm;
-}
-static void qtsm_scalar(float *ST, int64_t nb, const int32_t *a, const int32_t *b, int nq, float scale, float cap,
-                        float *mx, double *sum, float *al) {
-    for (int g = 0; g < nq; g++) {
-        const float bm = qtsm_first(ST, a[g], b[g], g, scale, cap);
-        al[g] = 1.f;
-        if (bm > mx[g]) {
-            if (mx[g] != -INFINITY) al[g] = exp_poly(mx[g] - bm);
-            mx[g] = bm;
-        }
-        sum[g] *= al[g];
-        double bs = 0;
-        for (int64_t p = 0; p < nb; p++) {
-            float *x = &ST[p * LK_ATT_LANES + g];
-            *x = p >= a[g] && p < b[g] ? exp_poly(*x - mx[g]) : 0.f;
-            bs += *x;
-        }
-        sum[g] += bs;
     }
 }
 
@@ -340,107 +284,6 @@ AVX2 static double expsum_avx2(float *x, int64_t n, float sub) {
         }
     return hsum256d(_mm256_add_pd(_mm256_add_pd(p[0], p[2]), _mm256_add_pd(p[1], p[3])));
 }
-/* Attention's scores with the queries in lanes (qk_scalar's chain per
- * lane): NK keys a tile, one or two registers of 8 queries (QH). */
-AVX2 static LK_INL void qk8_tile(const int NK, const int QH, float *ST, const float *QT, const float *K, int64_t hd) {
-    __m256 acc[8][2];
-#pragma GCC unroll 8
-    for (int j = 0; j < NK; j++) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
-    for (int64_t d = 0; d < hd; d++) {
-        const __m256 q0 = _mm256_load_ps(QT + d * LK_ATT_LANES), q1 = QH > 1 ? _mm256_load_ps(QT + d * LK_ATT_LANES + 8) : q0;
-#pragma GCC unroll 8
-        for (int j = 0; j < NK; j++) {
-            const __m256 k = _mm256_broadcast_ss(K + j * hd + d);
-            acc[j][0] = _mm256_fmadd_ps(q0, k, acc[j][0]);
-            if (QH > 1) acc[j][1] = _mm256_fmadd_ps(q1, k, acc[j][1]);
-        }
-    }
-#pragma GCC unroll 8
-    for (int j = 0; j < NK; j++) {
-        _mm256_store_ps(ST + j * LK_ATT_LANES, acc[j][0]);
-        _mm256_store_ps(ST + j * LK_ATT_LANES + 8, QH > 1 ? acc[j][1] : _mm256_setzero_ps());
-    }
-}
-#define QK8_FN(NK, QH)                                                                                     \
-    AVX2 static void qk8_##NK##_##QH(float *ST, const float *QT, const float *K, int64_t hd) {            \
-        qk8_tile(NK, QH, ST, QT, K, hd);                                                                   \
-    }
-QK8_FN(8, 1) QK8_FN(4, 1) QK8_FN(2, 1) QK8_FN(1, 1) QK8_FN(8, 2) QK8_FN(4, 2) QK8_FN(2, 2) QK8_FN(1, 2)
-typedef void (*qk_fn)(float *, const float *, const float *, int64_t);
-static const qk_fn k_qk8[2][4] = {{qk8_8_1, qk8_4_1, qk8_2_1, qk8_1_1}, {qk8_8_2, qk8_4_2, qk8_2_2, qk8_1_2}};
-/* np keys in tiles of 8, then 4, 2, 1 */
-static void qk_tiles(const qk_fn t[4], float *ST, const float *QT, const float *K, int64_t np, int64_t hd) {
-    int64_t p = 0;
-    for (; p + 8 <= np; p += 8) t[0](ST + p * LK_ATT_LANES, QT, K + p * hd, hd);
-    for (int w = 4, k = 1; w >= 1; w /= 2, k++)
-        if (np - p >= w) { t[k](ST + p * LK_ATT_LANES, QT, K + p * hd, hd); p += w; }
-}
-AVX2 static void qk_avx2(float *ST, const float *QT, int nq, const float *K, int64_t np, int64_t hd) {
-    qk_tiles(k_qk8[nq > 8], ST, QT, K, np, hd);
-}
-/* qtsm_scalar on two registers of 8 lanes; lanes past nq take no part */
-AVX2 static void qtsm_avx2(float *ST, int64_t nb, const int32_t *a, const int32_t *b, int nq, float scale, float cap,
-                           float *mx, double *sum, float *al) {
-    const int QH = nq > 8 ? 2 : 1;
-    __m256i va[2], vb[2];
-    __m256 m[2], x[2];
-    for (int h = 0; h < QH; h++) {
-        const __m256i lm = first_lanes(nq - 8 * h);
-        va[h] = _mm256_maskload_epi32(a + 8 * h, lm);
-        vb[h] = _mm256_maskload_epi32(b + 8 * h, lm); /* lanes past nq: [0, 0), never live */
-        m[h] = _mm256_set1_ps(-INFINITY);
-    }
-    if (cap > 0) {
-        float bm[LK_ATT_LANES];
-        for (int g = 0; g < LK_ATT_LANES; g++) bm[g] = g < nq ? qtsm_first(ST, a[g], b[g], g, scale, cap) : -INFINITY;
-        for (int h = 0; h < QH; h++) m[h] = _mm256_blendv_ps(m[h], _mm256_loadu_ps(bm + 8 * h), _mm256_castsi256_ps(first_lanes(nq - 8 * h)));
-    } else {
-        const __m256 vs = _mm256_set1_ps(scale);
-        for (int64_t p = 0; p < nb; p++) {
-            const __m256i vp = _mm256_set1_epi32((int)p);
-            for (int h = 0; h < QH; h++) {
-                const __m256 live = _mm256_castsi256_ps(_mm256_andnot_si256(_mm256_cmpgt_epi32(va[h], vp), _mm256_cmpgt_epi32(vb[h], vp)));
-                x[h] = _mm256_mul_ps(_mm256_load_ps(ST + p * LK_ATT_LANES + 8 * h), vs);
-                _mm256_store_ps(ST + p * LK_ATT_LANES + 8 * h, x[h]);
-                m[h] = _mm256_max_ps(_mm256_blendv_ps(_mm256_set1_ps(-INFINITY), x[h], live), m[h]);
-            }
-        }
-    }
-    __m256 nm[2];
-    __m256d bs[2][2];
-    for (int h = 0; h < QH; h++) {
-        const __m256i lm = first_lanes(nq - 8 * h);
-        const __m256 om = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_maskload_ps(mx + 8 * h, lm), _mm256_castsi256_ps(lm));
-        const __m256 grew = _mm256_cmp_ps(m[h], om, _CMP_GT_OQ);
-        const __m256 old = _mm256_cmp_ps(om, _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ);
-        const __m256 f = _mm256_blendv_ps(_mm256_set1_ps(1.f), exp256(_mm256_sub_ps(om, m[h])), _mm256_and_ps(grew, old));
-        nm[h] = _mm256_blendv_ps(om, m[h], grew);
-        _mm256_maskstore_ps(mx + 8 * h, lm, nm[h]);
-        _mm256_maskstore_ps(al + 8 * h, lm, f);
-        for (int c = 0; c < 2; c++) {
-            const __m256i lmd = _mm256_cvtepi32_epi64(c ? _mm256_extracti128_si256(lm, 1) : _mm256_castsi256_si128(lm));
-            const __m256d fd = _mm256_cvtps_pd(c ? _mm256_extractf128_ps(f, 1) : _mm256_castps256_ps128(f));
-            _mm256_maskstore_pd(sum + 8 * h + 4 * c, lmd, _mm256_mul_pd(_mm256_maskload_pd(sum + 8 * h + 4 * c, lmd), fd));
-            bs[h][c] = _mm256_setzero_pd();
-        }
-    }
-    for (int64_t p = 0; p < nb; p++) {
-        const __m256i vp = _mm256_set1_epi32((int)p);
-        for (int h = 0; h < QH; h++) {
-            const __m256 live = _mm256_castsi256_ps(_mm256_andnot_si256(_mm256_cmpgt_epi32(va[h], vp), _mm256_cmpgt_epi32(vb[h], vp)));
-            const __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_load_ps(ST + p * LK_ATT_LANES + 8 * h), nm[h])), live);
-            _mm256_store_ps(ST + p * LK_ATT_LANES + 8 * h, e);
-            bs[h][0] = _mm256_add_pd(bs[h][0], _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
-            bs[h][1] = _mm256_add_pd(bs[h][1], _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
-        }
-    }
-    for (int h = 0; h < QH; h++)
-        for (int c = 0; c < 2; c++) {
-            const __m256i lm = first_lanes(nq - 8 * h);
-            const __m256i lmd = _mm256_cvtepi32_epi64(c ? _mm256_extracti128_si256(lm, 1) : _mm256_castsi256_si128(lm));
-            _mm256_maskstore_pd(sum + 8 * h + 4 * c, lmd, _mm256_add_pd(_mm256_maskload_pd(sum + 8 * h + 4 * c, lmd), bs[h][c]));
-        }
-}
 AVX2 static void swiglu_avx2(float *gate, const float *up, int64_t n) {
     const __m256 one = _mm256_set1_ps(1.f);
     int64_t i = 0;
@@ -532,125 +375,6 @@ AVX512 static double expsum_avx512(float *x, int64_t n, float sub) {
     const __m512d h = _mm512_add_pd(s0, s1);
     return hsum256d(_mm256_add_pd(_mm512_castpd512_pd256(h), _mm512_extractf64x4_pd(h, 1)));
 }
-/* Attention's scores with the queries in lanes: 16 lanes (zmm), or 8
- * (ymm, stored as a zmm with the upper lanes 0) for up to 8 queries;
- * qk_scalar's chain per lane; tiles of 8, 4, 2, 1 keys. Rows of the
- * scores are stored whole, so the softmax's loads of them are forwarded. */
-AVX512 static LK_INL void qk16_tile(const int NK, float *ST, const float *QT, const float *K, int64_t hd) {
-    __m512 acc[8];
-#pragma GCC unroll 8
-    for (int j = 0; j < NK; j++) acc[j] = _mm512_setzero_ps();
-    for (int64_t d = 0; d < hd; d++) {
-        const __m512 q = _mm512_load_ps(QT + d * LK_ATT_LANES);
-#pragma GCC unroll 8
-        for (int j = 0; j < NK; j++) acc[j] = _mm512_fmadd_ps(q, _mm512_set1_ps(K[j * hd + d]), acc[j]);
-    }
-#pragma GCC unroll 8
-    for (int j = 0; j < NK; j++) _mm512_store_ps(ST + j * LK_ATT_LANES, acc[j]);
-}
-AVX512 static LK_INL void qk8z_tile(const int NK, float *ST, const float *QT, const float *K, int64_t hd) {
-    __m256 acc[8];
-#pragma GCC unroll 8
-    for (int j = 0; j < NK; j++) acc[j] = _mm256_setzero_ps();
-    for (int64_t d = 0; d < hd; d++) {
-        const __m256 q = _mm256_load_ps(QT + d * LK_ATT_LANES);
-#pragma GCC unroll 8
-        for (int j = 0; j < NK; j++) acc[j] = _mm256_fmadd_ps(q, _mm256_set1_ps(K[j * hd + d]), acc[j]);
-    }
-#pragma GCC unroll 8
-    for (int j = 0; j < NK; j++) _mm512_store_ps(ST + j * LK_ATT_LANES, _mm512_zextps256_ps512(acc[j]));
-}
-#define QK16_FN(NK)                                                                                             \
-    AVX512 static void qk16_##NK(float *ST, const float *QT, const float *K, int64_t hd) { qk16_tile(NK, ST, QT, K, hd); } \
-    AVX512 static void qk8z_##NK(float *ST, const float *QT, const float *K, int64_t hd) { qk8z_tile(NK, ST, QT, K, hd); }
-QK16_FN(8) QK16_FN(4) QK16_FN(2) QK16_FN(1)
-static const qk_fn k_qk16[2][4] = {{qk8z_8, qk8z_4, qk8z_2, qk8z_1}, {qk16_8, qk16_4, qk16_2, qk16_1}};
-AVX512 static void qk_avx512(float *ST, const float *QT, int nq, const float *K, int64_t np, int64_t hd) {
-    qk_tiles(k_qk16[nq > 8], ST, QT, K, np, hd);
-}
-/* qtsm_scalar in 16 lanes; lanes past nq take no part. The first pass's
- * stores are whole rows, so the second pass's loads are forwarded. */
-AVX512 static void qtsm_avx512(float *ST, int64_t nb, const int32_t *a, const int32_t *b, int nq, float scale,
-                               float cap, float *mx, double *sum, float *al) {
-    const __mmask16 lm = (__mmask16)(nq >= 16 ? 0xFFFF : (1u << nq) - 1);
-    const __m512i va = _mm512_maskz_loadu_epi32(lm, a), vb = _mm512_maskz_loadu_epi32(lm, b); /* past nq: [0, 0) */
-    const __m512 ninf = _mm512_set1_ps(-INFINITY);
-    __m512 m = ninf;
-    if (cap > 0) {
-        float bm[LK_ATT_LANES];
-        for (int g = 0; g < nq; g++) bm[g] = qtsm_first(ST, a[g], b[g], g, scale, cap);
-        m = _mm512_mask_loadu_ps(ninf, lm, bm);
-    } else {
-        const __m512 vs = _mm512_set1_ps(scale);
-        for (int64_t p = 0; p < nb; p++) {
-            const __m512i vp = _mm512_set1_epi32((int)p);
-            const __mmask16 live = _mm512_cmple_epi32_mask(va, vp) & _mm512_cmpgt_epi32_mask(vb, vp);
-            const __m512 x = _mm512_mul_ps(_mm512_load_ps(ST + p * LK_ATT_LANES), vs);
-            _mm512_store_ps(ST + p * LK_ATT_LANES, x);
-            m = _mm512_mask_max_ps(m, live, x, m);
-        }
-    }
-    const __m512 om = _mm512_mask_loadu_ps(ninf, lm, mx);
-    const __mmask16 grew = _mm512_cmp_ps_mask(m, om, _CMP_GT_OQ), old = _mm512_cmp_ps_mask(om, ninf, _CMP_NEQ_OQ);
-    const __m512 f = _mm512_mask_mov_ps(_mm512_set1_ps(1.f), grew & old, exp512(_mm512_sub_ps(om, m)));
-    const __m512 nm = _mm512_mask_mov_ps(om, grew, m);
-    _mm512_mask_storeu_ps(mx, lm, nm);
-    _mm512_mask_storeu_ps(al, lm, f);
-    __m512d s0 = _mm512_mul_pd(_mm512_maskz_loadu_pd((__mmask8)lm, sum), _mm512_cvtps_pd(_mm512_castps512_ps256(f)));
-    __m512d s1 = _mm512_mul_pd(_mm512_maskz_loadu_pd((__mmask8)(lm >> 8), sum + 8),
-                               _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1))));
-    __m512d b0 = _mm512_setzero_pd(), b1 = _mm512_setzero_pd();
-    for (int64_t p = 0; p < nb; p++) {
-        const __m512i vp = _mm512_set1_epi32((int)p);
-        const __mmask16 live = _mm512_cmple_epi32_mask(va, vp) & _mm512_cmpgt_epi32_mask(vb, vp);
-        const __m512 e = _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(_mm512_load_ps(ST + p * LK_ATT_LANES), nm)));
-        _mm512_store_ps(ST + p * LK_ATT_LANES, e);
-        b0 = _mm512_add_pd(b0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
-        b1 = _mm512_add_pd(b1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
-    }
-    _mm512_mask_storeu_pd(sum, (__mmask8)lm, _mm512_add_pd(s0, b0));
-    _mm512_mask_storeu_pd(sum + 8, (__mmask8)(lm >> 8), _mm512_add_pd(s1, b1));
-}
-/* qt_scalar by 16 x 16 blocks: rows (queries) past nq and elements past
- * hd load as 0; four rounds of two-source shuffles transpose a block */
-AVX512 static void qt_avx512(float *QT, const float *q, size_t qs, int nq, int64_t hd) {
-    for (int64_t d0 = 0; d0 < hd; d0 += 16) {
-        const int nd = (int)LK_MIN((int64_t)16, hd - d0);
-        const __mmask16 m = (__mmask16)(nd == 16 ? 0xFFFF : (1u << nd) - 1);
-        __m512 r[16], t[16];
-#pragma GCC unroll 16
-        for (int g = 0; g < 16; g++) r[g] = g < nq ? _mm512_maskz_loadu_ps(m, q + (size_t)g * qs + d0) : _mm512_setzero_ps();
-        /* lanes: r[g][d]; after the rounds t[d][g] */
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; i++) {
-            t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);     /* g0 d0, g1 d0, g0 d1, g1 d1 per 128-bit lane */
-            t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]); /* d2, d3 */
-        }
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) {
-            r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[4 * i]), _mm512_castps_pd(t[4 * i + 2])));
-            r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[4 * i]), _mm512_castps_pd(t[4 * i + 2])));
-            r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[4 * i + 1]), _mm512_castps_pd(t[4 * i + 3])));
-            r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[4 * i + 1]), _mm512_castps_pd(t[4 * i + 3])));
-        }
-        /* r[4i + k], 128-bit lane j: queries 4i..4i+3 of element 4j + k */
-#pragma GCC unroll 4
-        for (int k = 0; k < 4; k++) {
-            t[k] = _mm512_shuffle_f32x4(r[k], r[4 + k], 0x88);       /* lanes j = 0, 2 of i = 0, then of i = 1 */
-            t[4 + k] = _mm512_shuffle_f32x4(r[k], r[4 + k], 0xdd);   /* j = 1, 3 */
-            t[8 + k] = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0x88);
-            t[12 + k] = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0xdd);
-        }
-#pragma GCC unroll 4
-        for (int k = 0; k < 4; k++) {
-            r[k] = _mm512_shuffle_f32x4(t[k], t[8 + k], 0x88);          /* element k: queries 0-3, 4-7, 8-11, 12-15 */
-            r[8 + k] = _mm512_shuffle_f32x4(t[k], t[8 + k], 0xdd);      /* element 8 + k */
-            r[4 + k] = _mm512_shuffle_f32x4(t[4 + k], t[12 + k], 0x88); /* element 4 + k */
-            r[12 + k] = _mm512_shuffle_f32x4(t[4 + k], t[12 + k], 0xdd); /* element 12 + k */
-        }
-        for (int k = 0; k < nd; k++) _mm512_store_ps(QT + (d0 + k) * LK_ATT_LANES, r[k]);
-    }
-}
 AVX512 static float max_avx512(const float *x, int64_t n) {
     __m512 m = _mm512_set1_ps(-INFINITY);
     int64_t i = 0;
@@ -692,8 +416,8 @@ AVX512 static void swiglu_avx512(float *gate, const float *up, int64_t n) {
  * query and position before). Per output element the same fused
  * multiply-adds in the same order as axpy_avx512, so the results are those
  * of one axpy per position. */
-AVX512 static void av4_avx512(float *out, size_t os, const float *S, size_t ss, size_t ps, const float *V,
-                              int64_t npos, int nq, int64_t hd) {
+AVX512 static void av4_avx512(float *out, size_t os, const float *S, size_t ss, const float *V, int64_t npos, int nq,
+                              int64_t hd) {
     int64_t i = 0;
     for (; i + 64 <= hd; i += 64) {
         __m512 acc[4][4];
@@ -706,7 +430,7 @@ AVX512 static void av4_avx512(float *out, size_t os, const float *S, size_t ss, 
 #pragma GCC unroll 4
             for (int q = 0; q < 4; q++) {
                 if (q >= nq) break;
-                __m512 a = _mm512_set1_ps(S[q * ss + p * ps]);
+                __m512 a = _mm512_set1_ps(S[q * ss + p]);
                 acc[q][0] = _mm512_fmadd_ps(a, v0, acc[q][0]);
                 acc[q][1] = _mm512_fmadd_ps(a, v1, acc[q][1]);
                 acc[q][2] = _mm512_fmadd_ps(a, v2, acc[q][2]);
@@ -719,18 +443,75 @@ AVX512 static void av4_avx512(float *out, size_t os, const float *S, size_t ss, 
     for (; i + 16 <= hd; i += 16) /* head sizes that are not a multiple of 64 */
         for (int q = 0; q < nq; q++) {
             __m512 a = _mm512_loadu_ps(out + q * os + i);
-            for (int64_t p = 0; p < npos; p++) a = _mm512_fmadd_ps(_mm512_set1_ps(S[q * ss + p * ps]), _mm512_loadu_ps(V + p * hd + i), a);
+            for (int64_t p = 0; p < npos; p++) a = _mm512_fmadd_ps(_mm512_set1_ps(S[q * ss + p]), _mm512_loadu_ps(V + p * hd + i), a);
             _mm512_storeu_ps(out + q * os + i, a);
         }
     for (; i < hd; i++) /* axpy_avx512's scalar tail */
         for (int q = 0; q < nq; q++) {
             float a = out[q * os + i];
-            for (int64_t p = 0; p < npos; p++) a = fmaf(S[q * ss + p * ps], V[p * hd + i], a);
+            for (int64_t p = 0; p < npos; p++) a = fmaf(S[q * ss + p], V[p * hd + i], a);
             out[q * os + i] = a;
         }
 }
-static void av4_generic(float *out, size_t os, const float *S, size_t ss, size_t ps, const float *V, int64_t npos,
-                        int nq, int64_t hd);
+/* Attention's scores, 8 keys x 2 queries per tile: per (key, query) pair
+ * dot_avx512's chain (two 16-lane sums over the 32-element steps, then
+ * s0 + s1), and the 16 pairs' lane sums at once by lk_fold16, whose lane
+ * order (i + 8, i + 4, i + 2, i + 1) is dot_avx512's 512 -> 256 fold and
+ * hsum256: the bits of one dot_avx512 per pair. Rows of hd % 32 != 0 take
+ * the other levels' loop (dot_avx512 itself at this level). Keys past np
+ * reuse the last key's row (computed, not stored), a lone query the
+ * first's. */
+static void scores_generic(float *S, size_t ss, const float *Q, size_t qs, int nq, const float *K, int64_t np,
+                           int64_t hd);
+AVX512 static void scores_avx512(float *S, size_t ss, const float *Q, size_t qs, int nq, const float *K, int64_t np,
+                                 int64_t hd) {
+    if (hd % 32) {
+        scores_generic(S, ss, Q, qs, nq, K, np, hd);
+        return;
+    }
+    for (int g = 0; g < nq; g += 2) {
+        const float *q0 = Q + (size_t)g * qs, *q1 = g + 1 < nq ? q0 + qs : q0;
+        for (int64_t p0 = 0; p0 < np; p0 += 8) {
+            const int nk = (int)(np - p0 < 8 ? np - p0 : 8);
+            __m512 h[16];
+#pragma GCC unroll 2
+            for (int half = 0; half < 2; half++) {
+                const float *k[4];
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++) k[r] = K + (p0 + (4 * half + r < nk ? 4 * half + r : nk - 1)) * hd;
+                __m512 s0[4][2], s1[4][2];
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++)
+                    s0[r][0] = s0[r][1] = s1[r][0] = s1[r][1] = _mm512_setzero_ps();
+                for (int64_t i = 0; i < hd; i += 32) {
+                    const __m512 a0 = _mm512_loadu_ps(q0 + i), a1 = _mm512_loadu_ps(q0 + i + 16);
+                    const __m512 b0 = _mm512_loadu_ps(q1 + i), b1 = _mm512_loadu_ps(q1 + i + 16);
+#pragma GCC unroll 4
+                    for (int r = 0; r < 4; r++) {
+                        const __m512 x0 = _mm512_loadu_ps(k[r] + i), x1 = _mm512_loadu_ps(k[r] + i + 16);
+                        s0[r][0] = _mm512_fmadd_ps(a0, x0, s0[r][0]);
+                        s1[r][0] = _mm512_fmadd_ps(a1, x1, s1[r][0]);
+                        s0[r][1] = _mm512_fmadd_ps(b0, x0, s0[r][1]);
+                        s1[r][1] = _mm512_fmadd_ps(b1, x1, s1[r][1]);
+                    }
+                }
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++) {
+                    h[4 * half + r] = _mm512_add_ps(s0[r][0], s1[r][0]);
+                    h[8 + 4 * half + r] = _mm512_add_ps(s0[r][1], s1[r][1]);
+                }
+            }
+            const __m512 v = lk_fold16(h, LK_FOLD_ADD);
+            const __mmask8 m = (__mmask8)((1u << nk) - 1);
+            _mm256_mask_storeu_ps(S + (size_t)g * ss + (size_t)p0, m, _mm512_castps512_ps256(v));
+            if (g + 1 < nq)
+                _mm256_mask_storeu_ps(S + (size_t)(g + 1) * ss + (size_t)p0, m,
+                                      _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+        }
+    }
+}
+static void av4_generic(float *out, size_t os, const float *S, size_t ss, const float *V, int64_t npos, int nq,
+                        int64_t hd);
 
 typedef struct {
     const char *name; /* the SIMD level these kernels belong to */
@@ -739,14 +520,12 @@ typedef struct {
     void (*f16_to_f32)(float *, const uint16_t *, int64_t);
     double (*expsum)(float *, int64_t, float);
     void (*swiglu)(float *, const float *, int64_t);
-    void (*av4)(float *, size_t, const float *, size_t, size_t, const float *, int64_t, int, int64_t);
-    void (*qk)(float *, const float *, int, const float *, int64_t, int64_t);
-    void (*qt)(float *, const float *, size_t, int, int64_t);
+    void (*av4)(float *, size_t, const float *, size_t, const float *, int64_t, int, int64_t);
+    void (*scores)(float *, size_t, const float *, size_t, int, const float *, int64_t, int64_t);
     double (*sumsq)(const float *, int64_t);
     float (*max)(const float *, int64_t);
     void (*scale)(float *, int64_t, float);
     void (*scale_mul)(float *, const float *, float, const float *, int64_t);
-    void (*qtsm)(float *, int64_t, const int32_t *, const int32_t *, int, float, float, float *, double *, float *);
 } vec_ops;
 
 /* One table per level the CPU runs, built once; g_ops points at the one in
@@ -764,11 +543,10 @@ static const vec_ops *_Atomic g_ops;
 
 static void pick(void) {
     vec_ops o = { "scalar", dot_scalar, axpy_scalar, f16_to_f32_scalar, expsum_scalar, swiglu_scalar,
-                  av4_generic, qk_scalar, qt_scalar, sumsq_scalar, max_scalar, scale_scalar,
-                  scale_mul_scalar, qtsm_scalar };
+                  av4_generic, scores_generic, sumsq_scalar, max_scalar, scale_scalar, scale_mul_scalar };
     g_tables[LK_SIMD_SCALAR] = o;
     o = (vec_ops){ "avx2", dot_avx2, axpy_avx2, f16_to_f32_avx2, expsum_avx2, swiglu_avx2, av4_generic,
-                   qk_avx2, qt_scalar, sumsq_avx2, max_avx2, scale_avx2, scale_mul_avx2, qtsm_avx2 };
+                   scores_generic, sumsq_avx2, max_avx2, scale_avx2, scale_mul_avx2 };
     g_tables[LK_SIMD_AVX2] = o;
     o.name = "avx512";
     o.dot = dot_avx512;
@@ -776,13 +554,11 @@ static void pick(void) {
     o.expsum = expsum_avx512;
     o.swiglu = swiglu_avx512;
     o.av4 = av4_avx512;
-    o.qk = qk_avx512;
-    o.qt = qt_avx512;
+    o.scores = scores_avx512;
     o.sumsq = sumsq_avx512;
     o.max = max_avx512;
     o.scale = scale_avx512;
     o.scale_mul = scale_mul_avx512;
-    o.qtsm = qtsm_avx512;
     g_tables[LK_SIMD_AVX512] = o;
     int l = LK_SIMD_AVX512;
     while (l > LK_SIMD_SCALAR && !lk_cpu_can((lk_simd_level)l, k_need[l])) l--;
@@ -820,27 +596,24 @@ void lk_vec_scale(float *x, int64_t n, float s) { ops()->scale(x, n, s); }
 void lk_vec_scale_mul(float *out, const float *x, float s, const float *w, int64_t n) { ops()->scale_mul(out, x, s, w, n); }
 
 /* Other levels: one axpy per query and position, as before. */
-static void av4_generic(float *out, size_t os, const float *S, size_t ss, size_t ps, const float *V, int64_t npos,
-                        int nq, int64_t hd) {
+static void av4_generic(float *out, size_t os, const float *S, size_t ss, const float *V, int64_t npos, int nq,
+                        int64_t hd) {
     for (int q = 0; q < nq; q++) {
-        for (int64_t p = 0; p < npos; p++) ops()->axpy(out + q * os, S[q * ss + p * ps], V + p * hd, hd);
+        for (int64_t p = 0; p < npos; p++) ops()->axpy(out + q * os, S[q * ss + p], V + p * hd, hd);
     }
 }
-void lk_vec_attn_av_f32(float *out, size_t out_stride, const float *S, size_t q_stride, size_t p_stride,
-                        const float *V, int64_t npos, int nq, int64_t hd) {
+/* Other levels: their dot per pair. */
+static void scores_generic(float *S, size_t ss, const float *Q, size_t qs, int nq, const float *K, int64_t np,
+                           int64_t hd) {
+    for (int g = 0; g < nq; g++)
+        for (int64_t p = 0; p < np; p++) S[(size_t)g * ss + (size_t)p] = ops()->dot(Q + (size_t)g * qs, K + p * hd, hd);
+}
+void lk_vec_attn_scores_f32(float *S, size_t s_stride, const float *Q, size_t q_stride, int nq, const float *K,
+                            int64_t np, int64_t hd) {
+    ops()->scores(S, s_stride, Q, q_stride, nq, K, np, hd);
+}
+void lk_vec_attn_av_f32(float *out, size_t out_stride, const float *S, size_t s_stride, const float *V, int64_t npos,
+                        int nq, int64_t hd) {
     LK_ASSERT(nq >= 1 && nq <= 4);
-    ops()->av4(out, out_stride, S, q_stride, p_stride, V, npos, nq, hd);
-}
-void lk_vec_attn_qt(float *QT, const float *q, size_t q_stride, int nq, int64_t hd) {
-    LK_ASSERT(nq >= 1 && nq <= LK_ATT_LANES);
-    ops()->qt(QT, q, q_stride, nq, hd);
-}
-void lk_vec_attn_qk(float *ST, const float *QT, int nq, const float *K, int64_t np, int64_t hd) {
-    LK_ASSERT(nq >= 1 && nq <= LK_ATT_LANES);
-    ops()->qk(ST, QT, nq, K, np, hd);
-}
-void lk_vec_attn_softmax(float *ST, int64_t nb, const int32_t *a, const int32_t *b, int nq, float scale, float cap,
-                         float *mx, double *sum, float *al) {
-    LK_ASSERT(nq >= 1 && nq <= LK_ATT_LANES);
-    ops()->qtsm(ST, nb, a, b, nq, scale, cap, mx, sum, al);
+    ops()->av4(out, out_stride, S, s_stride, V, npos, nq, hd);
 }

@@ -10,8 +10,6 @@
 /* Prefill attention takes queries in blocks of ATT_QB (attn_block_fn). */
 /* ROW_ALIGN: rows handed to a thread in multiples of 16 (64-byte lines of y), as kernels/ops.c does. */
 enum { ATT_QB = 16, ROW_ALIGN = 16 };
-/* Attention's softmax runs over key blocks of ATT_KB pages (att_run). */
-enum { ATT_KB = 4 };
 
 /* One FFN's slice: gate and up rows [f0, f1) of this rank, down's matching
  * columns. An expert is one slab of the 3-D tensors. */
@@ -155,7 +153,7 @@ struct lk_model {
     float *mqa, *mkva, *mqb, *mvo;
     void *hact;             /* (threads, B, hact_stride) per-head activations (heads_fn) */
     size_t hact_stride;
-    float *scores;          /* per thread attn_buf_floats: a key block's scores, the queries transposed */
+    float *scores;          /* (threads, ATT_QB, n_ctx) */
     float *kvw;             /* F16 cache: (threads, 2, LK_KV_PAGE, ahd) a page's keys and values widened (kv_rows) */
     void *act;              /* activation quantisation */
     lk_pool *pool;
