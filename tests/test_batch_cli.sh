@@ -62,7 +62,7 @@ CASES=(
     "synth/synth-llama-q8_0.gguf synth/synth-llama-q8_0.json 32 0.02"
     "synth/synth-llama-q4_0.gguf synth/synth-llama-q4_0.json 32 0.02"
     "synth/synth-qwen3-q8_0.gguf synth/synth-qwen3-q8_0.json 32 0.02"
-    "synth/synth-llama-q4_k_m.gguf synth/synth-llama-q4_k_m.json 32 0.02"
+    "synth/synth-llama-q4_k_m.gguf synth/synth-llama-q4_k_m.json 32 0.1"
     "synth/synth-llama-q5_k_m.gguf synth/synth-llama-q5_k_m.json 32 0.4"
     "synth/synth-llama-q6_k.gguf synth/synth-llama-q6_k.json 32 0.4"
     "synth/synth-qwen2-q4_k_m.gguf synth/synth-qwen2-q4_k_m.json 32 0.1"

@@ -63,75 +63,145 @@ TEST(swiglu_matches_double) {
 }
 
 /* The grouped weighted sum equals one axpy per position, bit for bit, for
- * head sizes around the 16- and 64-element steps and 1..4 queries. */
+ * head sizes around the 16- and 64-element steps and 1..4 queries, with
+ * the weights in rows per query (attention's key blocks) or in lanes
+ * (key p, query g at S[p * 16 + g]). */
 TEST(attn_av_equals_axpy) {
-    enum { P = 77, HD = 136 };
-    static float V[P * HD], S[4 * P], out[4 * HD], ref[HD];
+    enum { P = 77, HD = 136, LANES = 16 };
+    static float V[P * HD], S[LANES * P], out[4 * HD], ref[HD];
     for (int i = 0; i < P * HD; i++) V[i] = (float)(urand() * 2 - 1);
-    for (int i = 0; i < 4 * P; i++) S[i] = (float)urand();
+    for (int i = 0; i < LANES * P; i++) S[i] = (float)urand();
     const int hds[] = {8, 16, 24, 64, 72, 80, 128, 136};
-    for (size_t k = 0; k < sizeof hds / sizeof hds[0]; k++)
-        for (int nq = 1; nq <= 4; nq++)
-            for (int npos = 1; npos <= P; npos += 19) {
-                int hd = hds[k];
-                /* in two calls, as over two KV pages: out accumulates */
-                int cut = npos / 3;
-                memset(out, 0, sizeof out);
-                if (cut) lk_vec_attn_av_f32(out, HD, S, P, V, cut, nq, hd);
-                lk_vec_attn_av_f32(out, HD, S + cut, P, V + (size_t)cut * hd, npos - cut, nq, hd);
-                for (int q = 0; q < nq; q++) {
-                    for (int i = 0; i < hd; i++) ref[i] = 0;
-                    for (int p = 0; p < npos; p++) lk_vec_axpy_f32(ref, S[q * P + p], V + p * hd, hd);
-                    bool same = true;
-                    for (int i = 0; i < hd; i++) same = same && ref[i] == out[q * HD + i];
-                    CHECKF(same, "hd=%d nq=%d npos=%d q=%d", hd, nq, npos, q);
+    for (int lanes = 0; lanes < 2; lanes++) {
+        const size_t qs = lanes ? 1 : P, ps = lanes ? LANES : 1;
+        for (size_t k = 0; k < sizeof hds / sizeof hds[0]; k++)
+            for (int nq = 1; nq <= 4; nq++)
+                for (int npos = 1; npos <= P; npos += 19) {
+                    int hd = hds[k];
+                    /* in two calls, as over two KV pages: out accumulates */
+                    int cut = npos / 3;
+                    memset(out, 0, sizeof out);
+                    if (cut) lk_vec_attn_av_f32(out, HD, S, qs, ps, V, cut, nq, hd);
+                    lk_vec_attn_av_f32(out, HD, S + cut * ps, qs, ps, V + (size_t)cut * hd, npos - cut, nq, hd);
+                    for (int q = 0; q < nq; q++) {
+                        for (int i = 0; i < hd; i++) ref[i] = 0;
+                        for (int p = 0; p < npos; p++) lk_vec_axpy_f32(ref, S[q * qs + p * ps], V + p * hd, hd);
+                        bool same = true;
+                        for (int i = 0; i < hd; i++) same = same && ref[i] == out[q * HD + i];
+                        CHECKF(same, "lanes=%d hd=%d nq=%d npos=%d q=%d", lanes, hd, nq, npos, q);
+                    }
                 }
-            }
+    }
 }
 
-/* The scores kernel equals one lk_vec_dot_f32 per (query, key), bit for
- * bit, at every SIMD level this CPU runs: head sizes on and off its
- * 32-element steps (MLA's 576 included), key counts across its 8-key
- * tiles, odd and even query counts, strided query and score rows. */
-TEST(attn_scores_equal_dot) {
-    enum { NP = 37, NQ = 5, HD = 576, QS = HD + 8, SS = NP + 3 };
-    static float K[NP * HD], Q[NQ * QS], S[NQ * SS];
-    for (int i = 0; i < NP * HD; i++) K[i] = (float)(urand() * 2 - 1);
+/* The scores with the keys in lanes: each one fused multiply-add per
+ * element of the head, in order, from 0 (fmaf, libm's or the instruction:
+ * exact either way), at every SIMD level this CPU runs: head sizes on and
+ * off the vector steps (MLA's 576 included), 1-16 queries (the 4-, 2- and
+ * 1-query tiles), key counts across pages and the 8/4/2/1-vector tiles.
+ * Nothing past the keys rounded up to 16 is written. */
+TEST(attn_qk_equals_fma_chain) {
+    enum { NPG = 4, NK = NPG * LK_ATT_KW, HD = 576, NQ = 16, SS = NK + 16, QS = HD + 3 };
+    static float K[NPG][HD * LK_ATT_KW], Q[NQ * QS], S[NQ * SS];
+    for (int j = 0; j < NPG; j++)
+        for (int i = 0; i < HD * LK_ATT_KW; i++) K[j][i] = (float)(urand() * 2 - 1);
     for (int i = 0; i < NQ * QS; i++) Q[i] = (float)(urand() * 2 - 1);
+    const float *pages[NPG] = {K[2], K[0], K[3], K[1]}; /* apart, in any order, as the pool's */
     const char *levels[] = {"scalar", "avx2", "avx512"}, *was = lk_vec_simd_name();
-    const int hds[] = {8, 32, 40, 64, 96, 128, 256, 576};
+    const int hds[] = {8, 32, 40, 64, 96, 128, 576};
     int runs = 0;
     for (int l = 0; l < 3; l++) {
         if (!lk_vec_set_simd(levels[l])) continue;
         runs++;
         for (size_t k = 0; k < sizeof hds / sizeof hds[0]; k++)
-            for (int nq = 1; nq <= NQ; nq++)
-                for (int np = 1; np <= NP; np += (np < 17 ? 1 : 5)) {
+            for (int nq = 1; nq <= NQ; nq += (nq < 9 ? 1 : 7))
+                for (int nk = 1; nk <= NK; nk += (nk < 20 ? 1 : 13)) {
                     const int hd = hds[k];
                     for (int i = 0; i < NQ * SS; i++) S[i] = -7.f;
-                    lk_vec_attn_scores_f32(S, SS, Q, QS, nq, K, np, hd);
+                    lk_vec_attn_qk(S, SS, Q, QS, nq, pages, nk, hd);
                     bool same = true, kept = true;
-                    for (int g = 0; g < nq; g++) {
-                        for (int p = 0; p < np; p++) {
-                            const float want = lk_vec_dot_f32(Q + g * QS, K + p * hd, hd);
-                            same = same && memcmp(&want, &S[g * SS + p], 4) == 0;
+                    for (int g = 0; g < NQ; g++)
+                        for (int p = 0; p < SS; p++) {
+                            const float got = S[g * SS + p];
+                            if (g >= nq || p >= (nk + 15) / 16 * 16) { kept = kept && got == -7.f; continue; }
+                            if (p >= nk) continue;
+                            float want = 0;
+                            for (int d = 0; d < hd; d++)
+                                want = fmaf(Q[g * QS + d], pages[p / LK_ATT_KW][d * LK_ATT_KW + p % LK_ATT_KW], want);
+                            same = same && memcmp(&want, &got, 4) == 0;
                         }
-                        for (int p = np; p < SS; p++) kept = kept && S[g * SS + p] == -7.f;
-                    }
-                    for (int g = nq; g < NQ; g++)
-                        for (int p = 0; p < SS; p++) kept = kept && S[g * SS + p] == -7.f;
-                    CHECKF(same, "%s hd=%d nq=%d np=%d: a score differs from the dot", levels[l], hd, nq, np);
-                    CHECKF(kept, "%s hd=%d nq=%d np=%d: wrote outside the scores", levels[l], hd, nq, np);
+                    CHECKF(same, "%s hd=%d nq=%d nk=%d: a score differs from the chain", levels[l], hd, nq, nk);
+                    CHECKF(kept, "%s hd=%d nq=%d nk=%d: wrote past the keys", levels[l], hd, nq, nk);
                 }
     }
     CHECK(lk_vec_set_simd(was));
     CHECK(runs >= 1);
-    printf("  scores = dot at %d level%s\n", runs, runs > 1 ? "s" : "");
+    printf("  scores = fma chain at %d level%s\n", runs, runs > 1 ? "s" : "");
+}
+
+/* The running softmax over several key blocks against a double-precision
+ * softmax of each query's live keys (scaled; soft-capped too): the weights
+ * of block j are e^(s - max_j), so their probability is weight x the later
+ * blocks' factors / the final sum. Keys a query does not see weigh exactly
+ * 0; queries see different windows (one sees nothing of a block). */
+TEST(attn_softmax_matches_double) {
+    enum { NB = 128, NBLK = 3, NQ = 16 };
+    static float ST[NBLK][NQ * NB];
+    static double x[NBLK][NB][NQ];
+    double worst = 0;
+    for (int capped = 0; capped < 2; capped++) {
+        const float scale = 0.125f, cap = capped ? 30.f : 0.f;
+        for (int nq = 1; nq <= NQ; nq += 5) {
+            int32_t a[NBLK][NQ], b[NBLK][NQ];
+            float mx[NQ], al[NBLK][NQ];
+            double sum[NQ];
+            for (int g = 0; g < nq; g++) { mx[g] = -INFINITY; sum[g] = 0; }
+            for (int j = 0; j < NBLK; j++) {
+                for (int g = 0; g < nq; g++) {
+                    a[j][g] = j == 0 ? g % 7 : 0;                          /* a window's start */
+                    b[j][g] = j == NBLK - 1 ? NB - 3 * g : NB;             /* a causal limit */
+                    if (j == 1 && g == 1) a[j][g] = b[j][g] = 0;           /* nothing of this block */
+                }
+                for (int p = 0; p < NB; p++)
+                    for (int g = 0; g < NQ; g++) {
+                        const float v = (float)(urand() * 400 - 300) + (j == 1 ? 150.f : 0.f); /* a later larger max */
+                        ST[j][g * NB + p] = v;
+                        if (g < nq) x[j][p][g] = capped ? cap * tanh((double)(v * scale) / cap) : (double)(v * scale);
+                    }
+                lk_vec_attn_softmax(ST[j], NB, NB, a[j], b[j], nq, scale, cap, mx, sum, al[j]);
+            }
+            for (int g = 0; g < nq; g++) {
+                double dm = -INFINITY, ds = 0;
+                for (int j = 0; j < NBLK; j++)
+                    for (int p = a[j][g]; p < b[j][g]; p++) dm = fmax(dm, x[j][p][g]);
+                for (int j = 0; j < NBLK; j++)
+                    for (int p = a[j][g]; p < b[j][g]; p++) ds += exp(x[j][p][g] - dm);
+                CHECKF(fabs(mx[g] - dm) <= 1e-5 * fmax(1, fabs(dm)), "nq=%d g=%d: max %g, want %g", nq, g, mx[g], dm);
+                for (int j = 0; j < NBLK; j++) {
+                    double later = 1;
+                    for (int k = j + 1; k < NBLK; k++) later *= al[k][g];
+                    for (int p = 0; p < NB; p++) {
+                        const float w = ST[j][g * NB + p];
+                        if (p < a[j][g] || p >= b[j][g]) {
+                            CHECKF(w == 0.f && !signbit(w), "nq=%d g=%d block %d key %d: unseen key weighs %g", nq, g, j, p, w);
+                            continue;
+                        }
+                        const double want = exp(x[j][p][g] - dm) / ds, got = w * later / sum[g];
+                        worst = fmax(worst, rel(got, want, 1e-30));
+                    }
+                }
+            }
+        }
+    }
+    /* 2 ulp of exp, the float differences s - max, and the factors' roundings */
+    CHECKF(worst < 2e-5, "worst relative error %.3g", worst);
+    printf("  running softmax worst relative error %.3g\n", worst);
 }
 
 int main(void) {
     RUN(attn_av_equals_axpy);
-    RUN(attn_scores_equal_dot);
+    RUN(attn_qk_equals_fma_chain);
+    RUN(attn_softmax_matches_double);
     RUN(softmax_matches_double);
     RUN(swiglu_matches_double);
     return lk_test_end();

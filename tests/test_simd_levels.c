@@ -123,8 +123,43 @@ static void run_vec(const char *level, outs *o) {
             for (int i = 0; i < nq * 9; i++) S[i] = frand(0, 1);
             for (int i = 0; i < npos * n; i++) V[i] = frand(-2, 2);
             for (int i = 0; i < nq * n; i++) av[i] = frand(-1, 1);
-            lk_vec_attn_av_f32(av, (size_t)n, S, 9, V, npos, nq, n);
+            lk_vec_attn_av_f32(av, (size_t)n, S, 9, 1, V, npos, nq, n);
             put(o, av, (size_t)(nq * n));
+        }
+        /* attention with the keys in lanes: scores (head size n, the 4-,
+         * 2- and 1-query tiles, keys over two pages), two blocks of the
+         * running softmax (mixed windows, one query seeing nothing of a
+         * block; soft-capped too), then the weighted sums from the rows */
+        {
+            enum { SS = 2 * LK_ATT_KW };
+            static float Q[16 * NMAX], ST[16 * SS], KP[2][NMAX * LK_ATT_KW], KV[SS * NMAX];
+            const int nq = 1 + (n * 5) % 16, np = 1 + n % SS;
+            const float *pages[2] = {KP[1], KP[0]};
+            for (int i = 0; i < nq * n; i++) Q[i] = frand(-1, 1);
+            for (int i = 0; i < n * LK_ATT_KW; i++) KP[0][i] = frand(-2, 2), KP[1][i] = frand(-2, 2);
+            for (int i = 0; i < np * n; i++) KV[i] = frand(-2, 2);
+            lk_vec_attn_qk(ST, SS, Q, (size_t)n, nq, pages, np, n);
+            for (int g = 0; g < nq; g++) put(o, ST + g * SS, (size_t)np); /* past np: unspecified */
+            float mx[16], al[16];
+            double sum[16];
+            int32_t lo[16], hi[16];
+            for (int g = 0; g < nq; g++) mx[g] = -INFINITY, sum[g] = 0;
+            for (int blk = 0; blk < 2; blk++) {
+                for (int i = 0; i < 16 * SS; i++) ST[i] = frand(-300, 100);
+                for (int g = 0; g < nq; g++) {
+                    lo[g] = (g * 3) % np;
+                    hi[g] = lo[g] + 1 + (g * 7 + n) % (np - lo[g]);
+                    if (blk == 1 && g == 2) lo[g] = hi[g] = 0;
+                }
+                lk_vec_attn_softmax(ST, SS, np, lo, hi, nq, 0.125f, (n & 1) ? 20.f : 0.f, mx, sum, al);
+                for (int g = 0; g < nq; g++) put(o, ST + g * SS, (size_t)np);
+                put(o, mx, (size_t)nq);
+                put(o, al, (size_t)nq);
+                put(o, (const float *)sum, (size_t)(2 * nq));
+            }
+            for (int i = 0; i < 4 * n; i++) av[i] = frand(-1, 1);
+            lk_vec_attn_av_f32(av, (size_t)n, ST + (nq > 4) * SS, SS, 1, KV, np, LK_MIN(4, nq), n); /* rows < nq */
+            put(o, av, (size_t)(4 * n));
         }
         /* exponentials: softmax (through lk_vec_exp_sum) over scores far
          * below the max too, SwiGLU over gates that saturate exp */
@@ -185,7 +220,7 @@ TEST(vec_kernels_same_bits_at_every_level) {
             if (!same(&ref.v[i], &got.v[i], 4) && diff++ == 0) first = i;
         CHECKF(got.n == ref.n && diff == 0, "%s: %zu of %zu outputs differ from scalar's, the first at %zu (%.9g, %.9g)",
                lv[l], diff, ref.n, first, ref.v[first], got.v[first]);
-        printf("  scalar vs %s: %zu outputs of dot, axpy (F32, F16), attention sums, softmax, exp-sum, SwiGLU, RMSNorm\n", lv[l],
+        printf("  scalar vs %s: %zu outputs of dot, axpy (F32, F16), attention scores, running softmax and sums, softmax, exp-sum, SwiGLU, RMSNorm\n", lv[l],
                ref.n);
     }
     if (nl == 0) printf("  only the scalar level runs here: nothing to compare\n");

@@ -137,19 +137,39 @@ void   lk_vec_scale(float *x, int64_t n, float s);
 void   lk_vec_scale_mul(float *out, const float *x, float s, const float *w, int64_t n);
 /* x[i] = e^(x[i] - sub); returns the sum (in double). Within 2 ulp of expf. */
 double lk_vec_exp_sum(float *x, int64_t n, float sub);
+/* Attention, FlashAttention's order, with the keys in the lanes of the
+ * vectors. A page of LK_ATT_KW keys is stored transposed: element d of key
+ * p at K[d * LK_ATT_KW + p]. A block of scores is a row per query (query
+ * g's at S + g * ss). The same bits at every SIMD level (vec.c says in
+ * which order each kernel works).
+ *
+ * lk_vec_attn_qk: the scores of nq queries of hd elements (rows q_stride
+ * apart) against nk keys in pages K[0], K[1], ... (key p in page p /
+ * LK_ATT_KW): S[g * ss + p], one fused multiply-add per element, in order,
+ * from 0. Keys from nk to nk rounded up to 16 may be written too, from
+ * what the pages hold there. */
+enum { LK_ATT_KW = 32 };
+void   lk_vec_attn_qk(float *S, size_t ss, const float *q, size_t q_stride, int nq, const float *const *K, int64_t nk,
+                      int64_t hd);
+/* The running softmax over a block of nb keys: query g (< nq) sees keys
+ * [a[g], b[g]) of its row (empty allowed), which are scaled (then
+ * soft-capped, cap > 0: cap tanh(s / cap)) and become e^(s - mx') with mx'
+ * the larger of mx[g] and their maximum; its other keys, up to nb rounded
+ * up to 16, become 0. sum[g] (in double) becomes sum[g] al[g] plus the
+ * block's sum, mx[g] becomes mx', and al[g] = e^(mx[g] - mx') is the
+ * factor the query's output so far must be scaled by before the block's
+ * values are added (1 when the maximum did not grow, or before any: mx[g]
+ * = -inf, sum[g] = 0). */
+void   lk_vec_attn_softmax(float *S, size_t ss, int64_t nb, const int32_t *a, const int32_t *b, int nq, float scale,
+                           float cap, float *mx, double *sum, float *al);
 /* Attention's weighted sum for nq <= 4 queries: out[q][i] += sum over p <
- * npos of S[q][p] * V[p][i] (V rows hd floats apart, out rows out_stride,
- * S rows s_stride). Equal to an lk_vec_axpy_f32 per position, in order, onto
- * what out holds: the KV cache's pages are summed one call after another
- * (out zeroed before the first) with the bits of one long call. A query
- * that sees fewer positions passes S = 0 for the rest. */
-void   lk_vec_attn_av_f32(float *out, size_t out_stride, const float *S, size_t s_stride, const float *V,
-                          int64_t npos, int nq, int64_t hd);
-/* Attention's scores: S[g][p] = lk_vec_dot_f32(Q[g], K[p], hd) for g < nq
- * queries (rows q_stride apart) and p < np keys (rows hd apart), S rows
- * s_stride apart: the same bits as those calls, in fewer passes. */
-void   lk_vec_attn_scores_f32(float *S, size_t s_stride, const float *Q, size_t q_stride, int nq, const float *K,
-                              int64_t np, int64_t hd);
+ * npos of S[q * q_stride + p * p_stride] * V[p][i] (V rows hd floats
+ * apart, out rows out_stride). Equal to an lk_vec_axpy_f32 per position,
+ * in order, onto what out holds: the KV cache's pages are summed one call
+ * after another (out zeroed before the first) with the bits of one long
+ * call. A query that sees fewer positions passes S = 0 for the rest. */
+void   lk_vec_attn_av_f32(float *out, size_t out_stride, const float *S, size_t q_stride, size_t p_stride,
+                          const float *V, int64_t npos, int nq, int64_t hd);
 /* gate[i] = silu(gate[i]) * up[i] (lk_swiglu) */
 void   lk_vec_swiglu(float *gate, const float *up, int64_t n);
 /* The SIMD level the vector kernels above (and the delta net's state

@@ -24,7 +24,11 @@
  *   - sumsq (RMSNorm's sum of squares, in double like ggml) adds x*x, exact
  *     in double, into 8 partial sums, element i to partial i mod 8 (the
  *     last n mod 8 elements to partials 0, 1, ... in order), then
- *     ((s0+s4)+(s1+s5))+((s2+s6)+(s3+s7)). */
+ *     ((s0+s4)+(s1+s5))+((s2+s6)+(s3+s7));
+ *   - attention's kernels keep the keys in the lanes, so each lane is one
+ *     key's scalar code: a score is a chain of fused multiply-adds over the
+ *     head's elements in order; the running softmax's sums go in double,
+ *     key p into partial p mod 8 (qk_scalar, sm_scalar). */
 #include "kernels/kernels.h"
 #include "quant/simd_x86.h"
 
@@ -142,6 +146,63 @@ static void swiglu_scalar(float *gate, const float *up, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         const float g = gate[i];
         gate[i] = g / (1.0f + exp_poly(-g)) * up[i];
+    }
+}
+
+/* ---- attention with the keys in lanes (lk_vec_attn_qk, _softmax).
+ * The reference, which every level copies lane by lane: a score is one
+ * fused multiply-add per element of the head, in order, from 0; the
+ * softmax's first pass (scaling, soft-capping, the largest; exact per
+ * element, a NaN never compares greater) runs over a query's live keys, the
+ * factor of the old sum is exp_poly(old - new) when the maximum grows, and
+ * the block's exponentials are added in double, key p into partial p mod 8
+ * in key order from 0, the partials then as ((0 + 4) + (2 + 6)) + ((1 + 5)
+ * + (3 + 7)) (att_fold), that block sum onto the old sum times the
+ * factor. */
+static inline const float *att_key(const float *const *K, int64_t p) { return K[p / LK_ATT_KW] + p % LK_ATT_KW; }
+static void qk_scalar(float *S, size_t ss, const float *q, size_t qs, int nq, const float *const *K, int64_t nk,
+                      int64_t hd) {
+    for (int g = 0; g < nq; g++)
+        for (int64_t p = 0; p < nk; p++) {
+            const float *k = att_key(K, p);
+            float acc = 0.f;
+            for (int64_t d = 0; d < hd; d++) acc = lk_fmaf(q[(size_t)g * qs + (size_t)d], k[d * LK_ATT_KW], acc);
+            S[(size_t)g * ss + (size_t)p] = acc;
+        }
+}
+static inline double att_fold(const double s[8]) { return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7])); }
+/* the factor step: bm, the block's largest, against the running mx */
+static inline float att_grow(float bm, float *mx) {
+    float al = 1.f;
+    if (bm > *mx) {
+        if (*mx != -INFINITY) al = exp_poly(*mx - bm);
+        *mx = bm;
+    }
+    return al;
+}
+/* a row's first pass: its live keys [a, b) scaled (and capped) in place, their largest */
+static float sm_first(float *x, int64_t a, int64_t b, float scale, float cap) {
+    float bm = -INFINITY;
+    for (int64_t p = a; p < b; p++) {
+        float v = x[p] * scale;
+        if (cap > 0) v = cap * tanhf(v / cap);
+        x[p] = v;
+        bm = v > bm ? v : bm;
+    }
+    return bm;
+}
+static void sm_scalar(float *S, size_t ss, int64_t nb, const int32_t *a, const int32_t *b, int nq, float scale,
+                      float cap, float *mx, double *sum, float *al) {
+    const int64_t nr = (nb + 15) / 16 * 16;
+    for (int g = 0; g < nq; g++) {
+        float *x = S + (size_t)g * ss;
+        al[g] = att_grow(sm_first(x, a[g], b[g], scale, cap), &mx[g]);
+        double ps[8] = {0};
+        for (int64_t p = 0; p < nr; p++) {
+            x[p] = p >= a[g] && p < b[g] ? exp_poly(x[p] - mx[g]) : 0.f;
+            ps[p % 8] += x[p];
+        }
+        sum[g] = sum[g] * al[g] + att_fold(ps);
     }
 }
 
@@ -284,6 +345,107 @@ AVX2 static double expsum_avx2(float *x, int64_t n, float sub) {
         }
     return hsum256d(_mm256_add_pd(_mm256_add_pd(p[0], p[2]), _mm256_add_pd(p[1], p[3])));
 }
+/* Attention's scores with the keys in lanes (qk_scalar's chain per lane):
+ * tiles of QG queries x V vectors of VW keys, the queries broadcast. A
+ * tile's vector v is keys [VW v, VW v + VW) of the block, in page VW v /
+ * LK_ATT_KW. */
+typedef void (*qkt_fn)(float *S, size_t ss, const float *q, size_t qs, const float *const *K, int64_t v0, int64_t hd);
+/* Query groups of 4, 2, 1; per group the vectors in tiles of vmax[group],
+ * then one each of the halves below it: tab[group][i] has V = vmax >> i. */
+static void qk_drive(const qkt_fn tab[3][4], const int vmax[3], int vw, float *S, size_t ss, const float *q,
+                     size_t qs, int nq, const float *const *K, int64_t nk, int64_t hd) {
+    const int64_t nv = (nk + vw - 1) / vw;
+    for (int g = 0; g < nq;) {
+        const int gi = nq - g >= 4 ? 0 : nq - g >= 2 ? 1 : 2;
+        int64_t v = 0;
+        for (int i = 0; i < 4 && (vmax[gi] >> i) >= 1; i++) {
+            const int V = vmax[gi] >> i;
+            while (nv - v >= V) {
+                tab[gi][i](S + (size_t)g * ss, ss, q + (size_t)g * qs, qs, K, v, hd);
+                v += V;
+                if (i) break;
+            }
+        }
+        g += 4 >> gi;
+    }
+}
+AVX2 static LK_INL void qk8_tile(const int QG, const int V, float *S, size_t ss, const float *q, size_t qs,
+                                 const float *const *K, int64_t v0, int64_t hd) {
+    __m256 acc[4][8];
+    const float *kp[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < V; j++) kp[j] = att_key(K, (v0 + j) * 8);
+#pragma GCC unroll 4
+    for (int g = 0; g < QG; g++)
+#pragma GCC unroll 8
+        for (int j = 0; j < V; j++)
+            acc[g][j] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < hd; d++) {
+        __m256 k[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < V; j++) k[j] = _mm256_loadu_ps(kp[j] + d * LK_ATT_KW);
+#pragma GCC unroll 4
+        for (int g = 0; g < QG; g++) {
+            const __m256 qb = _mm256_broadcast_ss(q + (size_t)g * qs + (size_t)d);
+#pragma GCC unroll 8
+            for (int j = 0; j < V; j++) acc[g][j] = _mm256_fmadd_ps(qb, k[j], acc[g][j]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < QG; g++)
+#pragma GCC unroll 8
+        for (int j = 0; j < V; j++) _mm256_storeu_ps(S + (size_t)g * ss + (size_t)(v0 + j) * 8, acc[g][j]);
+}
+#define QK8_FN(QG, V)                                                                                           \
+    AVX2 static void qk8_##QG##_##V(float *S, size_t ss, const float *q, size_t qs, const float *const *K,        \
+                                    int64_t v0, int64_t hd) {                                        \
+        qk8_tile(QG, V, S, ss, q, qs, K, v0, hd);                                                            \
+    }
+QK8_FN(4, 2) QK8_FN(4, 1) QK8_FN(2, 4) QK8_FN(2, 2) QK8_FN(2, 1) QK8_FN(1, 8) QK8_FN(1, 4) QK8_FN(1, 2) QK8_FN(1, 1)
+static const qkt_fn k_qk8[3][4] = {{qk8_4_2, qk8_4_1}, {qk8_2_4, qk8_2_2, qk8_2_1}, {qk8_1_8, qk8_1_4, qk8_1_2, qk8_1_1}};
+static const int k_qk8_vmax[3] = {2, 4, 8};
+AVX2 static void qk_avx2(float *S, size_t ss, const float *q, size_t qs, int nq, const float *const *K, int64_t nk,
+                         int64_t hd) {
+    qk_drive(k_qk8, k_qk8_vmax, 8, S, ss, q, qs, nq, K, nk, hd);
+}
+/* sm_scalar on 8 keys a vector: partials 0-3 in s[0], 4-7 in s[1] */
+AVX2 static void sm_avx2(float *S, size_t ss, int64_t nb, const int32_t *a, const int32_t *b, int nq, float scale,
+                         float cap, float *mx, double *sum, float *al) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256 vs = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
+    for (int g = 0; g < nq; g++) {
+        float *x = S + (size_t)g * ss;
+        const __m256i va = _mm256_set1_epi32(a[g]), vb = _mm256_set1_epi32(b[g]);
+        float bm;
+        if (cap > 0) bm = sm_first(x, a[g], b[g], scale, cap);
+        else {
+            __m256 m = ninf;
+            for (int64_t p = a[g] / 8 * 8; p < b[g]; p += 8) {
+                const __m256i vp = _mm256_add_epi32(_mm256_set1_epi32((int)p), lane);
+                const __m256 live = _mm256_castsi256_ps(_mm256_andnot_si256(_mm256_cmpgt_epi32(va, vp), _mm256_cmpgt_epi32(vb, vp)));
+                const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + p), vs);
+                _mm256_storeu_ps(x + p, v);
+                m = _mm256_max_ps(_mm256_blendv_ps(ninf, v, live), m);
+            }
+            float l[8];
+            _mm256_storeu_ps(l, m);
+            bm = max_scalar(l, 8);
+        }
+        al[g] = att_grow(bm, &mx[g]);
+        const __m256 vm = _mm256_set1_ps(mx[g]);
+        __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+        for (int64_t p = 0; p < nb; p += 8) {
+            const __m256i vp = _mm256_add_epi32(_mm256_set1_epi32((int)p), lane);
+            const __m256 live = _mm256_castsi256_ps(_mm256_andnot_si256(_mm256_cmpgt_epi32(va, vp), _mm256_cmpgt_epi32(vb, vp)));
+            const __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_loadu_ps(x + p), vm)), live);
+            _mm256_storeu_ps(x + p, e);
+            s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+            s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+        }
+        if ((nb + 7) / 8 % 2) _mm256_storeu_ps(x + (nb + 7) / 8 * 8, _mm256_setzero_ps()); /* up to 16 */
+        sum[g] = sum[g] * al[g] + hsum256d(_mm256_add_pd(s0, s1));
+    }
+}
 AVX2 static void swiglu_avx2(float *gate, const float *up, int64_t n) {
     const __m256 one = _mm256_set1_ps(1.f);
     int64_t i = 0;
@@ -375,6 +537,84 @@ AVX512 static double expsum_avx512(float *x, int64_t n, float sub) {
     const __m512d h = _mm512_add_pd(s0, s1);
     return hsum256d(_mm256_add_pd(_mm512_castpd512_pd256(h), _mm512_extractf64x4_pd(h, 1)));
 }
+/* qk8_tile on 16 keys a vector */
+AVX512 static LK_INL void qk16_tile(const int QG, const int V, float *S, size_t ss, const float *q, size_t qs,
+                                    const float *const *K, int64_t v0, int64_t hd) {
+    __m512 acc[4][8];
+    const float *kp[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < V; j++) kp[j] = att_key(K, (v0 + j) * 16);
+#pragma GCC unroll 4
+    for (int g = 0; g < QG; g++)
+#pragma GCC unroll 8
+        for (int j = 0; j < V; j++)
+            acc[g][j] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < hd; d++) {
+        __m512 k[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < V; j++) k[j] = _mm512_loadu_ps(kp[j] + d * LK_ATT_KW);
+#pragma GCC unroll 4
+        for (int g = 0; g < QG; g++) {
+            const __m512 qb = _mm512_set1_ps(q[(size_t)g * qs + (size_t)d]);
+#pragma GCC unroll 8
+            for (int j = 0; j < V; j++) acc[g][j] = _mm512_fmadd_ps(qb, k[j], acc[g][j]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < QG; g++)
+#pragma GCC unroll 8
+        for (int j = 0; j < V; j++) _mm512_storeu_ps(S + (size_t)g * ss + (size_t)(v0 + j) * 16, acc[g][j]);
+}
+#define QK16_FN(QG, V)                                                                                          \
+    AVX512 static void qk16_##QG##_##V(float *S, size_t ss, const float *q, size_t qs, const float *const *K,     \
+                                       int64_t v0, int64_t hd) {                                     \
+        qk16_tile(QG, V, S, ss, q, qs, K, v0, hd);                                                           \
+    }
+QK16_FN(4, 4) QK16_FN(4, 2) QK16_FN(4, 1) QK16_FN(2, 8) QK16_FN(2, 4) QK16_FN(2, 2) QK16_FN(2, 1)
+QK16_FN(1, 8) QK16_FN(1, 4) QK16_FN(1, 2) QK16_FN(1, 1)
+static const qkt_fn k_qk16[3][4] = {{qk16_4_4, qk16_4_2, qk16_4_1},
+                                    {qk16_2_8, qk16_2_4, qk16_2_2, qk16_2_1},
+                                    {qk16_1_8, qk16_1_4, qk16_1_2, qk16_1_1}};
+static const int k_qk16_vmax[3] = {4, 8, 8};
+AVX512 static void qk_avx512(float *S, size_t ss, const float *q, size_t qs, int nq, const float *const *K, int64_t nk,
+                             int64_t hd) {
+    qk_drive(k_qk16, k_qk16_vmax, 16, S, ss, q, qs, nq, K, nk, hd);
+}
+/* sm_scalar on 16 keys a vector: partial r in lane r of s */
+AVX512 static void sm_avx512(float *S, size_t ss, int64_t nb, const int32_t *a, const int32_t *b, int nq, float scale,
+                             float cap, float *mx, double *sum, float *al) {
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 vs = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);
+    for (int g = 0; g < nq; g++) {
+        float *x = S + (size_t)g * ss;
+        const __m512i va = _mm512_set1_epi32(a[g]), vb = _mm512_set1_epi32(b[g]);
+        float bm;
+        if (cap > 0) bm = sm_first(x, a[g], b[g], scale, cap);
+        else {
+            __m512 m = ninf;
+            for (int64_t p = a[g] / 16 * 16; p < b[g]; p += 16) {
+                const __m512i vp = _mm512_add_epi32(_mm512_set1_epi32((int)p), lane);
+                const __mmask16 live = _mm512_cmple_epi32_mask(va, vp) & _mm512_cmpgt_epi32_mask(vb, vp);
+                const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + p), vs);
+                _mm512_storeu_ps(x + p, v);
+                m = _mm512_mask_max_ps(m, live, v, m);
+            }
+            bm = _mm512_reduce_max_ps(m); /* exact in any order: the lanes hold no NaN */
+        }
+        al[g] = att_grow(bm, &mx[g]);
+        const __m512 vm = _mm512_set1_ps(mx[g]);
+        __m512d s = _mm512_setzero_pd();
+        for (int64_t p = 0; p < nb; p += 16) {
+            const __m512i vp = _mm512_add_epi32(_mm512_set1_epi32((int)p), lane);
+            const __mmask16 live = _mm512_cmple_epi32_mask(va, vp) & _mm512_cmpgt_epi32_mask(vb, vp);
+            const __m512 e = _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(_mm512_loadu_ps(x + p), vm)));
+            _mm512_storeu_ps(x + p, e);
+            s = _mm512_add_pd(s, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+            s = _mm512_add_pd(s, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+        }
+        sum[g] = sum[g] * al[g] + hsum256d(_mm256_add_pd(_mm512_castpd512_pd256(s), _mm512_extractf64x4_pd(s, 1)));
+    }
+}
 AVX512 static float max_avx512(const float *x, int64_t n) {
     __m512 m = _mm512_set1_ps(-INFINITY);
     int64_t i = 0;
@@ -416,8 +656,8 @@ AVX512 static void swiglu_avx512(float *gate, const float *up, int64_t n) {
  * query and position before). Per output element the same fused
  * multiply-adds in the same order as axpy_avx512, so the results are those
  * of one axpy per position. */
-AVX512 static void av4_avx512(float *out, size_t os, const float *S, size_t ss, const float *V, int64_t npos, int nq,
-                              int64_t hd) {
+AVX512 static void av4_avx512(float *out, size_t os, const float *S, size_t ss, size_t ps, const float *V,
+                              int64_t npos, int nq, int64_t hd) {
     int64_t i = 0;
     for (; i + 64 <= hd; i += 64) {
         __m512 acc[4][4];
@@ -430,7 +670,7 @@ AVX512 static void av4_avx512(float *out, size_t os, const float *S, size_t ss, 
 #pragma GCC unroll 4
             for (int q = 0; q < 4; q++) {
                 if (q >= nq) break;
-                __m512 a = _mm512_set1_ps(S[q * ss + p]);
+                __m512 a = _mm512_set1_ps(S[q * ss + p * ps]);
                 acc[q][0] = _mm512_fmadd_ps(a, v0, acc[q][0]);
                 acc[q][1] = _mm512_fmadd_ps(a, v1, acc[q][1]);
                 acc[q][2] = _mm512_fmadd_ps(a, v2, acc[q][2]);
@@ -443,75 +683,18 @@ AVX512 static void av4_avx512(float *out, size_t os, const float *S, size_t ss, 
     for (; i + 16 <= hd; i += 16) /* head sizes that are not a multiple of 64 */
         for (int q = 0; q < nq; q++) {
             __m512 a = _mm512_loadu_ps(out + q * os + i);
-            for (int64_t p = 0; p < npos; p++) a = _mm512_fmadd_ps(_mm512_set1_ps(S[q * ss + p]), _mm512_loadu_ps(V + p * hd + i), a);
+            for (int64_t p = 0; p < npos; p++) a = _mm512_fmadd_ps(_mm512_set1_ps(S[q * ss + p * ps]), _mm512_loadu_ps(V + p * hd + i), a);
             _mm512_storeu_ps(out + q * os + i, a);
         }
     for (; i < hd; i++) /* axpy_avx512's scalar tail */
         for (int q = 0; q < nq; q++) {
             float a = out[q * os + i];
-            for (int64_t p = 0; p < npos; p++) a = fmaf(S[q * ss + p], V[p * hd + i], a);
+            for (int64_t p = 0; p < npos; p++) a = fmaf(S[q * ss + p * ps], V[p * hd + i], a);
             out[q * os + i] = a;
         }
 }
-/* Attention's scores, 8 keys x 2 queries per tile: per (key, query) pair
- * dot_avx512's chain (two 16-lane sums over the 32-element steps, then
- * s0 + s1), and the 16 pairs' lane sums at once by lk_fold16, whose lane
- * order (i + 8, i + 4, i + 2, i + 1) is dot_avx512's 512 -> 256 fold and
- * hsum256: the bits of one dot_avx512 per pair. Rows of hd % 32 != 0 take
- * the other levels' loop (dot_avx512 itself at this level). Keys past np
- * reuse the last key's row (computed, not stored), a lone query the
- * first's. */
-static void scores_generic(float *S, size_t ss, const float *Q, size_t qs, int nq, const float *K, int64_t np,
-                           int64_t hd);
-AVX512 static void scores_avx512(float *S, size_t ss, const float *Q, size_t qs, int nq, const float *K, int64_t np,
-                                 int64_t hd) {
-    if (hd % 32) {
-        scores_generic(S, ss, Q, qs, nq, K, np, hd);
-        return;
-    }
-    for (int g = 0; g < nq; g += 2) {
-        const float *q0 = Q + (size_t)g * qs, *q1 = g + 1 < nq ? q0 + qs : q0;
-        for (int64_t p0 = 0; p0 < np; p0 += 8) {
-            const int nk = (int)(np - p0 < 8 ? np - p0 : 8);
-            __m512 h[16];
-#pragma GCC unroll 2
-            for (int half = 0; half < 2; half++) {
-                const float *k[4];
-#pragma GCC unroll 4
-                for (int r = 0; r < 4; r++) k[r] = K + (p0 + (4 * half + r < nk ? 4 * half + r : nk - 1)) * hd;
-                __m512 s0[4][2], s1[4][2];
-#pragma GCC unroll 4
-                for (int r = 0; r < 4; r++)
-                    s0[r][0] = s0[r][1] = s1[r][0] = s1[r][1] = _mm512_setzero_ps();
-                for (int64_t i = 0; i < hd; i += 32) {
-                    const __m512 a0 = _mm512_loadu_ps(q0 + i), a1 = _mm512_loadu_ps(q0 + i + 16);
-                    const __m512 b0 = _mm512_loadu_ps(q1 + i), b1 = _mm512_loadu_ps(q1 + i + 16);
-#pragma GCC unroll 4
-                    for (int r = 0; r < 4; r++) {
-                        const __m512 x0 = _mm512_loadu_ps(k[r] + i), x1 = _mm512_loadu_ps(k[r] + i + 16);
-                        s0[r][0] = _mm512_fmadd_ps(a0, x0, s0[r][0]);
-                        s1[r][0] = _mm512_fmadd_ps(a1, x1, s1[r][0]);
-                        s0[r][1] = _mm512_fmadd_ps(b0, x0, s0[r][1]);
-                        s1[r][1] = _mm512_fmadd_ps(b1, x1, s1[r][1]);
-                    }
-                }
-#pragma GCC unroll 4
-                for (int r = 0; r < 4; r++) {
-                    h[4 * half + r] = _mm512_add_ps(s0[r][0], s1[r][0]);
-                    h[8 + 4 * half + r] = _mm512_add_ps(s0[r][1], s1[r][1]);
-                }
-            }
-            const __m512 v = lk_fold16(h, LK_FOLD_ADD);
-            const __mmask8 m = (__mmask8)((1u << nk) - 1);
-            _mm256_mask_storeu_ps(S + (size_t)g * ss + (size_t)p0, m, _mm512_castps512_ps256(v));
-            if (g + 1 < nq)
-                _mm256_mask_storeu_ps(S + (size_t)(g + 1) * ss + (size_t)p0, m,
-                                      _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-        }
-    }
-}
-static void av4_generic(float *out, size_t os, const float *S, size_t ss, const float *V, int64_t npos, int nq,
-                        int64_t hd);
+static void av4_generic(float *out, size_t os, const float *S, size_t ss, size_t ps, const float *V, int64_t npos,
+                        int nq, int64_t hd);
 
 typedef struct {
     const char *name; /* the SIMD level these kernels belong to */
@@ -520,12 +703,13 @@ typedef struct {
     void (*f16_to_f32)(float *, const uint16_t *, int64_t);
     double (*expsum)(float *, int64_t, float);
     void (*swiglu)(float *, const float *, int64_t);
-    void (*av4)(float *, size_t, const float *, size_t, const float *, int64_t, int, int64_t);
-    void (*scores)(float *, size_t, const float *, size_t, int, const float *, int64_t, int64_t);
+    void (*av4)(float *, size_t, const float *, size_t, size_t, const float *, int64_t, int, int64_t);
+    void (*qk)(float *, size_t, const float *, size_t, int, const float *const *, int64_t, int64_t);
     double (*sumsq)(const float *, int64_t);
     float (*max)(const float *, int64_t);
     void (*scale)(float *, int64_t, float);
     void (*scale_mul)(float *, const float *, float, const float *, int64_t);
+    void (*sm)(float *, size_t, int64_t, const int32_t *, const int32_t *, int, float, float, float *, double *, float *);
 } vec_ops;
 
 /* One table per level the CPU runs, built once; g_ops points at the one in
@@ -543,10 +727,11 @@ static const vec_ops *_Atomic g_ops;
 
 static void pick(void) {
     vec_ops o = { "scalar", dot_scalar, axpy_scalar, f16_to_f32_scalar, expsum_scalar, swiglu_scalar,
-                  av4_generic, scores_generic, sumsq_scalar, max_scalar, scale_scalar, scale_mul_scalar };
+                  av4_generic, qk_scalar, sumsq_scalar, max_scalar, scale_scalar,
+                  scale_mul_scalar, sm_scalar };
     g_tables[LK_SIMD_SCALAR] = o;
     o = (vec_ops){ "avx2", dot_avx2, axpy_avx2, f16_to_f32_avx2, expsum_avx2, swiglu_avx2, av4_generic,
-                   scores_generic, sumsq_avx2, max_avx2, scale_avx2, scale_mul_avx2 };
+                   qk_avx2, sumsq_avx2, max_avx2, scale_avx2, scale_mul_avx2, sm_avx2 };
     g_tables[LK_SIMD_AVX2] = o;
     o.name = "avx512";
     o.dot = dot_avx512;
@@ -554,11 +739,12 @@ static void pick(void) {
     o.expsum = expsum_avx512;
     o.swiglu = swiglu_avx512;
     o.av4 = av4_avx512;
-    o.scores = scores_avx512;
+    o.qk = qk_avx512;
     o.sumsq = sumsq_avx512;
     o.max = max_avx512;
     o.scale = scale_avx512;
     o.scale_mul = scale_mul_avx512;
+    o.sm = sm_avx512;
     g_tables[LK_SIMD_AVX512] = o;
     int l = LK_SIMD_AVX512;
     while (l > LK_SIMD_SCALAR && !lk_cpu_can((lk_simd_level)l, k_need[l])) l--;
@@ -596,24 +782,24 @@ void lk_vec_scale(float *x, int64_t n, float s) { ops()->scale(x, n, s); }
 void lk_vec_scale_mul(float *out, const float *x, float s, const float *w, int64_t n) { ops()->scale_mul(out, x, s, w, n); }
 
 /* Other levels: one axpy per query and position, as before. */
-static void av4_generic(float *out, size_t os, const float *S, size_t ss, const float *V, int64_t npos, int nq,
-                        int64_t hd) {
+static void av4_generic(float *out, size_t os, const float *S, size_t ss, size_t ps, const float *V, int64_t npos,
+                        int nq, int64_t hd) {
     for (int q = 0; q < nq; q++) {
-        for (int64_t p = 0; p < npos; p++) ops()->axpy(out + q * os, S[q * ss + p], V + p * hd, hd);
+        for (int64_t p = 0; p < npos; p++) ops()->axpy(out + q * os, S[q * ss + p * ps], V + p * hd, hd);
     }
 }
-/* Other levels: their dot per pair. */
-static void scores_generic(float *S, size_t ss, const float *Q, size_t qs, int nq, const float *K, int64_t np,
-                           int64_t hd) {
-    for (int g = 0; g < nq; g++)
-        for (int64_t p = 0; p < np; p++) S[(size_t)g * ss + (size_t)p] = ops()->dot(Q + (size_t)g * qs, K + p * hd, hd);
-}
-void lk_vec_attn_scores_f32(float *S, size_t s_stride, const float *Q, size_t q_stride, int nq, const float *K,
-                            int64_t np, int64_t hd) {
-    ops()->scores(S, s_stride, Q, q_stride, nq, K, np, hd);
-}
-void lk_vec_attn_av_f32(float *out, size_t out_stride, const float *S, size_t s_stride, const float *V, int64_t npos,
-                        int nq, int64_t hd) {
+void lk_vec_attn_av_f32(float *out, size_t out_stride, const float *S, size_t q_stride, size_t p_stride,
+                        const float *V, int64_t npos, int nq, int64_t hd) {
     LK_ASSERT(nq >= 1 && nq <= 4);
-    ops()->av4(out, out_stride, S, s_stride, V, npos, nq, hd);
+    ops()->av4(out, out_stride, S, q_stride, p_stride, V, npos, nq, hd);
+}
+void lk_vec_attn_qk(float *S, size_t ss, const float *q, size_t q_stride, int nq, const float *const *K, int64_t nk,
+                    int64_t hd) {
+    LK_ASSERT(nq >= 1);
+    ops()->qk(S, ss, q, q_stride, nq, K, nk, hd);
+}
+void lk_vec_attn_softmax(float *S, size_t ss, int64_t nb, const int32_t *a, const int32_t *b, int nq, float scale,
+                         float cap, float *mx, double *sum, float *al) {
+    LK_ASSERT(nq >= 1);
+    ops()->sm(S, ss, nb, a, b, nq, scale, cap, mx, sum, al);
 }

@@ -937,6 +937,8 @@ static void weights_to_arena(lk_model *m, lk_mat **mats, const bool *repack, int
 }
 
 static void moe_scratch_alloc(lk_model *m);
+static size_t attn_buf_floats(const lk_model *m);
+static size_t kvw_floats(const lk_model *m);
 
 /* ggml's YaRN correction dimension: the pair index whose wavelength makes
  * n_rot turns over the original context. */
@@ -1225,8 +1227,13 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
     m->o = lk_xmalloc_aligned(sizeof(float) * B * d);
     m->hg = lk_xmalloc_aligned(sizeof(float) * B * m->nff);
     m->hu = lk_xmalloc_aligned(sizeof(float) * B * m->nff);
-    m->scores = lk_xmalloc_aligned(sizeof(float) * (size_t)lk_pool_size(m->pool) * ATT_QB * m->n_ctx);
-    if (m->kv_f16) m->kvw = lk_xmalloc_aligned(sizeof(float) * (size_t)lk_pool_size(m->pool) * 2 * LK_KV_PAGE * m->ahd);
+    m->scores = lk_xmalloc_aligned(sizeof(float) * (size_t)lk_pool_size(m->pool) * attn_buf_floats(m));
+    /* defined from the start: a block's softmax loads whole rows of it, the lanes and keys no task wrote included */
+    memset(m->scores, 0, sizeof(float) * (size_t)lk_pool_size(m->pool) * attn_buf_floats(m));
+    if (m->kv_f16 || cfg.mla) { /* defined from the start: kv_keys's pages are read whole */
+        m->kvw = lk_xmalloc_aligned(sizeof(float) * (size_t)lk_pool_size(m->pool) * kvw_floats(m));
+        memset(m->kvw, 0, sizeof(float) * (size_t)lk_pool_size(m->pool) * kvw_floats(m));
+    }
     int64_t maxcols = LK_MAX(LK_MAX(d, m->nff), (int64_t)m->nh * hd);
     if (cfg.mla) {
         maxcols = LK_MAX(maxcols, cfg.q_lora);
@@ -1412,13 +1419,12 @@ static int kv_head(const lk_model *m, int h) {
 
 /* Decode attention takes the query heads that read the same KV head
  * together (grouped-query attention): one pass over the group's keys and
- * values instead of one per head, and one F32 product per page with the
- * heads as its tokens instead of a product per head (attn_group). The size
- * of a group only cuts the work: the F32 products and av4 give each query
- * the same bits whatever the queries beside it, so it is chosen for the
- * pool: as many heads as share a KV head (at most ATT_QB, the scores'
- * rows), fewer when the step's decode items would then leave threads
- * without a task. Groups are runs of consecutive local heads with the same
+ * values instead of one per head, the heads in the lanes of attn_rows's
+ * kernels. The size of a group only cuts the work: each query gets the
+ * same bits whatever the queries beside it, so it is chosen for the pool:
+ * as many heads as share a KV head (at most ATT_QB, the kernels' lanes),
+ * fewer when the step's decode items would then leave threads without a
+ * task. Groups are runs of consecutive local heads with the same
  * KV head (kv_head), cut at that size. */
 static void head_groups(lk_model *m, int n_dec) {
     const int group = m->cfg.n_head / m->cfg.n_head_kv, nth = lk_pool_size(m->pool);
@@ -1557,16 +1563,6 @@ static int attn_lo(const lk_model *m, int li, int pos) {
     return m->layers[li].swa ? LK_MAX(0, pos - m->cfg.swa_window + 1) : 0;
 }
 
-/* Scores of one query over [lo, npos): scaled, soft-capped (Gemma 2 style,
- * when the file asks), then the softmax. */
-static void attn_softmax(const lk_model *m, float *sc, int lo, int npos) {
-    const float scale = m->cfg.kq_scale, cap = m->cfg.attn_softcap;
-    lk_vec_scale(sc + lo, npos - lo, scale);
-    if (cap > 0)
-        for (int p = lo; p < npos; p++) sc[p] = cap * tanhf(sc[p] / cap);
-    lk_softmax(sc + lo, npos - lo);
-}
-
 /* Rows [0, np) of page pg's keys or values (cache: kcache or vcache) for
  * the KV head of local head h in layer li: an F32 cache's rows where they
  * are, an F16 cache's widened into buf (exact, so both caches run the same
@@ -1575,6 +1571,28 @@ static const float *kv_rows(const lk_model *m, const void *cache, int seq, int p
     const size_t at = kv_page(m, seq, pg, li, h);
     if (!m->kv_f16) return (const float *)cache + at;
     lk_vec_f16_to_f32(buf, (const uint16_t *)cache + at, (int64_t)np * m->ahd);
+    return buf;
+}
+
+/* Page pg's keys for local head h in layer li, transposed (kernels.h:
+ * element d of key p at d LK_ATT_KW + p), as F32: an F32 cache's page
+ * where it is (the cache keeps keys so, qk_prepare), an F16 cache's
+ * widened into buf; MLA's latent rows, which are also its values, turned
+ * into buf (np of them). */
+_Static_assert(LK_KV_PAGE == LK_ATT_KW, "a page of keys is a page of the attention kernels");
+static const float *kv_keys(const lk_model *m, int seq, int pg, int li, int h, int np, float *buf) {
+    const size_t at = kv_page(m, seq, pg, li, h);
+    const int64_t hd = m->ahd;
+    if (m->cfg.mla) {
+        for (int p = 0; p < np; p++)
+            for (int64_t d = 0; d < hd; d++) {
+                const size_t e = at + (size_t)p * (size_t)hd + (size_t)d;
+                buf[d * LK_KV_PAGE + p] = m->kv_f16 ? lk_fp16_to_fp32(((const uint16_t *)m->kcache)[e]) : ((const float *)m->kcache)[e];
+            }
+        return buf;
+    }
+    if (!m->kv_f16) return (const float *)m->kcache + at;
+    lk_vec_f16_to_f32(buf, (const uint16_t *)m->kcache + at, (int64_t)LK_KV_PAGE * hd);
     return buf;
 }
 
@@ -1590,136 +1608,154 @@ static void kv_prefetch(const lk_model *m, const void *cache, int seq, int pg, i
     const size_t lines = (e + 63) / 64, l0 = lines * (size_t)part / (size_t)nparts, l1 = lines * (size_t)(part + 1) / (size_t)nparts;
     for (size_t l = l0; l < l1; l++) __builtin_prefetch(p + 64 * l, 0, 3);
 }
-
-/* A decode group's pages in the order it reads them, its npg pages of keys
- * (kcache) from pg0 then the same pages of values (vcache): asks for share
- * `part` of the u-th. It runs one page ahead of the reads: 2 and 3 pages
- * measured no better on a Zen 5, F16 and F32 caches alike. */
-static void kv_ahead(const lk_model *m, const void *vcache, int seq, int li, int h0, int pg0, int npg, int npos, int u,
-                     int part, int nparts) {
-    if (u >= 2 * npg) return;
-    const int pg = pg0 + u % npg;
-    kv_prefetch(m, u < npg ? m->kcache : vcache, seq, pg, li, h0, LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE), part,
-                nparts);
+/* ... if the sequence has page pg (npos positions) */
+static void kv_next(const lk_model *m, const void *cache, int seq, int li, int h, int pg, int npos, int part,
+                    int nparts) {
+    if (pg * LK_KV_PAGE < npos) /* a page of keys (not MLA's) is transposed: all of it */
+        kv_prefetch(m, cache, seq, pg, li, h,
+                    cache == m->kcache && !m->cfg.mla ? LK_KV_PAGE : LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE), part,
+                    nparts);
 }
 enum { KV_SLICE = 8 }; /* keys (positions) per slice of a page, each slice asking for its share of the next page */
 
-/* Scores of nq queries (rows qs floats apart) against np keys K, into S
- * (rows n_ctx apart). An F32 cache's keys as the rows of an F32 matrix
- * product (its tiles prefetch the rows ahead within the page); an F16
- * cache's widened page by lk_vec_attn_scores_f32, the vector kernels' dot
- * per (query, key): the same bits at every SIMD level. */
-static void attn_scores(const lk_model *m, float *S, const float *q, size_t qs, int nq, const float *K, int np) {
-    if (m->kv_f16) lk_vec_attn_scores_f32(S, (size_t)m->n_ctx, q, qs, nq, K, np, m->ahd);
-    else lk_quant_matmul(LK_TYPE_F32, m->ahd, np, K, sizeof(float) * (size_t)m->ahd, nq, q, sizeof(float) * qs, S, (size_t)m->n_ctx);
-}
-
-/* A decode item's head group k (head_groups): the heads' scores against
- * every key it may see a page at a time (attn_scores, the heads as its
- * queries), each head's softmax, then the weighted sums of the
- * values, page by page, 4 heads per pass: per head the arithmetic of
- * attn_block_fn's one-query block. The next page is asked for while one
- * is computed, a share before each slice of KV_SLICE keys: spread so, the
- * requests wait less for free miss buffers (decode attention at 4 x 1024
- * positions on a Zen 5: 10.6-11.3 -> 8.8-9.9 ms a step with an F16 cache,
- * 12.4-13.9 -> 11.3-11.8 with F32). */
-static void attn_group(lk_model *m, int li, int it, int k, float *S, float *wk, float *wv) {
-    const lk_batch_item *item = &m->items[it];
-    const int hd = m->ahd, h0 = m->hgrp0[k], nq = m->hgrp0[k + 1] - h0, r0 = m->item_row0[it];
-    const void *vcache = m->vcache ? m->vcache : m->kcache; /* MLA: as attn_block_fn */
-    const int npos = item->pos0 + 1, lo = attn_lo(m, li, item->pos0), pg0 = lo / LK_KV_PAGE;
-    const size_t qrow = (size_t)r0 * m->nh + (size_t)h0;
-    const int npg = (npos - 1) / LK_KV_PAGE + 1 - pg0;
-    const int ns = LK_KV_PAGE / KV_SLICE;
-    for (int pg = pg0; pg * LK_KV_PAGE < npos; pg++) {
-        const int np = LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE);
-        const float *K = kv_rows(m, m->kcache, item->seq, pg, li, h0, np, wk);
-        for (int s0 = 0, sl = 0; sl < ns; s0 += KV_SLICE, sl++) {
-            kv_ahead(m, vcache, item->seq, li, h0, pg0, npg, npos, pg - pg0 + 1, sl, ns);
-            if (s0 < np)
-                attn_scores(m, S + (size_t)pg * LK_KV_PAGE + s0, m->q + qrow * hd, (size_t)hd, nq, K + (size_t)s0 * hd,
-                            LK_MIN(KV_SLICE, np - s0));
-        }
+/* One task's attention: nq <= ATT_QB queries that read the KV head of
+ * local head h (a decode item's head group, or a block of a prefill item's
+ * queries of one head), FlashAttention's order with the keys in the lanes
+ * of the vector kernels (kernels.h: lk_vec_attn_qk, _softmax, _av). Query
+ * g (row q + g qs, output row out + g os) sees positions [lo[g], npos[g]).
+ * The keys go in blocks of ATT_KB pages, aligned to position 0: the
+ * queries' scores against the block's pages of keys (a row of S per
+ * query), the block's step of the running softmax (the outputs scaled
+ * where a maximum grew), then the weighted sums of the block's pages of
+ * values, 4 queries per pass; the sums divide at the end. A block's scores
+ * (ATT_QB rows of ATT_KB x LK_KV_PAGE floats) stay in L1. Before, each
+ * query's whole row of scores was written, then scaled, searched for its
+ * maximum, exponentiated and read by the sums: at 2048 positions a
+ * 16-query block's rows (128 KB) crossed L2 five times.
+ *
+ * The keys are in the lanes because a task may have one query or sixteen:
+ * a decode head group on many threads is one or two heads (head_groups),
+ * and kernels with the queries in the lanes ran those at 2 of 16 lanes
+ * (decode of one sequence at 2048 positions on 16 threads: 8-17 % slower
+ * than the dot products before). A page of keys is kept transposed for
+ * it (kv_keys).
+ *
+ * Every query's arithmetic is the same whichever queries share its task:
+ * the kernels work query by query, blocks begin at the same positions, and
+ * keys a query does not see weigh exactly 0. So a row's bits depend on its
+ * own sequence only, and decode gives prefill's bits. Keys past a query's
+ * causal limit (or before its window) are scored and ignored.
+ *
+ * pf (decode): the block's values are asked for before its scores are
+ * computed, and the next block's keys while its values are summed, a share
+ * before each slice of KV_SLICE keys: spread so, the requests wait less
+ * for free miss buffers (decode attention at 4 x 1024 positions on a Zen
+ * 5, when the order was a page at a time: 10.6-11.3 -> 8.8-9.9 ms a step
+ * with an F16 cache, 12.4-13.9 -> 11.3-11.8 with F32). Spreading the
+ * values' requests over parts of the scores' work measured no better on
+ * the 16-core Xeon. A prefill block reads each page for 16 queries, from
+ * cache. */
+static void attn_rows(lk_model *m, int li, int seq, int h, const float *q, size_t qs, float *out, size_t os, int nq,
+                      const int32_t *lo, const int32_t *npos, float *S, float *wk, float *wv, bool pf) {
+    const int hd = m->ahd;
+    const void *vcache = m->vcache ? m->vcache : m->kcache; /* MLA: the values are the latent rows' first kv_lora */
+    const size_t ss = (size_t)ATT_KB * LK_KV_PAGE;
+    if (qs != (size_t)hd) { /* a prefill block's rows lie a token's heads apart, in the same cache sets: together */
+        float *qc = S + (size_t)ATT_QB * ss;
+        for (int g = 0; g < nq; g++) memcpy(qc + (size_t)g * hd, q + (size_t)g * qs, sizeof(float) * (size_t)hd);
+        q = qc;
+        qs = (size_t)hd;
     }
+    int lmin = lo[0], nmax = npos[0];
     for (int g = 0; g < nq; g++) {
-        float *sc = S + (size_t)g * m->n_ctx;
-        attn_softmax(m, sc, lo, npos);
-        for (int p = pg0 * LK_KV_PAGE; p < lo; p++) sc[p] = 0; /* before its window */
+        memset(out + (size_t)g * os, 0, sizeof(float) * (size_t)hd);
+        lmin = LK_MIN(lmin, lo[g]);
+        nmax = LK_MAX(nmax, npos[g]);
     }
-    float *out = m->att + qrow * hd;
-    memset(out, 0, sizeof(float) * (size_t)nq * hd);
-    for (int pg = pg0; pg * LK_KV_PAGE < npos; pg++) {
-        const int np = LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE);
-        const float *V = kv_rows(m, vcache, item->seq, pg, li, h0, np, wv);
-        for (int s0 = 0, sl = 0; sl < ns; s0 += KV_SLICE, sl++) {
-            kv_ahead(m, vcache, item->seq, li, h0, pg0, npg, npos, npg + pg - pg0 + 1, sl, ns);
-            if (s0 < np)
-                for (int g = 0; g < nq; g += 4)
-                    lk_vec_attn_av_f32(out + (size_t)g * hd, (size_t)hd,
-                                       S + (size_t)g * m->n_ctx + (size_t)pg * LK_KV_PAGE + s0, (size_t)m->n_ctx,
-                                       V + (size_t)s0 * hd, LK_MIN(KV_SLICE, np - s0), LK_MIN(4, nq - g), hd);
+    float mx[ATT_QB], al[ATT_QB];
+    double sum[ATT_QB];
+    int32_t a[ATT_QB], b[ATT_QB];
+    const float *K[ATT_KB];
+    for (int g = 0; g < nq; g++) { mx[g] = -INFINITY; sum[g] = 0; }
+    const int pg0 = lmin / LK_KV_PAGE, ns = pf ? LK_KV_PAGE / KV_SLICE : 1, sl_keys = pf ? KV_SLICE : LK_KV_PAGE;
+    for (int kb = pg0 / ATT_KB; kb * ATT_KB * LK_KV_PAGE < nmax; kb++) {
+        const int bp = kb * ATT_KB * LK_KV_PAGE, nb = LK_MIN(ATT_KB * LK_KV_PAGE, nmax - bp);
+        const int p0 = LK_MAX(pg0, kb * ATT_KB), p1 = (bp + nb - 1) / LK_KV_PAGE + 1;
+        const int o = p0 * LK_KV_PAGE - bp, nk = bp + nb - p0 * LK_KV_PAGE;
+        for (int pg = p0; pg < p1; pg++) {
+            if (pf && kb == pg0 / ATT_KB) kv_next(m, m->kcache, seq, li, h, pg, nmax, 0, 1);
+            K[pg - p0] = kv_keys(m, seq, pg, li, h, LK_MIN(LK_KV_PAGE, nmax - pg * LK_KV_PAGE),
+                                 wk ? wk + (size_t)(pg - p0) * LK_KV_PAGE * hd : NULL);
+        }
+        if (pf)
+            for (int pg = p0; pg < p1; pg++) kv_next(m, vcache, seq, li, h, pg, nmax, 0, 1);
+        lk_vec_attn_qk(S + o, ss, q, qs, nq, K, nk, hd);
+        for (int g = 0; g < nq; g++) {
+            a[g] = LK_MIN(LK_MAX(lo[g] - bp, 0), nb);
+            b[g] = LK_MIN(LK_MAX(npos[g] - bp, 0), nb);
+            if (b[g] <= a[g]) a[g] = b[g] = 0;
+        }
+        lk_vec_attn_softmax(S, ss, nb, a, b, nq, m->cfg.kq_scale, m->cfg.attn_softcap, mx, sum, al);
+        for (int g = 0; g < nq; g++)
+            if (al[g] != 1.f) lk_vec_scale(out + (size_t)g * os, hd, al[g]);
+        const int q0 = (kb + 1) * ATT_KB; /* the next block's first page */
+        for (int pg = p0; pg < p1; pg++) {
+            const int np = LK_MIN(LK_KV_PAGE, nmax - pg * LK_KV_PAGE), op = pg * LK_KV_PAGE - bp;
+            const float *V = kv_rows(m, vcache, seq, pg, li, h, np, wv);
+            for (int s0 = 0, sl = 0; sl < ns; s0 += sl_keys, sl++) {
+                if (pf) kv_next(m, m->kcache, seq, li, h, q0 + pg - p0, nmax, sl, ns);
+                for (int g = 0; g < nq && s0 < np; g += 4) {
+                    const int n4 = LK_MIN(4, nq - g);
+                    int lim = 0; /* the pass's last position seen, + 1 */
+                    for (int i = g; i < g + n4; i++) lim = LK_MAX(lim, npos[i]);
+                    const int n = LK_MIN(LK_MIN(sl_keys, np - s0), lim - pg * LK_KV_PAGE - s0);
+                    if (n > 0)
+                        lk_vec_attn_av_f32(out + (size_t)g * os, os, S + (size_t)g * ss + (size_t)(op + s0), ss, 1,
+                                           V + (size_t)s0 * hd, n, n4, hd);
+                }
+            }
         }
     }
+    for (int g = 0; g < nq; g++) lk_vec_scale(out + (size_t)g * os, hd, (float)(1.0 / sum[g]));
 }
 
-/* Prefill and decode, either cache: one task per (item, head, block of
- * ATT_QB of the item's queries), or for an item of one query (decode) one
- * per head group (attn_group). The block's scores against every key it may
- * see go a page at a time (attn_scores: keys as rows, queries as tokens),
- * instead of one short dot-product call per (query, key): attention was a
- * third of a 512-token prefill. Scores past a query's
- * causal limit (or before its sliding window) are computed and ignored.
- * The values go page by page, 4 queries per pass over the page's rows
- * (each query's sums in page order, as one contiguous cache would give).
- * An F16 cache's pages are widened once per task and page (kv_rows).
- * Blocks never mix sequences, so a row's arithmetic depends on its own
- * sequence only. */
+/* The thread's attention buffer: a key block's scores, a row per query,
+ * and the queries (attn_rows) */
+static size_t attn_buf_floats(const lk_model *m) { return (size_t)ATT_QB * (ATT_KB * LK_KV_PAGE + m->ahd); }
+/* The thread's widened pages (kv_keys, kv_rows): ATT_KB of keys, one of values */
+static size_t kvw_floats(const lk_model *m) { return (size_t)(ATT_KB + 1) * LK_KV_PAGE * m->ahd; }
+
+/* Attention, prefill and decode, either cache: one task per (item, head,
+ * block of ATT_QB of the item's queries), or for an item of one query
+ * (decode) one per head group (head_groups); each is one attn_rows. Blocks
+ * never mix sequences. */
 static void attn_block_fn(void *arg, int ith, int nth) {
     attn_job *j = arg;
     lk_model *m = j->m;
     const int hd = m->ahd;
-    /* MLA: the values are the first kv_lora of each latent row; the sums run
-     * over whole rows (ahd) and the rope tail of the result is unused */
-    const void *vcache = m->vcache ? m->vcache : m->kcache;
-    float *S = m->scores + (size_t)ith * ATT_QB * m->n_ctx;
-    float *wk = m->kvw ? m->kvw + (size_t)ith * 2 * LK_KV_PAGE * hd : NULL, *wv = wk ? wk + (size_t)LK_KV_PAGE * hd : NULL;
+    float *buf = m->scores + (size_t)ith * attn_buf_floats(m);
+    float *wk = m->kvw ? m->kvw + (size_t)ith * kvw_floats(m) : NULL, *wv = wk ? wk + (size_t)ATT_KB * LK_KV_PAGE * hd : NULL;
     const int64_t ntask = m->task0[m->n_items];
+    int32_t lo[ATT_QB], npos[ATT_QB];
     int it = 0;
     for (int64_t task = ith; task < ntask; task += nth) {
         while (task >= m->task0[it + 1]) it++;
         const lk_batch_item *item = &m->items[it];
         const int64_t local = task - m->task0[it];
+        const int r0 = m->item_row0[it];
         if (item->n == 1) {
-            attn_group(m, j->li, it, (int)local, S, wk, wv);
+            const int k = (int)local, h0 = m->hgrp0[k], nq = m->hgrp0[k + 1] - h0;
+            const size_t qrow = (size_t)r0 * m->nh + (size_t)h0;
+            for (int g = 0; g < nq; g++) { lo[g] = attn_lo(m, j->li, item->pos0); npos[g] = item->pos0 + 1; }
+            attn_rows(m, j->li, item->seq, h0, m->q + qrow * hd, (size_t)hd, m->att + qrow * hd, (size_t)hd, nq, lo,
+                      npos, buf, wk, wv, true);
             continue;
         }
         const int qb = (int)(local / m->nh), h = (int)(local % m->nh);
-        const int t0 = qb * ATT_QB, t1 = LK_MIN(item->n, t0 + ATT_QB), r0 = m->item_row0[it];
-        const int nmax = item->pos0 + t1, pg0 = attn_lo(m, j->li, item->pos0 + t0) / LK_KV_PAGE;
-        for (int pg = pg0; pg * LK_KV_PAGE < nmax; pg++) {
-            const int np = LK_MIN(LK_KV_PAGE, nmax - pg * LK_KV_PAGE);
-            attn_scores(m, S + (size_t)pg * LK_KV_PAGE, m->q + ((size_t)(r0 + t0) * m->nh + h) * hd, (size_t)m->nh * hd,
-                        t1 - t0, kv_rows(m, m->kcache, item->seq, pg, j->li, h, np, wk), np);
-        }
-        for (int t = t0; t < t1; t++) {
-            float *sc = S + (size_t)(t - t0) * m->n_ctx;
-            int npos = item->pos0 + t + 1, lo = attn_lo(m, j->li, item->pos0 + t);
-            attn_softmax(m, sc, lo, npos);
-            for (int p = pg0 * LK_KV_PAGE; p < lo; p++) sc[p] = 0;  /* before its window */
-            for (int p = npos; p < nmax; p++) sc[p] = 0;            /* beyond its causal limit */
-        }
-        float *out = m->att + ((size_t)(r0 + t0) * m->nh + h) * hd;
-        for (int t = t0; t < t1; t++) memset(out + (size_t)(t - t0) * m->nh * hd, 0, sizeof(float) * hd);
-        for (int pg = pg0; pg * LK_KV_PAGE < nmax; pg++) {
-            const float *V = kv_rows(m, vcache, item->seq, pg, j->li, h, LK_MIN(LK_KV_PAGE, nmax - pg * LK_KV_PAGE), wv);
-            for (int t = t0; t < t1; t += 4) {
-                const int nq = LK_MIN(4, t1 - t), npos = item->pos0 + t + nq;
-                if (pg * LK_KV_PAGE >= npos) continue;
-                lk_vec_attn_av_f32(out + (size_t)(t - t0) * m->nh * hd, (size_t)m->nh * hd,
-                                   S + (size_t)(t - t0) * m->n_ctx + (size_t)pg * LK_KV_PAGE, (size_t)m->n_ctx, V,
-                                   LK_MIN(LK_KV_PAGE, npos - pg * LK_KV_PAGE), nq, hd);
-            }
-        }
+        const int t0 = qb * ATT_QB, t1 = LK_MIN(item->n, t0 + ATT_QB);
+        const size_t os = (size_t)m->nh * hd, row = ((size_t)(r0 + t0) * m->nh + h) * hd;
+        for (int t = t0; t < t1; t++) { lo[t - t0] = attn_lo(m, j->li, item->pos0 + t); npos[t - t0] = item->pos0 + t + 1; }
+        attn_rows(m, j->li, item->seq, h, m->q + row, os, m->att + row, os, t1 - t0, lo, npos, buf, wk, wv, false);
     }
 }
 
@@ -1788,12 +1824,17 @@ static void qk_prepare(lk_model *m, int li, int t) {
     for (int h = 0; h < m->nkv; h++) {
         if (w->k_norm) lk_rmsnorm(k + h * hd, k + h * hd, w->k_norm, hd, c->rms_eps);
         rope_at(m, w->swa, k + h * hd, pos);
-        size_t at = kv_page_kv(m, seq, pos / LK_KV_PAGE, li, h) + (size_t)(pos % LK_KV_PAGE) * hd;
+        /* the key transposed in its page (kv_keys), the value a row */
+        const size_t page = kv_page_kv(m, seq, pos / LK_KV_PAGE, li, h), kat = page + (size_t)(pos % LK_KV_PAGE),
+                     at = page + (size_t)(pos % LK_KV_PAGE) * hd;
         if (m->kv_f16) {
-            uint16_t *kc = (uint16_t *)m->kcache + at, *vc = (uint16_t *)m->vcache + at;
-            for (int i = 0; i < hd; i++) { kc[i] = lk_fp32_to_fp16(k[h * hd + i]); vc[i] = lk_fp32_to_fp16(v[h * hd + i]); }
+            uint16_t *kc = (uint16_t *)m->kcache + kat, *vc = (uint16_t *)m->vcache + at;
+            for (int i = 0; i < hd; i++) {
+                kc[(size_t)i * LK_KV_PAGE] = lk_fp32_to_fp16(k[h * hd + i]);
+                vc[i] = lk_fp32_to_fp16(v[h * hd + i]);
+            }
         } else {
-            memcpy((float *)m->kcache + at, k + h * hd, sizeof(float) * hd);
+            for (int i = 0; i < hd; i++) ((float *)m->kcache)[kat + (size_t)i * LK_KV_PAGE] = k[h * hd + i];
             memcpy((float *)m->vcache + at, v + h * hd, sizeof(float) * hd);
         }
     }

@@ -10,6 +10,8 @@
 /* Prefill attention takes queries in blocks of ATT_QB (attn_block_fn). */
 /* ROW_ALIGN: rows handed to a thread in multiples of 16 (64-byte lines of y), as kernels/ops.c does. */
 enum { ATT_QB = 16, ROW_ALIGN = 16 };
+/* Attention's softmax runs over key blocks of ATT_KB pages (attn_rows). */
+enum { ATT_KB = 4 };
 
 /* One FFN's slice: gate and up rows [f0, f1) of this rank, down's matching
  * columns. An expert is one slab of the 3-D tensors. */
@@ -110,9 +112,12 @@ struct lk_model {
     float *rope_cos, *rope_sin; /* (n_ctx, rope_dim/2) */
     float *rope_cos_swa, *rope_sin_swa; /* (n_ctx, rope_dim/2) the sliding-window layers' (Gemma 3), or NULL */
     /* KV cache: n_pages pages of (layers here, KV heads here, LK_KV_PAGE, ahd)
-     * keys and as many values, F32 or F16. ahd is head_dim, or for MLA the
-     * latent row [c | rope(k_pe)] (kv_lora + rope_dim): then there is no
-     * vcache, the values being the first kv_lora of each key row. */
+     * keys and as many values, F32 or F16; a (layer, KV head)'s page of keys
+     * is stored transposed, (ahd, LK_KV_PAGE), for the attention kernels'
+     * keys in lanes (kv_keys). ahd is head_dim, or for MLA the latent row
+     * [c | rope(k_pe)] (kv_lora + rope_dim): then there is no vcache, the
+     * values being the first kv_lora of each key row, and the rows are not
+     * transposed (kv_keys turns a page when it reads it). */
     int ahd;
     bool kv_f16;
     void *kcache, *vcache;
@@ -153,8 +158,8 @@ struct lk_model {
     float *mqa, *mkva, *mqb, *mvo;
     void *hact;             /* (threads, B, hact_stride) per-head activations (heads_fn) */
     size_t hact_stride;
-    float *scores;          /* (threads, ATT_QB, n_ctx) */
-    float *kvw;             /* F16 cache: (threads, 2, LK_KV_PAGE, ahd) a page's keys and values widened (kv_rows) */
+    float *scores;          /* per thread attn_buf_floats: a key block's scores, a row per query, and the queries */
+    float *kvw;             /* F16 cache or MLA: (threads, ATT_KB + 1, LK_KV_PAGE, ahd) a block's keys and a page's values widened (kv_keys, kv_rows) */
     void *act;              /* activation quantisation */
     lk_pool *pool;
     bool own_pool;

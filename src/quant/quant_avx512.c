@@ -50,8 +50,8 @@
  * tiles for every token count: 16 FMA lanes (BF16 with AVX512_BF16:
  * vdpbf16ps lanes) per (row, token), the row's chunks in order, added by
  * one tree at the end, whatever the tile shape (F32 rows of at most
- * FLS_MAX_N elements, attention's scores: that tree for 16 sums at once,
- * hsum16). From FLA_MIN_TOK tokens
+ * FLS_MAX_N elements, small models' matrices: that tree for 16 sums at
+ * once, hsum16). From FLA_MIN_TOK tokens
  * the tiles grow to 4 rows x 6 tokens and F16 / BF16-without-AVX512_BF16
  * activations are widened to fp32 once per call (exact, so the same bits),
  * which made F16 prefill faster than the rows-in-lanes float GEMM that
@@ -1284,16 +1284,15 @@ static void act_terms_row(const lk_act_terms *T, int64_t t, const void *a, int64
 }
 
 /* F32 rows of at most FLS_MAX_N elements, FLS_MIN_ROWS rows or more
- * (attention's scores: a page of keys as rows, a block of queries or a
- * group of heads as tokens, 64-128 long): per (row, token) the tiles'
+ * (the matrices of small F32 models; written for attention's scores, which
+ * have their own kernels in kernels/vec.c now): per (row, token) the tiles'
  * chain (16 lanes, the 16-element chunks in order from zero, the last one
  * loaded under a mask), then 16 rows' sums at once. hsum, the tiles' last
  * step, adds lane i + 8 onto lane i, then i + 4, i + 2, i + 1; hsum16 does
  * those same additions for 16 rows in 15 vector adds and 30 shuffles
  * instead of 16 reductions of ~9 instructions each, which for rows of 64
  * cost more than the products. The same bits as the tiles (floating-point
- * addition is commutative), so prefill's blocks and decode's head groups
- * still agree, and every token count gives them. */
+ * addition is commutative), so every token count gives them. */
 enum { FLS_MAX_N = 256, FLS_MIN_ROWS = 8 };
 
 /* r[k] = hsum(a[k]) for k < 16, the same bits (lk_fold16). */
