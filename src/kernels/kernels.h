@@ -162,9 +162,6 @@ void   lk_vec_attn_qk(float *S, size_t ss, const float *q, size_t q_stride, int 
  * = -inf, sum[g] = 0). */
 void   lk_vec_attn_softmax(float *S, size_t ss, int64_t nb, const int32_t *a, const int32_t *b, int nq, float scale,
                            float cap, float *mx, double *sum, float *al);
-/* e^x as the vector kernels compute it (exp_poly: within 2 ulp of expf,
- * the same bits at every level); 0 for x below about -87 and for NaN. */
-float  lk_vec_exp(float x);
 /* Attention's weighted sum for nq <= 4 queries: out[q][i] += sum over p <
  * npos of S[q * q_stride + p * p_stride] * V[p][i] (V rows hd floats
  * apart, out rows out_stride). Equal to an lk_vec_axpy_f32 per position,

@@ -777,7 +777,6 @@ bool lk_vec_set_simd(const char *level) {
     return true;
 }
 
-float lk_vec_exp(float x) { return exp_poly(x); }
 float lk_vec_dot_f32(const float *a, const float *b, int64_t n) { return ops()->dot(a, b, n); }
 void lk_vec_axpy_f32(float *y, float a, const float *x, int64_t n) { ops()->axpy(y, a, x, n); }
 void lk_vec_f16_to_f32(float *y, const uint16_t *x, int64_t n) { ops()->f16_to_f32(y, x, n); }

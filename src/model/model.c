@@ -759,7 +759,6 @@ void lk_model_free(lk_model *m) {
     free(m->kcache); free(m->vcache);
     free(m->page_ref); free(m->free_pages); free(m->ptab); free(m->seq_len); free(m->swa_lo); free(m->swa_hi);
     free(m->items); free(m->item_row0); free(m->row_item); free(m->row_pos); free(m->task0); free(m->hgrp0); free(m->out_rows);
-    free(m->item_nch); free(m->item_split); free(m->attp); free(m->attc);
     free(m->x); free(m->xb); free(m->q); free(m->k); free(m->v); free(m->att); free(m->o);
     free(m->hg); free(m->hu); free(m->scores); free(m->kvw); free(m->act);
     free(m->mqa); free(m->mkva); free(m->mqb); free(m->mvo); free(m->hact);
@@ -1215,8 +1214,6 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
     m->row_item = lk_xmalloc(sizeof(int32_t) * (size_t)m->n_batch);
     m->row_pos = lk_xmalloc(sizeof(int32_t) * (size_t)m->n_batch);
     m->task0 = lk_xmalloc(sizeof(int64_t) * (size_t)(m->n_batch + 1));
-    m->item_nch = lk_xmalloc(sizeof(int32_t) * (size_t)(m->n_batch + 1));
-    m->item_split = lk_xmalloc(sizeof(int32_t) * (size_t)(m->n_batch + 1));
     m->hgrp0 = lk_xmalloc(sizeof(int32_t) * (size_t)(m->nh + 1));
     m->out_rows = lk_xmalloc(sizeof(int32_t) * (size_t)m->n_batch);
 
@@ -1231,13 +1228,6 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
     m->hg = lk_xmalloc_aligned(sizeof(float) * B * m->nff);
     m->hu = lk_xmalloc_aligned(sizeof(float) * B * m->nff);
     m->scores = lk_xmalloc_aligned(sizeof(float) * (size_t)lk_pool_size(m->pool) * attn_buf_floats(m));
-    /* decode items split by key chunks: fewer than the threads (lk_model_batch) */
-    m->max_ch = (m->n_ctx + ATT_CB * ATT_KB * LK_KV_PAGE - 1) / (ATT_CB * ATT_KB * LK_KV_PAGE);
-    m->max_split = m->max_ch > 1 ? LK_MIN(lk_pool_size(m->pool) - 1, m->n_batch) : 0;
-    if (m->max_split > 0) {
-        m->attp = lk_xmalloc_aligned(sizeof(float) * (size_t)m->max_split * m->nh * m->max_ch * (m->ahd + 4));
-        m->attc = lk_xmalloc(sizeof(atomic_int) * (size_t)m->max_split * m->nh);
-    }
     /* defined from the start: a block's softmax loads whole rows of it, the lanes and keys no task wrote included */
     memset(m->scores, 0, sizeof(float) * (size_t)lk_pool_size(m->pool) * attn_buf_floats(m));
     if (m->kv_f16 || cfg.mla) { /* defined from the start: kv_keys's pages are read whole */
@@ -1477,24 +1467,9 @@ lk_status lk_model_batch(lk_model *m, const lk_batch_item *items, int n_items, c
     if (need > m->n_free)
         return lk_fail(err, errlen, LK_ERR_NOMEM, "KV cache full: the batch needs %lld pages, %lld of %lld are free (--kv-budget)",
                        (long long)need, (long long)m->n_free, (long long)m->n_pages);
-    /* Decode items split by key chunks (attn_block_fn) when whole head
-     * groups would leave threads without a task: a head group of one
-     * sequence then reads its KV head once, where groups of fewer heads
-     * each read it again (one sequence at 2048 positions on 16 threads: 4
-     * groups of 8 heads x 4 chunks instead of 16 groups of 2). The bits do
-     * not change: a row's chunks are folded in order either way. */
-    int n_dec = 0, units = 0, n_split = 0;
+    int n_dec = 0;
     for (int i = 0; i < n_items; i++) n_dec += items[i].n == 1;
-    const int gfull = LK_MIN(m->cfg.n_head / m->cfg.n_head_kv, ATT_QB);
-    const bool split = n_dec > 0 && n_dec <= m->max_split &&
-                       (int64_t)n_dec * ((m->nh + gfull - 1) / gfull) < lk_pool_size(m->pool);
-    for (int i = 0; i < n_items; i++) {
-        const int nch = split && items[i].n == 1 ? items[i].pos0 / ATT_CHUNK + 1 : 1;
-        m->item_nch[i] = nch;
-        m->item_split[i] = nch > 1 ? n_split++ : -1;
-        units += items[i].n == 1 ? nch : 0;
-    }
-    head_groups(m, units);
+    head_groups(m, n_dec);
     int64_t tasks = 0;
     rows = 0;
     for (int i = 0; i < n_items; i++) {
@@ -1510,7 +1485,7 @@ lk_status lk_model_batch(lk_model *m, const lk_batch_item *items, int n_items, c
             m->row_pos[rows + t] = it->pos0 + t;
         }
         rows += it->n;
-        tasks += it->n == 1 ? (int64_t)m->n_hgrp * m->item_nch[i] : (int64_t)((it->n + ATT_QB - 1) / ATT_QB) * m->nh;
+        tasks += it->n == 1 ? m->n_hgrp : (int64_t)((it->n + ATT_QB - 1) / ATT_QB) * m->nh;
     }
     m->item_row0[n_items] = rows;
     m->task0[n_items] = tasks;
@@ -1680,27 +1655,30 @@ enum { KV_SLICE = 8 }; /* keys (positions) per slice of a page, each slice askin
  * values' requests over parts of the scores' work measured no better on
  * the 16-core Xeon. A prefill block reads each page for 16 queries, from
  * cache. */
-static void attn_chunk(lk_model *m, int li, int seq, int h, const float *q, size_t qs, float *out, size_t os, int nq,
-                       const int32_t *lo, const int32_t *npos, float *S, float *wk, float *wv, bool pf, int kb0, int kb1,
-                       float *mx, double *sum) {
+static void attn_rows(lk_model *m, int li, int seq, int h, const float *q, size_t qs, float *out, size_t os, int nq,
+                      const int32_t *lo, const int32_t *npos, float *S, float *wk, float *wv, bool pf) {
     const int hd = m->ahd;
     const void *vcache = m->vcache ? m->vcache : m->kcache; /* MLA: the values are the latent rows' first kv_lora */
     const size_t ss = (size_t)ATT_KB * LK_KV_PAGE;
+    if (qs != (size_t)hd) { /* a prefill block's rows lie a token's heads apart, in the same cache sets: together */
+        float *qc = S + (size_t)ATT_QB * ss;
+        for (int g = 0; g < nq; g++) memcpy(qc + (size_t)g * hd, q + (size_t)g * qs, sizeof(float) * (size_t)hd);
+        q = qc;
+        qs = (size_t)hd;
+    }
     int lmin = lo[0], nmax = npos[0];
     for (int g = 0; g < nq; g++) {
         memset(out + (size_t)g * os, 0, sizeof(float) * (size_t)hd);
         lmin = LK_MIN(lmin, lo[g]);
         nmax = LK_MAX(nmax, npos[g]);
-        mx[g] = -INFINITY;
-        sum[g] = 0;
     }
-    lmin = LK_MAX(lmin, kb0 * ATT_KB * LK_KV_PAGE);
-    nmax = LK_MIN(nmax, kb1 * ATT_KB * LK_KV_PAGE);
-    float al[ATT_QB];
+    float mx[ATT_QB], al[ATT_QB];
+    double sum[ATT_QB];
     int32_t a[ATT_QB], b[ATT_QB];
     const float *K[ATT_KB];
+    for (int g = 0; g < nq; g++) { mx[g] = -INFINITY; sum[g] = 0; }
     const int pg0 = lmin / LK_KV_PAGE, ns = pf ? LK_KV_PAGE / KV_SLICE : 1, sl_keys = pf ? KV_SLICE : LK_KV_PAGE;
-    for (int kb = pg0 / ATT_KB; lmin < nmax && kb * ATT_KB * LK_KV_PAGE < nmax; kb++) {
+    for (int kb = pg0 / ATT_KB; kb * ATT_KB * LK_KV_PAGE < nmax; kb++) {
         const int bp = kb * ATT_KB * LK_KV_PAGE, nb = LK_MIN(ATT_KB * LK_KV_PAGE, nmax - bp);
         const int p0 = LK_MAX(pg0, kb * ATT_KB), p1 = (bp + nb - 1) / LK_KV_PAGE + 1;
         const int o = p0 * LK_KV_PAGE - bp, nk = bp + nb - p0 * LK_KV_PAGE;
@@ -1738,65 +1716,12 @@ static void attn_chunk(lk_model *m, int li, int seq, int h, const float *q, size
             }
         }
     }
-}
-
-
-/* Folds a chunk's result for one query (its unnormalised sums oc, largest
- * score mc, sum of exponentials sc) into the running (o, mx, sum), chunks
- * in order: the first that saw any key is taken as it is; then both are
- * brought to the larger maximum, o = o a + oc b (lk_vec_scale, then
- * lk_vec_axpy_f32). Every path folds a row's chunks with it, in the same
- * order, so the bits do not depend on where the chunks were computed. */
-static void attn_merge(float *o, float *mx, double *sum, const float *oc, float mc, double sc, int hd) {
-    if (mc == -INFINITY) return;
-    if (*mx == -INFINITY) {
-        memcpy(o, oc, sizeof(float) * (size_t)hd);
-        *mx = mc;
-        *sum = sc;
-        return;
-    }
-    const float mn = mc > *mx ? mc : *mx, fa = lk_vec_exp(*mx - mn), fb = lk_vec_exp(mc - mn);
-    *sum = *sum * fa + sc * fb;
-    lk_vec_scale(o, hd, fa);
-    lk_vec_axpy_f32(o, fb, oc, hd);
-    *mx = mn;
-}
-
-/* A task's attention (attn_chunk's queries), whole: its keys in chunks of
- * ATT_CB blocks (ATT_CHUNK positions, aligned to position 0), each an
- * attn_chunk, the first into out, the others beside it and folded in
- * (attn_merge); then the sums divide. A decode item with fewer heads than
- * threads has its chunks computed by tasks of their own instead
- * (attn_block_fn), folded the same way by the last to finish. */
-static void attn_rows(lk_model *m, int li, int seq, int h, const float *q, size_t qs, float *out, size_t os, int nq,
-                      const int32_t *lo, const int32_t *npos, float *S, float *wk, float *wv, bool pf) {
-    const int hd = m->ahd;
-    const size_t ss = (size_t)ATT_KB * LK_KV_PAGE;
-    float *qc = S + (size_t)ATT_QB * ss, *oc = qc + (size_t)ATT_QB * hd;
-    if (qs != (size_t)hd) { /* a prefill block's rows lie a token's heads apart, in the same cache sets: together */
-        for (int g = 0; g < nq; g++) memcpy(qc + (size_t)g * hd, q + (size_t)g * qs, sizeof(float) * (size_t)hd);
-        q = qc;
-        qs = (size_t)hd;
-    }
-    int lmin = lo[0], nmax = npos[0];
-    for (int g = 0; g < nq; g++) {
-        lmin = LK_MIN(lmin, lo[g]);
-        nmax = LK_MAX(nmax, npos[g]);
-    }
-    float mx[ATT_QB], mc[ATT_QB];
-    double sum[ATT_QB], sc[ATT_QB];
-    const int c0 = lmin / ATT_CHUNK;
-    attn_chunk(m, li, seq, h, q, qs, out, os, nq, lo, npos, S, wk, wv, pf, c0 * ATT_CB, (c0 + 1) * ATT_CB, mx, sum);
-    for (int c = c0 + 1; c * ATT_CHUNK < nmax; c++) {
-        attn_chunk(m, li, seq, h, q, qs, oc, (size_t)hd, nq, lo, npos, S, wk, wv, pf, c * ATT_CB, (c + 1) * ATT_CB, mc, sc);
-        for (int g = 0; g < nq; g++) attn_merge(out + (size_t)g * os, &mx[g], &sum[g], oc + (size_t)g * hd, mc[g], sc[g], hd);
-    }
     for (int g = 0; g < nq; g++) lk_vec_scale(out + (size_t)g * os, hd, (float)(1.0 / sum[g]));
 }
 
 /* The thread's attention buffer: a key block's scores, a row per query,
- * the queries, and a chunk's sums (attn_rows) */
-static size_t attn_buf_floats(const lk_model *m) { return (size_t)ATT_QB * (ATT_KB * LK_KV_PAGE + 2 * (size_t)m->ahd); }
+ * and the queries (attn_rows) */
+static size_t attn_buf_floats(const lk_model *m) { return (size_t)ATT_QB * (ATT_KB * LK_KV_PAGE + m->ahd); }
 /* The thread's widened pages (kv_keys, kv_rows): ATT_KB of keys, one of values */
 static size_t kvw_floats(const lk_model *m) { return (size_t)(ATT_KB + 1) * LK_KV_PAGE * m->ahd; }
 
@@ -1819,40 +1744,11 @@ static void attn_block_fn(void *arg, int ith, int nth) {
         const int64_t local = task - m->task0[it];
         const int r0 = m->item_row0[it];
         if (item->n == 1) {
-            const int nch = m->item_nch[it], k = (int)(local / nch), c = (int)(local % nch);
-            const int h0 = m->hgrp0[k], nq = m->hgrp0[k + 1] - h0;
+            const int k = (int)local, h0 = m->hgrp0[k], nq = m->hgrp0[k + 1] - h0;
             const size_t qrow = (size_t)r0 * m->nh + (size_t)h0;
-            float *out = m->att + qrow * hd;
             for (int g = 0; g < nq; g++) { lo[g] = attn_lo(m, j->li, item->pos0); npos[g] = item->pos0 + 1; }
-            if (nch == 1) {
-                attn_rows(m, j->li, item->seq, h0, m->q + qrow * hd, (size_t)hd, out, (size_t)hd, nq, lo, npos, buf, wk,
-                          wv, true);
-                continue;
-            }
-            /* one chunk of a split item: its partial per head; the group's last folds them in order */
-            const int s = m->item_split[it];
-            const size_t ps = (size_t)m->max_ch * (size_t)(hd + 4);
-            float *part = m->attp + ((size_t)s * m->nh + (size_t)h0) * ps, mc[ATT_QB];
-            double sc[ATT_QB];
-            attn_chunk(m, j->li, item->seq, h0, m->q + qrow * hd, (size_t)hd, part + (size_t)c * (hd + 4), ps, nq, lo,
-                       npos, buf, wk, wv, true, c * ATT_CB, (c + 1) * ATT_CB, mc, sc);
-            for (int g = 0; g < nq; g++) {
-                float *pc = part + (size_t)g * ps + (size_t)c * (hd + 4);
-                pc[hd] = mc[g];
-                memcpy(pc + hd + 2, &sc[g], sizeof(double));
-            }
-            if (atomic_fetch_sub_explicit(&m->attc[(size_t)s * m->nh + (size_t)k], 1, memory_order_acq_rel) != 1) continue;
-            for (int g = 0; g < nq; g++) {
-                float mx = -INFINITY, *o = out + (size_t)g * hd;
-                double sum = 0, sci;
-                memset(o, 0, sizeof(float) * (size_t)hd);
-                for (int ci = 0; ci < nch; ci++) {
-                    const float *pc = part + (size_t)g * ps + (size_t)ci * (hd + 4);
-                    memcpy(&sci, pc + hd + 2, sizeof(double));
-                    attn_merge(o, &mx, &sum, pc, pc[hd], sci, hd);
-                }
-                lk_vec_scale(o, hd, (float)(1.0 / sum));
-            }
+            attn_rows(m, j->li, item->seq, h0, m->q + qrow * hd, (size_t)hd, m->att + qrow * hd, (size_t)hd, nq, lo,
+                      npos, buf, wk, wv, true);
             continue;
         }
         const int qb = (int)(local / m->nh), h = (int)(local % m->nh);
@@ -1861,17 +1757,6 @@ static void attn_block_fn(void *arg, int ith, int nth) {
         for (int t = t0; t < t1; t++) { lo[t - t0] = attn_lo(m, j->li, item->pos0 + t); npos[t - t0] = item->pos0 + t + 1; }
         attn_rows(m, j->li, item->seq, h, m->q + row, os, m->att + row, os, t1 - t0, lo, npos, buf, wk, wv, false);
     }
-}
-
-/* Layer li's attention on the pool, the split items' chunk counts set first */
-static void attn_run(lk_model *m, int li) {
-    for (int i = 0; i < m->n_items; i++)
-        if (m->item_split[i] >= 0)
-            for (int k = 0; k < m->n_hgrp; k++)
-                atomic_store_explicit(&m->attc[(size_t)m->item_split[i] * m->nh + (size_t)k], m->item_nch[i],
-                                      memory_order_relaxed);
-    attn_job aj = { m, li };
-    lk_pool_run_k(m->pool, LK_PROF_ATTN, attn_block_fn, &aj, lk_pool_size(m->pool));
 }
 
 static lk_status allreduce(lk_model *m, float *x, int64_t n, int layer, const char *what) {
@@ -1998,7 +1883,8 @@ static void attention(lk_model *m, int li, const float *x) {
                 memcpy(m->q + t * qd + h * hd, m->gate + t * 2 * qd + h * 2 * hd, sizeof(float) * (size_t)hd);
     qk_job qj = { m, li };
     run_rows(m, qk_prepare_fn, &qj, n);
-    attn_run(m, li);
+    attn_job aj = { m, li };
+    lk_pool_run_k(m->pool, LK_PROF_ATTN, attn_block_fn, &aj, lk_pool_size(m->pool));
     if (w->gated) /* the output gate: sigmoid(gate) on each head's result */
         for (int t = 0; t < n; t++)
             for (int h = 0; h < m->nh; h++) {
@@ -2110,7 +1996,8 @@ static void attention_mla(lk_model *m, int li, const float *x) {
     /* q_abs(t, h) = attn_k_b[h] . q_nope(t, h), into the first kl of each query */
     heads_job kb = { m, &w->wkb, kl, m->mqb, nh * kh, kh, m->q, nh * ahd, ahd, n };
     lk_pool_run_k(m->pool, LK_PROF_ATTN, heads_fn, &kb, lk_pool_size(m->pool));
-    attn_run(m, li);
+    attn_job aj = { m, li };
+    lk_pool_run_k(m->pool, LK_PROF_ATTN, attn_block_fn, &aj, lk_pool_size(m->pool));
     /* o_h = attn_v_b[h] . o_latent(t, h), heads side by side for Wo */
     heads_job vb = { m, &w->wvb, vh, m->att, nh * ahd, ahd, m->mvo, nh * vh, vh, n };
     lk_pool_run_k(m->pool, LK_PROF_ATTN, heads_fn, &vb, lk_pool_size(m->pool));

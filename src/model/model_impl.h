@@ -7,14 +7,11 @@
 
 #include "model/model.h"
 
-#include <stdatomic.h>
-
 /* Prefill attention takes queries in blocks of ATT_QB (attn_block_fn). */
 /* ROW_ALIGN: rows handed to a thread in multiples of 16 (64-byte lines of y), as kernels/ops.c does. */
 enum { ATT_QB = 16, ROW_ALIGN = 16 };
-/* Attention's softmax runs over key blocks of ATT_KB pages, and a row's
- * keys go in chunks of ATT_CB blocks, folded in order (attn_rows). */
-enum { ATT_KB = 4, ATT_CB = 4, ATT_CHUNK = ATT_CB * ATT_KB * 32 /* positions: LK_KV_PAGE */ };
+/* Attention's softmax runs over key blocks of ATT_KB pages (attn_rows). */
+enum { ATT_KB = 4 };
 
 /* One FFN's slice: gate and up rows [f0, f1) of this rank, down's matching
  * columns. An expert is one slab of the 3-D tensors. */
@@ -148,16 +145,6 @@ struct lk_model {
     int32_t *item_row0;     /* (n_batch + 1) first row of each item */
     int32_t *row_item, *row_pos; /* (n_batch) item and position of each row */
     int64_t *task0;         /* (n_batch + 1) first attention task of each item */
-    /* Decode items whose key chunks are tasks of their own (lk_model_batch:
-     * when whole head groups leave threads idle): item_nch[i] chunks (1:
-     * not split), item_split[i] its index among them (-1: not split); a
-     * chunk's partial per head at attp (max_split, nh, max_ch, ahd + 4
-     * floats: the sums, the largest, the sum in double), and per (split
-     * item, head group) the count of chunks still running (attc). */
-    int32_t *item_nch, *item_split;
-    int max_ch, max_split;
-    float *attp;
-    atomic_int *attc;
     int32_t *hgrp0;         /* (nh + 1) decode attention's head groups: first local head of each (head_groups) */
     int n_hgrp, hgrp_size;  /* groups, and the most heads in one (0: not chosen yet) */
     int32_t *out_rows;      /* (n_batch) lk_model_forward's logits rows */
