@@ -146,6 +146,77 @@ TEST(thread_count_invariance) {
         }
 }
 
+/* Long decode: one sequence past 1024 positions (8 key blocks of
+ * attn_rows) on 1 and 8 threads, where head_groups cuts the head groups
+ * differently. The logits of every step agree bit for bit, and the last
+ * step's equal a fresh slot's prefill of the same tokens (decode gives
+ * prefill's bits, whatever the blocks and tiles). Gemma 3's sliding-window
+ * layers start their keys mid-block; DeepSeek's latent attention reads
+ * its keys as rows. */
+enum { NVMAX = 1024 };
+static void row_n(lk_engine *e, float *full, int nv) {
+    const int32_t *ids;
+    const float *vals;
+    int n = lk_engine_candidates(e, 0, &ids, &vals);
+    for (int k = 0; k < nv; k++) full[k] = NAN;
+    for (int k = 0; k < n; k++) full[ids[k]] = vals[k];
+}
+static void long_same_bits(const char *model, int nv) {
+    char err[LK_ERRLEN];
+    enum { PROMPT = 1030, STEPS = 24, CTX = 1536 };
+    static int32_t toks[PROMPT + STEPS + 1];
+    static float ref[STEPS + 1][NVMAX], got[NVMAX], pre[NVMAX];
+    uint32_t r = 12345;
+    toks[0] = 1;
+    for (int i = 1; i < PROMPT; i++) r = r * 1103515245u + 12345u, toks[i] = 3 + (int32_t)((r >> 8) % (uint32_t)(nv - 3));
+    static const int threads[2] = {1, 8};
+    for (int k = 0; k < 2; k++) {
+        lk_engine_opts o = {.model_path = lk_td(model), .n_threads = threads[k], .n_ctx = CTX, .n_batch = 256,
+                            .max_seqs = 2};
+        lk_engine *e = NULL;
+        CHECKF(lk_engine_open(&o, &e, err, LK_ERRLEN) == LK_OK, "%s, %d threads: %s", model, threads[k], err);
+        if (!e) return;
+        CHECK(all_params(e, nv, err));
+        int32_t cur = 0;
+        lk_status st = LK_OK;
+        for (int at = 0; at < PROMPT && !st; at += 256) {
+            lk_engine_item it = {.seq = 0, .n = LK_MIN(256, PROMPT - at), .tokens = toks + at, .sample = at + 256 >= PROMPT};
+            st = lk_engine_batch(e, &it, 1, &cur, err, LK_ERRLEN);
+        }
+        for (int step = 0; step <= STEPS && !st; step++) {
+            row_n(e, got, nv);
+            if (k == 0) memcpy(ref[step], got, sizeof got);
+            else if (!same_bits(ref[step], got, nv)) {
+                CHECKF(false, "%s: step %d (position %d) logits differ between 1 and 8 threads", model, step, PROMPT - 1 + step);
+                break;
+            }
+            if (step == STEPS) break;
+            toks[PROMPT + step] = cur;
+            lk_engine_item it = {.seq = 0, .n = 1, .tokens = &cur, .sample = true};
+            st = lk_engine_batch(e, &it, 1, &cur, err, LK_ERRLEN);
+        }
+        CHECKF(st == LK_OK, "%s: %s", model, err);
+        if (k == 1 && !st) { /* slot 1 prefills what slot 0 decoded */
+            int32_t c1;
+            const int n = PROMPT + STEPS;
+            for (int at = 0; at < n && !st; at += 256) {
+                lk_engine_item it = {.seq = 1, .n = LK_MIN(256, n - at), .tokens = toks + at, .sample = at + 256 >= n};
+                st = lk_engine_batch(e, &it, 1, &c1, err, LK_ERRLEN);
+            }
+            CHECKF(st == LK_OK, "%s: %s", model, err);
+            row_n(e, pre, nv);
+            CHECKF(same_bits(pre, ref[STEPS], nv), "%s: a prefill to position %d differs from the decode's logits", model,
+                   n - 1);
+        }
+        lk_engine_close(e);
+    }
+}
+TEST(long_decode_same_bits) {
+    long_same_bits("models/stories260K.gguf", NV);
+    long_same_bits("synth/synth-gemma3-f16.gguf", 603);
+    long_same_bits("synth/synth-deepseek2-f16.gguf", 601); /* MLA: the latent rows turned as read */
+}
+
 /* Copy on write: slot 1 forks slot 0's first 5 positions (the fifth page
  * position is mid-page, so the shared page is copied at the first write),
  * both continue differently; each gets the logits a fresh slot computes. */
@@ -423,6 +494,7 @@ int main(void) {
     RUN(batch_invariance_one_node);
     RUN(batch_invariance_clusters);
     RUN(thread_count_invariance);
+    RUN(long_decode_same_bits);
     RUN(fork_shares_prefix);
     RUN(pipeline_in_flight);
     RUN(bad_steps_refused);
