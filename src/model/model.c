@@ -1228,7 +1228,7 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
     m->hg = lk_xmalloc_aligned(sizeof(float) * B * m->nff);
     m->hu = lk_xmalloc_aligned(sizeof(float) * B * m->nff);
     m->scores = lk_xmalloc_aligned(sizeof(float) * (size_t)lk_pool_size(m->pool) * attn_buf_floats(m));
-    /* defined from the start: a block's softmax loads whole rows of it, the lanes and keys no task wrote included */
+    /* defined from the start: a block's softmax loads whole vectors of its rows, keys no task wrote included */
     memset(m->scores, 0, sizeof(float) * (size_t)lk_pool_size(m->pool) * attn_buf_floats(m));
     if (m->kv_f16 || cfg.mla) { /* defined from the start: kv_keys's pages are read whole */
         m->kvw = lk_xmalloc_aligned(sizeof(float) * (size_t)lk_pool_size(m->pool) * kvw_floats(m));
@@ -1419,12 +1419,12 @@ static int kv_head(const lk_model *m, int h) {
 
 /* Decode attention takes the query heads that read the same KV head
  * together (grouped-query attention): one pass over the group's keys and
- * values instead of one per head, the heads in the lanes of attn_rows's
- * kernels. The size of a group only cuts the work: each query gets the
- * same bits whatever the queries beside it, so it is chosen for the pool:
- * as many heads as share a KV head (at most ATT_QB, the kernels' lanes),
- * fewer when the step's decode items would then leave threads without a
- * task. Groups are runs of consecutive local heads with the same
+ * values instead of one per head, the heads scored together by
+ * attn_rows's kernels. The size of a group only cuts the work: each query
+ * gets the same bits whatever the queries beside it, so it is chosen for
+ * the pool: as many heads as share a KV head (at most ATT_QB, a task's
+ * queries), fewer when the step's decode items would then leave threads
+ * without a task. Groups are runs of consecutive local heads with the same
  * KV head (kv_head), cut at that size. */
 static void head_groups(lk_model *m, int n_dec) {
     const int group = m->cfg.n_head / m->cfg.n_head_kv, nth = lk_pool_size(m->pool);
