@@ -40,14 +40,16 @@ static bool all_params(lk_engine *e, int n_cand, char *err) {
     return true;
 }
 
-/* The merged candidates of item i as a full row (NaN where missing). */
-static void row_of(lk_engine *e, int i, float *full) {
+/* The merged candidates of item i as a full row of nv (NaN where missing). */
+static void row_nv(lk_engine *e, int i, float *full, int nv) {
     const int32_t *ids;
     const float *vals;
     int n = lk_engine_candidates(e, i, &ids, &vals);
-    for (int k = 0; k < NV; k++) full[k] = NAN;
+    for (int k = 0; k < nv; k++) full[k] = NAN;
     for (int k = 0; k < n; k++) full[ids[k]] = vals[k];
 }
+/* ... of stories260K's vocabulary */
+static void row_of(lk_engine *e, int i, float *full) { row_nv(e, i, full, NV); }
 
 static bool same_bits(const float *a, const float *b, int n) { return !memcmp(a, b, sizeof(float) * (size_t)n); }
 
@@ -154,12 +156,14 @@ TEST(thread_count_invariance) {
  * layers start their keys mid-block; DeepSeek's latent attention reads
  * its keys as rows. */
 enum { NVMAX = 1024 };
-static void row_n(lk_engine *e, float *full, int nv) {
-    const int32_t *ids;
-    const float *vals;
-    int n = lk_engine_candidates(e, 0, &ids, &vals);
-    for (int k = 0; k < nv; k++) full[k] = NAN;
-    for (int k = 0; k < n; k++) full[ids[k]] = vals[k];
+/* tokens [0, n) into slot seq in batches of 256, the last row sampled into *next */
+static lk_status prefill_256(lk_engine *e, int seq, const int32_t *toks, int n, int32_t *next, char *err) {
+    lk_status st = LK_OK;
+    for (int at = 0; at < n && !st; at += 256) {
+        lk_engine_item it = {.seq = seq, .n = LK_MIN(256, n - at), .tokens = toks + at, .sample = at + 256 >= n};
+        st = lk_engine_batch(e, &it, 1, next, err, LK_ERRLEN);
+    }
+    return st;
 }
 static void long_same_bits(const char *model, int nv) {
     char err[LK_ERRLEN];
@@ -178,13 +182,9 @@ static void long_same_bits(const char *model, int nv) {
         if (!e) return;
         CHECK(all_params(e, nv, err));
         int32_t cur = 0;
-        lk_status st = LK_OK;
-        for (int at = 0; at < PROMPT && !st; at += 256) {
-            lk_engine_item it = {.seq = 0, .n = LK_MIN(256, PROMPT - at), .tokens = toks + at, .sample = at + 256 >= PROMPT};
-            st = lk_engine_batch(e, &it, 1, &cur, err, LK_ERRLEN);
-        }
+        lk_status st = prefill_256(e, 0, toks, PROMPT, &cur, err);
         for (int step = 0; step <= STEPS && !st; step++) {
-            row_n(e, got, nv);
+            row_nv(e, 0, got, nv);
             if (k == 0) memcpy(ref[step], got, sizeof got);
             else if (!same_bits(ref[step], got, nv)) {
                 CHECKF(false, "%s: step %d (position %d) logits differ between 1 and 8 threads", model, step, PROMPT - 1 + step);
@@ -199,12 +199,9 @@ static void long_same_bits(const char *model, int nv) {
         if (k == 1 && !st) { /* slot 1 prefills what slot 0 decoded */
             int32_t c1;
             const int n = PROMPT + STEPS;
-            for (int at = 0; at < n && !st; at += 256) {
-                lk_engine_item it = {.seq = 1, .n = LK_MIN(256, n - at), .tokens = toks + at, .sample = at + 256 >= n};
-                st = lk_engine_batch(e, &it, 1, &c1, err, LK_ERRLEN);
-            }
+            st = prefill_256(e, 1, toks, n, &c1, err);
             CHECKF(st == LK_OK, "%s: %s", model, err);
-            row_n(e, pre, nv);
+            row_nv(e, 0, pre, nv);
             CHECKF(same_bits(pre, ref[STEPS], nv), "%s: a prefill to position %d differs from the decode's logits", model,
                    n - 1);
         }
