@@ -1577,20 +1577,19 @@ static const float *kv_rows(const lk_model *m, const void *cache, int seq, int p
 /* Page pg's keys for local head h in layer li, transposed (kernels.h:
  * element d of key p at d LK_ATT_KW + p), as F32: an F32 cache's page
  * where it is (the cache keeps keys so, qk_prepare), an F16 cache's
- * widened into buf; MLA's latent rows, which are also its values, turned
- * into buf (np of them). */
+ * widened into buf; MLA's latent rows, which are also its values, read as
+ * rows (kv_rows, widened into tmp for an F16 cache) and turned into buf
+ * (np of them). */
 _Static_assert(LK_KV_PAGE == LK_ATT_KW, "a page of keys is a page of the attention kernels");
-static const float *kv_keys(const lk_model *m, int seq, int pg, int li, int h, int np, float *buf) {
-    const size_t at = kv_page(m, seq, pg, li, h);
+static const float *kv_keys(const lk_model *m, int seq, int pg, int li, int h, int np, float *buf, float *tmp) {
     const int64_t hd = m->ahd;
     if (m->cfg.mla) {
+        const float *r = kv_rows(m, m->kcache, seq, pg, li, h, np, tmp);
         for (int p = 0; p < np; p++)
-            for (int64_t d = 0; d < hd; d++) {
-                const size_t e = at + (size_t)p * (size_t)hd + (size_t)d;
-                buf[d * LK_KV_PAGE + p] = m->kv_f16 ? lk_fp16_to_fp32(((const uint16_t *)m->kcache)[e]) : ((const float *)m->kcache)[e];
-            }
+            for (int64_t d = 0; d < hd; d++) buf[d * LK_KV_PAGE + p] = r[(size_t)p * (size_t)hd + (size_t)d];
         return buf;
     }
+    const size_t at = kv_page(m, seq, pg, li, h);
     if (!m->kv_f16) return (const float *)m->kcache + at;
     lk_vec_f16_to_f32(buf, (const uint16_t *)m->kcache + at, (int64_t)LK_KV_PAGE * hd);
     return buf;
@@ -1685,7 +1684,7 @@ static void attn_rows(lk_model *m, int li, int seq, int h, const float *q, size_
         for (int pg = p0; pg < p1; pg++) {
             if (pf && kb == pg0 / ATT_KB) kv_next(m, m->kcache, seq, li, h, pg, nmax, 0, 1);
             K[pg - p0] = kv_keys(m, seq, pg, li, h, LK_MIN(LK_KV_PAGE, nmax - pg * LK_KV_PAGE),
-                                 wk ? wk + (size_t)(pg - p0) * LK_KV_PAGE * hd : NULL);
+                                 wk ? wk + (size_t)(pg - p0) * LK_KV_PAGE * hd : NULL, wv); /* wv: free until the sums */
         }
         if (pf)
             for (int pg = p0; pg < p1; pg++) kv_next(m, vcache, seq, li, h, pg, nmax, 0, 1);
