@@ -756,7 +756,8 @@ void lk_model_free(lk_model *m) {
     if (m->arena) munmap(m->arena, m->arena_len);
     if (m->own_pool) lk_pool_free(m->pool);
     free(m->rope_cos); free(m->rope_sin); free(m->rope_cos_swa); free(m->rope_sin_swa);
-    free(m->kcache); free(m->vcache);
+    for (int i = 0; i < 2; i++)
+        if (m->kv_map[i]) munmap(m->kv_map[i], m->kv_map_len);
     free(m->page_ref); free(m->free_pages); free(m->ptab); free(m->seq_len); free(m->swa_lo); free(m->swa_hi);
     free(m->items); free(m->item_row0); free(m->row_item); free(m->row_pos); free(m->task0); free(m->hgrp0); free(m->out_rows);
     free(m->x); free(m->xb); free(m->q); free(m->k); free(m->v); free(m->att); free(m->o);
@@ -824,6 +825,25 @@ static size_t compact_bytes(const lk_mat *w) {
     size_t rb = 0;
     LK_ASSERT(lk_type_row_bytes(w->type, w->cols, &rb));
     return rb * (size_t)w->rows;
+}
+
+/* A KV cache of `bytes`, zeros, on 2 MiB pages where the kernel gives
+ * them (madvise: a kernel whose transparent huge pages are "madvise" gives
+ * none otherwise): decode reads every page of a sequence once a token, and
+ * through 4 KiB pages each of a head's pages would cost a TLB miss. *map
+ * and *len are for munmap. Pages never written read as zeros (a copy of a
+ * page copies its unwritten tail too; nothing ever reads it). */
+static void *kv_alloc(size_t bytes, void **map, size_t *len) {
+    const size_t huge = (size_t)2 << 20;
+    *len = (bytes + huge - 1) / huge * huge + huge; /* room to align the start */
+    *map = mmap(NULL, *len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (*map == MAP_FAILED) {
+        fprintf(stderr, "lockstep: out of memory allocating a KV cache of %zu MiB\n", bytes >> 20);
+        abort();
+    }
+    uint8_t *p = (uint8_t *)(((uintptr_t)*map + huge - 1) & ~(uintptr_t)(huge - 1));
+    madvise(p, *len - (size_t)(p - (uint8_t *)*map), MADV_HUGEPAGE);
+    return p;
 }
 
 /* Drops this process's pages of [p, p+len) of the read-only file mapping
@@ -1194,10 +1214,8 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
     m->swa_page_elems = (size_t)m->n_swa * m->nkv * LK_KV_PAGE * m->ahd;
     const size_t kv_elems = (size_t)m->n_pages * m->page_elems + (size_t)m->max_seqs * m->swa_ring * m->swa_page_elems;
     size_t esz = m->kv_f16 ? 2 : 4;
-    /* calloc: pages never written are zeros (a copy of a page copies its
-     * unwritten tail too; nothing ever reads it) */
-    m->kcache = kv_elems ? lk_xcalloc(kv_elems, esz) : NULL;
-    m->vcache = kv_elems && !cfg.mla ? lk_xcalloc(kv_elems, esz) : NULL;
+    m->kcache = kv_elems ? kv_alloc(kv_elems * esz, &m->kv_map[0], &m->kv_map_len) : NULL;
+    m->vcache = kv_elems && !cfg.mla ? kv_alloc(kv_elems * esz, &m->kv_map[1], &m->kv_map_len) : NULL;
     m->swa_lo = lk_xcalloc((size_t)m->max_seqs, sizeof(int32_t));
     m->swa_hi = lk_xmalloc(sizeof(int32_t) * (size_t)m->max_seqs);
     for (int i = 0; i < m->max_seqs; i++) m->swa_hi[i] = -1;
@@ -1394,17 +1412,19 @@ lk_status lk_model_seq_fork(lk_model *m, int dst, int src, int n, char *err, siz
  * copies of shared ones. The caller checked the free count. */
 static void pages_take(lk_model *m, int seq, int pos0, int n) {
     int32_t *pt = ptab_of(m, seq);
-    const size_t bytes = m->page_elems * (m->kv_f16 ? 2 : 4);
+    const size_t es = m->kv_f16 ? 2 : 4, bytes = (size_t)LK_KV_PAGE * m->ahd * es,
+                 stride = (size_t)m->n_pages * bytes; /* from one (layer, KV head)'s pages to the next's */
+    const size_t parts = (size_t)m->n_kv_layers * m->nkv;
     for (int j = pos0 / LK_KV_PAGE; j <= (pos0 + n - 1) / LK_KV_PAGE; j++) {
         if (pt[j] >= 0 && m->page_ref[pt[j]] == 1) continue;
         LK_ASSERT(m->n_free > 0);
         int32_t pg = m->free_pages[--m->n_free];
         m->page_ref[pg] = 1;
-        if (pt[j] >= 0) { /* copy on write */
-            if (bytes) {
-                memcpy((char *)m->kcache + (size_t)pg * bytes, (char *)m->kcache + (size_t)pt[j] * bytes, bytes);
-                if (m->vcache)
-                    memcpy((char *)m->vcache + (size_t)pg * bytes, (char *)m->vcache + (size_t)pt[j] * bytes, bytes);
+        if (pt[j] >= 0) { /* copy on write, a (layer, KV head) at a time */
+            for (size_t i = 0; i < parts; i++) {
+                const size_t to = i * stride + (size_t)pg * bytes, from = i * stride + (size_t)pt[j] * bytes;
+                memcpy((char *)m->kcache + to, (char *)m->kcache + from, bytes);
+                if (m->vcache) memcpy((char *)m->vcache + to, (char *)m->vcache + from, bytes);
             }
             page_release(m, pt[j]);
         }
@@ -1545,11 +1565,11 @@ typedef struct {
 static size_t kv_page_kv(const lk_model *m, int seq, int j, int li, int kvh) {
     const layer_w *w = &m->layers[li];
     LK_ASSERT(m->kv_li[li] >= 0);
-    const size_t in = ((size_t)m->kv_li[li] * m->nkv + (size_t)kvh) * LK_KV_PAGE * m->ahd;
+    const size_t part = (size_t)m->kv_li[li] * m->nkv + (size_t)kvh, pe = (size_t)LK_KV_PAGE * m->ahd;
     if (m->swa_ring && w->swa) /* the slot's ring (model.h) */
         return (size_t)m->n_pages * m->page_elems +
-               ((size_t)seq * m->swa_ring + (size_t)(j % m->swa_ring)) * m->swa_page_elems + in;
-    return (size_t)ptab_of(m, seq)[j] * m->page_elems + in;
+               ((size_t)seq * m->swa_ring + (size_t)(j % m->swa_ring)) * m->swa_page_elems + part * pe;
+    return (part * (size_t)m->n_pages + (size_t)ptab_of(m, seq)[j]) * pe;
 }
 /* ... for the KV head that query head h (local) attends to. */
 static size_t kv_page(const lk_model *m, int seq, int j, int li, int h) {
@@ -1596,10 +1616,11 @@ static const float *kv_keys(const lk_model *m, int seq, int pg, int li, int h, i
 }
 
 /* Asks for share `part` of nparts of page pg's first np rows (keys or
- * values of local head h) ahead of their use: a head's pages lie apart in
- * the pool, and a decode query reads each once, so without it every page
- * began with a stall on memory that the hardware's stream detection does
- * not hide. */
+ * values of local head h) ahead of their use: a head's pages lie apart
+ * where its sequence's pages were not taken in a row (sequences prefilled
+ * together interleave theirs), and a decode query reads each once, so
+ * without it such a page began with a stall on memory that the hardware's
+ * stream detection does not hide. */
 static void kv_prefetch(const lk_model *m, const void *cache, int seq, int pg, int li, int h, int np, int part,
                         int nparts) {
     const size_t es = m->kv_f16 ? 2 : 4, e = (size_t)np * (size_t)m->ahd * es;

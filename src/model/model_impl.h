@@ -111,8 +111,13 @@ struct lk_model {
     layer_w *layers;        /* (layer1 - layer0) */
     float *rope_cos, *rope_sin; /* (n_ctx, rope_dim/2) */
     float *rope_cos_swa, *rope_sin_swa; /* (n_ctx, rope_dim/2) the sliding-window layers' (Gemma 3), or NULL */
-    /* KV cache: n_pages pages of (layers here, KV heads here, LK_KV_PAGE, ahd)
-     * keys and as many values, F32 or F16; a (layer, KV head)'s page of keys
+    /* KV cache: n_pages pages of LK_KV_PAGE positions' keys and as many
+     * values, F32 or F16, laid out (layers here, KV heads here, n_pages,
+     * LK_KV_PAGE, ahd): a (layer, KV head)'s pages are one array, so a
+     * sequence whose pages were taken in a row has each head's keys in one
+     * run of memory (before, a page held every layer and head, and a head's
+     * successive pages lay page_elems apart: decode attention at 2048
+     * positions on a Zen 5 took 35 % longer). A (layer, KV head)'s page of keys
      * is stored transposed, (ahd, LK_KV_PAGE), for the attention kernels'
      * keys in lanes (kv_keys). ahd is head_dim, or for MLA the latent row
      * [c | rope(k_pe)] (kv_lora + rope_dim): then there is no vcache, the
@@ -120,8 +125,10 @@ struct lk_model {
      * transposed (kv_keys turns a page when it reads it). */
     int ahd;
     bool kv_f16;
-    void *kcache, *vcache;
-    size_t page_elems;      /* elements of one page (keys or values): the global layers here */
+    void *kcache, *vcache;  /* on 2 MiB pages (kv_alloc), mapped at kv_map[0], [1] */
+    void *kv_map[2];
+    size_t kv_map_len;
+    size_t page_elems;      /* elements of one page (keys or values) over the global layers here */
     /* Sliding-window layers (model.h, "sequences and the paged KV cache")
      * keep their keys and values in a ring of swa_ring pages per slot,
      * after the pages in kcache/vcache: page j of slot s at ring entry
