@@ -154,7 +154,7 @@ TEST(thread_count_invariance) {
  * step's equal a fresh slot's prefill of the same tokens (decode gives
  * prefill's bits, whatever the blocks and tiles). Gemma 3's sliding-window
  * layers start their keys mid-block; DeepSeek's latent attention reads
- * its keys as rows. */
+ * its keys as rows. With an F16 cache too. */
 enum { NVMAX = 1024 };
 /* tokens [0, n) into slot seq in batches of 256, the last row sampled into *next */
 static lk_status prefill_256(lk_engine *e, int seq, const int32_t *toks, int n, int32_t *next, char *err) {
@@ -165,7 +165,7 @@ static lk_status prefill_256(lk_engine *e, int seq, const int32_t *toks, int n, 
     }
     return st;
 }
-static void long_same_bits(const char *model, int nv) {
+static void long_same_bits(const char *model, int nv, bool kv_f16) {
     char err[LK_ERRLEN];
     enum { PROMPT = 1030, STEPS = 24, CTX = 1536 };
     static int32_t toks[PROMPT + STEPS + 1];
@@ -176,7 +176,7 @@ static void long_same_bits(const char *model, int nv) {
     static const int threads[2] = {1, 8};
     for (int k = 0; k < 2; k++) {
         lk_engine_opts o = {.model_path = lk_td(model), .n_threads = threads[k], .n_ctx = CTX, .n_batch = 256,
-                            .max_seqs = 2};
+                            .max_seqs = 2, .kv_f16 = kv_f16};
         lk_engine *e = NULL;
         CHECKF(lk_engine_open(&o, &e, err, LK_ERRLEN) == LK_OK, "%s, %d threads: %s", model, threads[k], err);
         if (!e) return;
@@ -209,9 +209,11 @@ static void long_same_bits(const char *model, int nv) {
     }
 }
 TEST(long_decode_same_bits) {
-    long_same_bits("models/stories260K.gguf", NV);
-    long_same_bits("synth/synth-gemma3-f16.gguf", 603);
-    long_same_bits("synth/synth-deepseek2-f16.gguf", 601); /* MLA: the latent rows turned as read */
+    long_same_bits("models/stories260K.gguf", NV, false);
+    long_same_bits("models/stories260K.gguf", NV, true); /* F16 pages read by the kernels as they are */
+    long_same_bits("synth/synth-gemma3-f16.gguf", 603, false);
+    long_same_bits("synth/synth-deepseek2-f16.gguf", 601, false); /* MLA: the latent rows turned as read */
+    long_same_bits("synth/synth-deepseek2-f16.gguf", 601, true);  /* ... widened first */
 }
 
 /* Copy on write: slot 1 forks slot 0's first 5 positions (the fifth page

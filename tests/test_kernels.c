@@ -139,6 +139,73 @@ TEST(attn_qk_equals_fma_chain) {
     printf("  scores = fma chain at %d level%s\n", runs, runs > 1 ? "s" : "");
 }
 
+/* An F16 cache's pages go to the kernels as they are: the scores and the
+ * weighted sums over F16 keys and values are those over the same pages
+ * widened to F32 (exact), bit for bit, at every level this CPU runs, for
+ * head sizes on and off the vector steps and 1-16 queries; and a call over
+ * more than 64 pages (the kernels take pages 64 at a time) gives the fused
+ * multiply-add chain for every key, F32 and F16. */
+TEST(attn_f16_equals_widened) {
+    enum { NPG = 70, NK = NPG * LK_ATT_KW, HD = 136, NQ = 16, SS = NK + 16 };
+    static uint16_t Kh[NPG][HD * LK_ATT_KW], Vh[LK_ATT_KW * HD];
+    static float Kf[NPG][HD * LK_ATT_KW], Vf[LK_ATT_KW * HD], Q[NQ * HD], S[NQ * SS], S2[NQ * SS], W[4 * LK_ATT_KW],
+        out[4 * HD], out2[4 * HD];
+    for (int j = 0; j < NPG; j++)
+        for (int i = 0; i < HD * LK_ATT_KW; i++) {
+            Kh[j][i] = lk_fp32_to_fp16((float)(urand() * 2 - 1));
+            Kf[j][i] = lk_fp16_to_fp32(Kh[j][i]);
+        }
+    for (int i = 0; i < LK_ATT_KW * HD; i++) Vh[i] = lk_fp32_to_fp16((float)(urand() * 4 - 2)), Vf[i] = lk_fp16_to_fp32(Vh[i]);
+    for (int i = 0; i < NQ * HD; i++) Q[i] = (float)(urand() * 2 - 1);
+    for (int i = 0; i < 4 * LK_ATT_KW; i++) W[i] = (float)urand();
+    const uint16_t *ph[NPG];
+    const float *pf[NPG];
+    for (int j = 0; j < NPG; j++) ph[j] = Kh[(j * 7) % NPG], pf[j] = Kf[(j * 7) % NPG]; /* apart, in any order */
+    const char *levels[] = {"scalar", "avx2", "avx512"}, *was = lk_vec_simd_name();
+    const int hds[] = {8, 24, 40, 64, 72, 128, 136};
+    int runs = 0;
+    for (int l = 0; l < 3; l++) {
+        if (!lk_vec_set_simd(levels[l])) continue;
+        runs++;
+        for (size_t k = 0; k < sizeof hds / sizeof hds[0]; k++) {
+            const int hd = hds[k];
+            for (int nq = 1; nq <= NQ; nq += (nq < 9 ? 1 : 7)) {
+                const int nk = 4 * LK_ATT_KW - (nq * 5) % 17; /* a block of 4 pages, its last part filled */
+                lk_vec_attn_qk_f16(S, SS, Q, HD, nq, ph, nk, hd);
+                lk_vec_attn_qk(S2, SS, Q, HD, nq, pf, nk, hd);
+                bool same = true;
+                for (int g = 0; g < nq; g++) same = same && !memcmp(S + g * SS, S2 + g * SS, sizeof(float) * (size_t)nk);
+                CHECKF(same, "%s hd=%d nq=%d: F16 scores differ from the widened pages'", levels[l], hd, nq);
+            }
+            for (int nq = 1; nq <= 4; nq++)
+                for (int np = 1; np <= LK_ATT_KW; np += 5) {
+                    for (int i = 0; i < 4 * HD; i++) out[i] = out2[i] = (float)(urand() - 0.5);
+                    lk_vec_attn_av_f16(out, HD, W, LK_ATT_KW, 1, Vh, np, nq, hd);
+                    lk_vec_attn_av_f32(out2, HD, W, LK_ATT_KW, 1, Vf, np, nq, hd);
+                    CHECKF(!memcmp(out, out2, sizeof out), "%s hd=%d nq=%d np=%d: F16 sums differ from the widened rows'",
+                           levels[l], hd, nq, np);
+                }
+        }
+        /* past 64 pages, against the chain */
+        for (int h = 0; h < 2; h++) {
+            const int hd = 24, nq = 3;
+            if (h) lk_vec_attn_qk_f16(S, SS, Q, HD, nq, ph, NK - 5, hd);
+            else lk_vec_attn_qk(S, SS, Q, HD, nq, pf, NK - 5, hd);
+            bool same = true;
+            for (int g = 0; g < nq; g++)
+                for (int p = 0; p < NK - 5; p++) {
+                    float want = 0;
+                    for (int d = 0; d < hd; d++) want = fmaf(Q[g * HD + d], pf[p / LK_ATT_KW][d * LK_ATT_KW + p % LK_ATT_KW], want);
+                    same = same && !memcmp(&want, &S[g * SS + p], 4);
+                }
+            CHECKF(same, "%s %s: %d keys over %d pages differ from the chain", levels[l], h ? "F16" : "F32", NK - 5, NPG);
+        }
+    }
+    CHECK(lk_vec_set_simd(was));
+    CHECK(runs >= 1);
+    printf("  F16 pages = widened pages at %d level%s\n", runs, runs > 1 ? "s" : "");
+}
+
 /* The running softmax over several key blocks against a double-precision
  * softmax of each query's live keys (scaled; soft-capped too): the weights
  * of block j are e^(s - max_j), so their probability is weight x the later
@@ -201,6 +268,7 @@ TEST(attn_softmax_matches_double) {
 int main(void) {
     RUN(attn_av_equals_axpy);
     RUN(attn_qk_equals_fma_chain);
+    RUN(attn_f16_equals_widened);
     RUN(attn_softmax_matches_double);
     RUN(softmax_matches_double);
     RUN(swiglu_matches_double);

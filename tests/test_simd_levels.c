@@ -160,6 +160,16 @@ static void run_vec(const char *level, outs *o) {
             for (int i = 0; i < 4 * n; i++) av[i] = frand(-1, 1);
             lk_vec_attn_av_f32(av, (size_t)n, ST + (nq > 4) * SS, SS, 1, KV, np, LK_MIN(4, nq), n); /* rows < nq */
             put(o, av, (size_t)(4 * n));
+            /* an F16 cache's pages, read as they are */
+            static uint16_t KH[2][NMAX * LK_ATT_KW], VH[SS * NMAX];
+            const uint16_t *hpages[2] = {KH[0], KH[1]};
+            for (int i = 0; i < n * LK_ATT_KW; i++) KH[0][i] = lk_fp32_to_fp16(frand(-2, 2)), KH[1][i] = lk_fp32_to_fp16(frand(-2, 2));
+            for (int i = 0; i < np * n; i++) VH[i] = lk_fp32_to_fp16(frand(-2, 2));
+            lk_vec_attn_qk_f16(ST, SS, Q, (size_t)n, nq, hpages, np, n);
+            for (int g = 0; g < nq; g++) put(o, ST + g * SS, (size_t)np);
+            for (int i = 0; i < 4 * n; i++) av[i] = frand(-1, 1);
+            lk_vec_attn_av_f16(av, (size_t)n, ST, SS, 1, VH, np, LK_MIN(4, nq), n);
+            put(o, av, (size_t)(4 * n));
         }
         /* exponentials: softmax (through lk_vec_exp_sum) over scores far
          * below the max too, SwiGLU over gates that saturate exp */

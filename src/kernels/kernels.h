@@ -151,6 +151,10 @@ double lk_vec_exp_sum(float *x, int64_t n, float sub);
 enum { LK_ATT_KW = 32 };
 void   lk_vec_attn_qk(float *S, size_t ss, const float *q, size_t q_stride, int nq, const float *const *K, int64_t nk,
                       int64_t hd);
+/* ... with pages of F16 keys, widened as they are loaded (exact: the bits
+ * of lk_vec_attn_qk on the widened pages) */
+void   lk_vec_attn_qk_f16(float *S, size_t ss, const float *q, size_t q_stride, int nq, const uint16_t *const *K,
+                          int64_t nk, int64_t hd);
 /* The running softmax over a block of nb keys: query g (< nq) sees keys
  * [a[g], b[g]) of its row (empty allowed), which are scaled (then
  * soft-capped, cap > 0: cap tanh(s / cap)) and become e^(s - mx') with mx'
@@ -170,6 +174,10 @@ void   lk_vec_attn_softmax(float *S, size_t ss, int64_t nb, const int32_t *a, co
  * call. A query that sees fewer positions passes S = 0 for the rest. */
 void   lk_vec_attn_av_f32(float *out, size_t out_stride, const float *S, size_t q_stride, size_t p_stride,
                           const float *V, int64_t npos, int nq, int64_t hd);
+/* ... with rows of F16 values, widened as they are loaded (the bits of
+ * lk_vec_attn_av_f32 on the widened rows) */
+void   lk_vec_attn_av_f16(float *out, size_t out_stride, const float *S, size_t q_stride, size_t p_stride,
+                          const uint16_t *V, int64_t npos, int nq, int64_t hd);
 /* gate[i] = silu(gate[i]) * up[i] (lk_swiglu) */
 void   lk_vec_swiglu(float *gate, const float *up, int64_t n);
 /* The SIMD level the vector kernels above (and the delta net's state

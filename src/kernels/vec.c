@@ -1,6 +1,7 @@
-/* Small F32 vector kernels for attention: dot products of a query with cached
- * keys and weighted sums of cached values (an F16 cache's rows widened to
- * F32 first, which is exact); and the exponentials of softmax and SwiGLU.
+/* Small F32 vector kernels for attention: scores of queries against cached
+ * keys and weighted sums of cached values (an F16 cache's pages widened to
+ * F32 as they are loaded, which is exact: the bits of the F32 kernels on
+ * the widened pages); and the exponentials of softmax and SwiGLU.
  * gcc does not vectorise float reductions at -O2 (it may not reorder the
  * sums), so the SIMD versions are written out; the level is chosen once at
  * run time.
@@ -159,14 +160,22 @@ static void swiglu_scalar(float *gate, const float *up, int64_t n) {
  * in key order from 0, the partials then as ((0 + 4) + (2 + 6)) + ((1 + 5)
  * + (3 + 7)) (att_fold), that block sum onto the old sum times the
  * factor. */
-static inline const float *att_key(const float *const *K, int64_t p) { return K[p / LK_ATT_KW] + p % LK_ATT_KW; }
-static void qk_scalar(float *S, size_t ss, const float *q, size_t qs, int nq, const float *const *K, int64_t nk,
+/* Key p's first element in pages K of F32 (h false) or F16 (h true):
+ * the kernels take a page as a pointer of either kind (lk_vec_attn_qk,
+ * _qk_f16 copy theirs into one array) */
+static inline const void *att_key(const void *const *K, bool h, int64_t p) {
+    return (const char *)K[p / LK_ATT_KW] + (size_t)(p % LK_ATT_KW) * (h ? 2 : 4);
+}
+static void qk_scalar(float *S, size_t ss, const float *q, size_t qs, int nq, const void *const *K, bool h, int64_t nk,
                       int64_t hd) {
     for (int g = 0; g < nq; g++)
         for (int64_t p = 0; p < nk; p++) {
-            const float *k = att_key(K, p);
+            const void *k = att_key(K, h, p);
             float acc = 0.f;
-            for (int64_t d = 0; d < hd; d++) acc = lk_fmaf(q[(size_t)g * qs + (size_t)d], k[d * LK_ATT_KW], acc);
+            for (int64_t d = 0; d < hd; d++)
+                acc = lk_fmaf(q[(size_t)g * qs + (size_t)d],
+                              h ? lk_fp16_to_fp32(((const uint16_t *)k)[d * LK_ATT_KW]) : ((const float *)k)[d * LK_ATT_KW],
+                              acc);
             S[(size_t)g * ss + (size_t)p] = acc;
         }
 }
@@ -349,7 +358,7 @@ AVX2 static double expsum_avx2(float *x, int64_t n, float sub) {
  * tiles of QG queries x V vectors of VW keys, the queries broadcast. A
  * tile's vector v is keys [VW v, VW v + VW) of the block, in page VW v /
  * LK_ATT_KW. */
-typedef void (*qkt_fn)(float *S, size_t ss, const float *q, size_t qs, const float *const *K, int64_t v0, int64_t hd);
+typedef void (*qkt_fn)(float *S, size_t ss, const float *q, size_t qs, const void *const *K, int64_t v0, int64_t hd);
 /* Query groups of 8, 4, 2, 1; per group the vectors in tiles of
  * vmax[group], then one each of the halves below it: tab[group][i] has V =
  * vmax >> i. A group of 8 reads a block's keys once for a decode head
@@ -357,7 +366,7 @@ typedef void (*qkt_fn)(float *S, size_t ss, const float *q, size_t qs, const flo
  * measured alike: decode at 2048 positions 50.4-53.7 against 50.1-52.9
  * tok/s). */
 static void qk_drive(const qkt_fn tab[4][4], const int vmax[4], int vw, float *S, size_t ss, const float *q,
-                     size_t qs, int nq, const float *const *K, int64_t nk, int64_t hd) {
+                     size_t qs, int nq, const void *const *K, int64_t nk, int64_t hd) {
     const int64_t nv = (nk + vw - 1) / vw;
     for (int g = 0; g < nq;) {
         const int gi = nq - g >= 8 ? 0 : nq - g >= 4 ? 1 : nq - g >= 2 ? 2 : 3;
@@ -373,12 +382,12 @@ static void qk_drive(const qkt_fn tab[4][4], const int vmax[4], int vw, float *S
         g += 8 >> gi;
     }
 }
-AVX2 static LK_INL void qk8_tile(const int QG, const int V, float *S, size_t ss, const float *q, size_t qs,
-                                 const float *const *K, int64_t v0, int64_t hd) {
+AVX2 static LK_INL void qk8_tile(const int QG, const int V, const bool H, float *S, size_t ss, const float *q,
+                                 size_t qs, const void *const *K, int64_t v0, int64_t hd) {
     __m256 acc[8][8];
-    const float *kp[8];
+    const void *kp[8];
 #pragma GCC unroll 8
-    for (int j = 0; j < V; j++) kp[j] = att_key(K, (v0 + j) * 8);
+    for (int j = 0; j < V; j++) kp[j] = att_key(K, H, (v0 + j) * 8);
 #pragma GCC unroll 8
     for (int g = 0; g < QG; g++)
 #pragma GCC unroll 8
@@ -387,7 +396,9 @@ AVX2 static LK_INL void qk8_tile(const int QG, const int V, float *S, size_t ss,
     for (int64_t d = 0; d < hd; d++) {
         __m256 k[8];
 #pragma GCC unroll 8
-        for (int j = 0; j < V; j++) k[j] = _mm256_loadu_ps(kp[j] + d * LK_ATT_KW);
+        for (int j = 0; j < V; j++)
+            k[j] = H ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)kp[j] + d * LK_ATT_KW)))
+                     : _mm256_loadu_ps((const float *)kp[j] + d * LK_ATT_KW);
 #pragma GCC unroll 8
         for (int g = 0; g < QG; g++) {
             const __m256 qb = _mm256_broadcast_ss(q + (size_t)g * qs + (size_t)d);
@@ -400,18 +411,25 @@ AVX2 static LK_INL void qk8_tile(const int QG, const int V, float *S, size_t ss,
 #pragma GCC unroll 8
         for (int j = 0; j < V; j++) _mm256_storeu_ps(S + (size_t)g * ss + (size_t)(v0 + j) * 8, acc[g][j]);
 }
-#define QK8_FN(QG, V)                                                                                           \
-    AVX2 static void qk8_##QG##_##V(float *S, size_t ss, const float *q, size_t qs, const float *const *K,        \
-                                    int64_t v0, int64_t hd) {                                        \
-        qk8_tile(QG, V, S, ss, q, qs, K, v0, hd);                                                            \
+/* qk8_T_QG_V: T f (F32 keys) or h (F16 keys, widened as they are loaded) */
+#define QK8_FN(T, QG, V)                                                                                        \
+    AVX2 static void qk8_##T##_##QG##_##V(float *S, size_t ss, const float *q, size_t qs, const void *const *K,  \
+                                          int64_t v0, int64_t hd) {                                             \
+        qk8_tile(QG, V, #T[0] == 'h', S, ss, q, qs, K, v0, hd);                                                   \
     }
-QK8_FN(8, 1) QK8_FN(4, 2) QK8_FN(4, 1) QK8_FN(2, 4) QK8_FN(2, 2) QK8_FN(2, 1) QK8_FN(1, 8) QK8_FN(1, 4) QK8_FN(1, 2) QK8_FN(1, 1)
-static const qkt_fn k_qk8[4][4] = {
-    {qk8_8_1}, {qk8_4_2, qk8_4_1}, {qk8_2_4, qk8_2_2, qk8_2_1}, {qk8_1_8, qk8_1_4, qk8_1_2, qk8_1_1}};
+#define QK8_FNS(T)                                                                                              \
+    QK8_FN(T, 8, 1) QK8_FN(T, 4, 2) QK8_FN(T, 4, 1) QK8_FN(T, 2, 4) QK8_FN(T, 2, 2) QK8_FN(T, 2, 1)             \
+    QK8_FN(T, 1, 8) QK8_FN(T, 1, 4) QK8_FN(T, 1, 2) QK8_FN(T, 1, 1)                                             \
+    static const qkt_fn k_qk8_##T[4][4] = {{qk8_##T##_8_1},                                                     \
+                                           {qk8_##T##_4_2, qk8_##T##_4_1},                                      \
+                                           {qk8_##T##_2_4, qk8_##T##_2_2, qk8_##T##_2_1},                       \
+                                           {qk8_##T##_1_8, qk8_##T##_1_4, qk8_##T##_1_2, qk8_##T##_1_1}};
+QK8_FNS(f)
+QK8_FNS(h)
 static const int k_qk8_vmax[4] = {1, 2, 4, 8};
-AVX2 static void qk_avx2(float *S, size_t ss, const float *q, size_t qs, int nq, const float *const *K, int64_t nk,
-                         int64_t hd) {
-    qk_drive(k_qk8, k_qk8_vmax, 8, S, ss, q, qs, nq, K, nk, hd);
+AVX2 static void qk_avx2(float *S, size_t ss, const float *q, size_t qs, int nq, const void *const *K, bool h,
+                         int64_t nk, int64_t hd) {
+    qk_drive(h ? k_qk8_h : k_qk8_f, k_qk8_vmax, 8, S, ss, q, qs, nq, K, nk, hd);
 }
 /* sm_scalar on 8 keys a vector: partials 0-3 in s[0], 4-7 in s[1] */
 AVX2 static void sm_avx2(float *S, size_t ss, int64_t nb, const int32_t *a, const int32_t *b, int nq, float scale,
@@ -543,12 +561,12 @@ AVX512 static double expsum_avx512(float *x, int64_t n, float sub) {
     return hsum256d(_mm256_add_pd(_mm512_castpd512_pd256(h), _mm512_extractf64x4_pd(h, 1)));
 }
 /* qk8_tile on 16 keys a vector */
-AVX512 static LK_INL void qk16_tile(const int QG, const int V, float *S, size_t ss, const float *q, size_t qs,
-                                    const float *const *K, int64_t v0, int64_t hd) {
+AVX512 static LK_INL void qk16_tile(const int QG, const int V, const bool H, float *S, size_t ss, const float *q,
+                                    size_t qs, const void *const *K, int64_t v0, int64_t hd) {
     __m512 acc[8][8];
-    const float *kp[8];
+    const void *kp[8];
 #pragma GCC unroll 8
-    for (int j = 0; j < V; j++) kp[j] = att_key(K, (v0 + j) * 16);
+    for (int j = 0; j < V; j++) kp[j] = att_key(K, H, (v0 + j) * 16);
 #pragma GCC unroll 8
     for (int g = 0; g < QG; g++)
 #pragma GCC unroll 8
@@ -557,7 +575,9 @@ AVX512 static LK_INL void qk16_tile(const int QG, const int V, float *S, size_t 
     for (int64_t d = 0; d < hd; d++) {
         __m512 k[8];
 #pragma GCC unroll 8
-        for (int j = 0; j < V; j++) k[j] = _mm512_loadu_ps(kp[j] + d * LK_ATT_KW);
+        for (int j = 0; j < V; j++)
+            k[j] = H ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)kp[j] + d * LK_ATT_KW)))
+                     : _mm512_loadu_ps((const float *)kp[j] + d * LK_ATT_KW);
 #pragma GCC unroll 8
         for (int g = 0; g < QG; g++) {
             const __m512 qb = _mm512_set1_ps(q[(size_t)g * qs + (size_t)d]);
@@ -570,21 +590,25 @@ AVX512 static LK_INL void qk16_tile(const int QG, const int V, float *S, size_t 
 #pragma GCC unroll 8
         for (int j = 0; j < V; j++) _mm512_storeu_ps(S + (size_t)g * ss + (size_t)(v0 + j) * 16, acc[g][j]);
 }
-#define QK16_FN(QG, V)                                                                                          \
-    AVX512 static void qk16_##QG##_##V(float *S, size_t ss, const float *q, size_t qs, const float *const *K,     \
-                                       int64_t v0, int64_t hd) {                                     \
-        qk16_tile(QG, V, S, ss, q, qs, K, v0, hd);                                                           \
+#define QK16_FN(T, QG, V)                                                                                       \
+    AVX512 static void qk16_##T##_##QG##_##V(float *S, size_t ss, const float *q, size_t qs, const void *const *K, \
+                                             int64_t v0, int64_t hd) {                                          \
+        qk16_tile(QG, V, #T[0] == 'h', S, ss, q, qs, K, v0, hd);                                                  \
     }
-QK16_FN(8, 2) QK16_FN(8, 1) QK16_FN(4, 4) QK16_FN(4, 2) QK16_FN(4, 1) QK16_FN(2, 8) QK16_FN(2, 4) QK16_FN(2, 2) QK16_FN(2, 1)
-QK16_FN(1, 8) QK16_FN(1, 4) QK16_FN(1, 2) QK16_FN(1, 1)
-static const qkt_fn k_qk16[4][4] = {{qk16_8_2, qk16_8_1},
-                                    {qk16_4_4, qk16_4_2, qk16_4_1},
-                                    {qk16_2_8, qk16_2_4, qk16_2_2, qk16_2_1},
-                                    {qk16_1_8, qk16_1_4, qk16_1_2, qk16_1_1}};
+#define QK16_FNS(T)                                                                                             \
+    QK16_FN(T, 8, 2) QK16_FN(T, 8, 1) QK16_FN(T, 4, 4) QK16_FN(T, 4, 2) QK16_FN(T, 4, 1) QK16_FN(T, 2, 8)       \
+    QK16_FN(T, 2, 4) QK16_FN(T, 2, 2) QK16_FN(T, 2, 1) QK16_FN(T, 1, 8) QK16_FN(T, 1, 4) QK16_FN(T, 1, 2)       \
+    QK16_FN(T, 1, 1)                                                                                            \
+    static const qkt_fn k_qk16_##T[4][4] = {{qk16_##T##_8_2, qk16_##T##_8_1},                                   \
+                                            {qk16_##T##_4_4, qk16_##T##_4_2, qk16_##T##_4_1},                   \
+                                            {qk16_##T##_2_8, qk16_##T##_2_4, qk16_##T##_2_2, qk16_##T##_2_1},   \
+                                            {qk16_##T##_1_8, qk16_##T##_1_4, qk16_##T##_1_2, qk16_##T##_1_1}};
+QK16_FNS(f)
+QK16_FNS(h)
 static const int k_qk16_vmax[4] = {2, 4, 8, 8};
-AVX512 static void qk_avx512(float *S, size_t ss, const float *q, size_t qs, int nq, const float *const *K, int64_t nk,
-                             int64_t hd) {
-    qk_drive(k_qk16, k_qk16_vmax, 16, S, ss, q, qs, nq, K, nk, hd);
+AVX512 static void qk_avx512(float *S, size_t ss, const float *q, size_t qs, int nq, const void *const *K, bool h,
+                             int64_t nk, int64_t hd) {
+    qk_drive(h ? k_qk16_h : k_qk16_f, k_qk16_vmax, 16, S, ss, q, qs, nq, K, nk, hd);
 }
 /* sm_scalar on 16 keys a vector: partial r in lane r of s */
 AVX512 static void sm_avx512(float *S, size_t ss, int64_t nb, const int32_t *a, const int32_t *b, int nq, float scale,
@@ -662,17 +686,25 @@ AVX512 static void swiglu_avx512(float *gate, const float *up, int64_t n) {
  * query and position before). Per output element the same fused
  * multiply-adds in the same order as axpy_avx512, so the results are those
  * of one axpy per position. */
-AVX512 static void av4_avx512(float *out, size_t os, const float *S, size_t ss, size_t ps, const float *V,
-                              int64_t npos, int nq, int64_t hd) {
+AVX512 static LK_INL __m512 av_ld16(const bool H, const void *V, int64_t at) {
+    return H ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)V + at)))
+             : _mm512_loadu_ps((const float *)V + at);
+}
+static inline float av_ld1(const bool H, const void *V, int64_t at) {
+    return H ? lk_fp16_to_fp32(((const uint16_t *)V)[at]) : ((const float *)V)[at];
+}
+/* V: F32 rows, or F16 (H) widened as they are loaded */
+AVX512 static LK_INL void av4_tile(const bool H, float *out, size_t os, const float *S, size_t ss, size_t ps,
+                                   const void *V, int64_t npos, int nq, int64_t hd) {
     int64_t i = 0;
     for (; i + 64 <= hd; i += 64) {
         __m512 acc[4][4];
         for (int q = 0; q < 4; q++)
             for (int c = 0; c < 4; c++) acc[q][c] = q < nq ? _mm512_loadu_ps(out + q * os + i + 16 * c) : _mm512_setzero_ps();
         for (int64_t p = 0; p < npos; p++) {
-            const float *v = V + p * hd + i;
-            __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16);
-            __m512 v2 = _mm512_loadu_ps(v + 32), v3 = _mm512_loadu_ps(v + 48);
+            const int64_t v = p * hd + i;
+            __m512 v0 = av_ld16(H, V, v), v1 = av_ld16(H, V, v + 16);
+            __m512 v2 = av_ld16(H, V, v + 32), v3 = av_ld16(H, V, v + 48);
 #pragma GCC unroll 4
             for (int q = 0; q < 4; q++) {
                 if (q >= nq) break;
@@ -689,18 +721,23 @@ AVX512 static void av4_avx512(float *out, size_t os, const float *S, size_t ss, 
     for (; i + 16 <= hd; i += 16) /* head sizes that are not a multiple of 64 */
         for (int q = 0; q < nq; q++) {
             __m512 a = _mm512_loadu_ps(out + q * os + i);
-            for (int64_t p = 0; p < npos; p++) a = _mm512_fmadd_ps(_mm512_set1_ps(S[q * ss + p * ps]), _mm512_loadu_ps(V + p * hd + i), a);
+            for (int64_t p = 0; p < npos; p++) a = _mm512_fmadd_ps(_mm512_set1_ps(S[q * ss + p * ps]), av_ld16(H, V, p * hd + i), a);
             _mm512_storeu_ps(out + q * os + i, a);
         }
     for (; i < hd; i++) /* axpy_avx512's scalar tail */
         for (int q = 0; q < nq; q++) {
             float a = out[q * os + i];
-            for (int64_t p = 0; p < npos; p++) a = fmaf(S[q * ss + p * ps], V[p * hd + i], a);
+            for (int64_t p = 0; p < npos; p++) a = fmaf(S[q * ss + p * ps], av_ld1(H, V, p * hd + i), a);
             out[q * os + i] = a;
         }
 }
-static void av4_generic(float *out, size_t os, const float *S, size_t ss, size_t ps, const float *V, int64_t npos,
-                        int nq, int64_t hd);
+AVX512 static void av4_avx512(float *out, size_t os, const float *S, size_t ss, size_t ps, const void *V, bool h,
+                              int64_t npos, int nq, int64_t hd) {
+    if (h) av4_tile(true, out, os, S, ss, ps, V, npos, nq, hd);
+    else av4_tile(false, out, os, S, ss, ps, V, npos, nq, hd);
+}
+static void av4_generic(float *out, size_t os, const float *S, size_t ss, size_t ps, const void *V, bool h,
+                        int64_t npos, int nq, int64_t hd);
 
 typedef struct {
     const char *name; /* the SIMD level these kernels belong to */
@@ -709,8 +746,8 @@ typedef struct {
     void (*f16_to_f32)(float *, const uint16_t *, int64_t);
     double (*expsum)(float *, int64_t, float);
     void (*swiglu)(float *, const float *, int64_t);
-    void (*av4)(float *, size_t, const float *, size_t, size_t, const float *, int64_t, int, int64_t);
-    void (*qk)(float *, size_t, const float *, size_t, int, const float *const *, int64_t, int64_t);
+    void (*av4)(float *, size_t, const float *, size_t, size_t, const void *, bool, int64_t, int, int64_t);
+    void (*qk)(float *, size_t, const float *, size_t, int, const void *const *, bool, int64_t, int64_t);
     double (*sumsq)(const float *, int64_t);
     float (*max)(const float *, int64_t);
     void (*scale)(float *, int64_t, float);
@@ -787,22 +824,52 @@ float lk_vec_max(const float *x, int64_t n) { return ops()->max(x, n); }
 void lk_vec_scale(float *x, int64_t n, float s) { ops()->scale(x, n, s); }
 void lk_vec_scale_mul(float *out, const float *x, float s, const float *w, int64_t n) { ops()->scale_mul(out, x, s, w, n); }
 
-/* Other levels: one axpy per query and position, as before. */
-static void av4_generic(float *out, size_t os, const float *S, size_t ss, size_t ps, const float *V, int64_t npos,
-                        int nq, int64_t hd) {
-    for (int q = 0; q < nq; q++) {
-        for (int64_t p = 0; p < npos; p++) ops()->axpy(out + q * os, S[q * ss + p * ps], V + p * hd, hd);
-    }
+/* Other levels: one axpy per query and position, as before; an F16 row
+ * widened first, a piece at a time (an axpy is elementwise, so the pieces
+ * give the bits of one call). */
+static void av4_generic(float *out, size_t os, const float *S, size_t ss, size_t ps, const void *V, bool h,
+                        int64_t npos, int nq, int64_t hd) {
+    enum { PIECE = 256 };
+    float w[PIECE];
+    for (int64_t p = 0; p < npos; p++)
+        for (int64_t i = 0; i < hd; i += PIECE) {
+            const int64_t n = LK_MIN((int64_t)PIECE, hd - i);
+            const float *v = (const float *)V + p * hd + i;
+            if (h) ops()->f16_to_f32(w, (const uint16_t *)V + p * hd + i, n), v = w;
+            for (int q = 0; q < nq; q++) ops()->axpy(out + q * os + i, S[q * ss + p * ps], v, n);
+        }
 }
 void lk_vec_attn_av_f32(float *out, size_t out_stride, const float *S, size_t q_stride, size_t p_stride,
                         const float *V, int64_t npos, int nq, int64_t hd) {
     LK_ASSERT(nq >= 1 && nq <= 4);
-    ops()->av4(out, out_stride, S, q_stride, p_stride, V, npos, nq, hd);
+    ops()->av4(out, out_stride, S, q_stride, p_stride, V, false, npos, nq, hd);
 }
+void lk_vec_attn_av_f16(float *out, size_t out_stride, const float *S, size_t q_stride, size_t p_stride,
+                        const uint16_t *V, int64_t npos, int nq, int64_t hd) {
+    LK_ASSERT(nq >= 1 && nq <= 4);
+    ops()->av4(out, out_stride, S, q_stride, p_stride, V, true, npos, nq, hd);
+}
+/* The pages as pointers of one kind for the tiles, 64 pages (2048 keys) at
+ * a time: a score depends on its own key alone, so the pieces give the
+ * bits of one call. */
+#define QK_RUN(K, h)                                                                                            \
+    do {                                                                                                        \
+        LK_ASSERT(nq >= 1);                                                                                     \
+        enum { PAGES = 64 };                                                                                    \
+        const void *pk[PAGES];                                                                                  \
+        for (int64_t p0 = 0; p0 < nk; p0 += (int64_t)PAGES * LK_ATT_KW) {                                     \
+            const int64_t n = LK_MIN((int64_t)PAGES * LK_ATT_KW, nk - p0);                                     \
+            for (int64_t j = 0; j < (n + LK_ATT_KW - 1) / LK_ATT_KW; j++) pk[j] = K[p0 / LK_ATT_KW + j];       \
+            ops()->qk(S + p0, ss, q, q_stride, nq, pk, h, n, hd);                                               \
+        }                                                                                                       \
+    } while (0)
 void lk_vec_attn_qk(float *S, size_t ss, const float *q, size_t q_stride, int nq, const float *const *K, int64_t nk,
                     int64_t hd) {
-    LK_ASSERT(nq >= 1);
-    ops()->qk(S, ss, q, q_stride, nq, K, nk, hd);
+    QK_RUN(K, false);
+}
+void lk_vec_attn_qk_f16(float *S, size_t ss, const float *q, size_t q_stride, int nq, const uint16_t *const *K,
+                        int64_t nk, int64_t hd) {
+    QK_RUN(K, true);
 }
 void lk_vec_attn_softmax(float *S, size_t ss, int64_t nb, const int32_t *a, const int32_t *b, int nq, float scale,
                          float cap, float *mx, double *sum, float *al) {

@@ -1248,7 +1248,7 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
     m->scores = lk_xmalloc_aligned(sizeof(float) * (size_t)lk_pool_size(m->pool) * attn_buf_floats(m));
     /* defined from the start: a block's softmax loads whole vectors of its rows, keys no task wrote included */
     memset(m->scores, 0, sizeof(float) * (size_t)lk_pool_size(m->pool) * attn_buf_floats(m));
-    if (m->kv_f16 || cfg.mla) { /* defined from the start: kv_keys's pages are read whole */
+    if (cfg.mla) { /* defined from the start: kv_keys's pages are read whole */
         m->kvw = lk_xmalloc_aligned(sizeof(float) * (size_t)lk_pool_size(m->pool) * kvw_floats(m));
         memset(m->kvw, 0, sizeof(float) * (size_t)lk_pool_size(m->pool) * kvw_floats(m));
     }
@@ -1596,10 +1596,10 @@ static const float *kv_rows(const lk_model *m, const void *cache, int seq, int p
 
 /* Page pg's keys for local head h in layer li, transposed (kernels.h:
  * element d of key p at d LK_ATT_KW + p), as F32: an F32 cache's page
- * where it is (the cache keeps keys so, qk_prepare), an F16 cache's
- * widened into buf; MLA's latent rows, which are also its values, read as
- * rows (kv_rows, widened into tmp for an F16 cache) and turned into buf
- * (np of them). */
+ * where it is (the cache keeps keys so, qk_prepare); MLA's latent rows,
+ * which are also its values, read as rows (kv_rows, widened into tmp for
+ * an F16 cache) and turned into buf (np of them). An F16 cache's other
+ * pages go to the kernels as they are (attn_rows). */
 _Static_assert(LK_KV_PAGE == LK_ATT_KW, "a page of keys is a page of the attention kernels");
 static const float *kv_keys(const lk_model *m, int seq, int pg, int li, int h, int np, float *buf, float *tmp) {
     const int64_t hd = m->ahd;
@@ -1609,10 +1609,8 @@ static const float *kv_keys(const lk_model *m, int seq, int pg, int li, int h, i
             for (int64_t d = 0; d < hd; d++) buf[d * LK_KV_PAGE + p] = r[(size_t)p * (size_t)hd + (size_t)d];
         return buf;
     }
-    const size_t at = kv_page(m, seq, pg, li, h);
-    if (!m->kv_f16) return (const float *)m->kcache + at;
-    lk_vec_f16_to_f32(buf, (const uint16_t *)m->kcache + at, (int64_t)LK_KV_PAGE * hd);
-    return buf;
+    LK_ASSERT(!m->kv_f16);
+    return (const float *)m->kcache + kv_page(m, seq, pg, li, h);
 }
 
 /* Asks for share `part` of nparts of page pg's first np rows (keys or
@@ -1696,6 +1694,8 @@ static void attn_rows(lk_model *m, int li, int seq, int h, const float *q, size_
     double sum[ATT_QB];
     int32_t a[ATT_QB], b[ATT_QB];
     const float *K[ATT_KB];
+    const uint16_t *Kh[ATT_KB];
+    const bool h16 = m->kv_f16 && !m->cfg.mla; /* F16 pages read in place, widened by the kernels */
     for (int g = 0; g < nq; g++) { mx[g] = -INFINITY; sum[g] = 0; }
     const int pg0 = lmin / LK_KV_PAGE, ns = pf ? LK_KV_PAGE / KV_SLICE : 1, sl_keys = pf ? KV_SLICE : LK_KV_PAGE;
     for (int kb = pg0 / ATT_KB; kb * ATT_KB * LK_KV_PAGE < nmax; kb++) {
@@ -1704,12 +1704,15 @@ static void attn_rows(lk_model *m, int li, int seq, int h, const float *q, size_
         const int o = p0 * LK_KV_PAGE - bp, nk = bp + nb - p0 * LK_KV_PAGE;
         for (int pg = p0; pg < p1; pg++) {
             if (pf && kb == pg0 / ATT_KB) kv_next(m, m->kcache, seq, li, h, pg, nmax, 0, 1);
-            K[pg - p0] = kv_keys(m, seq, pg, li, h, LK_MIN(LK_KV_PAGE, nmax - pg * LK_KV_PAGE),
-                                 wk ? wk + (size_t)(pg - p0) * LK_KV_PAGE * hd : NULL, wv); /* wv: free until the sums */
+            if (h16) Kh[pg - p0] = (const uint16_t *)m->kcache + kv_page(m, seq, pg, li, h);
+            else
+                K[pg - p0] = kv_keys(m, seq, pg, li, h, LK_MIN(LK_KV_PAGE, nmax - pg * LK_KV_PAGE),
+                                     wk ? wk + (size_t)(pg - p0) * LK_KV_PAGE * hd : NULL, wv); /* wv: free until the sums */
         }
         if (pf)
             for (int pg = p0; pg < p1; pg++) kv_next(m, vcache, seq, li, h, pg, nmax, 0, 1);
-        lk_vec_attn_qk(S + o, ss, q, qs, nq, K, nk, hd);
+        if (h16) lk_vec_attn_qk_f16(S + o, ss, q, qs, nq, Kh, nk, hd);
+        else lk_vec_attn_qk(S + o, ss, q, qs, nq, K, nk, hd);
         for (int g = 0; g < nq; g++) {
             a[g] = LK_MIN(LK_MAX(lo[g] - bp, 0), nb);
             b[g] = LK_MIN(LK_MAX(npos[g] - bp, 0), nb);
@@ -1721,7 +1724,8 @@ static void attn_rows(lk_model *m, int li, int seq, int h, const float *q, size_
         const int q0 = (kb + 1) * ATT_KB; /* the next block's first page */
         for (int pg = p0; pg < p1; pg++) {
             const int np = LK_MIN(LK_KV_PAGE, nmax - pg * LK_KV_PAGE), op = pg * LK_KV_PAGE - bp;
-            const float *V = kv_rows(m, vcache, seq, pg, li, h, np, wv);
+            const float *V = h16 ? NULL : kv_rows(m, vcache, seq, pg, li, h, np, wv);
+            const uint16_t *Vh = h16 ? (const uint16_t *)vcache + kv_page(m, seq, pg, li, h) : NULL;
             for (int s0 = 0, sl = 0; sl < ns; s0 += sl_keys, sl++) {
                 if (pf) kv_next(m, m->kcache, seq, li, h, q0 + pg - p0, nmax, sl, ns);
                 for (int g = 0; g < nq && s0 < np; g += 4) {
@@ -1729,7 +1733,10 @@ static void attn_rows(lk_model *m, int li, int seq, int h, const float *q, size_
                     int lim = 0; /* the pass's last position seen, + 1 */
                     for (int i = g; i < g + n4; i++) lim = LK_MAX(lim, npos[i]);
                     const int n = LK_MIN(LK_MIN(sl_keys, np - s0), lim - pg * LK_KV_PAGE - s0);
-                    if (n > 0)
+                    if (n > 0 && h16)
+                        lk_vec_attn_av_f16(out + (size_t)g * os, os, S + (size_t)g * ss + (size_t)(op + s0), ss, 1,
+                                           Vh + (size_t)s0 * hd, n, n4, hd);
+                    else if (n > 0)
                         lk_vec_attn_av_f32(out + (size_t)g * os, os, S + (size_t)g * ss + (size_t)(op + s0), ss, 1,
                                            V + (size_t)s0 * hd, n, n4, hd);
                 }
