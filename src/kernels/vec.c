@@ -411,21 +411,21 @@ AVX2 static LK_INL void qk8_tile(const int QG, const int V, const bool H, float 
 #pragma GCC unroll 8
         for (int j = 0; j < V; j++) _mm256_storeu_ps(S + (size_t)g * ss + (size_t)(v0 + j) * 8, acc[g][j]);
 }
-/* qk8_T_QG_V: T f (F32 keys) or h (F16 keys, widened as they are loaded) */
-#define QK8_FN(T, QG, V)                                                                                        \
+/* qk8_T_QG_V: T f (F32 keys) or h (F16 keys, H: widened as they are loaded) */
+#define QK8_FN(T, H, QG, V)                                                                                     \
     AVX2 static void qk8_##T##_##QG##_##V(float *S, size_t ss, const float *q, size_t qs, const void *const *K,  \
                                           int64_t v0, int64_t hd) {                                             \
-        qk8_tile(QG, V, #T[0] == 'h', S, ss, q, qs, K, v0, hd);                                                   \
+        qk8_tile(QG, V, H, S, ss, q, qs, K, v0, hd);                                                              \
     }
-#define QK8_FNS(T)                                                                                              \
-    QK8_FN(T, 8, 1) QK8_FN(T, 4, 2) QK8_FN(T, 4, 1) QK8_FN(T, 2, 4) QK8_FN(T, 2, 2) QK8_FN(T, 2, 1)             \
-    QK8_FN(T, 1, 8) QK8_FN(T, 1, 4) QK8_FN(T, 1, 2) QK8_FN(T, 1, 1)                                             \
+#define QK8_FNS(T, H)                                                                                           \
+    QK8_FN(T, H, 8, 1) QK8_FN(T, H, 4, 2) QK8_FN(T, H, 4, 1) QK8_FN(T, H, 2, 4) QK8_FN(T, H, 2, 2)              \
+    QK8_FN(T, H, 2, 1) QK8_FN(T, H, 1, 8) QK8_FN(T, H, 1, 4) QK8_FN(T, H, 1, 2) QK8_FN(T, H, 1, 1)              \
     static const qkt_fn k_qk8_##T[4][4] = {{qk8_##T##_8_1},                                                     \
                                            {qk8_##T##_4_2, qk8_##T##_4_1},                                      \
                                            {qk8_##T##_2_4, qk8_##T##_2_2, qk8_##T##_2_1},                       \
                                            {qk8_##T##_1_8, qk8_##T##_1_4, qk8_##T##_1_2, qk8_##T##_1_1}};
-QK8_FNS(f)
-QK8_FNS(h)
+QK8_FNS(f, false)
+QK8_FNS(h, true)
 static const int k_qk8_vmax[4] = {1, 2, 4, 8};
 AVX2 static void qk_avx2(float *S, size_t ss, const float *q, size_t qs, int nq, const void *const *K, bool h,
                          int64_t nk, int64_t hd) {
@@ -590,21 +590,21 @@ AVX512 static LK_INL void qk16_tile(const int QG, const int V, const bool H, flo
 #pragma GCC unroll 8
         for (int j = 0; j < V; j++) _mm512_storeu_ps(S + (size_t)g * ss + (size_t)(v0 + j) * 16, acc[g][j]);
 }
-#define QK16_FN(T, QG, V)                                                                                       \
+#define QK16_FN(T, H, QG, V)                                                                                    \
     AVX512 static void qk16_##T##_##QG##_##V(float *S, size_t ss, const float *q, size_t qs, const void *const *K, \
                                              int64_t v0, int64_t hd) {                                          \
-        qk16_tile(QG, V, #T[0] == 'h', S, ss, q, qs, K, v0, hd);                                                  \
+        qk16_tile(QG, V, H, S, ss, q, qs, K, v0, hd);                                                             \
     }
-#define QK16_FNS(T)                                                                                             \
-    QK16_FN(T, 8, 2) QK16_FN(T, 8, 1) QK16_FN(T, 4, 4) QK16_FN(T, 4, 2) QK16_FN(T, 4, 1) QK16_FN(T, 2, 8)       \
-    QK16_FN(T, 2, 4) QK16_FN(T, 2, 2) QK16_FN(T, 2, 1) QK16_FN(T, 1, 8) QK16_FN(T, 1, 4) QK16_FN(T, 1, 2)       \
-    QK16_FN(T, 1, 1)                                                                                            \
+#define QK16_FNS(T, H)                                                                                          \
+    QK16_FN(T, H, 8, 2) QK16_FN(T, H, 8, 1) QK16_FN(T, H, 4, 4) QK16_FN(T, H, 4, 2) QK16_FN(T, H, 4, 1)         \
+    QK16_FN(T, H, 2, 8) QK16_FN(T, H, 2, 4) QK16_FN(T, H, 2, 2) QK16_FN(T, H, 2, 1) QK16_FN(T, H, 1, 8)         \
+    QK16_FN(T, H, 1, 4) QK16_FN(T, H, 1, 2) QK16_FN(T, H, 1, 1)                                                 \
     static const qkt_fn k_qk16_##T[4][4] = {{qk16_##T##_8_2, qk16_##T##_8_1},                                   \
                                             {qk16_##T##_4_4, qk16_##T##_4_2, qk16_##T##_4_1},                   \
                                             {qk16_##T##_2_8, qk16_##T##_2_4, qk16_##T##_2_2, qk16_##T##_2_1},   \
                                             {qk16_##T##_1_8, qk16_##T##_1_4, qk16_##T##_1_2, qk16_##T##_1_1}};
-QK16_FNS(f)
-QK16_FNS(h)
+QK16_FNS(f, false)
+QK16_FNS(h, true)
 static const int k_qk16_vmax[4] = {2, 4, 8, 8};
 AVX512 static void qk_avx512(float *S, size_t ss, const float *q, size_t qs, int nq, const void *const *K, bool h,
                              int64_t nk, int64_t hd) {
@@ -834,8 +834,9 @@ static void av4_generic(float *out, size_t os, const float *S, size_t ss, size_t
     for (int64_t p = 0; p < npos; p++)
         for (int64_t i = 0; i < hd; i += PIECE) {
             const int64_t n = LK_MIN((int64_t)PIECE, hd - i);
-            const float *v = (const float *)V + p * hd + i;
-            if (h) ops()->f16_to_f32(w, (const uint16_t *)V + p * hd + i, n), v = w;
+            const float *v = w;
+            if (h) ops()->f16_to_f32(w, (const uint16_t *)V + p * hd + i, n);
+            else v = (const float *)V + p * hd + i;
             for (int q = 0; q < nq; q++) ops()->axpy(out + q * os + i, S[q * ss + p * ps], v, n);
         }
 }
