@@ -166,7 +166,7 @@ struct lk_model {
     void *hact;             /* (threads, B, hact_stride) per-head activations (heads_fn) */
     size_t hact_stride;
     float *scores;          /* per thread attn_buf_floats: a key block's scores, a row per query, and the queries */
-    float *kvw;             /* F16 cache or MLA: (threads, ATT_KB + 1, LK_KV_PAGE, ahd) a block's keys and a page's values widened (kv_keys, kv_rows) */
+    float *kvw;             /* MLA: (threads, ATT_KB + 1, LK_KV_PAGE, ahd) a block's keys turned and a page's values widened (kv_keys, kv_rows) */
     void *act;              /* activation quantisation */
     lk_pool *pool;
     bool own_pool;
