@@ -166,6 +166,10 @@ static void swiglu_scalar(float *gate, const float *up, int64_t n) {
 static inline const void *att_key(const void *const *K, bool h, int64_t p) {
     return (const char *)K[p / LK_ATT_KW] + (size_t)(p % LK_ATT_KW) * (h ? 2 : 4);
 }
+/* element i of x, F32 or F16 (h: widened) */
+static inline float att_elem(bool h, const void *x, int64_t i) {
+    return h ? lk_fp16_to_fp32(((const uint16_t *)x)[i]) : ((const float *)x)[i];
+}
 static void qk_scalar(float *S, size_t ss, const float *q, size_t qs, int nq, const void *const *K, bool h, int64_t nk,
                       int64_t hd) {
     for (int g = 0; g < nq; g++)
@@ -173,9 +177,7 @@ static void qk_scalar(float *S, size_t ss, const float *q, size_t qs, int nq, co
             const void *k = att_key(K, h, p);
             float acc = 0.f;
             for (int64_t d = 0; d < hd; d++)
-                acc = lk_fmaf(q[(size_t)g * qs + (size_t)d],
-                              h ? lk_fp16_to_fp32(((const uint16_t *)k)[d * LK_ATT_KW]) : ((const float *)k)[d * LK_ATT_KW],
-                              acc);
+                acc = lk_fmaf(q[(size_t)g * qs + (size_t)d], att_elem(h, k, d * LK_ATT_KW), acc);
             S[(size_t)g * ss + (size_t)p] = acc;
         }
 }
@@ -690,9 +692,6 @@ AVX512 static LK_INL __m512 av_ld16(const bool H, const void *V, int64_t at) {
     return H ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)V + at)))
              : _mm512_loadu_ps((const float *)V + at);
 }
-static inline float av_ld1(const bool H, const void *V, int64_t at) {
-    return H ? lk_fp16_to_fp32(((const uint16_t *)V)[at]) : ((const float *)V)[at];
-}
 /* V: F32 rows, or F16 (H) widened as they are loaded */
 AVX512 static LK_INL void av4_tile(const bool H, float *out, size_t os, const float *S, size_t ss, size_t ps,
                                    const void *V, int64_t npos, int nq, int64_t hd) {
@@ -727,7 +726,7 @@ AVX512 static LK_INL void av4_tile(const bool H, float *out, size_t os, const fl
     for (; i < hd; i++) /* axpy_avx512's scalar tail */
         for (int q = 0; q < nq; q++) {
             float a = out[q * os + i];
-            for (int64_t p = 0; p < npos; p++) a = fmaf(S[q * ss + p * ps], av_ld1(H, V, p * hd + i), a);
+            for (int64_t p = 0; p < npos; p++) a = fmaf(S[q * ss + p * ps], att_elem(H, V, p * hd + i), a);
             out[q * os + i] = a;
         }
 }
