@@ -383,8 +383,7 @@ static void calibrate_on(lk_pool *p, lk_type t, const lk_mat *mats, int nm, lk_t
     /* 4. where the AVX-512 quantised GEMM takes over: an 8-token step (a
      * server's 8 sequences) over the memory-bound matrices, through the GEMM
      * (from 5 tokens, the default) or the few-token kernels (from 9). Not
-     * for the repacked types: their thresholds (16 tokens for Q4_0 / Q8_0,
-     * 8 for the K-quants: quant_impl.h) are measured defaults. */
+     * for the repacked types: stage 5 is theirs. */
     if (!strcmp(lk_quant_simd_name(), "avx512") && (t == LK_TYPE_Q4_0 || t == LK_TYPE_Q8_0 || t == LK_TYPE_Q4_K ||
                                                     t == LK_TYPE_Q5_K)) {
         enum { GT = 8 };
@@ -398,14 +397,18 @@ static void calibrate_on(lk_pool *p, lk_type t, const lk_mat *mats, int nm, lk_t
     }
     /* 5. the repacked types' few-token kernel against the GEMM, a 16-token
      * (Q4_0/Q8_0) or 12-token (K-quants) step over the memory-bound
-     * matrices: by default the rows kernel up to 31 tokens (K-quants: 17
-     * for Q4_K, 27 for Q6_K; quant_impl.h), or the GEMM from 16 (8). On a
+     * matrices. Q4_0/Q8_0: the default (the GEMM from 16 tokens, on AMD
+     * CPUs from 32: lk_gemm_min_tok_r16) against the other maker's. On a
      * Zen 5 core the rows kernel led 1.22x at 16 tokens (Q4_0_R16); on the
      * 16-core Xeon the GEMM led 1.13x (BENCHMARKS.md, eleventh session).
-     * Not F16_R16: it has no GEMM, one kernel for every token count. */
+     * K-quants: the default (the rows kernel up to 17 tokens for Q4_K, 27
+     * for Q6_K; quant_impl.h) against the GEMM from 8. Not F16_R16: it
+     * has no GEMM, one kernel for every token count. */
     if (!strcmp(lk_quant_simd_name(), "avx512") && r16 && ft != LK_TYPE_Q5_K && ft != LK_TYPE_F16) {
         const bool kq = ft != LK_TYPE_Q4_0 && ft != LK_TYPE_Q8_0;
-        const int GT = kq ? 12 : 16, gts[] = { 0, kq ? 8 : 16 };
+        const int alt = kq ? 8 : lk_gemm_min_tok_r16() == LK_GEMM_MIN_TOK_R16_AMD ? LK_GEMM_MIN_TOK_R16_OTHER
+                                                                                 : LK_GEMM_MIN_TOK_R16_AMD;
+        const int GT = kq ? 12 : 16, gts[] = { 0, alt };
         lk_tune_set c[2];
         double med[2], ratio[2];
         for (int k = 0; k < 2; k++) c[k] = cur, c[k].gemm_tok = gts[k];

@@ -735,6 +735,8 @@ static bool cpu_is_amd(void) {
     return v;
 }
 
+int lk_gemm_min_tok_r16(void) { return cpu_is_amd() ? LK_GEMM_MIN_TOK_R16_AMD : LK_GEMM_MIN_TOK_R16_OTHER; }
+
 /* Where a row's block b goes in its group: byte at + 4k (k < nq) of row i
  * to q + 64k + 4i (xor flip: Q8_0's + 128); the 2-byte scale at byte so of
  * the block (none: SIZE_MAX) to d + 2i (quant_impl.h) */

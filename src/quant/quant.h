@@ -178,7 +178,7 @@ void lk_quant_set_prefetch(int tiles);
 int  lk_quant_prefetch(void);
 
 /* The repacked Q4_0 / Q8_0 kernels' second prefetch (AVX-512, up to
- * LK_GEMM_MIN_TOK_R16 tokens: decode): a 16-row group is one run of bytes,
+ * lk_gemm_min_tok_r16() tokens: decode): a 16-row group is one run of bytes,
  * so the hardware sees one stream, and the near prefetch above (a few rows
  * ahead, into L1) may not keep enough lines in flight. This one asks for
  * the bytes `kb` KB ahead into L2 (0 = off; at most LK_QUANT_FAR_MAX; -1,
@@ -193,13 +193,17 @@ int  lk_quant_far(void);
 
 /* From how many tokens the AVX-512 level's Q4_0, Q8_0, Q4_K and Q5_K calls
  * take the packed GEMM instead of the few-token kernels (0 = the default:
- * LK_GEMM_MIN_TOK = 5; repacked at load, LK_GEMM_MIN_TOK_R16 = 32 for
- * Q4_0 / Q8_0 and lk_gemm_min_tok_kr16 for the K-quants; else
+ * LK_GEMM_MIN_TOK = 5; repacked at load, 32 for Q4_0 / Q8_0 on AMD CPUs
+ * and 16 on others (lk_gemm_min_tok_r16), and lk_gemm_min_tok_kr16 for the K-quants; else
  * LK_QUANT_GEMM_TOK_MIN..MAX, every type). Both give the scalar
  * reference's bits, so it is a tuning choice: speed, never results.
  * Process-wide. */
 enum { LK_QUANT_GEMM_TOK_MIN = 5, LK_QUANT_GEMM_TOK_MAX = 32 };
 void lk_quant_set_gemm_tok(int ntok);
+/* The repacked Q4_0 / Q8_0's default: the GEMM from 32 tokens on AMD CPUs,
+ * from 16 on others (quant_impl.h gives the measurements) */
+enum { LK_GEMM_MIN_TOK_R16_AMD = 32, LK_GEMM_MIN_TOK_R16_OTHER = 16 };
+int lk_gemm_min_tok_r16(void);
 int  lk_quant_gemm_tok(void);
 
 /* AMX (Intel Xeons from Sapphire Rapids on): Q4_0 and Q8_0 weights (file

@@ -955,7 +955,7 @@ static inline int64_t gemm_min_tok(void) {
 }
 static inline int64_t gemm_min_tok_r16(void) {
     const int v = lk_quant_gemm_tok();
-    return v ? v : LK_GEMM_MIN_TOK_R16;
+    return v ? v : lk_gemm_min_tok_r16();
 }
 static inline int64_t gemm_min_tok_kr16(int kind) {
     const int v = lk_quant_gemm_tok();

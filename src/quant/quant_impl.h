@@ -268,8 +268,14 @@ enum { LK_GEMM_MIN_TOK = 5, LK_GEMM_MIN_TOK_Q6K = 10 };
  * tokens instead of 5; 12 sequences 2-7 % ahead. (A tuned gtok applies to
  * them too.) Since that kernel takes up to 16 tokens per row group (the
  * group's weights from memory once), it leads to about 24 tokens: 16
- * sequences of that bench (BENCHMARKS.md, eleventh session). */
-enum { LK_GEMM_MIN_TOK_R16 = 32 };
+ * sequences of that bench (BENCHMARKS.md, eleventh session). On the Xeons
+ * the GEMM leads sooner: 1.13x at 16 tokens on the 16-core host (eleventh
+ * session); on the 2-core Sapphire Rapids guest, one thread, 2048 x 5632
+ * from memory, Q4_0_R16 level at 16 and the GEMM 1.16x at 24, Q8_0_R16 the
+ * GEMM 1.06x at 16 and 1.46x at 24, and the 2-rank cluster's 16-sequence
+ * steps 2-7 % faster (thirty-second session). So the default goes by the
+ * CPU's maker, as the K-quants' repacking does: AMD from 32 tokens, others
+ * from 16 (lk_gemm_min_tok_r16, quant.h). */
 /* The repacked K-quants' few-token kernel, per type (4: Q4_K, 5: Q5_K, 6:
  * Q6_K). It took its token tiles (4 tokens) outside the row groups, so
  * every 4 tokens read the whole matrix from memory again, and the GEMM led
