@@ -989,7 +989,12 @@ TEST(bf16_amx) {
  * with the terms' scales and without, on row ranges from 0 and from 16,
  * partial row groups (53, 37 rows), K blocks (389 blocks: 13 of 32, the
  * last partial). The tile instructions emulated in C on any AVX-512 CPU
- * (the kernel's data flow), and the real ones where the CPU has AMX. */
+ * (the kernel's data flow), and the real ones where the CPU has AMX. Both
+ * kernels: the panel one (lk_quant_set_amx) and the few-token one of the
+ * repacked types (lk_quant_set_amx_few: a 16-row group at a time, a last
+ * token tile that overlaps the one before, calls of fewer than 16 tokens
+ * in one short tile; the file rows' calls and the repacked ones whose rows
+ * are not whole groups go to the vector kernels then). */
 TEST(amx_same_bits) {
     static const int64_t chunks[] = {1, 3, 16, 17, 40};
     static const struct { int64_t nb, nrows; int nt; } shapes[] = {{7, 53, 140}, {64, 48, 40}, {389, 37, 40}, {1, 16, 40}};
@@ -998,6 +1003,7 @@ TEST(amx_same_bits) {
     const int modes = lk_quant_amx_have() ? 2 : 1;
     if (modes == 1) printf("  (no AMX on this CPU: the emulated tiles only)\n");
     for (int mode = 0; mode < modes; mode++)
+    for (int kern = 0; kern < 2; kern++)
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const lk_type rt = types[ti], ft = lk_type_file(rt);
@@ -1009,8 +1015,9 @@ TEST(amx_same_bits) {
         uint8_t *w = mm_case_weights(&mc, rt, n, nrows);
         CHECK(lk_quant_set_simd("avx512"));
         lk_quant_amx_emulate(mode == 0);
-        lk_quant_set_amx(1);
-        CHECK(lk_quant_amx_min_tok() == 1);
+        lk_quant_set_amx(kern == 0 ? 1 : 0);
+        lk_quant_set_amx_few(kern == 0 ? 0 : 1);
+        CHECK(lk_quant_amx_min_tok() == (kern == 0 ? 1 : 0) && lk_quant_amx_few_min_tok() == kern);
         uint8_t *mem = malloc(lk_act_terms_bytes(8, n, nt));
         for (size_t c = 0; c <= sizeof chunks / sizeof chunks[0]; c++)
         for (int with_terms = 0; with_terms < 2; with_terms++) {
@@ -1032,12 +1039,13 @@ TEST(amx_same_bits) {
             }
             int bad = 0;
             for (int64_t e = 0; e < nrows * nt; e++) bad += memcmp(&mc.got[e], &mc.ref[e], sizeof(float)) != 0;
-            CHECKF(bad == 0, "%s tiles, %s %lld x %lld, calls of %lld tokens%s: %d of %lld outputs differ from "
-                   "scalar's", mode ? "AMX" : "emulated", lk_type_name(rt), (long long)nrows, (long long)n,
+            CHECKF(bad == 0, "%s tiles (%s kernel), %s %lld x %lld, calls of %lld tokens%s: %d of %lld outputs differ "
+                   "from scalar's", mode ? "AMX" : "emulated", kern ? "few-token" : "panel", lk_type_name(rt), (long long)nrows, (long long)n,
                    (long long)chunk, with_terms ? " with terms" : "", bad, (long long)(nrows * nt));
         }
         free(mem);
         lk_quant_set_amx(-1);
+        lk_quant_set_amx_few(-1);
         lk_quant_amx_emulate(false);
         if (w != mc.w) free(w);
         mm_case_free(&mc);

@@ -37,6 +37,10 @@ static int settings(lk_tune_set *out, int cap) {
     /* AMX: off, from every token, from 16 (the tiles' tails) */
     static const int amxs[] = { 0, 1, 16 };
     for (size_t i = 0; i < sizeof amxs / sizeof *amxs && n < cap; i++) out[n] = d, out[n++].amx = amxs[i];
+    /* the repacked types' few-token AMX kernel: off, from every token, from 16, beside the panel one off */
+    static const int amxfs[] = { 0, 1, 16 };
+    for (size_t i = 0; i < sizeof amxfs / sizeof *amxfs && n < cap; i++) out[n] = d, out[n++].amxf = amxfs[i];
+    if (n < cap) out[n] = d, out[n].amx = 0, out[n++].amxf = 1;
     /* the repacked Q4_0/Q8_0 decode's far prefetch: off, the nearest, the farthest, without the near one */
     static const int fars[] = { 0, 1, LK_QUANT_FAR_MAX };
     for (size_t i = 0; i < sizeof fars / sizeof *fars && n < cap; i++) out[n] = d, out[n++].far = fars[i];
@@ -208,7 +212,7 @@ TEST(model_logits_across_settings) {
         if (!ref) continue;
         int same = 0;
         for (int c = 0; c < nc; c++) {
-            char s[64];
+            char s[128];
             lk_tune_format(&cand[c], s, sizeof s);
             setenv("LK_TUNE", s, 1);
             float *l = model_logits(files[fi], &n2);
@@ -216,7 +220,7 @@ TEST(model_logits_across_settings) {
             lk_tune_get(&now);
             CHECKF(now.pf == cand[c].pf && now.split == cand[c].split && now.gemm_rows == cand[c].gemm_rows &&
                        now.gemm_tok == cand[c].gemm_tok && now.drows == cand[c].drows && now.droll == cand[c].droll && now.amx == cand[c].amx &&
-                       now.far == cand[c].far,
+                       now.amxf == cand[c].amxf && now.far == cand[c].far,
                    "LK_TUNE=%s was not applied", s);
             CHECKF(l && n2 == n && !memcmp(l, ref, sizeof(float) * (size_t)n), "%s: %s gives other logits",
                    files[fi], s);
@@ -403,6 +407,7 @@ TEST(parse_rejects_bad_specs) {
     static const char *bad[] = { "pf=9", "split=0", "split=17", "gemm=5", "gemm=2x65", "gemm=2x", "pf", "pf=1,", "x=1",
                                  "pf=-1", "pf=1;split=2", "gtok=4", "gtok=33", "gtok=",
                                  "drows=2", "drows=0", "drows=", "droll=2", "droll=-1", "droll=", "amx=", "amx=1025", "amx=-1", "amx=on",
+                                 "amxf=", "amxf=1025", "amxf=-1", "amxf=on",
                                  "far=", "far=-1", "far=257", "far=16k" };
     char err[200];
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
@@ -435,6 +440,13 @@ TEST(parse_rejects_bad_specs) {
     CHECKF(!strcmp(buf, "pf=0,split=16,gemm=off,amx=1024"), "formatted as '%s'", buf);
     CHECK(lk_tune_parse("amx=0", &s, err, sizeof err) && s.amx == 0);
     s.amx = -1;
+    CHECK(lk_tune_parse("amxf=off", &s, err, sizeof err) && s.amxf == 0);
+    lk_tune_format(&s, buf, sizeof buf);
+    CHECKF(!strcmp(buf, "pf=0,split=16,gemm=off,amxf=off"), "formatted as '%s'", buf);
+    CHECK(lk_tune_parse("amxf=16", &s, err, sizeof err) && s.amxf == 16);
+    lk_tune_format(&s, buf, sizeof buf);
+    CHECKF(!strcmp(buf, "pf=0,split=16,gemm=off,amxf=16"), "formatted as '%s'", buf);
+    s.amxf = -1;
     CHECK(lk_tune_parse("far=0", &s, err, sizeof err) && s.far == 0);
     lk_tune_format(&s, buf, sizeof buf);
     CHECKF(!strcmp(buf, "pf=0,split=16,gemm=off,far=0"), "formatted as '%s'", buf);

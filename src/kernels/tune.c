@@ -23,7 +23,7 @@
  * decode next to another 2-thread decode on 2 cores: BENCHMARKS.md) */
 void lk_tune_defaults(lk_tune_set *s) {
     *s = (lk_tune_set){ .pf = 1, .split = 4, .gemm_rows = 0, .gemm_chunk = 0, .gemm_tok = 0, .drows = 4, .droll = -1, .amx = -1,
-                       .far = -1 };
+                       .amxf = -1, .far = -1 };
 }
 
 void lk_tune_apply(const lk_tune_set *s) {
@@ -34,6 +34,7 @@ void lk_tune_apply(const lk_tune_set *s) {
     lk_quant_set_dec_rows(s->drows);
     lk_quant_set_dec_roll(s->droll);
     lk_quant_set_amx(s->amx);
+    lk_quant_set_amx_few(s->amxf);
     lk_quant_set_far(s->far);
 }
 
@@ -46,6 +47,7 @@ void lk_tune_get(lk_tune_set *s) {
     s->drows = lk_quant_dec_rows();
     s->droll = lk_quant_dec_roll_setting();
     s->amx = lk_quant_amx();
+    s->amxf = lk_quant_amx_few();
     s->far = lk_quant_far();
 }
 
@@ -59,6 +61,8 @@ void lk_tune_format(const lk_tune_set *s, char *buf, size_t n) {
     if (s->droll >= 0 && k > 0 && (size_t)k < n) k += snprintf(buf + k, n - (size_t)k, ",droll=%d", s->droll);
     if (s->amx == 0 && k > 0 && (size_t)k < n) k += snprintf(buf + k, n - (size_t)k, ",amx=off");
     else if (s->amx > 0 && k > 0 && (size_t)k < n) k += snprintf(buf + k, n - (size_t)k, ",amx=%d", s->amx);
+    if (s->amxf == 0 && k > 0 && (size_t)k < n) k += snprintf(buf + k, n - (size_t)k, ",amxf=off");
+    else if (s->amxf > 0 && k > 0 && (size_t)k < n) k += snprintf(buf + k, n - (size_t)k, ",amxf=%d", s->amxf);
     if (s->far >= 0 && k > 0 && (size_t)k < n) snprintf(buf + k, n - (size_t)k, ",far=%d", s->far);
 }
 
@@ -102,12 +106,15 @@ bool lk_tune_parse(const char *spec, lk_tune_set *s, char *err, size_t errlen) {
         } else if (ok && eq - p == 3 && !strncmp(p, "amx", 3)) {
             if (end - eq - 1 == 3 && !strncmp(eq + 1, "off", 3)) t.amx = 0;
             else ok = parse_int(eq + 1, end, 0, 1024, &t.amx);
+        } else if (ok && eq - p == 4 && !strncmp(p, "amxf", 4)) {
+            if (end - eq - 1 == 3 && !strncmp(eq + 1, "off", 3)) t.amxf = 0;
+            else ok = parse_int(eq + 1, end, 0, 1024, &t.amxf);
         } else if (ok && eq - p == 3 && !strncmp(p, "far", 3)) {
             ok = parse_int(eq + 1, end, 0, LK_QUANT_FAR_MAX, &t.far);
         } else ok = false;
         if (!ok) {
             snprintf(err, errlen,
-                     "bad tuning setting '%.*s' (expected pf=0..%d, split=1..%d, gemm=off|1..4[x1..64], gtok=0|%d..%d, drows=1|4, droll=0|1, amx=off|0..1024, far=0..%d)",
+                     "bad tuning setting '%.*s' (expected pf=0..%d, split=1..%d, gemm=off|1..4[x1..64], gtok=0|%d..%d, drows=1|4, droll=0|1, amx=off|0..1024, amxf=off|0..1024, far=0..%d)",
                      (int)(end - p), p, LK_QUANT_PF_MAX, LK_MATMUL_SPLIT_MAX, LK_QUANT_GEMM_TOK_MIN,
                      LK_QUANT_GEMM_TOK_MAX, LK_QUANT_FAR_MAX);
             return false;
@@ -395,6 +402,22 @@ static void calibrate_on(lk_pool *p, lk_type t, const lk_mat *mats, int nm, lk_t
         cur.gemm_tok = gts[pick(ratio, 2, 0)];
         at = append(report, n, at, " gtok 5/9 (%d tokens) %.2f/%.2f (1/x%.2f);", GT, med[0], med[1], ratio[1]);
     }
+    /* 5a. the repacked Q4_0/Q8_0's few-token AMX kernel (where the CPU has
+     * AMX) against the vector kernels, a 16-token step over the
+     * memory-bound matrices; where it stays on, it takes the tokens whose
+     * kernel stage 5 would choose, and stage 5 is skipped. */
+    const bool few = !strcmp(lk_quant_simd_name(), "avx512") && lk_quant_amx_have() && r16 &&
+                     (ft == LK_TYPE_Q4_0 || ft == LK_TYPE_Q8_0);
+    if (few) {
+        enum { GT = 16 };
+        lk_tune_set c[2] = { cur, cur };
+        c[0].amxf = -1, c[1].amxf = 0;
+        double med[2], ratio[2];
+        stage(p, c, 2, 0, med, ratio, mats, nm, x, GT, y, scratch, 120);
+        cur.amxf = c[pick(ratio, 2, 0)].amxf;
+        at = append(report, n, at, " amxf %d/off (%d tokens) %.2f/%.2f (1/x%.2f);", LK_AMX_FEW_MIN_TOK, GT, med[0],
+                    med[1], ratio[1]);
+    }
     /* 5. the repacked types' few-token kernel against the GEMM, a 16-token
      * (Q4_0/Q8_0) or 12-token (K-quants) step over the memory-bound
      * matrices. Q4_0/Q8_0: the default (the GEMM from 16 tokens, on AMD
@@ -404,7 +427,8 @@ static void calibrate_on(lk_pool *p, lk_type t, const lk_mat *mats, int nm, lk_t
      * K-quants: the default (the rows kernel up to 17 tokens for Q4_K, 27
      * for Q6_K; quant_impl.h) against the GEMM from 8. Not F16_R16: it
      * has no GEMM, one kernel for every token count. */
-    if (!strcmp(lk_quant_simd_name(), "avx512") && r16 && ft != LK_TYPE_Q5_K && ft != LK_TYPE_F16) {
+    if (!strcmp(lk_quant_simd_name(), "avx512") && r16 && ft != LK_TYPE_Q5_K && ft != LK_TYPE_F16 &&
+        !(few && cur.amxf != 0)) {
         const bool kq = ft != LK_TYPE_Q4_0 && ft != LK_TYPE_Q8_0;
         const int alt = kq ? 8 : lk_gemm_min_tok_r16() == LK_GEMM_MIN_TOK_R16_AMD ? LK_GEMM_MIN_TOK_R16_OTHER
                                                                                  : LK_GEMM_MIN_TOK_R16_AMD;
@@ -431,7 +455,7 @@ static void calibrate_on(lk_pool *p, lk_type t, const lk_mat *mats, int nm, lk_t
     }
     lk_tune_apply(&cur);
     *out = cur;
-    char set[64];
+    char set[128];
     lk_tune_format(&cur, set, sizeof set);
     append(report, n, at, " -> %s in %.0f ms", set, (double)(lk_time_ns() - t_start) / 1e6);
     free(scratch);
@@ -528,7 +552,7 @@ static void build_id(char *buf, size_t n) {
     else snprintf(buf, n, "unknown");
 }
 
-typedef struct { char key[LINE_MAX_]; char set[64]; } cache_line;
+typedef struct { char key[LINE_MAX_]; char set[128]; } cache_line;
 
 /* Reads the valid lines of the cache file (a note for each bad one). */
 static int cache_read(const char *path, cache_line *lines, int cap) {
@@ -590,7 +614,7 @@ static void cache_write(const char *dir, const char *path, cache_line *lines, in
  * lk_tune_init
  * ==================================================================== */
 
-static char g_report[1024] = "defaults (no model loaded)";
+static char g_report[1152] = "defaults (no model loaded)";
 static char g_key[LINE_MAX_];
 
 const char *lk_tune_report(void) { return g_report; }
@@ -600,7 +624,7 @@ void lk_tune_init(lk_pool *p, lk_type t, int64_t cols, int64_t rows, uint64_t mo
     lk_tune_set s;
     lk_tune_defaults(&s);
     const char *env = getenv("LK_TUNE");
-    char set[64];
+    char set[128];
     if (env && (!strcmp(env, "off") || !strcmp(env, "0"))) {
         lk_tune_apply(&s);
         lk_tune_format(&s, set, sizeof set);

@@ -10,7 +10,7 @@
  *
  * How they are chosen (lk_tune_init, once per process, when a model is
  * loaded, before any token): LK_TUNE=off (`--no-tune`) keeps the defaults;
- * LK_TUNE=pf=N,split=N,gemm=R[xC],gtok=N,drows=1|4,droll=0|1,amx=N|off,far=KB forces settings (the rest default);
+ * LK_TUNE=pf=N,split=N,gemm=R[xC],gtok=N,drows=1|4,droll=0|1,amx=N|off,amxf=N|off,far=KB forces settings (the rest default);
  * LK_TUNE=calibrate calibrates whatever the model and the load, and stores
  * the result; otherwise a model whose weights do not exceed the last-level
  * cache keeps the defaults (decode is not memory-bound there, and tests
@@ -42,6 +42,8 @@ typedef struct {
                         (lk_quant_set_dec_roll) */
     int amx;         /* Q4_0/Q8_0 through AMX's tiles from this many tokens, 1..1024; 0 = off; -1 = the default
                         (LK_AMX_MIN_TOK; lk_quant_set_amx). No effect where the CPU has no AMX. */
+    int amxf;        /* the repacked Q4_0/Q8_0 through AMX's few-token kernel from this many tokens (below amx's),
+                        1..1024; 0 = off; -1 = the default (LK_AMX_FEW_MIN_TOK; lk_quant_set_amx_few) */
     int far;         /* the repacked Q4_0/Q8_0 decode's second prefetch, KB ahead into L2, 0..LK_QUANT_FAR_MAX;
                         0 = off; -1 = the default, by type (lk_quant_set_far) */
 } lk_tune_set;

@@ -613,6 +613,21 @@ int lk_quant_amx_min_tok(void) {
     return v < 0 ? LK_AMX_MIN_TOK : v;
 }
 
+static _Atomic int g_amxf_tok = -1;
+
+void lk_quant_set_amx_few(int ntok) {
+    LK_ASSERT(ntok >= -1 && ntok <= 1024);
+    atomic_store_explicit(&g_amxf_tok, ntok, memory_order_relaxed);
+}
+
+int lk_quant_amx_few(void) { return atomic_load_explicit(&g_amxf_tok, memory_order_relaxed); }
+
+int lk_quant_amx_few_min_tok(void) {
+    if (!(lk_quant_amx_emulating() || lk_quant_amx_have())) return 0;
+    const int v = lk_quant_amx_few();
+    return v < 0 ? LK_AMX_FEW_MIN_TOK : v;
+}
+
 static _Atomic int64_t g_rows_inner = -1; /* -1: not resolved yet */
 static int64_t rows_inner_default(void) {
     const char *e = getenv("LK_ROWS_INNER_KB");

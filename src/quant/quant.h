@@ -228,6 +228,21 @@ enum { LK_AMX_MIN_TOK = 64 };
 void lk_quant_set_amx(int ntok);
 int  lk_quant_amx(void);
 int  lk_quant_amx_min_tok(void);
+/* Below that threshold, the repacked Q4_0 / Q8_0 (Q4_0_R16, Q8_0_R16)
+ * from `ntok` tokens on through a second AMX kernel made for a few tokens
+ * (a server's decode steps): a 16-row group streamed block by block, no
+ * panel to pack (quant_gemm_avx512.c, lk_quant_gemm_q4q8_amx_few). On the 2-core
+ * Sapphire Rapids guest, one thread, 2048 x 5632 from memory, it ran 16
+ * tokens 1.40-1.48x faster than the vector kernels, 24-48 tokens
+ * 1.02-1.28x (BENCHMARKS.md, thirty-second session). lk_quant_set_amx_few:
+ * 0 = never, -1 = the default (LK_AMX_FEW_MIN_TOK; the tuner's amxf=N),
+ * else from ntok tokens (1..1024); lk_quant_amx_few_min_tok: the threshold
+ * in force, 0 where there is no AMX (nor emulation). The same
+ * bits as every other path. Process-wide. */
+enum { LK_AMX_FEW_MIN_TOK = 12 };
+void lk_quant_set_amx_few(int ntok);
+int  lk_quant_amx_few(void);
+int  lk_quant_amx_few_min_tok(void);
 bool lk_quant_amx_have(void);
 void lk_quant_amx_emulate(bool on);
 bool lk_quant_amx_emulating(void);

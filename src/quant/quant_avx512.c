@@ -972,6 +972,17 @@ static inline bool amx_takes(int64_t ntok) {
         lk_quant_gemm_q4q8_amx(lk_quant_amx_emulating(), fmt, n, nrows, w, w_stride, ntok, a, a_stride, T, y, y_stride); \
         return;                                                                                                 \
     }
+/* the repacked types' few-token AMX kernel, from lk_quant_amx_few_min_tok()
+ * tokens up to where the panel kernel takes over */
+static inline bool amx_few_takes(int64_t n, int64_t nrows, int64_t ntok) {
+    const int m = lk_quant_amx_few_min_tok();
+    return m > 0 && ntok >= m && lk_quant_amx_few_fits(n, nrows, ntok);
+}
+#define AMX_FEW_OR(fmt)                                                                                        \
+    if (amx_few_takes(n, nrows, ntok)) {                                                                       \
+        lk_quant_gemm_q4q8_amx_few(lk_quant_amx_emulating(), fmt, n, nrows, w, w_stride, ntok, a, a_stride, T, y, y_stride); \
+        return;                                                                                                \
+    }
 
 /* Q4_0: one arithmetic for every token count (the scalar reference's, so
  * batch invariant): decode through the prepared-activation 4-row kernel,
@@ -991,12 +1002,14 @@ static void mm_q40_t(int64_t n, int64_t nrows, const void *w, size_t w_stride, i
 static void mm_q40r16_t(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
                         size_t a_stride, const lk_act_terms *T, float *y, size_t y_stride) {
     AMX_OR(LK_FMT_R16)
+    AMX_FEW_OR(LK_FMT_R16)
     if (ntok < gemm_min_tok_r16()) lk_quant_q4q8_rows_avx512(LK_FMT_R16, n, nrows, w, w_stride, ntok, a, a_stride, T, y, y_stride);
     else lk_quant_gemm_q4q8_avx512(LK_FMT_R16, n, nrows, w, w_stride, ntok, a, a_stride, T, y, y_stride);
 }
 static void mm_q80r16_t(int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok, const void *a,
                         size_t a_stride, const lk_act_terms *T, float *y, size_t y_stride) {
     AMX_OR(LK_FMT_Q8R16)
+    AMX_FEW_OR(LK_FMT_Q8R16)
     if (ntok < gemm_min_tok_r16()) lk_quant_q4q8_rows_avx512(LK_FMT_Q8R16, n, nrows, w, w_stride, ntok, a, a_stride, T, y, y_stride);
     else lk_quant_gemm_q4q8_avx512(LK_FMT_Q8R16, n, nrows, w, w_stride, ntok, a, a_stride, T, y, y_stride);
 }

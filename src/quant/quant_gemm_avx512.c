@@ -665,6 +665,132 @@ LK_T512 void lk_quant_gemm_q4q8_amx(bool emu, int fmt, int64_t n, int64_t nrows,
     if (!emu) __asm__ volatile("tilerelease" ::);
 }
 
+/* The repacked Q4_0 / Q8_0 through AMX-INT8 tiles for a few tokens (a
+ * server's decode steps of 16-63 sequences). The kernel above packs a
+ * panel of 64 rows x 32 blocks before its products, worth it when 128
+ * tokens share the panel; at 16 tokens its packing took about as long as
+ * its products, and the vector kernels stayed ahead. Here a 16-row group
+ * streams block by block: the block's vectors are made signed in
+ * registers and stored to a 512-byte buffer that stays in L1, loaded as
+ * the weights tile, and the product of block b runs while block b - 1's
+ * sums are stored and worked (the float work per block as above, in the
+ * scalar reference's order: the same bits). A token tile is 16 tokens
+ * (the last one overlapping the one before) or, in a call of fewer, the
+ * call's tokens (the tile configuration takes their count as its rows, so
+ * no activation row is read past the call's). */
+#ifndef AXF_PF
+#define AXF_PF 2048
+#endif
+typedef void (*axf_group_fn)(int T, int tlo, const uint8_t *wg, int64_t nb, const uint8_t *a, size_t as,
+                             const float *dl, int64_t ldd, float *y, size_t ys);
+
+static void axf_config(bool emu, int T) {
+    ax_cfg c = {.palette = 1};
+    for (int t = 0; t < 2; t++) {
+        c.rows[t] = (uint8_t)T, c.colsb[t] = 64;          /* sums */
+        c.rows[2 + t] = (uint8_t)T, c.colsb[2 + t] = LK_QK; /* activations */
+        c.rows[4 + t] = LK_QK / 4, c.colsb[4 + t] = 64;     /* weights */
+    }
+    if (emu) {
+        ax_emu.cfg = c;
+        memset(ax_emu.t, 0, sizeof ax_emu.t);
+    } else {
+        __asm__ volatile("ldtilecfg %0" ::"m"(c));
+    }
+}
+
+/* One 16-row group x T tokens over all nb blocks, the outputs of tokens
+ * [tlo, T). wg: the group; a: the first token's row (as apart); dl: token
+ * t's scale of block b at dl[t * ldd + b]; y: row 0 of the first token. */
+LK_T512 static LK_INL void axf_group(const bool E, const bool q8, const int T, const int tlo, const uint8_t *wg,
+                                   int64_t nb, const uint8_t *a, size_t as, const float *dl, int64_t ldd, float *y,
+                                   size_t ys) {
+    __m512 fa[AX_T];
+    _Alignas(64) int32_t cb[2][AX_T][16];
+    _Alignas(64) uint8_t wb[2][8][64];
+    const __m512i sub8 = _mm512_set1_epi8(8), flip = _mm512_set1_epi8((char)0x80);
+#pragma GCC unroll 16
+    for (int t = 0; t < AX_T; t++) fa[t] = _mm512_setzero_ps();
+    __m512 wdp = _mm512_setzero_ps();
+    for (int64_t b = 0; b <= nb; b++) {
+        __m512 wd = _mm512_setzero_ps();
+        if (b < nb) {
+            __m512i v[8];
+            {
+                /* the group is one run of bytes: this block's share of it, AXF_PF bytes ahead */
+                const size_t bb = lk_r16_qbytes(q8) + 32, at = (size_t)b * bb + AXF_PF;
+                for (size_t o = 0; o < bb; o += 64) _mm_prefetch((const char *)wg + at + o, _MM_HINT_T0);
+            }
+            gk_r16_block(q8, wg, nb, b, v, &wd);
+            uint8_t(*o)[64] = wb[b & 1];
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) _mm512_store_si512(o[k], q8 ? _mm512_xor_si512(v[k], flip) : _mm512_sub_epi8(v[k], sub8));
+            const uint8_t *ab = a + (size_t)b * LK_Q80_BYTES + 2;
+            if (b & 1) AX_ISSUE(E, 1, 3, 5, ab, as, o);
+            else AX_ISSUE(E, 0, 2, 4, ab, as, o);
+        }
+        if (b > 0) {
+            const int64_t bp = b - 1;
+            int32_t(*c)[16] = cb[bp & 1];
+            if (bp & 1) AX_STORE(E, 1, c, 64);
+            else AX_STORE(E, 0, c, 64);
+#pragma GCC unroll 16
+            for (int t = 0; t < AX_T; t++)
+                if (t < T && t >= tlo)
+                    fa[t] = _mm512_add_ps(fa[t], _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[t])),
+                                                               _mm512_mul_ps(wdp, _mm512_set1_ps(dl[(size_t)t * (size_t)ldd + (size_t)bp]))));
+        }
+        wdp = wd;
+    }
+#pragma GCC unroll 16
+    for (int t = 0; t < AX_T; t++)
+        if (t < T && t >= tlo) _mm512_storeu_ps(y + (size_t)t * ys, fa[t]);
+}
+
+#define AXF_GROUP(name, E, Q8, FULL)                                                                           \
+    LK_T512 static void name(int T, int tlo, const uint8_t *wg, int64_t nb, const uint8_t *a, size_t as,       \
+                           const float *dl, int64_t ldd, float *y, size_t ys) {                                \
+        axf_group(E, Q8, FULL ? AX_T : T, FULL ? tlo : 0, wg, nb, a, as, dl, ldd, y, ys);                      \
+    }
+AXF_GROUP(axf_hw4_16, false, false, true) AXF_GROUP(axf_hw4_mt, false, false, false)
+AXF_GROUP(axf_hw8_16, false, true, true) AXF_GROUP(axf_hw8_mt, false, true, false)
+AXF_GROUP(axf_emu4_16, true, false, true) AXF_GROUP(axf_emu4_mt, true, false, false)
+AXF_GROUP(axf_emu8_16, true, true, true) AXF_GROUP(axf_emu8_mt, true, true, false)
+
+bool lk_quant_amx_few_fits(int64_t n, int64_t nrows, int64_t ntok) {
+    return nrows % GK_ROWS == 0 && n % LK_QK == 0 && ntok * (n / LK_QK) <= LK_AMX_FEW_SCALES;
+}
+
+LK_T512 void lk_quant_gemm_q4q8_amx_few(bool emu, int fmt, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
+                            const void *a, size_t as, const lk_act_terms *terms, float *y, size_t ys) {
+    LK_ASSERT(lk_fmt_r16(fmt) && lk_quant_amx_few_fits(n, nrows, ntok));
+    const bool q8 = fmt == LK_FMT_Q8R16;
+    const uint8_t *W = w, *A = a;
+    const int64_t nb = n / LK_QK;
+    /* every (token, block) scale as a float, token-major */
+    float dl[LK_AMX_FEW_SCALES];
+    for (int64_t t = 0; t < ntok; t++)
+        for (int64_t b = 0; b < nb; b++)
+            dl[t * nb + b] = terms && terms->ntok == ntok
+                                 ? terms->d[((b / LK_TERMS_KB) * ntok + t) * LK_TERMS_KB + b % LK_TERMS_KB]
+                                 : _cvtsh_ss(lk_ld_u16(A + (size_t)t * as + (size_t)b * LK_Q80_BYTES));
+    const axf_group_fn full = emu ? (q8 ? axf_emu8_16 : axf_emu4_16) : (q8 ? axf_hw8_16 : axf_hw4_16);
+    const axf_group_fn part = emu ? (q8 ? axf_emu8_mt : axf_emu4_mt) : (q8 ? axf_hw8_mt : axf_hw4_mt);
+    /* a group's token tiles one after the other, its bytes still in L2 for
+     * the second; past 16 tokens the last tile is the call's last 16
+     * tokens, those before tlo already done (one configuration serves
+     * the whole call) */
+    const int T = (int)LK_MIN((int64_t)AX_T, ntok);
+    axf_config(emu, T);
+    for (int64_t r0 = 0; r0 < nrows; r0 += GK_ROWS)
+        for (int64_t t0 = 0; t0 < ntok; t0 += AX_T) {
+            const int64_t ts = T < AX_T ? 0 : LK_MIN(t0, ntok - AX_T);
+            (T == AX_T ? full : part)(T, (int)(t0 - ts), W + (size_t)r0 * ws, nb, A + (size_t)ts * as, as,
+                                      dl + ts * nb, nb, y + (size_t)ts * ys + (size_t)r0, ys);
+        }
+    if (!emu) __asm__ volatile("tilerelease" ::);
+}
+
 /* ===================================================================== */
 /* BF16 through AMX-BF16 tiles                                            */
 /* ===================================================================== */

@@ -294,6 +294,14 @@ void lk_quant_gemm_q4q8_avx512(int fmt, int64_t n, int64_t nrows, const void *w,
  * (lk_quant_amx_emulate). Reads the scales of `terms` (any offset). */
 void lk_quant_gemm_q4q8_amx(bool emu, int fmt, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
                             const void *a, size_t as, const lk_act_terms *terms, float *y, size_t ys);
+/* The repacked Q4_0 / Q8_0 (fmt LK_FMT_R16 / LK_FMT_Q8R16) through AMX-INT8
+ * tiles a 16-row group at a time, for a few tokens: the same bits. Takes
+ * calls whose rows are whole groups and whose ntok x blocks scales fit
+ * LK_AMX_FEW_SCALES (lk_quant_amx_few_fits). */
+enum { LK_AMX_FEW_SCALES = 16384 };
+bool lk_quant_amx_few_fits(int64_t n, int64_t nrows, int64_t ntok);
+void lk_quant_gemm_q4q8_amx_few(bool emu, int fmt, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
+                      const void *a, size_t as, const lk_act_terms *terms, float *y, size_t ys);
 /* BF16 weights and activations through AMX-BF16 tiles, any token count:
  * this path's own bits, the same for every token count (decode and
  * prefill agree); emu: the tile instructions emulated in C, their own
