@@ -247,7 +247,7 @@ int lk_cmd_bench(int argc, char **argv) {
         { "--tune", NULL, LK_OPT_STR, &tune, "SPEC",
           "force the kernels' speed settings: pf=N (decode prefetch distance in tiles, 0-8), split=N (tasks per "
           "thread of a matrix, 1-16), gemm=off|R[xC] (AVX2 prefill GEMM, R rows per pass, C tokens per chunk), "
-          "gtok=N (AVX-512 Q4_0/Q8_0/Q4_K/Q5_K GEMM from N tokens, 5-32; 0 = 5; repacked at load: 32 for Q4_0/Q8_0, 18/8/28 for Q4_K/Q5_K/Q6_K), drows=4|1 (rows per decode tile of the float types and of K-quants not repacked), droll=0|1 (the F16/BF16 4-row decode tile's rows loop unrolled or rolled; default: rolled on AMD CPUs), amx=N|off (Q4_0/Q8_0 through AMX tiles from N tokens), far=KB (the repacked Q4_0/Q8_0 decode's second prefetch, KB ahead into L2, 0-256, 0 = off; default 16 for Q4_0, off for Q8_0); "
+          "gtok=N (AVX-512 Q4_0/Q8_0/Q4_K/Q5_K GEMM from N tokens, 5-32; 0 = 5; repacked at load: 16 for Q4_0/Q8_0 (32 on AMD CPUs), 18/8/28 for Q4_K/Q5_K/Q6_K), drows=4|1 (rows per decode tile of the float types and of K-quants not repacked), droll=0|1 (the F16/BF16 4-row decode tile's rows loop unrolled or rolled; default: rolled on AMD CPUs), amx=N|off (Q4_0/Q8_0 through AMX tiles from N tokens; default 64), amxf=N|off (the repacked Q4_0/Q8_0 through AMX's few-token kernel from N tokens up to amx's; default 12), far=KB (the repacked Q4_0/Q8_0 decode's second prefetch, KB ahead into L2, 0-256, 0 = off; default 16 for Q4_0, off for Q8_0); "
           "'calibrate': calibrate now, whatever the load, and cache the result; without it the settings are "
           "calibrated at first use (unless the machine is busy) and cached per CPU and build; the choice and "
           "the calibration's timings are printed (stderr; 'tune' in --json)" },
@@ -348,9 +348,13 @@ int lk_cmd_bench(int argc, char **argv) {
         if (lk_engine_open(&eo, &e, err, sizeof err)) { fprintf(stderr, "lockstep bench: %s\n", err); lk_energy_close(en); return 1; }
         int threads = tlist[ti] ? tlist[ti] : lk_engine_threads(e), ranks = lk_engine_n_ranks(e);
         /* the kernels' settings for these threads, chosen when the model loaded */
-        char amx[64] = "";
+        char amx[160] = "";
+        int at = 0;
         if (lk_quant_amx_min_tok() > 0)
-            snprintf(amx, sizeof amx, "; Q4_0/Q8_0 through AMX tiles from %d tokens", lk_quant_amx_min_tok());
+            at = snprintf(amx, sizeof amx, "; Q4_0/Q8_0 through AMX tiles from %d tokens", lk_quant_amx_min_tok());
+        if (lk_quant_amx_few_min_tok() > 0 && at >= 0 && (size_t)at < sizeof amx)
+            snprintf(amx + at, sizeof amx - (size_t)at, "; repacked Q4_0/Q8_0 through AMX's few-token kernel from %d tokens",
+                     lk_quant_amx_few_min_tok());
         fprintf(stderr, "lockstep bench: threads %d: tune %s%s%s\n", threads, lk_tune_report(), amx,
                 ranks > 1 ? " (the head's; each rank tunes its own)" : "");
         /* the bound, measured now, with as many threads as the model uses */
