@@ -448,7 +448,12 @@ LK_T512 void lk_quant_gemm_q4q8_avx512(int fmt, int64_t n, int64_t nrows, const 
  * times, add), against 8 vpdpbusd + the same 4 in the vector GEMM. A tile
  * product's result comes late (tens of cycles), so the products run one
  * block ahead: block b+1's product is issued before block b's sums are
- * stored and worked, and the tile unit and the vector units overlap.
+ * stored, and the tile unit and the vector units overlap. Block b's sums
+ * are worked one step later still, after block b+1's store: the vector
+ * loads then meet a tile store that has had a block's time to reach the
+ * cache (worked right after their own store, 64-512 tokens ran 1.09-1.25x
+ * slower on the Sapphire Rapids guest: BENCHMARKS.md, thirty-second
+ * session).
  *
  * Tiles: 0 and 1 the sums (blocks alternate), 2 and 3 the activations, 4
  * and 5 the weights. The call's last tokens, when they are not 16, are
@@ -569,21 +574,25 @@ LK_T512 static LK_INL void ax_tile(const bool E, const int T, const uint8_t (*pg
     for (int t = 0; t < AX_T; t++)
         fa[t] = t < T && add ? _mm512_maskz_loadu_ps(m, y + (size_t)t * ys) : _mm512_setzero_ps();
     AX_ISSUE(E, 0, 2, 4, a, as, pg[0][0]);
-    for (int b = 0; b < kb; b++) {
+    for (int b = 0; b <= kb; b++) {
         const int b1 = b + 1;
         if (b1 < kb) {
             if (b1 & 1) AX_ISSUE(E, 1, 3, 5, a + (size_t)b1 * LK_Q80_BYTES, as, pg[b1][0]);
             else AX_ISSUE(E, 0, 2, 4, a + (size_t)b1 * LK_Q80_BYTES, as, pg[b1][0]);
         }
-        int32_t(*c)[16] = cb[b & 1];
-        if (b & 1) AX_STORE(E, 1, c, 64);
-        else AX_STORE(E, 0, c, 64);
-        const __m512 wd = _mm512_load_ps(pg[b][8]);
+        if (b < kb) {
+            if (b & 1) AX_STORE(E, 1, cb[b & 1], 64);
+            else AX_STORE(E, 0, cb[b & 1], 64);
+        }
+        if (b == 0) continue;
+        const int bf = b - 1;
+        int32_t(*c)[16] = cb[bf & 1];
+        const __m512 wd = _mm512_load_ps(pg[bf][8]);
 #pragma GCC unroll 16
         for (int t = 0; t < AX_T; t++)
             if (t < T)
                 fa[t] = _mm512_add_ps(fa[t], _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[t])),
-                                                           _mm512_mul_ps(wd, _mm512_set1_ps(d[(size_t)t * dld + b]))));
+                                                           _mm512_mul_ps(wd, _mm512_set1_ps(d[(size_t)t * dld + bf]))));
     }
 #pragma GCC unroll 16
     for (int t = 0; t < AX_T; t++)
