@@ -607,11 +607,14 @@ bool lk_quant_amx_emulating(void) { return atomic_load_explicit(&g_amx_emu, memo
 
 int lk_quant_amx(void) { return atomic_load_explicit(&g_amx_tok, memory_order_relaxed); }
 
-int lk_quant_amx_min_tok(void) {
+/* an AMX kernel's threshold in force: setting v (-1: the default def), 0
+ * where there are no tiles to run on (nor their emulation) */
+static int amx_threshold(int v, int def) {
     if (!(lk_quant_amx_emulating() || lk_quant_amx_have())) return 0;
-    const int v = lk_quant_amx();
-    return v < 0 ? LK_AMX_MIN_TOK : v;
+    return v < 0 ? def : v;
 }
+
+int lk_quant_amx_min_tok(void) { return amx_threshold(lk_quant_amx(), LK_AMX_MIN_TOK); }
 
 static _Atomic int g_amxf_tok = -1;
 
@@ -622,11 +625,7 @@ void lk_quant_set_amx_few(int ntok) {
 
 int lk_quant_amx_few(void) { return atomic_load_explicit(&g_amxf_tok, memory_order_relaxed); }
 
-int lk_quant_amx_few_min_tok(void) {
-    if (!(lk_quant_amx_emulating() || lk_quant_amx_have())) return 0;
-    const int v = lk_quant_amx_few();
-    return v < 0 ? LK_AMX_FEW_MIN_TOK : v;
-}
+int lk_quant_amx_few_min_tok(void) { return amx_threshold(lk_quant_amx_few(), LK_AMX_FEW_MIN_TOK); }
 
 static _Atomic int64_t g_rows_inner = -1; /* -1: not resolved yet */
 static int64_t rows_inner_default(void) {

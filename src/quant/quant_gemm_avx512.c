@@ -544,12 +544,13 @@ static void ax_emu_dp(int c, int a, int b) {
         AX_DP(E, c, ta, tw);               \
     } while (0)
 
-static void ax_config(bool emu) {
+/* T: the tokens of a sums and an activations tile (their rows) */
+static void ax_config(bool emu, int T) {
     ax_cfg c = {.palette = 1};
     for (int t = 0; t < 2; t++) {
-        c.rows[t] = AX_T, c.colsb[t] = 64;               /* sums */
-        c.rows[2 + t] = AX_T, c.colsb[2 + t] = LK_QK;    /* activations */
-        c.rows[4 + t] = LK_QK / 4, c.colsb[4 + t] = 64;  /* weights */
+        c.rows[t] = (uint8_t)T, c.colsb[t] = 64;            /* sums */
+        c.rows[2 + t] = (uint8_t)T, c.colsb[2 + t] = LK_QK; /* activations */
+        c.rows[4 + t] = LK_QK / 4, c.colsb[4 + t] = 64;     /* weights */
     }
     if (emu) {
         ax_emu.cfg = c;
@@ -622,7 +623,7 @@ LK_T512 void lk_quant_gemm_q4q8_amx(bool emu, int fmt, int64_t n, int64_t nrows,
     /* the last tokens' K block of quants, 16 rows (those past the call's zero) */
     _Alignas(64) uint8_t pad[AX_T][AX_KB * LK_Q80_BYTES];
     memset(pad, 0, sizeof pad);
-    ax_config(emu);
+    ax_config(emu, AX_T);
     for (int64_t t0 = 0; t0 < ntok; t0 += AX_TB) {
         const int tb = (int)LK_MIN((int64_t)AX_TB, ntok - t0);
         for (int64_t s0 = 0; s0 < nb; s0 += GK_KSB) {
@@ -692,28 +693,14 @@ LK_T512 void lk_quant_gemm_q4q8_amx(bool emu, int fmt, int64_t n, int64_t nrows,
  * product from memory took 1.4-1.5x as long) */
 enum { AXF_PF = 2048 };
 typedef void (*axf_group_fn)(int T, int tlo, const uint8_t *wg, int64_t nb, const uint8_t *a, size_t as,
-                             const float *dl, int64_t ldd, float *y, size_t ys);
-
-static void axf_config(bool emu, int T) {
-    ax_cfg c = {.palette = 1};
-    for (int t = 0; t < 2; t++) {
-        c.rows[t] = (uint8_t)T, c.colsb[t] = 64;          /* sums */
-        c.rows[2 + t] = (uint8_t)T, c.colsb[2 + t] = LK_QK; /* activations */
-        c.rows[4 + t] = LK_QK / 4, c.colsb[4 + t] = 64;     /* weights */
-    }
-    if (emu) {
-        ax_emu.cfg = c;
-        memset(ax_emu.t, 0, sizeof ax_emu.t);
-    } else {
-        __asm__ volatile("ldtilecfg %0" ::"m"(c));
-    }
-}
+                             const float *d, int64_t sk, int64_t st, float *y, size_t ys);
 
 /* One 16-row group x T tokens over all nb blocks, the outputs of tokens
- * [tlo, T). wg: the group; a: the first token's row (as apart); dl: token
- * t's scale of block b at dl[t * ldd + b]; y: row 0 of the first token. */
+ * [tlo, T). wg: the group; a: the first token's row (as apart); d: token
+ * t's scale of block b at d[b / LK_TERMS_KB * sk + t * st + b % LK_TERMS_KB]
+ * (the terms' layout, or a table's); y: row 0 of the first token. */
 LK_T512 static LK_INL void axf_group(const bool E, const bool q8, const int T, const int tlo, const uint8_t *wg,
-                                   int64_t nb, const uint8_t *a, size_t as, const float *dl, int64_t ldd, float *y,
+                                   int64_t nb, const uint8_t *a, size_t as, const float *d, int64_t sk, int64_t st, float *y,
                                    size_t ys) {
     __m512 fa[AX_T];
     _Alignas(64) int32_t cb[2][AX_T][16];
@@ -744,11 +731,12 @@ LK_T512 static LK_INL void axf_group(const bool E, const bool q8, const int T, c
             int32_t(*c)[16] = cb[bp & 1];
             if (bp & 1) AX_STORE(E, 1, c, 64);
             else AX_STORE(E, 0, c, 64);
+            const float *db = d + bp / LK_TERMS_KB * sk + bp % LK_TERMS_KB;
 #pragma GCC unroll 16
             for (int t = 0; t < AX_T; t++)
                 if (t < T && t >= tlo)
                     fa[t] = _mm512_add_ps(fa[t], _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[t])),
-                                                               _mm512_mul_ps(wdp, _mm512_set1_ps(dl[(size_t)t * (size_t)ldd + (size_t)bp]))));
+                                                               _mm512_mul_ps(wdp, _mm512_set1_ps(db[(size_t)t * (size_t)st]))));
         }
         wdp = wd;
     }
@@ -759,8 +747,8 @@ LK_T512 static LK_INL void axf_group(const bool E, const bool q8, const int T, c
 
 #define AXF_GROUP(name, E, Q8, FULL)                                                                           \
     LK_T512 static void name(int T, int tlo, const uint8_t *wg, int64_t nb, const uint8_t *a, size_t as,       \
-                           const float *dl, int64_t ldd, float *y, size_t ys) {                                \
-        axf_group(E, Q8, FULL ? AX_T : T, FULL ? tlo : 0, wg, nb, a, as, dl, ldd, y, ys);                      \
+                           const float *d, int64_t sk, int64_t st, float *y, size_t ys) {                      \
+        axf_group(E, Q8, FULL ? AX_T : T, FULL ? tlo : 0, wg, nb, a, as, d, sk, st, y, ys);                    \
     }
 AXF_GROUP(axf_hw4_16, false, false, true) AXF_GROUP(axf_hw4_mt, false, false, false)
 AXF_GROUP(axf_hw8_16, false, true, true) AXF_GROUP(axf_hw8_mt, false, true, false)
@@ -777,13 +765,15 @@ LK_T512 void lk_quant_gemm_q4q8_amx_few(bool emu, int fmt, int64_t n, int64_t nr
     const bool q8 = fmt == LK_FMT_Q8R16;
     const uint8_t *W = w, *A = a;
     const int64_t nb = n / LK_QK;
-    /* every (token, block) scale as a float, token-major */
+    /* every (token, block) scale as a float: the terms' (read in place),
+     * else a table of them, token-major */
     float dl[LK_AMX_FEW_SCALES];
-    for (int64_t t = 0; t < ntok; t++)
-        for (int64_t b = 0; b < nb; b++)
-            dl[t * nb + b] = terms && terms->ntok == ntok
-                                 ? terms->d[((b / LK_TERMS_KB) * ntok + t) * LK_TERMS_KB + b % LK_TERMS_KB]
-                                 : _cvtsh_ss(lk_ld_u16(A + (size_t)t * as + (size_t)b * LK_Q80_BYTES));
+    const float *d = dl;
+    int64_t sk = LK_TERMS_KB, st = nb;
+    if (terms && terms->ntok == ntok) d = terms->d, sk = ntok * LK_TERMS_KB, st = LK_TERMS_KB;
+    else
+        for (int64_t t = 0; t < ntok; t++)
+            for (int64_t b = 0; b < nb; b++) dl[t * nb + b] = _cvtsh_ss(lk_ld_u16(A + (size_t)t * as + (size_t)b * LK_Q80_BYTES));
     const axf_group_fn full = emu ? (q8 ? axf_emu8_16 : axf_emu4_16) : (q8 ? axf_hw8_16 : axf_hw4_16);
     const axf_group_fn part = emu ? (q8 ? axf_emu8_mt : axf_emu4_mt) : (q8 ? axf_hw8_mt : axf_hw4_mt);
     /* a group's token tiles one after the other, its bytes still in L2 for
@@ -791,12 +781,12 @@ LK_T512 void lk_quant_gemm_q4q8_amx_few(bool emu, int fmt, int64_t n, int64_t nr
      * tokens, those before tlo already done (one configuration serves
      * the whole call) */
     const int T = (int)LK_MIN((int64_t)AX_T, ntok);
-    axf_config(emu, T);
+    ax_config(emu, T);
     for (int64_t r0 = 0; r0 < nrows; r0 += GK_ROWS)
         for (int64_t t0 = 0; t0 < ntok; t0 += AX_T) {
             const int64_t ts = T < AX_T ? 0 : LK_MIN(t0, ntok - AX_T);
             (T == AX_T ? full : part)(T, (int)(t0 - ts), W + (size_t)r0 * ws, nb, A + (size_t)ts * as, as,
-                                      dl + ts * nb, nb, y + (size_t)ts * ys + (size_t)r0, ys);
+                                      d + ts * st, sk, st, y + (size_t)ts * ys + (size_t)r0, ys);
         }
     if (!emu) __asm__ volatile("tilerelease" ::);
 }
