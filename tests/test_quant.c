@@ -939,17 +939,33 @@ TEST(bf16_amx) {
                 }
                 want[t * nrows + r] = s;
             }
-        static const int64_t chunks[] = {1, 17, 0};
+        /* calls of 1 and 17 tokens, all at once, and all at once reading
+         * the activations' tiles made once for the matrix (LK_TERMS_TILES,
+         * their memory poisoned first: a step past n not zeroed is NaN) */
+        static const int64_t chunks[] = {1, 17, 0, -1};
+        lk_act_terms T;
+        uint8_t *tmem = malloc(lk_act_terms_bytes(LK_TERMS_TILES, n, nt));
+        memset(tmem, 0xff, lk_act_terms_bytes(LK_TERMS_TILES, n, nt));
+        lk_act_terms_init(&T, LK_TERMS_TILES, n, nt, tmem);
+        for (int64_t t = 0; t < nt; t++) lk_act_terms_row(&T, t, a + t * n, n);
+        int dirty = 0; /* the tokens the last tile lacks: zeros */
+        for (int64_t s = 0; nt % 16 && s < (n + 31) / 32; s++)
+            for (int kk = 0; kk < 16; kk++)
+                for (int c = (int)(4 * (nt % 16)); c < 64; c++)
+                    dirty += tmem[((size_t)(nt / 16) * (size_t)((n + 31) / 32) + (size_t)s) * 1024 + 64 * kk + c] != 0;
+        CHECKF(dirty == 0, "%lld x %lld tokens' tiles: %d bytes of absent tokens not zero", (long long)n, (long long)nt,
+               dirty);
         for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
-            const int64_t chunk = chunks[c] ? chunks[c] : nt;
+            const int64_t chunk = chunks[c] > 0 ? chunks[c] : nt;
+            const lk_act_terms *tp = chunks[c] < 0 ? &T : NULL;
             memset(got, 0xff, sizeof(float) * (size_t)(nrows * nt));
             for (int64_t t0 = 0; t0 < nt; t0 += chunk) {
                 const int64_t tn = LK_MIN(chunk, nt - t0), cut = nrows > 16 ? 16 : nrows;
-                lk_quant_bf16_amx(emu, n, cut, w, (size_t)n * 2, tn, a + t0 * n, (size_t)n * 2, got + t0 * nrows,
+                lk_quant_bf16_amx(emu, n, cut, w, (size_t)n * 2, tn, a + t0 * n, (size_t)n * 2, tp, got + t0 * nrows,
                                   (size_t)nrows);
                 if (cut < nrows)
                     lk_quant_bf16_amx(emu, n, nrows - cut, w + cut * n, (size_t)n * 2, tn, a + t0 * n, (size_t)n * 2,
-                                      got + t0 * nrows + cut, (size_t)nrows);
+                                      tp, got + t0 * nrows + cut, (size_t)nrows);
             }
             if (!emu && c == 0) { /* the real tiles' own bits: decode's are the reference for the rest */
                 for (int64_t t = 0; t < nt; t++)
@@ -966,9 +982,10 @@ TEST(bf16_amx) {
             }
             int bad = 0;
             for (int64_t e = 0; e < nrows * nt; e++) bad += memcmp(&got[e], &want[e], sizeof(float)) != 0;
-            CHECKF(bad == 0, "%s tiles, %lld x %lld, %lld tokens in calls of %lld: %d of %lld outputs differ from %s",
-                   emu ? "emulated" : "AMX", (long long)nrows, (long long)n, (long long)nt, (long long)chunk, bad,
-                   (long long)(nrows * nt), emu ? "the scalar sum in the tiles' order" : "decode's (calls of 1 token)");
+            CHECKF(bad == 0, "%s tiles, %lld x %lld, %lld tokens in calls of %lld%s: %d of %lld outputs differ from %s",
+                   emu ? "emulated" : "AMX", (long long)nrows, (long long)n, (long long)nt, (long long)chunk,
+                   tp ? " (the activations' tiles made once)" : "", bad, (long long)(nrows * nt),
+                   emu ? "the scalar sum in the tiles' order" : "decode's (calls of 1 token)");
         }
         if (!emu) {
             /* fp32 summation of n terms: well under n * 2^-24 of the sum of |terms| */
@@ -977,7 +994,7 @@ TEST(bf16_amx) {
             printf("  AMX %lld x %lld x %lld: worst error %.2g of sum |w a|\n", (long long)nrows, (long long)n,
                    (long long)nt, worst);
         }
-        free(w), free(a), free(want), free(got);
+        free(w), free(a), free(want), free(got), free(tmem);
     }
     lk_quant_set_simd("scalar");
 }

@@ -81,8 +81,9 @@ size_t lk_matmul_scratch_bytes(int64_t cols, int64_t ntok) {
      * (lk_act_terms) too except for rows of a few blocks */
     const size_t f32 = (size_t)cols * 4 * (size_t)ntok;
     const size_t q8 = terms_offset((size_t)(cols / 32 + 1) * 34 * (size_t)ntok) + lk_act_terms_bytes(8, cols + 32, ntok);
-    /* F16 rows and their widened twins */
-    const size_t f16 = terms_offset((size_t)cols * 2 * (size_t)ntok) + lk_act_terms_bytes(LK_TERMS_WIDE, cols, ntok);
+    /* F16 rows and their widened twins, BF16 rows and their tiles */
+    const size_t f16 = terms_offset((size_t)cols * 2 * (size_t)ntok) +
+                       LK_MAX(lk_act_terms_bytes(LK_TERMS_WIDE, cols, ntok), lk_act_terms_bytes(LK_TERMS_TILES, cols, ntok));
     return LK_MAX(LK_MAX(f32, q8), f16) + 64;
 }
 
@@ -180,11 +181,12 @@ static void matmul_run(lk_pool *p, matmul_job *j) {
             j->a_stride = rb;
             /* the terms that every call on these activations would derive
              * again (lk_act_terms): once here, if every matrix reads them
-             * for the same offset, and if this pass runs over the pool (a
-             * few tokens are quantised inline, on the caller alone: there
-             * the tasks deriving them for themselves, in parallel, cost
-             * less than the caller doing it first) */
-            int32_t k = par ? lk_quant_terms_k(W[0]->type) : 0;
+             * for the same offset, and if this pass runs over the pool or
+             * there is no pool to speak of (a few tokens are quantised
+             * inline, on the caller alone: there the tasks deriving them
+             * for themselves, in parallel, cost less than the caller doing
+             * it first; one thread's tasks derive them one after another) */
+            int32_t k = par || (ntok >= 4 && lk_pool_size(p) == 1) ? lk_quant_terms_k(W[0]->type) : 0;
             for (int i = 1; i < nw; i++)
                 if (lk_quant_terms_k(W[i]->type) != k) k = 0;
             if (k) lk_act_terms_init(&j->terms, k, W[0]->cols, ntok, (char *)j->scratch + terms_offset(rb * (size_t)ntok));

@@ -695,24 +695,32 @@ void lk_quant_matmul(lk_type wt, int64_t n, int64_t nrows, const void *w, size_t
 
 int32_t lk_quant_terms_k(lk_type wt) {
     if (wt >= LK_TYPE_ALL || !ops_get()->mm_terms[wt]) return 0;
-    return wt == LK_TYPE_F16_R16 ? LK_TERMS_WIDE : wt == LK_TYPE_Q8_0 || wt == LK_TYPE_Q8_0_R16 ? 128 : 8;
+    return wt == LK_TYPE_F16_R16                       ? LK_TERMS_WIDE
+           : wt == LK_TYPE_BF16                        ? LK_TERMS_TILES
+           : wt == LK_TYPE_Q8_0 || wt == LK_TYPE_Q8_0_R16 ? 128
+                                                       : 8;
 }
+
+/* terms of the Q8_0 kinds are per block: whole blocks only */
+static bool terms_any_n(int32_t k) { return k == LK_TERMS_WIDE || k == LK_TERMS_TILES; }
 
 size_t lk_act_terms_bytes(int32_t k, int64_t n, int64_t ntok) {
     if (k == LK_TERMS_WIDE) return (size_t)((n + 15) / 16 * 16) * (size_t)ntok * sizeof(float);
+    if (k == LK_TERMS_TILES) return (size_t)((n + 31) / 32) * (size_t)((ntok + 15) / 16) * 1024;
     const int64_t nkb = (n / LK_QK + LK_TERMS_KB - 1) / LK_TERMS_KB;
     return (size_t)nkb * (size_t)ntok * LK_TERMS_KB * (sizeof(float) + sizeof(int32_t));
 }
 
 void lk_act_terms_init(lk_act_terms *T, int32_t k, int64_t n, int64_t ntok, void *mem) {
-    LK_ASSERT(k == 8 || k == 128 || k == LK_TERMS_WIDE);
+    LK_ASSERT(k == 8 || k == 128 || k == LK_TERMS_WIDE || k == LK_TERMS_TILES);
     *T = (lk_act_terms){ .ntok = ntok, .k = k };
     if (k == LK_TERMS_WIDE) T->wide = mem;
+    else if (k == LK_TERMS_TILES) T->tiles = mem;
     else T->d = mem, T->corr = (int32_t *)((char *)mem + lk_act_terms_bytes(k, n, ntok) / 2);
 }
 
 void lk_act_terms_row(const lk_act_terms *T, int64_t t, const void *a, int64_t n) {
-    LK_ASSERT(t >= 0 && t < T->ntok && (T->k == LK_TERMS_WIDE || n % LK_QK == 0) && ops_get()->terms_row);
+    LK_ASSERT(t >= 0 && t < T->ntok && (terms_any_n(T->k) || n % LK_QK == 0) && ops_get()->terms_row);
     ops_get()->terms_row(T, t, a, n);
 }
 
@@ -724,7 +732,7 @@ void lk_quant_matmul_terms(lk_type wt, int64_t n, int64_t nrows, const void *w, 
         return;
     }
     /* each kernel reads terms of its own kind only (T->k), others as none */
-    LK_ASSERT((lk_quant_terms_k(wt) == LK_TERMS_WIDE || n % LK_QK == 0) && nrows >= 0 && ntok >= 0 &&
+    LK_ASSERT((terms_any_n(lk_quant_terms_k(wt)) || n % LK_QK == 0) && nrows >= 0 && ntok >= 0 &&
               terms->ntok == ntok);
     o->mm_terms[wt](n, nrows, w, w_stride, ntok, a, a_stride, terms, y, y_stride);
 }

@@ -104,18 +104,26 @@ void lk_quant_matmul(lk_type wt, int64_t n, int64_t nrows, const void *w, size_t
  * k = LK_TERMS_WIDE: the AVX-512 F16_R16 kernel's terms, its F16
  * activations widened to fp32 (`wide`, in the kernel's own token panels:
  * hr_run in quant_avx512.c): widening its tokens itself, a call of 32 rows (16
- * threads x 4 tasks of 2048) ran 64 tokens 17 % slower than one of 2048. */
-enum { LK_TERMS_KB = 256, LK_TERMS_WIDE = 16 };
+ * threads x 4 tasks of 2048) ran 64 tokens 17 % slower than one of 2048.
+ * k = LK_TERMS_TILES: the AMX-BF16 kernel's terms, its BF16 activations in
+ * the tiles its products read (`tiles`: token tile j = tokens 16j..16j+15,
+ * K step s = elements 32s..32s+31, at byte 1024 (j * steps + s); row kk
+ * holds the pairs 2kk, 2kk+1 of each token, token t at bytes 4 (t % 16);
+ * past n and past the last token, zeros): packing them itself, a call of 32
+ * rows ran 64 tokens at a third of the rate of one of 2048 (BENCHMARKS.md,
+ * thirty-third session). */
+enum { LK_TERMS_KB = 256, LK_TERMS_WIDE = 16, LK_TERMS_TILES = 32 };
 typedef struct {
     float   *d;
     int32_t *corr;
-    float   *wide; /* k == LK_TERMS_WIDE */
+    float   *wide;     /* k == LK_TERMS_WIDE */
+    uint8_t *tiles;    /* k == LK_TERMS_TILES */
     int64_t  ntok; /* tokens the arrays hold */
-    int32_t  k;    /* the offset they were computed for (lk_quant_terms_k), or LK_TERMS_WIDE */
+    int32_t  k;    /* the offset they were computed for (lk_quant_terms_k), LK_TERMS_WIDE or LK_TERMS_TILES */
 } lk_act_terms;
 /* The offset k whose terms the active kernel of weight type wt reads (8 or
- * 128), LK_TERMS_WIDE, or 0 if it reads none (other types, levels below
- * AVX-512). */
+ * 128), LK_TERMS_WIDE, LK_TERMS_TILES, or 0 if it reads none (other types,
+ * levels below AVX-512, CPUs without AMX-BF16 for BF16). */
 int32_t lk_quant_terms_k(lk_type wt);
 /* Bytes of the terms of kind k for ntok tokens of rows of n elements. */
 size_t lk_act_terms_bytes(int32_t k, int64_t n, int64_t ntok);
@@ -123,7 +131,7 @@ size_t lk_act_terms_bytes(int32_t k, int64_t n, int64_t ntok);
  * (lk_act_terms_bytes of it, 64-byte aligned), rows not computed yet. */
 void lk_act_terms_init(lk_act_terms *T, int32_t k, int64_t n, int64_t ntok, void *mem);
 /* Token t's terms from its activation row a of n elements (t < T->ntok):
- * Q8_0 for k = 8 and 128, F16 for LK_TERMS_WIDE. */
+ * Q8_0 for k = 8 and 128, F16 for LK_TERMS_WIDE, BF16 for LK_TERMS_TILES. */
 void lk_act_terms_row(const lk_act_terms *T, int64_t t, const void *a, int64_t n);
 /* lk_quant_matmul with the terms of all of A's tokens (terms->ntok ==
  * ntok, computed for lk_quant_terms_k(wt)); terms NULL, or a kernel that

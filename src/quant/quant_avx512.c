@@ -1293,6 +1293,7 @@ MM_NO_TERMS(mm_f16r16)
  * F16 row widened into hr_run's panels */
 static void act_terms_row(const lk_act_terms *T, int64_t t, const void *a, int64_t n) {
     if (T->k == LK_TERMS_WIDE) hr_widen_token(n, T->ntok, t, a, T->wide);
+    else if (T->k == LK_TERMS_TILES) lk_act_terms_row_bf16_tiles(T, t, a, n);
     else lk_act_terms_row_avx512(T, t, a, n);
 }
 
@@ -1468,10 +1469,15 @@ static void mm_bf(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t nt
 }
 
 /* BF16 on CPUs with AMX-BF16: every token count through the tiles
- * (lk_quant_bf16_amx) */
+ * (lk_quant_bf16_amx), the activations' tiles packed by the call or, in
+ * the _t twin, once per matrix (LK_TERMS_TILES) */
 static void mm_bfx(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a, size_t as,
                    float *y, size_t ys) {
-    lk_quant_bf16_amx(false, n, nrows, w, ws, ntok, a, as, y, ys);
+    lk_quant_bf16_amx(false, n, nrows, w, ws, ntok, a, as, NULL, y, ys);
+}
+static void mm_bfx_t(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a, size_t as,
+                     const lk_act_terms *T, float *y, size_t ys) {
+    lk_quant_bf16_amx(false, n, nrows, w, ws, ntok, a, as, T, y, ys);
 }
 
 void lk_quant_fill_avx512(lk_quant_ops *ops) {
@@ -1500,4 +1506,5 @@ void lk_quant_fill_avx512(lk_quant_ops *ops) {
     ops->mm[LK_TYPE_F16_R16] = mm_f16r16;
     const uint32_t feat = lk_cpu()->feat;
     ops->mm[LK_TYPE_BF16] = (feat & LK_CPU_AMXBF16) ? mm_bfx : (feat & LK_CPU_AVX512BF16) ? mm_bf : mm_bfc;
+    ops->mm_terms[LK_TYPE_BF16] = (feat & LK_CPU_AMXBF16) ? mm_bfx_t : NULL;
 }

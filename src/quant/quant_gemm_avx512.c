@@ -917,12 +917,41 @@ LK_T512 static void bx_pack(const uint8_t *at, size_t as, int nt, int64_t n, int
     }
 }
 
+/* lk_act_terms_row for LK_TERMS_TILES (quant.h gives the layout): token t's
+ * pairs of each K step into row kk of its tile's step, as bx_pack places
+ * them; the last token zeroes the columns of the tokens its tile lacks */
+LK_T512 void lk_act_terms_row_bf16_tiles(const lk_act_terms *T, int64_t t, const void *a, int64_t n) {
+    const int64_t nsteps = (n + 31) / 32;
+    const int c = 4 * (int)(t % 16);
+    uint8_t *tile = T->tiles + (size_t)(t / 16) * (size_t)nsteps * 1024;
+    const uint8_t *src = a;
+    const bool last = t == T->ntok - 1 && T->ntok % 16;
+    for (int64_t s = 0; s < nsteps; s++, tile += 1024) {
+        const int64_t k = s * 32, ne = LK_MIN((int64_t)32, n - k);
+        _Alignas(64) uint32_t d[16];
+        if (ne == 32) {
+            _mm512_store_si512(d, _mm512_loadu_si512(src + (size_t)k * 2));
+        } else {
+            memset(d, 0, sizeof d);
+            memcpy(d, src + (size_t)k * 2, (size_t)ne * 2);
+        }
+#pragma GCC unroll 16
+        for (int kk = 0; kk < 16; kk++) {
+            memcpy(tile + 64 * kk + c, &d[kk], 4);
+            if (last) memset(tile + 64 * kk + c + 4, 0, (size_t)(60 - c));
+        }
+    }
+}
+
 LK_T512 void lk_quant_bf16_amx(bool emu, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
-                             const void *a, size_t as, float *y, size_t ys) {
+                             const void *a, size_t as, const lk_act_terms *terms, float *y, size_t ys) {
     enum { KS = BX_KC / 32, TJ = BX_TS / 16 };
     const uint8_t *W = w, *A = a;
     const int64_t nsteps = (n + 31) / 32;
     const bool dec = ntok == 1;
+    /* the activations' tiles made once per matrix (lk_act_terms), else packed here */
+    const uint8_t *tiles = !dec && terms && terms->k == LK_TERMS_TILES ? terms->tiles : NULL;
+    LK_ASSERT(!tiles || terms->ntok == ntok);
     _Alignas(64) uint8_t pk[dec ? 1 : KS][TJ][16][64]; /* packed activations, 256 KB (on the stack as fla_run's) */
     _Alignas(64) float park[BX_RB / 16][TJ][16][16];             /* C between chunks, 64 KB */
     _Alignas(64) float cout[16][16];
@@ -938,7 +967,7 @@ LK_T512 void lk_quant_bf16_amx(bool emu, int64_t n, int64_t nrows, const void *w
             for (int64_t c0 = 0; c0 < nsteps; c0 += KS) {
                 const int cs = (int)LK_MIN((int64_t)KS, nsteps - c0);
                 const bool last = c0 + cs == nsteps;
-                if (!dec && packed != c0) bx_pack(at, as, nts, n, c0, cs, pk), packed = c0;
+                if (!dec && !tiles && packed != c0) bx_pack(at, as, nts, n, c0, cs, pk), packed = c0;
                 for (int64_t g = 0; g < rbn; g += 32) {
                     const int r0 = (int)LK_MIN((int64_t)16, rbn - g);
                     const int r1 = (int)LK_MAX((int64_t)0, LK_MIN((int64_t)16, rbn - g - 16));
@@ -956,7 +985,9 @@ LK_T512 void lk_quant_bf16_amx(bool emu, int64_t n, int64_t nrows, const void *w
                         }
                         for (int s = 0; s < cs; s++) {
                             const int64_t k = (c0 + s) * 32;
-                            if (!dec) {
+                            if (tiles) {
+                                AX_LOAD(emu, 4, tiles + ((size_t)(ts0 / 16 + j) * (size_t)nsteps + (size_t)(c0 + s)) * 1024, 64);
+                            } else if (!dec) {
                                 AX_LOAD(emu, 4, pk[s][j], 64);
                             } else if (k + 32 <= n) {
                                 AX_LOAD(emu, 4, at + (size_t)k * 2, 4);

@@ -305,9 +305,13 @@ void lk_quant_gemm_q4q8_amx_few(bool emu, int fmt, int64_t n, int64_t nrows, con
 /* BF16 weights and activations through AMX-BF16 tiles, any token count:
  * this path's own bits, the same for every token count (decode and
  * prefill agree); emu: the tile instructions emulated in C, their own
- * bits again (tests only). */
+ * bits again (tests only). terms: the activations already in their tiles
+ * (k == LK_TERMS_TILES, for all ntok tokens; NULL or another kind: packed
+ * by the call). */
 void lk_quant_bf16_amx(bool emu, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
-                       size_t as, float *y, size_t ys);
+                       size_t as, const lk_act_terms *terms, float *y, size_t ys);
+/* lk_act_terms_row for LK_TERMS_TILES: token t's BF16 row into its tiles */
+void lk_act_terms_row_bf16_tiles(const lk_act_terms *T, int64_t t, const void *a, int64_t n);
 /* lk_act_terms_row with the GEMM's own derivation of the terms */
 void lk_act_terms_row_avx512(const lk_act_terms *T, int64_t t, const void *a, int64_t n);
 /* The same layouts below LK_GEMM_MIN_TOK tokens (tiles of up to
