@@ -798,7 +798,7 @@ TEST(f16_r16_sums_in_order) {
                     lk_act_terms T;
                     lk_act_terms_init(&T, k, n, tn, mem + 1); /* not 64-byte aligned */
                     const uint8_t *a = mc.a + (size_t)t0 * mc.arb;
-                    for (int64_t t = 0; t < tn; t++) lk_act_terms_row(&T, t, a + (size_t)t * mc.arb, n);
+                    for (int64_t t = 0; t < tn; t++) lk_act_terms_rows(&T, t, t + 1, a + (size_t)t * mc.arb, 0, n);
                     if (variant) T.wide[0] += 1;
                     float *y = mc.got + (size_t)t0 * (size_t)nrows;
                     lk_quant_matmul_terms(LK_TYPE_F16_R16, n, cut, rp, mc.wrb, tn, a, mc.arb, &T, y, (size_t)nrows);
@@ -873,7 +873,7 @@ TEST(matmul_terms_same_bits) {
                 lk_act_terms T = { .d = (float *)mem, .corr = (int32_t *)(mem + lk_act_terms_bytes(8, n, tn) / 2),
                                    .ntok = tn, .k = variant == 1 ? 136 - k : k };
                 const uint8_t *a = mc.a + (size_t)t0 * mc.arb;
-                for (int64_t t = 0; t < tn; t++) lk_act_terms_row(&T, t, a + (size_t)t * mc.arb, n);
+                for (int64_t t = 0; t < tn; t++) lk_act_terms_rows(&T, t, t + 1, a + (size_t)t * mc.arb, 0, n);
                 if (variant == 2) T.corr[0] += 1, T.d[0] *= 2; /* AMX reads only the scales */
                 /* two row ranges, the second from row 16 */
                 float *y = mc.got + (size_t)t0 * (size_t)nrows;
@@ -947,7 +947,9 @@ TEST(bf16_amx) {
         uint8_t *tmem = malloc(lk_act_terms_bytes(LK_TERMS_TILES, n, nt));
         memset(tmem, 0xff, lk_act_terms_bytes(LK_TERMS_TILES, n, nt));
         lk_act_terms_init(&T, LK_TERMS_TILES, n, nt, tmem);
-        for (int64_t t = 0; t < nt; t++) lk_act_terms_row(&T, t, a + t * n, n);
+        const int64_t mid = nt / 3; /* two ranges, the first ending inside a tile */
+        lk_act_terms_rows(&T, 0, mid, a, (size_t)n * 2, n);
+        lk_act_terms_rows(&T, mid, nt, a + mid * n, (size_t)n * 2, n);
         int dirty = 0; /* the tokens the last tile lacks: zeros */
         for (int64_t s = 0; nt % 16 && s < (n + 31) / 32; s++)
             for (int kk = 0; kk < 16; kk++)
@@ -1046,7 +1048,7 @@ TEST(amx_same_bits) {
                 lk_act_terms T = { .d = (float *)mem, .corr = (int32_t *)(mem + lk_act_terms_bytes(8, n, tn) / 2),
                                    .ntok = tn, .k = lk_quant_terms_k(rt) };
                 const uint8_t *a = mc.a + (size_t)t0 * mc.arb;
-                for (int64_t t = 0; t < tn; t++) lk_act_terms_row(&T, t, a + (size_t)t * mc.arb, n);
+                for (int64_t t = 0; t < tn; t++) lk_act_terms_rows(&T, t, t + 1, a + (size_t)t * mc.arb, 0, n);
                 float *y = mc.got + (size_t)t0 * (size_t)nrows;
                 const int64_t cut = nrows > 16 ? 16 : nrows;
                 lk_quant_matmul_terms(rt, n, cut, w, mc.wrb, tn, a, mc.arb, with_terms ? &T : NULL, y, (size_t)nrows);

@@ -135,8 +135,8 @@ static void quantize_job(void *arg, int ith, int nth) {
             x = j->xn + t * n;
         }
         if (j->at != LK_TYPE_F32) lk_quantize_row_act(j->at, x, (char *)j->scratch + t * j->a_stride, n);
-        if (j->terms.k) lk_act_terms_row(&j->terms, t, (char *)j->scratch + t * j->a_stride, n);
     }
+    if (j->terms.k) lk_act_terms_rows(&j->terms, t0, t1, (char *)j->scratch + t0 * j->a_stride, j->a_stride, n);
 }
 
 static void matmul_job_fn(void *arg, int ith, int nth) {

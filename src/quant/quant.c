@@ -719,9 +719,9 @@ void lk_act_terms_init(lk_act_terms *T, int32_t k, int64_t n, int64_t ntok, void
     else T->d = mem, T->corr = (int32_t *)((char *)mem + lk_act_terms_bytes(k, n, ntok) / 2);
 }
 
-void lk_act_terms_row(const lk_act_terms *T, int64_t t, const void *a, int64_t n) {
-    LK_ASSERT(t >= 0 && t < T->ntok && (terms_any_n(T->k) || n % LK_QK == 0) && ops_get()->terms_row);
-    ops_get()->terms_row(T, t, a, n);
+void lk_act_terms_rows(const lk_act_terms *T, int64_t t0, int64_t t1, const void *a, size_t as, int64_t n) {
+    LK_ASSERT(0 <= t0 && t0 <= t1 && t1 <= T->ntok && (terms_any_n(T->k) || n % LK_QK == 0) && ops_get()->terms_rows);
+    if (t0 < t1) ops_get()->terms_rows(T, t0, t1, a, as, n);
 }
 
 void lk_quant_matmul_terms(lk_type wt, int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok,

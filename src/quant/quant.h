@@ -130,9 +130,11 @@ size_t lk_act_terms_bytes(int32_t k, int64_t n, int64_t ntok);
 /* Terms of kind k for ntok tokens of rows of n elements in mem
  * (lk_act_terms_bytes of it, 64-byte aligned), rows not computed yet. */
 void lk_act_terms_init(lk_act_terms *T, int32_t k, int64_t n, int64_t ntok, void *mem);
-/* Token t's terms from its activation row a of n elements (t < T->ntok):
- * Q8_0 for k = 8 and 128, F16 for LK_TERMS_WIDE, BF16 for LK_TERMS_TILES. */
-void lk_act_terms_row(const lk_act_terms *T, int64_t t, const void *a, int64_t n);
+/* Tokens t0..t1-1's terms (t1 <= T->ntok) from their activation rows of n
+ * elements, token t0's at a, the next ones as bytes apart: Q8_0 for k = 8
+ * and 128, F16 for LK_TERMS_WIDE, BF16 for LK_TERMS_TILES. Ranges of one
+ * matrix's tokens may be given by different threads at once. */
+void lk_act_terms_rows(const lk_act_terms *T, int64_t t0, int64_t t1, const void *a, size_t as, int64_t n);
 /* lk_quant_matmul with the terms of all of A's tokens (terms->ntok ==
  * ntok, computed for lk_quant_terms_k(wt)); terms NULL, or a kernel that
  * reads none: lk_quant_matmul. */

@@ -1289,12 +1289,19 @@ static void mm_f16r16_t(int64_t n, int64_t nrows, const void *w, size_t ws, int6
 }
 MM_NO_TERMS(mm_f16r16)
 #undef MM_NO_TERMS
-/* lk_act_terms_row: the Q8_0 kernels' (quant_gemm_avx512.c), or token t's
- * F16 row widened into hr_run's panels */
-static void act_terms_row(const lk_act_terms *T, int64_t t, const void *a, int64_t n) {
-    if (T->k == LK_TERMS_WIDE) hr_widen_token(n, T->ntok, t, a, T->wide);
-    else if (T->k == LK_TERMS_TILES) lk_act_terms_row_bf16_tiles(T, t, a, n);
-    else lk_act_terms_row_avx512(T, t, a, n);
+/* lk_act_terms_rows: the Q8_0 kernels' (quant_gemm_avx512.c) or the F16
+ * rows widened into hr_run's panels, token by token, or the BF16 rows
+ * into AMX's tiles */
+static void act_terms_rows(const lk_act_terms *T, int64_t t0, int64_t t1, const void *a, size_t as, int64_t n) {
+    if (T->k == LK_TERMS_TILES) {
+        lk_act_terms_rows_bf16_tiles(T, t0, t1, a, as, n);
+        return;
+    }
+    for (int64_t t = t0; t < t1; t++) {
+        const void *at = (const char *)a + (size_t)(t - t0) * as;
+        if (T->k == LK_TERMS_WIDE) hr_widen_token(n, T->ntok, t, at, T->wide);
+        else lk_act_terms_row_avx512(T, t, at, n);
+    }
 }
 
 /* F32 rows of at most FLS_MAX_N elements, FLS_MIN_ROWS rows or more
@@ -1493,7 +1500,7 @@ void lk_quant_fill_avx512(lk_quant_ops *ops) {
     ops->mm_terms[LK_TYPE_Q4_0_R16] = mm_q40r16_t;
     ops->mm_terms[LK_TYPE_Q8_0_R16] = mm_q80r16_t;
     ops->mm_terms[LK_TYPE_Q8_0] = mm_q80_t;
-    ops->terms_row = act_terms_row;
+    ops->terms_rows = act_terms_rows;
     ops->mm_terms[LK_TYPE_F16_R16] = mm_f16r16_t;
     ops->mm[LK_TYPE_Q4_K] = mm_q4k;
     ops->mm[LK_TYPE_Q5_K] = mm_q5k;

@@ -263,7 +263,7 @@ LK_T512 static void gk_prep(const bool is_q8, const uint8_t *a, size_t as, int t
         }
 }
 
-/* lk_act_terms_row: token t's row of Q8_0 blocks in lk_act_terms' K blocks */
+/* lk_act_terms_rows, one token: token t's row of Q8_0 blocks in lk_act_terms' K blocks */
 LK_T512 void lk_act_terms_row_avx512(const lk_act_terms *T, int64_t t, const void *a, int64_t n) {
     const int64_t nb = n / LK_QK;
     for (int64_t b0 = 0; b0 < nb; b0 += LK_TERMS_KB) {
@@ -859,14 +859,17 @@ static void bx_emu_dp(int c, int a, int b) {
 
 /* Tiles: 0 and 1 the sums of two row groups (r0 rows and r1 rows; r1 = 0:
  * one group), 2 and 3 their weights, 4 the activations of nt tokens (1:
- * decode, the row in place; else 16, packed, the missing ones zero). */
+ * decode, the row in place; else 16, packed, the missing ones zero); 5
+ * the next 16 tokens' activations and 6, 7 their sums of the two groups. */
 static void bx_config(bool emu, int r0, int r1, int nt) {
     ax_cfg c = {.palette = 1};
     c.rows[0] = c.rows[2] = (uint8_t)r0;
     c.rows[1] = c.rows[3] = (uint8_t)r1;
     c.colsb[0] = (uint16_t)(4 * nt), c.colsb[2] = 64;
     c.colsb[1] = r1 ? (uint16_t)(4 * nt) : 0, c.colsb[3] = r1 ? 64 : 0;
-    c.rows[4] = 16, c.colsb[4] = (uint16_t)(4 * nt);
+    c.rows[4] = c.rows[5] = 16, c.colsb[4] = c.colsb[5] = (uint16_t)(4 * nt);
+    c.rows[6] = (uint8_t)r0, c.colsb[6] = (uint16_t)(4 * nt);
+    c.rows[7] = (uint8_t)r1, c.colsb[7] = r1 ? (uint16_t)(4 * nt) : 0;
     if (emu) {
         ax_emu.cfg = c;
         memset(ax_emu.t, 0, sizeof ax_emu.t);
@@ -917,29 +920,33 @@ LK_T512 static void bx_pack(const uint8_t *at, size_t as, int nt, int64_t n, int
     }
 }
 
-/* lk_act_terms_row for LK_TERMS_TILES (quant.h gives the layout): token t's
- * pairs of each K step into row kk of its tile's step, as bx_pack places
- * them; the last token zeroes the columns of the tokens its tile lacks */
-LK_T512 void lk_act_terms_row_bf16_tiles(const lk_act_terms *T, int64_t t, const void *a, int64_t n) {
+/* lk_act_terms_rows for LK_TERMS_TILES (quant.h gives the layout): tokens
+ * t0..t1-1's pairs of each K step into row kk of their tile's step, as
+ * bx_pack places them, a tile's tokens step by step (the 1 KB of a step
+ * stays in L1 while its tokens fill it; token by token, each wrote 16
+ * lines of every step, 64 KB for 2048 elements, and missed L1 at every
+ * store); the range that holds the last token zeroes the columns of the
+ * tokens its tile lacks */
+LK_T512 void lk_act_terms_rows_bf16_tiles(const lk_act_terms *T, int64_t t0, int64_t t1, const void *a, size_t as,
+                                          int64_t n) {
     const int64_t nsteps = (n + 31) / 32;
-    const int c = 4 * (int)(t % 16);
-    uint8_t *tile = T->tiles + (size_t)(t / 16) * (size_t)nsteps * 1024;
-    const uint8_t *src = a;
-    const bool last = t == T->ntok - 1 && T->ntok % 16;
-    for (int64_t s = 0; s < nsteps; s++, tile += 1024) {
-        const int64_t k = s * 32, ne = LK_MIN((int64_t)32, n - k);
-        _Alignas(64) uint32_t d[16];
-        if (ne == 32) {
-            _mm512_store_si512(d, _mm512_loadu_si512(src + (size_t)k * 2));
-        } else {
-            memset(d, 0, sizeof d);
-            memcpy(d, src + (size_t)k * 2, (size_t)ne * 2);
+    const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                            _mm512_set1_epi32(64));
+    const uint8_t *A = a;
+    for (int64_t u0 = t0; u0 < t1;) {
+        const int64_t u1 = LK_MIN(t1, (u0 / 16 + 1) * 16);
+        uint8_t *tile = T->tiles + (size_t)(u0 / 16) * (size_t)nsteps * 1024;
+        const int cz = u1 == T->ntok && T->ntok % 16 ? 4 * (int)(T->ntok % 16) : 64;
+        for (int64_t s = 0; s < nsteps; s++, tile += 1024) {
+            const int64_t k = s * 32, ne = LK_MIN((int64_t)32, n - k);
+            const __mmask32 m = ne == 32 ? ~(__mmask32)0 : (__mmask32)((1u << ne) - 1);
+            for (int64_t t = u0; t < u1; t++) {
+                const __m512i v = _mm512_maskz_loadu_epi16(m, A + (size_t)(t - t0) * as + (size_t)k * 2);
+                _mm512_i32scatter_epi32(tile + 4 * (t % 16), rows, v, 1);
+            }
+            for (int kk = 0; cz < 64 && kk < 16; kk++) memset(tile + 64 * kk + cz, 0, (size_t)(64 - cz));
         }
-#pragma GCC unroll 16
-        for (int kk = 0; kk < 16; kk++) {
-            memcpy(tile + 64 * kk + c, &d[kk], 4);
-            if (last) memset(tile + 64 * kk + c + 4, 0, (size_t)(60 - c));
-        }
+        u0 = u1;
     }
 }
 
@@ -974,21 +981,34 @@ LK_T512 void lk_quant_bf16_amx(bool emu, int64_t n, int64_t nrows, const void *w
                     const int want = (r0 << 16) | (r1 << 8) | (dec ? 1 : 16);
                     if (want != cfg) bx_config(emu, r0, r1, dec ? 1 : 16), cfg = want;
                     const uint8_t *w0 = W + (size_t)(rb0 + g) * ws, *w1 = w0 + 16 * ws;
-                    for (int j = 0; j < nj; j++) {
-                        float(*pc0)[16] = park[g / 16][j], (*pc1)[16] = park[g / 16 + (r1 > 0)][j];
+                    /* token tiles by pairs: each weight tile loaded serves
+                     * two products (tiles 0, 1 and 6, 7 the sums of tokens j
+                     * and j + 1; 4 and 5 their activations) */
+                    for (int j = 0; j < nj; j += 2) {
+                        const bool two = j + 1 < nj;
+                        const int pr = g / 16 + (r1 > 0);
+                        float(*pc0)[16] = park[g / 16][j], (*pc1)[16] = park[pr][j];
+                        float(*pc6)[16] = park[g / 16][j + two], (*pc7)[16] = park[pr][j + two];
                         if (c0 == 0) {
                             AX_ZERO(emu, 0);
                             if (r1) AX_ZERO(emu, 1);
+                            if (two) AX_ZERO(emu, 6);
+                            if (two && r1) AX_ZERO(emu, 7);
                         } else {
                             AX_LOAD(emu, 0, pc0, 64);
                             if (r1) AX_LOAD(emu, 1, pc1, 64);
+                            if (two) AX_LOAD(emu, 6, pc6, 64);
+                            if (two && r1) AX_LOAD(emu, 7, pc7, 64);
                         }
                         for (int s = 0; s < cs; s++) {
                             const int64_t k = (c0 + s) * 32;
                             if (tiles) {
-                                AX_LOAD(emu, 4, tiles + ((size_t)(ts0 / 16 + j) * (size_t)nsteps + (size_t)(c0 + s)) * 1024, 64);
+                                const uint8_t *tp = tiles + ((size_t)(ts0 / 16 + j) * (size_t)nsteps + (size_t)(c0 + s)) * 1024;
+                                AX_LOAD(emu, 4, tp, 64);
+                                if (two) AX_LOAD(emu, 5, tp + (size_t)nsteps * 1024, 64);
                             } else if (!dec) {
                                 AX_LOAD(emu, 4, pk[s][j], 64);
+                                if (two) AX_LOAD(emu, 5, pk[s][j + 1], 64);
                             } else if (k + 32 <= n) {
                                 AX_LOAD(emu, 4, at + (size_t)k * 2, 4);
                             } else {
@@ -1000,31 +1020,42 @@ LK_T512 void lk_quant_bf16_amx(bool emu, int64_t n, int64_t nrows, const void *w
                             const uint8_t *p0 = bx_rows(w0, ws, r0, n, k, wpad[0], &st);
                             AX_LOAD(emu, 2, p0, st);
                             BX_DP(emu, 0, 2, 4);
+                            if (two) BX_DP(emu, 6, 2, 5);
                             if (r1) {
                                 const uint8_t *p1 = bx_rows(w1, ws, r1, n, k, wpad[1], &st);
                                 AX_LOAD(emu, 3, p1, st);
                                 BX_DP(emu, 1, 3, 4);
+                                if (two) BX_DP(emu, 7, 3, 5);
                             }
                         }
                         if (!last) {
                             AX_STORE(emu, 0, pc0, 64);
                             if (r1) AX_STORE(emu, 1, pc1, 64);
+                            if (two) AX_STORE(emu, 6, pc6, 64);
+                            if (two && r1) AX_STORE(emu, 7, pc7, 64);
                             continue;
                         }
-                        float *yr = y + (size_t)(ts0 + 16 * j) * ys + (size_t)(rb0 + g);
-                        const int nt = LK_MIN(16, nts - 16 * j);
-                        for (int h = 0; h < (r1 ? 2 : 1); h++) {
-                            const int nr = h ? r1 : r0;
-                            if (dec) {
-                                /* one token: the sums are the rows in order */
-                                if (h) AX_STORE(emu, 1, yr + 16, 4);
-                                else AX_STORE(emu, 0, yr, 4);
-                                continue;
+                        for (int jj = 0; jj < 1 + two; jj++) {
+                            float *yr = y + (size_t)(ts0 + 16 * (j + jj)) * ys + (size_t)(rb0 + g);
+                            const int nt = LK_MIN(16, nts - 16 * (j + jj));
+                            for (int h = 0; h < (r1 ? 2 : 1); h++) {
+                                const int nr = h ? r1 : r0;
+                                if (dec) {
+                                    /* one token: the sums are the rows in order */
+                                    if (h) AX_STORE(emu, 1, yr + 16, 4);
+                                    else AX_STORE(emu, 0, yr, 4);
+                                    continue;
+                                }
+                                if (jj) {
+                                    if (h) AX_STORE(emu, 7, cout, 64);
+                                    else AX_STORE(emu, 6, cout, 64);
+                                } else {
+                                    if (h) AX_STORE(emu, 1, cout, 64);
+                                    else AX_STORE(emu, 0, cout, 64);
+                                }
+                                for (int t = 0; t < nt; t++)
+                                    for (int i = 0; i < nr; i++) yr[(size_t)t * ys + 16 * h + i] = cout[i][t];
                             }
-                            if (h) AX_STORE(emu, 1, cout, 64);
-                            else AX_STORE(emu, 0, cout, 64);
-                            for (int t = 0; t < nt; t++)
-                                for (int i = 0; i < nr; i++) yr[(size_t)t * ys + 16 * h + i] = cout[i][t];
                         }
                     }
                 }
