@@ -957,6 +957,18 @@ TEST(bf16_amx) {
                     dirty += tmem[((size_t)(nt / 16) * (size_t)((n + 31) / 32) + (size_t)s) * 1024 + 64 * kk + c] != 0;
         CHECKF(dirty == 0, "%lld x %lld tokens' tiles: %d bytes of absent tokens not zero", (long long)n, (long long)nt,
                dirty);
+        { /* the same tiles made by parts (lk_act_terms_part, as threads do), into poisoned memory */
+            const size_t tb = lk_act_terms_bytes(LK_TERMS_TILES, n, nt);
+            uint8_t *pmem = malloc(tb);
+            memset(pmem, 0xff, tb);
+            lk_act_terms P;
+            lk_act_terms_init(&P, LK_TERMS_TILES, n, nt, pmem);
+            CHECK(!lk_act_terms_by_token(LK_TERMS_TILES));
+            for (int part = 0; part < 3; part++) lk_act_terms_part(&P, part, 3, a, (size_t)n * 2, n);
+            CHECKF(memcmp(pmem, tmem, tb) == 0, "%lld x %lld tokens' tiles by parts differ from by token ranges",
+                   (long long)n, (long long)nt);
+            free(pmem);
+        }
         for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
             const int64_t chunk = chunks[c] > 0 ? chunks[c] : nt;
             const lk_act_terms *tp = chunks[c] < 0 ? &T : NULL;

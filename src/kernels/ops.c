@@ -136,7 +136,14 @@ static void quantize_job(void *arg, int ith, int nth) {
         }
         if (j->at != LK_TYPE_F32) lk_quantize_row_act(j->at, x, (char *)j->scratch + t * j->a_stride, n);
     }
-    if (j->terms.k) lk_act_terms_rows(&j->terms, t0, t1, (char *)j->scratch + t0 * j->a_stride, j->a_stride, n);
+    if (j->terms.k && (nth == 1 || lk_act_terms_by_token(j->terms.k)))
+        lk_act_terms_rows(&j->terms, t0, t1, (char *)j->scratch + t0 * j->a_stride, j->a_stride, n);
+}
+
+/* terms whose lines hold several tokens: a pass of their own, by parts */
+static void terms_job(void *arg, int ith, int nth) {
+    matmul_job *j = arg;
+    lk_act_terms_part(&j->terms, ith, nth, j->scratch, j->a_stride, j->W[0]->cols);
 }
 
 static void matmul_job_fn(void *arg, int ith, int nth) {
@@ -192,9 +199,14 @@ static void matmul_run(lk_pool *p, matmul_job *j) {
             if (k) lk_act_terms_init(&j->terms, k, W[0]->cols, ntok, (char *)j->scratch + terms_offset(rb * (size_t)ntok));
         }
         const uint64_t q0 = lk_prof_t0();
-        if (par)
-            lk_pool_run_k(p, LK_PROF_QUANT, quantize_job, j, (int)LK_MIN(ntok, (int64_t)lk_pool_size(p)));
-        else quantize_job(j, 0, 1);
+        if (par) {
+            const int nq = (int)LK_MIN(ntok, (int64_t)lk_pool_size(p));
+            lk_pool_run_k(p, LK_PROF_QUANT, quantize_job, j, nq);
+            if (j->terms.k && !lk_act_terms_by_token(j->terms.k) && nq > 1)
+                lk_pool_run_k(p, LK_PROF_QUANT, terms_job, j, lk_pool_size(p));
+        } else {
+            quantize_job(j, 0, 1);
+        }
         lk_prof_add(LK_PROF_QUANT, q0);
     }
     if (j->at == LK_TYPE_F32) {

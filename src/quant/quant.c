@@ -724,6 +724,13 @@ void lk_act_terms_rows(const lk_act_terms *T, int64_t t0, int64_t t1, const void
     if (t0 < t1) ops_get()->terms_rows(T, t0, t1, a, as, n);
 }
 
+bool lk_act_terms_by_token(int32_t k) { return k != LK_TERMS_TILES; }
+
+void lk_act_terms_part(const lk_act_terms *T, int part, int nparts, const void *a, size_t as, int64_t n) {
+    LK_ASSERT(0 <= part && part < nparts && !lk_act_terms_by_token(T->k) && ops_get()->terms_part);
+    ops_get()->terms_part(T, part, nparts, a, as, n);
+}
+
 void lk_quant_matmul_terms(lk_type wt, int64_t n, int64_t nrows, const void *w, size_t w_stride, int64_t ntok,
                            const void *a, size_t a_stride, const lk_act_terms *terms, float *y, size_t y_stride) {
     const lk_quant_ops *o = ops_get();

@@ -135,6 +135,14 @@ void lk_act_terms_init(lk_act_terms *T, int32_t k, int64_t n, int64_t ntok, void
  * and 128, F16 for LK_TERMS_WIDE, BF16 for LK_TERMS_TILES. Ranges of one
  * matrix's tokens may be given by different threads at once. */
 void lk_act_terms_rows(const lk_act_terms *T, int64_t t0, int64_t t1, const void *a, size_t as, int64_t n);
+/* Whether a token range's terms of kind k lie in lines of their own, so
+ * that each thread makes its tokens' terms with their rows
+ * (lk_act_terms_rows); false for LK_TERMS_TILES, whose every line holds 16
+ * tokens: there, once all the rows are made, nparts threads each make one
+ * part of all the tokens' terms (lk_act_terms_part, a: token 0's row),
+ * parts that share no line. */
+bool lk_act_terms_by_token(int32_t k);
+void lk_act_terms_part(const lk_act_terms *T, int part, int nparts, const void *a, size_t as, int64_t n);
 /* lk_quant_matmul with the terms of all of A's tokens (terms->ntok ==
  * ntok, computed for lk_quant_terms_k(wt)); terms NULL, or a kernel that
  * reads none: lk_quant_matmul. */

@@ -1501,6 +1501,7 @@ void lk_quant_fill_avx512(lk_quant_ops *ops) {
     ops->mm_terms[LK_TYPE_Q8_0_R16] = mm_q80r16_t;
     ops->mm_terms[LK_TYPE_Q8_0] = mm_q80_t;
     ops->terms_rows = act_terms_rows;
+    ops->terms_part = lk_act_terms_part_bf16_tiles;
     ops->mm_terms[LK_TYPE_F16_R16] = mm_f16r16_t;
     ops->mm[LK_TYPE_Q4_K] = mm_q4k;
     ops->mm[LK_TYPE_Q5_K] = mm_q5k;

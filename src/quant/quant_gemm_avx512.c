@@ -920,33 +920,54 @@ LK_T512 static void bx_pack(const uint8_t *at, size_t as, int nt, int64_t n, int
     }
 }
 
-/* lk_act_terms_rows for LK_TERMS_TILES (quant.h gives the layout): tokens
- * t0..t1-1's pairs of each K step into row kk of their tile's step, as
- * bx_pack places them, a tile's tokens step by step (the 1 KB of a step
- * stays in L1 while its tokens fill it; token by token, each wrote 16
- * lines of every step, 64 KB for 2048 elements, and missed L1 at every
- * store); the range that holds the last token zeroes the columns of the
- * tokens its tile lacks */
+/* LK_TERMS_TILES (quant.h gives the layout): tokens u0..u1-1 of one tile
+ * (token u0's row at a, the next ones as bytes apart) into the 1 KB of K
+ * step s at `step`: each token's pairs down column 4 (t % 16) of rows
+ * 0..15, as bx_pack places them; columns from cz on (the tokens a last tile
+ * lacks; 64: none) zeroed */
+LK_T512 static LK_INL void bxt_step(uint8_t *step, const uint8_t *a, size_t as, int64_t u0, int64_t u1, int64_t s,
+                                    int64_t n, int cz) {
+    const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                            _mm512_set1_epi32(64));
+    const int64_t k = s * 32, ne = LK_MIN((int64_t)32, n - k);
+    const __mmask32 m = ne == 32 ? ~(__mmask32)0 : (__mmask32)((1u << ne) - 1);
+    for (int64_t t = u0; t < u1; t++) {
+        const __m512i v = _mm512_maskz_loadu_epi16(m, a + (size_t)(t - u0) * as + (size_t)k * 2);
+        _mm512_i32scatter_epi32(step + 4 * (t % 16), rows, v, 1);
+    }
+    for (int kk = 0; cz < 64 && kk < 16; kk++) memset(step + 64 * kk + cz, 0, (size_t)(64 - cz));
+}
+
+/* lk_act_terms_rows for LK_TERMS_TILES: a tile's tokens step by step (the
+ * 1 KB of a step stays in L1 while its tokens fill it; token by token, each
+ * wrote 16 lines of every step, 64 KB for 2048 elements, and missed L1 at
+ * every store); the range that holds the last token zeroes the columns of
+ * the tokens its tile lacks */
 LK_T512 void lk_act_terms_rows_bf16_tiles(const lk_act_terms *T, int64_t t0, int64_t t1, const void *a, size_t as,
                                           int64_t n) {
     const int64_t nsteps = (n + 31) / 32;
-    const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                            _mm512_set1_epi32(64));
-    const uint8_t *A = a;
     for (int64_t u0 = t0; u0 < t1;) {
         const int64_t u1 = LK_MIN(t1, (u0 / 16 + 1) * 16);
         uint8_t *tile = T->tiles + (size_t)(u0 / 16) * (size_t)nsteps * 1024;
         const int cz = u1 == T->ntok && T->ntok % 16 ? 4 * (int)(T->ntok % 16) : 64;
-        for (int64_t s = 0; s < nsteps; s++, tile += 1024) {
-            const int64_t k = s * 32, ne = LK_MIN((int64_t)32, n - k);
-            const __mmask32 m = ne == 32 ? ~(__mmask32)0 : (__mmask32)((1u << ne) - 1);
-            for (int64_t t = u0; t < u1; t++) {
-                const __m512i v = _mm512_maskz_loadu_epi16(m, A + (size_t)(t - t0) * as + (size_t)k * 2);
-                _mm512_i32scatter_epi32(tile + 4 * (t % 16), rows, v, 1);
-            }
-            for (int kk = 0; cz < 64 && kk < 16; kk++) memset(tile + 64 * kk + cz, 0, (size_t)(64 - cz));
-        }
+        for (int64_t s = 0; s < nsteps; s++)
+            bxt_step(tile + (size_t)s * 1024, (const uint8_t *)a + (size_t)(u0 - t0) * as, as, u0, u1, s, n, cz);
         u0 = u1;
+    }
+}
+
+/* lk_act_terms_part for LK_TERMS_TILES: a share of the (tile, K step)
+ * pairs, all of a tile's tokens each (a token range's tiles share every
+ * line with the next range's: 16 threads filling 64 tokens' tiles by token
+ * ranges took a fifth of a prefill's products on the 16-core Xeon) */
+LK_T512 void lk_act_terms_part_bf16_tiles(const lk_act_terms *T, int part, int nparts, const void *a, size_t as,
+                                          int64_t n) {
+    const int64_t nsteps = (n + 31) / 32, units = (T->ntok + 15) / 16 * nsteps;
+    const int64_t v0 = units * part / nparts, v1 = units * (part + 1) / nparts;
+    for (int64_t v = v0; v < v1; v++) {
+        const int64_t J = v / nsteps, u0 = 16 * J, u1 = LK_MIN(T->ntok, u0 + 16);
+        const int cz = u1 - u0 < 16 ? 4 * (int)(u1 - u0) : 64;
+        bxt_step(T->tiles + (size_t)v * 1024, (const uint8_t *)a + (size_t)u0 * as, as, u0, u1, v % nsteps, n, cz);
     }
 }
 

@@ -200,6 +200,8 @@ typedef struct {
     lk_qrow_fn  act[LK_TYPE_ALL];   /* activation quantisers where they differ from quant[] (NULL: quant[]) */
     /* lk_act_terms_rows at this level: set wherever mm_terms has an entry */
     void (*terms_rows)(const lk_act_terms *T, int64_t t0, int64_t t1, const void *a, size_t as, int64_t n);
+    /* lk_act_terms_part for the kinds made by parts (lk_act_terms_by_token false) */
+    void (*terms_part)(const lk_act_terms *T, int part, int nparts, const void *a, size_t as, int64_t n);
 } lk_quant_ops;
 
 /* The scalar dot product of one weight row with one activation row (n
@@ -310,9 +312,11 @@ void lk_quant_gemm_q4q8_amx_few(bool emu, int fmt, int64_t n, int64_t nrows, con
  * by the call). */
 void lk_quant_bf16_amx(bool emu, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a,
                        size_t as, const lk_act_terms *terms, float *y, size_t ys);
-/* lk_act_terms_rows for LK_TERMS_TILES: BF16 rows into their tiles */
+/* lk_act_terms_rows and lk_act_terms_part for LK_TERMS_TILES: BF16 rows
+ * into their tiles */
 void lk_act_terms_rows_bf16_tiles(const lk_act_terms *T, int64_t t0, int64_t t1, const void *a, size_t as,
                                   int64_t n);
+void lk_act_terms_part_bf16_tiles(const lk_act_terms *T, int part, int nparts, const void *a, size_t as, int64_t n);
 /* token t's terms (lk_act_terms_rows) with the GEMM's own derivation */
 void lk_act_terms_row_avx512(const lk_act_terms *T, int64_t t, const void *a, int64_t n);
 /* The same layouts below LK_GEMM_MIN_TOK tokens (tiles of up to
