@@ -202,7 +202,7 @@ static void matmul_run(lk_pool *p, matmul_job *j) {
         if (par) {
             const int nq = (int)LK_MIN(ntok, (int64_t)lk_pool_size(p));
             lk_pool_run_k(p, LK_PROF_QUANT, quantize_job, j, nq);
-            if (j->terms.k && !lk_act_terms_by_token(j->terms.k) && nq > 1)
+            if (j->terms.k && !lk_act_terms_by_token(j->terms.k)) /* quantize_job left them (nq > 1) */
                 lk_pool_run_k(p, LK_PROF_QUANT, terms_job, j, lk_pool_size(p));
         } else {
             quantize_job(j, 0, 1);
