@@ -348,13 +348,16 @@ int lk_cmd_bench(int argc, char **argv) {
         if (lk_engine_open(&eo, &e, err, sizeof err)) { fprintf(stderr, "lockstep bench: %s\n", err); lk_energy_close(en); return 1; }
         int threads = tlist[ti] ? tlist[ti] : lk_engine_threads(e), ranks = lk_engine_n_ranks(e);
         /* the kernels' settings for these threads, chosen when the model loaded */
-        char amx[160] = "";
+        char amx[256] = "";
         int at = 0;
         if (lk_quant_amx_min_tok() > 0)
             at = snprintf(amx, sizeof amx, "; Q4_0/Q8_0 through AMX tiles from %d tokens", lk_quant_amx_min_tok());
         if (lk_quant_amx_few_min_tok() > 0 && at >= 0 && (size_t)at < sizeof amx)
-            snprintf(amx + at, sizeof amx - (size_t)at, "; repacked Q4_0/Q8_0 through AMX's few-token kernel from %d tokens",
-                     lk_quant_amx_few_min_tok());
+            at += snprintf(amx + at, sizeof amx - (size_t)at,
+                           "; repacked Q4_0/Q8_0 through AMX's few-token kernel from %d tokens", lk_quant_amx_few_min_tok());
+        /* BF16's kernel reads its activations as AMX-BF16 tiles only where it multiplies through them */
+        if (lk_quant_terms_k(LK_TYPE_BF16) == LK_TERMS_TILES && at >= 0 && (size_t)at < sizeof amx)
+            snprintf(amx + at, sizeof amx - (size_t)at, "; BF16 through AMX-BF16 tiles at every token count");
         fprintf(stderr, "lockstep bench: threads %d: tune %s%s%s\n", threads, lk_tune_report(), amx,
                 ranks > 1 ? " (the head's; each rank tunes its own)" : "");
         /* the bound, measured now, with as many threads as the model uses */
