@@ -103,6 +103,7 @@ typedef struct {
     float eps;
     float *xn;
     lk_act_terms terms;  /* the activations' terms, when every matrix's kernel reads them (k != 0) */
+    bool terms_apart;    /* made by terms_job after quantize_job, not with each thread's rows */
 } matmul_job;
 
 /* Rows are handed out in multiples of 16 so SIMD kernels that work on row
@@ -136,7 +137,7 @@ static void quantize_job(void *arg, int ith, int nth) {
         }
         if (j->at != LK_TYPE_F32) lk_quantize_row_act(j->at, x, (char *)j->scratch + t * j->a_stride, n);
     }
-    if (j->terms.k && (nth == 1 || lk_act_terms_by_token(j->terms.k)))
+    if (j->terms.k && !j->terms_apart)
         lk_act_terms_rows(&j->terms, t0, t1, (char *)j->scratch + t0 * j->a_stride, j->a_stride, n);
 }
 
@@ -197,13 +198,13 @@ static void matmul_run(lk_pool *p, matmul_job *j) {
             for (int i = 1; i < nw; i++)
                 if (lk_quant_terms_k(W[i]->type) != k) k = 0;
             if (k) lk_act_terms_init(&j->terms, k, W[0]->cols, ntok, (char *)j->scratch + terms_offset(rb * (size_t)ntok));
+            j->terms_apart = k && par && !lk_act_terms_by_token(k);
         }
         const uint64_t q0 = lk_prof_t0();
         if (par) {
             const int nq = (int)LK_MIN(ntok, (int64_t)lk_pool_size(p));
             lk_pool_run_k(p, LK_PROF_QUANT, quantize_job, j, nq);
-            if (j->terms.k && !lk_act_terms_by_token(j->terms.k)) /* quantize_job left them (nq > 1) */
-                lk_pool_run_k(p, LK_PROF_QUANT, terms_job, j, lk_pool_size(p));
+            if (j->terms_apart) lk_pool_run_k(p, LK_PROF_QUANT, terms_job, j, lk_pool_size(p));
         } else {
             quantize_job(j, 0, 1);
         }

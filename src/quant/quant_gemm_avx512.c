@@ -897,38 +897,12 @@ static const uint8_t *bx_rows(const uint8_t *w, size_t ws, int nr, int64_t n, in
     return pad[0];
 }
 
-/* Tokens t0..t0+nt-1's elements of K steps s0..s0+cs-1 into pk[s][j]: the
- * tile of step s0+s for tokens 16j..16j+15 (row kk: the pairs 2kk, 2kk+1
- * of each token, token t at bytes 4(t % 16)); past n, and tokens past nt,
- * zero */
-LK_T512 static void bx_pack(const uint8_t *at, size_t as, int nt, int64_t n, int64_t s0, int cs,
-                          uint8_t (*pk)[BX_TS / 16][16][64]) {
-    const int nj = (nt + 15) / 16;
-    for (int s = 0; s < cs; s++) {
-        const int64_t k = (s0 + s) * 32;
-        const int64_t ne = LK_MIN((int64_t)32, n - k);
-        memset(pk[s], 0, (size_t)nj * 16 * 64);
-        for (int t = 0; t < nt; t++) {
-            const uint8_t *src = at + (size_t)t * as + (size_t)k * 2;
-            uint8_t(*dst)[64] = pk[s][t / 16];
-            const int c = 4 * (t % 16);
-            if (ne == 32) {
-                _Alignas(64) uint32_t d[16];
-                _mm512_store_si512(d, _mm512_loadu_si512(src));
-#pragma GCC unroll 16
-                for (int kk = 0; kk < 16; kk++) memcpy(dst[kk] + c, &d[kk], 4);
-            } else {
-                for (int64_t e = 0; e < ne; e++) memcpy(dst[e / 2] + c + 2 * (e % 2), src + 2 * e, 2);
-            }
-        }
-    }
-}
-
-/* LK_TERMS_TILES (quant.h gives the layout): tokens u0..u1-1 of one tile
- * (token u0's row at a, the next ones as bytes apart) into the 1 KB of K
- * step s at `step`: each token's pairs down column 4 (t % 16) of rows
- * 0..15, as bx_pack places them; columns from cz on (the tokens a last tile
- * lacks; 64: none) zeroed */
+/* Activations into AMX-BF16's tile layout, packed per call (bx_pack) or
+ * once per matrix (LK_TERMS_TILES; quant.h gives the layout): tokens
+ * u0..u1-1 of one tile (token u0's row at a, the next ones as bytes apart)
+ * into the 1 KB of K step s at `step`, each token's pairs down column
+ * 4 (t % 16) of rows 0..15, past n zero; columns from cz on (the tokens a
+ * last tile lacks; 64: none) zeroed */
 LK_T512 static LK_INL void bxt_step(uint8_t *step, const uint8_t *a, size_t as, int64_t u0, int64_t u1, int64_t s,
                                     int64_t n, int cz) {
     const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
@@ -940,6 +914,19 @@ LK_T512 static LK_INL void bxt_step(uint8_t *step, const uint8_t *a, size_t as, 
         _mm512_i32scatter_epi32(step + 4 * (t % 16), rows, v, 1);
     }
     for (int kk = 0; cz < 64 && kk < 16; kk++) memset(step + 64 * kk + cz, 0, (size_t)(64 - cz));
+}
+
+/* Tokens t0..t0+nt-1's elements of K steps s0..s0+cs-1 into pk[s][j]: the
+ * tile of step s0+s for tokens 16j..16j+15 (row kk: the pairs 2kk, 2kk+1
+ * of each token, token t at bytes 4(t % 16)); past n, and tokens past nt,
+ * zero */
+LK_T512 static void bx_pack(const uint8_t *at, size_t as, int nt, int64_t n, int64_t s0, int cs,
+                          uint8_t (*pk)[BX_TS / 16][16][64]) {
+    for (int s = 0; s < cs; s++)
+        for (int u0 = 0; u0 < nt; u0 += 16) {
+            const int u1 = LK_MIN(nt, u0 + 16);
+            bxt_step(pk[s][u0 / 16][0], at + (size_t)u0 * as, as, u0, u1, s0 + s, n, u1 - u0 < 16 ? 4 * (u1 - u0) : 64);
+        }
 }
 
 /* lk_act_terms_rows for LK_TERMS_TILES: a tile's tokens step by step (the
