@@ -1288,7 +1288,6 @@ static void mm_f16r16_t(int64_t n, int64_t nrows, const void *w, size_t ws, int6
     if (full < nrows) mm_f16(n, nrows - full, (const uint8_t *)w + (size_t)full * ws, ws, ntok, a, as, y + full, ys);
 }
 MM_NO_TERMS(mm_f16r16)
-#undef MM_NO_TERMS
 /* lk_act_terms_rows: the Q8_0 kernels' (quant_gemm_avx512.c) or the F16
  * rows widened into hr_run's panels, token by token, or the BF16 rows
  * into AMX's tiles */
@@ -1478,14 +1477,12 @@ static void mm_bf(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t nt
 /* BF16 on CPUs with AMX-BF16: every token count through the tiles
  * (lk_quant_bf16_amx), the activations' tiles packed by the call or, in
  * the _t twin, once per matrix (LK_TERMS_TILES) */
-static void mm_bfx(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a, size_t as,
-                   float *y, size_t ys) {
-    lk_quant_bf16_amx(false, n, nrows, w, ws, ntok, a, as, NULL, y, ys);
-}
 static void mm_bfx_t(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a, size_t as,
                      const lk_act_terms *T, float *y, size_t ys) {
     lk_quant_bf16_amx(false, n, nrows, w, ws, ntok, a, as, T, y, ys);
 }
+MM_NO_TERMS(mm_bfx)
+#undef MM_NO_TERMS
 
 void lk_quant_fill_avx512(lk_quant_ops *ops) {
     build_tables();
