@@ -82,6 +82,31 @@ static int all_settings_give(lk_pool *p, const lk_mat *m, const lk_tune_set *can
     return nc;
 }
 
+/* ref (lk_matmul over the pool: rows split into tasks, 67 tokens into
+ * token blocks where the terms allow, the terms made once and handed to
+ * every call) against one lk_quant_matmul call per token count on the whole
+ * matrix, which derives everything itself */
+static void one_call_gives(const lk_mat *m, const float *x, const float *ref, float *y, const char *level) {
+    const lk_type at = lk_type_vec_dot(m->type);
+    size_t arb = 0;
+    CHECK(lk_type_row_bytes(at, COLS, &arb));
+    uint8_t *a = malloc(arb * 67);
+    size_t off = 0;
+    int bad = 0;
+    for (int k = 0; k < NTOKS; k++) {
+        for (int i = 0; i < ntoks[k]; i++)
+            if (at != LK_TYPE_F32) lk_quantize_row_act(at, x + (size_t)i * COLS, a + (size_t)i * arb, COLS);
+        memset(y, 0xff, sizeof(float) * (size_t)ROWS * ntoks[k]);
+        lk_quant_matmul(m->type, COLS, ROWS, m->data, m->row_stride, ntoks[k], at == LK_TYPE_F32 ? (const void *)x : a,
+                        at == LK_TYPE_F32 ? sizeof(float) * COLS : arb, y, ROWS);
+        bad += memcmp(y, ref + off, sizeof(float) * (size_t)ROWS * ntoks[k]) != 0;
+        off += (size_t)ROWS * ntoks[k];
+    }
+    CHECKF(!bad, "%s %s: lk_matmul over the pool differs from one lk_quant_matmul call at %d of %d token counts",
+           level, lk_type_name(m->type), bad, NTOKS);
+    free(a);
+}
+
 TEST(matmul_bits_across_settings) {
     static const lk_type types[] = { LK_TYPE_Q4_0, LK_TYPE_Q8_0, LK_TYPE_Q4_K, LK_TYPE_Q5_K, LK_TYPE_Q6_K,
                                      LK_TYPE_Q5_0, LK_TYPE_Q5_1, LK_TYPE_Q2_K, LK_TYPE_Q3_K, LK_TYPE_F16,
@@ -115,28 +140,8 @@ TEST(matmul_bits_across_settings) {
             lk_tune_defaults(&d);
             lk_tune_apply(&d);
             run_all(p, &m, x, ref, scratch);
-            /* the defaults against one call of the kernel on the whole matrix
-             * (no row split, no terms handed over: lk_act_terms) */
-            {
-                const lk_type at = lk_type_vec_dot(t);
-                size_t arb = 0;
-                CHECK(lk_type_row_bytes(at, COLS, &arb));
-                uint8_t *a = malloc(arb * 67);
-                size_t off = 0;
-                int bad = 0;
-                for (int k = 0; k < NTOKS; k++) {
-                    for (int i = 0; i < ntoks[k]; i++)
-                        if (at != LK_TYPE_F32) lk_quantize_row_act(at, x + (size_t)i * COLS, a + (size_t)i * arb, COLS);
-                    memset(y, 0xff, sizeof(float) * (size_t)ROWS * ntoks[k]);
-                    lk_quant_matmul(t, COLS, ROWS, w, rb, ntoks[k], at == LK_TYPE_F32 ? (const void *)x : a,
-                                    at == LK_TYPE_F32 ? sizeof(float) * COLS : arb, y, ROWS);
-                    bad += memcmp(y, ref + off, sizeof(float) * (size_t)ROWS * ntoks[k]) != 0;
-                    off += (size_t)ROWS * ntoks[k];
-                }
-                CHECKF(!bad, "%s %s: lk_matmul over the pool differs from one lk_quant_matmul call at %d of %d token "
-                       "counts", levels[li], lk_type_name(t), bad, NTOKS);
-                free(a);
-            }
+            /* the defaults against one call of the kernel on the whole matrix */
+            one_call_gives(&m, x, ref, y, levels[li]);
             compared += all_settings_give(p, &m, cand, nc, x, ref, y, ny, scratch, levels[li], t);
             /* the layout made at load (Q4_0 / Q8_0 / F16 at AVX-512; the
              * K-quants on AMD CPUs): the file rows' bits under every setting,
@@ -151,6 +156,7 @@ TEST(matmul_bits_across_settings) {
                 if (own) {
                     lk_tune_apply(&d);
                     run_all(p, &m2, x, ref2, scratch);
+                    one_call_gives(&m2, x, ref2, y, levels[li]);
                 }
                 compared += all_settings_give(p, &m2, cand, nc, x, ref2, y, ny, scratch, levels[li], own ? rt : t);
                 if (own) free(ref2);

@@ -104,6 +104,7 @@ typedef struct {
     float *xn;
     lk_act_terms terms;  /* the activations' terms, when every matrix's kernel reads them (k != 0) */
     bool terms_apart;    /* made by terms_job after quantize_job, not with each thread's rows */
+    int tb;              /* token blocks per row task (matmul_run) */
 } matmul_job;
 
 /* Rows are handed out in multiples of 16 so SIMD kernels that work on row
@@ -147,19 +148,33 @@ static void terms_job(void *arg, int ith, int nth) {
     lk_act_terms_part(&j->terms, ith, nth, j->scratch, j->a_stride, j->W[0]->cols);
 }
 
+/* Task ith of nth: row task ith / tb of nth / tb, token block ith % tb (the
+ * tb blocks of a row task are consecutive tasks, so a thread's home range
+ * runs them one after another on the same weights, warm in its L2) */
 static void matmul_job_fn(void *arg, int ith, int nth) {
     matmul_job *j = arg;
-    int64_t r0 = 0, r1 = 0;
+    int64_t r0 = 0, r1 = 0, t0 = 0, t1 = j->ntok;
+    const int64_t n = j->W[0]->cols;
+    const lk_act_terms *T = j->terms.k ? &j->terms : NULL;
+    lk_act_terms view;
+    if (j->tb > 1) {
+        const int64_t al = lk_act_terms_view_align(j->terms.k);
+        lk_split_range(j->ntok, al, ith % j->tb, j->tb, &t0, &t1);
+        lk_act_terms_view(&j->terms, t0, t1, n, &view);
+        T = &view;
+        ith /= j->tb;
+        nth /= j->tb;
+    }
     for (int i = 0; i < j->nw; i++) {
         const lk_mat *W = j->W[i];
         lk_split_range(W->rows, ROW_ALIGN, ith, nth, &r0, &r1);
-        if (r1 <= r0) continue;
-        lk_quant_matmul_terms(W->type, W->cols, r1 - r0, (const char *)W->data + (size_t)r0 * W->row_stride,
-                              W->row_stride, j->ntok, j->a, j->a_stride, j->terms.k ? &j->terms : NULL,
-                              j->y[i] + r0, (size_t)j->y_stride[i]);
+        if (r1 <= r0 || t1 <= t0) continue;
+        lk_quant_matmul_terms(W->type, n, r1 - r0, (const char *)W->data + (size_t)r0 * W->row_stride,
+                              W->row_stride, t1 - t0, (const char *)j->a + (size_t)t0 * j->a_stride, j->a_stride, T,
+                              j->y[i] + t0 * j->y_stride[i] + r0, (size_t)j->y_stride[i]);
     }
     if (j->swiglu && r1 > r0)
-        for (int64_t t = 0; t < j->ntok; t++)
+        for (int64_t t = t0; t < t1; t++)
             lk_swiglu(j->y[0] + t * j->y_stride[0] + r0, j->y[1] + t * j->y_stride[1] + r0, r1 - r0);
 }
 
@@ -220,8 +235,21 @@ static void matmul_run(lk_pool *p, matmul_job *j) {
     int64_t units = 1;
     for (int i = 0; i < nw; i++) units = LK_MAX(units, (W[i]->rows + ROW_ALIGN - 1) / ROW_ALIGN);
     const int nt = (int)LK_MIN((int64_t)lk_pool_size(p) * atomic_load_explicit(&g_split, memory_order_relaxed), units);
+    /* Prefill's tasks are long (64 tokens of F16 on 16 threads x 4 tasks:
+     * 32 rows each), and a job ends with its slowest thread: on a 16-core
+     * Xeon the threads were busy 83-85 % of an F16 pp64's products. Where
+     * the terms can be read by token blocks (lk_act_terms_view), each row
+     * task is cut into blocks of at least two of their alignments (F16: 24
+     * tokens, two panels; up to 4 blocks), which the pool's stealing
+     * spreads: busy 90-93 %, pp64 484-523 -> 558-591 tok/s (BENCHMARKS.md,
+     * thirty-fourth session). Row tiles keep their height, so the kernels
+     * run as fast per product, and the results are the same bits (the
+     * kernels' batch invariance: test_tune matmul_bits_across_settings). */
+    j->tb = 1;
+    const int64_t al = j->terms.k ? lk_act_terms_view_align(j->terms.k) : 0;
+    if (al && lk_pool_size(p) > 1) j->tb = (int)LK_MIN(4, (ntok + 2 * al - 1) / (2 * al));
     const lk_prof_kind kind = lk_prof_matmul_kind_now();
-    lk_pool_run_k(p, kind, matmul_job_fn, j, LK_MAX(nt, 1));
+    lk_pool_run_k(p, kind, matmul_job_fn, j, LK_MAX(nt, 1) * j->tb);
     lk_prof_add(kind, t0);
 }
 

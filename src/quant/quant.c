@@ -726,6 +726,16 @@ void lk_act_terms_rows(const lk_act_terms *T, int64_t t0, int64_t t1, const void
 
 bool lk_act_terms_by_token(int32_t k) { return k != LK_TERMS_TILES; }
 
+int64_t lk_act_terms_view_align(int32_t k) { return k == LK_TERMS_WIDE ? LK_TERMS_WIDE_T : 0; }
+
+void lk_act_terms_view(const lk_act_terms *T, int64_t t0, int64_t t1, int64_t n, lk_act_terms *out) {
+    const int64_t al = lk_act_terms_view_align(T->k);
+    LK_ASSERT(al > 0 && t0 % al == 0 && 0 <= t0 && t0 <= t1 && t1 <= T->ntok);
+    *out = *T;
+    out->ntok = t1 - t0;
+    out->wide = T->wide + (size_t)t0 * (size_t)((n + 15) / 16 * 16); /* panels of LK_TERMS_WIDE_T tokens, one after another */
+}
+
 void lk_act_terms_part(const lk_act_terms *T, int part, int nparts, const void *a, size_t as, int64_t n) {
     LK_ASSERT(0 <= part && part < nparts && !lk_act_terms_by_token(T->k) && ops_get()->terms_part);
     ops_get()->terms_part(T, part, nparts, a, as, n);

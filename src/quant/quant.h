@@ -113,6 +113,7 @@ void lk_quant_matmul(lk_type wt, int64_t n, int64_t nrows, const void *w, size_t
  * rows ran 64 tokens at a third of the rate of one of 2048 (BENCHMARKS.md,
  * thirty-third session). */
 enum { LK_TERMS_KB = 256, LK_TERMS_WIDE = 16, LK_TERMS_TILES = 32 };
+enum { LK_TERMS_WIDE_T = 12 /* tokens per panel of LK_TERMS_WIDE */ };
 typedef struct {
     float   *d;
     int32_t *corr;
@@ -142,6 +143,17 @@ void lk_act_terms_rows(const lk_act_terms *T, int64_t t0, int64_t t1, const void
  * part of all the tokens' terms (lk_act_terms_part, a: token 0's row),
  * parts that share no line. */
 bool lk_act_terms_by_token(int32_t k);
+/* A block of a matrix's tokens as terms of their own, for calls on those
+ * tokens alone (the kernels part's token blocks: kernels/ops.c). Views are
+ * taken where the kind's layout lets a block start, at multiples of
+ * lk_act_terms_view_align(k) tokens: LK_TERMS_WIDE_T for LK_TERMS_WIDE (a
+ * panel), 0 (no views) for the Q8_0 kinds, whose arrays are strided by the
+ * token count, and for LK_TERMS_TILES, whose token blocks were not measured
+ * (the AMX-BF16 kernel works pairs of 16-token tiles). lk_act_terms_view:
+ * tokens t0..t1-1 of T (rows of n elements; t0 a multiple of the
+ * alignment), read in place. */
+int64_t lk_act_terms_view_align(int32_t k);
+void lk_act_terms_view(const lk_act_terms *T, int64_t t0, int64_t t1, int64_t n, lk_act_terms *out);
 void lk_act_terms_part(const lk_act_terms *T, int part, int nparts, const void *a, size_t as, int64_t n);
 /* lk_quant_matmul with the terms of all of A's tokens (terms->ntok ==
  * ntok, computed for lk_quant_terms_k(wt)); terms NULL, or a kernel that

@@ -1225,7 +1225,7 @@ typedef void (*hr_fn)(int64_t n, const uint8_t *w, size_t gs, const float *p, fl
                                      size_t ys, size_t pd) {                                                 \
         hr_tile(G, T, n, w, gs, p, y, ys, pd);                                                              \
     }
-enum { HR_T = 12, HR_DEC_T = 3, HR_PD = 2048 /* bytes per prefetch tile (lk_quant_prefetch) */ };
+enum { HR_T = LK_TERMS_WIDE_T, HR_DEC_T = 3, HR_PD = 2048 /* bytes per prefetch tile (lk_quant_prefetch) */ };
 HR_FN(4, 1) HR_FN(4, 2) HR_FN(4, 3)
 HR_FN(2, 1) HR_FN(2, 2) HR_FN(2, 3) HR_FN(2, 4) HR_FN(2, 5) HR_FN(2, 6)
 HR_FN(2, 7) HR_FN(2, 8) HR_FN(2, 9) HR_FN(2, 10) HR_FN(2, 11) HR_FN(2, 12)
