@@ -237,11 +237,12 @@ static void matmul_run(lk_pool *p, matmul_job *j) {
     const int nt = (int)LK_MIN((int64_t)lk_pool_size(p) * atomic_load_explicit(&g_split, memory_order_relaxed), units);
     /* Prefill's tasks are long (64 tokens of F16 on 16 threads x 4 tasks:
      * 32 rows each), and a job ends with its slowest thread: on a 16-core
-     * Xeon the threads were busy 83-85 % of an F16 pp64's products. Where
-     * the terms can be read by token blocks (lk_act_terms_view), each row
-     * task is cut into blocks of at least two of their alignments (F16: 24
-     * tokens, two panels; up to 4 blocks), which the pool's stealing
-     * spreads: busy 90-93 %, pp64 484-523 -> 558-591 tok/s (BENCHMARKS.md,
+     * Xeon the threads were busy 81-86 % of an F16 pp64's products at 8
+     * and 16 threads. Where the terms can be read by token blocks
+     * (lk_act_terms_view), each row task is cut into blocks of at least
+     * two of their alignments (F16: 24 tokens, two panels; up to 4
+     * blocks), which the pool's stealing spreads: busy 93-95 %, pp64 at 16
+     * threads 578-585 -> 626-702 tok/s, at 8 335 -> 409 (BENCHMARKS.md,
      * thirty-fourth session). Row tiles keep their height, so the kernels
      * run as fast per product, and the results are the same bits (the
      * kernels' batch invariance: test_tune matmul_bits_across_settings). */
