@@ -733,7 +733,8 @@ void lk_act_terms_view(const lk_act_terms *T, int64_t t0, int64_t t1, int64_t n,
     LK_ASSERT(al > 0 && t0 % al == 0 && 0 <= t0 && t0 <= t1 && t1 <= T->ntok);
     *out = *T;
     out->ntok = t1 - t0;
-    out->wide = T->wide + (size_t)t0 * (size_t)((n + 15) / 16 * 16); /* panels of LK_TERMS_WIDE_T tokens, one after another */
+    /* whole panels before t0: the terms of t0 tokens, one after another */
+    out->wide = (float *)(void *)((char *)T->wide + lk_act_terms_bytes(T->k, n, t0));
 }
 
 void lk_act_terms_part(const lk_act_terms *T, int part, int nparts, const void *a, size_t as, int64_t n) {
