@@ -837,7 +837,7 @@ TEST(f16_r16_sums_in_order) {
  * subnormal halves, the largest finite values and the first that overflow,
  * infinities, zeros of both signs, fp32 denormals, and NaNs with payloads
  * (the SIMD code must give the scalar code's quiet NaN), at positions inside
- * and past the 8-value groups. */
+ * and past the 8- and 16-value groups. */
 /* The activations' terms (lk_act_terms): the AVX-512 Q4_0 / Q8_0 kernels
  * read them, computed once per matrix, instead of deriving them per call;
  * the products must be the same bits as without them (the scalar level's),
