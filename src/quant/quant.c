@@ -245,12 +245,12 @@ void lk_dequantize_row(lk_type t, const void *src, float *dst, int64_t n) {
 
 static void quant_f32(const float *x, void *dst, int64_t n) { memcpy(dst, x, (size_t)n * 4); }
 
-static void quant_f16(const float *x, void *dst, int64_t n) {
+void lk_quant_f16_rows(const float *x, void *dst, int64_t n) {
     uint8_t *d = dst;
     for (int64_t i = 0; i < n; i++) { uint16_t h = lk_fp32_to_fp16(x[i]); memcpy(d + 2 * i, &h, 2); }
 }
 
-static void quant_bf16(const float *x, void *dst, int64_t n) {
+void lk_quant_bf16_rows(const float *x, void *dst, int64_t n) {
     uint8_t *d = dst;
     for (int64_t i = 0; i < n; i++) { uint16_t h = lk_fp32_to_bf16(x[i]); memcpy(d + 2 * i, &h, 2); }
 }
@@ -478,8 +478,8 @@ void lk_quant_fill_scalar(lk_quant_ops *ops) {
     ops->mm[LK_TYPE_Q6_K] = mm_q6_k;
     fill_repacked_via_file(ops);
     ops->quant[LK_TYPE_F32] = quant_f32;
-    ops->quant[LK_TYPE_F16] = quant_f16;
-    ops->quant[LK_TYPE_BF16] = quant_bf16;
+    ops->quant[LK_TYPE_F16] = lk_quant_f16_rows;
+    ops->quant[LK_TYPE_BF16] = lk_quant_bf16_rows;
     ops->quant[LK_TYPE_Q8_0] = quant_q8_0;
     ops->quant[LK_TYPE_Q4_0] = quant_q4_0;
     ops->quant[LK_TYPE_Q8_K] = quant_q8_k;

@@ -402,10 +402,7 @@ LK_T2 static void f16_rows_avx2(const float *x, void *dst, int64_t n) {
         if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q))) break;
         _mm_storeu_si128((__m128i *)(d + 2 * i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
     }
-    for (; i < n; i++) {
-        const uint16_t h = lk_fp32_to_fp16(x[i]);
-        memcpy(d + 2 * i, &h, 2);
-    }
+    lk_quant_f16_rows(x + i, d + 2 * i, n - i);
 }
 
 LK_T2 static void bf16_rows_avx2(const float *x, void *dst, int64_t n) {
@@ -422,10 +419,7 @@ LK_T2 static void bf16_rows_avx2(const float *x, void *dst, int64_t n) {
         const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
         _mm_storeu_si128((__m128i *)(d + 2 * i), _mm256_castsi256_si128(p));
     }
-    for (; i < n; i++) {
-        const uint16_t h = lk_fp32_to_bf16(x[i]);
-        memcpy(d + 2 * i, &h, 2);
-    }
+    lk_quant_bf16_rows(x + i, d + 2 * i, n - i);
 }
 
 void lk_quant_fill_avx2(lk_quant_ops *ops) {

@@ -1513,10 +1513,7 @@ LK_T512 static void f16_rows_avx512(const float *x, void *dst, int64_t n) {
         if (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q)) break;
         _mm256_storeu_si256((__m256i *)(d + 2 * i), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
     }
-    for (; i < n; i++) {
-        const uint16_t h = lk_fp32_to_fp16(x[i]);
-        memcpy(d + 2 * i, &h, 2);
-    }
+    lk_quant_f16_rows(x + i, d + 2 * i, n - i);
 }
 
 LK_T512 static void bf16_rows_avx512(const float *x, void *dst, int64_t n) {
@@ -1532,10 +1529,7 @@ LK_T512 static void bf16_rows_avx512(const float *x, void *dst, int64_t n) {
         r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(64)));
         _mm256_storeu_si256((__m256i *)(d + 2 * i), _mm512_cvtepi32_epi16(r));
     }
-    for (; i < n; i++) {
-        const uint16_t h = lk_fp32_to_bf16(x[i]);
-        memcpy(d + 2 * i, &h, 2);
-    }
+    lk_quant_bf16_rows(x + i, d + 2 * i, n - i);
 }
 
 void lk_quant_fill_avx512(lk_quant_ops *ops) {

@@ -909,8 +909,6 @@ static const uint8_t *bx_rows(const uint8_t *w, size_t ws, int nr, int64_t n, in
  * products on the Xeon guest (perf, one thread), the transpose 1.1 %. */
 LK_T512 static LK_INL void bxt_step(uint8_t *step, const uint8_t *a, size_t as, int64_t u0, int64_t u1, int64_t s,
                                     int64_t n, int cz) {
-    const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                            _mm512_set1_epi32(64));
     const int64_t k = s * 32, ne = LK_MIN((int64_t)32, n - k);
     const __mmask32 m = ne == 32 ? ~(__mmask32)0 : (__mmask32)((1u << ne) - 1);
     if (u0 % 16 == 0 && (u1 - u0 == 16 || cz == 4 * (u1 - u0))) {
@@ -941,6 +939,8 @@ LK_T512 static LK_INL void bxt_step(uint8_t *step, const uint8_t *a, size_t as, 
         }
         return;
     }
+    const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                            _mm512_set1_epi32(64));
     for (int64_t t = u0; t < u1; t++) {
         const __m512i v = _mm512_maskz_loadu_epi16(m, a + (size_t)(t - u0) * as + (size_t)k * 2);
         _mm512_i32scatter_epi32(step + 4 * (t % 16), rows, v, 1);

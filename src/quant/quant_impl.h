@@ -235,6 +235,11 @@ void lk_quant_run_tiles(const lk_tileset *ts, int64_t n, int64_t nrows, const vo
 /* Each SIMD file fills the entries it accelerates over a copy of the scalar
  * table, so a level with a missing kernel falls back to the scalar one. */
 void lk_quant_fill_scalar(lk_quant_ops *ops);
+/* The scalar F16 / BF16 row converters (lk_fp32_to_fp16 / lk_fp32_to_bf16
+ * value by value): the scalar level's, and the SIMD converters' tails and
+ * groups with a NaN. */
+void lk_quant_f16_rows(const float *x, void *dst, int64_t n);
+void lk_quant_bf16_rows(const float *x, void *dst, int64_t n);
 void lk_quant_fill_avx2(lk_quant_ops *ops);
 void lk_quant_fill_avx512(lk_quant_ops *ops);
 
