@@ -188,7 +188,8 @@ else no bench_rows_in_a_log "$(cat -A "$T/log" | tail -n 8)"; fi
 # --profile: where the head's time went; its parts are measured separately
 # (pool runs by kind, the all-reduces, the layers and logits as wholes), so
 # none may exceed the whole, the all-reduces of a 2-rank tp run are there,
-# and the threads cannot be busier than all of them
+# and the threads cannot be busier than all of them, nor busy and idle
+# (before their first task, after their last) for longer
 expect bench_profile 0 "$L" bench -m "$M" -t 2 -p 16 -n 8 -r 2 --seqs 1,2 --bw-mib 16 --json --profile --local 2 --tp 2
 if python3 -c '
 import json, sys
@@ -205,5 +206,8 @@ for r in rows:
         # the remainders: small negative values are clock granularity only
         assert p["serial_in_layers_s"] > -1e-3 and p["outside_model_s"] > -1e-3, p
         assert 0 < p["matmul_threads_busy"] <= 1.05, p
+        # the idle split: each part of the threads idle time, together no more than it
+        b, a = p["matmul_threads_idle_before"], p["matmul_threads_idle_after"]
+        assert b >= 0 and a >= 0 and p["matmul_threads_busy"] + b + a <= 1.05, p
 ' "$T/out" 2>"$T/py"; then ok bench_profile_parts; else no bench_profile_parts "$(tail -n 3 "$T/py")"; fi
 has bench_profile_text "$T/err" '^profile: threads 2 seqs 2 decode [0-9.]+ ms: matmul [0-9.]+ %'

@@ -78,6 +78,8 @@ static void prof_sum(lk_prof *acc) {
         acc->wall_ns[k] += p.wall_ns[k];
         acc->busy_ns[k] += p.busy_ns[k];
         acc->calls[k] += p.calls[k];
+        acc->before_ns[k] += p.before_ns[k];
+        acc->after_ns[k] += p.after_ns[k];
     }
 }
 
@@ -85,7 +87,7 @@ static void prof_sum(lk_prof *acc) {
  * its model's layers and logits; "outside" is the engine around them:
  * embedding, sampling, the steps' messages). */
 typedef struct { double wall, matmul, quant, attn, moe, par, comm, serial, logits, logits_mm, outside;
-                 double mm_busy, attn_busy; } prof_view;
+                 double mm_busy, mm_before, mm_after, attn_busy; } prof_view;
 
 static prof_view prof_make(const lk_prof *p, double wall_s, int threads) {
     const double ns = 1e-9;
@@ -100,7 +102,12 @@ static prof_view prof_make(const lk_prof *p, double wall_s, int threads) {
     v.logits = p->wall_ns[LK_PROF_LOGITS] * ns;
     v.logits_mm = p->wall_ns[LK_PROF_LOGITS_MATMUL] * ns;
     v.outside = wall_s - p->wall_ns[LK_PROF_LAYERS] * ns - v.logits;
-    if (v.matmul > v.quant) v.mm_busy = p->busy_ns[LK_PROF_MATMUL] * ns / ((v.matmul - v.quant) * threads);
+    if (v.matmul > v.quant) {
+        const double tt = (v.matmul - v.quant) * threads;
+        v.mm_busy = p->busy_ns[LK_PROF_MATMUL] * ns / tt;
+        v.mm_before = p->before_ns[LK_PROF_MATMUL] * ns / tt;
+        v.mm_after = p->after_ns[LK_PROF_MATMUL] * ns / tt;
+    }
     if (v.attn > 0) v.attn_busy = p->busy_ns[LK_PROF_ATTN] * ns / (v.attn * threads);
     return v;
 }
@@ -110,9 +117,11 @@ static void prof_print(const char *phase, const prof_view *v, int threads, int S
     const double w = 100 / v->wall;
     fprintf(stderr,
             "profile: threads %d seqs %d %s %.1f ms: matmul %.1f %% (activations %.1f %%, threads busy %.0f %% of "
-            "it), attention %.1f %% (busy %.0f %%), experts %.1f %%, other parallel %.1f %%, all-reduce %.1f %%, "
+            "it, idle %.0f %% before their first task and %.0f %% after their last), attention %.1f %% (busy %.0f %%), "
+            "experts %.1f %%, other parallel %.1f %%, all-reduce %.1f %%, "
             "serial in layers %.1f %%, logits %.1f %% (matmul %.1f %%), outside the model %.1f %%\n",
-            threads, S, phase, 1e3 * v->wall, w * v->matmul, w * v->quant, 100 * v->mm_busy, w * v->attn,
+            threads, S, phase, 1e3 * v->wall, w * v->matmul, w * v->quant, 100 * v->mm_busy, 100 * v->mm_before,
+            100 * v->mm_after, w * v->attn,
             100 * v->attn_busy, w * v->moe, w * v->par, w * v->comm, w * v->serial, w * v->logits, w * v->logits_mm,
             w * v->outside);
 }
@@ -123,6 +132,8 @@ static json_t *prof_json(const prof_view *v) {
     json_object_set_new(o, "matmul_s", json_real(v->matmul));
     json_object_set_new(o, "activations_s", json_real(v->quant));
     json_object_set_new(o, "matmul_threads_busy", json_real(v->mm_busy));
+    json_object_set_new(o, "matmul_threads_idle_before", json_real(v->mm_before));
+    json_object_set_new(o, "matmul_threads_idle_after", json_real(v->mm_after));
     json_object_set_new(o, "attention_s", json_real(v->attn));
     json_object_set_new(o, "attention_threads_busy", json_real(v->attn_busy));
     json_object_set_new(o, "experts_s", json_real(v->moe));
@@ -256,7 +267,8 @@ int lk_cmd_bench(int argc, char **argv) {
         { "--md", NULL, LK_OPT_FLAG, &md, NULL, "a Markdown table (default)" },
         { "--profile", NULL, LK_OPT_FLAG, &profile, NULL,
           "after each row, where prefill's and decode's time went on the head's rank (stderr; 'profile_prefill' and "
-          "'profile_decode' in --json): matrix products (and how busy the threads were in them), attention, "
+          "'profile_decode' in --json): matrix products (how busy the threads were in them, and "
+          "how long they waited for their first task and for the slowest thread's last), attention, "
           "experts, all-reduces, the serial rest of the layers, the logits, and the engine outside the model; "
           "timing every parallel task costs a little speed" },
         { "--trace", NULL, LK_OPT_STR, &trace, "FILE",

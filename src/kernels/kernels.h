@@ -52,8 +52,14 @@ typedef enum {
     LK_PROF_LOGITS_MATMUL, /* lk_model_logits' matmul (not in LK_PROF_MATMUL) */
     LK_PROF_N
 } lk_prof_kind;
+/* Of a pool run's idle thread time (threads x its wall, less busy): before
+ * (each thread's wait from the job's publication to its first task; the
+ * whole job for a thread that got none) and after (from a thread's last
+ * task to the job's end, which the slowest thread decides). The rest of the
+ * idle time is between a thread's tasks: claims, the tasks' own calls. */
 typedef struct {
     uint64_t wall_ns[LK_PROF_N], busy_ns[LK_PROF_N], calls[LK_PROF_N];
+    uint64_t before_ns[LK_PROF_N], after_ns[LK_PROF_N];
 } lk_prof;
 void lk_prof_enable(bool on);
 void lk_prof_reset(void);

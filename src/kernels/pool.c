@@ -36,6 +36,9 @@
 
 typedef struct {
     _Alignas(64) _Atomic uint64_t w;   /* next task (low 32 bits) | end (high 32 bits) */
+    /* the profile (when on): this thread's first task's start and last
+     * task's end in the current job, lk_time_ns; first 0: none yet */
+    _Atomic uint64_t first_ns, last_ns;
 } home_range;
 
 struct lk_pool {
@@ -49,6 +52,7 @@ struct lk_pool {
     _Alignas(64) atomic_uint done;  /* tasks finished in the current job; futex word */
     atomic_int main_waiting;        /* the caller sleeps on `done` (0 or 1) */
     atomic_int kind;                /* lk_prof_kind of the current job */
+    atomic_bool prof;               /* the current job is profiled (home[].first_ns/last_ns) */
     _Alignas(64) atomic_int sleepers;
     atomic_bool stop;
     uint64_t spin_ns;
@@ -59,6 +63,7 @@ typedef struct { lk_pool *p; int ith; } worker_arg;
 /* ---- the profile (kernels.h): relaxed counters, read between steps ---- */
 static atomic_bool g_prof_on;
 static _Atomic uint64_t g_prof_wall[LK_PROF_N], g_prof_busy[LK_PROF_N], g_prof_calls[LK_PROF_N];
+static _Atomic uint64_t g_prof_before[LK_PROF_N], g_prof_after[LK_PROF_N];
 static _Thread_local int t_matmul_kind = LK_PROF_MATMUL;
 
 void lk_prof_enable(bool on) { atomic_store(&g_prof_on, on); }
@@ -68,6 +73,8 @@ void lk_prof_reset(void) {
         atomic_store_explicit(&g_prof_wall[k], 0, memory_order_relaxed);
         atomic_store_explicit(&g_prof_busy[k], 0, memory_order_relaxed);
         atomic_store_explicit(&g_prof_calls[k], 0, memory_order_relaxed);
+        atomic_store_explicit(&g_prof_before[k], 0, memory_order_relaxed);
+        atomic_store_explicit(&g_prof_after[k], 0, memory_order_relaxed);
     }
 }
 
@@ -76,6 +83,8 @@ void lk_prof_get(lk_prof *out) {
         out->wall_ns[k] = atomic_load_explicit(&g_prof_wall[k], memory_order_relaxed);
         out->busy_ns[k] = atomic_load_explicit(&g_prof_busy[k], memory_order_relaxed);
         out->calls[k] = atomic_load_explicit(&g_prof_calls[k], memory_order_relaxed);
+        out->before_ns[k] = atomic_load_explicit(&g_prof_before[k], memory_order_relaxed);
+        out->after_ns[k] = atomic_load_explicit(&g_prof_after[k], memory_order_relaxed);
     }
 }
 
@@ -97,6 +106,17 @@ lk_prof_kind lk_prof_matmul_kind_now(void) { return (lk_prof_kind)t_matmul_kind;
 
 static void prof_busy(int k, uint64_t t0) {
     atomic_fetch_add_explicit(&g_prof_busy[k], lk_time_ns() - t0, memory_order_relaxed);
+}
+
+/* A profiled job's task on thread h ran from t0 to t1: busy time, and the
+ * thread's first start and last end (read by pool_run once the job is done:
+ * these stores come before the thread counts the task done) */
+static void prof_task(const lk_pool *p, home_range *h, uint64_t t0) {
+    const uint64_t t1 = lk_time_ns();
+    atomic_fetch_add_explicit(&g_prof_busy[atomic_load_explicit(&p->kind, memory_order_relaxed)], t1 - t0,
+                              memory_order_relaxed);
+    if (!atomic_load_explicit(&h->first_ns, memory_order_relaxed)) atomic_store_explicit(&h->first_ns, t0, memory_order_relaxed);
+    atomic_store_explicit(&h->last_ns, t1, memory_order_relaxed);
 }
 
 static long futex(atomic_uint *addr, int op, unsigned val) {
@@ -168,9 +188,9 @@ static void run_tasks(lk_pool *p, int ith) {
             lk_pool_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
             void *arg = atomic_load_explicit(&p->arg, memory_order_relaxed);
             nt = atomic_load_explicit(&p->n_tasks, memory_order_relaxed);
-            const uint64_t t0 = lk_prof_t0();
+            const uint64_t t0 = atomic_load_explicit(&p->prof, memory_order_relaxed) ? lk_time_ns() : 0;
             fn(arg, (int)(uint32_t)c, nt);
-            if (t0) prof_busy(atomic_load_explicit(&p->kind, memory_order_relaxed), t0);
+            if (t0) prof_task(p, &p->home[ith], t0);
             if (k == 0) own++;
             else tasks_done(p, 1, nt);
         }
@@ -198,7 +218,11 @@ lk_pool *lk_pool_create(int n_threads) {
     lk_pool *p = lk_xmalloc_aligned(sizeof *p);
     *p = (lk_pool){ .n = n_threads };
     p->home = lk_xmalloc_aligned(sizeof(home_range) * (size_t)n_threads);
-    for (int i = 0; i < n_threads; i++) atomic_init(&p->home[i].w, 0);
+    for (int i = 0; i < n_threads; i++) {
+        atomic_init(&p->home[i].w, 0);
+        atomic_init(&p->home[i].first_ns, 0);
+        atomic_init(&p->home[i].last_ns, 0);
+    }
     atomic_init(&p->fn, NULL);
     atomic_init(&p->arg, NULL);
     atomic_init(&p->n_tasks, 0);
@@ -207,6 +231,7 @@ lk_pool *lk_pool_create(int n_threads) {
     atomic_init(&p->main_waiting, 0);
     atomic_init(&p->sleepers, 0);
     atomic_init(&p->kind, LK_PROF_PAR);
+    atomic_init(&p->prof, false);
     atomic_init(&p->stop, false);
     const char *s = getenv("LK_SPIN_US");
     p->spin_ns = (s && *s ? (uint64_t)atoll(s) : 200) * 1000;
@@ -224,13 +249,20 @@ int lk_pool_size(const lk_pool *p) { return p->n; }
 static void pool_run(lk_pool *p, lk_prof_kind kind, lk_pool_fn fn, void *arg, int n_tasks) {
     LK_ASSERT(n_tasks >= 1);
     if (p->n == 1 || n_tasks == 1) {
+        const uint64_t j0 = lk_prof_t0();
         for (int i = 0; i < n_tasks; i++) {
             const uint64_t t0 = lk_prof_t0();
             fn(arg, i, n_tasks);
             if (t0) prof_busy(kind, t0);
         }
+        /* one task: the other threads had none */
+        if (j0) atomic_fetch_add_explicit(&g_prof_before[kind], (uint64_t)(p->n - 1) * (lk_time_ns() - j0), memory_order_relaxed);
         return;
     }
+    const bool prof = atomic_load_explicit(&g_prof_on, memory_order_relaxed);
+    if (prof)
+        for (int i = 0; i < p->n; i++) atomic_store_explicit(&p->home[i].first_ns, 0, memory_order_relaxed);
+    atomic_store_explicit(&p->prof, prof, memory_order_relaxed);
     atomic_store_explicit(&p->kind, (int)kind, memory_order_relaxed);
     atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
     atomic_store_explicit(&p->arg, arg, memory_order_relaxed);
@@ -241,6 +273,7 @@ static void pool_run(lk_pool *p, lk_prof_kind kind, lk_pool_fn fn, void *arg, in
         uint64_t b = (uint64_t)n_tasks * (uint64_t)(i + 1) / (uint64_t)p->n;
         atomic_store_explicit(&p->home[i].w, a | b << 32, memory_order_release);
     }
+    const uint64_t pub = prof ? lk_time_ns() : 0;
     atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
     if (atomic_load(&p->sleepers) > 0) futex(&p->gen, FUTEX_WAKE_PRIVATE, (unsigned)p->n);
     run_tasks(p, 0);
@@ -249,6 +282,24 @@ static void pool_run(lk_pool *p, lk_prof_kind kind, lk_pool_fn fn, void *arg, in
      * spin budget (its thread was descheduled mid-task), sleep until the
      * last one wakes us instead of burning the core it needs. */
     wait_word(p, &p->done, &p->main_waiting, (unsigned)n_tasks, true);
+    if (prof) {
+        /* every task's thread stored its times before counting it done */
+        atomic_thread_fence(memory_order_acquire);
+        const uint64_t end = lk_time_ns();
+        uint64_t before = 0, after = 0;
+        for (int i = 0; i < p->n; i++) {
+            const uint64_t f = atomic_load_explicit(&p->home[i].first_ns, memory_order_relaxed);
+            if (!f) {
+                before += end - pub;
+                continue;
+            }
+            before += f > pub ? f - pub : 0;
+            const uint64_t l = atomic_load_explicit(&p->home[i].last_ns, memory_order_relaxed);
+            after += end > l ? end - l : 0;
+        }
+        atomic_fetch_add_explicit(&g_prof_before[kind], before, memory_order_relaxed);
+        atomic_fetch_add_explicit(&g_prof_after[kind], after, memory_order_relaxed);
+    }
 }
 
 void lk_pool_run_k(lk_pool *p, lk_prof_kind kind, lk_pool_fn fn, void *arg, int n_tasks) {
