@@ -859,8 +859,8 @@ static void drop_file_pages(const void *p, size_t len) {
  * Linux 5.14; before it, a readahead hint only). For the embedding table,
  * which stays on the file mapping: otherwise a prefill's first touch of each
  * token's row faulted its page in, from the disk once the page cache had
- * dropped it (the first 64-token prefill after a cold start spent 11 % of its
- * time so on the Xeon guest, BENCHMARKS.md). */
+ * dropped it (the first 64-token prefill after a cold start spent 11-14 % of
+ * its time so on the Xeon guest, BENCHMARKS.md). */
 static void map_file_pages(const void *p, size_t len) {
     const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
     uintptr_t a = (uintptr_t)p & ~(pg - 1), b = ((uintptr_t)p + len + pg - 1) & ~(pg - 1);
