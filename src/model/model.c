@@ -859,7 +859,7 @@ static void drop_file_pages(const void *p, size_t len) {
  * Linux 5.14; before it, a readahead hint only). For the embedding table,
  * which stays on the file mapping: otherwise a prefill's first touch of each
  * token's row faulted its page in, from the disk once the page cache had
- * dropped it (the first 64-token prefill after a cold start spent 11-14 % of
+ * dropped it (the first 64-token prefill after a cold start spent 10-14 % of
  * its time so on the Xeon guest, BENCHMARKS.md). */
 static void map_file_pages(const void *p, size_t len) {
     const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
