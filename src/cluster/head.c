@@ -317,38 +317,51 @@ static lk_status spawn_local(lk_cluster *c, int r, int threads, char *err, size_
 
 /* Connects to worker r and runs the handshake as the head. A worker whose
  * gate is full of strays answers LK_GATE_BUSY: try again, backing off, for
- * as long as a connection may take (10 s), then say what it answered. */
+ * as long as a connection may take (10 s), then say what it answered. When
+ * the last attempt after busy answers fails on the network (the deadline
+ * cut its connect or handshake short on a loaded machine, or the refusing
+ * worker's close reset it), the busy answers are still the reason: the
+ * error names them first, and that last attempt after. */
 static lk_status connect_one(lk_cluster *c, int r, const lk_hs_params *hp, char *err, size_t errlen) {
-    char why[LK_ERRLEN];
-    lk_status st;
+    char why[LK_ERRLEN], busy_why[LK_ERRLEN] = "";
+    lk_status st, busy_st = LK_OK;
     uint64_t t0 = lk_time_ns(), deadline = lk_deadline_ms(10000);
     for (int tries = 1;; tries++) {
-        if ((st = lk_tcp_connect(c->w[r].addr, deadline, &c->w[r].link, why, sizeof why)))
-            return lk_fail(err, errlen, st, "worker rank %d: %s", r, why);
-        c->w[r].link->peer_rank = r;
-        lk_chan_init(&c->w[r].ch, c->w[r].link);
-        lk_hs_peer peer;
-        st = lk_handshake(&c->w[r].ch, true, hp, &peer, why, sizeof why);
-        c->w[r].link = c->w[r].ch.link; /* the sealed link, when sealed */
+        st = lk_tcp_connect(c->w[r].addr, deadline, &c->w[r].link, why, sizeof why);
         if (!st) {
-            if (tries > 1)
-                lk_log(LK_LOG_INFO, "cluster: worker rank %d (%s) was busy; in after %d attempts (%.1f s)", r,
-                       c->w[r].addr, tries, (double)(lk_time_ns() - t0) / 1e9);
-            if (peer.sealed)
-                lk_log(LK_LOG_INFO, "cluster: worker rank %d (%s): control link sealed (%s)", r, c->w[r].addr,
-                       lk_seal_cipher_name(peer.cipher));
-            return LK_OK;
+            c->w[r].link->peer_rank = r;
+            lk_chan_init(&c->w[r].ch, c->w[r].link);
+            lk_hs_peer peer;
+            st = lk_handshake(&c->w[r].ch, true, hp, &peer, why, sizeof why);
+            c->w[r].link = c->w[r].ch.link; /* the sealed link, when sealed */
+            if (!st) {
+                if (tries > 1)
+                    lk_log(LK_LOG_INFO, "cluster: worker rank %d (%s) was busy; in after %d attempts (%.1f s)", r,
+                           c->w[r].addr, tries, (double)(lk_time_ns() - t0) / 1e9);
+                if (peer.sealed)
+                    lk_log(LK_LOG_INFO, "cluster: worker rank %d (%s): control link sealed (%s)", r,
+                           c->w[r].addr, lk_seal_cipher_name(peer.cipher));
+                return LK_OK;
+            }
+            lk_link_close(c->w[r].link);
+            c->w[r].link = NULL;
+        }
+        bool busy = lk_hs_busy(st, why);
+        if (busy) {
+            snprintf(busy_why, sizeof busy_why, "%s", why);
+            busy_st = st;
         }
         /* 50 ms, doubling to 800 ms, with jitter so that heads do not retry in step */
         uint64_t pause_ms = (50u << LK_MIN(tries - 1, 4)) + (uint64_t)(lk_time_ns() % 50);
-        if (!lk_hs_busy(st, why) || lk_time_ns() + pause_ms * 1000000ull >= deadline) {
+        double took = (double)(lk_time_ns() - t0) / 1e9;
+        if (!busy && busy_st && (st == LK_ERR_TIMEOUT || st == LK_ERR_NET))
+            return lk_fail(err, errlen, busy_st, "worker rank %d: %s (%d attempts in %.1f s; the last: %s)", r,
+                           busy_why, tries, took, why);
+        if (!busy || lk_time_ns() + pause_ms * 1000000ull >= deadline) {
             if (tries > 1)
-                return lk_fail(err, errlen, st, "worker rank %d: %s (%d attempts in %.1f s)", r, why, tries,
-                               (double)(lk_time_ns() - t0) / 1e9);
+                return lk_fail(err, errlen, st, "worker rank %d: %s (%d attempts in %.1f s)", r, why, tries, took);
             return lk_fail(err, errlen, st, "worker rank %d: %s", r, why);
         }
-        lk_link_close(c->w[r].link);
-        c->w[r].link = NULL;
         usleep((useconds_t)pause_ms * 1000);
     }
 }
