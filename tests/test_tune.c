@@ -242,6 +242,68 @@ TEST(model_logits_across_settings) {
     lk_tune_apply(&d);
 }
 
+/* The output product with the residual add in its tasks: r + W x in the
+ * bits of lk_matmul then lk_vec_axpy_f32 (the serial add it replaces), for
+ * every token count (67: token blocks) and thread split, and a non-finite
+ * sum reported wherever it lands, never one that is not there. */
+TEST(matmul_residual_bits) {
+    static const lk_type types[] = { LK_TYPE_Q4_0, LK_TYPE_Q6_K, LK_TYPE_F16, LK_TYPE_F32 };
+    static const int sps[] = { 1, 4, 16 };
+    float *x = malloc(sizeof(float) * COLS * 67), *f = malloc(sizeof(float) * COLS);
+    float *r0 = malloc(sizeof(float) * ROWS * 67), *ref = malloc(sizeof(float) * ROWS * 67);
+    float *y = malloc(sizeof(float) * ROWS * 67), *r = malloc(sizeof(float) * ROWS * 67);
+    void *scratch = malloc(lk_matmul_scratch_bytes(COLS, 67));
+    for (int i = 0; i < COLS * 67; i++) x[i] = frand();
+    for (int i = 0; i < ROWS * 67; i++) r0[i] = 4 * frand();
+    lk_pool *p = lk_pool_create(3);
+    lk_tune_set d;
+    lk_tune_defaults(&d);
+    int cases = 0;
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
+        const lk_type t = types[ti];
+        if (!lk_quantize_supported(t)) continue;
+        size_t rb = 0;
+        CHECK(lk_type_row_bytes(t, COLS, &rb));
+        uint8_t *w = malloc(rb * ROWS);
+        for (int i = 0; i < ROWS; i++) {
+            for (int k = 0; k < COLS; k++) f[k] = frand();
+            lk_quantize_row(t, f, w + (size_t)i * rb, COLS);
+        }
+        const lk_mat m = { .type = t, .cols = COLS, .rows = ROWS, .data = w, .row_stride = rb };
+        for (int k = 0; k < NTOKS; k++) {
+            const int n = ntoks[k];
+            lk_tune_apply(&d);
+            lk_matmul(p, &m, x, COLS, n, y, ROWS, scratch);
+            memcpy(ref, r0, sizeof(float) * ROWS * n);
+            lk_vec_axpy_f32(ref, 1.0f, y, (int64_t)ROWS * n);
+            for (size_t si = 0; si < sizeof sps / sizeof *sps; si++) {
+                lk_tune_set s = d;
+                s.split = sps[si];
+                lk_tune_apply(&s);
+                memcpy(r, r0, sizeof(float) * ROWS * n);
+                const bool bad = lk_matmul_residual(p, &m, x, COLS, n, y, ROWS, r, scratch);
+                CHECKF(!bad, "%s, %d tokens, split %d: a finite sum reported non-finite", lk_type_name(t), n, sps[si]);
+                CHECKF(!memcmp(r, ref, sizeof(float) * ROWS * n), "%s, %d tokens, split %d: r + W x differs from "
+                       "lk_matmul then lk_vec_axpy_f32", lk_type_name(t), n, sps[si]);
+                /* an infinity in the last token's last row, then in the first's first */
+                for (int e = 0; e < 2; e++) {
+                    memcpy(r, r0, sizeof(float) * ROWS * n);
+                    r[e ? 0 : ROWS * n - 1] = INFINITY;
+                    CHECKF(lk_matmul_residual(p, &m, x, COLS, n, y, ROWS, r, scratch),
+                           "%s, %d tokens, split %d: an infinite sum not reported", lk_type_name(t), n, sps[si]);
+                }
+                cases++;
+            }
+        }
+        free(w);
+    }
+    printf("  %d (type, token count, split) cases\n", cases);
+    CHECK(cases >= 3 * NTOKS * 3);
+    lk_tune_apply(&d);
+    lk_pool_free(p);
+    free(x); free(f); free(r0); free(ref); free(y); free(r); free(scratch);
+}
+
 /* every task of every job exactly once, whatever thread runs it; jobs of
  * 1 to 64 tasks on a pool of 4 threads (2 cores: some are descheduled) */
 typedef struct { atomic_int *count; int n; } count_job;
@@ -474,6 +536,7 @@ int main(void) {
     RUN(parse_rejects_bad_specs);
     RUN(pool_runs_each_task_once);
     RUN(matmul_bits_across_settings);
+    RUN(matmul_residual_bits);
     RUN(model_logits_across_settings);
     RUN(cache_file_and_env);
     RUN(calibrate_on_own_matrices);

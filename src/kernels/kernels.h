@@ -107,6 +107,12 @@ int  lk_matmul_split(void);
 
 void lk_matmul(lk_pool *p, const lk_mat *W, const float *x, int64_t x_stride, int64_t ntok,
                float *y, int64_t y_stride, void *scratch);
+/* lk_matmul, then the residual add r += y (r [ntok][y_stride] like y), each
+ * task adding the rows it made while they are in its cache: no serial pass
+ * over lines the other cores wrote. The same bits as lk_matmul then
+ * lk_vec_axpy_f32(r, 1, y); returns whether any sum in r is non-finite. */
+bool lk_matmul_residual(lk_pool *p, const lk_mat *W, const float *x, int64_t x_stride, int64_t ntok,
+                        float *y, int64_t y_stride, float *r, void *scratch);
 
 /* Several matrices that read the same input (Q, K, V; or FFN gate and up)
  * in one pass over the pool: x is quantised once and each thread takes its

@@ -105,6 +105,8 @@ typedef struct {
     lk_act_terms terms;  /* the activations' terms, when every matrix's kernel reads them (k != 0) */
     bool terms_apart;    /* made by terms_job after quantize_job, not with each thread's rows */
     int tb;              /* token blocks per row task (matmul_run) */
+    float *res;          /* lk_matmul_residual: res += y[0], by task */
+    atomic_bool res_bad; /* ... and a sum went non-finite */
 } matmul_job;
 
 /* Rows are handed out in multiples of 16 so SIMD kernels that work on row
@@ -176,6 +178,12 @@ static void matmul_job_fn(void *arg, int ith, int nth) {
     if (j->swiglu && r1 > r0)
         for (int64_t t = t0; t < t1; t++)
             lk_swiglu(j->y[0] + t * j->y_stride[0] + r0, j->y[1] + t * j->y_stride[1] + r0, r1 - r0);
+    if (j->res && r1 > r0)
+        for (int64_t t = t0; t < t1; t++) {
+            float *r = j->res + t * j->y_stride[0] + r0;
+            lk_vec_axpy_f32(r, 1.0f, j->y[0] + t * j->y_stride[0] + r0, r1 - r0);
+            if (lk_any_nonfinite(r, r1 - r0)) atomic_store_explicit(&j->res_bad, true, memory_order_relaxed);
+        }
 }
 
 bool lk_matmul_can_fuse(const lk_mat *const *W, int nw) {
@@ -273,4 +281,14 @@ void lk_matmul_fused_norm(lk_pool *p, const lk_mat *const *W, int nw, const floa
 void lk_matmul(lk_pool *p, const lk_mat *W, const float *x, int64_t x_stride, int64_t ntok,
                float *y, int64_t y_stride, void *scratch) {
     lk_matmul_fused(p, &W, 1, x, x_stride, ntok, &y, &y_stride, false, scratch);
+}
+
+bool lk_matmul_residual(lk_pool *p, const lk_mat *W, const float *x, int64_t x_stride, int64_t ntok,
+                        float *y, int64_t y_stride, float *r, void *scratch) {
+    LK_ASSERT(r && y_stride >= W->rows);
+    matmul_job j = { .W = &W, .nw = 1, .x = x, .x_stride = x_stride, .ntok = ntok, .y = &y, .y_stride = &y_stride,
+                     .scratch = scratch, .res = r };
+    atomic_init(&j.res_bad, false);
+    matmul_run(p, &j);
+    return atomic_load(&j.res_bad);
 }

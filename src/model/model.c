@@ -1899,9 +1899,26 @@ static void qk_prepare_fn(void *arg, int ith, int nth) {
     for (int64_t t = a; t < b; t++) qk_prepare(j->m, j->li, (int)t);
 }
 
+/* A layer half's output product o = W a into m->o. Where this rank holds
+ * the whole sum (no all-reduce) and no post-norm comes between, the
+ * residual add x += o is made by the product's own tasks, each on the rows
+ * it just wrote (lk_matmul_residual): in decode a serial add over lines the
+ * other cores wrote took 2 us a layer half (BENCHMARKS.md, thirty-sixth
+ * session). model_layers then skips its add (m->resid_done). */
+static void out_product(lk_model *m, const lk_mat *W, const float *a, int64_t a_stride, int n, float *x,
+                        const float *post_norm) {
+    const int64_t d = m->cfg.n_embd;
+    if (!m->hooks.allreduce_sum && !post_norm) {
+        m->resid_bad = lk_matmul_residual(m->pool, W, a, a_stride, n, m->o, d, x, m->act);
+        m->resid_done = true;
+    } else {
+        lk_matmul(m->pool, W, a, a_stride, n, m->o, d, m->act);
+    }
+}
+
 /* This rank's share of attention for layer li over the current batch:
  * o = Wo_slice . attn(x). A rank without heads contributes zeros. */
-static void attention(lk_model *m, int li, const float *x) {
+static void attention(lk_model *m, int li, float *x) {
     const lk_model_config *c = &m->cfg;
     const layer_w *w = &m->layers[li];
     const int n = m->n_rows;
@@ -1939,7 +1956,7 @@ static void attention(lk_model *m, int li, const float *x) {
                 const float *gt = m->gate + t * 2 * qd + h * 2 * hd + hd;
                 for (int i = 0; i < hd; i++) a[i] *= 1.0f / (1.0f + expf(-gt[i]));
             }
-    lk_matmul(m->pool, &w->wo, m->att, qd, n, m->o, d, m->act);
+    out_product(m, &w->wo, m->att, qd, n, x, w->post_attn_norm);
 }
 
 /* ---- multi-head latent attention (deepseek2; model.h) ----------------------
@@ -2006,7 +2023,7 @@ static void kv_write_row(lk_model *m, int li, int t, const float *row) {
  * kv_lora, and no per-head key or value is ever expanded. Under tensor
  * parallelism every rank with heads computes the (replicated) latent and
  * caches it; q_b, k_b, v_b and Wo's columns are cut by head. */
-static void attention_mla(lk_model *m, int li, const float *x) {
+static void attention_mla(lk_model *m, int li, float *x) {
     const lk_model_config *c = &m->cfg;
     const layer_w *w = &m->layers[li];
     const int n = m->n_rows, nh = m->nh;
@@ -2048,7 +2065,7 @@ static void attention_mla(lk_model *m, int li, const float *x) {
     /* o_h = attn_v_b[h] . o_latent(t, h), heads side by side for Wo */
     heads_job vb = { m, &w->wvb, vh, m->att, nh * ahd, ahd, m->mvo, nh * vh, vh, n };
     lk_pool_run_k(m->pool, LK_PROF_ATTN, heads_fn, &vb, lk_pool_size(m->pool));
-    lk_matmul(m->pool, &w->wo, m->mvo, nh * vh, n, m->o, d, m->act);
+    out_product(m, &w->wo, m->mvo, nh * vh, n, x, w->post_attn_norm);
 }
 
 typedef struct {
@@ -2067,7 +2084,7 @@ static void geglu_fn(void *arg, int ith, int nth) {
 
 /* This rank's share of the FFN: o = W2_slice . (silu(W1_slice x) * W3_slice x)
  * (Gemma: gelu_tanh instead of silu). */
-static void ffn(lk_model *m, int li, const float *x, int n) {
+static void ffn(lk_model *m, int li, float *x, int n) {
     const layer_w *w = &m->layers[li];
     const int64_t d = m->cfg.n_embd;
     if (m->nff == 0) {
@@ -2091,7 +2108,7 @@ static void ffn(lk_model *m, int li, const float *x, int n) {
         if ((int64_t)n * m->nff >= 4096) lk_pool_run(m->pool, geglu_fn, &fj);
         else geglu_fn(&fj, 0, 1);
     }
-    lk_matmul(m->pool, &w->w2, m->hg, m->nff, n, m->o, d, m->act);
+    out_product(m, &w->w2, m->hg, m->nff, n, x, w->post_ffn_norm);
 }
 
 /* ---- mixture of experts ----------------------------------------------------
@@ -2464,17 +2481,25 @@ static lk_status model_layers(lk_model *m, float *x) {
     m->bad_layer = lk_any_nonfinite(x, nd) ? m->sl.layer0 - 1 : -1; /* -1 + layer0: the rows came in non-finite */
     for (int li = 0; li < m->sl.layer1 - m->sl.layer0; li++) {
         const int layer = m->sl.layer0 + li;
+        m->resid_done = false;
         if (m->layers[li].rec) lk_deltanet(m, li, x);
         else if (m->cfg.mla) attention_mla(m, li, x);
         else attention(m, li, x);
-        if ((st = allreduce(m, m->o, nd, layer, "attention output all-reduce"))) return st;
-        post_norm(m, m->layers[li].post_attn_norm, n);
-        if (add_nonfinite(m, x, m->o, n) && m->bad_layer < 0) m->bad_layer = layer, m->bad_ffn = false;
+        if (!m->resid_done) {
+            if ((st = allreduce(m, m->o, nd, layer, "attention output all-reduce"))) return st;
+            post_norm(m, m->layers[li].post_attn_norm, n);
+        }
+        if ((m->resid_done ? m->resid_bad : add_nonfinite(m, x, m->o, n)) && m->bad_layer < 0)
+            m->bad_layer = layer, m->bad_ffn = false;
+        m->resid_done = false;
         if (m->layers[li].moe) moe_ffn(m, li, x, n);
         else ffn(m, li, x, n);
-        if ((st = allreduce(m, m->o, nd, layer, "FFN output all-reduce"))) return st;
-        post_norm(m, m->layers[li].post_ffn_norm, n);
-        if (add_nonfinite(m, x, m->o, n) && m->bad_layer < 0) m->bad_layer = layer, m->bad_ffn = true;
+        if (!m->resid_done) {
+            if ((st = allreduce(m, m->o, nd, layer, "FFN output all-reduce"))) return st;
+            post_norm(m, m->layers[li].post_ffn_norm, n);
+        }
+        if ((m->resid_done ? m->resid_bad : add_nonfinite(m, x, m->o, n)) && m->bad_layer < 0)
+            m->bad_layer = layer, m->bad_ffn = true;
     }
     return LK_OK;
 }

@@ -158,6 +158,8 @@ struct lk_model {
     int n_items, n_rows;
     int bad_layer;          /* the last lk_model_layers: first layer whose output was non-finite (see model.h) */
     bool bad_ffn;           /* ... in its FFN part (else attention) */
+    bool resid_done;        /* the last output product also added m->o into x (out_product) */
+    bool resid_bad;         /* ... and a sum went non-finite */
     /* scratch, sized at load */
     float *x, *xb, *q, *k, *v, *att, *o, *hg, *hu;
     /* MLA scratch: (B, q_lora) (B, kv_lora + rope) (B, H k_head) (B, H hd);
