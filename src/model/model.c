@@ -1815,12 +1815,13 @@ static lk_status allreduce(lk_model *m, float *x, int64_t n, int layer, const ch
 }
 
 /* ---- per-row work beside the matrices ----
- * RMSNorm of a batch's rows, and attention's per-token q/k norms, RoPE and
- * KV writes, are independent per row: from PAR_ROWS rows on they are spread
- * over the pool (each row's arithmetic unchanged, so the bits do not depend
- * on the split). Serial, they were 15-18 % of a 16-token step at 16 threads
- * (bench --profile, BENCHMARKS.md); one row stays inline, where a dispatch
- * would cost more than it saves. */
+ * RMSNorm of a batch's rows and the residual adds are independent per row:
+ * from PAR_ROWS rows on they are spread over the pool (each row's
+ * arithmetic unchanged, so the bits do not depend on the split). Serial,
+ * they and attention's q/k preparation were 15-18 % of a 16-token step at
+ * 16 threads (bench --profile, BENCHMARKS.md); one row stays inline, where a
+ * dispatch would cost more than it saves. The q/k preparation goes by
+ * heads instead, over the pool even for one row (qk_prepare_rows). */
 enum { PAR_ROWS = 4 };
 
 /* fn over a batch's n rows: on the pool (a task per thread, at most one per
@@ -1853,37 +1854,43 @@ static void norm_rows(lk_model *m, float *out, const float *x, const float *w, i
 }
 
 /* A token's q/k after the projections: biases, q/k norms, RoPE, and its
- * keys and values into the KV cache. */
-static void qk_prepare(lk_model *m, int li, int t) {
+ * keys and values into the KV cache, head by head. */
+
+/* Row t's query head h: bias, q norm, RoPE, in place */
+static void qk_prepare_q(lk_model *m, int li, int t, int h) {
     const lk_model_config *c = &m->cfg;
     const layer_w *w = &m->layers[li];
-    const int64_t hd = c->head_dim, qd = (int64_t)m->nh * hd, kvd = (int64_t)m->nkv * hd;
-    float *q = m->q + t * qd, *k = m->k + t * kvd, *v = m->v + t * kvd;
+    const int64_t hd = c->head_dim, qd = (int64_t)m->nh * hd;
+    float *q = m->q + t * qd + h * hd;
+    if (w->bq)
+        for (int64_t i = 0; i < hd; i++) q[i] += w->bq[h * hd + i];
+    if (w->q_norm) lk_rmsnorm(q, q, w->q_norm, hd, c->rms_eps);
+    rope_at(m, w->swa, q, m->row_pos[t]);
+}
+
+/* Row t's KV head h: biases, k norm, RoPE, then the key written transposed
+ * into its page (kv_keys) and the value as a row */
+static void qk_prepare_kv(lk_model *m, int li, int t, int h) {
+    const lk_model_config *c = &m->cfg;
+    const layer_w *w = &m->layers[li];
+    const int64_t hd = c->head_dim, kvd = (int64_t)m->nkv * hd;
+    float *k = m->k + t * kvd + h * hd, *v = m->v + t * kvd + h * hd;
     const int pos = m->row_pos[t], seq = m->items[m->row_item[t]].seq;
-    if (w->bq) {
-        for (int64_t i = 0; i < qd; i++) q[i] += w->bq[i];
-        for (int64_t i = 0; i < kvd; i++) { k[i] += w->bk[i]; v[i] += w->bv[i]; }
-    }
-    for (int h = 0; h < m->nh; h++) {
-        if (w->q_norm) lk_rmsnorm(q + h * hd, q + h * hd, w->q_norm, hd, c->rms_eps);
-        rope_at(m, w->swa, q + h * hd, pos);
-    }
-    for (int h = 0; h < m->nkv; h++) {
-        if (w->k_norm) lk_rmsnorm(k + h * hd, k + h * hd, w->k_norm, hd, c->rms_eps);
-        rope_at(m, w->swa, k + h * hd, pos);
-        /* the key transposed in its page (kv_keys), the value a row */
-        const size_t page = kv_page_kv(m, seq, pos / LK_KV_PAGE, li, h), kat = page + (size_t)(pos % LK_KV_PAGE),
-                     at = page + (size_t)(pos % LK_KV_PAGE) * hd;
-        if (m->kv_f16) {
-            uint16_t *kc = (uint16_t *)m->kcache + kat, *vc = (uint16_t *)m->vcache + at;
-            for (int i = 0; i < hd; i++) {
-                kc[(size_t)i * LK_KV_PAGE] = lk_fp32_to_fp16(k[h * hd + i]);
-                vc[i] = lk_fp32_to_fp16(v[h * hd + i]);
-            }
-        } else {
-            for (int i = 0; i < hd; i++) ((float *)m->kcache)[kat + (size_t)i * LK_KV_PAGE] = k[h * hd + i];
-            memcpy((float *)m->vcache + at, v + h * hd, sizeof(float) * hd);
+    if (w->bq)
+        for (int64_t i = 0; i < hd; i++) { k[i] += w->bk[h * hd + i]; v[i] += w->bv[h * hd + i]; }
+    if (w->k_norm) lk_rmsnorm(k, k, w->k_norm, hd, c->rms_eps);
+    rope_at(m, w->swa, k, pos);
+    const size_t page = kv_page_kv(m, seq, pos / LK_KV_PAGE, li, h), kat = page + (size_t)(pos % LK_KV_PAGE),
+                 at = page + (size_t)(pos % LK_KV_PAGE) * hd;
+    if (m->kv_f16) {
+        uint16_t *kc = (uint16_t *)m->kcache + kat, *vc = (uint16_t *)m->vcache + at;
+        for (int i = 0; i < hd; i++) {
+            kc[(size_t)i * LK_KV_PAGE] = lk_fp32_to_fp16(k[i]);
+            vc[i] = lk_fp32_to_fp16(v[i]);
         }
+    } else {
+        for (int i = 0; i < hd; i++) ((float *)m->kcache)[kat + (size_t)i * LK_KV_PAGE] = k[i];
+        memcpy((float *)m->vcache + at, v, sizeof(float) * hd);
     }
 }
 
@@ -1892,11 +1899,47 @@ typedef struct {
     int li;
 } qk_job;
 
+/* Task ith of nth. A decode row (an item of one token) goes by attention's
+ * head groups, each to the task that will attend with it (attn_block_fn:
+ * the item's tasks from task0, dealt round-robin), with its KV head going
+ * with the head's first group: so the heads' RoPE'd rows and the key's
+ * lines are in the cache of the thread that reads them next. A prefill
+ * row goes whole to task t % nth. Every head's arithmetic is the same
+ * whatever the split. */
 static void qk_prepare_fn(void *arg, int ith, int nth) {
     const qk_job *j = arg;
-    int64_t a, b;
-    lk_split_range(j->m->n_rows, 1, ith, nth, &a, &b);
-    for (int64_t t = a; t < b; t++) qk_prepare(j->m, j->li, (int)t);
+    lk_model *m = j->m;
+    for (int t = 0; t < m->n_rows; t++) {
+        const int it = m->row_item[t];
+        if (m->items[it].n > 1) {
+            if (t % nth != ith) continue;
+            for (int h = 0; h < m->nkv; h++) qk_prepare_kv(m, j->li, t, h);
+            for (int h = 0; h < m->nh; h++) qk_prepare_q(m, j->li, t, h);
+            continue;
+        }
+        for (int k = 0; k < m->n_hgrp; k++) {
+            if ((m->task0[it] + k) % nth != ith) continue;
+            const int h0 = m->hgrp0[k], kv = kv_head(m, h0);
+            if (k == 0 || kv_head(m, m->hgrp0[k - 1]) != kv) qk_prepare_kv(m, j->li, t, kv);
+            for (int h = h0; h < m->hgrp0[k + 1]; h++) qk_prepare_q(m, j->li, t, h);
+        }
+    }
+}
+
+/* The batch's queries and keys ready for attention: over the pool whenever
+ * it has threads, even for one row. Inline, a decode row of TinyLlama's
+ * 32 + 4 heads took 8 us a layer on the Xeon guest (the keys' transposed
+ * writes 4 us of it: a line missed per dimension; the queries' RoPE 2 us),
+ * 0.4 % of one thread's step and about 4 % of a 16-thread one. Over the
+ * pool, with each head's work on the thread that attends with it,
+ * attention, this job and the serial part together went from 7.4 to 6.1 %
+ * of a 16-thread decode step on a 16-core Xeon, 4.8 to 3.6 % at 8 threads;
+ * level at 2 threads on the guest (BENCHMARKS.md, thirty-seventh session). */
+static void qk_prepare_rows(lk_model *m, int li) {
+    qk_job qj = { m, li };
+    const int nt = lk_pool_size(m->pool); /* attention's task count (attn_block_fn) */
+    if (nt > 1) lk_pool_run_k(m->pool, LK_PROF_PAR, qk_prepare_fn, &qj, nt);
+    else qk_prepare_fn(&qj, 0, 1);
 }
 
 /* A layer half's output product o = W a into m->o. Where this rank holds
@@ -1945,8 +1988,7 @@ static void attention(lk_model *m, int li, float *x) {
         for (int t = 0; t < n; t++)
             for (int h = 0; h < m->nh; h++)
                 memcpy(m->q + t * qd + h * hd, m->gate + t * 2 * qd + h * 2 * hd, sizeof(float) * (size_t)hd);
-    qk_job qj = { m, li };
-    run_rows(m, qk_prepare_fn, &qj, n);
+    qk_prepare_rows(m, li);
     attn_job aj = { m, li };
     lk_pool_run_k(m->pool, LK_PROF_ATTN, attn_block_fn, &aj, lk_pool_size(m->pool));
     if (w->gated) /* the output gate: sigmoid(gate) on each head's result */
