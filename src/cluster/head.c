@@ -343,8 +343,6 @@ static lk_status connect_one(lk_cluster *c, int r, const lk_hs_params *hp, char 
                            c->w[r].addr, lk_seal_cipher_name(peer.cipher));
                 return LK_OK;
             }
-            lk_link_close(c->w[r].link);
-            c->w[r].link = NULL;
         }
         bool busy = lk_hs_busy(st, why);
         if (busy) {
@@ -362,6 +360,8 @@ static lk_status connect_one(lk_cluster *c, int r, const lk_hs_params *hp, char 
                 return lk_fail(err, errlen, st, "worker rank %d: %s (%d attempts in %.1f s)", r, why, tries, took);
             return lk_fail(err, errlen, st, "worker rank %d: %s", r, why);
         }
+        lk_link_close(c->w[r].link); /* NULL when the connect failed */
+        c->w[r].link = NULL;
         usleep((useconds_t)pause_ms * 1000);
     }
 }
