@@ -66,6 +66,17 @@ static void run_all(lk_pool *p, const lk_mat *m, const float *x, float *y, void 
     }
 }
 
+/* ROWS random rows of COLS in type t (rb bytes a row; f: COLS floats of
+ * scratch), rows of five magnitudes */
+static uint8_t *random_rows(lk_type t, size_t rb, float *f) {
+    uint8_t *w = malloc(rb * ROWS);
+    for (int r = 0; r < ROWS; r++) {
+        for (int i = 0; i < COLS; i++) f[i] = frand() * (1 + r % 5);
+        lk_quantize_row(t, f, w + (size_t)r * rb, COLS);
+    }
+    return w;
+}
+
 /* m's outputs under each of cand[0..nc), against ref (the defaults' on the
  * file type ft's rows); the cases compared */
 static int all_settings_give(lk_pool *p, const lk_mat *m, const lk_tune_set *cand, int nc, const float *x,
@@ -130,11 +141,7 @@ TEST(matmul_bits_across_settings) {
             if (!lk_quantize_supported(t)) continue;
             size_t rb = 0;
             CHECK(lk_type_row_bytes(t, COLS, &rb));
-            uint8_t *w = malloc(rb * ROWS);
-            for (int r = 0; r < ROWS; r++) {
-                for (int i = 0; i < COLS; i++) f[i] = frand() * (1 + r % 5);
-                lk_quantize_row(t, f, w + (size_t)r * rb, COLS);
-            }
+            uint8_t *w = random_rows(t, rb, f);
             const lk_mat m = { .type = t, .cols = COLS, .rows = ROWS, .data = w, .row_stride = rb };
             lk_tune_set d;
             lk_tune_defaults(&d);
@@ -264,11 +271,7 @@ TEST(matmul_residual_bits) {
         if (!lk_quantize_supported(t)) continue;
         size_t rb = 0;
         CHECK(lk_type_row_bytes(t, COLS, &rb));
-        uint8_t *w = malloc(rb * ROWS);
-        for (int i = 0; i < ROWS; i++) {
-            for (int k = 0; k < COLS; k++) f[k] = frand();
-            lk_quantize_row(t, f, w + (size_t)i * rb, COLS);
-        }
+        uint8_t *w = random_rows(t, rb, f);
         const lk_mat m = { .type = t, .cols = COLS, .rows = ROWS, .data = w, .row_stride = rb };
         for (int k = 0; k < NTOKS; k++) {
             const int n = ntoks[k];

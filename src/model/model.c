@@ -1947,7 +1947,7 @@ static void qk_prepare_rows(lk_model *m, int li) {
  * residual add x += o is made by the product's own tasks, each on the rows
  * it just wrote (lk_matmul_residual): in decode a serial add over lines the
  * other cores wrote took 2 us a layer half (BENCHMARKS.md, thirty-sixth
- * session). model_layers then skips its add (m->resid_done). */
+ * session). half_done then skips its own (m->resid_done). */
 static void out_product(lk_model *m, const lk_mat *W, const float *a, int64_t a_stride, int n, float *x,
                         const float *post_norm) {
     const int64_t d = m->cfg.n_embd;
@@ -2515,33 +2515,38 @@ lk_status lk_model_layers(lk_model *m, float *x) {
     return st;
 }
 
+/* The end of layer li's attention (ffn false) or FFN half: unless its
+ * output product made the residual add (out_product), the all-reduce, the
+ * post-norm and x += o; then the first non-finite sum is noted. */
+static lk_status half_done(lk_model *m, float *x, int li, bool ffn) {
+    const int n = m->n_rows, layer = m->sl.layer0 + li;
+    if (!m->resid_done) {
+        lk_status st = allreduce(m, m->o, (int64_t)n * m->cfg.n_embd, layer,
+                                 ffn ? "FFN output all-reduce" : "attention output all-reduce");
+        if (st) return st;
+        post_norm(m, ffn ? m->layers[li].post_ffn_norm : m->layers[li].post_attn_norm, n);
+        m->resid_bad = add_nonfinite(m, x, m->o, n);
+    }
+    m->resid_done = false;
+    if (m->resid_bad && m->bad_layer < 0) m->bad_layer = layer, m->bad_ffn = ffn;
+    return LK_OK;
+}
+
 static lk_status model_layers(lk_model *m, float *x) {
     LK_ASSERT(m->n_rows > 0); /* lk_model_batch first */
     const int n = m->n_rows;
     const int64_t nd = (int64_t)n * m->cfg.n_embd;
     lk_status st;
     m->bad_layer = lk_any_nonfinite(x, nd) ? m->sl.layer0 - 1 : -1; /* -1 + layer0: the rows came in non-finite */
+    m->resid_done = false;
     for (int li = 0; li < m->sl.layer1 - m->sl.layer0; li++) {
-        const int layer = m->sl.layer0 + li;
-        m->resid_done = false;
         if (m->layers[li].rec) lk_deltanet(m, li, x);
         else if (m->cfg.mla) attention_mla(m, li, x);
         else attention(m, li, x);
-        if (!m->resid_done) {
-            if ((st = allreduce(m, m->o, nd, layer, "attention output all-reduce"))) return st;
-            post_norm(m, m->layers[li].post_attn_norm, n);
-        }
-        if ((m->resid_done ? m->resid_bad : add_nonfinite(m, x, m->o, n)) && m->bad_layer < 0)
-            m->bad_layer = layer, m->bad_ffn = false;
-        m->resid_done = false;
+        if ((st = half_done(m, x, li, false))) return st;
         if (m->layers[li].moe) moe_ffn(m, li, x, n);
         else ffn(m, li, x, n);
-        if (!m->resid_done) {
-            if ((st = allreduce(m, m->o, nd, layer, "FFN output all-reduce"))) return st;
-            post_norm(m, m->layers[li].post_ffn_norm, n);
-        }
-        if ((m->resid_done ? m->resid_bad : add_nonfinite(m, x, m->o, n)) && m->bad_layer < 0)
-            m->bad_layer = layer, m->bad_ffn = true;
+        if ((st = half_done(m, x, li, true))) return st;
     }
     return LK_OK;
 }
