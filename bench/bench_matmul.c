@@ -13,6 +13,10 @@
  * weights together exceed the L3 of most machines, as a model's do.
  * Prints GFLOP/s in all and per thread, and for the same work:
  *   pool:    lk_matmul per matrix (activation pass + rows over the pool);
+ *   hinted:  the same, each product first naming the next one's weights
+ *            (lk_matmul_prefetch_next, as the model does), so the threads
+ *            left without work prefetch their share of them; timed in
+ *            alternation with `pool`, and the median of the rounds' ratios;
  *   private: one task per thread, each doing its rows of every matrix of
  *            every layer in one go (the cores' own rate under full load:
  *            no dispatch, no waiting on the slowest), its share of each
@@ -82,17 +86,23 @@ static void private_fn(void *arg, int ith, int nth) {
         }
 }
 
-static void pool_pass(lk_pool *p, work *w, void *scratch) {
+static void pool_pass(lk_pool *p, work *w, void *scratch, bool hint) {
     for (int l = 0; l < w->nl; l++) {
-        layer *L = &w->L[l];
+        layer *L = &w->L[l], *N = &w->L[(l + 1) % w->nl];
         const lk_mat *qkv[3] = { &L->q, &L->k, &L->v }, *gu[2] = { &L->g, &L->u };
+        const lk_mat *o[1] = { &L->o }, *dn[1] = { &L->d }, *nqkv[3] = { &N->q, &N->k, &N->v };
         float *yqkv[3] = { w->yq, w->yk, w->yv }, *ygu[2] = { w->yg, w->yu };
         int64_t sqkv[3] = { w->d, w->kv, w->kv }, sgu[2] = { w->ff, w->ff };
+        if (hint) lk_matmul_prefetch_next(p, o, 1);
         lk_matmul_fused(p, qkv, 3, w->x, w->d, w->ntok, yqkv, sqkv, false, scratch);
+        if (hint) lk_matmul_prefetch_next(p, gu, 2);
         lk_matmul(p, &L->o, w->x, w->d, w->ntok, w->yo, w->d, scratch);
+        if (hint) lk_matmul_prefetch_next(p, dn, 1);
         lk_matmul_fused(p, gu, 2, w->x, w->d, w->ntok, ygu, sgu, true, scratch);
+        if (hint) lk_matmul_prefetch_next(p, nqkv, 3);
         lk_matmul(p, &L->d, w->xf, w->ff, w->ntok, w->yd, w->d, scratch);
     }
+    lk_matmul_prefetch_next(p, NULL, 0);
 }
 
 static int cmp_d(const void *a, const void *b) {
@@ -151,8 +161,8 @@ int main(int argc, char **argv) {
     printf("bench_matmul: %s, %d layers of d %ld ff %ld kv %ld (%.0f MB of weights), SIMD %s\n", lk_type_name(t), nl,
            d, ff, kv, flop_tok / 2 * (double)lk_type_block_bytes(t) / (double)lk_type_block_size(t) / 1e6,
            lk_quant_simd_name());
-    printf("| threads | tokens | split | pool GFLOP/s | per thread | private GFLOP/s | per thread | pool/private |\n"
-           "|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    printf("| threads | tokens | split | pool GFLOP/s | per thread | hinted GFLOP/s | hinted/pool | private GFLOP/s | "
+           "per thread | pool/private |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int i = 0; i < n_th; i++) {
         lk_pool *p = lk_pool_create(th[i]);
         for (int k = 0; k < n_nt; k++) {
@@ -173,17 +183,24 @@ int main(int argc, char **argv) {
                 qsort(tp, 5, sizeof tp[0], cmp_d);
                 const double priv = flop_tok * nt[k] / tp[2] / 1e9;
                 lk_matmul_set_split(sp[s]);
-                double tq[5];
-                pool_pass(p, &w, scratch);
-                for (int r = 0; r < 5; r++) {
-                    const uint64_t t0 = lk_time_ns();
-                    pool_pass(p, &w, scratch);
-                    tq[r] = (double)(lk_time_ns() - t0) / 1e9;
+                enum { R = 15 };
+                double tq[R], th_[R], rat[R];
+                pool_pass(p, &w, scratch, false);
+                for (int r = 0; r < R; r++) { /* alternated, either first in turn */
+                    for (int h = 0; h < 2; h++) {
+                        const bool hint = (h + r) % 2;
+                        const uint64_t t0 = lk_time_ns();
+                        pool_pass(p, &w, scratch, hint);
+                        *(hint ? &th_[r] : &tq[r]) = (double)(lk_time_ns() - t0) / 1e9;
+                    }
+                    rat[r] = tq[r] / th_[r];
                 }
-                qsort(tq, 5, sizeof tq[0], cmp_d);
-                const double pool = flop_tok * nt[k] / tq[2] / 1e9;
-                printf("| %d | %d | %d | %.1f | %.1f | %.1f | %.1f | %.2f |\n", th[i], nt[k], sp[s], pool,
-                       pool / th[i], priv, priv / th[i], pool / priv);
+                qsort(tq, R, sizeof tq[0], cmp_d);
+                qsort(th_, R, sizeof th_[0], cmp_d);
+                qsort(rat, R, sizeof rat[0], cmp_d);
+                const double pool = flop_tok * nt[k] / tq[R / 2] / 1e9, hinted = flop_tok * nt[k] / th_[R / 2] / 1e9;
+                printf("| %d | %d | %d | %.1f | %.1f | %.1f | %.3f | %.1f | %.1f | %.2f |\n", th[i], nt[k], sp[s], pool,
+                       pool / th[i], hinted, rat[R / 2], priv, priv / th[i], pool / priv);
                 fflush(stdout);
             }
         }

@@ -308,7 +308,9 @@ TEST(matmul_residual_bits) {
 }
 
 /* every task of every job exactly once, whatever thread runs it; jobs of
- * 1 to 64 tasks on a pool of 4 threads (2 cores: some are descheduled) */
+ * 1 to 64 tasks on a pool of 4 threads (2 cores: some are descheduled),
+ * with and without a prefetch hint (lk_pool_prefetch: idle threads step
+ * through it between their checks of the job's words) */
 typedef struct { atomic_int *count; int n; } count_job;
 static void count_fn(void *arg, int ith, int nth) {
     count_job *j = arg;
@@ -320,8 +322,17 @@ TEST(pool_runs_each_task_once) {
     lk_pool *p = lk_pool_create(4);
     atomic_int count[64];
     int bad = 0;
+    enum { HINT = 3 << 20 };
+    char *hint = lk_xmalloc(HINT);
+    memset(hint, 1, HINT);
     for (int it = 0; it < 20000; it++) {
         const int n = 1 + (it * 37) % 64;
+        if (it % 500 == 0) { /* 1 to 3 regions, 4 KiB to 1 MiB, or none */
+            const int nr = (it / 500) % 4;
+            const void *base[3] = { hint, hint + (1 << 20), hint + (2 << 20) };
+            const size_t len[3] = { (size_t)4096 << (it / 500 % 9), 777, 1 << 20 };
+            lk_pool_prefetch(p, base, len, nr);
+        }
         for (int i = 0; i < 64; i++) atomic_init(&count[i], 0);
         count_job j = { count, n };
         if (it % 3 == 0) {
@@ -331,7 +342,9 @@ TEST(pool_runs_each_task_once) {
         for (int i = 0; i < j.n; i++) bad += atomic_load(&count[i]) != 1;
     }
     CHECKF(bad == 0, "%d tasks ran other than once", bad);
+    lk_pool_prefetch(p, NULL, NULL, 0);
     lk_pool_free(p);
+    free(hint);
 }
 
 static int read_file(const char *path, char *buf, size_t n) {

@@ -34,6 +34,15 @@ void     lk_pool_run(lk_pool *p, lk_pool_fn fn, void *arg);
 /* The same with n_tasks tasks (>= 1): each thread starts on its own
  * contiguous share of them, then takes what is left of the others'. */
 void     lk_pool_run_n(lk_pool *p, lk_pool_fn fn, void *arg, int n_tasks);
+/* The memory the next weight-streaming job will read: up to
+ * LK_POOL_PREFETCH_MAX regions, each cut evenly among the threads in the
+ * order a matrix's rows are (thread i's share: bytes [len i/n, len (i+1)/n)).
+ * A thread left without work (a job's tail, the serial gaps between jobs)
+ * prefetches its share into its cache, from the first byte on, up to
+ * LK_POOL_PREFETCH_BYTES. A hint: it changes when memory is read, never
+ * what is computed. n = 0 clears it. Call between jobs, from the caller. */
+enum { LK_POOL_PREFETCH_MAX = 3, LK_POOL_PREFETCH_BYTES = 256 << 10 };
+void     lk_pool_prefetch(lk_pool *p, const void *const *base, const size_t *len, int n);
 /* ---- where a forward's time goes (bench --profile) ----
  * Off by default (a test of one flag per call when off). When on, every
  * pool run adds its wall time (the caller's view: dispatch, the tasks, the
@@ -132,6 +141,11 @@ void lk_matmul_fused(lk_pool *p, const lk_mat *const *W, int nw, const float *x,
 void lk_matmul_fused_norm(lk_pool *p, const lk_mat *const *W, int nw, const float *x, const float *norm_w, float eps,
                           float *xn, int64_t ntok, float *const *y, const int64_t *y_stride, bool swiglu,
                           void *scratch);
+/* lk_pool_prefetch of the matrices the next product will read (NULL
+ * entries skipped; none: the hint cleared); the model names each product's
+ * successor. A column slice (row_stride longer than its row) is left out:
+ * its rows' other columns are another rank's. */
+void lk_matmul_prefetch_next(lk_pool *p, const lk_mat *const *W, int nw);
 
 /* ---- vectors (attention) ---- */
 float lk_vec_dot_f32(const float *a, const float *b, int64_t n);

@@ -283,6 +283,23 @@ void lk_matmul(lk_pool *p, const lk_mat *W, const float *x, int64_t x_stride, in
     lk_matmul_fused(p, &W, 1, x, x_stride, ntok, &y, &y_stride, false, scratch);
 }
 
+void lk_matmul_prefetch_next(lk_pool *p, const lk_mat *const *W, int nw) {
+    const void *base[LK_POOL_PREFETCH_MAX];
+    size_t len[LK_POOL_PREFETCH_MAX];
+    int n = 0;
+    for (int i = 0; W && i < nw && n < LK_POOL_PREFETCH_MAX; i++) {
+        size_t rb = 0;
+        /* not a column slice (tensor parallelism): its rows' other columns
+         * are another rank's */
+        if (W[i] && W[i]->data && W[i]->rows > 0 && lk_type_row_bytes(W[i]->type, W[i]->cols, &rb) &&
+            rb == W[i]->row_stride) {
+            base[n] = W[i]->data;
+            len[n++] = (size_t)W[i]->rows * W[i]->row_stride;
+        }
+    }
+    lk_pool_prefetch(p, base, len, n);
+}
+
 bool lk_matmul_residual(lk_pool *p, const lk_mat *W, const float *x, int64_t x_stride, int64_t ntok,
                         float *y, int64_t y_stride, float *r, void *scratch) {
     LK_ASSERT(r && y_stride >= W->rows);

@@ -31,6 +31,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -40,6 +41,26 @@ typedef struct {
      * task's end in the current job, lk_time_ns; first 0: none yet */
     _Atomic uint64_t first_ns, last_ns;
 } home_range;
+
+/* A prefetch hint (lk_pool_prefetch), in one cache line. Its fields are
+ * read relaxed: a read that mixes two hints costs useless prefetches, no
+ * more (a prefetch never faults). */
+typedef struct {
+    _Alignas(64) _Atomic uintptr_t base[LK_POOL_PREFETCH_MAX];
+    _Atomic size_t len[LK_POOL_PREFETCH_MAX];
+    atomic_int n;
+} pf_hint;
+
+/* A thread's progress through the current hint: its share of each region
+ * (from lo, w bytes), steps done and to do. Its own thread's only. */
+typedef struct {
+    _Alignas(64) unsigned gen;      /* the hint's generation these are for */
+    uint32_t k, lim;
+    uint64_t K;                     /* steps over the whole share */
+    uintptr_t lo[LK_POOL_PREFETCH_MAX];
+    size_t w[LK_POOL_PREFETCH_MAX];
+    int n;
+} pf_state;
 
 struct lk_pool {
     int n;                          /* threads including the caller */
@@ -56,6 +77,12 @@ struct lk_pool {
     _Alignas(64) atomic_int sleepers;
     atomic_bool stop;
     uint64_t spin_ns;
+    /* lk_pool_prefetch: hint g in pf_hint[g % 2], so that writing the next
+     * one touches no line the threads are reading, only pf_gen */
+    pf_hint pf_hint[2];
+    _Alignas(64) atomic_uint pf_gen;
+    pf_state *pf_st;                /* (n) */
+    bool pf_on;                     /* LK_PREFETCH=0 turns the hints off */
 };
 
 typedef struct { lk_pool *p; int ith; } worker_arg;
@@ -119,6 +146,56 @@ static void prof_task(const lk_pool *p, home_range *h, uint64_t t0) {
     atomic_store_explicit(&h->last_ns, t1, memory_order_relaxed);
 }
 
+/* One step of thread ith's prefetch of its share of the hint: about
+ * PF_STEP bytes, over the regions at the same fraction of each share, as a
+ * fused product's tasks read them (rows of every matrix in turn). Small
+ * steps: a thread checks the word it waits on between them, and on a
+ * 16-core Xeon 2 KiB steps delayed the threads' start on the next job
+ * (BENCHMARKS.md, thirty-eighth session). Returns false when there is
+ * nothing (more) to prefetch. */
+enum { PF_STEP = 512 };
+static bool prefetch_step(lk_pool *p, int ith) {
+    pf_state *st = &p->pf_st[ith];
+    const unsigned gen = atomic_load_explicit(&p->pf_gen, memory_order_acquire);
+    if (gen != st->gen) {
+        const pf_hint *h = &p->pf_hint[gen % 2];
+        st->gen = gen;
+        st->k = 0;
+        st->n = LK_MIN(atomic_load_explicit(&h->n, memory_order_relaxed), (int)LK_POOL_PREFETCH_MAX);
+        uint64_t share = 0;
+        for (int r = 0; r < st->n; r++) {
+            const uint64_t len = atomic_load_explicit(&h->len[r], memory_order_relaxed);
+            const uint64_t a = len * (uint64_t)ith / (uint64_t)p->n, b = len * (uint64_t)(ith + 1) / (uint64_t)p->n;
+            st->lo[r] = atomic_load_explicit(&h->base[r], memory_order_relaxed) + (uintptr_t)a;
+            st->w[r] = (size_t)(b - a);
+            share += b - a;
+        }
+        st->K = LK_MAX((uint64_t)1, share / PF_STEP);
+        st->lim = st->n > 0 ? (uint32_t)LK_MIN(st->K, (uint64_t)(LK_POOL_PREFETCH_BYTES / PF_STEP)) : 0;
+    }
+    if (st->k >= st->lim) return false;
+    const uint64_t k = st->k++;
+    for (int r = 0; r < st->n; r++) {
+        const uintptr_t lo = st->lo[r] + (uintptr_t)(st->w[r] * k / st->K);
+        const uintptr_t hi = st->lo[r] + (uintptr_t)(st->w[r] * (k + 1) / st->K);
+        for (uintptr_t x = lo & ~(uintptr_t)63; x < hi; x += 64) __builtin_prefetch((const void *)x, 0, 2);
+    }
+    return true;
+}
+
+void lk_pool_prefetch(lk_pool *p, const void *const *base, const size_t *len, int n) {
+    if (p->n == 1 || !p->pf_on) return;
+    n = LK_MAX(0, LK_MIN(n, (int)LK_POOL_PREFETCH_MAX));
+    const unsigned g = atomic_load_explicit(&p->pf_gen, memory_order_relaxed) + 1;
+    pf_hint *h = &p->pf_hint[g % 2];
+    for (int r = 0; r < n; r++) {
+        atomic_store_explicit(&h->base[r], (uintptr_t)base[r], memory_order_relaxed);
+        atomic_store_explicit(&h->len[r], len[r], memory_order_relaxed);
+    }
+    atomic_store_explicit(&h->n, n, memory_order_relaxed);
+    atomic_store_explicit(&p->pf_gen, g, memory_order_release);
+}
+
 static long futex(atomic_uint *addr, int op, unsigned val) {
     return syscall(SYS_futex, (unsigned *)addr, op, val, NULL, NULL, 0);
 }
@@ -135,8 +212,10 @@ static inline void spin_step(unsigned i) {
 
 /* Waits until *w equals val (until_equal) or differs from it: spins within
  * the pool's budget, then sleeps on the futex word, announcing itself in
- * *waiters so the other side knows to wake it. Returns the value seen. */
-static unsigned wait_word(const lk_pool *p, atomic_uint *w, atomic_int *waiters, unsigned val, bool until_equal) {
+ * *waiters so the other side knows to wake it. While it spins, thread ith
+ * prefetches its share of the hint (lk_pool_prefetch). Returns the value
+ * seen. */
+static unsigned wait_word(lk_pool *p, int ith, atomic_uint *w, atomic_int *waiters, unsigned val, bool until_equal) {
     uint64_t t0 = 0;
     for (unsigned i = 0;; i++) {
         unsigned v = atomic_load_explicit(w, memory_order_acquire);
@@ -153,6 +232,7 @@ static unsigned wait_word(const lk_pool *p, atomic_uint *w, atomic_int *waiters,
                 continue;
             }
         }
+        if (prefetch_step(p, ith)) continue;
         spin_step(i);
     }
 }
@@ -206,7 +286,7 @@ static void *worker_main(void *a) {
      * first runs, and it must not be missed */
     unsigned seen = 0;
     for (;;) {
-        seen = wait_word(p, &p->gen, &p->sleepers, seen, false);
+        seen = wait_word(p, wa.ith, &p->gen, &p->sleepers, seen, false);
         if (atomic_load(&p->stop)) return NULL;
         run_tasks(p, wa.ith);
     }
@@ -235,6 +315,18 @@ lk_pool *lk_pool_create(int n_threads) {
     atomic_init(&p->stop, false);
     const char *s = getenv("LK_SPIN_US");
     p->spin_ns = (s && *s ? (uint64_t)atoll(s) : 200) * 1000;
+    for (int g = 0; g < 2; g++) {
+        for (int r = 0; r < LK_POOL_PREFETCH_MAX; r++) {
+            atomic_init(&p->pf_hint[g].base[r], 0);
+            atomic_init(&p->pf_hint[g].len[r], 0);
+        }
+        atomic_init(&p->pf_hint[g].n, 0);
+    }
+    atomic_init(&p->pf_gen, 0);
+    p->pf_st = lk_xmalloc_aligned(sizeof(pf_state) * (size_t)n_threads);
+    for (int i = 0; i < n_threads; i++) p->pf_st[i] = (pf_state){ .gen = 0 };
+    const char *pf = getenv("LK_PREFETCH");
+    p->pf_on = !(pf && !strcmp(pf, "0"));
     p->threads = lk_xcalloc((size_t)n_threads, sizeof(pthread_t));
     for (int i = 1; i < n_threads; i++) {
         worker_arg *wa = lk_xmalloc(sizeof *wa);
@@ -281,7 +373,7 @@ static void pool_run(lk_pool *p, lk_prof_kind kind, lk_pool_fn fn, void *arg, in
      * usually finish within microseconds: spin. If one takes longer than the
      * spin budget (its thread was descheduled mid-task), sleep until the
      * last one wakes us instead of burning the core it needs. */
-    wait_word(p, &p->done, &p->main_waiting, (unsigned)n_tasks, true);
+    wait_word(p, 0, &p->done, &p->main_waiting, (unsigned)n_tasks, true);
     if (prof) {
         /* every task's thread stored its times before counting it done */
         atomic_thread_fence(memory_order_acquire);
@@ -323,6 +415,7 @@ void lk_pool_free(lk_pool *p) {
     for (int i = 1; i < p->n; i++) pthread_join(p->threads[i], NULL);
     free(p->threads);
     free(p->home);
+    free(p->pf_st);
     free(p);
 }
 

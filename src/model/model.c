@@ -1942,6 +1942,32 @@ static void qk_prepare_rows(lk_model *m, int li) {
     else qk_prepare_fn(&qj, 0, 1);
 }
 
+/* The weights of the product that comes after the one about to run
+ * (lk_matmul_prefetch_next): pool threads left without work meanwhile (a
+ * product's tail, attention, the serial gaps) fetch their share of its
+ * rows into their caches. Decode reads each weight once a step: a row
+ * fetched while a thread would wait is one the product does not wait for
+ * (BENCHMARKS.md, thirty-eighth session). The order, for the layers
+ * of llama's shape: QKV -> Wo -> gate/up -> W2 -> the next layer's QKV, the
+ * last W2 -> the output matrix (the last pipeline stage) -> layer 0's QKV.
+ * Others (MoE, MLA, delta net) hint nothing. */
+static void next_up(lk_model *m, const lk_mat *a, const lk_mat *b, const lk_mat *c) {
+    const lk_mat *W[3] = { a, b, c };
+    lk_matmul_prefetch_next(m->pool, W, 3);
+}
+
+/* next_up with layer li's first product (li = the slice's layer count: the
+ * output matrix) */
+static void next_layer(lk_model *m, int li) {
+    if (li < m->sl.layer1 - m->sl.layer0) {
+        const layer_w *w = &m->layers[li];
+        if (!w->rec && !m->cfg.mla && m->nh > 0) next_up(m, &w->wq, &w->wk, &w->wv);
+        else next_up(m, NULL, NULL, NULL);
+    } else {
+        next_up(m, m->sl.pp_rank == m->sl.pp_size - 1 ? &m->wout : NULL, NULL, NULL);
+    }
+}
+
 /* A layer half's output product o = W a into m->o. Where this rank holds
  * the whole sum (no all-reduce) and no post-norm comes between, the
  * residual add x += o is made by the product's own tasks, each on the rows
@@ -1972,6 +1998,7 @@ static void attention(lk_model *m, int li, float *x) {
         return;
     }
     const lk_mat *qkv[3] = {&w->wq, &w->wk, &w->wv};
+    next_up(m, &w->wo, NULL, NULL);
     float *qout = w->gated ? m->gate : m->q; /* gated: per head [q | gate], split below */
     const int64_t qs = w->gated ? 2 * qd : qd;
     if (lk_matmul_can_fuse(qkv, 3)) {
@@ -1998,6 +2025,8 @@ static void attention(lk_model *m, int li, float *x) {
                 const float *gt = m->gate + t * 2 * qd + h * 2 * hd + hd;
                 for (int i = 0; i < hd; i++) a[i] *= 1.0f / (1.0f + expf(-gt[i]));
             }
+    if (w->moe || m->nff == 0) next_up(m, NULL, NULL, NULL);
+    else next_up(m, &w->w1, &w->w3, NULL);
     out_product(m, &w->wo, m->att, qd, n, x, w->post_attn_norm);
 }
 
@@ -2135,6 +2164,7 @@ static void ffn(lk_model *m, int li, float *x, int n) {
     }
     const lk_mat *gu[2] = {&w->w1, &w->w3};
     const bool gelu = m->cfg.ffn_gelu;
+    next_up(m, &w->w2, NULL, NULL);
     if (lk_matmul_can_fuse(gu, 2)) {
         float *const ys[2] = {m->hg, m->hu};
         const int64_t ss[2] = {m->nff, m->nff};
@@ -2150,6 +2180,7 @@ static void ffn(lk_model *m, int li, float *x, int n) {
         if ((int64_t)n * m->nff >= 4096) lk_pool_run(m->pool, geglu_fn, &fj);
         else geglu_fn(&fj, 0, 1);
     }
+    next_layer(m, li + 1);
     out_product(m, &w->w2, m->hg, m->nff, n, x, w->post_ffn_norm);
 }
 
@@ -2565,6 +2596,7 @@ lk_status lk_model_logits(lk_model *m, const float *x, const int32_t *rows, int 
         lk_rmsnorm(m->xb + t * d, x + (size_t)rows[t] * d, m->out_norm, d, m->cfg.rms_eps);
     }
     const lk_prof_kind mk = lk_prof_matmul_kind(LK_PROF_LOGITS_MATMUL);
+    next_layer(m, 0);
     lk_matmul(m->pool, &m->wout, m->xb, d, n_rows, logits, m->nvoc, m->act);
     lk_prof_matmul_kind(mk);
     const float cap = m->cfg.logit_softcap;
