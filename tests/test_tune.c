@@ -45,6 +45,9 @@ static int settings(lk_tune_set *out, int cap) {
     static const int fars[] = { 0, 1, LK_QUANT_FAR_MAX };
     for (size_t i = 0; i < sizeof fars / sizeof *fars && n < cap; i++) out[n] = d, out[n++].far = fars[i];
     if (n < cap) out[n] = d, out[n].pf = 0, out[n++].far = 32;
+    /* waiting pool threads prefetching the next product's rows, or not */
+    if (n < cap) out[n] = d, out[n++].hint = 0;
+    if (n < cap) out[n] = d, out[n].split = 16, out[n++].hint = 0;
     out[n] = d, out[n].pf = 4, out[n].split = 8, out[n].gemm_rows = 4, out[n++].gemm_chunk = 0;
     return n;
 }
@@ -233,7 +236,7 @@ TEST(model_logits_across_settings) {
             lk_tune_get(&now);
             CHECKF(now.pf == cand[c].pf && now.split == cand[c].split && now.gemm_rows == cand[c].gemm_rows &&
                        now.gemm_tok == cand[c].gemm_tok && now.drows == cand[c].drows && now.droll == cand[c].droll && now.amx == cand[c].amx &&
-                       now.amxf == cand[c].amxf && now.far == cand[c].far,
+                       now.amxf == cand[c].amxf && now.far == cand[c].far && now.hint == cand[c].hint,
                    "LK_TUNE=%s was not applied", s);
             CHECKF(l && n2 == n && !memcmp(l, ref, sizeof(float) * (size_t)n), "%s: %s gives other logits",
                    files[fi], s);
@@ -492,7 +495,7 @@ TEST(parse_rejects_bad_specs) {
                                  "pf=-1", "pf=1;split=2", "gtok=4", "gtok=33", "gtok=",
                                  "drows=2", "drows=0", "drows=", "droll=2", "droll=-1", "droll=", "amx=", "amx=1025", "amx=-1", "amx=on",
                                  "amxf=", "amxf=1025", "amxf=-1", "amxf=on",
-                                 "far=", "far=-1", "far=257", "far=16k" };
+                                 "far=", "far=-1", "far=257", "far=16k", "hint=", "hint=2", "hint=-1", "hint=on" };
     char err[200];
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         lk_tune_set s;
@@ -540,6 +543,12 @@ TEST(parse_rejects_bad_specs) {
     s.far = -1;
     lk_tune_format(&s, buf, sizeof buf);
     CHECKF(!strcmp(buf, "pf=0,split=16,gemm=off"), "formatted as '%s' (far -1 is the default)", buf);
+    CHECK(lk_tune_parse("hint=0", &s, err, sizeof err) && s.hint == 0);
+    lk_tune_format(&s, buf, sizeof buf);
+    CHECKF(!strcmp(buf, "pf=0,split=16,gemm=off,hint=0"), "formatted as '%s'", buf);
+    CHECK(lk_tune_parse("hint=1", &s, err, sizeof err) && s.hint == 1);
+    lk_tune_format(&s, buf, sizeof buf);
+    CHECKF(!strcmp(buf, "pf=0,split=16,gemm=off"), "formatted as '%s' (hint 1 is the default)", buf);
 }
 
 int main(void) {

@@ -43,6 +43,10 @@ void     lk_pool_run_n(lk_pool *p, lk_pool_fn fn, void *arg, int n_tasks);
  * what is computed. n = 0 clears it. Call between jobs, from the caller. */
 enum { LK_POOL_PREFETCH_MAX = 3, LK_POOL_PREFETCH_BYTES = 256 << 10 };
 void     lk_pool_prefetch(lk_pool *p, const void *const *base, const size_t *len, int n);
+/* Whether lk_pool_prefetch's hints are followed (default on); a tuning
+ * choice (tune.h: hint), process-wide. */
+void     lk_pool_set_hints(bool on);
+bool     lk_pool_hints(void);
 /* ---- where a forward's time goes (bench --profile) ----
  * Off by default (a test of one flag per call when off). When on, every
  * pool run adds its wall time (the caller's view: dispatch, the tasks, the

@@ -31,7 +31,6 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
-#include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -82,7 +81,6 @@ struct lk_pool {
     pf_hint pf_hint[2];
     _Alignas(64) atomic_uint pf_gen;
     pf_state *pf_st;                /* (n) */
-    bool pf_on;                     /* LK_PREFETCH=0 turns the hints off */
 };
 
 typedef struct { lk_pool *p; int ith; } worker_arg;
@@ -183,10 +181,20 @@ static bool prefetch_step(lk_pool *p, int ith) {
     return true;
 }
 
+static atomic_bool g_hints = true; /* lk_pool_set_hints (tune.c: hint=0|1) */
+
+void lk_pool_set_hints(bool on) { atomic_store(&g_hints, on); }
+bool lk_pool_hints(void) { return atomic_load(&g_hints); }
+
 void lk_pool_prefetch(lk_pool *p, const void *const *base, const size_t *len, int n) {
-    if (p->n == 1 || !p->pf_on) return;
+    if (p->n == 1) return;
     n = LK_MAX(0, LK_MIN(n, (int)LK_POOL_PREFETCH_MAX));
-    const unsigned g = atomic_load_explicit(&p->pf_gen, memory_order_relaxed) + 1;
+    const unsigned g0 = atomic_load_explicit(&p->pf_gen, memory_order_relaxed), g = g0 + 1;
+    if (!atomic_load_explicit(&g_hints, memory_order_relaxed)) {
+        /* off: the hint in force cleared, once */
+        if (!atomic_load_explicit(&p->pf_hint[g0 % 2].n, memory_order_relaxed)) return;
+        n = 0;
+    }
     pf_hint *h = &p->pf_hint[g % 2];
     for (int r = 0; r < n; r++) {
         atomic_store_explicit(&h->base[r], (uintptr_t)base[r], memory_order_relaxed);
@@ -325,8 +333,6 @@ lk_pool *lk_pool_create(int n_threads) {
     atomic_init(&p->pf_gen, 0);
     p->pf_st = lk_xmalloc_aligned(sizeof(pf_state) * (size_t)n_threads);
     for (int i = 0; i < n_threads; i++) p->pf_st[i] = (pf_state){ .gen = 0 };
-    const char *pf = getenv("LK_PREFETCH");
-    p->pf_on = !(pf && !strcmp(pf, "0"));
     p->threads = lk_xcalloc((size_t)n_threads, sizeof(pthread_t));
     for (int i = 1; i < n_threads; i++) {
         worker_arg *wa = lk_xmalloc(sizeof *wa);

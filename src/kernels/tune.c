@@ -23,7 +23,7 @@
  * decode next to another 2-thread decode on 2 cores: BENCHMARKS.md) */
 void lk_tune_defaults(lk_tune_set *s) {
     *s = (lk_tune_set){ .pf = 1, .split = 4, .gemm_rows = 0, .gemm_chunk = 0, .gemm_tok = 0, .drows = 4, .droll = -1, .amx = -1,
-                       .amxf = -1, .far = -1 };
+                       .amxf = -1, .far = -1, .hint = 1 };
 }
 
 void lk_tune_apply(const lk_tune_set *s) {
@@ -36,6 +36,7 @@ void lk_tune_apply(const lk_tune_set *s) {
     lk_quant_set_amx(s->amx);
     lk_quant_set_amx_few(s->amxf);
     lk_quant_set_far(s->far);
+    lk_pool_set_hints(s->hint != 0);
 }
 
 void lk_tune_get(lk_tune_set *s) {
@@ -49,6 +50,7 @@ void lk_tune_get(lk_tune_set *s) {
     s->amx = lk_quant_amx();
     s->amxf = lk_quant_amx_few();
     s->far = lk_quant_far();
+    s->hint = lk_pool_hints();
 }
 
 void lk_tune_format(const lk_tune_set *s, char *buf, size_t n) {
@@ -63,7 +65,8 @@ void lk_tune_format(const lk_tune_set *s, char *buf, size_t n) {
     else if (s->amx > 0 && k > 0 && (size_t)k < n) k += snprintf(buf + k, n - (size_t)k, ",amx=%d", s->amx);
     if (s->amxf == 0 && k > 0 && (size_t)k < n) k += snprintf(buf + k, n - (size_t)k, ",amxf=off");
     else if (s->amxf > 0 && k > 0 && (size_t)k < n) k += snprintf(buf + k, n - (size_t)k, ",amxf=%d", s->amxf);
-    if (s->far >= 0 && k > 0 && (size_t)k < n) snprintf(buf + k, n - (size_t)k, ",far=%d", s->far);
+    if (s->far >= 0 && k > 0 && (size_t)k < n) k += snprintf(buf + k, n - (size_t)k, ",far=%d", s->far);
+    if (!s->hint && k > 0 && (size_t)k < n) snprintf(buf + k, n - (size_t)k, ",hint=0");
 }
 
 static bool parse_int(const char *s, const char *end, int lo, int hi, int *out) {
@@ -111,10 +114,12 @@ bool lk_tune_parse(const char *spec, lk_tune_set *s, char *err, size_t errlen) {
             else ok = parse_int(eq + 1, end, 0, 1024, &t.amxf);
         } else if (ok && eq - p == 3 && !strncmp(p, "far", 3)) {
             ok = parse_int(eq + 1, end, 0, LK_QUANT_FAR_MAX, &t.far);
+        } else if (ok && eq - p == 4 && !strncmp(p, "hint", 4)) {
+            ok = parse_int(eq + 1, end, 0, 1, &t.hint);
         } else ok = false;
         if (!ok) {
             snprintf(err, errlen,
-                     "bad tuning setting '%.*s' (expected pf=0..%d, split=1..%d, gemm=off|1..4[x1..64], gtok=0|%d..%d, drows=1|4, droll=0|1, amx=off|0..1024, amxf=off|0..1024, far=0..%d)",
+                     "bad tuning setting '%.*s' (expected pf=0..%d, split=1..%d, gemm=off|1..4[x1..64], gtok=0|%d..%d, drows=1|4, droll=0|1, amx=off|0..1024, amxf=off|0..1024, far=0..%d, hint=0|1)",
                      (int)(end - p), p, LK_QUANT_PF_MAX, LK_MATMUL_SPLIT_MAX, LK_QUANT_GEMM_TOK_MIN,
                      LK_QUANT_GEMM_TOK_MAX, LK_QUANT_FAR_MAX);
             return false;
@@ -168,10 +173,17 @@ static void fill_weights(uint8_t *dst, size_t len, lk_type t, lk_type ft, int64_
     for (size_t o = pat; o < len; o += pat) memcpy(dst + o, dst, LK_MIN(pat, len - o));
 }
 
-/* Wall time of one pass over the matrices (ms). */
+/* Wall time of one pass over the matrices (ms), each product naming the
+ * next one's weights as the model's do (lk_matmul_prefetch_next; followed
+ * where the setting in force says so). */
 static double pass_ms(lk_pool *p, const lk_mat *mats, int nm, const float *x, int64_t ntok, float *y, void *scratch) {
     uint64_t t0 = lk_time_ns();
-    for (int i = 0; i < nm; i++) lk_matmul(p, &mats[i], x, mats[i].cols, ntok, y, mats[i].rows, scratch);
+    for (int i = 0; i < nm; i++) {
+        const lk_mat *next = &mats[(i + 1) % nm];
+        lk_matmul_prefetch_next(p, &next, 1);
+        lk_matmul(p, &mats[i], x, mats[i].cols, ntok, y, mats[i].rows, scratch);
+    }
+    lk_matmul_prefetch_next(p, NULL, 0);
     return (double)(lk_time_ns() - t0) / 1e6;
 }
 
@@ -372,6 +384,18 @@ static void calibrate_on(lk_pool *p, lk_type t, const lk_mat *mats, int nm, lk_t
         cur.split = sps[pick(ratio, 4, 2)];
         at = append(report, n, at, " split 1/2/4/8 %.2f/%.2f/%.2f/%.2f (x%.2f/x%.2f/1/x%.2f);", med[0], med[1],
                     med[2], med[3], ratio[0], ratio[1], ratio[3]);
+    }
+    /* 2a. waiting threads prefetch the next product's rows, or not: on
+     * unless off is 3 % faster (the hints led by 2-4 % in bench_matmul's
+     * passes on a Sapphire Rapids guest and a 16-core Xeon; a machine where
+     * they cost turns them off here) */
+    if (lk_pool_size(p) > 1) {
+        lk_tune_set c[2] = { cur, cur };
+        c[0].hint = 1, c[1].hint = 0;
+        double med[2], ratio[2];
+        stage(p, c, 2, 0, med, ratio, mats, nm, x, 1, y, scratch, 80);
+        cur.hint = c[pick(ratio, 2, 0)].hint;
+        at = append(report, n, at, " hint 1/0 %.2f/%.2f (1/x%.2f);", med[0], med[1], ratio[1]);
     }
     /* 3. the AVX2 prefill GEMM against the register tiles: 64 tokens over
      * at most 512 rows of one matrix, hot in cache (prefill is compute-bound) */

@@ -4,13 +4,14 @@
  * results: the decode tiles' prefetch distance (quant), the thread split of
  * a matrix (tasks per pool thread, kernels/ops.c), the rows per decode
  * tile (quant.c), the repacked Q4_0/Q8_0 decode's far prefetch (quant.h) and whether the F16/BF16 one runs its rows loop rolled (quant_avx512.c), the AVX2 prefill GEMM switch (quant_gemm_avx2.c), the token count from which the AVX-512
- * quantised GEMM takes over from the few-token kernels (quant_avx512.c) and the one from which Q4_0 / Q8_0
- * go to AMX's tiles (quant_gemm_avx512.c). Every row's arithmetic is the same under each
+ * quantised GEMM takes over from the few-token kernels (quant_avx512.c), the one from which Q4_0 / Q8_0
+ * go to AMX's tiles (quant_gemm_avx512.c) and whether waiting pool threads prefetch the next product's
+ * rows (kernels/pool.c). Every row's arithmetic is the same under each
  * of them (tests/test_tune.c forces each choice and compares bits).
  *
  * How they are chosen (lk_tune_init, once per process, when a model is
  * loaded, before any token): LK_TUNE=off (`--no-tune`) keeps the defaults;
- * LK_TUNE=pf=N,split=N,gemm=R[xC],gtok=N,drows=1|4,droll=0|1,amx=N|off,amxf=N|off,far=KB forces settings (the rest default);
+ * LK_TUNE=pf=N,split=N,gemm=R[xC],gtok=N,drows=1|4,droll=0|1,amx=N|off,amxf=N|off,far=KB,hint=0|1 forces settings (the rest default);
  * LK_TUNE=calibrate calibrates whatever the model and the load, and stores
  * the result; otherwise a model whose weights do not exceed the last-level
  * cache keeps the defaults (decode is not memory-bound there, and tests
@@ -46,6 +47,8 @@ typedef struct {
                         1..1024; 0 = off; -1 = the default (LK_AMX_FEW_MIN_TOK; lk_quant_set_amx_few) */
     int far;         /* the repacked Q4_0/Q8_0 decode's second prefetch, KB ahead into L2, 0..LK_QUANT_FAR_MAX;
                         0 = off; -1 = the default, by type (lk_quant_set_far) */
+    int hint;        /* pool threads that wait prefetch the next product's rows (1, default) or not (0):
+                        lk_pool_set_hints */
 } lk_tune_set;
 
 void lk_tune_defaults(lk_tune_set *s);
