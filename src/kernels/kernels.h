@@ -147,8 +147,9 @@ void lk_matmul_fused_norm(lk_pool *p, const lk_mat *const *W, int nw, const floa
                           void *scratch);
 /* lk_pool_prefetch of the matrices the next product will read (NULL
  * entries skipped; none: the hint cleared); the model names each product's
- * successor. A column slice (row_stride longer than its row) is left out:
- * its rows' other columns are another rank's. */
+ * successor. A column slice still on the file mapping (row_stride longer
+ * than its row; the weight arena's copies are compact) is left out: its
+ * rows' other columns are another rank's. */
 void lk_matmul_prefetch_next(lk_pool *p, const lk_mat *const *W, int nw);
 
 /* ---- vectors (attention) ---- */
