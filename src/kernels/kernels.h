@@ -41,7 +41,7 @@ void     lk_pool_run_n(lk_pool *p, lk_pool_fn fn, void *arg, int n_tasks);
  * prefetches its share into its cache, from the first byte on, up to
  * LK_POOL_PREFETCH_BYTES. A hint: it changes when memory is read, never
  * what is computed. n = 0 clears it. Call between jobs, from the caller. */
-enum { LK_POOL_PREFETCH_MAX = 3, LK_POOL_PREFETCH_BYTES = 256 << 10 };
+enum { LK_POOL_PREFETCH_MAX = 24, LK_POOL_PREFETCH_BYTES = 256 << 10 };
 void     lk_pool_prefetch(lk_pool *p, const void *const *base, const size_t *len, int n);
 /* Whether lk_pool_prefetch's hints are followed (default on); a tuning
  * choice (tune.h: hint), process-wide. */

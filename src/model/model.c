@@ -1949,8 +1949,10 @@ static void qk_prepare_rows(lk_model *m, int li) {
  * fetched while a thread would wait is one the product does not wait for
  * (BENCHMARKS.md, thirty-eighth session). The order, for the layers
  * of llama's shape: QKV -> Wo -> gate/up -> W2 -> the next layer's QKV, the
- * last W2 -> the output matrix (the last pipeline stage) -> layer 0's QKV.
- * Others (MoE, MLA, delta net) hint nothing. */
+ * last W2 -> the output matrix (the last pipeline stage) -> layer 0's QKV;
+ * a MoE layer's Wo -> its router and shared expert, then (moe_ffn) its
+ * routing -> the chosen experts' gate/up -> their down -> the next layer.
+ * MLA and the delta net hint nothing of their own. */
 static void next_up(lk_model *m, const lk_mat *a, const lk_mat *b, const lk_mat *c) {
     const lk_mat *W[3] = { a, b, c };
     lk_matmul_prefetch_next(m->pool, W, 3);
@@ -2025,7 +2027,8 @@ static void attention(lk_model *m, int li, float *x) {
                 const float *gt = m->gate + t * 2 * qd + h * 2 * hd + hd;
                 for (int i = 0; i < hd; i++) a[i] *= 1.0f / (1.0f + expf(-gt[i]));
             }
-    if (w->moe || m->nff == 0) next_up(m, NULL, NULL, NULL);
+    if (w->moe) next_up(m, &w->wr, &w->sh.w1, &w->sh.w3);
+    else if (m->nff == 0) next_up(m, NULL, NULL, NULL);
     else next_up(m, &w->w1, &w->w3, NULL);
     out_product(m, &w->wo, m->att, qd, n, x, w->post_attn_norm);
 }
@@ -2422,6 +2425,22 @@ static void moe_down_fn(void *arg, int ith, int nth) {
     }
 }
 
+/* next_up with the active experts' gate and up (down false) or down
+ * matrices, in the order moe_gate_up_fn / moe_down_fn take them (each
+ * thread its share of every expert's rows) */
+static void moe_next(lk_model *m, const layer_w *w, bool down) {
+    const lk_mat *W[LK_POOL_PREFETCH_MAX];
+    int nw = 0;
+    for (int gi = 0; gi < m->ms.n_act && nw + 2 <= LK_POOL_PREFETCH_MAX; gi++) {
+        int s0, ns;
+        int64_t F;
+        const ffn_w *f = moe_group(m, w, gi, &s0, &ns, &F);
+        if (down) W[nw++] = &f->w2;
+        else W[nw++] = &f->w1, W[nw++] = &f->w3;
+    }
+    lk_matmul_prefetch_next(m->pool, W, nw);
+}
+
 /* This rank's share of a MoE layer's FFN into m->o (see above). */
 static void moe_ffn(lk_model *m, int li, const float *x, int n) {
     const lk_model_config *c = &m->cfg;
@@ -2488,11 +2507,14 @@ static void moe_ffn(lk_model *m, int li, const float *x, int n) {
     moe_job j = { m, w, n };
     const int slots = acc + (m->nfs > 0 ? n : 0);
     const bool par = slots >= 4 && lk_pool_size(m->pool) > 1;
+    moe_next(m, w, false); /* the experts' gate/up, while the inputs are quantised */
     if (par) lk_pool_run_k(m->pool, LK_PROF_MOE, moe_quant_in_fn, &j, lk_pool_size(m->pool));
     else moe_quant_in_fn(&j, 0, 1);
+    moe_next(m, w, true); /* their down, in gate/up's tail */
     lk_pool_run_k(m->pool, LK_PROF_MOE, moe_gate_up_fn, &j, lk_pool_size(m->pool));
     if (par) lk_pool_run_k(m->pool, LK_PROF_MOE, moe_quant_dn_fn, &j, lk_pool_size(m->pool));
     else moe_quant_dn_fn(&j, 0, 1);
+    next_layer(m, li + 1);
     lk_pool_run_k(m->pool, LK_PROF_MOE, moe_down_fn, &j, lk_pool_size(m->pool));
 }
 
