@@ -1949,7 +1949,8 @@ static void qk_prepare_rows(lk_model *m, int li) {
  * fetched while a thread would wait is one the product does not wait for
  * (BENCHMARKS.md, thirty-eighth session). The order, for the layers
  * of llama's shape: QKV -> Wo -> gate/up -> W2 -> the next layer's QKV, the
- * last W2 -> the output matrix (the last pipeline stage) -> layer 0's QKV;
+ * last W2 -> the output matrix (the last pipeline stage; an earlier
+ * stage: its first layer's QKV) -> layer 0's QKV;
  * a MoE layer's Wo -> its router and shared expert, then (moe_ffn) its
  * routing -> the chosen experts' gate/up -> their down -> the next layer.
  * MLA and the delta net hint nothing of their own. */
@@ -1958,15 +1959,18 @@ static void next_up(lk_model *m, const lk_mat *a, const lk_mat *b, const lk_mat 
     lk_matmul_prefetch_next(m->pool, W, 3);
 }
 
-/* next_up with layer li's first product (li = the slice's layer count: the
- * output matrix) */
+/* next_up with layer li's first product; li = the slice's layer count:
+ * the output matrix on the last pipeline stage, else (a stage that sends
+ * its rows on and waits for the next step's) its own first layer's */
 static void next_layer(lk_model *m, int li) {
     if (li < m->sl.layer1 - m->sl.layer0) {
         const layer_w *w = &m->layers[li];
         if (!w->rec && !m->cfg.mla && m->nh > 0) next_up(m, &w->wq, &w->wk, &w->wv);
         else next_up(m, NULL, NULL, NULL);
+    } else if (m->sl.pp_rank == m->sl.pp_size - 1) {
+        next_up(m, &m->wout, NULL, NULL);
     } else {
-        next_up(m, m->sl.pp_rank == m->sl.pp_size - 1 ? &m->wout : NULL, NULL, NULL);
+        next_layer(m, 0);
     }
 }
 
