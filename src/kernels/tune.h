@@ -19,7 +19,7 @@
  * thread count and matrix type/shape in $XDG_CACHE_HOME/lockstep/tune.txt
  * (or ~/.cache/lockstep/) is applied; else, unless the machine is busy
  * (load average above its CPUs: defaults, nothing cached), a calibration of
- * about 0.1-0.7 s picks one on the model's own matrices of its dominant
+ * about 0.1-0.8 s picks one on the model's own matrices of its dominant
  * weight type and its largest layer matrix's shape or the transpose (the
  * first 128-256 MiB of them, past the last-level cache; a synthetic buffer
  * of that type and shape when the model has fewer) and stores it. A cache file that is not ours, or a line that
