@@ -1952,8 +1952,9 @@ static void qk_prepare_rows(lk_model *m, int li) {
  * last W2 -> the output matrix (the last pipeline stage; an earlier
  * stage: its first layer's QKV) -> layer 0's QKV;
  * a MoE layer's Wo -> its router and shared expert, then (moe_ffn) its
- * routing -> the chosen experts' gate/up -> their down -> the next layer.
- * MLA and the delta net hint nothing of their own. */
+ * routing -> the chosen experts' gate/up -> their down -> the next layer;
+ * MLA's LoRA-down -> q_b -> k_b -> v_b -> Wo -> the FFN's input. The delta
+ * net hints nothing of its own. */
 static void next_up(lk_model *m, const lk_mat *a, const lk_mat *b, const lk_mat *c) {
     const lk_mat *W[3] = { a, b, c };
     lk_matmul_prefetch_next(m->pool, W, 3);
@@ -1965,13 +1966,22 @@ static void next_up(lk_model *m, const lk_mat *a, const lk_mat *b, const lk_mat 
 static void next_layer(lk_model *m, int li) {
     if (li < m->sl.layer1 - m->sl.layer0) {
         const layer_w *w = &m->layers[li];
-        if (!w->rec && !m->cfg.mla && m->nh > 0) next_up(m, &w->wq, &w->wk, &w->wv);
-        else next_up(m, NULL, NULL, NULL);
+        if (w->rec || m->nh == 0) next_up(m, NULL, NULL, NULL);
+        else if (m->cfg.mla) next_up(m, &w->wqa, &w->wkva, NULL);
+        else next_up(m, &w->wq, &w->wk, &w->wv);
     } else if (m->sl.pp_rank == m->sl.pp_size - 1) {
         next_up(m, &m->wout, NULL, NULL);
     } else {
         next_layer(m, 0);
     }
+}
+
+/* next_up with layer w's FFN input: a MoE layer's router and shared
+ * expert, a dense one's gate and up */
+static void next_ffn(lk_model *m, const layer_w *w) {
+    if (w->moe) next_up(m, &w->wr, &w->sh.w1, &w->sh.w3);
+    else if (m->nff == 0) next_up(m, NULL, NULL, NULL);
+    else next_up(m, &w->w1, &w->w3, NULL);
 }
 
 /* A layer half's output product o = W a into m->o. Where this rank holds
@@ -2031,9 +2041,7 @@ static void attention(lk_model *m, int li, float *x) {
                 const float *gt = m->gate + t * 2 * qd + h * 2 * hd + hd;
                 for (int i = 0; i < hd; i++) a[i] *= 1.0f / (1.0f + expf(-gt[i]));
             }
-    if (w->moe) next_up(m, &w->wr, &w->sh.w1, &w->sh.w3);
-    else if (m->nff == 0) next_up(m, NULL, NULL, NULL);
-    else next_up(m, &w->w1, &w->w3, NULL);
+    next_ffn(m, w);
     out_product(m, &w->wo, m->att, qd, n, x, w->post_attn_norm);
 }
 
@@ -2112,6 +2120,7 @@ static void attention_mla(lk_model *m, int li, float *x) {
         return;
     }
     norm_rows(m, m->xb, x, w->attn_norm, n, d);
+    next_up(m, &w->wqb, NULL, NULL);
     const lk_mat *down[2] = {&w->wqa, &w->wkva};
     if (lk_matmul_can_fuse(down, 2)) {
         float *const ys[2] = {m->mqa, m->mkva};
@@ -2128,6 +2137,7 @@ static void attention_mla(lk_model *m, int li, float *x) {
         rope(m, kv + kl, m->row_pos[t]);
         kv_write_row(m, li, t, kv);
     }
+    next_up(m, &w->wkb, NULL, NULL); /* by heads: a thread's heads are its share of the rows */
     lk_matmul(m->pool, &w->wqb, m->mqa, ql, n, m->mqb, nh * kh, m->act);
     for (int t = 0; t < n; t++)
         for (int h = 0; h < nh; h++) {
@@ -2137,12 +2147,15 @@ static void attention_mla(lk_model *m, int li, float *x) {
         }
     /* q_abs(t, h) = attn_k_b[h] . q_nope(t, h), into the first kl of each query */
     heads_job kb = { m, &w->wkb, kl, m->mqb, nh * kh, kh, m->q, nh * ahd, ahd, n };
+    next_up(m, &w->wvb, NULL, NULL);
     lk_pool_run_k(m->pool, LK_PROF_ATTN, heads_fn, &kb, lk_pool_size(m->pool));
     attn_job aj = { m, li };
     lk_pool_run_k(m->pool, LK_PROF_ATTN, attn_block_fn, &aj, lk_pool_size(m->pool));
     /* o_h = attn_v_b[h] . o_latent(t, h), heads side by side for Wo */
     heads_job vb = { m, &w->wvb, vh, m->att, nh * ahd, ahd, m->mvo, nh * vh, vh, n };
+    next_up(m, &w->wo, NULL, NULL);
     lk_pool_run_k(m->pool, LK_PROF_ATTN, heads_fn, &vb, lk_pool_size(m->pool));
+    next_ffn(m, w);
     out_product(m, &w->wo, m->mvo, nh * vh, n, x, w->post_attn_norm);
 }
 
