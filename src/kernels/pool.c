@@ -41,8 +41,9 @@ typedef struct {
     _Atomic uint64_t first_ns, last_ns;
 } home_range;
 
-/* A prefetch hint (lk_pool_prefetch). Its fields are read relaxed: a read that mixes two hints costs useless prefetches, no
- * more (a prefetch never faults). */
+/* A prefetch hint (lk_pool_prefetch). Its fields are read relaxed: a
+ * read that mixes two hints costs useless prefetches, no more (a prefetch
+ * never faults). */
 typedef struct {
     _Alignas(64) _Atomic uintptr_t base[LK_POOL_PREFETCH_MAX];
     _Atomic size_t len[LK_POOL_PREFETCH_MAX];
