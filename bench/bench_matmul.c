@@ -35,7 +35,11 @@ typedef struct { lk_mat q, k, v, o, g, u, d; } layer;
 
 static void fill_mat(lk_mat *m, lk_type t, int64_t rows, int64_t cols) {
     size_t rb = 0;
-    if (!lk_type_row_bytes(t, cols, &rb)) { fprintf(stderr, "bench_matmul: bad shape\n"); exit(2); }
+    if (!lk_type_row_bytes(t, cols, &rb)) {
+        fprintf(stderr, "bench_matmul: a row of %lld columns is no whole number of %s blocks (BENCH_SHAPE)\n",
+                (long long)cols, lk_type_name(t));
+        exit(2);
+    }
     uint8_t *w = aligned_alloc(64, (rb * (size_t)rows + 63) & ~(size_t)63);
     float *tmp = malloc((size_t)cols * 4);
     for (int64_t r = 0; r < rows; r++) {
@@ -110,31 +114,52 @@ static int cmp_d(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* A comma-separated list of positive integers; -1 when an item is not one
+ * (a typo must not turn into a thread count of 0). */
 static int parse_list(const char *s, int *out, int max) {
     int n = 0;
     char *c = strdup(s), *save = NULL;
-    for (char *t = strtok_r(c, ",", &save); t && n < max; t = strtok_r(NULL, ",", &save)) out[n++] = atoi(t);
+    for (char *t = strtok_r(c, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        char *end = NULL;
+        long v = strtol(t, &end, 10);
+        if (n == max || end == t || *end || v < 1 || v > 4096) { n = -1; break; }
+        out[n++] = (int)v;
+    }
     free(c);
     return n;
 }
 
+static int usage(FILE *f) {
+    fprintf(f, "usage: bench_matmul [THREADS,..] [TOKENS,..] [SPLIT,..] [LAYERS]\n"
+               "  defaults 1,16  1,16  4  22; at most 16 values a list, each >= 1\n"
+               "  env BENCH_TYPE (default q4_0), BENCH_SHAPE=d,ff,kv (default 2048,5632,256: TinyLlama-1.1B)\n");
+    return f == stdout ? 0 : 2;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) return usage(stdout);
+    if (argc > 5) return usage(stderr);
     int th[16], nt[16], sp[16];
     const int n_th = parse_list(argc > 1 ? argv[1] : "1,16", th, 16);
     const int n_nt = parse_list(argc > 2 ? argv[2] : "1,16", nt, 16);
     const int n_sp = parse_list(argc > 3 ? argv[3] : "4", sp, 16);
-    const int nl = argc > 4 ? atoi(argv[4]) : 22;
+    int nl = 22;
+    if (argc > 4 && parse_list(argv[4], &nl, 1) != 1) nl = 0;
     lk_type t = LK_TYPE_Q4_0;
     if (getenv("BENCH_TYPE") && !lk_type_from_name(getenv("BENCH_TYPE"), &t)) {
         fprintf(stderr, "bench_matmul: unknown BENCH_TYPE\n");
         return 2;
     }
     long d = 2048, ff = 5632, kv = 256;
-    if (getenv("BENCH_SHAPE") && sscanf(getenv("BENCH_SHAPE"), "%ld,%ld,%ld", &d, &ff, &kv) != 3) {
-        fprintf(stderr, "bench_matmul: BENCH_SHAPE is d,ff,kv\n");
+    if (getenv("BENCH_SHAPE") && (sscanf(getenv("BENCH_SHAPE"), "%ld,%ld,%ld", &d, &ff, &kv) != 3 ||
+                                  d < 1 || ff < 1 || kv < 1 || d > 65536 || ff > 262144 || kv > d)) {
+        fprintf(stderr, "bench_matmul: BENCH_SHAPE is d,ff,kv (positive, kv <= d)\n");
         return 2;
     }
-    if (nl < 1 || n_th < 1 || n_nt < 1 || n_sp < 1) { fprintf(stderr, "usage: see the header\n"); return 2; }
+    if (nl < 1 || n_th < 1 || n_nt < 1 || n_sp < 1) {
+        fprintf(stderr, "bench_matmul: each argument is a comma-separated list of whole numbers from 1 to 4096\n");
+        return usage(stderr);
+    }
     layer *L = calloc((size_t)nl, sizeof *L);
     for (int l = 0; l < nl; l++) {
         fill_mat(&L[l].q, t, d, d); fill_mat(&L[l].k, t, kv, d); fill_mat(&L[l].v, t, kv, d);

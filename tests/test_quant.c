@@ -639,15 +639,16 @@ TEST(matmul_levels_scalar_order_bit_exact) {
  * splits them) with file rows past the last whole group, on rows of an odd
  * block count (a block without a pair; groups not 64-byte aligned), rows
  * past the GEMM's K blocks and the rows kernel's column chunk (256 blocks;
- * K-quants: 16 super-blocks).
+ * K-quants: 16 super-blocks), two and three of them (the last partial:
+ * with the tiles inside the groups, each group's chunks in turn).
  * The choice to repack: Q4_0, Q8_0, Q4_K, Q5_K and Q6_K with 16+ rows where
  * a kernel reads the layout (the K-quants by default on AMD CPUs only;
  * LK_REPACK=all everywhere), never other types or with LK_REPACK=0. */
 TEST(repacked_same_bits_as_file_rows) {
     static const char *levels[] = {"scalar", "avx2", "avx512"};
     static const int64_t chunks[] = {1, 2, 3, 4, 5, 9, 16, 20, 31, 40};
-    static const struct { int64_t nb, nrows; } shapes[] = {{7, 53}, {64, 48}, {389, 37}, {1, 16}},
-                                               kshapes[] = {{7, 53}, {16, 48}, {33, 37}, {1, 16}};
+    static const struct { int64_t nb, nrows; } shapes[] = {{7, 53}, {64, 48}, {389, 37}, {1, 16}, {600, 35}},
+                                               kshapes[] = {{7, 53}, {16, 48}, {33, 37}, {1, 16}, {40, 35}};
     static const lk_type rts[] = {LK_TYPE_Q4_0_R16, LK_TYPE_Q8_0_R16, LK_TYPE_Q4_K_R16, LK_TYPE_Q5_K_R16,
                                   LK_TYPE_Q6_K_R16};
     enum { NT = 40 };
@@ -842,18 +843,22 @@ TEST(f16_r16_sums_in_order) {
  * read them, computed once per matrix, instead of deriving them per call;
  * the products must be the same bits as without them (the scalar level's),
  * for every token count (rows kernel and GEMM), K blocks of the terms'
- * layout (389 blocks: two, the last partial), row ranges that start past
- * row 0, and file rows and repacked. Terms for the other offset are
+ * layout (389 blocks: two, the last partial; 600: three), row ranges that
+ * start past row 0, file rows and repacked, with the rows kernel's token
+ * tiles outside the row groups and inside (lk_quant_set_rows_inner: each
+ * group's K blocks in turn, the terms of all of them at once). Terms for the other offset are
  * ignored (same bits), and wrong terms for the right offset change the
  * result: the kernels do read them. */
 TEST(matmul_terms_same_bits) {
     static const int64_t chunks[] = {1, 2, 5, 6, 16, 20, 31, 32, 40};
-    static const struct { int64_t nb, nrows; } shapes[] = {{7, 53}, {64, 48}, {389, 37}};
+    static const struct { int64_t nb, nrows; } shapes[] = {{7, 53}, {64, 48}, {389, 37}, {600, 35}};
     static const lk_type types[] = {LK_TYPE_Q4_0, LK_TYPE_Q8_0, LK_TYPE_Q4_0_R16, LK_TYPE_Q8_0_R16};
     enum { NT = 40 };
     int read = 0;
+    for (int inner = 0; inner < 2; inner++)
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        lk_quant_set_rows_inner(inner ? 0 : -1);
         const lk_type rt = types[ti], ft = lk_type_file(rt);
         const int64_t n = 32 * shapes[si].nb, nrows = shapes[si].nrows;
         CHECK(lk_quant_set_simd("scalar"));
@@ -891,15 +896,17 @@ TEST(matmul_terms_same_bits) {
                        lk_type_name(rt), (long long)nrows, (long long)n, (long long)chunks[c], bad);
                 read += bad > 0;
             } else
-                CHECKF(bad == 0, "%s %lld x %lld, calls of %lld tokens, terms for offset %s: %d of %lld outputs differ "
-                       "from the scalar level's", lk_type_name(rt), (long long)nrows, (long long)n, (long long)chunks[c],
-                       variant ? "other" : "right", bad, (long long)(nrows * NT));
+                CHECKF(bad == 0, "%s %lld x %lld, calls of %lld tokens, tiles %s the groups, terms for offset %s: %d of "
+                       "%lld outputs differ from the scalar level's", lk_type_name(rt), (long long)nrows, (long long)n,
+                       (long long)chunks[c], inner ? "inside" : "outside", variant ? "other" : "right", bad,
+                       (long long)(nrows * NT));
         }
         free(mem);
         if (w != mc.w) free(w);
         mm_case_free(&mc);
     }
     printf("  wrong terms read in %d cases\n", read);
+    lk_quant_set_rows_inner(-1);
     lk_quant_set_simd("scalar");
 }
 

@@ -1191,8 +1191,11 @@ lk_status lk_model_load(const lk_gguf *g, const lk_slice *slice, const lk_model_
             layer_w *w = &m->layers[i];
             lk_mat *all[16] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w1, &w->w3, &w->w2, &w->wr,
                                &w->sh.w1, &w->sh.w3, &w->sh.w2, &w->wqa, &w->wkva, &w->wqb, &w->wkb, &w->wvb};
-            for (int k = 0; k < 16; k++) /* MLA's (from 11) take per-head row views */
-                if (all[k]->rows > 0 && all[k]->cols > 0) rep[nm] = k < 11, mats[nm++] = all[k];
+            /* MLA's k_b and v_b (from 14) are read by heads (heads_fn), at rows
+             * no layout of 16-row groups promises to start a group at; its
+             * q_a, kv_a and q_b go through lk_matmul as any matrix does */
+            for (int k = 0; k < 16; k++)
+                if (all[k]->rows > 0 && all[k]->cols > 0) rep[nm] = k < 14, mats[nm++] = all[k];
             lk_mat *dn[5] = {&w->wqkv, &w->wz, &w->wbeta, &w->walpha, &w->wso};
             for (int k = 0; k < 5 && w->rec && !w->own; k++) /* gathered ones are already compact, in memory of their own */
                 if (dn[k]->rows > 0 && dn[k]->cols > 0) rep[nm] = false, mats[nm++] = dn[k];

@@ -1282,6 +1282,16 @@ static const gq_tile_fn k_gq_tiles[4][2][GQ_T + 1] = {
 };
 #undef GQ_ROW
 
+/* The prefetch distance of a repacked group, one run of bytes read in
+ * order: d times 4 rows ahead, as far as the 4-row decode tiles look (16
+ * rows ahead, as for a file's rows, is past L1: on a Zen 5 core that read
+ * 20 % slower from cache and no faster from memory than no prefetch at
+ * all), rows counted at most 4 KiB long. Past 16 KiB ahead the lines
+ * left L1 before their reads: bench_quant 4096 x 18432 one thread, pf=1,
+ * 78 % of the probe streamed with 41 KiB (Q4_0_R16; 4 KiB rows: 100 %),
+ * Q8_0_R16 4096 x 7168 92 -> 97-100 % (30 -> 16 KiB). */
+static inline size_t r16_pf(int d, size_t ws) { return (size_t)d * 4 * LK_MIN(ws, (size_t)4096); }
+
 /* Whether the few-token kernels take their token tiles inside each row
  * group (lk_quant_set_rows_inner, quant.h, says when) */
 static inline bool rows_inner(size_t bytes) { return (int64_t)bytes > lk_quant_rows_inner(); }
@@ -1302,12 +1312,52 @@ LK_T512 void lk_quant_q4q8_rows_avx512(int fmt, int64_t n, int64_t nrows, const 
      * streams the weights from memory with its prefetches, the others read
      * them from L2. */
     const bool inner = rows_inner((size_t)nrows * ws);
+    const int nc = (int)((nb + GQ_KB - 1) / GQ_KB); /* K blocks of the terms */
     for (int64_t t1 = 0; t1 < ntok; t1 += GQ_TMAX) {
         const int tn = (int)LK_MIN((int64_t)GQ_TMAX, ntok - t1);
         const uint8_t *at = A + (size_t)t1 * as;
+        gk_terms tm;
+        if (inner && nc > 1 && (terms_at(terms, is_q8 ? 128 : 8, t1, 0, &tm) || nc * tn <= GQ_TMAX)) {
+            /* A row longer than one K block (more than 8192 columns: Wo
+             * and down of the 8B-class models and up) from memory: each
+             * row group's K blocks one after another, so the matrix is
+             * read as one run of bytes, as a shorter one is (the repacked
+             * layout keeps a group's blocks in order), its prefetches
+             * ahead of the reads. K blocks outside the groups read every
+             * group in pieces, each from a cold start and with its
+             * prefetches in the next piece, long evicted when read:
+             * bench_quant 4096 x 18432 one thread 8.3 GB/s of 13.6
+             * streamed (Q4_0_R16), 16384 columns 8.5. The terms of every
+             * K block at once: the caller's, or derived into act, laid
+             * out as lk_act_terms lays them (K block c's token t at
+             * (c tn + t) GQ_KB). */
+            bool own = !terms_at(terms, is_q8 ? 128 : 8, t1, 0, &tm);
+            if (own)
+                for (int c = 0; c < nc; c++)
+                    gk_prep(is_q8, at, as, tn, (int64_t)c * GQ_KB, (int)LK_MIN((int64_t)GQ_KB, nb - (int64_t)c * GQ_KB),
+                            &act.d[c * tn][0], &act.corr[c * tn][0], GQ_KB);
+            for (int64_t r0 = 0; r0 < nrows; r0 += 16) {
+                const int nr = (int)LK_MIN((int64_t)16, nrows - r0);
+                size_t pf = d && r0 + (int64_t)(d + 1) * 16 <= nrows ? (size_t)d * 16 * ws : 0;
+                if (lk_fmt_r16(fmt) && nr == 16) pf = r16_pf(d, ws);
+                for (int c = 0; c < nc; c++) {
+                    const int64_t b0 = (int64_t)c * GQ_KB;
+                    const int kb = (int)LK_MIN((int64_t)GQ_KB, nb - b0);
+                    gk_terms tc = tm;
+                    if (own) tc = (gk_terms){&act.d[c * tn][0], &act.corr[c * tn][0]};
+                    else terms_at(terms, is_q8 ? 128 : 8, t1, b0, &tc);
+                    for (int t = 0; t < tn; t += GQ_T) {
+                        const int tt = LK_MIN(GQ_T, tn - t);
+                        k_gq_tiles[fmt][nr == 16][tt](nb, b0, kb, W + (size_t)r0 * ws, ws, nr, at + (size_t)t * as, as,
+                                                      &tc, t, y + (size_t)(t1 + t) * ys + (size_t)r0, ys,
+                                                      t == 0 ? pf : 0, t == 0 && nr == 16 ? far : 0, b0 > 0);
+                    }
+                }
+            }
+            continue;
+        }
         for (int64_t b0 = 0; b0 < nb; b0 += GQ_KB) {
             const int kb = (int)LK_MIN((int64_t)GQ_KB, nb - b0);
-            gk_terms tm;
             if (!terms_at(terms, is_q8 ? 128 : 8, t1, b0, &tm)) {
                 gk_prep(is_q8, at, as, tn, b0, kb, &act.d[0][0], &act.corr[0][0], GQ_KB);
                 tm = (gk_terms){&act.d[0][0], &act.corr[0][0]};
@@ -1316,12 +1366,7 @@ LK_T512 void lk_quant_q4q8_rows_avx512(int fmt, int64_t n, int64_t nrows, const 
             for (int64_t r0 = 0; r0 < nrows; r0 += 16) {
                 const int nr = (int)LK_MIN((int64_t)16, nrows - r0);
                 size_t pf = d && r0 + (int64_t)(d + 1) * 16 <= nrows ? (size_t)d * 16 * ws : 0;
-                /* a repacked group is one run of bytes, read in order: d times
-                 * 4 rows ahead of it, as far as the 4-row decode tiles look
-                 * (16 rows ahead, as for the rows above, is past L1: on a Zen
-                 * 5 core that read 20 % slower from cache and no faster from
-                 * memory than no prefetch at all) */
-                if (lk_fmt_r16(fmt) && nr == 16) pf = (size_t)d * 4 * ws;
+                if (lk_fmt_r16(fmt) && nr == 16) pf = r16_pf(d, ws);
                 for (int t = t2; t < (inner ? tn : LK_MIN(tn, t2 + GQ_T)); t += GQ_T) {
                     const int tt = LK_MIN(GQ_T, tn - t);
                     const bool first = t1 + t == 0 || (inner && t == 0); /* the tile that reads from memory */
