@@ -850,9 +850,9 @@ TEST(f16_r16_sums_in_order) {
  * layout (389 blocks: two, the last partial; 600: three), row ranges that
  * start past row 0, file rows and repacked, with the rows kernel's token
  * tiles outside the row groups and inside (lk_quant_set_rows_inner: each
- * group's K blocks in turn, the terms of all of them at once). Terms for the other offset are
- * ignored (same bits), and wrong terms for the right offset change the
- * result: the kernels do read them. */
+ * group's K blocks in turn, the terms of all of them at once). Terms for
+ * the other offset are ignored (same bits), and wrong terms for the right
+ * offset change the result: the kernels do read them. */
 TEST(matmul_terms_same_bits) {
     static const int64_t chunks[] = {1, 2, 5, 6, 16, 20, 31, 32, 40};
     static const struct { int64_t nb, nrows; } shapes[] = {{7, 53}, {64, 48}, {389, 37}, {600, 35}};
