@@ -1292,6 +1292,13 @@ static const gq_tile_fn k_gq_tiles[4][2][GQ_T + 1] = {
  * Q8_0_R16 4096 x 7168 92 -> 97-100 % (30 -> 16 KiB). */
 static inline size_t r16_pf(int d, size_t ws) { return (size_t)d * 4 * LK_MIN(ws, (size_t)4096); }
 
+/* The prefetch distance of the group of nr rows at r0: a repacked group's
+ * (r16_pf), or file rows' d groups below while that is inside the matrix */
+static inline size_t group_pf(int fmt, int d, int64_t r0, int nr, int64_t nrows, size_t ws) {
+    if (lk_fmt_r16(fmt) && nr == 16) return r16_pf(d, ws);
+    return d && r0 + (int64_t)(d + 1) * 16 <= nrows ? (size_t)d * 16 * ws : 0;
+}
+
 /* Whether the few-token kernels take their token tiles inside each row
  * group (lk_quant_set_rows_inner, quant.h, says when) */
 static inline bool rows_inner(size_t bytes) { return (int64_t)bytes > lk_quant_rows_inner(); }
@@ -1317,7 +1324,8 @@ LK_T512 void lk_quant_q4q8_rows_avx512(int fmt, int64_t n, int64_t nrows, const 
         const int tn = (int)LK_MIN((int64_t)GQ_TMAX, ntok - t1);
         const uint8_t *at = A + (size_t)t1 * as;
         gk_terms tm;
-        if (inner && nc > 1 && (terms_at(terms, is_q8 ? 128 : 8, t1, 0, &tm) || nc * tn <= GQ_TMAX)) {
+        const bool given = terms_at(terms, is_q8 ? 128 : 8, t1, 0, &tm);
+        if (inner && nc > 1 && (given || nc * tn <= GQ_TMAX)) {
             /* A row longer than one K block (more than 8192 columns: Wo
              * and down of the 8B-class models and up) from memory: each
              * row group's K blocks one after another, so the matrix is
@@ -1331,21 +1339,19 @@ LK_T512 void lk_quant_q4q8_rows_avx512(int fmt, int64_t n, int64_t nrows, const 
              * K block at once: the caller's, or derived into act, laid
              * out as lk_act_terms lays them (K block c's token t at
              * (c tn + t) GQ_KB). */
-            bool own = !terms_at(terms, is_q8 ? 128 : 8, t1, 0, &tm);
-            if (own)
+            if (!given)
                 for (int c = 0; c < nc; c++)
                     gk_prep(is_q8, at, as, tn, (int64_t)c * GQ_KB, (int)LK_MIN((int64_t)GQ_KB, nb - (int64_t)c * GQ_KB),
                             &act.d[c * tn][0], &act.corr[c * tn][0], GQ_KB);
             for (int64_t r0 = 0; r0 < nrows; r0 += 16) {
                 const int nr = (int)LK_MIN((int64_t)16, nrows - r0);
-                size_t pf = d && r0 + (int64_t)(d + 1) * 16 <= nrows ? (size_t)d * 16 * ws : 0;
-                if (lk_fmt_r16(fmt) && nr == 16) pf = r16_pf(d, ws);
+                const size_t pf = group_pf(fmt, d, r0, nr, nrows, ws);
                 for (int c = 0; c < nc; c++) {
                     const int64_t b0 = (int64_t)c * GQ_KB;
                     const int kb = (int)LK_MIN((int64_t)GQ_KB, nb - b0);
-                    gk_terms tc = tm;
-                    if (own) tc = (gk_terms){&act.d[c * tn][0], &act.corr[c * tn][0]};
-                    else terms_at(terms, is_q8 ? 128 : 8, t1, b0, &tc);
+                    gk_terms tc;
+                    if (given) terms_at(terms, is_q8 ? 128 : 8, t1, b0, &tc);
+                    else tc = (gk_terms){&act.d[c * tn][0], &act.corr[c * tn][0]};
                     for (int t = 0; t < tn; t += GQ_T) {
                         const int tt = LK_MIN(GQ_T, tn - t);
                         k_gq_tiles[fmt][nr == 16][tt](nb, b0, kb, W + (size_t)r0 * ws, ws, nr, at + (size_t)t * as, as,
@@ -1365,8 +1371,7 @@ LK_T512 void lk_quant_q4q8_rows_avx512(int fmt, int64_t n, int64_t nrows, const 
             for (int t2 = 0; t2 < tn; t2 += inner ? tn : GQ_T)
             for (int64_t r0 = 0; r0 < nrows; r0 += 16) {
                 const int nr = (int)LK_MIN((int64_t)16, nrows - r0);
-                size_t pf = d && r0 + (int64_t)(d + 1) * 16 <= nrows ? (size_t)d * 16 * ws : 0;
-                if (lk_fmt_r16(fmt) && nr == 16) pf = r16_pf(d, ws);
+                const size_t pf = group_pf(fmt, d, r0, nr, nrows, ws);
                 for (int t = t2; t < (inner ? tn : LK_MIN(tn, t2 + GQ_T)); t += GQ_T) {
                     const int tt = LK_MIN(GQ_T, tn - t);
                     const bool first = t1 + t == 0 || (inner && t == 0); /* the tile that reads from memory */

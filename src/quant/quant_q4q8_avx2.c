@@ -336,6 +336,11 @@ LK_T2 static void q_gemm(const int Q, int64_t nb, int64_t nrows, const uint8_t *
     }
 }
 
+/* prefetch the group d below while it is inside the matrix */
+static inline size_t q_group_pf(int d, int64_t r0, int64_t nrows, size_t ws) {
+    return d && r0 + (int64_t)(d + 1) * QR <= nrows ? (size_t)d * QR * ws : 0;
+}
+
 LK_T2 static void q_mm(const int Q, int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok,
                        const void *a, size_t as, float *y, size_t ys) {
     const int64_t nb = n / LK_QK;
@@ -364,7 +369,7 @@ LK_T2 static void q_mm(const int Q, int64_t n, int64_t nrows, const void *w, siz
                        &act[c].d[0][0], &act[c].corr[0][0], Q_DKB);
             for (int64_t r0 = 0; r0 < nrows; r0 += QR) {
                 const int nr = (int)LK_MIN((int64_t)QR, nrows - r0);
-                const size_t pf = d && r0 + (int64_t)(d + 1) * QR <= nrows ? (size_t)d * QR * ws : 0;
+                const size_t pf = q_group_pf(d, r0, nrows, ws);
                 for (int c = 0; c < nc; c++) {
                     const int64_t b0 = (int64_t)c * Q_DKB;
                     k_tiles[Q][tt](b0, (int)LK_MIN((int64_t)Q_DKB, nb - b0), W + (size_t)r0 * ws, ws, nr, at, as, &act[c],
@@ -378,8 +383,7 @@ LK_T2 static void q_mm(const int Q, int64_t n, int64_t nrows, const void *w, siz
             q_prep(Q, at, as, tt, b0, kb, &act[0].d[0][0], &act[0].corr[0][0], Q_DKB);
             for (int64_t r0 = 0; r0 < nrows; r0 += QR) {
                 const int nr = (int)LK_MIN((int64_t)QR, nrows - r0);
-                /* prefetch the group d below while it is inside the matrix */
-                const size_t pf = d && r0 + (int64_t)(d + 1) * QR <= nrows ? (size_t)d * QR * ws : 0;
+                const size_t pf = q_group_pf(d, r0, nrows, ws);
                 k_tiles[Q][tt](b0, kb, W + (size_t)r0 * ws, ws, nr, at, as, &act[0], y + (size_t)t * ys + (size_t)r0, ys,
                                t == 0 ? pf : 0, b0 > 0);
             }
