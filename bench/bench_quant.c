@@ -126,7 +126,7 @@ int main(int argc, char **argv) {
     printf("peak, one thread: fp32 FMA %.1f GFLOP/s, bf16 dot (vdpbf16ps) %.1f, int8 dot (vpdpbusd) %.1f GOP/s (0: absent)\n",
            pk_f32, pk_bf, pk_i8);
     lk_type types[] = {LK_TYPE_Q4_0, LK_TYPE_Q4_0_R16, LK_TYPE_Q8_0, LK_TYPE_Q8_0_R16, LK_TYPE_Q4_K, LK_TYPE_Q4_K_R16, LK_TYPE_Q5_K,
-                       LK_TYPE_Q5_K_R16, LK_TYPE_Q6_K, LK_TYPE_Q6_K_R16, LK_TYPE_F16, LK_TYPE_F16_R16, LK_TYPE_BF16, LK_TYPE_F32, LK_TYPE_Q5_0, LK_TYPE_Q5_1,
+                       LK_TYPE_Q5_K_R16, LK_TYPE_Q6_K, LK_TYPE_Q6_K_R16, LK_TYPE_F16, LK_TYPE_F16_R16, LK_TYPE_BF16, LK_TYPE_BF16_R16, LK_TYPE_F32, LK_TYPE_Q5_0, LK_TYPE_Q5_1,
                        LK_TYPE_Q2_K, LK_TYPE_Q3_K, LK_TYPE_IQ4_XS};
     const char *levels[] = {"scalar", "avx2", "avx512"};
     const char *only = getenv("BENCH_LEVEL");

@@ -829,9 +829,130 @@ TEST(f16_r16_sums_in_order) {
     if (lk_quant_set_simd("avx512")) {
         CHECK(lk_type_repacked(LK_TYPE_F16, 4096) == LK_TYPE_F16_R16);
         CHECK(lk_type_repacked(LK_TYPE_F16, 15) == LK_TYPE_F16);
-        CHECK(lk_type_repacked(LK_TYPE_BF16, 4096) == LK_TYPE_BF16);
         setenv("LK_REPACK", "0", 1);
         CHECK(lk_type_repacked(LK_TYPE_F16, 4096) == LK_TYPE_F16);
+        unsetenv("LK_REPACK");
+    }
+    lk_quant_set_simd("scalar");
+}
+
+/* One step of vdpbf16ps's lane as Intel's SDM and AMD's manual write it:
+ * c + x y in one rounding (nearest even), subnormal inputs read as zeros, a
+ * subnormal result written as a zero of its sign */
+static float vdp_lane(uint16_t xb, uint16_t yb, float c) {
+    float x = lk_bf16_to_fp32(xb), y = lk_bf16_to_fp32(yb);
+    if (fpclassify(x) == FP_SUBNORMAL) x = copysignf(0.0f, x);
+    if (fpclassify(y) == FP_SUBNORMAL) y = copysignf(0.0f, y);
+    if (fpclassify(c) == FP_SUBNORMAL) c = copysignf(0.0f, c);
+    const float s = fmaf(x, y, c);
+    return fpclassify(s) == FP_SUBNORMAL ? copysignf(0.0f, s) : s;
+}
+
+/* BF16_R16, made at load from BF16 rows on CPUs with AVX512_BF16 and
+ * without AMX-BF16, has vdpbf16ps's arithmetic in each row's lane: the sum
+ * from zero, pair (2j, 2j + 1) by pair, element 2j + 1 first, an odd last
+ * element as a pair with a zero. At every level and for every token count
+ * (1-40 tokens in calls of 1..40: the decode tiles of 4 groups, the 2 x 12
+ * tiles and their tails), on row ranges that start at multiples of 16, a
+ * call on the repacked matrix gives that lane's bits on its whole groups,
+ * computed here from the file's rows, and the level's own BF16 rows' bits
+ * on the rows past them; unrepack gives the rows back. One shape holds
+ * products below fp32's normal range and subnormal weights, where a lane
+ * that did not flush them would differ. The choice: BF16 with 16+ rows
+ * where the kernel is, never at the other levels. */
+TEST(bf16_r16_sums_by_pairs) {
+    static const char *levels[] = {"scalar", "avx2", "avx512"};
+    static const int64_t chunks[] = {1, 2, 3, 4, 5, 12, 13, 25, 40};
+    static const struct { int64_t n, nrows; bool tiny; } shapes[] = {
+        {7, 53, false}, {64, 48, false}, {389, 37, false}, {1, 16, false}, {2048, 32, false}, {130, 32, true}};
+    enum { NT = 40 };
+    int kernels = 0;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int64_t n = shapes[si].n, nrows = shapes[si].nrows, full = nrows / 16 * 16;
+        CHECK(lk_quant_set_simd("scalar"));
+        mm_case mc = mm_case_new(LK_TYPE_BF16, n, nrows, NT);
+        if (shapes[si].tiny) {
+            /* token 0: every element 2^-64; row 0: 2^-64 times random
+             * signs (products 2^-128, subnormal); row 1: subnormal bf16
+             * weights; row 2's odd elements 2^-100 */
+            for (int64_t k = 0; k < n; k++) {
+                const uint16_t v = 0x1F80;
+                memcpy(mc.a + 2 * (size_t)k, &v, 2);
+                const uint16_t w0 = (uint16_t)(0x1F80 | (rand() & 1 ? 0x8000 : 0)), w1 = (uint16_t)(1 + rand() % 127);
+                memcpy(mc.w + 2 * (size_t)k, &w0, 2);
+                memcpy(mc.w + mc.wrb + 2 * (size_t)k, &w1, 2);
+                if (k & 1) {
+                    const uint16_t w2 = 0x0D80;
+                    memcpy(mc.w + 2 * mc.wrb + 2 * (size_t)k, &w2, 2);
+                }
+            }
+        }
+        uint8_t *rp = malloc(mc.wrb * (size_t)nrows), *row = malloc(mc.wrb);
+        lk_quant_repack(LK_TYPE_BF16_R16, LK_TYPE_BF16, n, nrows, mc.w, mc.wrb, rp);
+        int back = 0;
+        for (int64_t r = 0; r < nrows; r++) {
+            if (r < full) lk_quant_unrepack_row(LK_TYPE_BF16_R16, n, rp, mc.wrb, r, row);
+            else memcpy(row, rp + (size_t)r * mc.wrb, mc.wrb);
+            back += memcmp(row, mc.w + (size_t)r * mc.wrb, mc.wrb) != 0;
+        }
+        CHECKF(back == 0, "bf16_r16 %lld x %lld: %d rows not given back", (long long)nrows, (long long)n, back);
+        /* the whole groups' sums, from the file's rows */
+        for (int64_t t = 0; t < NT; t++)
+            for (int64_t r = 0; r < full; r++) {
+                const uint8_t *wr = mc.w + (size_t)r * mc.wrb, *at = mc.a + (size_t)t * mc.arb;
+                float acc = 0;
+                for (int64_t j = 0; 2 * j < n; j++) {
+                    const bool pair = 2 * j + 1 < n;
+                    acc = vdp_lane(pair ? lk_ld_u16(wr + 4 * (size_t)j + 2) : 0, pair ? lk_ld_u16(at + 4 * (size_t)j + 2) : 0,
+                                   acc);
+                    acc = vdp_lane(lk_ld_u16(wr + 4 * (size_t)j), lk_ld_u16(at + 4 * (size_t)j), acc);
+                }
+                mc.ref[t * nrows + r] = acc;
+            }
+        if (shapes[si].tiny) /* the flushed rows of token 0 */
+            CHECK(mc.ref[0] == 0 && mc.ref[1] == 0 && mc.ref[2] != 0);
+        for (int l = 0; l < 3; l++) {
+            if (!lk_quant_set_simd(levels[l])) continue;
+            kernels += lk_type_repacked(LK_TYPE_BF16, 4096) == LK_TYPE_BF16_R16;
+            /* the rows past the groups: the level's BF16 rows */
+            for (int64_t t = 0; t < NT && full < nrows; t++)
+                lk_quant_matmul(LK_TYPE_BF16, n, nrows - full, mc.w + (size_t)full * mc.wrb, mc.wrb, 1,
+                                mc.a + (size_t)t * mc.arb, mc.arb, mc.ref + t * nrows + full, 1);
+            for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
+                memset(mc.got, 0xff, sizeof(float) * (size_t)nrows * NT);
+                for (int64_t t0 = 0; t0 < NT; t0 += chunks[c]) {
+                    const int64_t tn = LK_MIN(chunks[c], NT - t0), cut = nrows > 16 ? 16 : nrows;
+                    float *y = mc.got + (size_t)t0 * (size_t)nrows;
+                    const uint8_t *a = mc.a + (size_t)t0 * mc.arb;
+                    lk_quant_matmul(LK_TYPE_BF16_R16, n, cut, rp, mc.wrb, tn, a, mc.arb, y, (size_t)nrows);
+                    if (cut < nrows)
+                        lk_quant_matmul(LK_TYPE_BF16_R16, n, nrows - cut, rp + (size_t)cut * mc.wrb, mc.wrb, tn, a,
+                                        mc.arb, y + cut, (size_t)nrows);
+                }
+                int bad = 0;
+                for (int64_t e = 0; e < nrows * NT; e++) bad += memcmp(&mc.got[e], &mc.ref[e], sizeof(float)) != 0;
+                CHECKF(bad == 0, "%s bf16_r16 %lld x %lld%s, calls of %lld tokens: %d of %lld outputs differ from "
+                       "vdpbf16ps's lane", levels[l], (long long)nrows, (long long)n, shapes[si].tiny ? " (tiny)" : "",
+                       (long long)chunks[c], bad, (long long)(nrows * NT));
+            }
+            CHECK(lk_quant_terms_k(LK_TYPE_BF16_R16) == 0);
+        }
+        free(rp); free(row);
+        mm_case_free(&mc);
+    }
+    const uint32_t feat = lk_cpu()->feat;
+    const bool want = (feat & LK_CPU_AVX512BF16) && !(feat & LK_CPU_AMXBF16) && lk_quant_set_simd("avx512");
+    printf("  the AVX512_BF16 kernel %s\n", want ? "tested" : "not on this CPU (the scalar code at every level)");
+    CHECK(kernels == (want ? (int)(sizeof shapes / sizeof shapes[0]) : 0));
+    CHECK(lk_quant_set_simd("scalar"));
+    CHECK(lk_type_repacked(LK_TYPE_BF16, 4096) == LK_TYPE_BF16);
+    CHECK(lk_type_file(LK_TYPE_BF16_R16) == LK_TYPE_BF16 && lk_type_vec_dot(LK_TYPE_BF16_R16) == LK_TYPE_BF16);
+    CHECK(!lk_type_supported(LK_TYPE_BF16_R16) && lk_type_block_bytes(LK_TYPE_BF16_R16) == 2);
+    if (want) {
+        CHECK(lk_quant_set_simd("avx512"));
+        CHECK(lk_type_repacked(LK_TYPE_BF16, 15) == LK_TYPE_BF16);
+        setenv("LK_REPACK", "0", 1);
+        CHECK(lk_type_repacked(LK_TYPE_BF16, 4096) == LK_TYPE_BF16);
         unsetenv("LK_REPACK");
     }
     lk_quant_set_simd("scalar");
@@ -1435,6 +1556,7 @@ int main(int argc, char **argv) {
     RUN(matmul_levels_scalar_order_bit_exact);
     RUN(repacked_same_bits_as_file_rows);
     RUN(f16_r16_sums_in_order);
+    RUN(bf16_r16_sums_by_pairs);
     RUN(matmul_terms_same_bits);
     RUN(amx_same_bits);
     RUN(bf16_amx);

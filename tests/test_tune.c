@@ -153,15 +153,16 @@ TEST(matmul_bits_across_settings) {
             /* the defaults against one call of the kernel on the whole matrix */
             one_call_gives(&m, x, ref, y, levels[li]);
             compared += all_settings_give(p, &m, cand, nc, x, ref, y, ny, scratch, levels[li], t);
-            /* the layout made at load (Q4_0 / Q8_0 / F16 at AVX-512; the
-             * K-quants on AMD CPUs): the file rows' bits under every setting,
-             * F16_R16 (an arithmetic of its own: quant_impl.h) its defaults' */
+            /* the layout made at load (Q4_0 / Q8_0 / F16 at AVX-512, BF16
+             * with AVX512_BF16 but not AMX-BF16; the K-quants on AMD CPUs):
+             * the file rows' bits under every setting, F16_R16 and BF16_R16
+             * (arithmetics of their own: quant_impl.h) their defaults' */
             const lk_type rt = lk_type_repacked(t, ROWS);
             if (rt != t) {
                 uint8_t *w2 = malloc(rb * ROWS);
                 lk_quant_repack(rt, t, COLS, ROWS, w, rb, w2);
                 const lk_mat m2 = { .type = rt, .cols = COLS, .rows = ROWS, .data = w2, .row_stride = rb };
-                const bool own = rt == LK_TYPE_F16_R16;
+                const bool own = rt == LK_TYPE_F16_R16 || rt == LK_TYPE_BF16_R16;
                 float *ref2 = own ? malloc(sizeof(float) * ny) : ref;
                 if (own) {
                     lk_tune_apply(&d);

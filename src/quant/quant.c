@@ -64,6 +64,7 @@ static const lk_type_traits k_traits[LK_TYPE_ALL] = {
     [LK_TYPE_Q5_K_R16] = {"q5_k_r16", 256, 176},
     [LK_TYPE_Q6_K_R16] = {"q6_k_r16", 256, 210},
     [LK_TYPE_F16_R16] = {"f16_r16", 1, 2},
+    [LK_TYPE_BF16_R16] = {"bf16_r16", 1, 2},
 };
 
 const char *lk_type_name(uint32_t t) {
@@ -124,7 +125,7 @@ lk_type lk_type_vec_dot(lk_type t) {
     case LK_TYPE_Q4_K: case LK_TYPE_Q5_K: case LK_TYPE_Q6_K: case LK_TYPE_Q4_K_R16: case LK_TYPE_Q5_K_R16:
     case LK_TYPE_Q6_K_R16: case LK_TYPE_Q2_K: case LK_TYPE_Q3_K: case LK_TYPE_IQ4_XS: return LK_TYPE_Q8_K;
     case LK_TYPE_F16: case LK_TYPE_F16_R16: return LK_TYPE_F16;
-    case LK_TYPE_BF16: return LK_TYPE_BF16;
+    case LK_TYPE_BF16: case LK_TYPE_BF16_R16: return LK_TYPE_BF16;
     case LK_TYPE_F32: return LK_TYPE_F32;
     default: LK_ASSERT(!"lk_type_vec_dot: unsupported weight type"); return LK_TYPE_F32;
     }
@@ -836,6 +837,17 @@ void lk_quant_repack(lk_type rt, lk_type t, int64_t n, int64_t rows, const void 
                 }
                 memcpy(D + (size_t)r * rb + 32 * (size_t)k0, blk, 32 * (size_t)kn);
             }
+    } else if (rt == LK_TYPE_BF16_R16) { /* elements 2j, 2j + 1 of row i of a group at 4 (16 j + i); an odd last
+                                         * one at 64 (n / 2) + 2 i */
+        LK_ASSERT(t == LK_TYPE_BF16);
+        for (; r + LK_R16_ROWS <= rows; r += LK_R16_ROWS) {
+            uint8_t *g = D + (size_t)r * rb;
+            for (int i = 0; i < LK_R16_ROWS; i++) {
+                const uint8_t *s = S + (size_t)(r + i) * src_stride;
+                for (int64_t j = 0; j < n / 2; j++) memcpy(g + 4 * (16 * (size_t)j + (size_t)i), s + 4 * (size_t)j, 4);
+                if (n & 1) memcpy(g + 64 * (size_t)(n / 2) + 2 * (size_t)i, s + 2 * (size_t)(n - 1), 2);
+            }
+        }
     } else if (rt != t) {
         LK_ASSERT(lk_type_file(rt) == t);
         const size_t bb = lk_type_block_bytes(t);
@@ -857,6 +869,13 @@ void lk_quant_unrepack_row(lk_type rt, int64_t n, const void *w, size_t ws, int6
     if (rt == LK_TYPE_F16_R16) {
         const uint8_t *g = (const uint8_t *)w + (size_t)(r / LK_R16_ROWS * LK_R16_ROWS) * ws + 2 * (size_t)(r % LK_R16_ROWS);
         for (int64_t k = 0; k < n; k++) memcpy((uint8_t *)dst + 2 * (size_t)k, g + 32 * (size_t)k, 2);
+        return;
+    }
+    if (rt == LK_TYPE_BF16_R16) {
+        const size_t i = (size_t)(r % LK_R16_ROWS);
+        const uint8_t *g = (const uint8_t *)w + (size_t)(r / LK_R16_ROWS * LK_R16_ROWS) * ws;
+        for (int64_t j = 0; j < n / 2; j++) memcpy((uint8_t *)dst + 4 * (size_t)j, g + 4 * (16 * (size_t)j + i), 4);
+        if (n & 1) memcpy((uint8_t *)dst + 2 * (size_t)(n - 1), g + 64 * (size_t)(n / 2) + 2 * i, 2);
         return;
     }
     const size_t bb = lk_type_block_bytes(rt);
@@ -916,12 +935,57 @@ void lk_quant_f16r16_seq(int64_t n, int64_t nrows, const void *w, size_t ws, int
     if (full < nrows) lk_quant_matmul(LK_TYPE_F16, n, nrows - full, W + (size_t)full * ws, ws, ntok, a, as, y + full, ys);
 }
 
+/* One step of vdpbf16ps's lane (Intel's SDM and AMD's manual): c + x y as
+ * one fused multiply-add in fp32, subnormal inputs read as zeros and a
+ * subnormal result written as a zero of its sign, rounded to nearest even.
+ * x, y are bf16 values (exact in fp32). */
+static float bf_dp(float x, float y, float c) {
+    x = fpclassify(x) == FP_SUBNORMAL ? copysignf(0.0f, x) : x;
+    y = fpclassify(y) == FP_SUBNORMAL ? copysignf(0.0f, y) : y;
+    c = fpclassify(c) == FP_SUBNORMAL ? copysignf(0.0f, c) : c;
+    const float s = fmaf(x, y, c);
+    return fpclassify(s) == FP_SUBNORMAL ? copysignf(0.0f, s) : s;
+}
+
+/* BF16_R16's arithmetic, every level's (quant_impl.h): each row's sum from
+ * zero, pair by pair of elements (2j, 2j + 1) as vdpbf16ps takes them,
+ * element 2j + 1 first; an odd last element as a pair with a zero. The
+ * rows past the last whole group are BF16 rows, through the level's BF16
+ * kernel. */
+void lk_quant_bf16r16_seq(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a, size_t as,
+                          float *y, size_t ys) {
+    const uint8_t *W = w, *A = a;
+    const int64_t full = nrows / LK_R16_ROWS * LK_R16_ROWS;
+    for (int64_t r = 0; r < full; r++) {
+        const size_t i = (size_t)(r % LK_R16_ROWS);
+        const uint8_t *g = W + (size_t)(r / LK_R16_ROWS * LK_R16_ROWS) * ws;
+        for (int64_t t = 0; t < ntok; t++) {
+            const uint8_t *at = A + (size_t)t * as;
+            float acc = 0;
+            for (int64_t j = 0; j < n / 2; j++) {
+                const uint8_t *wp = g + 4 * (16 * (size_t)j + i), *ap = at + 4 * (size_t)j;
+                acc = bf_dp(lk_bf16_to_fp32(lk_ld_u16(wp + 2)), lk_bf16_to_fp32(lk_ld_u16(ap + 2)), acc);
+                acc = bf_dp(lk_bf16_to_fp32(lk_ld_u16(wp)), lk_bf16_to_fp32(lk_ld_u16(ap)), acc);
+            }
+            if (n & 1) {
+                acc = bf_dp(0.0f, 0.0f, acc);
+                acc = bf_dp(lk_bf16_to_fp32(lk_ld_u16(g + 64 * (size_t)(n / 2) + 2 * i)),
+                            lk_bf16_to_fp32(lk_ld_u16(at + 2 * (size_t)(n - 1))), acc);
+            }
+            y[(size_t)t * ys + (size_t)r] = acc;
+        }
+    }
+    if (full < nrows) lk_quant_matmul(LK_TYPE_BF16, n, nrows - full, W + (size_t)full * ws, ws, ntok, a, as, y + full, ys);
+}
+
 /* file type, repacked type, and the repacked type's kernel at the levels
- * without one of their own (F16_R16: its arithmetic in scalar code) */
+ * without one of their own (F16_R16, BF16_R16: their arithmetic in scalar
+ * code) */
 static const struct { lk_type file, rep; lk_qmm_fn via_file; } k_repacks[] = {
     {LK_TYPE_Q4_0, LK_TYPE_Q4_0_R16, mm_q40r16_via_file}, {LK_TYPE_Q8_0, LK_TYPE_Q8_0_R16, mm_q80r16_via_file},
     {LK_TYPE_Q4_K, LK_TYPE_Q4_K_R16, mm_q4kr16_via_file}, {LK_TYPE_Q5_K, LK_TYPE_Q5_K_R16, mm_q5kr16_via_file},
     {LK_TYPE_Q6_K, LK_TYPE_Q6_K_R16, mm_q6kr16_via_file}, {LK_TYPE_F16, LK_TYPE_F16_R16, lk_quant_f16r16_seq},
+    {LK_TYPE_BF16, LK_TYPE_BF16_R16, lk_quant_bf16r16_seq},
 };
 enum { N_REPACKS = sizeof k_repacks / sizeof k_repacks[0] };
 

@@ -42,7 +42,8 @@ typedef enum {
     LK_TYPE_Q5_K_R16 = 43, /* at a time (quant_impl.h) */
     LK_TYPE_Q6_K_R16 = 44,
     LK_TYPE_F16_R16 = 45,  /* F16, 16 rows interleaved element by element */
-    LK_TYPE_ALL = 46       /* table size: the file's types and ours */
+    LK_TYPE_BF16_R16 = 46, /* BF16, 16 rows interleaved by pairs of elements */
+    LK_TYPE_ALL = 47       /* table size: the file's types and ours */
 } lk_type;
 
 /* Layout facts, known for every id above (so the gguf part can size tensors
@@ -170,7 +171,10 @@ void lk_quant_matmul_terms(lk_type wt, int64_t n, int64_t nrows, const void *w, 
  * kernels read without transposes; the same results bit for bit at every
  * level (levels without a kernel of their own read it back into the file's
  * rows, slowly). F16 becomes F16_R16, interleaved element by element, with
- * an arithmetic of its own that every level computes alike (quant_impl.h).
+ * an arithmetic of its own that every level computes alike (quant_impl.h);
+ * BF16 becomes BF16_R16, interleaved by pairs of elements, on CPUs with
+ * AVX512_BF16 and without AMX-BF16, its arithmetic vdpbf16ps's in each
+ * row's lane (quant_impl.h).
  * As many bytes as the file's rows (rows past the last whole group stay
  * rows of the file's type). A matrix of R16 must be called on row ranges
  * that start at multiples of 16 from its first row (the kernels part's row

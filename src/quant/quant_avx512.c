@@ -1489,6 +1489,141 @@ static void mm_bf(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t nt
                   ys, S, rb);
 }
 
+/* BF16_R16 (quant_impl.h) with AVX512_BF16: the 16 rows of a group in the
+ * lanes, one vdpbf16ps per pair of elements and (group, token), each row's
+ * sum in its lane from the first pair to the last, for every token count
+ * (lk_quant_bf16r16_seq's arithmetic): a decode reads each group as one
+ * stream of whole lines, with no horizontal sums, where the BF16 rows' 4-row
+ * tiles read 4 streams of half lines (bench_quant 2048 x 5632, one Zen 5
+ * core: the BF16 rows streamed 24-26 GB/s, F16_R16 29-34). Tiles of G
+ * groups x T tokens. The tokens come as one panel, a chunk of 16 pairs
+ * (64 bytes) of each token after the other: chunk c of token t at
+ * p + 64 (T c + t), so that every broadcast of a chunk's pairs is one
+ * pointer and a constant offset (a token's row is its own panel). pd: bytes
+ * ahead to prefetch each group's stream, a line a step (0: none; the first
+ * token tile of a group reads it from memory). */
+LK_T512BF static LK_INL void br_tile(const int G, const int T, int64_t n, const uint8_t *w, size_t gs,
+                                     const uint8_t *p, float *y, size_t ys, size_t pd) {
+    __m512 acc[4][12];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++)
+#pragma GCC unroll 12
+        for (int t = 0; t < T; t++) acc[g][t] = _mm512_setzero_ps();
+#define BR_STEP(LOAD, PO)                                                                                          \
+    do {                                                                                                           \
+        __m512bh wv[4];                                                                                            \
+        _Pragma("GCC unroll 4") for (int g = 0; g < G; g++) wv[g] = (__m512bh)(LOAD);                              \
+        _Pragma("GCC unroll 12") for (int t = 0; t < T; t++) {                                                     \
+            const __m512bh av = (__m512bh)_mm512_set1_epi32(lk_ld_i32(p + 64 * t + (PO)));                         \
+            _Pragma("GCC unroll 4") for (int g = 0; g < G; g++) acc[g][t] = _mm512_dpbf16_ps(acc[g][t], wv[g], av); \
+        }                                                                                                          \
+    } while (0)
+#define BR_CHUNKS(PF)                                                                                              \
+    for (int64_t c = 0; c < np / 16; c++, w += 1024, p += 64 * T) {                                               \
+        _Pragma("GCC unroll 16") for (int jj = 0; jj < 16; jj++) {                                                 \
+            if (PF)                                                                                                \
+                _Pragma("GCC unroll 4") for (int g = 0; g < G; g++)                                                \
+                    _mm_prefetch((const char *)(w + (size_t)g * gs + pd + 64 * jj), _MM_HINT_T0);                   \
+            BR_STEP(_mm512_loadu_si512(w + (size_t)g * gs + 64 * jj), 4 * jj);                                     \
+        }                                                                                                          \
+    }
+    const int64_t np = n / 2;
+    if (pd)
+        BR_CHUNKS(1)
+    else
+        BR_CHUNKS(0)
+    int jj = 0;
+    for (; jj < (int)(np % 16); jj++) BR_STEP(_mm512_loadu_si512(w + (size_t)g * gs + 64 * jj), 4 * jj);
+    /* an odd last element: a pair of it (the low half) and a zero */
+    if (n & 1)
+        BR_STEP(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(w + (size_t)g * gs + 64 * jj))),
+                4 * jj);
+#undef BR_CHUNKS
+#undef BR_STEP
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++)
+#pragma GCC unroll 12
+        for (int t = 0; t < T; t++) _mm512_storeu_ps(y + (size_t)t * ys + 16 * (size_t)g, acc[g][t]);
+}
+typedef void (*br_fn)(int64_t n, const uint8_t *w, size_t gs, const uint8_t *p, float *y, size_t ys, size_t pd);
+#define BR_FN(G, T)                                                                                       \
+    LK_T512BF static void br_##G##x##T(int64_t n, const uint8_t *w, size_t gs, const uint8_t *p, float *y, \
+                                       size_t ys, size_t pd) {                                             \
+        br_tile(G, T, n, w, gs, p, y, ys, pd);                                                             \
+    }
+enum { BR_T = 12, BR_DEC_T = 3 };
+BR_FN(4, 1) BR_FN(4, 2) BR_FN(4, 3)
+BR_FN(2, 1) BR_FN(2, 2) BR_FN(2, 3) BR_FN(2, 4) BR_FN(2, 5) BR_FN(2, 6)
+BR_FN(2, 7) BR_FN(2, 8) BR_FN(2, 9) BR_FN(2, 10) BR_FN(2, 11) BR_FN(2, 12)
+BR_FN(1, 1) BR_FN(1, 2) BR_FN(1, 3) BR_FN(1, 4) BR_FN(1, 5) BR_FN(1, 6)
+BR_FN(1, 7) BR_FN(1, 8) BR_FN(1, 9) BR_FN(1, 10) BR_FN(1, 11) BR_FN(1, 12)
+/* [G = 1, 2, 4 as 0, 1, 2][T - 1] */
+static const br_fn k_br[3][BR_T] = {
+    {br_1x1, br_1x2, br_1x3, br_1x4, br_1x5, br_1x6, br_1x7, br_1x8, br_1x9, br_1x10, br_1x11, br_1x12},
+    {br_2x1, br_2x2, br_2x3, br_2x4, br_2x5, br_2x6, br_2x7, br_2x8, br_2x9, br_2x10, br_2x11, br_2x12},
+    {br_4x1, br_4x2, br_4x3}};
+
+/* Tokens [0, nt) (bf16 rows of n elements, `as` bytes apart) as panels of
+ * BR_T tokens at p (br_tile's layout: the panel of tokens t0.. at
+ * p + 64 t0 C, C the rows' chunks of 64 bytes, the last one, and with it an
+ * odd last element's pair, filled with zeros) */
+LK_T512 static void br_panels(int64_t n, int64_t nt, const uint8_t *a, size_t as, uint8_t *p) {
+    const int64_t C = (2 * n + 63) / 64;
+    for (int64_t t0 = 0; t0 < nt; t0 += BR_T) {
+        const int64_t tt = LK_MIN((int64_t)BR_T, nt - t0);
+        for (int64_t t = 0; t < tt; t++) {
+            const uint8_t *at = a + (size_t)(t0 + t) * as;
+            uint8_t *q = p + 64 * (size_t)(t0 * C + t);
+            for (int64_t c = 0; c < C; c++, q += 64 * (size_t)tt) {
+                const int64_t left = 2 * n - 64 * c;
+                const __mmask64 m = left >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << left) - 1;
+                _mm512_storeu_si512(q, _mm512_maskz_loadu_epi8(m, at + 64 * c));
+            }
+        }
+    }
+}
+
+/* The whole groups: one token of an even row read in place, else the
+ * tokens in panels (as many at a time as the buffer holds); up to
+ * BR_DEC_T tokens 4 groups at a time (4 chains in flight, decode's
+ * stream), more 2 groups x 12 tokens, each group pair's token tiles one
+ * after another, the first prefetching as F16_R16's (HR_PD bytes per
+ * prefetch tile). */
+static void br_run(int64_t n, int64_t ng, const uint8_t *W, size_t gs, int64_t ntok, const uint8_t *A, size_t as,
+                   float *y, size_t ys) {
+    const int64_t C = (2 * n + 63) / 64;
+    const bool inplace = ntok == 1 && !(n & 1);
+    int64_t tc = inplace ? 1 : (int64_t)(4 * FLA_BUF_FLOATS / 64) / C;
+    if (tc > BR_T) tc = tc / BR_T * BR_T;
+    if (tc < 1) { /* rows of more than 2^18 elements: the same sums in scalar code */
+        lk_quant_bf16r16_seq(n, ng * 16, W, gs / 16, ntok, A, as, y, ys);
+        return;
+    }
+    _Alignas(64) uint8_t stack[inplace ? 1 : 4 * FLA_BUF_FLOATS];
+    const size_t pd = (size_t)lk_quant_pf_tiles() * HR_PD;
+    for (int64_t t0 = 0; t0 < ntok; t0 += tc) {
+        const int64_t nt = LK_MIN(ntok, t0 + tc) - t0;
+        const uint8_t *buf = inplace ? A : stack;
+        if (!inplace) br_panels(n, nt, A + (size_t)t0 * as, as, stack);
+        const int gmax = nt <= BR_DEC_T ? 4 : 2;
+        for (int64_t g = 0, step; g < ng; g += step) {
+            step = ng - g >= gmax ? gmax : ng - g >= 2 ? 2 : 1;
+            const int gi = step == 4 ? 2 : step == 2 ? 1 : 0;
+            for (int64_t t = 0; t < nt; t += BR_T) {
+                const int tt = (int)LK_MIN((int64_t)BR_T, nt - t);
+                k_br[gi][tt - 1](n, W + (size_t)g * gs, gs, buf + 64 * (size_t)(t * C),
+                                 y + (size_t)(t0 + t) * ys + 16 * (size_t)g, ys, t == 0 ? pd : 0);
+            }
+        }
+    }
+}
+static void mm_bf16r16(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a, size_t as,
+                       float *y, size_t ys) {
+    const int64_t full = nrows / 16 * 16;
+    if (full) br_run(n, full / 16, w, 16 * ws, ntok, a, as, y, ys);
+    if (full < nrows) mm_bf(n, nrows - full, (const uint8_t *)w + (size_t)full * ws, ws, ntok, a, as, y + full, ys);
+}
+
 /* BF16 on CPUs with AMX-BF16: every token count through the tiles
  * (lk_quant_bf16_amx), the activations' tiles packed by the call or, in
  * the _t twin, once per matrix (LK_TERMS_TILES) */
@@ -1562,4 +1697,7 @@ void lk_quant_fill_avx512(lk_quant_ops *ops) {
     const uint32_t feat = lk_cpu()->feat;
     ops->mm[LK_TYPE_BF16] = (feat & LK_CPU_AMXBF16) ? mm_bfx : (feat & LK_CPU_AVX512BF16) ? mm_bf : mm_bfc;
     ops->mm_terms[LK_TYPE_BF16] = (feat & LK_CPU_AMXBF16) ? mm_bfx_t : NULL;
+    /* BF16_R16 where vdpbf16ps is the BF16 kernel's arithmetic (with
+     * AMX-BF16 the tiles are faster at every token count) */
+    if ((feat & LK_CPU_AVX512BF16) && !(feat & LK_CPU_AMXBF16)) ops->mm[LK_TYPE_BF16_R16] = mm_bf16r16;
 }

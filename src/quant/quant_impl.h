@@ -65,6 +65,18 @@ static inline void lk_r16_at(bool q8, int64_t b, int64_t nb, size_t *q, size_t *
 void lk_quant_f16r16_seq(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a, size_t as,
                          float *y, size_t ys);
 
+/* BF16_R16 (lockstep's, made at load where a kernel reads it: AVX-512 with
+ * AVX512_BF16, not AMX-BF16): a group of 16 rows of n elements takes the
+ * bytes of its 16 file rows, elements 2j and 2j + 1 of row i at byte
+ * 4 (16 j + i): each 64 bytes are one pair of the 16 rows, what vdpbf16ps
+ * takes with row i in lane i. An odd last element of row i sits at byte
+ * 64 (n / 2) + 2 i. Its arithmetic is vdpbf16ps's in that lane: each
+ * row's sum from zero, pair by pair, for any token count
+ * (lk_quant_bf16r16_seq, the scalar code of every level without the
+ * kernel). Rows past the last whole group are BF16 rows. */
+void lk_quant_bf16r16_seq(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a, size_t as,
+                          float *y, size_t ys);
+
 /* Q4_K_R16, Q5_K_R16, Q6_K_R16 (lockstep's, made at load): a group of 16
  * rows of nb super-blocks takes the bytes of its 16 file rows, each
  * super-block's bytes 4 at a time, the 16 rows side by side: vector k (64 B)
