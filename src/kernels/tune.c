@@ -449,9 +449,10 @@ static void calibrate_on(lk_pool *p, lk_type t, const lk_mat *mats, int nm, lk_t
      * Zen 5 core the rows kernel led 1.22x at 16 tokens (Q4_0_R16); on the
      * 16-core Xeon the GEMM led 1.13x (BENCHMARKS.md, eleventh session).
      * K-quants: the default (the rows kernel up to 17 tokens for Q4_K, 27
-     * for Q6_K; quant_impl.h) against the GEMM from 8. Not F16_R16: it
-     * has no GEMM, one kernel for every token count. */
+     * for Q6_K; quant_impl.h) against the GEMM from 8. Not F16_R16 nor
+     * BF16_R16: they have no GEMM, one kernel for every token count. */
     if (!strcmp(lk_quant_simd_name(), "avx512") && r16 && ft != LK_TYPE_Q5_K && ft != LK_TYPE_F16 &&
+        ft != LK_TYPE_BF16 &&
         !(few && cur.amxf != 0)) {
         const bool kq = ft != LK_TYPE_Q4_0 && ft != LK_TYPE_Q8_0;
         const int alt = kq ? 8 : lk_gemm_min_tok_r16() == LK_GEMM_MIN_TOK_R16_AMD ? LK_GEMM_MIN_TOK_R16_OTHER
