@@ -1218,9 +1218,11 @@ LK_T512 static LK_INL void hr_tile(const int G, const int T, int64_t n, const ui
 #pragma GCC unroll 12
         for (int t = 0; t < T; t++) _mm512_storeu_ps(y + (size_t)t * ys + 16 * (size_t)g, acc[g][t]);
 }
-typedef void (*hr_fn)(int64_t n, const uint8_t *w, size_t gs, const float *p, float *y, size_t ys, size_t pd);
+/* a rows-in-lanes tile (hr_tile, br_tile) of G groups x T tokens, p its
+ * tokens' panel */
+typedef void (*lanes_fn)(int64_t n, const uint8_t *w, size_t gs, const void *p, float *y, size_t ys, size_t pd);
 #define HR_FN(G, T)                                                                                         \
-    LK_T512 static void hr_##G##x##T(int64_t n, const uint8_t *w, size_t gs, const float *p, float *y,       \
+    LK_T512 static void hr_##G##x##T(int64_t n, const uint8_t *w, size_t gs, const void *p, float *y,        \
                                      size_t ys, size_t pd) {                                                 \
         hr_tile(G, T, n, w, gs, p, y, ys, pd);                                                              \
     }
@@ -1231,7 +1233,7 @@ HR_FN(2, 7) HR_FN(2, 8) HR_FN(2, 9) HR_FN(2, 10) HR_FN(2, 11) HR_FN(2, 12)
 HR_FN(1, 1) HR_FN(1, 2) HR_FN(1, 3) HR_FN(1, 4) HR_FN(1, 5) HR_FN(1, 6)
 HR_FN(1, 7) HR_FN(1, 8) HR_FN(1, 9) HR_FN(1, 10) HR_FN(1, 11) HR_FN(1, 12)
 /* [G = 1, 2, 4 as 0, 1, 2][T - 1] */
-static const hr_fn k_hr[3][HR_T] = {
+static const lanes_fn k_hr[3][HR_T] = {
     {hr_1x1, hr_1x2, hr_1x3, hr_1x4, hr_1x5, hr_1x6, hr_1x7, hr_1x8, hr_1x9, hr_1x10, hr_1x11,
      hr_1x12},
     {hr_2x1, hr_2x2, hr_2x3, hr_2x4, hr_2x5, hr_2x6, hr_2x7, hr_2x8, hr_2x9, hr_2x10, hr_2x11,
@@ -1262,14 +1264,32 @@ LK_T512 static void hr_widen_tokens(int64_t n, int64_t ntok, int64_t t0, int64_t
     }
 }
 
+/* nt tokens over ng groups of a rows-in-lanes layout (F16_R16, BF16_R16)
+ * through its tiles k[G = 1, 2, 4 as 0, 1, 2][T - 1]: up to HR_DEC_T
+ * tokens 4 groups at a time (4 chains in flight, decode's stream), more 2
+ * groups x HR_T tokens, each group step's token tiles one after another,
+ * the first prefetching pd bytes ahead (0: none). The tiles' panels of
+ * tokens t.. at p + t pb bytes. */
+static void lanes_walk(const lanes_fn k[3][HR_T], int64_t n, int64_t ng, const uint8_t *W, size_t gs, int64_t nt,
+                       const uint8_t *p, size_t pb, float *y, size_t ys, size_t pd) {
+    const int gmax = nt <= HR_DEC_T ? 4 : 2;
+    for (int64_t g = 0, step; g < ng; g += step) {
+        step = ng - g >= gmax ? gmax : ng - g >= 2 ? 2 : 1;
+        const int gi = step == 4 ? 2 : step == 2 ? 1 : 0;
+        for (int64_t t = 0; t < nt; t += HR_T) {
+            const int tt = (int)LK_MIN((int64_t)HR_T, nt - t);
+            k[gi][tt - 1](n, W + (size_t)g * gs, gs, p + (size_t)t * pb, y + (size_t)t * ys + 16 * (size_t)g, ys,
+                          t == 0 ? pd : 0);
+        }
+    }
+}
+
 /* The whole groups: tokens widened to fp32 (as many at a time as fla_run's
  * buffer holds) in panels of HR_T (hr_tile), or all of them read from the
- * activations' terms (`wide`: act_terms_row made them once), then up to HR_DEC_T tokens 4
- * groups at a time (4 chains in flight, decode's stream), more 2 groups x
- * 12 tokens, each group pair's token tiles one after another, the first
- * prefetching HR_PD bytes ahead per the tuner's prefetch tile (on the Xeon
- * guest's decode 2 KB streamed 18.2-18.6 GB/s, 1 KB 17.0-17.2, 4 KB 17.3,
- * none 15.5-15.9). */
+ * activations' terms (`wide`: act_terms_row made them once), then through
+ * lanes_walk, prefetching HR_PD bytes ahead per the tuner's prefetch tile
+ * (on the Xeon guest's decode 2 KB streamed 18.2-18.6 GB/s, 1 KB
+ * 17.0-17.2, 4 KB 17.3, none 15.5-15.9). */
 static void hr_run(int64_t n, int64_t ng, const uint8_t *W, size_t gs, int64_t ntok, const uint8_t *A, size_t as,
                    const float *wide, float *y, size_t ys) {
     const size_t ld = ((size_t)n + 15) & ~(size_t)15;
@@ -1284,16 +1304,7 @@ static void hr_run(int64_t n, int64_t ng, const uint8_t *W, size_t gs, int64_t n
         const int64_t nt = LK_MIN(ntok, t0 + tc) - t0;
         const float *buf = wide ? wide : stack;
         if (!wide) hr_widen_tokens(n, nt, 0, nt, A + (size_t)t0 * as, as, stack);
-        const int gmax = nt <= HR_DEC_T ? 4 : 2;
-        for (int64_t g = 0, step; g < ng; g += step) {
-            step = ng - g >= gmax ? gmax : ng - g >= 2 ? 2 : 1;
-            const int gi = step == 4 ? 2 : step == 2 ? 1 : 0;
-            for (int64_t t = 0; t < nt; t += HR_T) {
-                const int tt = (int)LK_MIN((int64_t)HR_T, nt - t);
-                k_hr[gi][tt - 1](n, W + (size_t)g * gs, gs, buf + (size_t)t * ld,
-                                 y + (size_t)(t0 + t) * ys + 16 * (size_t)g, ys, t == 0 ? pd : 0);
-            }
-        }
+        lanes_walk(k_hr, n, ng, W, gs, nt, (const uint8_t *)buf, ld * sizeof(float), y + (size_t)t0 * ys, ys, pd);
     }
 }
 static void mm_f16r16_t(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a, size_t as,
@@ -1545,20 +1556,19 @@ LK_T512BF static LK_INL void br_tile(const int G, const int T, int64_t n, const 
 #pragma GCC unroll 12
         for (int t = 0; t < T; t++) _mm512_storeu_ps(y + (size_t)t * ys + 16 * (size_t)g, acc[g][t]);
 }
-typedef void (*br_fn)(int64_t n, const uint8_t *w, size_t gs, const uint8_t *p, float *y, size_t ys, size_t pd);
-#define BR_FN(G, T)                                                                                       \
-    LK_T512BF static void br_##G##x##T(int64_t n, const uint8_t *w, size_t gs, const uint8_t *p, float *y, \
-                                       size_t ys, size_t pd) {                                             \
-        br_tile(G, T, n, w, gs, p, y, ys, pd);                                                             \
+#define BR_FN(G, T)                                                                                      \
+    LK_T512BF static void br_##G##x##T(int64_t n, const uint8_t *w, size_t gs, const void *p, float *y,   \
+                                       size_t ys, size_t pd) {                                            \
+        br_tile(G, T, n, w, gs, p, y, ys, pd);                                                            \
     }
-enum { BR_T = 12, BR_DEC_T = 3 };
+enum { BR_T = HR_T }; /* the tiles' tokens: lanes_walk's */
 BR_FN(4, 1) BR_FN(4, 2) BR_FN(4, 3)
 BR_FN(2, 1) BR_FN(2, 2) BR_FN(2, 3) BR_FN(2, 4) BR_FN(2, 5) BR_FN(2, 6)
 BR_FN(2, 7) BR_FN(2, 8) BR_FN(2, 9) BR_FN(2, 10) BR_FN(2, 11) BR_FN(2, 12)
 BR_FN(1, 1) BR_FN(1, 2) BR_FN(1, 3) BR_FN(1, 4) BR_FN(1, 5) BR_FN(1, 6)
 BR_FN(1, 7) BR_FN(1, 8) BR_FN(1, 9) BR_FN(1, 10) BR_FN(1, 11) BR_FN(1, 12)
 /* [G = 1, 2, 4 as 0, 1, 2][T - 1] */
-static const br_fn k_br[3][BR_T] = {
+static const lanes_fn k_br[3][BR_T] = {
     {br_1x1, br_1x2, br_1x3, br_1x4, br_1x5, br_1x6, br_1x7, br_1x8, br_1x9, br_1x10, br_1x11, br_1x12},
     {br_2x1, br_2x2, br_2x3, br_2x4, br_2x5, br_2x6, br_2x7, br_2x8, br_2x9, br_2x10, br_2x11, br_2x12},
     {br_4x1, br_4x2, br_4x3}};
@@ -1584,11 +1594,8 @@ LK_T512 static void br_panels(int64_t n, int64_t nt, const uint8_t *a, size_t as
 }
 
 /* The whole groups: one token of an even row read in place, else the
- * tokens in panels (as many at a time as the buffer holds); up to
- * BR_DEC_T tokens 4 groups at a time (4 chains in flight, decode's
- * stream), more 2 groups x 12 tokens, each group pair's token tiles one
- * after another, the first prefetching as F16_R16's (HR_PD bytes per
- * prefetch tile). */
+ * tokens in panels (as many at a time as the buffer holds), through
+ * lanes_walk, prefetching as F16_R16's (HR_PD bytes per prefetch tile). */
 static void br_run(int64_t n, int64_t ng, const uint8_t *W, size_t gs, int64_t ntok, const uint8_t *A, size_t as,
                    float *y, size_t ys) {
     const int64_t C = (2 * n + 63) / 64;
@@ -1605,16 +1612,7 @@ static void br_run(int64_t n, int64_t ng, const uint8_t *W, size_t gs, int64_t n
         const int64_t nt = LK_MIN(ntok, t0 + tc) - t0;
         const uint8_t *buf = inplace ? A : stack;
         if (!inplace) br_panels(n, nt, A + (size_t)t0 * as, as, stack);
-        const int gmax = nt <= BR_DEC_T ? 4 : 2;
-        for (int64_t g = 0, step; g < ng; g += step) {
-            step = ng - g >= gmax ? gmax : ng - g >= 2 ? 2 : 1;
-            const int gi = step == 4 ? 2 : step == 2 ? 1 : 0;
-            for (int64_t t = 0; t < nt; t += BR_T) {
-                const int tt = (int)LK_MIN((int64_t)BR_T, nt - t);
-                k_br[gi][tt - 1](n, W + (size_t)g * gs, gs, buf + 64 * (size_t)(t * C),
-                                 y + (size_t)(t0 + t) * ys + 16 * (size_t)g, ys, t == 0 ? pd : 0);
-            }
-        }
+        lanes_walk(k_br, n, ng, W, gs, nt, buf, 64 * (size_t)C, y + (size_t)t0 * ys, ys, pd);
     }
 }
 static void mm_bf16r16(int64_t n, int64_t nrows, const void *w, size_t ws, int64_t ntok, const void *a, size_t as,
