@@ -731,19 +731,40 @@ TEST(repacked_same_bits_as_file_rows) {
     lk_quant_set_simd("scalar");
 }
 
+/* The case's tokens through rp, its weights repacked as rt, in calls of
+ * `chunk` tokens, each call on the first 16 rows and on the rest apart (row
+ * ranges that start at multiples of 16), into c->got: how many outputs
+ * differ from c->ref, bit for bit */
+static int r16_calls_differ(const mm_case *c, lk_type rt, const uint8_t *rp, int64_t chunk) {
+    const int64_t n = c->n, nrows = c->nrows, nt = c->ntok, cut = nrows > 16 ? 16 : nrows;
+    memset(c->got, 0xff, sizeof(float) * (size_t)nrows * (size_t)nt);
+    for (int64_t t0 = 0; t0 < nt; t0 += chunk) {
+        const int64_t tn = LK_MIN(chunk, nt - t0);
+        float *y = c->got + (size_t)t0 * (size_t)nrows;
+        const uint8_t *a = c->a + (size_t)t0 * c->arb;
+        lk_quant_matmul(rt, n, cut, rp, c->wrb, tn, a, c->arb, y, (size_t)nrows);
+        if (cut < nrows)
+            lk_quant_matmul(rt, n, nrows - cut, rp + (size_t)cut * c->wrb, c->wrb, tn, a, c->arb, y + cut, (size_t)nrows);
+    }
+    int bad = 0;
+    for (int64_t e = 0; e < nrows * nt; e++) bad += memcmp(&c->got[e], &c->ref[e], sizeof(float)) != 0;
+    return bad;
+}
+
 /* F16_R16, made at load from F16 rows, has an arithmetic of its own: each
  * row's products fused into one fp32 sum from element 0 on. At every level
  * and for every token count (1-40 tokens in calls of 1..40: the decode
- * tiles of 4 groups, the 2 x 12 tiles and their tails), on row ranges that
- * start at multiples of 16, a call on the repacked matrix gives bit for
- * bit the fmaf loop below on its whole groups, and the level's own F16
+ * tiles of 4 groups, the 2 x 12 tiles and their tails; 100 rows: 4, 2 and
+ * 1 groups a step), on row ranges that start at multiples of 16, a call on
+ * the repacked matrix gives bit for bit the fmaf loop below on its whole
+ * groups, and the level's own F16
  * rows' bits on the rows past them, with the activations widened per call
  * and (AVX-512) once as terms; unrepack gives the rows back; the choice:
  * F16 with 16+ rows on AVX-512 only. */
 TEST(f16_r16_sums_in_order) {
     static const char *levels[] = {"scalar", "avx2", "avx512"};
     static const int64_t chunks[] = {1, 2, 3, 4, 5, 12, 13, 25, 40};
-    static const struct { int64_t n, nrows; } shapes[] = {{7, 53}, {64, 48}, {389, 37}, {1, 16}, {2048, 32}};
+    static const struct { int64_t n, nrows; } shapes[] = {{7, 53}, {64, 48}, {389, 37}, {1, 16}, {2048, 32}, {389, 100}};
     enum { NT = 40 };
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int64_t n = shapes[si].n, nrows = shapes[si].nrows, full = nrows / 16 * 16;
@@ -773,18 +794,7 @@ TEST(f16_r16_sums_in_order) {
                 lk_quant_matmul(LK_TYPE_F16, n, nrows - full, mc.w + (size_t)full * mc.wrb, mc.wrb, 1,
                                 mc.a + (size_t)t * mc.arb, mc.arb, mc.ref + t * nrows + full, 1);
             for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
-                memset(mc.got, 0xff, sizeof(float) * (size_t)nrows * NT);
-                for (int64_t t0 = 0; t0 < NT; t0 += chunks[c]) {
-                    const int64_t tn = LK_MIN(chunks[c], NT - t0), cut = nrows > 16 ? 16 : nrows;
-                    float *y = mc.got + (size_t)t0 * (size_t)nrows;
-                    const uint8_t *a = mc.a + (size_t)t0 * mc.arb;
-                    lk_quant_matmul(LK_TYPE_F16_R16, n, cut, rp, mc.wrb, tn, a, mc.arb, y, (size_t)nrows);
-                    if (cut < nrows)
-                        lk_quant_matmul(LK_TYPE_F16_R16, n, nrows - cut, rp + (size_t)cut * mc.wrb, mc.wrb, tn, a, mc.arb,
-                                        y + cut, (size_t)nrows);
-                }
-                int bad = 0;
-                for (int64_t e = 0; e < nrows * NT; e++) bad += memcmp(&mc.got[e], &mc.ref[e], sizeof(float)) != 0;
+                const int bad = r16_calls_differ(&mc, LK_TYPE_F16_R16, rp, chunks[c]);
                 CHECKF(bad == 0, "%s f16_r16 %lld x %lld, calls of %lld tokens: %d of %lld outputs differ from the "
                        "in-order fused sums", levels[l], (long long)nrows, (long long)n, (long long)chunks[c], bad,
                        (long long)(nrows * NT));
@@ -853,8 +863,9 @@ static float vdp_lane(uint16_t xb, uint16_t yb, float c) {
  * from zero, pair (2j, 2j + 1) by pair, element 2j + 1 first, an odd last
  * element as a pair with a zero. At every level and for every token count
  * (1-40 tokens in calls of 1..40: the decode tiles of 4 groups, the 2 x 12
- * tiles and their tails), on row ranges that start at multiples of 16, a
- * call on the repacked matrix gives that lane's bits on its whole groups,
+ * tiles and their tails; 100 rows: 4, 2 and 1 groups a step), on row ranges
+ * that start at multiples of 16, a call on the repacked matrix gives that
+ * lane's bits on its whole groups,
  * computed here from the file's rows, and the level's own BF16 rows' bits
  * on the rows past them; unrepack gives the rows back. One shape holds
  * products below fp32's normal range and subnormal weights, where a lane
@@ -864,7 +875,8 @@ TEST(bf16_r16_sums_by_pairs) {
     static const char *levels[] = {"scalar", "avx2", "avx512"};
     static const int64_t chunks[] = {1, 2, 3, 4, 5, 12, 13, 25, 40};
     static const struct { int64_t n, nrows; bool tiny; } shapes[] = {
-        {7, 53, false}, {64, 48, false}, {389, 37, false}, {1, 16, false}, {2048, 32, false}, {130, 32, true}};
+        {7, 53, false}, {64, 48, false}, {389, 37, false}, {1, 16, false}, {2048, 32, false}, {389, 100, false},
+        {130, 32, true}};
     enum { NT = 40 };
     int kernels = 0;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -919,18 +931,7 @@ TEST(bf16_r16_sums_by_pairs) {
                 lk_quant_matmul(LK_TYPE_BF16, n, nrows - full, mc.w + (size_t)full * mc.wrb, mc.wrb, 1,
                                 mc.a + (size_t)t * mc.arb, mc.arb, mc.ref + t * nrows + full, 1);
             for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
-                memset(mc.got, 0xff, sizeof(float) * (size_t)nrows * NT);
-                for (int64_t t0 = 0; t0 < NT; t0 += chunks[c]) {
-                    const int64_t tn = LK_MIN(chunks[c], NT - t0), cut = nrows > 16 ? 16 : nrows;
-                    float *y = mc.got + (size_t)t0 * (size_t)nrows;
-                    const uint8_t *a = mc.a + (size_t)t0 * mc.arb;
-                    lk_quant_matmul(LK_TYPE_BF16_R16, n, cut, rp, mc.wrb, tn, a, mc.arb, y, (size_t)nrows);
-                    if (cut < nrows)
-                        lk_quant_matmul(LK_TYPE_BF16_R16, n, nrows - cut, rp + (size_t)cut * mc.wrb, mc.wrb, tn, a,
-                                        mc.arb, y + cut, (size_t)nrows);
-                }
-                int bad = 0;
-                for (int64_t e = 0; e < nrows * NT; e++) bad += memcmp(&mc.got[e], &mc.ref[e], sizeof(float)) != 0;
+                const int bad = r16_calls_differ(&mc, LK_TYPE_BF16_R16, rp, chunks[c]);
                 CHECKF(bad == 0, "%s bf16_r16 %lld x %lld%s, calls of %lld tokens: %d of %lld outputs differ from "
                        "vdpbf16ps's lane", levels[l], (long long)nrows, (long long)n, shapes[si].tiny ? " (tiny)" : "",
                        (long long)chunks[c], bad, (long long)(nrows * NT));
