@@ -10,6 +10,10 @@
  *        BENCH_AB=G1,G2 (prefill from memory under gtok=G1 and G2, alternating; 0 = the default)
  *        BENCH_AMXAB=1 (the same with AMX's tiles off and on, where the CPU has AMX)
  *        BENCH_AMX=N (AMX from N tokens on; 0 = off; lk_quant_set_amx)
+ *        BENCH_PAIRED=N (decode: N passes over the copies, each after a probe
+ *        pass over the same bytes; prints the median of the N ratios, which
+ *        the machine's bandwidth of the moment moves far less than the
+ *        figure against a probe made seconds before)
  *
  * Decode: a 2048 x 5632 matrix (rows x cols) times one activation row. The
  * L3 of a server may hold that matrix, so the benchmark cycles through
@@ -22,6 +26,11 @@
 
 #include "kernels/membw.h"
 #include "quant/quant.h"
+
+static int cmp_dbl(const void *x, const void *y) {
+    const double a = *(const double *)x, b = *(const double *)y;
+    return a < b ? -1 : a > b;
+}
 
 /* ---- the compute peak of one core, the bound of a prefill (as the probe's
  * GB/s is the bound of a decode): 12 independent accumulator chains, so
@@ -206,6 +215,26 @@ int main(int argc, char **argv) {
             printf("decode %-5s %-6s %6.2f MB  %7.2f GB/s streamed (%3.0f%% of probe)  %7.2f GB/s hot  %.3f ms/matvec\n",
                    lk_type_name(t), levels[l], mat / 1e6, gbs, 100 * gbs / bw1,
                    (double)mat * calls2 / el2 / 1e9, el / calls * 1e3);
+            const int npair = getenv("BENCH_PAIRED") ? atoi(getenv("BENCH_PAIRED")) : 0;
+            if (npair > 0) {
+                double *pr = malloc(sizeof(double) * 3 * (size_t)npair), *kr = pr + npair, *rr = kr + npair;
+                for (int ps = 0; ps < npair; ps++) {
+                    pr[ps] = lk_membw_read_once(w, mat * (size_t)copies);
+                    const double ts = lk_time_s();
+                    for (int c = 0; c < copies; c++)
+                        lk_quant_matmul(t, cols, rows, w + (size_t)c * mat, rb, 1, a, arb, y, (size_t)rows);
+                    kr[ps] = (double)mat * copies / (lk_time_s() - ts) / 1e9;
+                    rr[ps] = kr[ps] / pr[ps];
+                }
+                qsort(pr, (size_t)npair, sizeof(double), cmp_dbl);
+                qsort(kr, (size_t)npair, sizeof(double), cmp_dbl);
+                qsort(rr, (size_t)npair, sizeof(double), cmp_dbl);
+                printf("paired %-5s %-6s %d passes: kernel / probe of the same bytes median %.1f %% (%.1f-%.1f), "
+                       "kernel %.2f GB/s, probe %.2f GB/s (medians)\n",
+                       lk_type_name(t), levels[l], npair, 100 * rr[npair / 2], 100 * rr[0], 100 * rr[npair - 1],
+                       kr[npair / 2], pr[npair / 2]);
+                free(pr);
+            }
             if (ntok_pf > 1) {
                 for (int64_t k = 0; k < ntok_pf; k++)
                     lk_quantize_row(lk_type_vec_dot(t), x + k * cols, a + (size_t)k * arb, cols);

@@ -1539,6 +1539,16 @@ TEST(membw_probe) {
     CHECKF(one > 0.05 && one < 1e5, "1 thread: %g GB/s", one);
     CHECKF(two > 0.05 && two < 1e5, "2 threads: %g GB/s", two);
     CHECK(lk_membw_read_gbs(4, 100, 1) < 0);
+    /* one pass over the caller's bytes */
+    const size_t nb = (size_t)16 << 20;
+    uint8_t *buf = aligned_alloc(64, nb);
+    CHECK(buf != NULL);
+    for (size_t i = 0; i < nb; i += 64) buf[i] = (uint8_t)i;
+    const double once = lk_membw_read_once(buf, nb);
+    CHECKF(once > 0.05 && once < 1e5, "one pass: %g GB/s", once);
+    CHECK(lk_membw_read_once(buf, 255) < 0);
+    CHECK(lk_membw_read_once(NULL, nb) < 0);
+    free(buf);
     size_t llc = lk_membw_llc_bytes();
     CHECKF(llc == 0 || (llc >= ((size_t)64 << 10) && llc < ((size_t)64 << 30)), "llc %zu", llc);
 }

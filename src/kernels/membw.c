@@ -66,6 +66,16 @@ const char *lk_membw_simd_name(void) {
     return rd == read_avx512 ? "avx512" : rd == read_avx2 ? "avx2" : "scalar";
 }
 
+double lk_membw_read_once(const void *p, size_t bytes) {
+    static volatile uint64_t sink;
+    const size_t n = bytes / 256 * 256; /* whole iterations of the loop */
+    if (!p || n == 0) return -1;
+    const double t0 = lk_time_s();
+    sink ^= pick_reader()(p, n);
+    const double el = lk_time_s() - t0;
+    return el > 0 ? (double)n / el / 1e9 : -1;
+}
+
 /* ---- threads: every pass starts at a barrier so all threads stream at once;
  * the time of a pass is from the first barrier to the last thread's end. */
 typedef struct {

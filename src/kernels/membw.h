@@ -19,6 +19,13 @@
  * negative value if the buffer or threads cannot be had. */
 double lk_membw_read_gbs(int n_threads, size_t bytes, int passes);
 
+/* GB/s of one streaming read of the caller's `bytes` at p (64-byte
+ * aligned) by the calling thread, with the probe's read loop: so a
+ * benchmark can time the probe over the very bytes its kernel reads,
+ * pass for pass with it (bench_quant BENCH_PAIRED). Reads the whole
+ * 256-byte steps of it; -1 if there is none. */
+double lk_membw_read_once(const void *p, size_t bytes);
+
 /* Size of the last-level cache in bytes as the OS reports it (sysfs), or 0 if
  * unknown: callers size the probe at a multiple of it. */
 size_t lk_membw_llc_bytes(void);
