@@ -1,6 +1,8 @@
 /* lockstep bench — prefill and decode speed next to the memory-bandwidth
- * bound measured in the same process just before (llama-bench style), on one
+ * bound measured in the same process just before each repetition, on one
  * node or a cluster (the same flags as run: --local N --tp/--pp, --workers).
+ * decode / bound is the median of the repetitions' own fractions, each
+ * against the probe run right before it; mem bw the median of the probes.
  *
  * Decode reads every weight once per step, so with one sequence
  * tok/s <= bandwidth / weight bytes per token; decode_bound_fraction says how
@@ -240,7 +242,7 @@ int lk_cmd_bench(int argc, char **argv) {
           "tg is the aggregate tok/s (default 1)" },
         { "--reps", "-r", LK_OPT_INT, &reps, "N", "repetitions; median, min and max are reported (default 3)" },
         { "--kv-f16", NULL, LK_OPT_FLAG, &kv_f16, NULL, "F16 KV cache" },
-        { "--bw-mib", NULL, LK_OPT_INT, &bw_mib, "MIB", "bandwidth probe buffer (default: 8 x last-level cache, >= 512 MiB)" },
+        { "--bw-mib", NULL, LK_OPT_INT, &bw_mib, "MIB", "bandwidth probe buffer, read before each repetition (default: 8 x last-level cache, >= 512 MiB)" },
         { "--workers", "-w", LK_OPT_STR, &workers, "LIST", "cluster workers host:port,host:port,..." },
         { "--key-file", NULL, LK_OPT_STR, &key_file, "FILE", "cluster key (lockstep keygen)" },
         { "--local", NULL, LK_OPT_INT, &local, "N", "start a local cluster of N ranks (head included)" },
@@ -372,10 +374,12 @@ int lk_cmd_bench(int argc, char **argv) {
             snprintf(amx + at, sizeof amx - (size_t)at, "; BF16 through AMX-BF16 tiles at every token count");
         fprintf(stderr, "lockstep bench: threads %d: tune %s%s%s\n", threads, lk_tune_report(), amx,
                 ranks > 1 ? " (the head's; each rank tunes its own)" : "");
-        /* the bound, measured now, with as many threads as the model uses */
+        /* the bound: the probe with as many threads as the model uses, run
+         * again before each repetition (below), so that a row is stated
+         * against the machine of its own seconds: a shared machine's
+         * bandwidth moves by up to 2x between runs a minute apart */
         size_t llc = lk_membw_llc_bytes();
         size_t bw_bytes = bw_mib ? (size_t)bw_mib << 20 : LK_MAX((size_t)512 << 20, 8 * llc);
-        double bw = lk_membw_read_gbs(threads, bw_bytes, 5);
         const int64_t nv = lk_engine_cfg(e)->n_vocab;
         driver d = { .e = e, .en = en, .depth = LK_MAX(1, lk_engine_depth(e)), .n_batch = lk_engine_n_batch(e),
                      .prof = profile };
@@ -398,7 +402,8 @@ int lk_cmd_bench(int argc, char **argv) {
         /* warm-up: page in the weights and settle the thread pool */
         double w1, w2;
         if (!st) st = rep_seqs(&d, 1, 1, 0, &w1, &w2, err, sizeof err);
-        double *pp = lk_xcalloc((size_t)reps, sizeof(double)), *tg = lk_xcalloc((size_t)reps, sizeof(double));
+        double *pp = lk_xcalloc((size_t)reps, sizeof(double)), *tg = lk_xcalloc((size_t)reps, sizeof(double)),
+               *bwr = lk_xcalloc((size_t)reps, sizeof(double)), *fr = lk_xcalloc((size_t)reps, sizeof(double));
         for (int si = 0; si < ns && !st; si++) {
             int S = slist[si];
             memset(pp, 0, sizeof(double) * (size_t)reps);
@@ -413,6 +418,7 @@ int lk_cmd_bench(int argc, char **argv) {
              * stdout and stderr share a file */
             const bool tty = isatty(STDERR_FILENO);
             for (int r = 0; r < reps && st == LK_OK; r++) {
+                bwr[r] = lk_membw_read_gbs(threads, bw_bytes, 3);
                 st = rep_seqs(&d, S, (int)p, (int)n, &pp[r], &tg[r], err, sizeof err);
                 jsum += d.tg_j;
                 ssum += d.tg_s;
@@ -429,11 +435,23 @@ int lk_cmd_bench(int argc, char **argv) {
                 prof_print("prefill", &pv_pp, threads, S);
                 prof_print("decode", &pv_tg, threads, S);
             }
-            stat3 P = stats(pp, (int)reps), T = stats(tg, (int)reps);
-            double wb = (double)lk_engine_weight_bytes(e);
+            /* each repetition's decode over the bound of its own probe;
+             * the row gives the median of those and of the probes (with
+             * several sequences the bound is also the prefill's rate: a
+             * step of S tokens cannot beat a prompt's) */
+            const double wb = (double)lk_engine_weight_bytes(e);
+            stat3 P = stats(pp, (int)reps);
+            int nfr = 0;
+            for (int r = 0; r < reps; r++) {
+                double b = bwr[r] > 0 ? S * bwr[r] * 1e9 / wb : 0;
+                if (S > 1 && P.med > 0) b = LK_MIN(b, P.med);
+                if (b > 0) fr[nfr++] = tg[r] / b;
+            }
+            stat3 T = stats(tg, (int)reps), BW = stats(bwr, (int)reps), F = stats(fr, nfr);
+            const double bw = BW.med;
             double bound = bw > 0 ? S * bw * 1e9 / wb : 0;
             if (S > 1 && P.med > 0) bound = LK_MIN(bound, P.med);
-            double frac = bound > 0 ? T.med / bound : 0;
+            const double frac = F.med;
             bool has_j = en && n > 0 && ssum > 0;
             double jpt = has_j ? jsum / ((double)S * n * reps) : 0, watts = has_j ? jsum / ssum : 0;
             if (json) {
@@ -481,7 +499,7 @@ int lk_cmd_bench(int argc, char **argv) {
             fflush(stdout);
         }
         if (st) { fprintf(stderr, "lockstep bench: %s\n", err); rc = 1; }
-        free(pp); free(tg);
+        free(pp); free(tg); free(bwr); free(fr);
         for (int i = 0; i < smax; i++) free(d.toks[i]);
         free(d.toks); free(d.items); free(d.n_items); free(d.next); free(d.busy); free(d.left); free(d.fed);
         lk_engine_close(e);
