@@ -1548,6 +1548,7 @@ TEST(membw_probe) {
     CHECKF(once > 0.05 && once < 1e5, "one pass: %g GB/s", once);
     CHECK(lk_membw_read_once(buf, 255) < 0);
     CHECK(lk_membw_read_once(NULL, nb) < 0);
+    CHECK(lk_membw_read_once(buf + 8, nb - 64) < 0);
     free(buf);
     size_t llc = lk_membw_llc_bytes();
     CHECKF(llc == 0 || (llc >= ((size_t)64 << 10) && llc < ((size_t)64 << 30)), "llc %zu", llc);

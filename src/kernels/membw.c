@@ -73,7 +73,7 @@ static _Atomic uint64_t once_sink;
 
 double lk_membw_read_once(const void *p, size_t bytes) {
     const size_t n = bytes / 256 * 256; /* whole iterations of the loop */
-    if (!p || n == 0) return -1;
+    if (!p || ((uintptr_t)p & 63) || n == 0) return -1; /* the loop's loads are aligned ones */
     const double t0 = lk_time_s();
     const uint64_t r = pick_reader()(p, n);
     const double el = lk_time_s() - t0;

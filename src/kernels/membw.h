@@ -23,7 +23,8 @@ double lk_membw_read_gbs(int n_threads, size_t bytes, int passes);
  * aligned) by the calling thread, with the probe's read loop: so a
  * benchmark can time the probe over the very bytes its kernel reads,
  * pass for pass with it (bench_quant BENCH_PAIRED). Reads the whole
- * 256-byte steps of it; -1 if there is none. */
+ * 256-byte steps of it; -1 if there is none or p is not 64-byte
+ * aligned. */
 double lk_membw_read_once(const void *p, size_t bytes);
 
 /* Size of the last-level cache in bytes as the OS reports it (sysfs), or 0 if
