@@ -18,9 +18,14 @@ gen() { # n ctx out-prefix extra flags...
     return $rc
 }
 
-# calibrate: 3000 tokens on the cluster
-gen 3000 3072 "$T/cal" --local 2 --tp 2 || { no calibrate "$(tail -n 3 "$T/cal.err")"; exit 0; }
-t3=$(cat "$T/cal.time")
+# calibrate: 3000 tokens on the cluster, the fastest of 3 runs: a busy
+# moment only slows a run, and one slow calibration (1.2 s where the machine
+# took 0.7) sized the generation at 53 s instead of 80
+t3=
+for k in 1 2 3; do
+    gen 3000 3072 "$T/cal" --local 2 --tp 2 || { no calibrate "$(tail -n 3 "$T/cal.err")"; exit 0; }
+    t3=$(awk -v a="${t3:-1e9}" -v b="$(cat "$T/cal.time")" 'BEGIN{print (b < a ? b : a)}')
+done
 # time grows as about length^1.8 here (3000 -> 8803 tokens: 7.2 -> 50.1 s on
 # the loaded CI machine; a pure square undershot 60 s by 10 s), aimed at 80 s
 # so that a machine 25 % faster than at calibration still passes 60 s
