@@ -284,10 +284,7 @@ int main(int argc, char **argv) {
                     lk_quant_set_amx(-1);
                     double med[2];
                     for (int v = 0; v < 2; v++) {
-                        for (int i = 1; i < PASSES; i++) /* insertion sort: the median */
-                            for (int k = i; k > 0 && ms[v][k] < ms[v][k - 1]; k--) {
-                                const double tmp = ms[v][k]; ms[v][k] = ms[v][k - 1]; ms[v][k - 1] = tmp;
-                            }
+                        qsort(ms[v], PASSES, sizeof(double), cmp_dbl);
                         med[v] = ms[v][PASSES / 2];
                     }
                     printf("prefill %-5s %-6s ntok %lld from memory, %s %d / %d alternating: %.3f / %.3f ms "

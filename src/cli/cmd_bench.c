@@ -38,6 +38,16 @@ static stat3 stats(double *v, int n) {
     return s;
 }
 
+/* The decode bound in tok/s of S sequences: S x the memory bound (bw GB/s
+ * over wb weight bytes a step), and with several sequences no more than
+ * the prefill's rate pp (a step of S tokens cannot beat a prompt's); 0
+ * without a probe. */
+static double decode_bound(int S, double bw, double wb, double pp) {
+    double b = bw > 0 ? S * bw * 1e9 / wb : 0;
+    if (S > 1 && pp > 0) b = LK_MIN(b, pp);
+    return b;
+}
+
 /* Parses "1,2,4" into at most cap positive ints; returns the count or -1. */
 static int parse_list(const char *s, int *out, int cap) {
     int n = 0;
@@ -443,15 +453,11 @@ int lk_cmd_bench(int argc, char **argv) {
             stat3 P = stats(pp, (int)reps);
             int nfr = 0;
             for (int r = 0; r < reps; r++) {
-                double b = bwr[r] > 0 ? S * bwr[r] * 1e9 / wb : 0;
-                if (S > 1 && P.med > 0) b = LK_MIN(b, P.med);
+                const double b = decode_bound(S, bwr[r], wb, P.med);
                 if (b > 0) fr[nfr++] = tg[r] / b;
             }
             stat3 T = stats(tg, (int)reps), BW = stats(bwr, (int)reps), F = stats(fr, nfr);
-            const double bw = BW.med;
-            double bound = bw > 0 ? S * bw * 1e9 / wb : 0;
-            if (S > 1 && P.med > 0) bound = LK_MIN(bound, P.med);
-            const double frac = F.med;
+            const double bw = BW.med, bound = decode_bound(S, bw, wb, P.med), frac = F.med;
             bool has_j = en && n > 0 && ssum > 0;
             double jpt = has_j ? jsum / ((double)S * n * reps) : 0, watts = has_j ? jsum / ssum : 0;
             if (json) {
