@@ -19,7 +19,7 @@ M=$RD/models/stories260K.gguf
 # wraps (every 2 s) fall in the whole run, which the sampler reads across.
 BENCH=(bench -m "$M" -t 1 -p 4 -n 400 -r 3 --json)
 
-# ---- a RAPL package zone at 5 W, wrapping at 6 J; a subzone the reader must skip
+# ---- a RAPL package zone at 5 W, wrapping at 10 J; a subzone the reader must skip
 mkdir -p "$T/pc/intel-rapl:0" "$T/pc/intel-rapl:0:0"
 echo 10000000 >"$T/pc/intel-rapl:0/max_energy_range_uj"
 echo 0 >"$T/pc/intel-rapl:0/energy_uj"
